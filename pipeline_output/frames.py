@@ -1,0 +1,132 @@
+"""The compute's output as a checked frame: type normalisation and the bad-input checks.
+
+Owns what every arm needs before it writes: turning a polars DataFrame / LazyFrame / Arrow table into
+one polars DataFrame with portable types, and refusing (with the dataset's name and the cause)
+missing key columns, null keys, duplicate keys (or de-duplicating by `dedupe_by`) and rows outside a
+window. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from pipeline_output.errors import (
+    BadInput,
+    DuplicateKeys,
+    MissingKeyColumn,
+    NullKey,
+    RowsOutsideWindow,
+)
+from pipeline_output.spec import DatasetSpec, check_identifier
+from pipeline_output.windows import Window
+
+MAX_EXAMPLES = 5
+
+
+def to_polars(spec: DatasetSpec, data: Any) -> pl.DataFrame:
+    """Collect the compute's output into a polars DataFrame, or raise `BadInput`."""
+    if isinstance(data, pl.LazyFrame):
+        try:
+            data = data.collect()
+        except pl.exceptions.PolarsError as exc:
+            raise BadInput(f"dataset {spec.name!r}: the compute's LazyFrame failed: {exc}") from exc
+    if isinstance(data, pl.DataFrame):
+        frame = data
+    elif isinstance(data, (pa.Table, pa.RecordBatch)):
+        frame = pl.from_arrow(data)  # type: ignore[assignment]
+    else:
+        raise BadInput(
+            f"dataset {spec.name!r}: the compute returned {type(data).__name__}; expected a polars "
+            "DataFrame or LazyFrame or a pyarrow Table"
+        )
+    for col in frame.columns:
+        check_identifier(col, what="column", dataset=spec.name)
+    return _portable_types(spec, frame)
+
+
+def _portable_types(spec: DatasetSpec, frame: pl.DataFrame) -> pl.DataFrame:
+    """Map types Iceberg lacks onto ones it has (categoricals -> strings, small ints -> int32...)."""
+    casts: dict[str, pl.DataType | type[pl.DataType]] = {}
+    for name, dtype in frame.schema.items():
+        if isinstance(dtype, (pl.Categorical, pl.Enum)):
+            casts[name] = pl.String
+        elif dtype in (pl.Int8, pl.Int16, pl.UInt8, pl.UInt16):
+            casts[name] = pl.Int32
+        elif dtype == pl.UInt32 or dtype == pl.UInt64:
+            casts[name] = pl.Int64
+        elif dtype == pl.Null:
+            casts[name] = pl.String
+        elif isinstance(dtype, pl.Datetime) and dtype.time_unit == "ns":
+            casts[name] = pl.Datetime("us", dtype.time_zone)
+        elif isinstance(dtype, (pl.Duration, pl.Object)):
+            raise BadInput(
+                f"dataset {spec.name!r}: column {name!r} has type {dtype}, which Iceberg cannot store"
+            )
+    if not casts:
+        return frame
+    try:
+        return frame.with_columns(
+            [pl.col(name).cast(dtype, strict=True) for name, dtype in casts.items()]
+        )
+    except pl.exceptions.PolarsError as exc:
+        raise BadInput(f"dataset {spec.name!r}: cannot convert column types: {exc}") from exc
+
+
+def check_keys(spec: DatasetSpec, frame: pl.DataFrame) -> pl.DataFrame:
+    """Apply the key checks; returns the frame (de-duplicated when `dedupe_by` says so)."""
+    pk = list(spec.primary_key)
+    if pk:
+        missing = [c for c in pk if c not in frame.columns]
+        if missing:
+            raise MissingKeyColumn(
+                f"dataset {spec.name!r}: primary-key column(s) {missing} missing from the compute's "
+                f"output (columns: {frame.columns})"
+            )
+        nulls = [c for c in pk if frame[c].null_count() > 0]
+        if nulls:
+            raise NullKey(
+                f"dataset {spec.name!r}: primary-key column(s) {nulls} contain nulls "
+                f"({sum(frame[c].null_count() for c in nulls)} rows)"
+            )
+        if spec.dedupe_by is not None:
+            if spec.dedupe_by not in frame.columns:
+                raise BadInput(
+                    f"dataset {spec.name!r}: dedupe_by column {spec.dedupe_by!r} is not in the output"
+                )
+            frame = (
+                frame.with_row_index("__po_order__")
+                .sort([spec.dedupe_by, "__po_order__"], nulls_last=False)
+                .unique(subset=pk, keep="last", maintain_order=True)
+                .sort("__po_order__")
+                .drop("__po_order__")
+            )
+        dupes = frame.group_by(pk).len().filter(pl.col("len") > 1)
+        if dupes.height:
+            examples = dupes.head(MAX_EXAMPLES).select(pk).rows()
+            shown = ", ".join(repr(row[0] if len(row) == 1 else row) for row in examples)
+            raise DuplicateKeys(
+                f"dataset {spec.name!r}: {dupes.height} primary key(s) appear more than once in the "
+                f"compute's output, e.g. {shown} (set dedupe_by=<column> to keep the last row per key)"
+            )
+    return frame
+
+
+def check_in_window(spec: DatasetSpec, frame: pl.DataFrame, window: Window) -> None:
+    """Refuse rows whose watermark lies outside `window` (for writes that replace inside it)."""
+    if spec.watermark is None or spec.watermark not in frame.columns:
+        raise MissingKeyColumn(
+            f"dataset {spec.name!r}: a windowed {spec.strategy} write needs the watermark column "
+            f"{spec.watermark!r} in the compute's output"
+        )
+    if not frame.height:
+        return
+    outside = frame.filter(~window.contains(spec.watermark).fill_null(False))
+    if outside.height:
+        sample = outside[spec.watermark].head(MAX_EXAMPLES).to_list()
+        raise RowsOutsideWindow(
+            f"dataset {spec.name!r}: {outside.height} row(s) have {spec.watermark} outside "
+            f"the window {window}, e.g. {sample}"
+        )

@@ -1,0 +1,46 @@
+"""`WriteResult`: what one write did, in numbers. Shared by every arm."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pipeline_output.spec import WriteMode
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """The outcome of one write (one arm).
+
+    `rows_unchanged` are matched rows identical to the target's; `rows_preserved` are target rows the
+    compute did not mention and that were kept; `rows_skipped` are append_new key collisions.
+    `snapshot_id` is None for a no-op (nothing changed, nothing committed).
+    """
+
+    dataset: str
+    write_mode: WriteMode
+    first_deploy: bool
+    rows_in: int
+    rows_inserted: int = 0
+    rows_updated: int = 0
+    rows_deleted: int = 0
+    rows_unchanged: int = 0
+    rows_preserved: int = 0
+    rows_skipped: int = 0
+    rows_total_after: int = 0
+    snapshot_id: int | None = None
+    files_rewritten: int = 0
+    files_added: int = 0
+    duration_s: float = 0.0
+    lock_wait_s: float = 0.0
+    table: str = ""
+    arm: str = "iceberg"
+
+    @property
+    def noop(self) -> bool:
+        """True when nothing was committed."""
+        return self.snapshot_id is None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict (for metadata and JSON)."""
+        return asdict(self)

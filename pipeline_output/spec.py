@@ -1,0 +1,160 @@
+"""Dataset specs: the frozen, validated description of a produced dataset.
+
+Owns the closed vocabularies (strategy, mode, write mode) and `DatasetSpec` / `Delta`. Every check that
+can be made without I/O is made here, at construction, so a bad spec fails when code loads.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from typing import Literal, get_args
+
+from pipeline_output.errors import InvalidSpec
+
+Strategy = Literal[
+    "snapshot_replace",  # first: replace; re-deploy: upsert by key, keep unmatched target rows
+    "append_always",  # first: replace; re-deploy: append every row
+    "append_new",  # first: replace; re-deploy: insert only rows whose key is absent
+    "replace",  # always replace (the whole table, or only the window's rows)
+    "sync",  # first: replace; re-deploy: upsert and delete target rows absent from the compute
+]
+Mode = Literal["pg", "iceberg", "dual"]
+WriteMode = Literal["replace", "upsert", "append", "append_new", "sync"]
+
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+MODES: tuple[str, ...] = get_args(Mode)
+WRITE_MODES: tuple[str, ...] = get_args(WriteMode)
+KEYED_STRATEGIES = frozenset({"snapshot_replace", "append_new", "sync"})
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_IDENTIFIER_LENGTH = 63  # Postgres' limit; names must work in both arms.
+
+WatermarkValue = int | datetime | date
+
+
+def check_identifier(value: object, *, what: str, dataset: str | None = None) -> str:
+    """Return `value` if it is a plain identifier (letters, digits, `_`), else raise `InvalidSpec`."""
+    where = f"dataset {dataset!r}: " if dataset else ""
+    if not isinstance(value, str) or not _IDENTIFIER.match(value):
+        raise InvalidSpec(
+            f"{where}{what} {value!r} is not a valid identifier "
+            "(letters, digits and underscores, not starting with a digit)"
+        )
+    if len(value) > MAX_IDENTIFIER_LENGTH:
+        raise InvalidSpec(
+            f"{where}{what} {value!r} is longer than {MAX_IDENTIFIER_LENGTH} characters"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Incremental settings: the dataset is computed window by window over `source`'s `watermark`.
+
+    Windows are half-open `(low, high]`. `lookback` re-reads that many earlier windows for late data
+    (idempotent strategies only); `max_rows` splits a large backlog into several windows; `start`
+    makes the first window begin above it instead of being open at the bottom.
+    """
+
+    source: str
+    watermark: str
+    lookback: int = 0
+    max_rows: int | None = None
+    start: WatermarkValue | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source:
+            raise InvalidSpec(f"Delta source must be a non-empty name, got {self.source!r}")
+        check_identifier(self.watermark, what="Delta watermark column")
+        if not isinstance(self.lookback, int) or self.lookback < 0:
+            raise InvalidSpec(
+                f"Delta lookback must be a non-negative integer, got {self.lookback!r}"
+            )
+        if self.max_rows is not None and (not isinstance(self.max_rows, int) or self.max_rows < 1):
+            raise InvalidSpec(f"Delta max_rows must be a positive integer, got {self.max_rows!r}")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A produced dataset: its name, key, write strategy and options. Frozen and validated."""
+
+    name: str
+    primary_key: tuple[str, ...] = ()
+    strategy: Strategy = "snapshot_replace"
+    delta: Delta | None = None
+    mode: Mode | None = None
+    partition_by: tuple[str, ...] = ()
+    sort_by: tuple[str, ...] = ()
+    dedupe_by: str | None = None
+    allow_empty: bool = False
+    description: str | None = None
+    extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        name = check_identifier(self.name, what="dataset name")
+        pk = self.primary_key
+        if isinstance(pk, str):
+            pk = (pk,)
+        if not isinstance(pk, (tuple, list)):
+            raise InvalidSpec(
+                f"dataset {name!r}: primary_key must be a column name or a tuple of names"
+            )
+        pk = tuple(pk)
+        for col in pk:
+            check_identifier(col, what="primary-key column", dataset=name)
+        if len(set(pk)) != len(pk):
+            raise InvalidSpec(f"dataset {name!r}: primary_key repeats a column: {pk!r}")
+        object.__setattr__(self, "primary_key", pk)
+
+        for attr in ("partition_by", "sort_by"):
+            cols = getattr(self, attr)
+            cols = (cols,) if isinstance(cols, str) else tuple(cols)
+            for col in cols:
+                check_identifier(col, what=f"{attr} column", dataset=name)
+            object.__setattr__(self, attr, cols)
+
+        if self.strategy not in STRATEGIES:
+            raise InvalidSpec(
+                f"dataset {name!r}: unknown strategy {self.strategy!r}; "
+                f"valid strategies: {', '.join(STRATEGIES)}"
+            )
+        if self.strategy in KEYED_STRATEGIES and not pk:
+            raise InvalidSpec(
+                f"dataset {name!r}: strategy {self.strategy!r} needs a primary_key "
+                "(it matches rows by key)"
+            )
+        if self.mode is not None and self.mode not in MODES:
+            raise InvalidSpec(
+                f"dataset {name!r}: unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}"
+            )
+        if self.dedupe_by is not None:
+            check_identifier(self.dedupe_by, what="dedupe_by column", dataset=name)
+            if not pk:
+                raise InvalidSpec(f"dataset {name!r}: dedupe_by needs a primary_key")
+            if self.dedupe_by in pk:
+                raise InvalidSpec(f"dataset {name!r}: dedupe_by must not be a primary-key column")
+        if self.delta is not None:
+            if not isinstance(self.delta, Delta):
+                raise InvalidSpec(f"dataset {name!r}: delta must be a Delta(...)")
+            if self.delta.lookback and self.strategy == "append_always":
+                raise InvalidSpec(
+                    f"dataset {name!r}: Delta lookback re-reads earlier windows, which "
+                    "append_always would append twice; use lookback=0 or an idempotent strategy"
+                )
+
+    @property
+    def key_columns(self) -> tuple[str, ...]:
+        """The primary key (may be empty)."""
+        return self.primary_key
+
+    @property
+    def sort_columns(self) -> tuple[str, ...]:
+        """Columns the data is sorted by on write (explicit sort_by, else the primary key)."""
+        return self.sort_by or self.primary_key
+
+    @property
+    def watermark(self) -> str | None:
+        """The delta watermark column, when the dataset is incremental."""
+        return self.delta.watermark if self.delta else None

@@ -1,0 +1,1 @@
+"""Storage arms: each implements every write mode and reads (`iceberg` native, `postgres` legacy)."""

@@ -1,0 +1,685 @@
+"""The native arm: `IcebergStore` writes every write mode as one atomic commit and reads back.
+
+Owns the order of a native write — lock, probe (the freshness oracle), plan, write data files,
+commit once — and the file-level copy-on-write merges behind upsert, append_new, sync and windowed
+replace: file statistics prune the candidate files, the key columns verify them, and only files that
+really change are rewritten. Every commit produces exactly one snapshot whose summary carries the
+`pipeline-output.*` properties; a write that changes nothing commits nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.conversions import from_bytes
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.expressions import (
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    GreaterThan,
+    LessThanOrEqual,
+)
+from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
+from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
+from pyiceberg.table import FileScanTask, Table, Transaction
+from pyiceberg.types import DateType, PrimitiveType, TimestampType, TimestamptzType
+
+from pipeline_output import __version__
+from pipeline_output.errors import BadInput, EmptyComputeRefused
+from pipeline_output.frames import check_in_window, check_keys, to_polars
+from pipeline_output.locks import AdvisoryLock, LockStats
+from pipeline_output.plan import TargetState, WritePlan, plan_write
+from pipeline_output.result import WriteResult
+from pipeline_output.spec import DatasetSpec
+from pipeline_output.stores.iceberg_schema import conform, initial_schema, plan_evolution
+from pipeline_output.windows import Window
+
+PROPERTY_PREFIX = "pipeline-output."
+TABLE_PROPERTIES = {
+    "write.parquet.compression-codec": "zstd",
+    "write.parquet.compression-level": "1",
+    "write.target-file-size-bytes": str(512 * 1024 * 1024),
+    "commit.retry.num-retries": "10",
+    "commit.retry.min-wait-ms": "50",
+    "commit.retry.max-wait-ms": "5000",
+}
+_DEFAULT_LOCK: Any = object()
+_READ_THREADS = 4
+
+
+def summary_properties(
+    spec: DatasetSpec, plan: WritePlan, run_id: str | None, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The namespaced properties every snapshot of ours carries."""
+    props = {
+        f"{PROPERTY_PREFIX}dataset": spec.name,
+        f"{PROPERTY_PREFIX}strategy": spec.strategy,
+        f"{PROPERTY_PREFIX}write-mode": plan.write_mode,
+        f"{PROPERTY_PREFIX}first-deploy": str(plan.first_deploy).lower(),
+        f"{PROPERTY_PREFIX}run-id": run_id or "",
+        f"{PROPERTY_PREFIX}version": __version__,
+    }
+    if plan.window is not None:
+        props[f"{PROPERTY_PREFIX}window"] = str(plan.window)
+        props[f"{PROPERTY_PREFIX}window-key"] = plan.window.to_key()
+    for key, value in (extra or {}).items():
+        props[f"{PROPERTY_PREFIX}{key}"] = value
+    return props
+
+
+@dataclass
+class _Changes:
+    """What a merge decided: files to drop, frames to write as new files, and the row counts."""
+
+    deleted_files: list[DataFile] = field(default_factory=list)
+    new_frames: list[pl.DataFrame] = field(default_factory=list)
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    unchanged: int = 0
+    preserved: int = 0
+    skipped: int = 0
+
+    @property
+    def noop(self) -> bool:
+        return not self.deleted_files and not any(f.height for f in self.new_frames)
+
+
+class IcebergStore:
+    """Writes and reads datasets as Iceberg tables `<namespace>.<dataset name>` of one catalog.
+
+    Same-table writers are serialized with a Postgres advisory lock (default: on the control-plane
+    Postgres from settings). Pass `lock=None` to opt out — every write then warns that concurrent
+    writers are unsafe.
+    """
+
+    def __init__(self, catalog: Catalog, namespace: str, *, lock: Any = _DEFAULT_LOCK) -> None:
+        self.catalog = catalog
+        self.namespace = namespace
+        self._lock: AdvisoryLock | Any | None = lock
+        self._namespace_checked = False
+
+    # -- identity and probing ----------------------------------------------------------------
+
+    def identifier(self, spec: DatasetSpec | str) -> tuple[str, str]:
+        """The table identifier of a dataset."""
+        name = spec if isinstance(spec, str) else spec.name
+        return (self.namespace, name)
+
+    def table_name(self, spec: DatasetSpec | str) -> str:
+        """`namespace.name`, for display and metadata."""
+        return ".".join(self.identifier(spec))
+
+    def load(self, spec: DatasetSpec | str) -> Table | None:
+        """The table, or None when it does not exist."""
+        try:
+            return self.catalog.load_table(self.identifier(spec))
+        except NoSuchTableError:
+            return None
+
+    def target_state(self, spec: DatasetSpec | str) -> TargetState:
+        """The freshness oracle: does the table exist and has it a committed snapshot?"""
+        return _state_of(self.load(spec))
+
+    def plan(self, spec: DatasetSpec, *, window: Window | None = None) -> WritePlan:
+        """The write plan a write would follow now (dry run: reads table metadata only)."""
+        return plan_write(spec, self.target_state(spec), window)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read(
+        self,
+        spec: DatasetSpec | str,
+        *,
+        window: Window | None = None,
+        columns: Sequence[str] | None = None,
+        watermark: str | None = None,
+    ) -> pl.DataFrame:
+        """The table's rows (optionally only a window, only some columns) as polars."""
+        table = self.load(spec)
+        if table is None:
+            raise LookupError(f"dataset {self.table_name(spec)!r} has no Iceberg table yet")
+        row_filter: BooleanExpression = AlwaysTrue()
+        if window is not None:
+            wm = watermark or (spec.watermark if isinstance(spec, DatasetSpec) else None)
+            if wm is None:
+                raise ValueError(f"reading a window of {self.table_name(spec)} needs its watermark")
+            row_filter = window_filter(wm, window)
+        scan = table.scan(
+            row_filter=row_filter, selected_fields=tuple(columns) if columns else ("*",)
+        )
+        return _to_polars(scan.to_arrow())
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def write(
+        self,
+        spec: DatasetSpec,
+        data: Any,
+        *,
+        window: Window | None = None,
+        run_id: str | None = None,
+        summary: dict[str, str] | None = None,
+    ) -> WriteResult:
+        """Probe, plan and write `data` for `spec` in one commit (none when nothing changes)."""
+        started = time.perf_counter()
+        frame = check_keys(spec, to_polars(spec, data))
+        with self._hold(spec) as stats:
+            table = self.load(spec)
+            plan = plan_write(spec, _state_of(table), window)
+            if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
+                check_in_window(spec, frame, window)
+            props = summary_properties(spec, plan, run_id, summary)
+            if table is None:
+                result = self._create(spec, plan, frame, props)
+            else:
+                result = self._write_existing(spec, plan, table, frame, props)
+        return replace(
+            result,
+            duration_s=time.perf_counter() - started,
+            lock_wait_s=stats.wait_s,
+            table=self.table_name(spec),
+        )
+
+    def _hold(self, spec: DatasetSpec) -> AbstractContextManager[LockStats]:
+        lock = self._lock
+        if lock is _DEFAULT_LOCK:
+            from pipeline_output.settings import get_settings
+
+            lock = self._lock = AdvisoryLock(get_settings().control_plane_url())
+        if lock is None:
+            warnings.warn(
+                f"dataset {spec.name!r}: IcebergStore(lock=None) — concurrent writers of "
+                f"{self.table_name(spec)} are unsafe (no advisory lock)",
+                stacklevel=3,
+            )
+            return nullcontext(LockStats(key=self.table_name(spec)))
+        return lock.hold(f"iceberg:{self.table_name(spec)}")  # type: ignore[no-any-return]
+
+    def _ensure_namespace(self) -> None:
+        if not self._namespace_checked:
+            self.catalog.create_namespace_if_not_exists(self.namespace)
+            self._namespace_checked = True
+
+    def _create(
+        self, spec: DatasetSpec, plan: WritePlan, frame: pl.DataFrame, props: dict[str, str]
+    ) -> WriteResult:
+        """First deploy of a missing table: create it and write its first snapshot in one commit."""
+        self._ensure_namespace()
+        schema, order = initial_schema(spec, frame)
+        tx = self.catalog.create_table_transaction(
+            self.identifier(spec), schema=schema, sort_order=order, properties=TABLE_PROPERTIES
+        )
+        data = _sorted(frame, spec)
+        table = _commit(tx, props, deleted=[], frames=[data], force=True)
+        snapshot = table.current_snapshot()
+        return WriteResult(
+            dataset=spec.name,
+            write_mode=plan.write_mode,
+            first_deploy=True,
+            rows_in=frame.height,
+            rows_inserted=frame.height,
+            rows_total_after=frame.height,
+            snapshot_id=snapshot.snapshot_id if snapshot else None,
+            files_added=1 if frame.height else 0,
+        )
+
+    def _write_existing(
+        self,
+        spec: DatasetSpec,
+        plan: WritePlan,
+        table: Table,
+        frame: pl.DataFrame,
+        props: dict[str, str],
+    ) -> WriteResult:
+        tx = table.transaction()
+        evolution = plan_evolution(spec, table.schema(), frame)
+        if not evolution.empty:
+            with tx.update_schema() as update:
+                for name, new_type in evolution.add:
+                    update.add_column(name, new_type)
+                for name, wider in evolution.widen:
+                    update.update_column(name, field_type=wider)
+        schema = tx.table_metadata.schema()
+        frame = _sorted(_align(frame, schema), spec)
+        total_before = _total_records(table)
+        merge = _Merge(table=table, tx=tx, spec=spec, frame=frame, schema=schema)
+        changes = merge.run(plan)
+        if frame.height == 0 and changes.deleted and not spec.allow_empty:
+            raise EmptyComputeRefused(
+                f"dataset {spec.name!r}: the compute returned no rows and a {plan.write_mode} would "
+                f"delete {changes.deleted} target row(s); set allow_empty=True to allow it "
+                "(nothing was written)"
+            )
+        force = plan.first_deploy
+        snapshot_id: int | None = None
+        if not changes.noop or force:
+            new_table = _commit(tx, props, changes.deleted_files, changes.new_frames, force=force)
+            snap = new_table.current_snapshot()
+            snapshot_id = snap.snapshot_id if snap else None
+        elif not evolution.empty:
+            tx.commit_transaction()  # a schema-only change: no snapshot
+        return WriteResult(
+            dataset=spec.name,
+            write_mode=plan.write_mode,
+            first_deploy=plan.first_deploy,
+            rows_in=frame.height,
+            rows_inserted=changes.inserted,
+            rows_updated=changes.updated,
+            rows_deleted=changes.deleted,
+            rows_unchanged=changes.unchanged,
+            rows_preserved=changes.preserved,
+            rows_skipped=changes.skipped,
+            rows_total_after=total_before + changes.inserted - changes.deleted,
+            snapshot_id=snapshot_id,
+            files_rewritten=len(changes.deleted_files),
+            files_added=sum(1 for f in changes.new_frames if f.height),
+        )
+
+
+# -- the merges ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Merge:
+    """Decides, file by file, what a write mode changes in an existing table."""
+
+    table: Table
+    tx: Transaction
+    spec: DatasetSpec
+    frame: pl.DataFrame
+    schema: Schema
+
+    def run(self, plan: WritePlan) -> _Changes:
+        handlers: dict[str, Callable[[WritePlan], _Changes]] = {
+            "replace": self._replace,
+            "append": self._append,
+            "append_new": self._append_new,
+            "upsert": self._upsert_or_sync,
+            "sync": self._upsert_or_sync,
+        }
+        return handlers[plan.write_mode](plan)
+
+    # -- simple modes
+
+    def _append(self, plan: WritePlan) -> _Changes:
+        total = _total_records(self.table)
+        return _Changes(new_frames=[self.frame], inserted=self.frame.height, preserved=total)
+
+    def _replace(self, plan: WritePlan) -> _Changes:
+        tasks = self._tasks()
+        if plan.delete_scope == "all" or plan.window is None:
+            deleted = sum(t.file.record_count for t in tasks)
+            return _Changes(
+                deleted_files=[t.file for t in tasks],
+                new_frames=[self.frame],
+                inserted=self.frame.height,
+                deleted=deleted,
+            )
+        window, wm = plan.window, self._watermark()
+        changes = _Changes(new_frames=[self.frame], inserted=self.frame.height)
+        straddling: list[FileScanTask] = []
+        for task in tasks:
+            relation = _window_relation(task, self.schema, wm, window)
+            if relation == "outside":
+                changes.preserved += task.file.record_count
+            elif relation == "inside" and not task.delete_files:
+                changes.deleted_files.append(task.file)
+                changes.deleted += task.file.record_count
+            else:
+                straddling.append(task)
+        for task, rows in zip(straddling, self._read(straddling), strict=True):
+            in_window = rows.filter(window.contains(wm).fill_null(False))
+            if in_window.height == 0:
+                changes.preserved += rows.height
+                continue
+            kept = rows.filter(~window.contains(wm).fill_null(False))
+            changes.deleted_files.append(task.file)
+            changes.deleted += in_window.height
+            changes.preserved += kept.height
+            changes.new_frames.append(_sorted(kept, self.spec))
+        return changes
+
+    def _append_new(self, plan: WritePlan) -> _Changes:
+        pk = list(self.spec.primary_key)
+        candidates = self._prune_by_keys(self._tasks())
+        existing = self._read(candidates, columns=pk)
+        keys = pl.concat(existing) if existing else self.frame.head(0).select(pk)
+        fresh = self.frame.join(keys, on=pk, how="anti", nulls_equal=True)
+        skipped = self.frame.height - fresh.height
+        total = _total_records(self.table)
+        return _Changes(
+            new_frames=[fresh], inserted=fresh.height, skipped=skipped, preserved=total - skipped
+        )
+
+    # -- the copy-on-write merge behind upsert and sync
+
+    def _upsert_or_sync(self, plan: WritePlan) -> _Changes:
+        spec, frame = self.spec, self.frame
+        pk = list(spec.primary_key)
+        scope = plan.delete_scope  # none | absent_keys | absent_keys_in_window
+        window = plan.window if scope == "absent_keys_in_window" else None
+        wm = self._watermark() if window is not None else None
+        tasks = self._tasks()
+        if scope == "absent_keys":
+            candidates = tasks
+        elif window is not None and wm is not None:
+            by_key = {id(t) for t in self._prune_by_keys(tasks)}
+            candidates = [
+                t
+                for t in tasks
+                if id(t) in by_key or _window_relation(t, self.schema, wm, window) != "outside"
+            ]
+        else:
+            candidates = self._prune_by_keys(tasks)
+        changes = _Changes()
+        untouched = [t for t in tasks if t not in candidates]
+        changes.preserved += sum(t.file.record_count for t in untouched)
+
+        # Key pass: with several candidates, read only keys (+ watermark) to find files that change.
+        if len(candidates) > 1:
+            cols = pk + ([wm] if wm else [])
+            key_frames = self._read(candidates, columns=cols)
+            relevant = []
+            for task, keys in zip(candidates, key_frames, strict=True):
+                matched = keys.join(frame.select(pk), on=pk, how="semi", nulls_equal=True).height
+                absent = self._absent(keys, scope, window, wm)
+                if matched or absent:
+                    relevant.append(task)
+                else:
+                    changes.preserved += keys.height
+            candidates = relevant
+
+        matched_keys: list[pl.DataFrame] = []
+        value_cols = [c for c in _schema_names(self.schema) if c not in pk]
+        for task, rows in zip(candidates, self._read(candidates), strict=True):
+            joined = rows.join(frame, on=pk, how="inner", suffix="__new", nulls_equal=True)
+            if joined.height:
+                matched_keys.append(joined.select(pk))
+            differs = _differs(joined, value_cols)
+            changed_keys = joined.filter(differs).select(pk)
+            n_changed = changed_keys.height
+            n_unchanged = joined.height - n_changed
+            absent_mask = self._absent_mask(rows, scope, window, wm)
+            n_absent = int(absent_mask.sum()) if absent_mask is not None else 0
+            if n_changed == 0 and n_absent == 0:
+                changes.unchanged += n_unchanged
+                changes.preserved += rows.height - joined.height
+                continue
+            keep = rows
+            if absent_mask is not None:
+                keep = keep.filter(~absent_mask)
+            keep = keep.join(changed_keys, on=pk, how="anti", nulls_equal=True)
+            updated_rows = frame.join(changed_keys, on=pk, how="semi", nulls_equal=True)
+            changes.deleted_files.append(task.file)
+            changes.new_frames.append(_sorted(pl.concat([keep, updated_rows]), spec))
+            changes.updated += n_changed
+            changes.unchanged += n_unchanged
+            changes.deleted += n_absent
+            changes.preserved += rows.height - joined.height - n_absent
+
+        all_matched = pl.concat(matched_keys) if matched_keys else frame.head(0).select(pk)
+        inserts = frame.join(all_matched, on=pk, how="anti", nulls_equal=True)
+        if inserts.height:
+            changes.new_frames.append(inserts)
+            changes.inserted = inserts.height
+        return changes
+
+    def _absent_mask(
+        self, rows: pl.DataFrame, scope: str, window: Window | None, wm: str | None
+    ) -> pl.Series | None:
+        """Target rows a sync deletes: key absent from the compute (and inside the window)."""
+        if scope == "none":
+            return None
+        pk = list(self.spec.primary_key)
+        present = (
+            rows.select(pk)
+            .join(
+                self.frame.select(pk).with_columns(pl.lit(True).alias("__po_hit__")),
+                on=pk,
+                how="left",
+                nulls_equal=True,
+            )["__po_hit__"]
+            .is_null()
+        )
+        if window is not None and wm is not None:
+            present = present & rows.select(window.contains(wm).fill_null(False)).to_series()
+        return present
+
+    def _absent(self, keys: pl.DataFrame, scope: str, window: Window | None, wm: str | None) -> int:
+        mask = self._absent_mask(keys, scope, window, wm)
+        return int(mask.sum()) if mask is not None else 0
+
+    # -- file planning and reading
+
+    def _tasks(self) -> list[FileScanTask]:
+        if self.table.current_snapshot() is None:
+            return []
+        return list(self.table.scan().plan_files())
+
+    def _watermark(self) -> str:
+        wm = self.spec.watermark
+        if wm is None or wm not in _schema_names(self.schema):
+            raise BadInput(
+                f"dataset {self.spec.name!r}: a windowed write needs the watermark column "
+                f"{wm!r} in the table"
+            )
+        return wm
+
+    def _prune_by_keys(self, tasks: list[FileScanTask]) -> list[FileScanTask]:
+        """Files whose key statistics admit at least one of the compute's keys."""
+        if not tasks or self.frame.height == 0:
+            return []
+        first = self.spec.primary_key[0]
+        field = self.table.schema().find_field(first)
+        if not isinstance(field.field_type, PrimitiveType):
+            return tasks
+        keys = _physical(self.frame.get_column(first), field.field_type).unique().sort()
+        out = []
+        for task in tasks:
+            lo_b = task.file.lower_bounds.get(field.field_id) if task.file.lower_bounds else None
+            hi_b = task.file.upper_bounds.get(field.field_id) if task.file.upper_bounds else None
+            if lo_b is None or hi_b is None:
+                out.append(task)
+                continue
+            lo = from_bytes(field.field_type, lo_b)
+            hi = from_bytes(field.field_type, hi_b)
+            try:
+                i = int(keys.search_sorted(lo, side="left"))  # type: ignore[arg-type]
+                j = int(keys.search_sorted(hi, side="right"))  # type: ignore[arg-type]
+            except (TypeError, pl.exceptions.PolarsError):
+                out.append(task)
+                continue
+            if j > i:
+                out.append(task)
+        return out
+
+    def _read(
+        self, tasks: list[FileScanTask], *, columns: Sequence[str] | None = None
+    ) -> list[pl.DataFrame]:
+        """Read each task into its own frame (all columns of the current schema, or `columns`)."""
+        if not tasks:
+            return []
+        read_schema = self.table.schema()
+        if columns is not None:
+            read_schema = read_schema.select(*columns)
+
+        def one(task: FileScanTask) -> pl.DataFrame:
+            scan = ArrowScan(self.table.metadata, self.table.io, read_schema, AlwaysTrue())
+            return _align(_to_polars(scan.to_table([task])), self.schema, only=columns)
+
+        if len(tasks) == 1:
+            return [one(tasks[0])]
+        with ThreadPoolExecutor(max_workers=min(_READ_THREADS, len(tasks))) as pool:
+            return list(pool.map(one, tasks))
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _state_of(table: Table | None) -> TargetState:
+    if table is None:
+        return TargetState(exists=False, has_snapshot=False)
+    snap = table.current_snapshot()
+    return TargetState(
+        exists=True,
+        has_snapshot=snap is not None,
+        snapshot_id=snap.snapshot_id if snap else None,
+        total_rows=_total_records(table),
+    )
+
+
+def _total_records(table: Table) -> int:
+    snap = table.current_snapshot()
+    if snap is None or snap.summary is None:
+        return 0
+    return int(snap.summary.get("total-records", "0") or 0)
+
+
+def _schema_names(schema: Schema) -> list[str]:
+    return [f.name for f in schema.fields]
+
+
+def _to_polars(table: pa.Table) -> pl.DataFrame:
+    return pl.from_arrow(table)  # type: ignore[return-value]
+
+
+def _align(
+    frame: pl.DataFrame, schema: Schema, *, only: Sequence[str] | None = None
+) -> pl.DataFrame:
+    """`frame` with the schema's columns (missing ones null) cast to the schema's polars types."""
+    target = _to_polars(schema.as_arrow().empty_table()).schema
+    names = list(only) if only is not None else list(target)
+    exprs = []
+    for name in names:
+        dtype = target[name]
+        if name in frame.columns:
+            col = pl.col(name)
+            exprs.append(col if frame.schema[name] == dtype else col.cast(dtype))
+        else:
+            exprs.append(pl.lit(None, dtype=dtype).alias(name))
+    return frame.select(exprs)
+
+
+def _sorted(frame: pl.DataFrame, spec: DatasetSpec) -> pl.DataFrame:
+    cols = [c for c in spec.sort_columns if c in frame.columns]
+    if not cols or frame.height < 2:
+        return frame
+    return frame.sort(cols, nulls_last=False, maintain_order=True)
+
+
+def _differs(joined: pl.DataFrame, value_cols: list[str]) -> pl.Expr:
+    """Rows whose values differ between the target (`c`) and the compute (`c__new`).
+
+    Nulls equal nulls and NaN equals NaN, so an unchanged row with NaN is never rewritten.
+    """
+    if not value_cols:
+        return pl.lit(False)
+    return pl.any_horizontal(
+        [
+            ~pl.col(c).eq_missing(pl.col(f"{c}__new"))
+            for c in value_cols
+            if f"{c}__new" in joined.columns
+        ]
+        or [pl.lit(False)]
+    )
+
+
+def _physical(series: pl.Series, iceberg_type: PrimitiveType) -> pl.Series:
+    """Key values in the representation Iceberg bounds decode to (micros, days, ...)."""
+    if isinstance(iceberg_type, (TimestampType, TimestamptzType)):
+        return series.dt.epoch("us")
+    if isinstance(iceberg_type, DateType):
+        return series.cast(pl.Int32)
+    return series
+
+
+def _bound_value(value: Any, iceberg_type: PrimitiveType) -> Any:
+    if isinstance(iceberg_type, (TimestampType, TimestamptzType)) and isinstance(value, datetime):
+        return pl.Series([value]).dt.epoch("us")[0]
+    if isinstance(iceberg_type, DateType) and isinstance(value, date):
+        return pl.Series([value]).cast(pl.Int32)[0]
+    return value
+
+
+def _window_relation(task: FileScanTask, schema: Schema, wm: str, window: Window) -> str:
+    """`inside`, `outside` or `straddles`: where a file's watermark range lies against a window."""
+    field = schema.find_field(wm)
+    ftype = field.field_type
+    lo_b = task.file.lower_bounds.get(field.field_id) if task.file.lower_bounds else None
+    hi_b = task.file.upper_bounds.get(field.field_id) if task.file.upper_bounds else None
+    nulls = (task.file.null_value_counts or {}).get(field.field_id, 0)
+    if lo_b is None or hi_b is None or not isinstance(ftype, PrimitiveType):
+        return "straddles"
+    lo, hi = from_bytes(ftype, lo_b), from_bytes(ftype, hi_b)
+    w_high = _bound_value(window.high, ftype)
+    w_low = _bound_value(window.low, ftype) if window.low is not None else None
+    if lo > w_high or (w_low is not None and hi <= w_low):
+        return "outside"
+    if hi <= w_high and (w_low is None or lo > w_low) and not nulls:
+        return "inside"
+    return "straddles"
+
+
+def window_filter(watermark: str, window: Window) -> BooleanExpression:
+    """An Iceberg row filter for `low < watermark <= high`."""
+    high: BooleanExpression = LessThanOrEqual(watermark, _literal(window.high))
+    if window.low is None:
+        return high
+    return And(GreaterThan(watermark, _literal(window.low)), high)
+
+
+def _literal(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
+    return value
+
+
+def _commit(
+    tx: Transaction,
+    props: dict[str, str],
+    deleted: list[DataFile],
+    frames: list[pl.DataFrame],
+    *,
+    force: bool,
+) -> Table:
+    """Write `frames` as data files and commit them with `deleted` removed: exactly one snapshot."""
+    schema = tx.table_metadata.schema()
+    update = tx.update_snapshot(snapshot_properties=props)
+    producer = update.overwrite() if deleted or force else update.fast_append()
+    counter = itertools.count(0)
+    io = tx._table.io
+    for frame in frames:
+        if frame.height == 0:
+            continue
+        arrow = conform(frame, schema)
+        for data_file in _dataframe_to_data_files(
+            table_metadata=tx.table_metadata,
+            df=arrow,
+            io=io,
+            write_uuid=producer.commit_uuid,
+            counter=counter,
+        ):
+            producer.append_data_file(data_file)
+    for data_file in deleted:
+        producer.delete_data_file(data_file)
+    producer.commit()
+    return tx.commit_transaction()
+
+
+__all__ = ["IcebergStore", "summary_properties", "window_filter"]

@@ -1,0 +1,160 @@
+"""Iceberg schema handling for the native arm: the initial schema, and reconciling a compute with it.
+
+Owns type mapping between polars/Arrow and Iceberg: the create-time schema (primary key = required
+identifier fields, sort order on the key), and on re-deploys the evolution rules — new columns are
+added, types widen where Iceberg allows it (int->long, float->double, decimal precision), dropped
+columns stay (null in new rows), anything else is a `SchemaMismatch` naming the column and both
+types. Pure apart from the `UpdateSchema` it is handed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
+from pyiceberg.table.sorting import NullOrder, SortDirection, SortField, SortOrder
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import (
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    LongType,
+    NestedField,
+    PrimitiveType,
+)
+
+from pipeline_output.errors import SchemaMismatch
+from pipeline_output.spec import DatasetSpec
+
+
+def arrow_schema_of(frame: pl.DataFrame) -> pa.Schema:
+    """The Arrow schema polars produces for `frame` (large strings, microsecond timestamps)."""
+    return frame.head(0).to_arrow().schema
+
+
+def iceberg_type_of(dtype_schema: pa.Schema, name: str) -> IcebergType:
+    """The Iceberg type of one Arrow field (ids unassigned)."""
+    converted = Catalog._convert_schema_if_needed(pa.schema([dtype_schema.field(name)]))
+    return converted.find_field(name).field_type
+
+
+def initial_schema(spec: DatasetSpec, frame: pl.DataFrame) -> tuple[Schema, SortOrder]:
+    """The create-time schema (primary key required + identifier fields) and sort order."""
+    arrow = arrow_schema_of(frame)
+    pk = set(spec.primary_key)
+    arrow = pa.schema(
+        [f.with_nullable(False) if f.name in pk else f for f in arrow], metadata=arrow.metadata
+    )
+    fresh = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(arrow))
+    ids = [fresh.find_field(col).field_id for col in spec.primary_key]
+    schema = Schema(*fresh.fields, identifier_field_ids=ids)
+    sort_cols = [c for c in spec.sort_columns if c in frame.columns]
+    order = (
+        SortOrder(
+            *[
+                SortField(
+                    source_id=schema.find_field(col).field_id,
+                    transform=IdentityTransform(),
+                    direction=SortDirection.ASC,
+                    null_order=NullOrder.NULLS_FIRST,
+                )
+                for col in sort_cols
+            ]
+        )
+        if sort_cols
+        else SortOrder()
+    )
+    return schema, order
+
+
+@dataclass
+class Evolution:
+    """Schema changes a compute needs: columns to add, types to widen."""
+
+    add: list[tuple[str, IcebergType]] = field(default_factory=list)
+    widen: list[tuple[str, PrimitiveType]] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        """Whether the table schema already fits."""
+        return not self.add and not self.widen
+
+
+def _widens_to(source: IcebergType, target: IcebergType) -> bool:
+    """Whether values of `source` can be written into a `target` column without loss."""
+    if source == target:
+        return True
+    if isinstance(source, IntegerType) and isinstance(target, LongType):
+        return True
+    if isinstance(source, FloatType) and isinstance(target, DoubleType):
+        return True
+    return (
+        isinstance(source, DecimalType)
+        and isinstance(target, DecimalType)
+        and source.scale == target.scale
+        and source.precision <= target.precision
+    )
+
+
+def plan_evolution(spec: DatasetSpec, table_schema: Schema, frame: pl.DataFrame) -> Evolution:
+    """Compare the compute's columns with the table's; raise `SchemaMismatch` when they cannot fit."""
+    arrow = arrow_schema_of(frame)
+    evolution = Evolution()
+    table_names = {f.name for f in table_schema.fields}
+    for name in frame.columns:
+        new_type = iceberg_type_of(arrow, name)
+        if name not in table_names:
+            if name in spec.primary_key:
+                raise SchemaMismatch(
+                    f"dataset {spec.name!r}: primary-key column {name!r} is not in the existing "
+                    "table; changing the key of an existing table is not supported"
+                )
+            evolution.add.append((name, new_type))
+            continue
+        old_type = table_schema.find_field(name).field_type
+        if _widens_to(new_type, old_type):
+            continue
+        if (
+            name not in spec.primary_key
+            and isinstance(old_type, PrimitiveType)
+            and _widens_to(old_type, new_type)
+            and isinstance(new_type, PrimitiveType)
+        ):
+            evolution.widen.append((name, new_type))
+            continue
+        raise SchemaMismatch(
+            f"dataset {spec.name!r}: column {name!r} has type {new_type} in the compute but "
+            f"{old_type} in the table; that change is not compatible (nothing was written)"
+        )
+    return evolution
+
+
+def field_names(schema: Schema) -> list[str]:
+    """Top-level column names in schema order."""
+    return [f.name for f in schema.fields]
+
+
+def required_fields(schema: Schema) -> list[NestedField]:
+    """Top-level required fields."""
+    return [f for f in schema.fields if f.required]
+
+
+def conform(frame: pl.DataFrame, schema: Schema) -> pa.Table:
+    """`frame` as an Arrow table with exactly `schema`'s columns, order, types and nullability.
+
+    Columns the table has but the compute lacks are filled with nulls.
+    """
+    target = schema.as_arrow()
+    columns = []
+    for f in target:
+        if f.name in frame.columns:
+            columns.append(frame.get_column(f.name).to_arrow())
+        else:
+            columns.append(pa.nulls(frame.height, type=f.type))
+    table = pa.Table.from_arrays(columns, names=[f.name for f in target])
+    return table.cast(target)

@@ -1,0 +1,108 @@
+"""Delta windows: the half-open `(low, high]` value object and its partition-key encoding.
+
+A row belongs to a window when `low < watermark <= high`. `low=None` is a window open at the bottom
+(the first window of a backfill: every row up to `high`). Partition keys are sortable and readable:
+`<low>..<high>` with integers zero-padded to 20 digits and timestamps in UTC ISO-8601 with
+microseconds; an open bottom is an empty `<low>`, which sorts first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+
+import polars as pl
+
+from pipeline_output.errors import InvalidSpec
+
+Bound = int | datetime | date
+
+_INT_WIDTH = 20
+_SEP = ".."
+
+
+def _check_bound(value: object, what: str) -> Bound:
+    if isinstance(value, bool) or not isinstance(value, (int, datetime, date)):
+        raise InvalidSpec(f"window {what} must be an int, date or datetime, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Window:
+    """A half-open window `(low, high]` over a watermark column."""
+
+    low: Bound | None
+    high: Bound
+
+    def __post_init__(self) -> None:
+        _check_bound(self.high, "high")
+        if self.low is not None:
+            _check_bound(self.low, "low")
+            if type(self.low) is not type(self.high):
+                raise InvalidSpec(
+                    f"window bounds must have one type, got {self.low!r} and {self.high!r}"
+                )
+            if not self.low < self.high:  # type: ignore[operator]
+                raise InvalidSpec(
+                    f"window low must be below high, got ({self.low!r}, {self.high!r}]"
+                )
+
+    def __str__(self) -> str:
+        low = "-inf" if self.low is None else _text(self.low)
+        return f"({low}, {_text(self.high)}]"
+
+    def contains(self, column: str) -> pl.Expr:
+        """A polars predicate: `low < column <= high`."""
+        col = pl.col(column)
+        expr = col <= pl.lit(self.high)
+        if self.low is not None:
+            expr = (col > pl.lit(self.low)) & expr
+        return expr
+
+    def contains_value(self, value: Bound) -> bool:
+        """Whether one watermark value lies in the window."""
+        if self.low is not None and not value > self.low:  # type: ignore[operator]
+            return False
+        return bool(value <= self.high)  # type: ignore[operator]
+
+    def to_key(self) -> str:
+        """The partition key `low..high` (sortable, readable, decodable by `from_key`)."""
+        low = "" if self.low is None else _encode(self.low)
+        return f"{low}{_SEP}{_encode(self.high)}"
+
+    @classmethod
+    def from_key(cls, key: str) -> Window:
+        """Decode a partition key produced by `to_key`."""
+        low_text, sep, high_text = key.partition(_SEP)
+        if not sep or not high_text:
+            raise InvalidSpec(f"not a window partition key: {key!r} (expected 'low..high')")
+        high = _decode(high_text)
+        low = _decode(low_text) if low_text else None
+        return cls(low=low, high=high)
+
+
+def _text(value: Bound) -> str:
+    return value.isoformat() if isinstance(value, (datetime, date)) else str(value)
+
+
+def _encode(value: Bound) -> str:
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(UTC).replace(tzinfo=None)
+        return value.strftime("%Y-%m-%dT%H:%M:%S.%f")
+    if isinstance(value, date):
+        return value.isoformat()
+    if value < 0:
+        raise InvalidSpec(f"integer watermarks must be non-negative to encode as keys, got {value}")
+    return str(value).zfill(_INT_WIDTH)
+
+
+def _decode(text: str) -> Bound:
+    if text.isdigit():
+        return int(text)
+    try:
+        if "T" in text:
+            return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%f")
+        return date.fromisoformat(text)
+    except ValueError as exc:
+        raise InvalidSpec(f"not a window bound: {text!r}") from exc
