@@ -9,7 +9,6 @@ really change are rewritten. Every commit produces exactly one snapshot whose su
 
 from __future__ import annotations
 
-import itertools
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import NoSuchTableError
@@ -31,7 +31,7 @@ from pyiceberg.expressions import (
     GreaterThan,
     LessThanOrEqual,
 )
-from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
+from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, Transaction
@@ -44,7 +44,8 @@ from pipeline_output.locks import AdvisoryLock, LockStats
 from pipeline_output.plan import TargetState, WritePlan, plan_write
 from pipeline_output.result import WriteResult
 from pipeline_output.spec import DatasetSpec
-from pipeline_output.stores.iceberg_schema import conform, initial_schema, plan_evolution
+from pipeline_output.stores.iceberg_files import DataFileWriter
+from pipeline_output.stores.iceberg_schema import initial_schema, plan_evolution
 from pipeline_output.windows import Window
 
 PROPERTY_PREFIX = "pipeline-output."
@@ -58,6 +59,7 @@ TABLE_PROPERTIES = {
 }
 _DEFAULT_LOCK: Any = object()
 _READ_THREADS = 4
+_POS = "__po_pos__"
 
 
 def summary_properties(
@@ -207,7 +209,7 @@ class IcebergStore:
                 stacklevel=3,
             )
             return nullcontext(LockStats(key=self.table_name(spec)))
-        return lock.hold(f"iceberg:{self.table_name(spec)}")  # type: ignore[no-any-return]
+        return lock.hold(f"iceberg:{self.table_name(spec)}")  # type: ignore[no-any-return,unused-ignore]
 
     def _ensure_namespace(self) -> None:
         if not self._namespace_checked:
@@ -406,28 +408,25 @@ class _Merge:
         matched_keys: list[pl.DataFrame] = []
         value_cols = [c for c in _schema_names(self.schema) if c not in pk]
         for task, rows in zip(candidates, self._read(candidates), strict=True):
+            rows = rows.with_row_index(_POS)
             joined = rows.join(frame, on=pk, how="inner", suffix="__new", nulls_equal=True)
             if joined.height:
                 matched_keys.append(joined.select(pk))
-            differs = _differs(joined, value_cols)
-            changed_keys = joined.filter(differs).select(pk)
-            n_changed = changed_keys.height
-            n_unchanged = joined.height - n_changed
+            changed = joined.filter(_differs(joined, value_cols))
             absent_mask = self._absent_mask(rows, scope, window, wm)
             n_absent = int(absent_mask.sum()) if absent_mask is not None else 0
-            if n_changed == 0 and n_absent == 0:
-                changes.unchanged += n_unchanged
+            if changed.height == 0 and n_absent == 0:
+                changes.unchanged += joined.height
                 changes.preserved += rows.height - joined.height
                 continue
-            keep = rows
+            content = _replace_rows(rows, changed, value_cols, pk)
             if absent_mask is not None:
-                keep = keep.filter(~absent_mask)
-            keep = keep.join(changed_keys, on=pk, how="anti", nulls_equal=True)
-            updated_rows = frame.join(changed_keys, on=pk, how="semi", nulls_equal=True)
+                content = content.filter(~absent_mask)
+            content = content.drop(_POS)
             changes.deleted_files.append(task.file)
-            changes.new_frames.append(_sorted(pl.concat([keep, updated_rows]), spec))
-            changes.updated += n_changed
-            changes.unchanged += n_unchanged
+            changes.new_frames.append(content)
+            changes.updated += changed.height
+            changes.unchanged += joined.height - changed.height
             changes.deleted += n_absent
             changes.preserved += rows.height - joined.height - n_absent
 
@@ -498,8 +497,8 @@ class _Merge:
             lo = from_bytes(field.field_type, lo_b)
             hi = from_bytes(field.field_type, hi_b)
             try:
-                i = int(keys.search_sorted(lo, side="left"))  # type: ignore[arg-type]
-                j = int(keys.search_sorted(hi, side="right"))  # type: ignore[arg-type]
+                i = int(keys.search_sorted(lo, side="left"))
+                j = int(keys.search_sorted(hi, side="right"))
             except (TypeError, pl.exceptions.PolarsError):
                 out.append(task)
                 continue
@@ -518,8 +517,11 @@ class _Merge:
             read_schema = read_schema.select(*columns)
 
         def one(task: FileScanTask) -> pl.DataFrame:
-            scan = ArrowScan(self.table.metadata, self.table.io, read_schema, AlwaysTrue())
-            return _align(_to_polars(scan.to_table([task])), self.schema, only=columns)
+            fast = _read_local(task, read_schema)
+            if fast is None:
+                scan = ArrowScan(self.table.metadata, self.table.io, read_schema, AlwaysTrue())
+                fast = _to_polars(scan.to_table([task]))
+            return _align(fast, self.schema, only=columns)
 
         if len(tasks) == 1:
             return [one(tasks[0])]
@@ -528,6 +530,58 @@ class _Merge:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def _replace_rows(
+    rows: pl.DataFrame, changed: pl.DataFrame, value_cols: list[str], pk: list[str]
+) -> pl.DataFrame:
+    """`rows` with the `changed` rows' new values put in place (rows keep their file order)."""
+    if changed.height == 0 or not value_cols:
+        return rows
+    positions = changed.get_column(_POS)
+    try:
+        return rows.with_columns(
+            [
+                rows.get_column(c).clone().scatter(positions, changed.get_column(f"{c}__new"))
+                for c in value_cols
+            ]
+        )
+    except (pl.exceptions.PolarsError, TypeError):
+        # Types scatter cannot take (nested): replace rows by position and restore the order.
+        drop = pl.zeros(rows.height, dtype=pl.Boolean, eager=True).scatter(positions, True)
+        updated = changed.select([_POS, *pk, *[pl.col(f"{c}__new").alias(c) for c in value_cols]])
+        return pl.concat([rows.filter(~drop), updated.select(rows.columns)]).sort(_POS)
+
+
+def _read_local(task: FileScanTask, schema: Schema) -> pl.DataFrame | None:
+    """Read a local data file straight with polars when that is provably the same as a scan.
+
+    Only for files without delete files whose Parquet field ids name the same columns as the
+    table schema (no renames); anything else goes through pyiceberg's `ArrowScan`.
+    """
+    path = task.file.file_path
+    if task.delete_files or not (path.startswith("file://") or path.startswith("/")):
+        return None
+    local = path.removeprefix("file://")
+    try:
+        file_schema = pq.read_schema(local)
+    except (OSError, pa.ArrowException):
+        return None
+    ids = {}
+    for f in file_schema:
+        raw = (f.metadata or {}).get(b"PARQUET:field_id")
+        if raw is None:
+            return None
+        ids[f.name] = int(raw)
+    wanted = []
+    for f in schema.fields:
+        if f.name in ids:
+            if ids[f.name] != f.field_id:
+                return None
+            wanted.append(f.name)
+        elif f.field_id in ids.values():
+            return None
+    return pl.read_parquet(local, columns=wanted)
 
 
 def _state_of(table: Table | None) -> TargetState:
@@ -636,10 +690,11 @@ def _window_relation(task: FileScanTask, schema: Schema, wm: str, window: Window
 
 def window_filter(watermark: str, window: Window) -> BooleanExpression:
     """An Iceberg row filter for `low < watermark <= high`."""
-    high: BooleanExpression = LessThanOrEqual(watermark, _literal(window.high))
+    high: BooleanExpression = LessThanOrEqual(watermark, _literal(window.high))  # type: ignore[call-arg,arg-type]
     if window.low is None:
         return high
-    return And(GreaterThan(watermark, _literal(window.low)), high)
+    low: BooleanExpression = GreaterThan(watermark, _literal(window.low))  # type: ignore[call-arg,arg-type]
+    return And(low, high)
 
 
 def _literal(value: Any) -> Any:
@@ -659,22 +714,11 @@ def _commit(
     force: bool,
 ) -> Table:
     """Write `frames` as data files and commit them with `deleted` removed: exactly one snapshot."""
-    schema = tx.table_metadata.schema()
     update = tx.update_snapshot(snapshot_properties=props)
     producer = update.overwrite() if deleted or force else update.fast_append()
-    counter = itertools.count(0)
-    io = tx._table.io
+    writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)
     for frame in frames:
-        if frame.height == 0:
-            continue
-        arrow = conform(frame, schema)
-        for data_file in _dataframe_to_data_files(
-            table_metadata=tx.table_metadata,
-            df=arrow,
-            io=io,
-            write_uuid=producer.commit_uuid,
-            counter=counter,
-        ):
+        for data_file in writer.write(frame):
             producer.append_data_file(data_file)
     for data_file in deleted:
         producer.delete_data_file(data_file)
