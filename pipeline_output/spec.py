@@ -158,3 +158,62 @@ class DatasetSpec:
     def watermark(self) -> str | None:
         """The delta watermark column, when the dataset is incremental."""
         return self.delta.watermark if self.delta else None
+
+
+def spec_to_dict(spec: DatasetSpec) -> dict[str, object]:
+    """A JSON-safe dict of the spec (Dagster metadata carries it to the IO manager)."""
+    delta = None
+    if spec.delta is not None:
+        start = spec.delta.start
+        delta = {
+            "source": spec.delta.source,
+            "watermark": spec.delta.watermark,
+            "lookback": spec.delta.lookback,
+            "max_rows": spec.delta.max_rows,
+            "start": start.isoformat() if isinstance(start, (date, datetime)) else start,
+            "start_type": type(start).__name__ if start is not None else None,
+        }
+    return {
+        "name": spec.name,
+        "primary_key": list(spec.primary_key),
+        "strategy": spec.strategy,
+        "delta": delta,
+        "mode": spec.mode,
+        "partition_by": list(spec.partition_by),
+        "sort_by": list(spec.sort_by),
+        "dedupe_by": spec.dedupe_by,
+        "allow_empty": spec.allow_empty,
+        "description": spec.description,
+    }
+
+
+def spec_from_dict(data: dict[str, object]) -> DatasetSpec:
+    """Inverse of `spec_to_dict`."""
+    raw_delta = data.get("delta")
+    delta = None
+    if isinstance(raw_delta, dict):
+        start: object = raw_delta.get("start")
+        kind = raw_delta.get("start_type")
+        if isinstance(start, str) and kind == "datetime":
+            start = datetime.fromisoformat(start)
+        elif isinstance(start, str) and kind == "date":
+            start = date.fromisoformat(start)
+        delta = Delta(
+            source=str(raw_delta["source"]),
+            watermark=str(raw_delta["watermark"]),
+            lookback=int(raw_delta.get("lookback") or 0),
+            max_rows=raw_delta.get("max_rows"),  # type: ignore[arg-type]
+            start=start,  # type: ignore[arg-type]
+        )
+    return DatasetSpec(
+        name=str(data["name"]),
+        primary_key=tuple(data.get("primary_key") or ()),  # type: ignore[arg-type]
+        strategy=data.get("strategy", "snapshot_replace"),  # type: ignore[arg-type]
+        delta=delta,
+        mode=data.get("mode"),  # type: ignore[arg-type]
+        partition_by=tuple(data.get("partition_by") or ()),  # type: ignore[arg-type]
+        sort_by=tuple(data.get("sort_by") or ()),  # type: ignore[arg-type]
+        dedupe_by=data.get("dedupe_by"),  # type: ignore[arg-type]
+        allow_empty=bool(data.get("allow_empty", False)),
+        description=data.get("description"),  # type: ignore[arg-type]
+    )

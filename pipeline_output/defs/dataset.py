@@ -1,0 +1,204 @@
+"""`@dataset`: turn a polars compute function into a Dagster asset written by the IO manager.
+
+The function's parameters name its upstream assets (sources or other datasets), loaded as polars
+LazyFrames. Options map 1:1 onto `DatasetSpec` (validated when the code location loads, with the
+dataset's name in the message) plus Dagster's own (`group`, `description`, `owners`, `tags`,
+`deps`). Every dataset asset takes run config `mode` (override the dataset's mode for this run) and
+`dry_run` (plan only: report what would be written, write nothing, record no materialisation).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import dagster as dg
+import polars as pl
+
+from pipeline_output.defs.keys import IO_MANAGER_KEY, MODE_OVERRIDE_KEY, SPEC_METADATA_KEY
+from pipeline_output.errors import BadInput, InvalidSpec
+from pipeline_output.spec import DatasetSpec, Delta, Mode, Strategy, spec_from_dict, spec_to_dict
+
+
+class DatasetRunConfig(dg.Config):
+    """Run config of every dataset asset (settable in the launchpad or by a sensor)."""
+
+    mode: str | None = None
+    dry_run: bool = False
+
+
+def spec_of(asset: dg.AssetsDefinition) -> DatasetSpec | None:
+    """The `DatasetSpec` a dataset asset carries in its metadata (None for other assets)."""
+    for key in asset.keys:
+        raw = asset.metadata_by_key.get(key, {}).get(SPEC_METADATA_KEY)
+        if raw is not None:
+            return spec_from_metadata(raw)
+    return None
+
+
+def spec_from_metadata(raw: Any) -> DatasetSpec:
+    """Decode the spec from metadata (a JSON string or a Dagster JSON/Text metadata value)."""
+    value = getattr(raw, "value", raw)
+    if isinstance(value, str):
+        value = json.loads(value)
+    return spec_from_dict(value)
+
+
+def dataset(
+    name: str | None = None,
+    *,
+    primary_key: str | Sequence[str] = (),
+    strategy: Strategy = "snapshot_replace",
+    mode: Mode | None = None,
+    delta: Delta | None = None,
+    partition_by: Sequence[str] = (),
+    sort_by: Sequence[str] = (),
+    dedupe_by: str | None = None,
+    allow_empty: bool = False,
+    group: str | None = None,
+    description: str | None = None,
+    owners: Sequence[str] | None = None,
+    tags: Mapping[str, str] | None = None,
+    deps: Sequence[Any] | None = None,
+) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
+    """Decorate `def name(upstream: pl.LazyFrame, ...) -> pl.DataFrame | pl.LazyFrame`."""
+
+    def decorate(fn: Callable[..., Any]) -> dg.AssetsDefinition:
+        ds_name = name or fn.__name__
+        doc = description or inspect.getdoc(fn)
+        try:
+            spec = DatasetSpec(
+                name=ds_name,
+                primary_key=tuple([primary_key] if isinstance(primary_key, str) else primary_key),
+                strategy=strategy,
+                mode=mode,
+                delta=delta,
+                partition_by=tuple(partition_by),
+                sort_by=tuple(sort_by),
+                dedupe_by=dedupe_by,
+                allow_empty=allow_empty,
+                description=doc,
+            )
+        except InvalidSpec as exc:
+            raise InvalidSpec(f"@dataset {ds_name!r} ({fn.__module__}): {exc}") from exc
+        return build_dataset_asset(
+            spec, fn, group=group, owners=owners, tags=tags, deps=deps, description=doc
+        )
+
+    return decorate
+
+
+def build_dataset_asset(
+    spec: DatasetSpec,
+    fn: Callable[..., Any],
+    *,
+    group: str | None = None,
+    owners: Sequence[str] | None = None,
+    tags: Mapping[str, str] | None = None,
+    deps: Sequence[Any] | None = None,
+    description: str | None = None,
+    partitions_def: dg.PartitionsDefinition[Any] | None = None,
+    extra_metadata: Mapping[str, Any] | None = None,
+) -> dg.AssetsDefinition:
+    """The Dagster asset for `spec` computed by `fn` (shared by `@dataset` and the model node)."""
+    params = [p for p in inspect.signature(fn).parameters.values()]
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise InvalidSpec(
+                f"@dataset {spec.name!r}: *args/**kwargs are not allowed; name each upstream asset"
+            )
+    upstream = [p.name for p in params]
+
+    def body(
+        context: dg.AssetExecutionContext, config: DatasetRunConfig, **inputs: Any
+    ) -> Iterator[Any]:
+        if config.dry_run:
+            yield from _dry_run(context, spec, config)
+            return
+        lazy = {k: (v.lazy() if isinstance(v, pl.DataFrame) else v) for k, v in inputs.items()}
+        try:
+            out = fn(**lazy)
+        except BadInput:
+            raise
+        if not isinstance(out, (pl.DataFrame, pl.LazyFrame)) and not _is_arrow(out):
+            raise BadInput(
+                f"dataset {spec.name!r}: the compute returned {type(out).__name__}; expected a "
+                "polars DataFrame or LazyFrame or a pyarrow Table (nothing was written)"
+            )
+        meta = {MODE_OVERRIDE_KEY: config.mode} if config.mode else {}
+        yield dg.Output(out, metadata=meta)
+
+    sig_params = [
+        inspect.Parameter(
+            "context", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=dg.AssetExecutionContext
+        ),
+        inspect.Parameter(
+            "config", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=DatasetRunConfig
+        ),
+        *[inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in upstream],
+    ]
+
+    def compute(
+        context: dg.AssetExecutionContext, config: DatasetRunConfig, *args: Any, **kwargs: Any
+    ) -> Iterator[Any]:
+        inputs = dict(zip(upstream, args, strict=False))
+        inputs.update(kwargs)
+        yield from body(context, config, **inputs)
+
+    compute.__signature__ = inspect.Signature(sig_params)  # type: ignore[attr-defined]
+    compute.__name__ = spec.name
+    metadata: dict[str, Any] = {SPEC_METADATA_KEY: json.dumps(spec_to_dict(spec))}
+    metadata.update(extra_metadata or {})
+    return dg.asset(
+        name=spec.name,
+        ins={n: dg.AssetIn(key=n) for n in upstream},
+        io_manager_key=IO_MANAGER_KEY,
+        metadata=metadata,
+        group_name=group,
+        description=description,
+        owners=list(owners) if owners else None,
+        tags=dict(tags) if tags else None,
+        deps=list(deps) if deps else None,
+        kinds={"iceberg", "polars"},
+        output_required=False,
+        partitions_def=partitions_def,
+    )(compute)
+
+
+def _is_arrow(value: Any) -> bool:
+    import pyarrow as pa
+
+    return isinstance(value, pa.Table)
+
+
+def _dry_run(
+    context: dg.AssetExecutionContext, spec: DatasetSpec, config: DatasetRunConfig
+) -> Iterator[Any]:
+    """Plan only: log and observe what a write would do; no output, so no materialisation."""
+    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.defs.windows_context import windows_of
+
+    publisher = get_runtime().publisher
+    resolved = publisher.resolve(spec, override=config.mode)
+    windows = windows_of(context, spec) or [None]
+    for window in windows:
+        plans = publisher.plan(spec, mode=resolved, window=window)
+        for arm, plan in plans.items():
+            state = "first deploy (no committed write)" if plan.first_deploy else "re-deploy"
+            text = f"[dry run] {spec.name} ({arm}): {plan.describe()}; target: {state}"
+            context.log.info(text)
+            yield dg.AssetObservation(
+                asset_key=context.asset_key,
+                partition=window.to_key() if window is not None else None,
+                metadata={
+                    "dry_run": True,
+                    "arm": arm,
+                    "mode": f"{resolved.mode} (from {resolved.source})",
+                    "write_mode": plan.write_mode,
+                    "reason": plan.reason,
+                    "target_state": state,
+                    "expected_effect": plan.describe(),
+                },
+            )

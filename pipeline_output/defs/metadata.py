@@ -1,0 +1,59 @@
+"""Materialisation metadata: a publish result as Dagster metadata (what the UI shows)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+import polars as pl
+
+from pipeline_output.publish import PublishResult
+
+
+def column_schema(schema: pl.Schema) -> dg.TableSchema:
+    """`dagster/column_schema` from a polars schema."""
+    return dg.TableSchema(
+        columns=[dg.TableColumn(name, str(dtype)) for name, dtype in schema.items()]
+    )
+
+
+def publish_metadata(result: PublishResult, *, schema: pl.Schema | None) -> dict[str, Any]:
+    """Everything a user looks for after a write: mode and why, counts, snapshot, table, schema."""
+    primary = result.primary
+    plan = result.plans.get("iceberg") or next(iter(result.plans.values()), None)
+    meta: dict[str, Any] = {
+        "mode": f"{result.mode.mode} (from {result.mode.source})",
+        "arms": ", ".join(result.results),
+        "write_mode": primary.write_mode,
+        "why": plan.reason
+        if plan is not None
+        else ("first deploy" if primary.first_deploy else "re-deploy"),
+        "noop": primary.noop,
+        "dagster/row_count": primary.rows_total_after,
+        "rows_in": primary.rows_in,
+        "rows_inserted": primary.rows_inserted,
+        "rows_updated": primary.rows_updated,
+        "rows_deleted": primary.rows_deleted,
+        "rows_unchanged": primary.rows_unchanged,
+        "rows_preserved": primary.rows_preserved,
+        "rows_skipped": primary.rows_skipped,
+        "files_rewritten": primary.files_rewritten,
+        "duration_s": round(primary.duration_s, 4),
+        "lock_wait_s": round(primary.lock_wait_s, 4),
+        "table": primary.table,
+        "dagster/table_name": primary.table,
+    }
+    if primary.noop:
+        meta["note"] = "no-op: nothing changed, no snapshot committed"
+    if primary.snapshot_id is not None:
+        meta["snapshot_id"] = str(primary.snapshot_id)
+    for arm, res in result.results.items():
+        if arm != "iceberg" or len(result.results) > 1:
+            meta[f"{arm}/write_mode"] = res.write_mode
+            meta[f"{arm}/rows_total_after"] = res.rows_total_after
+            meta[f"{arm}/deploy_or_snapshot_id"] = (
+                str(res.snapshot_id) if res.snapshot_id else "no-op"
+            )
+    if schema is not None:
+        meta["dagster/column_schema"] = column_schema(schema)
+    return meta

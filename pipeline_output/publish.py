@@ -1,0 +1,238 @@
+"""Publish: the one place that orders a dataset write across arms.
+
+Owns mode resolution (run override -> persisted flip -> dataset default -> project default) and the
+order of a write: for each arm the mode selects, lock -> probe -> plan -> write (inside the arm's
+store), then the ledger record. For `dual` the Postgres transaction is opened first, kept open across
+the Iceberg commit and committed last, so a failure of either arm before that point leaves both
+unchanged. Pure core: no Dagster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import polars as pl
+
+from pipeline_output.errors import InvalidSpec, PipelineOutputError, UnsupportedWrite
+from pipeline_output.plan import WritePlan
+from pipeline_output.result import WriteResult
+from pipeline_output.spec import MODES, DatasetSpec, Mode
+from pipeline_output.stores.iceberg import IcebergStore
+from pipeline_output.windows import Window
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+ModeSource = Literal["run config", "flip", "dataset default", "project default"]
+Arm = Literal["pg", "iceberg"]
+
+
+class FlipSource(Protocol):
+    """Where persisted flips come from (the ledger)."""
+
+    def current_flip(self, dataset: str) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class ResolvedMode:
+    """The mode a run uses, and which rule chose it."""
+
+    mode: Mode
+    source: ModeSource
+
+    @property
+    def arms(self) -> tuple[Arm, ...]:
+        """The arms this mode writes, in commit order (Iceberg before the Postgres commit)."""
+        if self.mode == "dual":
+            return ("iceberg", "pg")
+        return (self.mode,)  # type: ignore[return-value]
+
+
+def resolve_mode(
+    spec: DatasetSpec,
+    *,
+    override: str | None,
+    flips: FlipSource | None,
+    project_default: Mode,
+) -> ResolvedMode:
+    """Asset config first, then the persisted flip, the dataset's default, the project default."""
+    if override:
+        if override not in MODES:
+            raise InvalidSpec(
+                f"dataset {spec.name!r}: unknown mode {override!r}; valid modes: {', '.join(MODES)}"
+            )
+        return ResolvedMode(override, "run config")  # type: ignore[arg-type]
+    if flips is not None:
+        flipped = flips.current_flip(spec.name)
+        if flipped:
+            return ResolvedMode(flipped, "flip")  # type: ignore[arg-type]
+    if spec.mode:
+        return ResolvedMode(spec.mode, "dataset default")
+    return ResolvedMode(project_default, "project default")
+
+
+@dataclass
+class PublishResult:
+    """What one publish did: the mode, and one `WriteResult` per arm written."""
+
+    dataset: str
+    mode: ResolvedMode
+    results: dict[str, WriteResult] = field(default_factory=dict)
+    plans: dict[str, WritePlan] = field(default_factory=dict)
+
+    @property
+    def primary(self) -> WriteResult:
+        """The authoritative arm's result (Iceberg when it was written)."""
+        return self.results.get("iceberg") or next(iter(self.results.values()))
+
+
+class Publisher:
+    """Writes a dataset to the arm(s) its mode selects, and reads it from the authoritative arm."""
+
+    def __init__(
+        self,
+        *,
+        iceberg: IcebergStore,
+        postgres: Any | None = None,
+        ledger: Any | None = None,
+        project_default: Mode = "pg",
+        dual_reads_from: Arm = "pg",
+    ) -> None:
+        self.iceberg = iceberg
+        self.postgres = postgres
+        self.ledger = ledger
+        self.project_default = project_default
+        self.dual_reads_from = dual_reads_from
+
+    def resolve(self, spec: DatasetSpec, *, override: str | None = None) -> ResolvedMode:
+        """The mode for this run of `spec`."""
+        return resolve_mode(
+            spec, override=override, flips=self.ledger, project_default=self.project_default
+        )
+
+    def _require_arms(self, spec: DatasetSpec, mode: ResolvedMode) -> None:
+        if "pg" in mode.arms and self.postgres is None:
+            raise UnsupportedWrite(
+                f"dataset {spec.name!r}: mode {mode.mode!r} (from {mode.source}) needs the legacy "
+                "Postgres arm, which is not available in this deployment; nothing was written"
+            )
+
+    def plan(
+        self, spec: DatasetSpec, *, mode: ResolvedMode, window: Window | None = None
+    ) -> dict[str, WritePlan]:
+        """The write plan per arm (a dry run: probes, writes nothing)."""
+        self._require_arms(spec, mode)
+        plans: dict[str, WritePlan] = {}
+        for arm in mode.arms:
+            store = self.iceberg if arm == "iceberg" else self.postgres
+            plans[arm] = store.plan(spec, window=window)
+        return plans
+
+    def publish(
+        self,
+        spec: DatasetSpec,
+        data: Any,
+        *,
+        mode: ResolvedMode,
+        window: Window | None = None,
+        run_id: str | None = None,
+    ) -> PublishResult:
+        """Write `data` to every arm of `mode`; Postgres (when dual) commits last."""
+        self._require_arms(spec, mode)
+        out = PublishResult(dataset=spec.name, mode=mode)
+        if isinstance(data, pl.LazyFrame):
+            data = data.collect()
+        if mode.mode == "iceberg":
+            out.results["iceberg"] = self._record(
+                spec,
+                "iceberg",
+                run_id,
+                window,
+                lambda: self.iceberg.write(spec, data, window=window, run_id=run_id),
+            )
+            return out
+        if mode.mode == "pg":
+            out.results["pg"] = self._record(
+                spec,
+                "pg",
+                run_id,
+                window,
+                lambda: self.postgres.write(spec, data, window=window, run_id=run_id),  # type: ignore[union-attr]
+            )
+            return out
+        return self._publish_dual(spec, data, out=out, window=window, run_id=run_id)
+
+    def _publish_dual(
+        self,
+        spec: DatasetSpec,
+        data: Any,
+        *,
+        out: PublishResult,
+        window: Window | None,
+        run_id: str | None,
+    ) -> PublishResult:
+        assert self.postgres is not None
+        pending = self.postgres.begin_write(spec, data, window=window, run_id=run_id)
+        try:
+            out.results["iceberg"] = self._record(
+                spec,
+                "iceberg",
+                run_id,
+                window,
+                lambda: self.iceberg.write(spec, data, window=window, run_id=run_id),
+            )
+        except BaseException:
+            pending.rollback()
+            raise
+        try:
+            pending.commit()
+        except Exception as exc:
+            if self.ledger is not None:
+                self.ledger.record_divergence(
+                    dataset=spec.name,
+                    run_id=run_id,
+                    detail=f"Iceberg committed snapshot {out.results['iceberg'].snapshot_id} but the "
+                    f"Postgres commit failed: {type(exc).__name__}: {exc}",
+                )
+            raise PipelineOutputError(
+                f"dataset {spec.name!r}: dual write diverged — Iceberg committed, the Postgres "
+                f"commit failed ({type(exc).__name__}); recorded in the ledger"
+            ) from exc
+        out.results["pg"] = pending.result
+        return out
+
+    def _record(
+        self,
+        spec: DatasetSpec,
+        arm: str,
+        run_id: str | None,
+        window: Window | None,
+        write: Any,
+    ) -> WriteResult:
+        """Run one arm's write and record it in the ledger (when there is one)."""
+        result: WriteResult = write()
+        if self.ledger is not None and arm == "iceberg":
+            self.ledger.record_deploy(
+                spec=spec, arm=arm, run_id=run_id, window=window, result=result
+            )
+        return result
+
+    def read(
+        self,
+        spec: DatasetSpec,
+        *,
+        mode: ResolvedMode,
+        window: Window | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> pl.DataFrame:
+        """Read from the authoritative arm: Iceberg once flipped; in dual the configured arm."""
+        arm: Arm = mode.mode if mode.mode != "dual" else self.dual_reads_from  # type: ignore[assignment]
+        if arm == "pg":
+            if self.postgres is None:
+                raise UnsupportedWrite(
+                    f"dataset {spec.name!r}: its authoritative arm is 'pg' (mode {mode.mode!r} from "
+                    f"{mode.source}) but the legacy arm is not available"
+                )
+            return self.postgres.read(spec, window=window, columns=columns)  # type: ignore[no-any-return]
+        return self.iceberg.read(spec, window=window, columns=columns)
