@@ -137,8 +137,12 @@ class Publisher:
         mode: ResolvedMode,
         window: Window | None = None,
         run_id: str | None = None,
+        summary: dict[str, str] | None = None,
     ) -> PublishResult:
-        """Write `data` to every arm of `mode`; Postgres (when dual) commits last."""
+        """Write `data` to every arm of `mode`; Postgres (when dual) commits last.
+
+        `summary` adds `pipeline-output.*` properties to the Iceberg snapshot (window markers).
+        """
         self._require_arms(spec, mode)
         out = PublishResult(dataset=spec.name, mode=mode)
         if isinstance(data, pl.LazyFrame):
@@ -149,7 +153,9 @@ class Publisher:
                 "iceberg",
                 run_id,
                 window,
-                lambda: self.iceberg.write(spec, data, window=window, run_id=run_id),
+                lambda: self.iceberg.write(
+                    spec, data, window=window, run_id=run_id, summary=summary
+                ),
             )
             return out
         if mode.mode == "pg":
@@ -161,7 +167,9 @@ class Publisher:
                 lambda: self.postgres.write(spec, data, window=window, run_id=run_id),  # type: ignore[union-attr]
             )
             return out
-        return self._publish_dual(spec, data, out=out, window=window, run_id=run_id)
+        return self._publish_dual(
+            spec, data, out=out, window=window, run_id=run_id, summary=summary
+        )
 
     def _publish_dual(
         self,
@@ -171,6 +179,7 @@ class Publisher:
         out: PublishResult,
         window: Window | None,
         run_id: str | None,
+        summary: dict[str, str] | None,
     ) -> PublishResult:
         assert self.postgres is not None
         pending = self.postgres.begin_write(spec, data, window=window, run_id=run_id)
@@ -180,7 +189,9 @@ class Publisher:
                 "iceberg",
                 run_id,
                 window,
-                lambda: self.iceberg.write(spec, data, window=window, run_id=run_id),
+                lambda: self.iceberg.write(
+                    spec, data, window=window, run_id=run_id, summary=summary
+                ),
             )
         except BaseException:
             pending.rollback()

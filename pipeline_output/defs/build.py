@@ -11,8 +11,11 @@ from typing import Any
 
 import dagster as dg
 
+from pipeline_output.defs.dataset import spec_of
+from pipeline_output.defs.delta import DEFAULT_SENSOR_INTERVAL_S, build_window_sensor
 from pipeline_output.defs.io_manager import DatasetIOManager
 from pipeline_output.defs.keys import ALL_DATASETS_JOB, IO_MANAGER_KEY
+from pipeline_output.defs.sources import source_spec_of
 
 
 def build_definitions(
@@ -26,11 +29,34 @@ def build_definitions(
     jobs: Sequence[Any] = (),
     resources: Mapping[str, Any] | None = None,
     executor: Any = None,
+    sensor_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S,
 ) -> dg.Definitions:
-    """Definitions for pipeline-output datasets and their sources."""
+    """Definitions for pipeline-output datasets and their sources.
+
+    Every delta dataset gets its window sensor (`<dataset>__window_sensor`, polling every
+    `sensor_interval_seconds`); `all_datasets` is a job over the unpartitioned datasets.
+    """
     all_resources: dict[str, Any] = {IO_MANAGER_KEY: DatasetIOManager()}
     all_resources.update(resources or {})
-    dataset_keys = [key for d in datasets for key in d.keys]
+    source_specs = {s.name: s for s in (source_spec_of(a) for a in sources) if s is not None}
+    all_sensors = list(sensors)
+    dataset_keys = []
+    for asset in datasets:
+        spec = spec_of(asset)
+        if spec is None or spec.delta is None:
+            dataset_keys.extend(asset.keys)
+            continue
+        up = source_specs.get(spec.delta.source)
+        if up is None:
+            continue  # a delta over another dataset: windows are planned by the CLI / upstream
+        all_sensors.append(
+            build_window_sensor(
+                spec,
+                source=up,
+                asset_key=asset.key,
+                minimum_interval_seconds=sensor_interval_seconds,
+            )
+        )
     all_jobs = list(jobs)
     if dataset_keys:
         all_jobs.append(
@@ -39,7 +65,7 @@ def build_definitions(
     return dg.Definitions(
         assets=[*sources, *datasets, *assets],
         asset_checks=list(asset_checks),
-        sensors=list(sensors),
+        sensors=all_sensors,
         schedules=list(schedules),
         jobs=all_jobs,
         resources=all_resources,

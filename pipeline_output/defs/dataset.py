@@ -17,9 +17,15 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from pipeline_output.defs.keys import IO_MANAGER_KEY, MODE_OVERRIDE_KEY, SPEC_METADATA_KEY
+from pipeline_output.defs.keys import (
+    DELTA_INPUT_KEY,
+    IO_MANAGER_KEY,
+    MODE_OVERRIDE_KEY,
+    SPEC_METADATA_KEY,
+)
 from pipeline_output.errors import BadInput, InvalidSpec
 from pipeline_output.spec import DatasetSpec, Delta, Mode, Strategy, spec_from_dict, spec_to_dict
+from pipeline_output.windows import Window
 
 
 class DatasetRunConfig(dg.Config):
@@ -27,6 +33,7 @@ class DatasetRunConfig(dg.Config):
 
     mode: str | None = None
     dry_run: bool = False
+    restate: bool = False
 
 
 def spec_of(asset: dg.AssetsDefinition) -> DatasetSpec | None:
@@ -110,6 +117,16 @@ def build_dataset_asset(
                 f"@dataset {spec.name!r}: *args/**kwargs are not allowed; name each upstream asset"
             )
     upstream = [p.name for p in params]
+    delta_param = spec.delta.source if spec.delta is not None else None
+    if delta_param is not None and delta_param not in upstream:
+        raise InvalidSpec(
+            f"@dataset {spec.name!r}: Delta(source={delta_param!r}) must name one of the "
+            f"function's parameters {upstream}"
+        )
+    if spec.delta is not None and partitions_def is None:
+        from pipeline_output.defs.delta import window_partitions
+
+        partitions_def = window_partitions(spec)
 
     def body(
         context: dg.AssetExecutionContext, config: DatasetRunConfig, **inputs: Any
@@ -117,16 +134,12 @@ def build_dataset_asset(
         if config.dry_run:
             yield from _dry_run(context, spec, config)
             return
+        if delta_param is not None:
+            yield _windowed_output(context, spec, fn, config, inputs, delta_param)
+            return
         lazy = {k: (v.lazy() if isinstance(v, pl.DataFrame) else v) for k, v in inputs.items()}
-        try:
-            out = fn(**lazy)
-        except BadInput:
-            raise
-        if not isinstance(out, (pl.DataFrame, pl.LazyFrame)) and not _is_arrow(out):
-            raise BadInput(
-                f"dataset {spec.name!r}: the compute returned {type(out).__name__}; expected a "
-                "polars DataFrame or LazyFrame or a pyarrow Table (nothing was written)"
-            )
+        out = fn(**lazy)
+        _check_output(spec, out)
         meta = {MODE_OVERRIDE_KEY: config.mode} if config.mode else {}
         yield dg.Output(out, metadata=meta)
 
@@ -153,7 +166,15 @@ def build_dataset_asset(
     metadata.update(extra_metadata or {})
     return dg.asset(
         name=spec.name,
-        ins={n: dg.AssetIn(key=n) for n in upstream},
+        ins={
+            n: dg.AssetIn(
+                key=n,
+                metadata={DELTA_INPUT_KEY: spec.delta.watermark}
+                if spec.delta is not None and n == delta_param
+                else None,
+            )
+            for n in upstream
+        },
         io_manager_key=IO_MANAGER_KEY,
         metadata=metadata,
         group_name=group,
@@ -165,6 +186,62 @@ def build_dataset_asset(
         output_required=False,
         partitions_def=partitions_def,
     )(compute)
+
+
+def _windowed_output(
+    context: dg.AssetExecutionContext,
+    spec: DatasetSpec,
+    fn: Callable[..., Any],
+    config: DatasetRunConfig,
+    inputs: dict[str, Any],
+    delta_param: str,
+) -> dg.Output[Any]:
+    """Per window: a thunk computing that window's rows from the windowed source read."""
+    from pipeline_output.defs.delta import WindowedOutput
+    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.defs.windows_context import windows_of
+
+    assert spec.delta is not None
+    windows = windows_of(context, spec)
+    if not windows:
+        raise dg.Failure(
+            f"dataset {spec.name!r} is a delta dataset: materialise it for window partitions "
+            "(planned by its sensor), not unpartitioned"
+        )
+    reader = inputs[delta_param]
+    others = {
+        k: (v.lazy() if isinstance(v, pl.DataFrame) else v)
+        for k, v in inputs.items()
+        if k != delta_param
+    }
+    ledger_rows = get_runtime().windows.windows(spec.name) if spec.delta.lookback else []
+    keys = [w.partition_key for w in ledger_rows]
+    items = []
+    for window in windows:
+        read_window = window
+        if spec.delta.lookback and window.to_key() in keys:
+            i = keys.index(window.to_key())
+            first = ledger_rows[max(0, i - spec.delta.lookback)].window
+            read_window = Window(low=first.low, high=window.high)
+        scoped = spec.strategy in ("replace", "sync")
+        write_window = read_window if scoped else window
+
+        def thunk(rw: Window = read_window) -> Any:
+            out = fn(**{delta_param: reader.scan(rw)}, **others)
+            _check_output(spec, out)
+            return out
+
+        items.append((window, thunk, write_window))
+    meta = {MODE_OVERRIDE_KEY: config.mode} if config.mode else {}
+    return dg.Output(WindowedOutput(tuple(items), restate=config.restate), metadata=meta)
+
+
+def _check_output(spec: DatasetSpec, out: Any) -> None:
+    if not isinstance(out, (pl.DataFrame, pl.LazyFrame)) and not _is_arrow(out):
+        raise BadInput(
+            f"dataset {spec.name!r}: the compute returned {type(out).__name__}; expected a "
+            "polars DataFrame or LazyFrame or a pyarrow Table (nothing was written)"
+        )
 
 
 def _is_arrow(value: Any) -> bool:

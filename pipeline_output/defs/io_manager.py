@@ -10,13 +10,21 @@ import dagster as dg
 import polars as pl
 
 from pipeline_output.defs.dataset import spec_from_metadata
-from pipeline_output.defs.keys import MODE_OVERRIDE_KEY, SOURCE_METADATA_KEY, SPEC_METADATA_KEY
+from pipeline_output.defs.delta import WindowedOutput, WindowReader
+from pipeline_output.defs.keys import (
+    DELTA_INPUT_KEY,
+    MODE_OVERRIDE_KEY,
+    SOURCE_METADATA_KEY,
+    SPEC_METADATA_KEY,
+)
 from pipeline_output.defs.metadata import publish_metadata
 from pipeline_output.defs.runtime import get_runtime
 from pipeline_output.defs.windows_context import windows_of
+from pipeline_output.delta import apply_window
 from pipeline_output.frames import to_polars
-from pipeline_output.publish import PublishResult
+from pipeline_output.publish import PublishResult, ResolvedMode
 from pipeline_output.sources import SourceSpec
+from pipeline_output.spec import DatasetSpec
 
 
 def _meta_value(raw: Any) -> Any:
@@ -29,6 +37,24 @@ def source_from_metadata(raw: Any) -> SourceSpec:
     if isinstance(value, str):
         value = json.loads(value)
     return SourceSpec(**value)
+
+
+def _fault_hook() -> Any:
+    """Test-only fault injection: PIPELINE_OUTPUT_FAULT=after_commit kills the process between the
+    write's commit and the ledger update (read through settings, not at import time)."""
+    from pipeline_output import settings
+
+    fault_point = getattr(settings, "fault_point", None)
+    if fault_point is None or fault_point() != "after_commit":
+        return None
+
+    def die() -> None:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    return die
 
 
 class DatasetIOManager(dg.ConfigurableIOManager):
@@ -47,6 +73,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         runtime = get_runtime()
         publisher = runtime.publisher
         mode = publisher.resolve(spec, override=override)
+        if isinstance(obj, WindowedOutput):
+            self._apply_windows(context, spec, obj, mode)
+            return
         windows = windows_of(context, spec) or [None]
         frame = to_polars(spec, obj)
         result: PublishResult | None = None
@@ -71,10 +100,49 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         assert result is not None
         context.add_output_metadata(publish_metadata(result, schema=frame.schema))
 
-    def load_input(self, context: dg.InputContext) -> pl.LazyFrame:
+    def _apply_windows(
+        self, context: dg.OutputContext, spec: DatasetSpec, out: WindowedOutput, mode: ResolvedMode
+    ) -> None:
+        """Apply each window in order, exactly once (the ledger protocol in `delta.apply_window`)."""
+        runtime = get_runtime()
+        outcomes = []
+        last: PublishResult | None = None
+        for window, compute, write_window in out.items:
+            outcome = apply_window(
+                publisher=runtime.publisher,
+                ledger=runtime.windows,
+                spec=spec,
+                window=window,
+                compute=compute,
+                mode=mode,
+                run_id=context.run_id,
+                restate=out.restate,
+                write_window=write_window,
+                on_written=_fault_hook(),
+            )
+            context.log.info(f"{spec.name}: {outcome.message}")
+            outcomes.append(outcome)
+            if outcome.result is not None:
+                last = outcome.result
+        meta: dict[str, Any] = {
+            "windows": ", ".join(f"{o.window} {o.action}" for o in outcomes),
+            "windows_applied": sum(o.action == "applied" for o in outcomes),
+            "windows_skipped": sum(o.action == "skipped" for o in outcomes),
+            "windows_repaired": sum(o.action == "repaired" for o in outcomes),
+        }
+        if last is not None:
+            meta.update(publish_metadata(last, schema=None))
+        else:
+            meta["note"] = "no-op: every window was already applied; nothing written"
+            meta["mode"] = f"{mode.mode} (from {mode.source})"
+        context.add_output_metadata(meta)
+
+    def load_input(self, context: dg.InputContext) -> Any:
         upstream = context.upstream_output
         meta = (upstream.definition_metadata if upstream is not None else None) or {}
         runtime = get_runtime()
+        if (context.definition_metadata or {}).get(DELTA_INPUT_KEY):
+            return self._window_reader(context, meta)
         if SPEC_METADATA_KEY in meta:
             spec = spec_from_metadata(meta[SPEC_METADATA_KEY])
             mode = runtime.publisher.resolve(spec)
@@ -84,5 +152,26 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             from pipeline_output.defs.sources import scan_source
 
             return scan_source(source, window=None)
+        key = context.asset_key.to_user_string() if context.has_asset_key else "?"
+        raise dg.Failure(f"input {key} is neither a pipeline-output dataset nor a source")
+
+    def _window_reader(self, context: dg.InputContext, meta: Any) -> WindowReader:
+        """The delta source of a delta dataset: a reader the compute scans window by window."""
+        from pipeline_output.defs.sources import scan_source
+
+        runtime = get_runtime()
+        if SOURCE_METADATA_KEY in meta:
+            source = source_from_metadata(meta[SOURCE_METADATA_KEY])
+            return WindowReader(source.name, lambda w: scan_source(source, window=w))
+        if SPEC_METADATA_KEY in meta:
+            up = spec_from_metadata(meta[SPEC_METADATA_KEY])
+            mode = runtime.publisher.resolve(up)
+            watermark = str(_meta_value(context.definition_metadata[DELTA_INPUT_KEY]))
+
+            def scan(window: Any) -> pl.LazyFrame:
+                frame = runtime.publisher.read(up, mode=mode).lazy()
+                return frame.filter(window.contains(watermark)) if window is not None else frame
+
+            return WindowReader(up.name, scan)
         key = context.asset_key.to_user_string() if context.has_asset_key else "?"
         raise dg.Failure(f"input {key} is neither a pipeline-output dataset nor a source")

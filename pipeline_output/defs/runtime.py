@@ -9,8 +9,11 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+import psycopg
 from pyiceberg.catalog import Catalog
 
+from pipeline_output.ledger.migrations import migrate
+from pipeline_output.ledger.windows import WindowLedger
 from pipeline_output.publish import Publisher
 from pipeline_output.settings import Settings, get_settings
 from pipeline_output.stores.iceberg import IcebergStore
@@ -28,6 +31,7 @@ class Runtime:
     catalog: Catalog
     iceberg: IcebergStore
     publisher: Publisher
+    windows: WindowLedger
 
 
 def get_runtime(settings: Settings | None = None) -> Runtime:
@@ -42,9 +46,16 @@ def get_runtime(settings: Settings | None = None) -> Runtime:
         from pipeline_output.locks import AdvisoryLock
 
         iceberg = IcebergStore(catalog, settings.namespace, lock=AdvisoryLock(pg_url))
+        with psycopg.connect(pg_url) as conn:
+            migrate(conn)
         publisher = Publisher(iceberg=iceberg, project_default="pg")
         runtime = Runtime(
-            settings=settings, pg_url=pg_url, catalog=catalog, iceberg=iceberg, publisher=publisher
+            settings=settings,
+            pg_url=pg_url,
+            catalog=catalog,
+            iceberg=iceberg,
+            publisher=publisher,
+            windows=WindowLedger(pg_url),
         )
         _cache[repr(settings)] = runtime
         return runtime

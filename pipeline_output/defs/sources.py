@@ -121,7 +121,12 @@ def iceberg_source(
 
 def source_spec_of(asset: Any) -> SourceSpec | None:
     """The `SourceSpec` of a source asset built here (None otherwise)."""
-    raw = getattr(asset, "metadata", {}).get(SOURCE_METADATA_KEY)
+    raw = None
+    if isinstance(asset, dg.AssetsDefinition):
+        for key in asset.keys:
+            raw = raw or asset.metadata_by_key.get(key, {}).get(SOURCE_METADATA_KEY)
+    else:
+        raw = getattr(asset, "metadata", {}).get(SOURCE_METADATA_KEY)
     if raw is None:
         return None
     value = getattr(raw, "value", raw)

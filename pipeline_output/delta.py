@@ -1,0 +1,191 @@
+"""Delta windows end to end: planning the next windows from a high-water mark, and applying one
+window exactly once.
+
+Planning: the next window starts where the ledger's last one ends (or open at the bottom / at
+`Delta.start` for the first) and ends at the source's high-water mark; with `max_rows` the range is
+cut at watermark values so that no window holds more than `max_rows` source rows (a single watermark
+value shared by more rows stays whole).
+
+Applying (`apply_window`): under the dataset's apply lock, the ledger decides `apply`, `skip`
+(already applied — a retry or re-materialisation is a no-op that says so) or `repair` (a crash after
+the write committed but before the ledger update: the attempt marker is found in the Iceberg
+snapshot summaries / Postgres deploy records and the ledger is completed without a second write).
+Pure core: no Dagster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import polars as pl
+
+from pipeline_output.ledger.windows import WindowLedger, WindowRow
+from pipeline_output.publish import Publisher, PublishResult, ResolvedMode
+from pipeline_output.spec import DatasetSpec, WatermarkValue
+from pipeline_output.stores.iceberg import PROPERTY_PREFIX
+from pipeline_output.windows import Window
+
+MARKER_KEY = "window-attempt"
+MAX_WINDOWS_PER_PLAN = 1000
+
+
+def next_windows(
+    *,
+    last_high: WatermarkValue | None,
+    first: bool,
+    start: WatermarkValue | None,
+    high_water_mark: WatermarkValue | None,
+    cut_points: Callable[[WatermarkValue | None, WatermarkValue], list[WatermarkValue]]
+    | None = None,
+) -> list[Window]:
+    """The windows to plan now (empty when the source has not moved past the last window)."""
+    if high_water_mark is None:
+        return []
+    low = start if first else last_high
+    if low is not None and not high_water_mark > low:  # type: ignore[operator]
+        return []
+    cuts = cut_points(low, high_water_mark) if cut_points is not None else []
+    bounds = [c for c in cuts if (low is None or c > low) and c < high_water_mark]  # type: ignore[operator]
+    bounds = [*sorted(set(bounds))[: MAX_WINDOWS_PER_PLAN - 1], high_water_mark]
+    out = []
+    for high in bounds:
+        out.append(Window(low=low, high=high))
+        low = high
+    return out
+
+
+def cut_points_of(values: pl.Series, *, low: WatermarkValue | None, max_rows: int) -> list[Any]:
+    """Cut points for `values` (the source watermark column within the range) every `max_rows`."""
+    ordered = values.drop_nulls().sort()
+    cuts = []
+    i = max_rows - 1
+    while i < ordered.len() - 1:
+        cut = ordered[i]
+        cuts.append(cut)
+        # skip past every row with this same watermark value
+        i = int(ordered.search_sorted(cut, side="right")) - 1 + max_rows
+    return cuts
+
+
+@dataclass(frozen=True)
+class WindowOutcome:
+    """What happened to one window."""
+
+    window: Window
+    action: str  # applied | skipped | repaired
+    row: WindowRow
+    result: PublishResult | None = None
+
+    @property
+    def message(self) -> str:
+        if self.action == "skipped":
+            where = self.row.iceberg_snapshot_id or self.row.pg_deploy_id
+            return (
+                f"window {self.window} already applied (snapshot/deploy {where}); nothing written"
+            )
+        if self.action == "repaired":
+            return f"window {self.window}: previous attempt had committed; ledger repaired, nothing written"
+        return f"window {self.window} applied"
+
+
+def _find_iceberg_marker(publisher: Publisher, spec: DatasetSpec, marker: str) -> int | None:
+    table = publisher.iceberg.load(spec)
+    if table is None:
+        return None
+    key = f"{PROPERTY_PREFIX}{MARKER_KEY}"
+    for snap in reversed(table.snapshots()):
+        summary = snap.summary
+        if summary is not None and summary.get(key) == marker:
+            return snap.snapshot_id
+    return None
+
+
+def _find_pg_marker(publisher: Publisher, spec: DatasetSpec, row: WindowRow) -> int | None:
+    ledger = publisher.ledger
+    if ledger is None or row.started_at is None:
+        return None
+    finder = getattr(ledger, "find_deploy", None)
+    if finder is None:
+        return None
+    found: int | None = finder(
+        dataset=spec.name, arm="pg", window_key=row.partition_key, since=row.started_at
+    )
+    return found
+
+
+def _committed(
+    publisher: Publisher, spec: DatasetSpec, mode: ResolvedMode, row: WindowRow
+) -> tuple[int | None, int | None] | None:
+    """Where a crashed attempt's write landed, per arm (None when it did not commit anywhere)."""
+    ice = _find_iceberg_marker(publisher, spec, row.marker) if "iceberg" in mode.arms else None
+    pg = _find_pg_marker(publisher, spec, row) if "pg" in mode.arms else None
+    if ice is None and pg is None:
+        return None
+    return ice, pg
+
+
+def apply_window(
+    *,
+    publisher: Publisher,
+    ledger: WindowLedger,
+    spec: DatasetSpec,
+    window: Window,
+    compute: Callable[[], Any],
+    mode: ResolvedMode,
+    run_id: str | None,
+    restate: bool = False,
+    write_window: Window | None = None,
+    on_written: Callable[[], None] | None = None,
+) -> WindowOutcome:
+    """Apply one window exactly once (see the module docstring)."""
+    key = window.to_key()
+    with ledger.apply_lock(spec.name):
+        ticket = ledger.begin(spec.name, key, run_id=run_id, restate=restate)
+        row = ticket.row
+        if ticket.action == "skip":
+            return WindowOutcome(window, "skipped", row)
+        if ticket.action == "repair":
+            committed = _committed(publisher, spec, mode, row)
+            if committed is not None:
+                ledger.mark_applied(
+                    row, iceberg_snapshot_id=committed[0], pg_deploy_id=committed[1]
+                )
+                return WindowOutcome(window, "repaired", row)
+            row = ledger.retry_after_lost_attempt(row, run_id=run_id)
+        write_spec = replace(spec, strategy="replace") if restate else spec
+        try:
+            frame = compute()
+            if isinstance(frame, pl.LazyFrame):
+                frame = frame.collect()
+            result = publisher.publish(
+                write_spec,
+                frame,
+                mode=mode,
+                window=write_window or window,
+                run_id=run_id,
+                summary={MARKER_KEY: row.marker},
+            )
+        except BaseException as exc:
+            committed = _committed(publisher, spec, mode, row)
+            if committed is not None:
+                ledger.mark_applied(
+                    row, iceberg_snapshot_id=committed[0], pg_deploy_id=committed[1]
+                )
+            else:
+                ledger.mark_failed(row, error=f"{type(exc).__name__}: {exc}")
+            raise
+        if on_written is not None:
+            on_written()  # fault-injection hook (tests): between the commit and the ledger update
+        ice = result.results.get("iceberg")
+        pg = result.results.get("pg")
+        primary = result.primary
+        ledger.mark_applied(
+            row,
+            iceberg_snapshot_id=ice.snapshot_id if ice else None,
+            pg_deploy_id=pg.snapshot_id if pg else None,
+            rows_read=primary.rows_in,
+            rows_written=primary.rows_inserted + primary.rows_updated,
+        )
+        return WindowOutcome(window, "applied", row, result)

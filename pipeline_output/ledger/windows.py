@@ -1,0 +1,270 @@
+"""The watermark ledger: planned/applied delta windows per dataset, and the apply protocol.
+
+Owns the `pipeline_output.windows` table (see `sql/010_windows.sql`: the database keeps each
+dataset's windows contiguous and non-overlapping) and the exactly-once protocol around applying one:
+
+1. `begin(dataset, key, run_id)` — under a per-dataset advisory lock held for the whole apply —
+   returns what to do: `apply` (attempt n is recorded as `applying` and committed first), `skip`
+   (already applied), or `repair` (a previous attempt committed its write but crashed before the
+   ledger update: the caller finds its marker in the write history and calls `mark_applied`).
+2. the caller writes, carrying the attempt marker `<window id>:<attempt>` in the snapshot summary;
+3. `mark_applied(...)` / `mark_failed(...)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from pipeline_output.errors import PipelineOutputError
+from pipeline_output.locks import lock_key
+from pipeline_output.windows import Window
+
+State = Literal["planned", "applying", "applied", "failed"]
+Action = Literal["apply", "skip", "repair"]
+
+
+class WindowLedgerError(PipelineOutputError):
+    """A window is unknown, or a planned window would break the chain (gap or overlap)."""
+
+
+@dataclass(frozen=True)
+class WindowRow:
+    """One ledger row."""
+
+    id: int
+    dataset: str
+    seq: int
+    window: Window
+    partition_key: str
+    state: State
+    attempts: int
+    run_id: str | None
+    iceberg_snapshot_id: int | None
+    pg_deploy_id: int | None
+    rows_read: int | None
+    rows_written: int | None
+    error: str | None
+    started_at: datetime | None
+    applied_at: datetime | None
+
+    @property
+    def marker(self) -> str:
+        """The attempt marker of the current attempt (written into the snapshot summary)."""
+        return f"{self.id}:{self.attempts}"
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What `begin` decided for one window."""
+
+    action: Action
+    row: WindowRow
+
+
+_COLUMN_NAMES = (
+    "id",
+    "dataset",
+    "seq",
+    "low_key",
+    "high_key",
+    "partition_key",
+    "state",
+    "attempts",
+    "run_id",
+    "iceberg_snapshot_id",
+    "pg_deploy_id",
+    "rows_read",
+    "rows_written",
+    "error",
+    "started_at",
+    "applied_at",
+)
+_COLS = sql.SQL(", ").join(sql.Identifier(c) for c in _COLUMN_NAMES)
+_T = sql.SQL("pipeline_output.windows")
+
+
+def _row(rec: dict[str, Any]) -> WindowRow:
+    return WindowRow(
+        id=rec["id"],
+        dataset=rec["dataset"],
+        seq=rec["seq"],
+        window=Window.from_key(rec["partition_key"]),
+        partition_key=rec["partition_key"],
+        state=rec["state"],
+        attempts=rec["attempts"],
+        run_id=rec["run_id"],
+        iceberg_snapshot_id=rec["iceberg_snapshot_id"],
+        pg_deploy_id=rec["pg_deploy_id"],
+        rows_read=rec["rows_read"],
+        rows_written=rec["rows_written"],
+        error=rec["error"],
+        started_at=rec["started_at"],
+        applied_at=rec["applied_at"],
+    )
+
+
+class WindowLedger:
+    """Windows of delta datasets in the control-plane Postgres."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def _connect(self) -> psycopg.Connection[dict[str, Any]]:
+        return psycopg.connect(self.url, row_factory=dict_row)
+
+    def windows(self, dataset: str) -> list[WindowRow]:
+        """Every window of `dataset`, in order."""
+        query = sql.SQL("SELECT {} FROM {} WHERE dataset = %s ORDER BY seq").format(_COLS, _T)
+        with self._connect() as conn:
+            return [_row(r) for r in conn.execute(query, (dataset,)).fetchall()]
+
+    def get(self, dataset: str, partition_key: str) -> WindowRow | None:
+        """One window by its partition key."""
+        query = sql.SQL("SELECT {} FROM {} WHERE dataset = %s AND partition_key = %s").format(
+            _COLS, _T
+        )
+        with self._connect() as conn:
+            rec = conn.execute(query, (dataset, partition_key)).fetchone()
+        return _row(rec) if rec else None
+
+    def last(self, dataset: str) -> WindowRow | None:
+        """The newest window of `dataset`."""
+        rows = self.windows(dataset)
+        return rows[-1] if rows else None
+
+    def plan(self, dataset: str, windows: Sequence[Window]) -> list[WindowRow]:
+        """Append `windows` to the chain (in one transaction); they must continue it exactly."""
+        if not windows:
+            return []
+        with self._connect() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"windows:plan:{dataset}"),))
+            last = conn.execute(
+                sql.SQL(
+                    "SELECT seq, high_key FROM {} WHERE dataset = %s ORDER BY seq DESC LIMIT 1"
+                ).format(_T),
+                (dataset,),
+            ).fetchone()
+            seq = last["seq"] if last else 0
+            prev = last["high_key"] if last else None
+            out = []
+            for window in windows:
+                key = window.to_key()
+                low_key = key.split("..", 1)[0] or None
+                if prev is not None and low_key != prev:
+                    raise WindowLedgerError(
+                        f"dataset {dataset!r}: window {window} does not start where the last "
+                        f"window ends ({Window.from_key('..' + prev).high}); windows must be "
+                        "contiguous"
+                    )
+                seq += 1
+                rec = conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {} (dataset, seq, low_key, high_key, prev_high_key, "
+                        "partition_key) VALUES (%s, %s, %s, %s, %s, %s) RETURNING {}"
+                    ).format(_T, _COLS),
+                    (dataset, seq, low_key, key.split("..", 1)[1], prev, key),
+                ).fetchone()
+                assert rec is not None
+                out.append(_row(rec))
+                prev = key.split("..", 1)[1]
+            return out
+
+    @contextmanager
+    def apply_lock(self, dataset: str) -> Iterator[None]:
+        """Serialize window application of one dataset (held by the applying process)."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("SELECT pg_advisory_lock(%s)", (lock_key(f"windows:apply:{dataset}"),))
+            try:
+                yield
+            finally:
+                conn.execute(
+                    "SELECT pg_advisory_unlock(%s)", (lock_key(f"windows:apply:{dataset}"),)
+                )
+
+    def begin(
+        self, dataset: str, partition_key: str, *, run_id: str | None, restate: bool = False
+    ) -> Ticket:
+        """Decide and record the next step for a window (call under `apply_lock`)."""
+        row = self.get(dataset, partition_key)
+        if row is None:
+            raise WindowLedgerError(
+                f"dataset {dataset!r}: window {partition_key!r} is not in the ledger; windows are "
+                "planned by the dataset's sensor (or `pipeline-output windows plan`)"
+            )
+        if row.state == "applied" and not restate:
+            return Ticket("skip", row)
+        if row.state == "applying":
+            return Ticket("repair", row)
+        with self._connect() as conn:
+            rec = conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET state = 'applying', attempts = attempts + 1, run_id = %s, "
+                    "started_at = clock_timestamp(), updated_at = clock_timestamp(), error = NULL "
+                    "WHERE id = %s RETURNING {}"
+                ).format(_T, _COLS),
+                (run_id, row.id),
+            ).fetchone()
+        assert rec is not None
+        return Ticket("apply", _row(rec))
+
+    def retry_after_lost_attempt(self, row: WindowRow, *, run_id: str | None) -> WindowRow:
+        """A crashed attempt left no write: start the next attempt."""
+        with self._connect() as conn:
+            rec = conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET attempts = attempts + 1, run_id = %s, "
+                    "started_at = clock_timestamp(), updated_at = clock_timestamp() "
+                    "WHERE id = %s AND state = 'applying' RETURNING {}"
+                ).format(_T, _COLS),
+                (run_id, row.id),
+            ).fetchone()
+        if rec is None:
+            raise WindowLedgerError(f"window {row.partition_key!r} changed state concurrently")
+        return _row(rec)
+
+    def mark_applied(
+        self,
+        row: WindowRow,
+        *,
+        iceberg_snapshot_id: int | None = None,
+        pg_deploy_id: int | None = None,
+        rows_read: int | None = None,
+        rows_written: int | None = None,
+    ) -> None:
+        """The window's write is committed: record where."""
+        with self._connect() as conn:
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET state = 'applied', iceberg_snapshot_id = %s, pg_deploy_id = %s, "
+                    "rows_read = %s, rows_written = %s, applied_at = clock_timestamp(), "
+                    "updated_at = clock_timestamp(), error = NULL WHERE id = %s"
+                ).format(_T),
+                (iceberg_snapshot_id, pg_deploy_id, rows_read, rows_written, row.id),
+            )
+
+    def mark_failed(self, row: WindowRow, *, error: str) -> None:
+        """The attempt failed before committing anything."""
+        with self._connect() as conn:
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET state = 'failed', error = %s, updated_at = clock_timestamp() "
+                    "WHERE id = %s"
+                ).format(_T),
+                (error[:2000], row.id),
+            )
+
+    def pending(self, dataset: str) -> list[WindowRow]:
+        """Windows that need a run: planned or failed."""
+        return [w for w in self.windows(dataset) if w.state in ("planned", "failed")]
+
+    def applied_windows(self, dataset: str) -> list[WindowRow]:
+        """Applied windows in order (the model node reads a delta source this way)."""
+        return [w for w in self.windows(dataset) if w.state == "applied"]
