@@ -255,3 +255,40 @@ def dataset(name: str) -> DemoDataset:
         if item.name == name:
             return item
     raise KeyError(f"no demo dataset {name!r}; known: {', '.join(d.name for d in DATASETS)}")
+
+
+# --- the model node ------------------------------------------------------------------------------
+
+CHURN_FEATURES: tuple[str, ...] = ("segment", "country", "signup_at", "updated_seq")
+"""The customer columns the churn model reads."""
+
+_SEGMENT_WEIGHT = {"enterprise": -1.2, "smb": -0.3, "consumer": 0.4}
+
+
+def churn_score(features: pl.DataFrame) -> pl.DataFrame:
+    """A small, deterministic churn model: a logistic score over segment, tenure and activity.
+
+    Tenure is measured from signup to the newest signup in the batch-independent reference date
+    below, so the same customer always gets the same score whatever window it is read in.
+    """
+    reference = pl.datetime(2026, 1, 1, time_zone="UTC")
+    signup = pl.col("signup_at")
+    if (
+        features.schema["signup_at"] == pl.Datetime("us")
+        or getattr(features.schema["signup_at"], "time_zone", None) is None
+    ):
+        signup = signup.dt.replace_time_zone("UTC")
+    tenure_days = (reference - signup).dt.total_days().cast(pl.Float64)
+    segment_w = (
+        pl.col("segment")
+        .str.to_lowercase()
+        .replace_strict(_SEGMENT_WEIGHT, default=0.0, return_dtype=pl.Float64)
+    )
+    logit = (
+        0.8 + segment_w - tenure_days / 365.0 - (pl.col("updated_seq") % 7).cast(pl.Float64) * 0.05
+    )
+    score = 1.0 / (1.0 + (-logit).exp())
+    return features.select(
+        score.round(6).alias("churn_probability"),
+        (score > 0.5).alias("likely_to_churn"),
+    )

@@ -12,8 +12,9 @@ import dagster as dg
 
 from pipeline_output.defs.build import build_definitions
 from pipeline_output.defs.dataset import dataset
+from pipeline_output.defs.model_node import model_node
 from pipeline_output.defs.sources import postgres_source
-from pipeline_output.demo.computes import DATASETS, SOURCES
+from pipeline_output.demo.computes import CHURN_FEATURES, DATASETS, SOURCES, churn_score
 from pipeline_output.spec import Delta
 
 SOURCE_GROUP = "shop_sources"
@@ -59,9 +60,26 @@ def demo_datasets() -> list[dg.AssetsDefinition]:
     return out
 
 
+def demo_model(datasets: list[dg.AssetsDefinition]) -> dg.AssetsDefinition:
+    """`customer_churn`: the churn model scored over `customers`, window by window."""
+    customers = next(d for d in datasets if d.key == dg.AssetKey("customers"))
+    return model_node(
+        "customer_churn",
+        source=customers,
+        predict=churn_score,
+        features=CHURN_FEATURES,
+        mode="iceberg",
+        group=DATASET_GROUP,
+        description="Churn probability per customer (deterministic logistic model).",
+    )
+
+
 def demo_definitions() -> dg.Definitions:
     """The demo code location."""
-    return build_definitions(datasets=demo_datasets(), sources=demo_sources())
+    datasets = demo_datasets()
+    return build_definitions(
+        datasets=datasets, sources=demo_sources(), assets=[demo_model(datasets)]
+    )
 
 
 defs = demo_definitions()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -191,6 +191,102 @@ class IcebergStore:
                 result = self._write_existing(spec, plan, table, frame, props)
         return replace(
             result,
+            duration_s=time.perf_counter() - started,
+            lock_wait_s=stats.wait_s,
+            table=self.table_name(spec),
+        )
+
+    def replace_streaming(
+        self,
+        spec: DatasetSpec,
+        batches: Iterable[pl.DataFrame],
+        *,
+        run_id: str | None = None,
+        summary: dict[str, str] | None = None,
+        finalize_summary: Callable[[], dict[str, str]] | None = None,
+    ) -> WriteResult:
+        """Replace the whole table with `batches`, written to data files as they arrive.
+
+        `finalize_summary` adds `pipeline-output.*` summary properties known only after the last
+        batch (e.g. the windows read).
+
+        Memory holds one batch at a time; nothing is visible until the single commit at the end
+        (one snapshot). If producing a batch raises, nothing is committed and the table is exactly
+        as it was (the files already written are orphans, listed by `pipeline-output doctor`).
+        """
+        started = time.perf_counter()
+        with self._hold(spec) as stats:
+            table = self.load(spec)
+            plan = plan_write(replace(spec, strategy="replace"), _state_of(table), None)
+            props = summary_properties(spec, plan, run_id, summary)
+            iterator = iter(batches)
+            first = next(iterator, None)
+            if first is None:
+                raise EmptyComputeRefused(
+                    f"dataset {spec.name!r}: no rows to write; the previous output is kept"
+                )
+            first = check_keys(spec, to_polars(spec, first))
+            if table is None:
+                self._ensure_namespace()
+                schema, order = initial_schema(spec, first)
+                tx: Transaction = self.catalog.create_table_transaction(
+                    self.identifier(spec),
+                    schema=schema,
+                    sort_order=order,
+                    properties=TABLE_PROPERTIES,
+                )
+                deleted: list[DataFile] = []
+                total_before = 0
+            else:
+                tx = table.transaction()
+                evolution = plan_evolution(spec, table.schema(), first)
+                if not evolution.empty:
+                    with tx.update_schema() as update:
+                        for name, new_type in evolution.add:
+                            update.add_column(name, new_type)
+                        for name, wider in evolution.widen:
+                            update.update_column(name, field_type=wider)
+                deleted = (
+                    [t.file for t in table.scan().plan_files()] if table.current_snapshot() else []
+                )
+                total_before = _total_records(table)
+            schema = tx.table_metadata.schema()
+            update_snapshot = tx.update_snapshot(snapshot_properties=props)
+            producer = update_snapshot.overwrite()
+            writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)
+            rows = 0
+            columns = first.columns
+            batch: pl.DataFrame | None = first
+            while batch is not None:
+                if batch.columns != columns:
+                    raise BadInput(
+                        f"dataset {spec.name!r}: batch columns {batch.columns} differ from the first "
+                        f"batch's {columns}; nothing was written"
+                    )
+                batch = _align(check_keys(spec, to_polars(spec, batch)), schema)
+                for data_file in writer.write(batch):
+                    producer.append_data_file(data_file)
+                rows += batch.height
+                batch = next(iterator, None)
+            for data_file in deleted:
+                producer.delete_data_file(data_file)
+            if finalize_summary is not None:
+                # the producer holds `props` itself: properties added now land in the snapshot
+                props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in finalize_summary().items()})
+            producer.commit()
+            new_table = tx.commit_transaction()
+            snap = new_table.current_snapshot()
+        return WriteResult(
+            dataset=spec.name,
+            write_mode="replace",
+            first_deploy=plan.first_deploy,
+            rows_in=rows,
+            rows_inserted=rows,
+            rows_deleted=total_before,
+            rows_total_after=rows,
+            snapshot_id=snap.snapshot_id if snap else None,
+            files_rewritten=len(deleted),
+            files_added=len(writer.written),
             duration_s=time.perf_counter() - started,
             lock_wait_s=stats.wait_s,
             table=self.table_name(spec),
