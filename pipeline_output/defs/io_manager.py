@@ -42,10 +42,9 @@ def source_from_metadata(raw: Any) -> SourceSpec:
 def _fault_hook() -> Any:
     """Test-only fault injection: PIPELINE_OUTPUT_FAULT=after_commit kills the process between the
     write's commit and the ledger update (read through settings, not at import time)."""
-    from pipeline_output import settings
+    from pipeline_output.settings import fault_point
 
-    fault_point = getattr(settings, "fault_point", None)
-    if fault_point is None or fault_point() != "after_commit":
+    if fault_point() != "after_commit":
         return None
 
     def die() -> None:

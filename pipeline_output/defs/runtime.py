@@ -15,7 +15,7 @@ from pyiceberg.catalog import Catalog
 from pipeline_output.ledger.migrations import migrate
 from pipeline_output.ledger.windows import WindowLedger
 from pipeline_output.publish import Publisher
-from pipeline_output.settings import Settings, get_settings
+from pipeline_output.settings import Settings, default_mode, dual_read_arm, get_settings
 from pipeline_output.stores.iceberg import IcebergStore
 
 _lock = threading.Lock()
@@ -48,7 +48,11 @@ def get_runtime(settings: Settings | None = None) -> Runtime:
         iceberg = IcebergStore(catalog, settings.namespace, lock=AdvisoryLock(pg_url))
         with psycopg.connect(pg_url) as conn:
             migrate(conn)
-        publisher = Publisher(iceberg=iceberg, project_default="pg")
+        publisher = Publisher(
+            iceberg=iceberg,
+            project_default=default_mode(),  # type: ignore[arg-type]
+            dual_reads_from=dual_read_arm(),  # type: ignore[arg-type]
+        )
         runtime = Runtime(
             settings=settings,
             pg_url=pg_url,

@@ -818,8 +818,20 @@ def _commit(
             producer.append_data_file(data_file)
     for data_file in deleted:
         producer.delete_data_file(data_file)
+    _fault_injection("before_commit")
     producer.commit()
     return tx.commit_transaction()
+
+
+def _fault_injection(point: str) -> None:
+    """Tests only: with PIPELINE_OUTPUT_FAULT=<point> the process kills itself here (SIGKILL)."""
+    from pipeline_output.settings import fault_point
+
+    if fault_point() == point:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 __all__ = ["IcebergStore", "summary_properties", "window_filter"]
