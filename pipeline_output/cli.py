@@ -1,0 +1,43 @@
+"""The `pipeline-output` console script: the click group and error policy; commands live in
+`pipeline_output.commands.*` (one module per command or command group).
+
+Every deliberate error (`PipelineOutputError`) is printed as one line `error: <message>` on stderr
+with exit code 2 — no traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from pipeline_output.errors import PipelineOutputError
+
+ERROR_EXIT_CODE = 2
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PipelineOutputError as exc:
+            click.echo(f"error: {' '.join(str(exc).split())}", err=True)
+            ctx.exit(ERROR_EXIT_CODE)
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="pipeline-output")
+def main() -> None:
+    """pipeline-output: produced datasets as Dagster assets on Iceberg, with a Postgres control plane."""
+
+
+def _register() -> None:
+    from pipeline_output.commands import dev, env, materialize, pg
+
+    main.add_command(dev.dev)
+    main.add_command(materialize.materialize)
+    main.add_command(env.env)
+    main.add_command(pg.pg)
+
+
+_register()

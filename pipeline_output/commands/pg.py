@@ -1,0 +1,33 @@
+"""`pipeline-output pg stop|status`: the embedded Postgres server under PIPELINE_OUTPUT_HOME."""
+
+from __future__ import annotations
+
+import click
+
+from pipeline_output import embedded_pg
+from pipeline_output.settings import get_settings
+
+
+@click.group()
+def pg() -> None:
+    """Manage the embedded Postgres server (unused when PIPELINE_OUTPUT_PG_URL is set)."""
+
+
+@pg.command()
+def stop() -> None:
+    """Stop the embedded server; nothing of it keeps running."""
+    settings = get_settings()
+    stopped = embedded_pg.stop(data_dir=settings.pg_data_dir)
+    click.echo(f"{'stopped' if stopped else 'not running'}: {settings.pg_data_dir}")
+
+
+@pg.command()
+def status() -> None:
+    """Print whether the embedded server runs (exit code 1 if not)."""
+    settings = get_settings()
+    current = embedded_pg.status(data_dir=settings.pg_data_dir)
+    if current.running:
+        click.echo(f"running: pid {current.pid}, {current.url()}")
+    else:
+        click.echo(f"not running: {settings.pg_data_dir}")
+        raise SystemExit(1)

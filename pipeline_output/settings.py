@@ -1,0 +1,406 @@
+"""Settings: the only module that reads the environment, and only when asked (never at import).
+
+`get_settings()` resolves and validates every setting without I/O beyond reading pyiceberg's
+config file; a bad value raises `SettingsError` naming the variable. The `Settings` methods then
+do the I/O: `control_plane_url()` checks the external Postgres or starts/reuses the embedded one,
+`catalog()` loads the Iceberg catalog and makes sure the namespace exists.
+
+Environment:
+
+| variable | default | meaning |
+|---|---|---|
+| `PIPELINE_OUTPUT_HOME` | `./.pipeline_output` | local state: embedded Postgres, warehouse, DAGSTER_HOME |
+| `PIPELINE_OUTPUT_PG_URL` | (embedded server) | control-plane Postgres, a libpq URI |
+| `PIPELINE_OUTPUT_CATALOG` | `default` | pyiceberg catalog name (lowercase, no `_`) |
+| `PIPELINE_OUTPUT_NAMESPACE` | `datasets` | Iceberg namespace of the datasets |
+| `PYICEBERG_CATALOG__<NAME>__<KEY>`, `.pyiceberg.yaml` | | pyiceberg's own catalog config |
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+from pipeline_output.errors import SettingsError
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+HOME = "PIPELINE_OUTPUT_HOME"
+PG_URL = "PIPELINE_OUTPUT_PG_URL"
+CATALOG = "PIPELINE_OUTPUT_CATALOG"
+NAMESPACE = "PIPELINE_OUTPUT_NAMESPACE"
+DAGSTER_PG_URL = "PIPELINE_OUTPUT_DAGSTER_PG_URL"
+"""Read by dagster.yaml: the control plane as a `postgresql+psycopg2://` SQLAlchemy URL."""
+
+_CATALOG_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+_NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_CATALOG_TYPES = ("rest", "hive", "glue", "dynamodb", "sql", "in-memory", "bigquery")
+_PYICEBERG_YAML = ".pyiceberg.yaml"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved, validated settings. Methods that touch Postgres or the catalog do I/O."""
+
+    home: Path
+    pg_url: str | None
+    catalog_name: str
+    namespace: str
+    catalog_config: Mapping[str, str] | None
+
+    @property
+    def pg_data_dir(self) -> Path:
+        """Data directory of the embedded Postgres server."""
+        return self.home / "pg"
+
+    @property
+    def dagster_home(self) -> Path:
+        """DAGSTER_HOME for this project (the CLI puts dagster.yaml there)."""
+        return self.home / "dagster"
+
+    @property
+    def warehouse(self) -> str:
+        """Warehouse location of the default SQL catalog."""
+        return f"file://{self.home}/warehouse"
+
+    def control_plane_url(self) -> str:
+        """libpq URI of the control-plane Postgres: checked reachable, or the embedded server."""
+        if self.pg_url is not None:
+            _check_reachable(self.pg_url)
+            return self.pg_url
+        from pipeline_output import embedded_pg
+
+        try:
+            return embedded_pg.start(data_dir=self.pg_data_dir)
+        except embedded_pg.EmbeddedPostgresError as exc:
+            raise SettingsError(HOME, f"embedded Postgres: {exc}") from exc
+
+    def sqlalchemy_url(self, driver: str = "psycopg") -> str:
+        """The control plane as a SQLAlchemy URL (`postgresql+<driver>://`)."""
+        return to_sqlalchemy_url(self.control_plane_url(), driver=driver)
+
+    def catalog(self) -> Catalog:
+        """The Iceberg catalog (pyiceberg config if any, else SQL catalog on the control plane)."""
+        if self.catalog_config is not None:
+            from pyiceberg.catalog import load_catalog
+
+            try:
+                catalog = load_catalog(self.catalog_name, **self.catalog_config)
+            except ValueError as exc:
+                raise SettingsError(_env_name(self.catalog_name, "type"), _one_line(exc)) from exc
+        else:
+            catalog = _sql_catalog(
+                self.catalog_name, uri=self.sqlalchemy_url("psycopg"), warehouse=self.warehouse
+            )
+        _ensure_namespace(catalog, self.namespace)
+        return catalog
+
+
+def get_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Resolve and validate the settings from `environ` (default: the process environment)."""
+    env: Mapping[str, str] = os.environ if environ is None else environ
+
+    raw_home = env.get(HOME) or "./.pipeline_output"
+    home = Path(os.path.abspath(os.path.expanduser(raw_home)))
+    if home.exists() and not home.is_dir():
+        raise SettingsError(HOME, f"{home} exists and is not a directory")
+
+    pg_url = env.get(PG_URL) or None
+    if pg_url is not None:
+        _validate_libpq_url(pg_url)
+
+    catalog_name = env.get(CATALOG) or "default"
+    if not _CATALOG_NAME.match(catalog_name):
+        raise SettingsError(
+            CATALOG,
+            f"{catalog_name!r} is not a usable catalog name: use lowercase letters, digits and '-' "
+            "(pyiceberg turns '_' in PYICEBERG_CATALOG__<NAME>__ variables into '-')",
+        )
+
+    namespace = env.get(NAMESPACE) or "datasets"
+    if not _NAMESPACE.match(namespace):
+        raise SettingsError(
+            NAMESPACE, f"{namespace!r} is not a valid namespace (letters, digits, _ and .)"
+        )
+
+    catalog_config = _read_catalog_config(env, catalog_name)
+    return Settings(
+        home=home,
+        pg_url=pg_url,
+        catalog_name=catalog_name,
+        namespace=namespace,
+        catalog_config=catalog_config,
+    )
+
+
+def mask_url(url: str) -> str:
+    """`url` with its password (in the userinfo or a `password=` parameter) replaced by ***."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "***"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, hostinfo = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            user, password = userinfo.split(":", 1)
+            if password:
+                userinfo = f"{user}:***"
+        netloc = f"{userinfo}@{hostinfo}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(key == "password" for key, _ in pairs):
+            masked = [(k, "***" if k == "password" else v) for k, v in pairs]
+            query = urlencode(masked, safe="/*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def has_password(url: str) -> bool:
+    """True if `url` carries a password (so it must not be printed as is)."""
+    return mask_url(url) != url
+
+
+def to_sqlalchemy_url(url: str, *, driver: str) -> str:
+    """Turn a libpq URI (`postgresql://` or `postgres://`) into `postgresql+<driver>://`."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("postgresql", "postgres"):
+        raise SettingsError(PG_URL, f"not a libpq URI (postgresql://...): {mask_url(url)}")
+    return f"postgresql+{driver}://{rest}"
+
+
+def with_database(url: str, *, database: str) -> str:
+    """The libpq URI `url` pointing at another database on the same server."""
+    parts = urlsplit(url)
+    return urlunsplit(
+        (parts.scheme, parts.netloc, "/" + quote(database), parts.query, parts.fragment)
+    )
+
+
+def catalog_env_prefix(catalog_name: str) -> str:
+    """`PYICEBERG_CATALOG__<NAME>__`, the env prefix pyiceberg maps to `catalog_name`."""
+    return f"PYICEBERG_CATALOG__{catalog_name.upper().replace('-', '_')}__"
+
+
+# --- internals -------------------------------------------------------------------------------
+
+
+def _ensure_namespace(catalog: Catalog, namespace: str) -> None:
+    """Create `namespace` unless it exists; a concurrent creator winning the race is fine."""
+    try:
+        catalog.create_namespace_if_not_exists(namespace)
+    except Exception:
+        if not catalog.namespace_exists(namespace):
+            raise
+
+
+def _sql_catalog(name: str, *, uri: str, warehouse: str) -> Catalog:
+    """pyiceberg's SqlCatalog; retried because two processes creating its tables race."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from sqlalchemy.exc import DBAPIError
+
+    for attempt in range(3):
+        try:
+            return SqlCatalog(name, uri=uri, warehouse=warehouse)
+        except DBAPIError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _env_name(catalog_name: str, key: str) -> str:
+    return catalog_env_prefix(catalog_name) + key.upper().replace(".", "__").replace("-", "_")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _validate_libpq_url(url: str) -> None:
+    import psycopg.conninfo
+
+    scheme = url.partition("://")[0]
+    if scheme not in ("postgresql", "postgres"):
+        raise SettingsError(
+            PG_URL,
+            f"expected a libpq URI postgresql://user:password@host:port/dbname, got {mask_url(url)}",
+        )
+    try:
+        psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise SettingsError(PG_URL, f"malformed URI {mask_url(url)}: {_one_line(exc)}") from exc
+
+
+def _check_reachable(url: str) -> None:
+    import psycopg
+
+    try:
+        with psycopg.connect(url, connect_timeout=5):
+            pass
+    except psycopg.Error as exc:
+        raise SettingsError(PG_URL, f"cannot connect to {mask_url(url)}: {_one_line(exc)}") from exc
+
+
+def _read_catalog_config(env: Mapping[str, str], catalog_name: str) -> Mapping[str, str] | None:
+    """pyiceberg's config for `catalog_name`, resolved like `pyiceberg.utils.config.Config()`.
+
+    Same sources and precedence (first `.pyiceberg.yaml` in $PYICEBERG_HOME, ~, cwd; then
+    `PYICEBERG_CATALOG__<NAME>__<KEY>` variables on top), but read from `env` so that tests and
+    callers can pass an explicit environment, and each key remembers where it came from so that an
+    error names the setting. Validated here, before anything is started.
+    """
+    config: dict[str, str] = {}
+    origin: dict[str, str] = {}
+    yaml_path, yaml_catalog = _yaml_catalog(env, catalog_name)
+    for key, value in yaml_catalog.items():
+        config[key] = value
+        origin[key] = f"{yaml_path} (catalog.{catalog_name}.{key})"
+    prefix = "pyiceberg_catalog__"
+    for var, value in env.items():
+        lower = var.lower()
+        if not lower.startswith(prefix):
+            continue
+        parts = lower[len("pyiceberg_") :].split("__", maxsplit=2)
+        if len(parts) != 3:
+            continue
+        name, key = parts[1].replace("_", "-"), parts[2].replace("__", ".").replace("_", "-")
+        if name == catalog_name and value:
+            config[key] = value
+            origin[key] = var
+    if not config:
+        return None
+    _validate_catalog_config(catalog_name, config, origin)
+    return config
+
+
+def _yaml_catalog(env: Mapping[str, str], catalog_name: str) -> tuple[str, dict[str, str]]:
+    import strictyaml
+
+    for directory in (env.get("PYICEBERG_HOME"), os.path.expanduser("~"), os.getcwd()):
+        if not directory:
+            continue
+        path = Path(directory) / _PYICEBERG_YAML
+        if not path.is_file():
+            continue
+        try:
+            data = strictyaml.load(path.read_text(encoding="utf-8")).data
+        except (strictyaml.YAMLError, OSError, UnicodeDecodeError) as exc:
+            raise SettingsError(str(path), f"cannot parse: {_one_line(exc)}") from exc
+        if not isinstance(data, dict):
+            raise SettingsError(str(path), "expected a mapping at the top level")
+        catalogs = {str(k).lower(): v for k, v in data.items()}.get("catalog")
+        if catalogs is None:
+            return str(path), {}
+        if not isinstance(catalogs, dict):
+            raise SettingsError(str(path), "'catalog' must be a mapping of catalog names")
+        entry = {str(k).lower(): v for k, v in catalogs.items()}.get(catalog_name)
+        if entry is None:
+            return str(path), {}
+        if not isinstance(entry, dict):
+            raise SettingsError(str(path), f"catalog.{catalog_name} must be a mapping")
+        flat: dict[str, str] = {}
+        for key, value in entry.items():
+            if not isinstance(value, str):
+                raise SettingsError(
+                    str(path), f"catalog.{catalog_name}.{key} must be a string value"
+                )
+            flat[str(key).lower()] = value
+        return str(path), flat  # pyiceberg uses only the first file it finds
+    return "", {}
+
+
+def _validate_catalog_config(
+    name: str, config: Mapping[str, str], origin: Mapping[str, str]
+) -> None:
+    def where(key: str) -> str:
+        return origin.get(key, _env_name(name, key))
+
+    catalog_type = config.get("type")
+    impl = config.get("py-catalog-impl")
+    uri = config.get("uri")
+    if impl is not None:
+        if catalog_type is not None:
+            raise SettingsError(where("type"), "set either type or py-catalog-impl, not both")
+        if "." not in impl:
+            raise SettingsError(where("py-catalog-impl"), f"{impl!r} is not a module.Class path")
+        return
+    if catalog_type is not None:
+        if catalog_type.lower() not in _CATALOG_TYPES:
+            raise SettingsError(
+                where("type"),
+                f"unknown catalog type {catalog_type!r} (one of {', '.join(_CATALOG_TYPES)})",
+            )
+        catalog_type = catalog_type.lower()
+        if catalog_type in ("rest", "hive", "sql") and not uri:
+            raise SettingsError(where("uri"), f"a {catalog_type} catalog needs a uri")
+    elif not uri:
+        raise SettingsError(
+            where("uri"), f"catalog {name!r} is configured but has neither a type nor a uri"
+        )
+    elif uri.startswith("http"):
+        catalog_type = "rest"
+    elif uri.startswith("thrift"):
+        catalog_type = "hive"
+    elif uri.startswith(("sqlite", "postgresql")):
+        catalog_type = "sql"
+    else:
+        raise SettingsError(
+            where("uri"), f"cannot infer the catalog type from uri {mask_url(uri)}; set type too"
+        )
+    if catalog_type == "sql" and uri:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            make_url(uri)
+        except (ArgumentError, ValueError) as exc:
+            raise SettingsError(where("uri"), f"not a SQLAlchemy URL: {mask_url(uri)}") from exc
+    if catalog_type == "rest" and uri and not re.match(r"^https?://[^/\s]+", uri):
+        raise SettingsError(where("uri"), f"not an http(s) URL: {mask_url(uri)}")
+
+
+FAULT_POINTS = ("before_commit", "after_commit")
+
+
+def fault_point(environ: Mapping[str, str] | None = None) -> str | None:
+    """`PIPELINE_OUTPUT_FAULT`: a test-only fault-injection point (the process SIGKILLs itself).
+
+    `before_commit`: after the window's data files are written, before the Iceberg commit;
+    `after_commit`: after the commit, before the ledger records it. Unset in normal use.
+    """
+    env = os.environ if environ is None else environ
+    value = env.get("PIPELINE_OUTPUT_FAULT") or None
+    if value is not None and value not in FAULT_POINTS:
+        raise SettingsError(
+            "PIPELINE_OUTPUT_FAULT",
+            f"unknown fault point {value!r}; valid: {', '.join(FAULT_POINTS)}",
+        )
+    return value
+
+
+def default_mode(environ: Mapping[str, str] | None = None) -> str:
+    """`PIPELINE_OUTPUT_DEFAULT_MODE`: the project default mode (`pg` unless set, as in the seed)."""
+    env = os.environ if environ is None else environ
+    value = env.get("PIPELINE_OUTPUT_DEFAULT_MODE") or "pg"
+    if value not in ("pg", "iceberg", "dual"):
+        raise SettingsError(
+            "PIPELINE_OUTPUT_DEFAULT_MODE", f"unknown mode {value!r}; valid: pg, iceberg, dual"
+        )
+    return value
+
+
+def dual_read_arm(environ: Mapping[str, str] | None = None) -> str:
+    """`PIPELINE_OUTPUT_DUAL_READS_FROM`: the arm downstream reads use in `dual` (default `pg`)."""
+    env = os.environ if environ is None else environ
+    value = env.get("PIPELINE_OUTPUT_DUAL_READS_FROM") or "pg"
+    if value not in ("pg", "iceberg"):
+        raise SettingsError(
+            "PIPELINE_OUTPUT_DUAL_READS_FROM", f"unknown arm {value!r}; valid: pg, iceberg"
+        )
+    return value

@@ -1,0 +1,96 @@
+"""Shared fixtures: a real Postgres (embedded or PIPELINE_OUTPUT_TEST_PG_URL), a fresh database per
+test, a pyiceberg SQL catalog on it, and an environment that `get_settings()` resolves against.
+
+No mocks: every fixture hands out real servers, databases and catalogs, and removes them after.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pipeline_output import embedded_pg
+from pipeline_output.settings import Settings, get_settings, to_sqlalchemy_url, with_database
+
+TEST_PG_URL = "PIPELINE_OUTPUT_TEST_PG_URL"
+
+
+@pytest.fixture(scope="session")
+def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """libpq URI of a real Postgres server for the whole session."""
+    external = os.environ.get(TEST_PG_URL)
+    if external:
+        yield external
+        return
+    data_dir = tmp_path_factory.mktemp("pg") / "data"
+    try:
+        yield embedded_pg.start(data_dir=data_dir)
+    finally:
+        embedded_pg.stop(data_dir=data_dir)
+
+
+@pytest.fixture
+def pg_db_url(pg_url: str) -> Iterator[str]:
+    """A fresh database on the session server (dropped with FORCE after the test)."""
+    name = f"t{uuid.uuid4().hex[:12]}"
+    admin = with_database(pg_url, database="postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield with_database(pg_url, database=name)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@pytest.fixture
+def fresh_catalog(pg_db_url: str, tmp_path: Path) -> Iterator[Callable[[], Any]]:
+    """Zero-arg factory of NEW SqlCatalog handles on the test database (same properties)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    handles: list[Any] = []
+
+    def make() -> Any:
+        catalog = SqlCatalog(
+            "default",
+            uri=to_sqlalchemy_url(pg_db_url, driver="psycopg"),
+            warehouse=f"file://{tmp_path}/warehouse",
+        )
+        handles.append(catalog)
+        return catalog
+
+    yield make
+    for handle in handles:
+        handle.engine.dispose()
+
+
+@pytest.fixture
+def catalog(fresh_catalog: Callable[[], Any]) -> Any:
+    """A pyiceberg SQL catalog on the test database, namespace `datasets` created."""
+    cat = fresh_catalog()
+    cat.create_namespace("datasets")
+    return cat
+
+
+@pytest.fixture
+def settings_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, pg_db_url: str) -> Settings:
+    """Environment resolving to home=tmp_path/home, PG=pg_db_url, no pyiceberg config."""
+    for var in list(os.environ):
+        if var.upper().startswith("PYICEBERG_") or var.startswith("PIPELINE_OUTPUT_"):
+            monkeypatch.delenv(var)
+    empty = tmp_path / "user-home"
+    empty.mkdir(exist_ok=True)
+    monkeypatch.setenv("HOME", str(empty))  # no ~/.pyiceberg.yaml
+    monkeypatch.chdir(tmp_path)  # nor one in the working directory
+    monkeypatch.setenv("PIPELINE_OUTPUT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PIPELINE_OUTPUT_PG_URL", pg_db_url)
+    return get_settings()
