@@ -1,79 +1,90 @@
 """pipeline-output: materialise produced datasets into Apache Iceberg with dbt-grade write strategies.
 
-The public Python API. The pure core (specs, planning, windows, stores) imports no Dagster; the
-Dagster layer lives in `pipeline_output.defs`.
+The public Python API, loaded on first use so `import pipeline_output` (and the CLI) stays fast and
+the pure core never imports Dagster: specs and planning (`DatasetSpec`, `Delta`, `Window`,
+`plan_write`), the arms (`IcebergStore`, `PostgresStore`), results and errors, and the Dagster layer
+(`dataset`, `postgres_source`, `iceberg_source`, `model_node`, `build_definitions`,
+`DatasetIOManager`).
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from pipeline_output.errors import (
-    BadInput,
-    DuplicateKeys,
-    EmptyComputeRefused,
-    InvalidSpec,
-    LockUnavailable,
-    MissingKeyColumn,
-    NullKey,
-    PipelineOutputError,
-    RowsOutsideWindow,
-    SchemaMismatch,
-    SettingsError,
-    UnsupportedWrite,
-    WriteConflict,
-)
-from pipeline_output.plan import TargetState, WritePlan, plan_write
-from pipeline_output.result import WriteResult
-from pipeline_output.spec import DatasetSpec, Delta
-from pipeline_output.stores.iceberg import IcebergStore
-from pipeline_output.windows import Window
-
-_DAGSTER_EXPORTS = {
+_EXPORTS = {
+    # errors
+    "BadInput": "pipeline_output.errors",
+    "DuplicateKeys": "pipeline_output.errors",
+    "EmptyComputeRefused": "pipeline_output.errors",
+    "InvalidSpec": "pipeline_output.errors",
+    "LockUnavailable": "pipeline_output.errors",
+    "MissingKeyColumn": "pipeline_output.errors",
+    "NullKey": "pipeline_output.errors",
+    "PipelineOutputError": "pipeline_output.errors",
+    "RowsOutsideWindow": "pipeline_output.errors",
+    "SchemaMismatch": "pipeline_output.errors",
+    "SettingsError": "pipeline_output.errors",
+    "UnsupportedWrite": "pipeline_output.errors",
+    "WriteConflict": "pipeline_output.errors",
+    # core
+    "DatasetSpec": "pipeline_output.spec",
+    "Delta": "pipeline_output.spec",
+    "Window": "pipeline_output.windows",
+    "TargetState": "pipeline_output.plan",
+    "WritePlan": "pipeline_output.plan",
+    "plan_write": "pipeline_output.plan",
+    "WriteResult": "pipeline_output.result",
+    "IcebergStore": "pipeline_output.stores.iceberg",
+    "PostgresStore": "pipeline_output.stores.postgres",
+    # Dagster layer
     "dataset": "pipeline_output.defs.dataset",
     "postgres_source": "pipeline_output.defs.sources",
     "iceberg_source": "pipeline_output.defs.sources",
+    "model_node": "pipeline_output.defs.model_node",
     "build_definitions": "pipeline_output.defs.build",
     "DatasetIOManager": "pipeline_output.defs.io_manager",
 }
 
+__all__ = sorted([*_EXPORTS, "__version__"])
 
-def __getattr__(name: str) -> object:
-    """Dagster-layer names load on first use, so the core imports no Dagster."""
-    module = _DAGSTER_EXPORTS.get(name)
+
+def __getattr__(name: str) -> Any:
+    """Load an exported name from its module on first use."""
+    module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'pipeline_output' has no attribute {name!r}")
-    import importlib
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
-    return getattr(importlib.import_module(module), name)
 
-
-__all__ = [
-    "BadInput",
-    "DatasetIOManager",
-    "DatasetSpec",
-    "Delta",
-    "DuplicateKeys",
-    "EmptyComputeRefused",
-    "IcebergStore",
-    "InvalidSpec",
-    "LockUnavailable",
-    "MissingKeyColumn",
-    "NullKey",
-    "PipelineOutputError",
-    "RowsOutsideWindow",
-    "SchemaMismatch",
-    "SettingsError",
-    "TargetState",
-    "UnsupportedWrite",
-    "Window",
-    "WriteConflict",
-    "WritePlan",
-    "WriteResult",
-    "__version__",
-    "build_definitions",
-    "dataset",
-    "iceberg_source",
-    "plan_write",
-    "postgres_source",
-]
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from pipeline_output.defs.build import build_definitions
+    from pipeline_output.defs.dataset import dataset
+    from pipeline_output.defs.io_manager import DatasetIOManager
+    from pipeline_output.defs.model_node import model_node
+    from pipeline_output.defs.sources import iceberg_source, postgres_source
+    from pipeline_output.errors import (
+        BadInput,
+        DuplicateKeys,
+        EmptyComputeRefused,
+        InvalidSpec,
+        LockUnavailable,
+        MissingKeyColumn,
+        NullKey,
+        PipelineOutputError,
+        RowsOutsideWindow,
+        SchemaMismatch,
+        SettingsError,
+        UnsupportedWrite,
+        WriteConflict,
+    )
+    from pipeline_output.plan import TargetState, WritePlan, plan_write
+    from pipeline_output.result import WriteResult
+    from pipeline_output.spec import DatasetSpec, Delta
+    from pipeline_output.stores.iceberg import IcebergStore
+    from pipeline_output.stores.postgres import PostgresStore
+    from pipeline_output.windows import Window

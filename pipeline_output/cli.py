@@ -32,12 +32,15 @@ def main() -> None:
 
 
 def _register() -> None:
-    from pipeline_output.commands import dev, env, materialize, pg
+    from pipeline_output.commands import demo, dev, env, materialize, pg, plan, windows
 
     main.add_command(dev.dev)
     main.add_command(materialize.materialize)
     main.add_command(env.env)
     main.add_command(pg.pg)
+    main.add_command(demo.demo)
+    main.add_command(plan.plan)
+    main.add_command(windows.windows)
 
 
 _register()

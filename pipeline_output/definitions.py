@@ -1,18 +1,11 @@
 """The project's Dagster definitions (`pipeline_output.definitions:defs`, loaded by workspace.yaml).
 
-A placeholder asset until the demo datasets land.
+The demo shop dataspace; a real deployment points its workspace at its own module built the same way
+(`build_definitions(datasets=[...], sources=[...])`).
 """
 
 from __future__ import annotations
 
-import dagster as dg
+from pipeline_output.demo.definitions import defs
 
-
-@dg.asset
-def hello() -> dg.MaterializeResult[None]:
-    """A trivial asset: proves the code location loads and runs are recorded."""
-    squares = [n * n for n in range(10)]
-    return dg.MaterializeResult(metadata={"rows": len(squares), "sum": sum(squares)})
-
-
-defs = dg.Definitions(assets=[hello])
+__all__ = ["defs"]

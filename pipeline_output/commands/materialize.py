@@ -1,54 +1,68 @@
-"""`pipeline-output materialize`: run assets headless against the project's Dagster instance."""
+"""`pipeline-output materialize`: run the project's assets headless against its Dagster instance.
+
+Plans pending delta windows (each window sensor evaluated once), applies them per dataset in a
+single-run backfill, runs the other assets, and prints one line per asset: dataset, mode, write
+mode, rows in/inserted/updated/deleted, snapshot. With the demo definitions and an unseeded
+database it seeds the demo shop first (say so), so a fresh clone works in one command.
+"""
 
 from __future__ import annotations
-
-import importlib
 
 import click
 
 from pipeline_output import dagster_home
+from pipeline_output.commands.loading import DEFINITIONS, load_definitions
 from pipeline_output.errors import PipelineOutputError
 from pipeline_output.settings import get_settings
 
-DEFINITIONS = "pipeline_output.definitions:defs"
-
 
 @click.command()
-@click.option("--select", "select", default=None, help="Dagster asset selection (default: all).")
-def materialize(select: str | None) -> None:
-    """Materialise assets in this process, recording the run in the project's instance."""
+@click.option(
+    "--select",
+    "select",
+    multiple=True,
+    help="Dagster asset selection (repeatable; default: every asset).",
+)
+def materialize(select: tuple[str, ...]) -> None:
+    """Materialise assets in this process, recording the runs in the project's instance."""
     settings = get_settings()
     dagster_home.activate(settings)
 
     import dagster as dg
 
-    module_name, _, attr = DEFINITIONS.partition(":")
-    defs: dg.Definitions = getattr(importlib.import_module(module_name), attr)
-    job = defs.resolve_implicit_global_asset_job_def()
-    keys = None
-    if select:
-        try:
-            keys = dg.AssetSelection.from_string(select).resolve(defs.resolve_asset_graph())
-        except Exception as exc:  # dagster raises several types for a bad selection
-            raise PipelineOutputError(f"--select {select!r}: {exc}") from exc
-        if not keys:
-            raise PipelineOutputError(f"--select {select!r} matches no asset")
+    from pipeline_output.defs.runner import format_table
+    from pipeline_output.defs.runner import materialize as run_all
 
+    defs = load_definitions()
+    if DEFINITIONS.startswith("pipeline_output.definitions"):
+        _seed_demo_if_needed(settings.control_plane_url())
+    graph = defs.resolve_asset_graph()
+    for text in select:
+        try:
+            keys = dg.AssetSelection.from_string(text).resolve(graph)
+        except Exception as exc:  # dagster raises several types for a bad selection
+            raise PipelineOutputError(f"--select {text!r}: {exc}") from exc
+        if not keys:
+            raise PipelineOutputError(f"--select {text!r} matches no asset")
     with dg.DagsterInstance.get() as instance:
-        result = job.execute_in_process(
-            instance=instance,
-            asset_selection=sorted(keys) if keys is not None else None,
-            raise_on_error=False,
-        )
-    run_id = result.run_id
-    for event in result.get_asset_materialization_events():
-        materialization = event.step_materialization_data.materialization
-        meta = ", ".join(
-            f"{k}={getattr(v, 'value', v)}" for k, v in sorted(materialization.metadata.items())
-        )
+        try:
+            rows = run_all(defs, instance, selection=list(select) or None)
+        except dg.DagsterExecutionStepExecutionError as exc:
+            cause = exc.__cause__ or exc
+            raise PipelineOutputError(
+                f"materialize failed: {' '.join(str(cause).split())[:500]}"
+            ) from exc
+    click.echo(format_table(rows))
+    runs = sorted({r.run_id for r in rows})
+    click.echo(f"runs: {', '.join(runs)}")
+
+
+def _seed_demo_if_needed(url: str) -> None:
+    from pipeline_output.demo import shop_data
+
+    if shop_data.current_tick(url) is None:
+        counts = shop_data.seed(url)
         click.echo(
-            f"materialized {materialization.asset_key.to_user_string()}: {meta} (run {run_id})"
+            "demo shop not seeded yet: seeded it (pipeline-output demo seed): "
+            + ", ".join(f"{k}={v}" for k, v in counts.items())
         )
-    if not result.success:
-        failed = [e.step_key for e in result.all_events if e.is_step_failure]
-        raise PipelineOutputError(f"run {run_id} failed at step(s): {', '.join(map(str, failed))}")
