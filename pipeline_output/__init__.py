@@ -48,7 +48,37 @@ _EXPORTS = {
     "DatasetIOManager": "pipeline_output.defs.io_manager",
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+__all__ = [
+    "BadInput",
+    "DatasetIOManager",
+    "DatasetSpec",
+    "Delta",
+    "DuplicateKeys",
+    "EmptyComputeRefused",
+    "IcebergStore",
+    "InvalidSpec",
+    "LockUnavailable",
+    "MissingKeyColumn",
+    "NullKey",
+    "PipelineOutputError",
+    "PostgresStore",
+    "RowsOutsideWindow",
+    "SchemaMismatch",
+    "SettingsError",
+    "TargetState",
+    "UnsupportedWrite",
+    "Window",
+    "WriteConflict",
+    "WritePlan",
+    "WriteResult",
+    "__version__",
+    "build_definitions",
+    "dataset",
+    "iceberg_source",
+    "model_node",
+    "plan_write",
+    "postgres_source",
+]
 
 
 def __getattr__(name: str) -> Any:
