@@ -46,7 +46,7 @@ class ResolvedMode:
         """The arms this mode writes, in commit order (Iceberg before the Postgres commit)."""
         if self.mode == "dual":
             return ("iceberg", "pg")
-        return (self.mode,)  # type: ignore[return-value]
+        return (self.mode,)
 
 
 def resolve_mode(
@@ -125,7 +125,7 @@ class Publisher:
         self._require_arms(spec, mode)
         plans: dict[str, WritePlan] = {}
         for arm in mode.arms:
-            store = self.iceberg if arm == "iceberg" else self.postgres
+            store: Any = self.iceberg if arm == "iceberg" else self.postgres
             plans[arm] = store.plan(spec, window=window)
         return plans
 
@@ -238,7 +238,7 @@ class Publisher:
         columns: Sequence[str] | None = None,
     ) -> pl.DataFrame:
         """Read from the authoritative arm: Iceberg once flipped; in dual the configured arm."""
-        arm: Arm = mode.mode if mode.mode != "dual" else self.dual_reads_from  # type: ignore[assignment]
+        arm = mode.mode if mode.mode != "dual" else self.dual_reads_from
         if arm == "pg":
             if self.postgres is None:
                 raise UnsupportedWrite(

@@ -202,7 +202,7 @@ def spec_from_dict(data: dict[str, object]) -> DatasetSpec:
             source=str(raw_delta["source"]),
             watermark=str(raw_delta["watermark"]),
             lookback=int(raw_delta.get("lookback") or 0),
-            max_rows=raw_delta.get("max_rows"),  # type: ignore[arg-type]
+            max_rows=raw_delta.get("max_rows"),
             start=start,  # type: ignore[arg-type]
         )
     return DatasetSpec(

@@ -40,7 +40,7 @@ def build_definitions(
     all_resources.update(resources or {})
     source_specs = {s.name: s for s in (source_spec_of(a) for a in sources) if s is not None}
     all_sensors = list(sensors)
-    dataset_keys = []
+    dataset_keys: list[dg.AssetKey] = []
     for asset in datasets:
         spec = spec_of(asset)
         if spec is None or spec.delta is None:

@@ -259,7 +259,7 @@ def _dry_run(
 
     publisher = get_runtime().publisher
     resolved = publisher.resolve(spec, override=config.mode)
-    windows = windows_of(context, spec) or [None]
+    windows: list[Window | None] = [*windows_of(context, spec)] or [None]
     for window in windows:
         plans = publisher.plan(spec, mode=resolved, window=window)
         for arm, plan in plans.items():

@@ -105,7 +105,7 @@ def build_window_sensor(
         )
         ledger.plan(spec.name, planned)
         rows = ledger.windows(spec.name)
-        existing = set(context.instance.get_dynamic_partitions(partitions.name))
+        existing = set(context.instance.get_dynamic_partitions(str(partitions.name)))
         to_add = [w.partition_key for w in rows if w.partition_key not in existing]
         requests = [
             dg.RunRequest(

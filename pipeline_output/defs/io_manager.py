@@ -25,6 +25,7 @@ from pipeline_output.frames import to_polars
 from pipeline_output.publish import PublishResult, ResolvedMode
 from pipeline_output.sources import SourceSpec
 from pipeline_output.spec import DatasetSpec
+from pipeline_output.windows import Window
 
 
 def _meta_value(raw: Any) -> Any:
@@ -75,7 +76,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         if isinstance(obj, WindowedOutput):
             self._apply_windows(context, spec, obj, mode)
             return
-        windows = windows_of(context, spec) or [None]
+        windows: list[Window | None] = [*windows_of(context, spec)] or [None]
         frame = to_polars(spec, obj)
         result: PublishResult | None = None
         for window in windows:

@@ -130,4 +130,5 @@ def source_spec_of(asset: Any) -> SourceSpec | None:
     if raw is None:
         return None
     value = getattr(raw, "value", raw)
-    return SourceSpec(**(json.loads(value) if isinstance(value, str) else value))
+    data: dict[str, Any] = json.loads(value) if isinstance(value, str) else dict(value or {})
+    return SourceSpec(**data)

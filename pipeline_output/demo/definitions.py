@@ -8,6 +8,8 @@ full. Everything is written to Iceberg (`mode="iceberg"`); flip a dataset to try
 
 from __future__ import annotations
 
+from typing import Any
+
 import dagster as dg
 
 from pipeline_output.defs.build import build_definitions
@@ -21,7 +23,7 @@ SOURCE_GROUP = "shop_sources"
 DATASET_GROUP = "shop"
 
 
-def demo_sources() -> list[dg.AssetsDefinition]:
+def demo_sources() -> list[Any]:
     """The shop's raw tables (schema `shop` of the control-plane Postgres) as source assets."""
     return [
         postgres_source(
