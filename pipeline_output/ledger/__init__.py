@@ -1,0 +1,30 @@
+"""The Postgres control plane: migrations and the `Ledger` (registry, deploys, flips, parity).
+
+SQL schema changes live in `sql/NNN_name.sql`, applied in order by `Ledger.migrate()`.
+"""
+
+from __future__ import annotations
+
+from pipeline_output.ledger.ledger import (
+    ARMS,
+    DEPLOY_STATUSES,
+    DeployRecord,
+    FlipRecord,
+    Ledger,
+    ParityRecord,
+    RegisteredDataset,
+    UnknownMode,
+)
+from pipeline_output.ledger.migrations import MigrationError
+
+__all__ = [
+    "ARMS",
+    "DEPLOY_STATUSES",
+    "DeployRecord",
+    "FlipRecord",
+    "Ledger",
+    "MigrationError",
+    "ParityRecord",
+    "RegisteredDataset",
+    "UnknownMode",
+]

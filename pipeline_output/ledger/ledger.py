@@ -1,0 +1,502 @@
+"""`Ledger`: the Postgres control plane — dataset registry, deploys, mode flips, parity results.
+
+Every method opens its own short transaction, or joins the caller's when given `conn=` (the legacy
+arm records its deploy in the same transaction as its rows, so both commit or neither does). All SQL
+is composed with `psycopg.sql` and placeholders; no value is ever formatted into a query.
+
+The freshness oracle of the legacy arm is `has_succeeded_deploy(dataset, "pg")`: whether this
+ledger holds a succeeded deploy of the dataset to that arm — never a row count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, get_args
+
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from pipeline_output.errors import PipelineOutputError
+from pipeline_output.ledger import migrations
+from pipeline_output.locks import lock_key
+from pipeline_output.result import WriteResult
+from pipeline_output.spec import MODES, check_identifier
+from pipeline_output.windows import Window
+
+Arm = Literal["pg", "iceberg"]
+DeployStatus = Literal["succeeded", "failed", "diverged"]
+ARMS: tuple[str, ...] = get_args(Arm)
+DEPLOY_STATUSES: tuple[str, ...] = get_args(DeployStatus)
+SCHEMA = migrations.SCHEMA
+
+
+class UnknownMode(PipelineOutputError, ValueError):
+    """A flip names a mode that does not exist."""
+
+
+def _t(name: str) -> sql.Identifier:
+    return sql.Identifier(SCHEMA, name)
+
+
+@dataclass(frozen=True)
+class DeployRecord:
+    """One write to one arm, as the ledger recorded it."""
+
+    id: int
+    dataset: str
+    arm: str
+    run_id: str | None
+    strategy: str | None
+    write_mode: str | None
+    first_deploy: bool | None
+    window: str | None
+    window_key: str | None
+    status: str
+    rows_in: int | None
+    rows_inserted: int | None
+    rows_updated: int | None
+    rows_deleted: int | None
+    rows_unchanged: int | None
+    rows_preserved: int | None
+    rows_skipped: int | None
+    rows_total_after: int | None
+    snapshot_id: int | None
+    started_at: datetime | None
+    finished_at: datetime
+    error: str | None
+
+
+_DEPLOY_COLUMNS = [
+    "id",
+    "dataset",
+    "arm",
+    "run_id",
+    "strategy",
+    "write_mode",
+    "first_deploy",
+    "window",
+    "window_key",
+    "status",
+    "rows_in",
+    "rows_inserted",
+    "rows_updated",
+    "rows_deleted",
+    "rows_unchanged",
+    "rows_preserved",
+    "rows_skipped",
+    "rows_total_after",
+    "snapshot_id",
+    "started_at",
+    "finished_at",
+    "error",
+]
+_COUNTERS = [
+    "rows_in",
+    "rows_inserted",
+    "rows_updated",
+    "rows_deleted",
+    "rows_unchanged",
+    "rows_preserved",
+    "rows_skipped",
+    "rows_total_after",
+]
+
+
+@dataclass(frozen=True)
+class FlipRecord:
+    """One mode flip: who moved the dataset from which mode to which, when and why."""
+
+    id: int
+    dataset: str
+    from_mode: str | None
+    to_mode: str
+    who: str
+    at: datetime
+    reason: str | None
+
+
+_FLIP_COLUMNS = ["id", "dataset", "from_mode", "to_mode", "who", "at", "reason"]
+
+
+@dataclass(frozen=True)
+class ParityRecord:
+    """One parity check of a dataset's two arms."""
+
+    id: int
+    dataset: str
+    at: datetime
+    run_id: str | None
+    passed: bool
+    pg_count: int | None
+    iceberg_count: int | None
+    differing_keys: dict[str, Any]
+    details: dict[str, Any]
+
+
+_PARITY_COLUMNS = [
+    "id",
+    "dataset",
+    "at",
+    "run_id",
+    "passed",
+    "pg_count",
+    "iceberg_count",
+    "differing_keys",
+    "details",
+]
+
+
+@dataclass(frozen=True)
+class RegisteredDataset:
+    """A dataset in the registry: its key and the Arrow schema the legacy arm restores types from."""
+
+    name: str
+    primary_key: tuple[str, ...]
+    arrow_schema: pa.Schema | None
+    created_at: datetime
+    updated_at: datetime
+
+
+def _columns(names: Sequence[str]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(n) for n in names)
+
+
+class Ledger:
+    """The control plane on one Postgres database (`url`); schema `pipeline_output`."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    # -- connections and migrations ------------------------------------------------------------
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """A new connection (not autocommit) to the control-plane database."""
+        return psycopg.connect(self.url)
+
+    @contextmanager
+    def _tx(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
+        """The caller's connection (its transaction), or a fresh one committed on success."""
+        if conn is not None:
+            yield conn
+            return
+        with psycopg.connect(self.url) as own:
+            yield own
+
+    def migrate(self) -> list[int]:
+        """Apply pending migrations (safe to call from many processes); returns versions applied."""
+        with psycopg.connect(self.url) as conn:
+            return migrations.migrate(conn)
+
+    def applied_migrations(self) -> list[int]:
+        """Versions recorded in `pipeline_output.schema_migrations`."""
+        with psycopg.connect(self.url) as conn:
+            return migrations.applied(conn)
+
+    # -- dataset registry ----------------------------------------------------------------------
+
+    def register_dataset(
+        self,
+        name: str,
+        *,
+        primary_key: Sequence[str],
+        arrow_schema: pa.Schema | None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> None:
+        """Insert or update a dataset's registry entry (key and serialized Arrow schema)."""
+        check_identifier(name, what="dataset name")
+        blob = arrow_schema.serialize().to_pybytes() if arrow_schema is not None else None
+        readable = (
+            Jsonb({f.name: str(f.type) for f in arrow_schema}) if arrow_schema is not None else None
+        )
+        query = sql.SQL(
+            "INSERT INTO {} AS d (name, primary_key, arrow_schema, schema_text)"
+            " VALUES (%s, %s, %s, %s)"
+            " ON CONFLICT (name) DO UPDATE SET primary_key = EXCLUDED.primary_key,"
+            " arrow_schema = coalesce(EXCLUDED.arrow_schema, d.arrow_schema),"
+            " schema_text = coalesce(EXCLUDED.schema_text, d.schema_text),"
+            " updated_at = clock_timestamp()"
+        ).format(_t("datasets"))
+        with self._tx(conn) as c:
+            c.execute(query, (name, list(primary_key), blob, readable))
+
+    def registered(
+        self, name: str, *, conn: psycopg.Connection[Any] | None = None
+    ) -> RegisteredDataset | None:
+        """The registry entry of `name`, or None."""
+        query = sql.SQL(
+            "SELECT name, primary_key, arrow_schema, created_at, updated_at FROM {} WHERE name = %s"
+        ).format(_t("datasets"))
+        with self._tx(conn) as c:
+            row = c.execute(query, (name,)).fetchone()
+        if row is None:
+            return None
+        schema = pa.ipc.read_schema(pa.py_buffer(bytes(row[2]))) if row[2] is not None else None
+        return RegisteredDataset(row[0], tuple(row[1]), schema, row[3], row[4])
+
+    def dataset_schema(
+        self, name: str, *, conn: psycopg.Connection[Any] | None = None
+    ) -> pa.Schema | None:
+        """The registered Arrow schema of `name`, or None."""
+        entry = self.registered(name, conn=conn)
+        return entry.arrow_schema if entry is not None else None
+
+    def datasets(self) -> list[str]:
+        """Every dataset the control plane knows of (registry, deploys, flips, parity), sorted."""
+        query = sql.SQL(
+            "SELECT name FROM {} UNION SELECT dataset FROM {} UNION SELECT dataset FROM {}"
+            " UNION SELECT dataset FROM {} ORDER BY 1"
+        ).format(_t("datasets"), _t("deploys"), _t("mode_flips"), _t("parity_results"))
+        with self._tx(None) as c:
+            return [str(r[0]) for r in c.execute(query).fetchall()]
+
+    # -- deploys -------------------------------------------------------------------------------
+
+    def record_deploy(
+        self,
+        dataset: str,
+        arm: str,
+        *,
+        status: str,
+        run_id: str | None = None,
+        strategy: str | None = None,
+        write_mode: str | None = None,
+        first_deploy: bool | None = None,
+        window: Window | str | None = None,
+        result: WriteResult | None = None,
+        counters: Mapping[str, int] | None = None,
+        snapshot_id: int | None = None,
+        started_at: datetime | None = None,
+        error: str | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> DeployRecord:
+        """Record one write to one arm. Counters come from `result` (or `counters`)."""
+        if arm not in ARMS:
+            raise ValueError(f"unknown arm {arm!r}; valid arms: {', '.join(ARMS)}")
+        if status not in DEPLOY_STATUSES:
+            raise ValueError(
+                f"unknown deploy status {status!r}; valid: {', '.join(DEPLOY_STATUSES)}"
+            )
+        values: dict[str, Any] = {c: None for c in _COUNTERS}
+        if result is not None:
+            values.update({c: getattr(result, c) for c in _COUNTERS})
+            write_mode = write_mode or result.write_mode
+            first_deploy = result.first_deploy if first_deploy is None else first_deploy
+        if counters:
+            values.update({c: counters[c] for c in _COUNTERS if c in counters})
+        window_text = str(window) if window is not None else None
+        window_key = window.to_key() if isinstance(window, Window) else None
+        values.update(
+            dataset=dataset,
+            arm=arm,
+            run_id=run_id,
+            strategy=strategy,
+            write_mode=write_mode,
+            first_deploy=first_deploy,
+            window=window_text,
+            window_key=window_key,
+            status=status,
+            snapshot_id=snapshot_id,
+            started_at=started_at,
+            error=error,
+        )
+        names = list(values)
+        query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) RETURNING {}").format(
+            _t("deploys"),
+            _columns(names),
+            sql.SQL(", ").join(sql.Placeholder() * len(names)),
+            _columns(_DEPLOY_COLUMNS),
+        )
+        with self._tx(conn) as c:
+            row = c.execute(query, [values[n] for n in names]).fetchone()
+        assert row is not None
+        return DeployRecord(*row)
+
+    def last_deploy(
+        self,
+        dataset: str,
+        arm: str,
+        *,
+        status: str | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> DeployRecord | None:
+        """The most recent deploy of `dataset` to `arm` (optionally only with `status`)."""
+        where: sql.Composable = sql.SQL("dataset = %s AND arm = %s")
+        params: list[Any] = [dataset, arm]
+        if status is not None:
+            where = sql.SQL("{} AND status = %s").format(where)
+            params.append(status)
+        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT 1").format(
+            _columns(_DEPLOY_COLUMNS), _t("deploys"), where
+        )
+        with self._tx(conn) as c:
+            row = c.execute(query, params).fetchone()
+        return DeployRecord(*row) if row is not None else None
+
+    def has_succeeded_deploy(
+        self, dataset: str, arm: str, *, conn: psycopg.Connection[Any] | None = None
+    ) -> bool:
+        """The legacy arm's freshness oracle: has `arm` ever committed a write of `dataset`?"""
+        return self.last_deploy(dataset, arm, status="succeeded", conn=conn) is not None
+
+    def deploys(
+        self, dataset: str, *, arm: str | None = None, limit: int = 100
+    ) -> list[DeployRecord]:
+        """Recent deploys of `dataset` (newest first)."""
+        where: sql.Composable = sql.SQL("dataset = %s")
+        params: list[Any] = [dataset]
+        if arm is not None:
+            where = sql.SQL("{} AND arm = %s").format(where)
+            params.append(arm)
+        params.append(limit)
+        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT %s").format(
+            _columns(_DEPLOY_COLUMNS), _t("deploys"), where
+        )
+        with self._tx(None) as c:
+            return [DeployRecord(*r) for r in c.execute(query, params).fetchall()]
+
+    def record_divergence(
+        self,
+        dataset: str,
+        *,
+        run_id: str | None,
+        error: str,
+        window: Window | str | None = None,
+        snapshot_id: int | None = None,
+        strategy: str | None = None,
+        write_mode: str | None = None,
+        started_at: datetime | None = None,
+    ) -> DeployRecord:
+        """The Postgres commit failed after the Iceberg commit of a `dual` write: record both a
+        `diverged` legacy deploy and a failed parity result (so status and drain see it)."""
+        with self._tx(None) as c:
+            record = self.record_deploy(
+                dataset,
+                "pg",
+                status="diverged",
+                run_id=run_id,
+                strategy=strategy,
+                write_mode=write_mode,
+                window=window,
+                snapshot_id=snapshot_id,
+                started_at=started_at,
+                error=error,
+                conn=c,
+            )
+            self.record_parity(
+                dataset,
+                passed=False,
+                pg_count=None,
+                iceberg_count=None,
+                run_id=run_id,
+                details={
+                    "reason": "diverged",
+                    "error": error,
+                    "deploy_id": record.id,
+                    "iceberg_snapshot_id": snapshot_id,
+                },
+                conn=c,
+            )
+        return record
+
+    # -- mode flips ----------------------------------------------------------------------------
+
+    def flip(self, dataset: str, mode: str, *, who: str, reason: str | None = None) -> FlipRecord:
+        """Persist `dataset`'s mode (pg | iceberg | dual) with history; returns the history row."""
+        if mode not in MODES:
+            raise UnknownMode(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+        check_identifier(dataset, what="dataset name")
+        if not who:
+            raise ValueError("a flip needs `who` (the person or process flipping)")
+        with self._tx(None) as c:
+            c.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"flip:{dataset}"),))
+            current = self.current_flip(dataset, conn=c)
+            row = c.execute(
+                sql.SQL(
+                    "INSERT INTO {} (dataset, from_mode, to_mode, who, reason)"
+                    " VALUES (%s, %s, %s, %s, %s) RETURNING {}"
+                ).format(_t("mode_flips"), _columns(_FLIP_COLUMNS)),
+                (dataset, current, mode, who, reason),
+            ).fetchone()
+            assert row is not None
+            record = FlipRecord(*row)
+            c.execute(
+                sql.SQL(
+                    "INSERT INTO {} (dataset, mode, flip_id) VALUES (%s, %s, %s)"
+                    " ON CONFLICT (dataset) DO UPDATE SET mode = EXCLUDED.mode,"
+                    " flip_id = EXCLUDED.flip_id, updated_at = clock_timestamp()"
+                ).format(_t("dataset_modes")),
+                (dataset, mode, record.id),
+            )
+        return record
+
+    def current_flip(
+        self, dataset: str, *, conn: psycopg.Connection[Any] | None = None
+    ) -> str | None:
+        """The persisted mode of `dataset`, or None when it was never flipped."""
+        query = sql.SQL("SELECT mode FROM {} WHERE dataset = %s").format(_t("dataset_modes"))
+        with self._tx(conn) as c:
+            row = c.execute(query, (dataset,)).fetchone()
+        return str(row[0]) if row is not None else None
+
+    def flips(self) -> dict[str, str]:
+        """Every persisted flip: dataset -> mode."""
+        query = sql.SQL("SELECT dataset, mode FROM {} ORDER BY dataset").format(_t("dataset_modes"))
+        with self._tx(None) as c:
+            return {str(d): str(m) for d, m in c.execute(query).fetchall()}
+
+    def flip_history(self, dataset: str) -> list[FlipRecord]:
+        """Every flip of `dataset`, oldest first."""
+        query = sql.SQL("SELECT {} FROM {} WHERE dataset = %s ORDER BY id").format(
+            _columns(_FLIP_COLUMNS), _t("mode_flips")
+        )
+        with self._tx(None) as c:
+            return [FlipRecord(*r) for r in c.execute(query, (dataset,)).fetchall()]
+
+    # -- parity --------------------------------------------------------------------------------
+
+    def record_parity(
+        self,
+        dataset: str,
+        *,
+        passed: bool,
+        pg_count: int | None,
+        iceberg_count: int | None,
+        differing_keys: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+        details: Mapping[str, Any] | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> ParityRecord:
+        """Record one parity check (`differing_keys`: e.g. {"only_in_pg": [...], ...})."""
+        query = sql.SQL(
+            "INSERT INTO {} (dataset, run_id, passed, pg_count, iceberg_count, differing_keys,"
+            " details) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING {}"
+        ).format(_t("parity_results"), _columns(_PARITY_COLUMNS))
+        params = (
+            dataset,
+            run_id,
+            passed,
+            pg_count,
+            iceberg_count,
+            Jsonb(dict(differing_keys or {})),
+            Jsonb(dict(details or {})),
+        )
+        with self._tx(conn) as c:
+            row = c.execute(query, params).fetchone()
+        assert row is not None
+        return ParityRecord(*row)
+
+    def last_parity(
+        self, dataset: str, *, conn: psycopg.Connection[Any] | None = None
+    ) -> ParityRecord | None:
+        """The most recent parity result of `dataset`, or None."""
+        query = sql.SQL("SELECT {} FROM {} WHERE dataset = %s ORDER BY id DESC LIMIT 1").format(
+            _columns(_PARITY_COLUMNS), _t("parity_results")
+        )
+        with self._tx(conn) as c:
+            row = c.execute(query, (dataset,)).fetchone()
+        return ParityRecord(*row) if row is not None else None
