@@ -32,7 +32,7 @@ def main() -> None:
 
 
 def _register() -> None:
-    from pipeline_output.commands import demo, dev, env, materialize, pg, plan, windows
+    from pipeline_output.commands import canary, demo, dev, env, materialize, pg, plan, windows
 
     main.add_command(dev.dev)
     main.add_command(materialize.materialize)
@@ -41,6 +41,10 @@ def _register() -> None:
     main.add_command(demo.demo)
     main.add_command(plan.plan)
     main.add_command(windows.windows)
+    main.add_command(canary.flip)
+    main.add_command(canary.status)
+    main.add_command(canary.parity)
+    main.add_command(canary.drain)
 
 
 _register()

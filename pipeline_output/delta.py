@@ -106,13 +106,14 @@ def _find_pg_marker(publisher: Publisher, spec: DatasetSpec, row: WindowRow) -> 
     ledger = publisher.ledger
     if ledger is None or row.started_at is None:
         return None
-    finder = getattr(ledger, "find_deploy", None)
-    if finder is None:
-        return None
-    found: int | None = finder(
-        dataset=spec.name, arm="pg", window_key=row.partition_key, since=row.started_at
-    )
-    return found
+    for deploy in ledger.deploys(spec.name, arm="pg", limit=50):
+        if (
+            deploy.status == "succeeded"
+            and deploy.window_key == row.partition_key
+            and deploy.finished_at >= row.started_at
+        ):
+            return int(deploy.id)
+    return None
 
 
 def _committed(

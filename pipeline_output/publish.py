@@ -201,10 +201,13 @@ class Publisher:
         except Exception as exc:
             if self.ledger is not None:
                 self.ledger.record_divergence(
-                    dataset=spec.name,
+                    spec.name,
                     run_id=run_id,
-                    detail=f"Iceberg committed snapshot {out.results['iceberg'].snapshot_id} but the "
-                    f"Postgres commit failed: {type(exc).__name__}: {exc}",
+                    error=f"Iceberg committed snapshot {out.results['iceberg'].snapshot_id} but "
+                    f"the Postgres commit failed: {type(exc).__name__}: {exc}",
+                    window=window,
+                    snapshot_id=out.results["iceberg"].snapshot_id,
+                    strategy=spec.strategy,
                 )
             raise PipelineOutputError(
                 f"dataset {spec.name!r}: dual write diverged — Iceberg committed, the Postgres "
@@ -223,9 +226,17 @@ class Publisher:
     ) -> WriteResult:
         """Run one arm's write and record it in the ledger (when there is one)."""
         result: WriteResult = write()
-        if self.ledger is not None and arm == "iceberg":
+        if self.ledger is not None and arm == "iceberg" and not result.noop:
+            # the pg arm records its own deploy inside its transaction; Iceberg's is recorded here
             self.ledger.record_deploy(
-                spec=spec, arm=arm, run_id=run_id, window=window, result=result
+                spec.name,
+                "iceberg",
+                status="succeeded",
+                run_id=run_id,
+                strategy=spec.strategy,
+                window=window,
+                result=result,
+                snapshot_id=result.snapshot_id,
             )
         return result
 

@@ -15,6 +15,7 @@ from pipeline_output.defs.dataset import spec_of
 from pipeline_output.defs.delta import DEFAULT_SENSOR_INTERVAL_S, build_window_sensor
 from pipeline_output.defs.io_manager import DatasetIOManager
 from pipeline_output.defs.keys import ALL_DATASETS_JOB, IO_MANAGER_KEY
+from pipeline_output.defs.parity import parity_check
 from pipeline_output.defs.sources import source_spec_of
 
 
@@ -30,6 +31,7 @@ def build_definitions(
     resources: Mapping[str, Any] | None = None,
     executor: Any = None,
     sensor_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S,
+    with_parity_checks: bool = True,
 ) -> dg.Definitions:
     """Definitions for pipeline-output datasets and their sources.
 
@@ -41,6 +43,11 @@ def build_definitions(
     source_specs = {s.name: s for s in (source_spec_of(a) for a in sources) if s is not None}
     all_sensors = list(sensors)
     dataset_keys: list[dg.AssetKey] = []
+    all_checks = list(asset_checks)
+    for asset in [*datasets, *assets]:
+        spec = spec_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
+        if spec is not None and with_parity_checks:
+            all_checks.append(parity_check(spec, asset.key))
     for asset in datasets:
         spec = spec_of(asset)
         if spec is None or spec.delta is None:
@@ -64,7 +71,7 @@ def build_definitions(
         )
     return dg.Definitions(
         assets=[*sources, *datasets, *assets],
-        asset_checks=list(asset_checks),
+        asset_checks=all_checks,
         sensors=all_sensors,
         schedules=list(schedules),
         jobs=all_jobs,

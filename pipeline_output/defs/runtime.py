@@ -12,11 +12,13 @@ from dataclasses import dataclass
 import psycopg
 from pyiceberg.catalog import Catalog
 
+from pipeline_output.ledger.ledger import Ledger
 from pipeline_output.ledger.migrations import migrate
 from pipeline_output.ledger.windows import WindowLedger
 from pipeline_output.publish import Publisher
 from pipeline_output.settings import Settings, default_mode, dual_read_arm, get_settings
 from pipeline_output.stores.iceberg import IcebergStore
+from pipeline_output.stores.postgres import PostgresStore
 
 _lock = threading.Lock()
 _cache: dict[str, Runtime] = {}
@@ -33,6 +35,20 @@ class Runtime:
     publisher: Publisher
     windows: WindowLedger
 
+    @property
+    def ledger(self) -> Ledger:
+        """The control-plane ledger (deploys, flips, parity)."""
+        ledger = self.publisher.ledger
+        assert isinstance(ledger, Ledger)
+        return ledger
+
+    @property
+    def postgres(self) -> PostgresStore:
+        """The legacy arm."""
+        store = self.publisher.postgres
+        assert isinstance(store, PostgresStore)
+        return store
+
 
 def get_runtime(settings: Settings | None = None) -> Runtime:
     """The runtime for `settings` (default: the environment now), built once per process."""
@@ -48,8 +64,12 @@ def get_runtime(settings: Settings | None = None) -> Runtime:
         iceberg = IcebergStore(catalog, settings.namespace, lock=AdvisoryLock(pg_url))
         with psycopg.connect(pg_url) as conn:
             migrate(conn)
+        ledger = Ledger(pg_url)
+        postgres = PostgresStore(pg_url, ledger=ledger)
         publisher = Publisher(
             iceberg=iceberg,
+            postgres=postgres,
+            ledger=ledger,
             project_default=default_mode(),  # type: ignore[arg-type]
             dual_reads_from=dual_read_arm(),  # type: ignore[arg-type]
         )

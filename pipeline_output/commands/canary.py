@@ -1,0 +1,106 @@
+"""`pipeline-output flip|status|parity|drain`: the per-dataset migration off the legacy arm."""
+
+from __future__ import annotations
+
+import getpass
+
+import click
+
+from pipeline_output.commands.loading import dataset_specs
+from pipeline_output.errors import PipelineOutputError
+
+
+def _spec(dataset: str):  # type: ignore[no-untyped-def]
+    specs = dataset_specs()
+    if dataset not in specs:
+        raise PipelineOutputError(
+            f"unknown dataset {dataset!r}; known datasets: {', '.join(sorted(specs)) or '(none)'}"
+        )
+    return specs[dataset]
+
+
+@click.command()
+@click.argument("dataset")
+@click.argument("mode")
+@click.option("--reason", default=None, help="Why (kept in the flip history).")
+@click.option("--who", default=None, help="Who flips (default: the OS user).")
+def flip(dataset: str, mode: str, reason: str | None, who: str | None) -> None:
+    """Persist DATASET's mode: pg, iceberg or dual (history: who, when, from, to)."""
+    from pipeline_output.canary import flip as do_flip
+    from pipeline_output.defs.runtime import get_runtime
+
+    record = do_flip(
+        get_runtime().publisher,
+        dataset_specs(),
+        dataset,
+        mode,
+        who=who or getpass.getuser(),
+        reason=reason,
+    )
+    click.echo(
+        f"{dataset}: {record.from_mode or '(default)'} -> {record.to_mode} "
+        f"by {record.who} at {record.at:%Y-%m-%d %H:%M:%S}"
+    )
+
+
+@click.command()
+def status() -> None:
+    """Every dataset: mode and its source, last deploy per arm, rows per arm, last parity."""
+    from pipeline_output.canary import status as board
+    from pipeline_output.defs.runtime import get_runtime
+
+    rows = board(get_runtime().publisher, dataset_specs())
+    header = (
+        "dataset",
+        "mode",
+        "from",
+        "last pg deploy",
+        "last iceberg deploy",
+        "pg rows",
+        "iceberg rows",
+        "parity",
+    )
+    body = [
+        (
+            r.dataset,
+            r.mode,
+            r.mode_source,
+            r.last_pg_deploy,
+            r.last_iceberg_deploy,
+            "-" if r.pg_rows is None else str(r.pg_rows),
+            "-" if r.iceberg_rows is None else str(r.iceberg_rows),
+            r.last_parity,
+        )
+        for r in rows
+    ]
+    widths = [max(len(x) for x in col) for col in zip(header, *body, strict=False)]
+    for row in [header, *body]:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)).rstrip())
+
+
+@click.command()
+@click.argument("dataset")
+def parity(dataset: str) -> None:
+    """Compare DATASET's two arms now (exit code 1 on a mismatch) and record the result."""
+    from pipeline_output.canary import check_parity
+    from pipeline_output.defs.runtime import get_runtime
+
+    report = check_parity(get_runtime().publisher, _spec(dataset))
+    click.echo(report.summary())
+    if not report.passed:
+        if report.only_in_pg:
+            click.echo(f"  only in pg: {report.only_in_pg}")
+        if report.only_in_iceberg:
+            click.echo(f"  only in iceberg: {report.only_in_iceberg}")
+        raise SystemExit(1)
+
+
+@click.command()
+@click.argument("dataset")
+def drain(dataset: str) -> None:
+    """Delete DATASET's legacy rows (only when flipped to iceberg and parity last passed)."""
+    from pipeline_output.canary import drain as do_drain
+    from pipeline_output.defs.runtime import get_runtime
+
+    removed = do_drain(get_runtime().publisher, _spec(dataset))
+    click.echo(f"{dataset}: drained {removed} legacy row(s); native re-deploys are unaffected")
