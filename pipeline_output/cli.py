@@ -32,7 +32,17 @@ def main() -> None:
 
 
 def _register() -> None:
-    from pipeline_output.commands import canary, demo, dev, env, materialize, pg, plan, windows
+    from pipeline_output.commands import (
+        canary,
+        demo,
+        dev,
+        doctor,
+        env,
+        materialize,
+        pg,
+        plan,
+        windows,
+    )
 
     main.add_command(dev.dev)
     main.add_command(materialize.materialize)
@@ -45,6 +55,7 @@ def _register() -> None:
     main.add_command(canary.status)
     main.add_command(canary.parity)
     main.add_command(canary.drain)
+    main.add_command(doctor.doctor)
 
 
 _register()
