@@ -427,26 +427,35 @@ class _Merge:
                 inserted=self.frame.height,
                 deleted=deleted,
             )
+        # Rows inside the window are replaced. For a keyed dataset a computed key that exists
+        # outside the window (its row moved into this window) is replaced too: keys stay unique.
         window, wm = plan.window, self._watermark()
+        pk = list(self.spec.primary_key)
+        by_key = {id(t) for t in self._prune_by_keys(tasks)} if pk else set()
         changes = _Changes(new_frames=[self.frame], inserted=self.frame.height)
         straddling: list[FileScanTask] = []
         for task in tasks:
             relation = _window_relation(task, self.schema, wm, window)
-            if relation == "outside":
+            if relation == "outside" and id(task) not in by_key:
                 changes.preserved += task.file.record_count
             elif relation == "inside" and not task.delete_files:
                 changes.deleted_files.append(task.file)
                 changes.deleted += task.file.record_count
             else:
                 straddling.append(task)
+        keys = self.frame.select(pk).with_columns(pl.lit(True).alias("__po_hit__")) if pk else None
         for task, rows in zip(straddling, self._read(straddling), strict=True):
-            in_window = rows.filter(window.contains(wm).fill_null(False))
-            if in_window.height == 0:
+            drop = rows.select(window.contains(wm).fill_null(False)).to_series()
+            if keys is not None:
+                hit = rows.select(pk).join(keys, on=pk, how="left", nulls_equal=True)
+                drop = drop | hit.get_column("__po_hit__").is_not_null()
+            n_drop = int(drop.sum())
+            if n_drop == 0:
                 changes.preserved += rows.height
                 continue
-            kept = rows.filter(~window.contains(wm).fill_null(False))
+            kept = rows.filter(~drop)
             changes.deleted_files.append(task.file)
-            changes.deleted += in_window.height
+            changes.deleted += n_drop
             changes.preserved += kept.height
             changes.new_frames.append(_sorted(kept, self.spec))
         return changes
@@ -567,7 +576,8 @@ class _Merge:
 
     def _watermark(self) -> str:
         wm = self.spec.watermark
-        if wm is None or wm not in _schema_names(self.schema):
+        # the table as it was before this write (a column added now holds no watermarks yet)
+        if wm is None or wm not in _schema_names(self.table.schema()):
             raise BadInput(
                 f"dataset {self.spec.name!r}: a windowed write needs the watermark column "
                 f"{wm!r} in the table"
@@ -727,6 +737,8 @@ def _align(
 def _sorted(frame: pl.DataFrame, spec: DatasetSpec) -> pl.DataFrame:
     cols = [c for c in spec.sort_columns if c in frame.columns]
     if not cols or frame.height < 2:
+        return frame
+    if len(cols) == 1 and frame.get_column(cols[0]).is_sorted():
         return frame
     return frame.sort(cols, nulls_last=False, maintain_order=True)
 

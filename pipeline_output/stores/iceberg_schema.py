@@ -23,9 +23,13 @@ from pyiceberg.types import (
     FloatType,
     IcebergType,
     IntegerType,
+    ListType,
     LongType,
+    MapType,
     NestedField,
     PrimitiveType,
+    StringType,
+    StructType,
 )
 
 from pipeline_output.errors import SchemaMismatch
@@ -44,7 +48,13 @@ def iceberg_type_of(dtype_schema: pa.Schema, name: str) -> IcebergType:
 
 
 def initial_schema(spec: DatasetSpec, frame: pl.DataFrame) -> tuple[Schema, SortOrder]:
-    """The create-time schema (primary key required + identifier fields) and sort order."""
+    """The create-time schema (primary key required + identifier fields) and sort order.
+
+    A column of polars' `Null` type (no values, no type) is created as a string column.
+    """
+    nulls = [c for c, t in frame.schema.items() if t == pl.Null]
+    if nulls:
+        frame = frame.with_columns([pl.col(c).cast(pl.String) for c in nulls])
     arrow = arrow_schema_of(frame)
     pk = set(spec.primary_key)
     arrow = pa.schema(
@@ -85,10 +95,33 @@ class Evolution:
         return not self.add and not self.widen
 
 
+def canonical_type(t: IcebergType) -> str:
+    """A type's shape without field ids (nested types compare by names, types and required-ness)."""
+    if isinstance(t, ListType):
+        return f"list<{canonical_type(t.element_type)}{'!' if t.element_required else ''}>"
+    if isinstance(t, MapType):
+        return (
+            f"map<{canonical_type(t.key_type)},{canonical_type(t.value_type)}"
+            f"{'!' if t.value_required else ''}>"
+        )
+    if isinstance(t, StructType):
+        inner = ",".join(
+            f"{f.name}:{canonical_type(f.field_type)}{'!' if f.required else ''}" for f in t.fields
+        )
+        return f"struct<{inner}>"
+    return str(t)
+
+
 def _widens_to(source: IcebergType, target: IcebergType) -> bool:
     """Whether values of `source` can be written into a `target` column without loss."""
-    if source == target:
+    if source == target or canonical_type(source) == canonical_type(target):
         return True
+    if (
+        isinstance(source, (ListType, MapType, StructType))
+        and type(source) is type(target)
+        and canonical_type(source).replace("!", "") == canonical_type(target).replace("!", "")
+    ):
+        return True  # nested required-ness differs only: polars' Arrow output is all-nullable
     if isinstance(source, IntegerType) and isinstance(target, LongType):
         return True
     if isinstance(source, FloatType) and isinstance(target, DoubleType):
@@ -107,6 +140,11 @@ def plan_evolution(spec: DatasetSpec, table_schema: Schema, frame: pl.DataFrame)
     evolution = Evolution()
     table_names = {f.name for f in table_schema.fields}
     for name in frame.columns:
+        if frame.schema[name] == pl.Null:
+            # an all-null column of no type: takes the table's type, or string when new
+            if name not in table_names:
+                evolution.add.append((name, StringType()))
+            continue
         new_type = iceberg_type_of(arrow, name)
         if name not in table_names:
             if name in spec.primary_key:

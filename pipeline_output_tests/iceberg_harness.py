@@ -1,0 +1,201 @@
+"""Shared helpers for the Iceberg-arm tests: build stores, read back through a fresh catalog handle,
+and check one write against the oracle (contents, counters, snapshots, summary properties).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+import pipeline_output
+from pipeline_output import DatasetSpec, IcebergStore, Window, WriteResult
+from pipeline_output.locks import AdvisoryLock
+from pipeline_output_tests.oracle import Expected, assert_same_multiset, canonical, expect
+
+NS = "datasets"
+PROP = "pipeline-output."
+
+
+def customers(ids: Any, *, version: int = 0, seq: Any = None) -> pl.DataFrame:
+    """A small typed frame: id int64, name string, amount float64, day date, seq int64."""
+    ids = list(ids)
+    seqs = list(seq) if seq is not None else ids
+    return pl.DataFrame(
+        {
+            "id": pl.Series(ids, dtype=pl.Int64),
+            "name": [f"c{i}-v{version}" for i in ids],
+            "amount": pl.Series([i * 1.5 + version for i in ids], dtype=pl.Float64),
+            "day": pl.Series([date(2024, 1, 1 + (i % 28)) for i in ids], dtype=pl.Date),
+            "seq": pl.Series(seqs, dtype=pl.Int64),
+        }
+    )
+
+
+def as_kind(frame: pl.DataFrame, kind: str) -> Any:
+    """The same rows as a polars DataFrame, LazyFrame or Arrow table."""
+    if kind == "polars":
+        return frame
+    if kind == "lazy":
+        return frame.lazy()
+    if kind == "arrow":
+        return frame.to_arrow()
+    raise AssertionError(kind)
+
+
+@dataclass
+class Harness:
+    """One test's view of the warehouse: a writing store and fresh read-back handles."""
+
+    catalog: Any
+    fresh_catalog: Any
+    pg_db_url: str
+
+    def store(self, catalog: Any = None) -> IcebergStore:
+        return IcebergStore(
+            catalog if catalog is not None else self.catalog, NS, lock=AdvisoryLock(self.pg_db_url)
+        )
+
+    def fresh(self) -> Any:
+        """A new catalog handle whose pooled connections are closed right away (the engine
+        reconnects on demand), so many handles never exhaust the server's connection slots."""
+        cat = self.fresh_catalog()
+        cat.engine.dispose()
+        return cat
+
+    def table(self, spec: DatasetSpec | str, cat: Any = None) -> Any:
+        name = spec if isinstance(spec, str) else spec.name
+        cat = cat or self.fresh()
+        table = cat.load_table((NS, name))
+        cat.engine.dispose()
+        return table
+
+    def exists(self, spec: DatasetSpec | str, cat: Any = None) -> bool:
+        name = spec if isinstance(spec, str) else spec.name
+        cat = cat or self.fresh()
+        found = bool(cat.table_exists((NS, name)))
+        cat.engine.dispose()
+        return found
+
+    def snapshot_ids(self, spec: DatasetSpec | str, cat: Any = None) -> list[int]:
+        cat = cat or self.fresh()
+        if not self.exists(spec, cat):
+            return []
+        return [s.snapshot_id for s in self.table(spec, cat).snapshots()]
+
+    def raw(self, spec: DatasetSpec | str, cat: Any = None) -> pl.DataFrame:
+        """The table as pyiceberg itself scans it (no pipeline_output code involved)."""
+        arrow: pa.Table = self.table(spec, cat).scan().to_arrow()
+        return pl.from_arrow(arrow)  # type: ignore[return-value]
+
+    def contents(self, spec: DatasetSpec, cat: Any = None) -> pl.DataFrame | None:
+        """Committed contents via a fresh store's `read`, cross-checked with a raw pyiceberg scan;
+        None when the target has no committed write (the freshness oracle's 'first deploy')."""
+        cat = cat or self.fresh()
+        if not self.exists(spec, cat) or self.table(spec, cat).current_snapshot() is None:
+            return None
+        got = self.store(cat).read(spec)
+        cat.engine.dispose()
+        raw = self.raw(spec, cat)
+        assert_same_multiset(got, raw)
+        return got
+
+    def write_and_check(
+        self,
+        spec: DatasetSpec,
+        data: pl.DataFrame,
+        *,
+        window: Window | None = None,
+        run_id: str = "r1",
+        kind: str = "polars",
+        check_counters: bool = True,
+    ) -> tuple[WriteResult, Expected]:
+        """Write `data`, then check everything the oracle predicts about that write."""
+        cat = self.fresh()
+        before = self.contents(spec, cat)
+        before_ids = self.snapshot_ids(spec, cat)
+        before_current = self.table(spec, cat).current_snapshot() if before_ids else None
+        exp = expect(
+            spec.strategy,
+            before,
+            data,
+            list(spec.primary_key),
+            window=(window.low, window.high) if window is not None else None,
+            watermark=spec.delta.watermark if spec.delta else None,
+        )
+        res = self.store().write(spec, as_kind(data, kind), window=window, run_id=run_id)
+
+        assert res.write_mode == exp.write_mode, (res.write_mode, exp.write_mode)
+        assert res.first_deploy is exp.first_deploy
+        cat = self.fresh()  # a new handle: nothing cached from before the write
+        after = self.contents(spec, cat)
+        assert after is not None or exp.table.height == 0
+        if after is not None:
+            assert_same_multiset(after, exp.table)
+
+        # A replace of data identical to the target may be a no-op or a snapshot: accept both.
+        identical_replace = (
+            exp.write_mode == "replace"
+            and before is not None
+            and sorted(before.columns) == sorted(exp.table.columns)
+            and canonical(before).equals(canonical(exp.table))
+        )
+        # An empty first deploy may commit an empty snapshot (marking the deploy) or none.
+        identical_replace = identical_replace or (exp.first_deploy and data.height == 0)
+        after_ids = self.snapshot_ids(spec, cat)
+        new_ids = [i for i in after_ids if i not in before_ids]
+        if identical_replace and res.snapshot_id is None:
+            assert new_ids == []
+        elif exp.changes or identical_replace:
+            assert res.snapshot_id is not None, "a write that changes the table must commit"
+            assert new_ids == [res.snapshot_id], f"expected one new snapshot, got {new_ids}"
+            self.check_summary(spec, res, run_id=run_id, window=window, cat=cat)
+            snap = self.table(spec, cat).current_snapshot()
+            assert snap.snapshot_id == res.snapshot_id
+            if before_current is not None:
+                assert snap.parent_snapshot_id == before_current.snapshot_id
+        else:
+            assert res.snapshot_id is None, "a no-op write must not commit"
+            assert new_ids == [], f"a no-op write created snapshots {new_ids}"
+
+        if check_counters:
+            counters = dict(exp.counters)
+            if identical_replace:
+                counters = {k: counters[k] for k in ("rows_in", "rows_total_after")}
+            got = {k: getattr(res, k) for k in counters}
+            assert got == counters, f"counters: got {got}, oracle {counters}"
+        assert res.rows_total_after == exp.table.height
+        return res, exp
+
+    def check_summary(
+        self,
+        spec: DatasetSpec,
+        res: WriteResult,
+        *,
+        run_id: str,
+        window: Window | None,
+        cat: Any = None,
+    ) -> None:
+        snap = self.table(spec, cat).snapshot_by_id(res.snapshot_id)
+        props = dict(snap.summary.additional_properties)
+        assert props.get(PROP + "dataset") == spec.name, props
+        assert props.get(PROP + "strategy") == spec.strategy, props
+        assert props.get(PROP + "write-mode") == res.write_mode, props
+        assert props.get(PROP + "run-id") == run_id, props
+        assert props.get(PROP + "version") == pipeline_output.__version__, props
+        if window is None:
+            assert PROP + "window" not in props, props
+        else:
+            text = props.get(PROP + "window")
+            assert text, props
+            for bound in (window.low, window.high):
+                if bound is None:
+                    continue
+                spellings = {str(bound), bound.isoformat() if hasattr(bound, "isoformat") else ""}
+                spellings.add(window.to_key())
+                assert any(s and s in text for s in spellings) or window.to_key() == text, text
+        # Iceberg's own row count agrees with what the store reports.
+        assert int(props["total-records"]) == res.rows_total_after
