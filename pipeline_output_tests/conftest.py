@@ -7,6 +7,8 @@ No mocks: every fixture hands out real servers, databases and catalogs, and remo
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,17 +25,23 @@ TEST_PG_URL = "PIPELINE_OUTPUT_TEST_PG_URL"
 
 
 @pytest.fixture(scope="session")
-def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """libpq URI of a real Postgres server for the whole session."""
+def pg_url() -> Iterator[str]:
+    """libpq URI of a real Postgres server for the whole session.
+
+    Its data directory lives outside pytest's numbered temp dirs: pytest deletes all but the newest
+    three of those, so a concurrent pytest session could delete a running server's data.
+    """
     external = os.environ.get(TEST_PG_URL)
     if external:
         yield external
         return
-    data_dir = tmp_path_factory.mktemp("pg") / "data"
+    root = Path(tempfile.mkdtemp(prefix="po-test-pg-"))
+    data_dir = root / "data"
     try:
         yield embedded_pg.start(data_dir=data_dir)
     finally:
         embedded_pg.stop(data_dir=data_dir)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
