@@ -9,11 +9,13 @@ write in progress, whose files are not committed yet, is never touched). Pure co
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 from pyiceberg.catalog import Catalog
+from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.table import Table
 
 DEFAULT_GRACE_S = 3600.0
@@ -27,6 +29,9 @@ class Orphan:
     path: str
     size: int
     age_s: float
+    # The table FileIO's properties (endpoint, credentials of an object store): needed to delete
+    # the file later. Not compared, never printed.
+    io_properties: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
 def referenced_files(table: Table) -> set[str]:
@@ -41,15 +46,27 @@ def referenced_files(table: Table) -> set[str]:
 
 
 def _norm(path: str) -> str:
-    return path.removeprefix("file://")
+    """A location as the filesystem lists it: a local path, or `bucket/key` for object stores."""
+    parsed = urlparse(path)
+    if parsed.scheme in ("", "file"):
+        return path.removeprefix("file://")
+    return f"{parsed.netloc}{parsed.path}"
 
 
-def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+def _filesystem(
+    location: str, properties: Mapping[str, str] | None = None
+) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem and in-filesystem path of `location`.
+
+    Object stores (s3://, gs://, ...) are opened the way the table's own FileIO opens them, from
+    its properties (`s3.endpoint`, credentials, region, ...), so a non-AWS endpoint works.
+    """
     parsed = urlparse(location)
     if parsed.scheme in ("", "file"):
         return pafs.LocalFileSystem(), parsed.path if parsed.scheme else location
-    fs, path = pafs.FileSystem.from_uri(location)
-    return fs, path
+    props = dict(properties or {})
+    scheme, netloc, path = PyArrowFileIO.parse_location(location, props)
+    return PyArrowFileIO(props).fs_by_scheme(scheme, netloc), path
 
 
 def find_orphans(
@@ -61,7 +78,10 @@ def find_orphans(
     for identifier in catalog.list_tables(namespace):
         table = catalog.load_table(identifier)
         referenced = referenced_files(table)
-        fs, base = _filesystem(table.location().rstrip("/") + "/data")
+        props = dict(table.io.properties)
+        location = table.location().rstrip("/")
+        fs, base = _filesystem(location + "/data", props)
+        prefix = location[: len(location) - len(_norm(location))]  # "s3://" or ""
         try:
             infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
         except OSError:
@@ -75,8 +95,15 @@ def find_orphans(
             age = now - mtime
             if age < grace_s:
                 continue
+            path = info.path if prefix in ("", "file://") else prefix + info.path
             out.append(
-                Orphan(table=".".join(identifier), path=info.path, size=info.size or 0, age_s=age)
+                Orphan(
+                    table=".".join(identifier),
+                    path=path,
+                    size=info.size or 0,
+                    age_s=age,
+                    io_properties=props,
+                )
             )
     return out
 
@@ -85,7 +112,7 @@ def remove_orphans(orphans: list[Orphan]) -> int:
     """Delete the given orphan files; returns how many were removed."""
     removed = 0
     for orphan in orphans:
-        fs, path = _filesystem(orphan.path)
+        fs, path = _filesystem(orphan.path, orphan.io_properties)
         try:
             fs.delete_file(path)
             removed += 1

@@ -80,6 +80,7 @@ class PublishResult:
     mode: ResolvedMode
     results: dict[str, WriteResult] = field(default_factory=dict)
     plans: dict[str, WritePlan] = field(default_factory=dict)
+    window: Window | None = None
 
     @property
     def primary(self) -> WriteResult:
@@ -144,7 +145,7 @@ class Publisher:
         `summary` adds `pipeline-output.*` properties to the Iceberg snapshot (window markers).
         """
         self._require_arms(spec, mode)
-        out = PublishResult(dataset=spec.name, mode=mode)
+        out = PublishResult(dataset=spec.name, mode=mode, window=window)
         if isinstance(data, pl.LazyFrame):
             data = data.collect()
         if mode.mode == "iceberg":

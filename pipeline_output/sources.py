@@ -10,6 +10,7 @@ unix-socket support). Pure core: no Dagster.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -118,7 +119,9 @@ def read_postgres(
         raise BadInput(f"source {source.name!r}: a window read needs a watermark column")
     where, params = _window_clause(str(source.watermark), window)
     select = sql.SQL("SELECT {} FROM {}{} ORDER BY {}").format(
-        sql.SQL(", ").join(sql.Identifier(c) for c in cols) if cols else sql.SQL("1 AS _"),
+        sql.SQL(", ").join(_select_expr(c, available[c]) for c in cols)
+        if cols
+        else sql.SQL("1 AS _"),
         _qualified(source),
         where,
         sql.SQL(", ").join(sql.SQL(str(i + 1)) for i in range(max(len(cols), 1))),
@@ -132,7 +135,34 @@ def read_postgres(
         table = cur.fetch_arrow_table()
     frame = pl.from_arrow(table)
     assert isinstance(frame, pl.DataFrame)
-    return frame if cols else frame.select([])
+    if not cols:
+        return frame.select([])
+    casts = [
+        pl.col(c).cast(dtype) for c in cols if (dtype := _numeric_dtype(available[c])) is not None
+    ]
+    return frame.with_columns(casts) if casts else frame
+
+
+_NUMERIC = re.compile(r"^numeric(?:\((\d+),(\d+)\))?$")
+
+
+def _numeric_dtype(pg_type: str) -> pl.DataType | None:
+    """Postgres `numeric(p,s)` -> polars Decimal(p, s); unconstrained `numeric` -> Float64."""
+    match = _NUMERIC.match(pg_type.replace(" ", ""))
+    if match is None:
+        return None
+    if match.group(1) is None:
+        return pl.Float64()
+    precision, scale = int(match.group(1)), int(match.group(2))
+    return pl.Decimal(precision, scale) if precision <= 38 else pl.Float64()
+
+
+def _select_expr(column: str, pg_type: str) -> sql.Composable:
+    """How a column is selected: `numeric` travels as text (ADBC hands it over as an opaque
+    extension type polars cannot compute with) and is cast back to a decimal in polars."""
+    if _numeric_dtype(pg_type) is not None:
+        return sql.SQL("{col}::text AS {col}").format(col=sql.Identifier(column))
+    return sql.Identifier(column)
 
 
 def scan_postgres(source: SourceSpec, url: str, *, window: Window | None = None) -> pl.LazyFrame:
@@ -163,7 +193,7 @@ def _polars_schema(source: SourceSpec, url: str, available: dict[str, str]) -> p
     import adbc_driver_postgresql.dbapi as adbc
 
     query = sql.SQL("SELECT {} FROM {} LIMIT 0").format(
-        sql.SQL(", ").join(sql.Identifier(c) for c in available), _qualified(source)
+        sql.SQL(", ").join(_select_expr(c, t) for c, t in available.items()), _qualified(source)
     )
     with psycopg.connect(url) as conn:
         text = query.as_string(conn)
@@ -172,7 +202,12 @@ def _polars_schema(source: SourceSpec, url: str, available: dict[str, str]) -> p
         table = cur.fetch_arrow_table()
     frame = pl.from_arrow(table)
     assert isinstance(frame, pl.DataFrame)
-    return frame.schema
+    casts = [
+        pl.col(c).cast(dtype)
+        for c, t in available.items()
+        if (dtype := _numeric_dtype(t)) is not None
+    ]
+    return frame.with_columns(casts).schema if casts else frame.schema
 
 
 def postgres_stats(source: SourceSpec, url: str) -> tuple[int, Any]:

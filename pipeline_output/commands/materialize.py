@@ -28,8 +28,12 @@ def materialize(select: tuple[str, ...]) -> None:
     settings = get_settings()
     dagster_home.activate(settings)
 
+    import warnings
+
     import dagster as dg
 
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
     from pipeline_output.defs.runner import format_table
     from pipeline_output.defs.runner import materialize as run_all
 
@@ -46,7 +50,7 @@ def materialize(select: tuple[str, ...]) -> None:
             raise PipelineOutputError(f"--select {text!r} matches no asset")
     with dg.DagsterInstance.get() as instance:
         try:
-            rows = run_all(defs, instance, selection=list(select) or None)
+            rows = run_all(defs, instance, selection=list(select) or None, log_level="WARNING")
         except dg.DagsterExecutionStepExecutionError as exc:
             cause = exc.__cause__ or exc
             raise PipelineOutputError(

@@ -40,6 +40,12 @@ def source_from_metadata(raw: Any) -> SourceSpec:
     return SourceSpec(**value)
 
 
+def _to_polars_schema(arrow: Any) -> pl.Schema:
+    frame = pl.from_arrow(arrow.empty_table())
+    assert isinstance(frame, pl.DataFrame)
+    return frame.schema
+
+
 def _fault_hook() -> Any:
     """Test-only fault injection: PIPELINE_OUTPUT_FAULT=after_commit kills the process between the
     write's commit and the ledger update (read through settings, not at import time)."""
@@ -131,7 +137,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             "windows_repaired": sum(o.action == "repaired" for o in outcomes),
         }
         if last is not None:
-            meta.update(publish_metadata(last, schema=None))
+            table = runtime.iceberg.load(spec)
+            schema = _to_polars_schema(table.schema().as_arrow()) if table is not None else None
+            meta.update(publish_metadata(last, schema=schema))
         else:
             meta["note"] = "no-op: every window was already applied; nothing written"
             meta["mode"] = f"{mode.mode} (from {mode.source})"

@@ -17,6 +17,14 @@ def column_schema(schema: pl.Schema) -> dg.TableSchema:
     )
 
 
+def _why(result: PublishResult) -> str:
+    if result.primary.first_deploy:
+        return "first deploy"
+    if result.window is not None:
+        return f"window {result.window}"
+    return "re-deploy"
+
+
 def publish_metadata(result: PublishResult, *, schema: pl.Schema | None) -> dict[str, Any]:
     """Everything a user looks for after a write: mode and why, counts, snapshot, table, schema."""
     primary = result.primary
@@ -25,9 +33,7 @@ def publish_metadata(result: PublishResult, *, schema: pl.Schema | None) -> dict
         "mode": f"{result.mode.mode} (from {result.mode.source})",
         "arms": ", ".join(result.results),
         "write_mode": primary.write_mode,
-        "why": plan.reason
-        if plan is not None
-        else ("first deploy" if primary.first_deploy else "re-deploy"),
+        "why": plan.reason if plan is not None else _why(result),
         "noop": primary.noop,
         "dagster/row_count": primary.rows_total_after,
         "rows_in": primary.rows_in,

@@ -85,8 +85,10 @@ def materialize(
     instance: dg.DagsterInstance,
     *,
     selection: Sequence[str] | None = None,
+    log_level: str = "INFO",
 ) -> list[MaterialisedAsset]:
     """Plan windows, apply pending windows per delta dataset, run the other assets."""
+    run_config = {"loggers": {"console": {"config": {"log_level": log_level}}}}
     job = defs.resolve_implicit_global_asset_job_def()
     graph = defs.resolve_asset_graph()
     wanted: set[dg.AssetKey] | None = None
@@ -114,6 +116,7 @@ def materialize(
             result = job.execute_in_process(
                 instance=instance,
                 asset_selection=[key],
+                run_config=run_config,
                 tags={
                     "dagster/asset_partition_range_start": ordered[0],
                     "dagster/asset_partition_range_end": ordered[-1],
@@ -123,7 +126,10 @@ def materialize(
             summaries.extend(_summaries(result))
     if unpartitioned:
         result = job.execute_in_process(
-            instance=instance, asset_selection=unpartitioned, raise_on_error=True
+            instance=instance,
+            asset_selection=unpartitioned,
+            run_config=run_config,
+            raise_on_error=True,
         )
         summaries.extend(_summaries(result))
     return summaries

@@ -1,0 +1,354 @@
+"""The model node on real parts: a delta source scored window by window (and a plain source in
+key batches), every prediction written as ONE replace snapshot carrying `__source_row_index__`,
+predictions joined back to the source both by that index and by primary key, re-materialisation
+replacing the output, and a failing / misbehaving `predict` leaving the previous output untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+import polars as pl
+import psycopg
+import pytest
+from polars.testing import assert_frame_equal
+
+from pipeline_output import Delta, build_definitions, dataset, model_node, postgres_source
+from pipeline_output.defs.runtime import get_runtime, reset_runtime
+from pipeline_output_tests.oracle import assert_same_multiset
+
+ROW_INDEX = "__source_row_index__"
+PREFIX = "pipeline-output."
+
+# --- helpers ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def env(settings_env: Any, pg_db_url: str) -> Any:
+    reset_runtime()
+    get_runtime()
+    yield pg_db_url
+    reset_runtime()
+
+
+@pytest.fixture
+def instance() -> Any:
+    with dg.DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
+def tick(defs: dg.Definitions, instance: dg.DagsterInstance, name: str) -> list[str]:
+    sensor = defs.get_sensor_def(f"{name}__window_sensor")
+    result = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+    assert isinstance(result, dg.SensorResult)
+    for req in result.dynamic_partitions_requests or []:
+        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+    return sorted(r.partition_key for r in result.run_requests)
+
+
+def apply_windows(
+    defs: dg.Definitions, instance: dg.DagsterInstance, name: str, keys: list[str]
+) -> None:
+    if not keys:
+        return
+    job = defs.resolve_implicit_global_asset_job_def()
+    result = job.execute_in_process(
+        instance=instance,
+        asset_selection=[dg.AssetKey(name)],
+        tags={
+            "dagster/asset_partition_range_start": keys[0],
+            "dagster/asset_partition_range_end": keys[-1],
+        },
+    )
+    assert result.success
+
+
+def materialise(
+    defs: dg.Definitions, instance: dg.DagsterInstance, name: str, *, raise_on_error: bool = True
+) -> dg.ExecuteInProcessResult:
+    job = defs.resolve_implicit_global_asset_job_def()
+    return job.execute_in_process(
+        instance=instance, asset_selection=[dg.AssetKey(name)], raise_on_error=raise_on_error
+    )
+
+
+def failure_text(result: dg.ExecuteInProcessResult) -> str:
+    texts = []
+    for event in result.all_events:
+        if event.event_type_value == "STEP_FAILURE":
+            error = event.event_specific_data.error  # type: ignore[union-attr]
+            texts.append(error.to_string() if error is not None else "")
+    return "\n".join(texts)
+
+
+def output_table(name: str) -> Any:
+    return get_runtime().iceberg.load(name)
+
+
+def node_order(source: str, watermark: str, pk: list[str], snapshot_id: int) -> pl.DataFrame:
+    """Re-read the source the way the node documents it: the ledger's applied windows in order,
+    each window's rows in primary-key order, at the source snapshot the node recorded."""
+    table = get_runtime().iceberg.load(source)
+    assert table is not None
+    whole = pl.from_arrow(table.scan(snapshot_id=snapshot_id).to_arrow())
+    assert isinstance(whole, pl.DataFrame)
+    parts = []
+    for row in get_runtime().windows.applied_windows(source):
+        parts.append(whole.filter(row.window.contains(watermark)).sort(pk))
+    ordered = pl.concat(parts)
+    assert ordered.height == whole.height, "the applied windows cover every source row"
+    return ordered.with_row_index(ROW_INDEX).with_columns(pl.col(ROW_INDEX).cast(pl.Int64))
+
+
+def assert_dense_unique_index(out: pl.DataFrame) -> None:
+    assert out.schema[ROW_INDEX] == pl.Int64
+    assert out[ROW_INDEX].n_unique() == out.height
+    assert sorted(out[ROW_INDEX].to_list()) == list(range(out.height))
+
+
+# --- the demo: customer_churn over the delta dataset customers -----------------------------------
+
+
+def _churn_by_pk(preds: pl.DataFrame, source: pl.DataFrame) -> pl.DataFrame:
+    """Predictions joined to the source by key, with the model applied again to the joined rows."""
+    from pipeline_output.demo.computes import CHURN_FEATURES, churn_score
+
+    joined = preds.join(source, on="customer_id", how="inner")
+    again = churn_score(joined.select(CHURN_FEATURES))
+    return joined.select(ROW_INDEX, "customer_id", "churn_probability").with_columns(
+        again["churn_probability"].alias("recomputed")
+    )
+
+
+def test_demo_churn_two_windows_one_snapshot_row_index_joins_back_and_rematerialise_replaces(
+    env, instance
+):
+    from pipeline_output.demo import shop_data
+    from pipeline_output.demo.definitions import demo_definitions
+
+    shop_data.seed(env)
+    defs = demo_definitions()
+    apply_windows(defs, instance, "customers", tick(defs, instance, "customers"))
+    shop_data.tick(env)
+    apply_windows(defs, instance, "customers", tick(defs, instance, "customers"))
+    assert len(get_runtime().windows.applied_windows("customers")) == 2
+
+    out = materialise(defs, instance, "customer_churn")
+    table = output_table("customer_churn")
+    assert len(table.snapshots()) == 1, "two windows -> exactly one snapshot"
+    snap = table.current_snapshot()
+    preds = pl.from_arrow(table.scan().to_arrow())
+    source = get_runtime().iceberg.read("customers")
+    assert preds.height == source.height
+    assert_dense_unique_index(preds)
+    assert sorted(preds["customer_id"].to_list()) == sorted(source["customer_id"].to_list())
+
+    # the snapshot records the source snapshot and the windows read
+    source_snapshot = int(snap.summary[f"{PREFIX}model-source-snapshot"])
+    assert source_snapshot == get_runtime().iceberg.load("customers").current_snapshot().snapshot_id
+    assert snap.summary[f"{PREFIX}model-windows"].count("window") == 2
+    meta = out.get_asset_materialization_events()[-1].materialization.metadata
+    assert getattr(meta["rows_scored"], "value", None) == source.height
+    assert getattr(meta["batches_read"], "value", None) == 2
+
+    # joining back by __source_row_index__ (re-reading in the node's order) == joining by key
+    reread = node_order("customers", "updated_seq", ["customer_id"], source_snapshot)
+    by_index = preds.join(reread, on=ROW_INDEX, how="inner", suffix="_src")
+    assert by_index.height == preds.height
+    assert (by_index["customer_id"] == by_index["customer_id_src"]).all()
+    by_pk = _churn_by_pk(preds, source)
+    assert (by_pk["churn_probability"] - by_pk["recomputed"]).abs().max() < 1e-9
+    index_side = by_index.select(ROW_INDEX, "customer_id", "churn_probability").sort(ROW_INDEX)
+    pk_side = by_pk.select(ROW_INDEX, "customer_id", "churn_probability").sort(ROW_INDEX)
+    assert_frame_equal(index_side, pk_side)
+
+    # a shop tick, a new window, re-materialise: replaced, one more snapshot (not one per window)
+    shop_data.tick(env)
+    apply_windows(defs, instance, "customers", tick(defs, instance, "customers"))
+    assert len(get_runtime().windows.applied_windows("customers")) == 3
+    materialise(defs, instance, "customer_churn")
+    table = output_table("customer_churn")
+    assert len(table.snapshots()) == 2
+    preds2 = pl.from_arrow(table.scan().to_arrow())
+    source2 = get_runtime().iceberg.read("customers")
+    assert preds2.height == source2.height > source.height
+    assert_dense_unique_index(preds2)
+    assert preds2["customer_id"].n_unique() == preds2.height
+    assert set(preds2["customer_id"].to_list()) == set(source2["customer_id"].to_list())
+    by_pk2 = _churn_by_pk(preds2, source2)
+    assert (by_pk2["churn_probability"] - by_pk2["recomputed"]).abs().max() < 1e-9
+
+
+# --- a small source with five windows and a controllable predict ---------------------------------
+
+
+class Scorer:
+    """A deterministic predict whose behaviour the test switches (calls are counted)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.mode = "ok"
+        self.fail_on: int | None = None
+        self.seen_columns: list[list[str]] = []
+
+    def __call__(self, frame: pl.DataFrame) -> Any:
+        self.calls += 1
+        self.seen_columns.append(frame.columns)
+        if self.fail_on is not None and self.calls == self.fail_on:
+            raise RuntimeError(f"model blew up on call {self.calls}")
+        score = frame.select((pl.col("x") * 2 + pl.col("bump")).alias("score"))
+        if self.mode == "short":
+            return score.head(frame.height - 1)
+        if self.mode == "long":
+            return pl.concat([score, score.head(1)])
+        if self.mode == "list":
+            return score["score"].to_list()
+        if self.mode == "arrow":
+            return score.to_arrow()
+        if self.mode == "none":
+            return None
+        return score
+
+
+def make_people(url: str, n: int = 50) -> None:
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(
+            "CREATE TABLE people (id bigint PRIMARY KEY, x bigint, bump bigint, seq bigint)"
+        )
+        # ids deliberately not in watermark order, so window order != key order
+        cur.executemany(
+            "INSERT INTO people VALUES (%s, %s, %s, %s)",
+            [((i * 37) % 101 + 1, i, i % 3, i) for i in range(1, n + 1)],
+        )
+
+
+def people_defs(
+    scorer: Scorer, *, delta: bool = True, batch_rows: int = 100_000
+) -> tuple[dg.Definitions, str]:
+    raw = postgres_source("people", table="people", watermark="seq")
+
+    @dataset(
+        "people_copy",
+        primary_key="id",
+        strategy="snapshot_replace",
+        mode="iceberg",
+        delta=Delta(source="people", watermark="seq", max_rows=10) if delta else None,
+    )
+    def people_copy(people: pl.LazyFrame) -> pl.DataFrame:
+        return people.collect()
+
+    node = model_node(
+        "people_score",
+        source=people_copy,
+        predict=scorer,
+        features=["x", "bump"],
+        mode="iceberg",
+        batch_rows=batch_rows,
+    )
+    return build_definitions(datasets=[people_copy], sources=[raw], assets=[node]), "people_score"
+
+
+@pytest.fixture
+def five_windows(env: str, instance: dg.DagsterInstance) -> Any:
+    make_people(env)
+    scorer = Scorer()
+    defs, node = people_defs(scorer)
+    keys = tick(defs, instance, "people_copy")
+    assert len(keys) == 5
+    apply_windows(defs, instance, "people_copy", keys)
+    return defs, node, scorer
+
+
+def test_predict_sees_only_the_features_and_rows_map_back_by_index(five_windows, instance):
+    defs, node, scorer = five_windows
+    materialise(defs, instance, node)
+    assert scorer.calls == 5
+    assert all(cols == ["x", "bump"] for cols in scorer.seen_columns)
+    table = output_table(node)
+    preds = pl.from_arrow(table.scan().to_arrow())
+    assert set(preds.columns) == {ROW_INDEX, "id", "score"}
+    assert_dense_unique_index(preds)
+    source = get_runtime().iceberg.read("people_copy")
+    assert preds.height == source.height == 50
+    snap_src = int(table.current_snapshot().summary[f"{PREFIX}model-source-snapshot"])
+    reread = node_order("people_copy", "seq", ["id"], snap_src)
+    by_index = preds.join(reread, on=ROW_INDEX, suffix="_src")
+    assert (by_index["id"] == by_index["id_src"]).all()
+    assert (by_index["score"] == by_index["x"] * 2 + by_index["bump"]).all()
+    by_pk = preds.join(source, on="id")
+    assert (by_pk["score"] == by_pk["x"] * 2 + by_pk["bump"]).all()
+
+
+def test_predict_raising_on_window_3_of_5_leaves_the_previous_output_exactly_as_it_was(
+    five_windows, instance
+):
+    defs, node, scorer = five_windows
+    materialise(defs, instance, node)
+    table = output_table(node)
+    before_id = table.current_snapshot().snapshot_id
+    before_n = len(table.snapshots())
+    before_rows = pl.from_arrow(table.scan().to_arrow())
+
+    scorer.calls = 0
+    scorer.fail_on = 3
+    result = materialise(defs, instance, node, raise_on_error=False)
+    assert not result.success
+    text = failure_text(result)
+    assert "people_score" in text and "model blew up on call 3" in text
+    assert scorer.calls == 3, "the failure happened on the third window"
+
+    table = output_table(node)
+    assert table.current_snapshot().snapshot_id == before_id
+    assert len(table.snapshots()) == before_n
+    assert_same_multiset(pl.from_arrow(table.scan().to_arrow()), before_rows)
+
+
+BAD_PREDICTS = ("short", "long", "list", "arrow", "none")
+
+
+def test_predict_with_wrong_length_or_type_fails_naming_the_node_and_writes_nothing(
+    five_windows, instance
+):
+    defs, node, scorer = five_windows
+    for bad in BAD_PREDICTS:
+        scorer.mode = bad
+        result = materialise(defs, instance, node, raise_on_error=False)
+        assert not result.success, bad
+        assert "people_score" in failure_text(result), (bad, failure_text(result)[-1500:])
+        assert output_table(node) is None, f"{bad}: nothing was written (no table created)"
+
+    # with a previous output in place: still untouched
+    scorer.mode = "ok"
+    materialise(defs, instance, node)
+    table = output_table(node)
+    before = (table.current_snapshot().snapshot_id, len(table.snapshots()))
+    for bad in ("long", "arrow"):
+        scorer.mode = bad
+        result = materialise(defs, instance, node, raise_on_error=False)
+        assert not result.success and "people_score" in failure_text(result), bad
+        table = output_table(node)
+        assert (table.current_snapshot().snapshot_id, len(table.snapshots())) == before, bad
+        assert pl.from_arrow(table.scan().to_arrow()).height == 50
+
+
+def test_plain_source_is_scored_in_key_batches_with_one_snapshot(env, instance):
+    make_people(env, n=30)
+    scorer = Scorer()
+    defs, node = people_defs(scorer, delta=False, batch_rows=7)
+    assert materialise(defs, instance, "people_copy").success
+    out = materialise(defs, instance, node)
+    assert scorer.calls == 5  # 30 rows in batches of 7
+    table = output_table(node)
+    assert len(table.snapshots()) == 1
+    preds = pl.from_arrow(table.scan().to_arrow())
+    assert_dense_unique_index(preds)
+    source = get_runtime().iceberg.read("people_copy")
+    ordered = (
+        source.sort("id").with_row_index(ROW_INDEX).with_columns(pl.col(ROW_INDEX).cast(pl.Int64))
+    )
+    by_index = preds.join(ordered, on=ROW_INDEX, suffix="_src")
+    assert (by_index["id"] == by_index["id_src"]).all()
+    assert (by_index["score"] == by_index["x"] * 2 + by_index["bump"]).all()
+    meta = out.get_asset_materialization_events()[-1].materialization.metadata
+    assert getattr(meta["batches_read"], "value", None) == 5
