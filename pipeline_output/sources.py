@@ -105,11 +105,12 @@ def read_postgres(
     *,
     columns: Sequence[str] | None = None,
     window: Window | None = None,
+    known: dict[str, str] | None = None,
 ) -> pl.DataFrame:
     """Read the source (only `columns`, only `window`) through ADBC into polars."""
     import adbc_driver_postgresql.dbapi as adbc
 
-    available = postgres_columns(source, url)
+    available = known if known is not None else postgres_columns(source, url)
     if columns is not None:
         unknown = [c for c in columns if c not in available]
         if unknown:
@@ -165,12 +166,35 @@ def _select_expr(column: str, pg_type: str) -> sql.Composable:
     return sql.Identifier(column)
 
 
-def scan_postgres(source: SourceSpec, url: str, *, window: Window | None = None) -> pl.LazyFrame:
-    """A LazyFrame over the source whose column projection is pushed down to Postgres."""
+@dataclass(frozen=True)
+class PostgresShape:
+    """A source table's columns (Postgres types) and polars schema, looked up once per reader."""
+
+    columns: dict[str, str]
+    schema: pl.Schema
+
+
+def postgres_shape(source: SourceSpec, url: str) -> PostgresShape:
+    """Look up the source table's columns and polars schema (two catalog queries)."""
+    available = postgres_columns(source, url)
+    return PostgresShape(columns=available, schema=_polars_schema(source, url, available))
+
+
+def scan_postgres(
+    source: SourceSpec,
+    url: str,
+    *,
+    window: Window | None = None,
+    shape: PostgresShape | None = None,
+) -> pl.LazyFrame:
+    """A LazyFrame over the source whose column projection is pushed down to Postgres.
+
+    Pass `shape` (from `postgres_shape`) when scanning many windows of one table in one run.
+    """
     from polars.io.plugins import register_io_source
 
-    available = postgres_columns(source, url)
-    schema = _polars_schema(source, url, available)
+    shape = shape or postgres_shape(source, url)
+    available, schema = shape.columns, shape.schema
 
     def io_source(
         with_columns: list[str] | None,
@@ -178,7 +202,7 @@ def scan_postgres(source: SourceSpec, url: str, *, window: Window | None = None)
         n_rows: int | None,
         batch_size: int | None,
     ) -> Iterator[pl.DataFrame]:
-        frame = read_postgres(source, url, columns=with_columns, window=window)
+        frame = read_postgres(source, url, columns=with_columns, window=window, known=available)
         if predicate is not None:
             frame = frame.filter(predicate)
         if n_rows is not None:

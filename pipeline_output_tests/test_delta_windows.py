@@ -689,3 +689,20 @@ def test_single_run_backfill_of_200_windows_applies_them_in_order_one_snapshot_e
     assert [s.summary["pipeline-output.window-key"] for s in snaps] == sorted(keys)
     assert [s.snapshot_id for s in snaps] == [w.iceberg_snapshot_id for w in ledger]
     assert_same_multiset(table_rows("ev_copy"), source_frame(env))
+
+
+def test_ledger_rejects_a_window_continuing_the_chain_out_of_seq_order(chain):
+    # (20, 30] continues the chain after (10, 20] (seq 2) but claims seq 5
+    with pytest.raises(psycopg.errors.ForeignKeyViolation) as info:
+        _insert(chain, 5, 20, 30, 20)
+    assert info.value.diag.constraint_name == "windows_chain_in_seq_order"
+
+
+def test_ledger_rejects_bounds_that_are_not_canonical_keys(chain):
+    # '5' sorts after '000...20' as text: a backwards window unless the format is enforced
+    with (
+        pytest.raises(psycopg.errors.CheckViolation) as info,
+        psycopg.connect(chain, autocommit=True) as conn,
+    ):
+        conn.execute(_INSERT, ("d", 3, _key(20), "5", _key(20), f"{_key(20)}..5"))
+    assert info.value.diag.constraint_name == "windows_key_format"

@@ -170,6 +170,14 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         runtime = get_runtime()
         if SOURCE_METADATA_KEY in meta:
             source = source_from_metadata(meta[SOURCE_METADATA_KEY])
+            if source.kind == "postgres":
+                from pipeline_output.sources import postgres_shape, scan_postgres
+
+                url = source.url or runtime.pg_url
+                shape = postgres_shape(source, url)  # once per run, not once per window
+                return WindowReader(
+                    source.name, lambda w: scan_postgres(source, url, window=w, shape=shape)
+                )
             return WindowReader(source.name, lambda w: scan_source(source, window=w))
         if SPEC_METADATA_KEY in meta:
             up = spec_from_metadata(meta[SPEC_METADATA_KEY])
