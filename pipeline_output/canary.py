@@ -60,24 +60,31 @@ def flip(
     reason: str | None = None,
 ) -> Any:
     """Persist a flip (with history); unknown datasets and modes are refused, listing valid ones."""
+    validate_flip(specs, dataset, mode)
+    assert publisher.ledger is not None
+    return publisher.ledger.flip(dataset, mode, who=who, reason=reason)
+
+
+def validate_flip(specs: dict[str, DatasetSpec], dataset: str, mode: str) -> None:
+    """Refuse an unknown dataset or mode, listing the valid ones."""
     if dataset not in specs:
         raise PipelineOutputError(
             f"unknown dataset {dataset!r}; known datasets: {', '.join(sorted(specs)) or '(none)'}"
         )
     if mode not in MODES:
         raise PipelineOutputError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
-    assert publisher.ledger is not None
-    return publisher.ledger.flip(dataset, mode, who=who, reason=reason)
 
 
 def drain(publisher: Publisher, spec: DatasetSpec) -> int:
     """Delete the dataset's legacy rows — only when flipped to iceberg and last parity passed."""
     assert publisher.ledger is not None and publisher.postgres is not None
-    mode = publisher.resolve(spec)
-    if mode.mode != "iceberg":
+    flipped = publisher.ledger.current_flip(spec.name)
+    if flipped != "iceberg":
+        mode = publisher.resolve(spec)
         raise DrainRefused(
-            f"dataset {spec.name!r}: drain refused — its mode is {mode.mode!r} (from {mode.source}); "
-            f"flip it to iceberg first (pipeline-output flip {spec.name} iceberg)"
+            f"dataset {spec.name!r}: drain refused — it is not flipped to iceberg (mode "
+            f"{mode.mode!r} from {mode.source}; a declared default is not a flip); flip it to "
+            f"iceberg first: pipeline-output flip {spec.name} iceberg"
         )
     last = publisher.ledger.last_parity(spec.name)
     if last is None or not last.passed:

@@ -7,6 +7,7 @@ with exit code 2 — no traceback.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import click
@@ -18,6 +19,8 @@ ERROR_EXIT_CODE = 2
 
 class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
+        # Dagster's beta/preview notices about APIs we use are for us, not for CLI users.
+        warnings.filterwarnings("ignore", message=r".* is currently in (beta|preview)")
         try:
             return super().invoke(ctx)
         except PipelineOutputError as exc:

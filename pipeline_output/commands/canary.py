@@ -27,11 +27,14 @@ def _spec(dataset: str):  # type: ignore[no-untyped-def]
 def flip(dataset: str, mode: str, reason: str | None, who: str | None) -> None:
     """Persist DATASET's mode: pg, iceberg or dual (history: who, when, from, to)."""
     from pipeline_output.canary import flip as do_flip
+    from pipeline_output.canary import validate_flip
     from pipeline_output.defs.runtime import get_runtime
 
+    specs = dataset_specs()
+    validate_flip(specs, dataset, mode)  # before anything connects or starts
     record = do_flip(
         get_runtime().publisher,
-        dataset_specs(),
+        specs,
         dataset,
         mode,
         who=who or getpass.getuser(),

@@ -131,6 +131,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             if outcome.result is not None:
                 last = outcome.result
         meta: dict[str, Any] = {
+            "arms": ", ".join(mode.arms),
             "windows": ", ".join(f"{o.window} {o.action}" for o in outcomes),
             "windows_applied": sum(o.action == "applied" for o in outcomes),
             "windows_skipped": sum(o.action == "skipped" for o in outcomes),

@@ -85,6 +85,7 @@ def model_node(
         return dg.MaterializeResult(
             metadata={
                 "mode": f"{resolved.mode} (from {resolved.source})",
+                "arms": ", ".join(run.results),
                 "write_mode": "replace",
                 "batches_read": len(run.batches),
                 "batches": ", ".join(run.batches)[:2000],
