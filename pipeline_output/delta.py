@@ -140,8 +140,26 @@ def apply_window(
     write_window: Window | None = None,
     on_written: Callable[[], None] | None = None,
 ) -> WindowOutcome:
-    """Apply one window exactly once (see the module docstring)."""
+    """Apply one window exactly once (see the module docstring).
+
+    The compute runs before the apply lock is taken (only the probe, the write and the ledger update
+    are serialized), unless the ledger already says the window is applied; a compute that fails is
+    recorded as a failed attempt so the sensor re-requests the window.
+    """
     key = window.to_key()
+    peek = ledger.get(spec.name, key)
+    frame: Any = None
+    if peek is None or peek.state != "applied" or restate:
+        try:
+            frame = compute()
+            if isinstance(frame, pl.LazyFrame):
+                frame = frame.collect()
+        except BaseException as exc:
+            with ledger.apply_lock(spec.name):
+                ticket = ledger.begin(spec.name, key, run_id=run_id, restate=restate)
+                if ticket.action == "apply":
+                    ledger.mark_failed(ticket.row, error=f"{type(exc).__name__}: {exc}")
+            raise
     with ledger.apply_lock(spec.name):
         ticket = ledger.begin(spec.name, key, run_id=run_id, restate=restate)
         row = ticket.row
@@ -157,9 +175,10 @@ def apply_window(
             row = ledger.retry_after_lost_attempt(row, run_id=run_id)
         write_spec = replace(spec, strategy="replace") if restate else spec
         try:
-            frame = compute()
-            if isinstance(frame, pl.LazyFrame):
-                frame = frame.collect()
+            if frame is None:  # the ledger changed under us (e.g. a restatement elsewhere)
+                frame = compute()
+                if isinstance(frame, pl.LazyFrame):
+                    frame = frame.collect()
             result = publisher.publish(
                 write_spec,
                 frame,

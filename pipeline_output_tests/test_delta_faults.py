@@ -83,7 +83,11 @@ CHILD = textwrap.dedent(
         )
         meta = {}
         for event in result.get_asset_materialization_events():
-            meta = {k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()}
+            meta = {
+                k: getattr(v, "value", v)
+                for k, v in event.materialization.metadata.items()
+                if isinstance(getattr(v, "value", v), (str, int, float, bool, type(None)))
+            }
         print("RESULT " + json.dumps({"success": result.success, "meta": meta}, default=str))
     """
 )

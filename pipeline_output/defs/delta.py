@@ -112,6 +112,8 @@ def build_window_sensor(
                 partition_key=w.partition_key,
                 run_key=f"{spec.name}:{w.partition_key}:{w.attempts}",
                 asset_selection=[asset_key],
+                # lets a deployment's QueuedRunCoordinator limit runs per dataset (deploy/)
+                tags={"pipeline-output/dataset": spec.name},
             )
             for w in rows
             if w.state in ("planned", "failed")
