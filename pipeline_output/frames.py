@@ -57,8 +57,14 @@ def _portable_types(spec: DatasetSpec, frame: pl.DataFrame) -> pl.DataFrame:
             casts[name] = pl.Int32
         elif dtype == pl.UInt32 or dtype == pl.UInt64:
             casts[name] = pl.Int64
-        elif isinstance(dtype, pl.Datetime) and dtype.time_unit == "ns":
-            casts[name] = pl.Datetime("us", dtype.time_zone)
+        elif isinstance(dtype, pl.Datetime) and (
+            dtype.time_unit == "ns" or dtype.time_zone not in (None, "UTC")
+        ):
+            # Iceberg's timestamptz is UTC; convert (the instant is kept), and drop nanoseconds
+            zone = "UTC" if dtype.time_zone is not None else None
+            if dtype.time_zone not in (None, "UTC"):
+                frame = frame.with_columns(pl.col(name).dt.convert_time_zone("UTC"))
+            casts[name] = pl.Datetime("us", zone)
         elif isinstance(dtype, (pl.Duration, pl.Object)):
             raise BadInput(
                 f"dataset {spec.name!r}: column {name!r} has type {dtype}, which Iceberg cannot store"

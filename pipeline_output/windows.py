@@ -24,6 +24,10 @@ _SEP = ".."
 def _check_bound(value: object, what: str) -> Bound:
     if isinstance(value, bool) or not isinstance(value, (int, datetime, date)):
         raise InvalidSpec(f"window {what} must be an int, date or datetime, got {value!r}")
+    if isinstance(value, int) and value < 0:
+        raise InvalidSpec(
+            f"window {what} must be a non-negative integer watermark (sequence), got {value}"
+        )
     return value
 
 

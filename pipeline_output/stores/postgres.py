@@ -450,7 +450,14 @@ class PostgresStore:
                 self._rekey(conn, spec)
             frame = _align(spec, frame, target)
             total_before = state.total_rows or 0
-            self._stage(conn, spec, frame, types)
+            try:
+                self._stage(conn, spec, frame, types)
+            except (psycopg.errors.TooManyColumns, psycopg.errors.ProgramLimitExceeded) as exc:
+                raise BadInput(
+                    f"dataset {spec.name!r}: the legacy Postgres arm cannot stage {frame.width} "
+                    f"columns ({exc.diag.message_primary}); keep it on the iceberg arm "
+                    "(nothing was written)"
+                ) from exc
             counts = self._apply(conn, spec, plan, frame.height, total_before, types)
             if frame.height == 0 and counts.deleted and not spec.allow_empty:
                 raise EmptyComputeRefused(

@@ -1,0 +1,375 @@
+"""Model-based (stateful) tests: random sequences of deploys applied to BOTH arms.
+
+A hypothesis `RuleBasedStateMachine` drives one or two datasets, each with a random strategy, through
+random deploys: batches with overlapping / new / missing keys, nulls in non-key columns, NaN, empty
+batches, columns added (and later omitted), and delta windows. After every step the Iceberg arm and
+the legacy Postgres arm each equal an independent polars model (`oracle.expect`, which imports
+nothing from `pipeline_output`) and each other, as typed multisets; both arms pick the same write
+mode and report the same counters; a refused write (empty replace/sync) is refused by both and
+changes neither.
+
+Profiles (env `PIPELINE_OUTPUT_HYPOTHESIS_PROFILE`): `ci` (default: few examples, CI budget) and
+`deep` (many examples, longer sequences). Failing sequences hypothesis shrank are kept below as
+plain regression tests (`test_regression_*`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from pipeline_output import DatasetSpec, Delta, IcebergStore, Window
+from pipeline_output.errors import EmptyComputeRefused
+from pipeline_output.locks import AdvisoryLock
+from pipeline_output.stores.postgres import PostgresStore
+from pipeline_output_tests.oracle import assert_same_multiset, expect
+from pipeline_output_tests.reliability_report import profile, record
+
+NS = "datasets"
+STRATEGIES = ["snapshot_replace", "append_always", "append_new", "replace", "sync"]
+EXTRA_TYPES = {"int": pl.Int64, "str": pl.String, "float": pl.Float64}
+KEY_SPACE = 30
+
+PROFILES = {
+    "ci": {"max_examples": 6, "stateful_step_count": 8},
+    "deep": {"max_examples": 200, "stateful_step_count": 20},
+}
+
+
+def _settings() -> settings:
+    chosen = dict(PROFILES[profile()])
+    if os.environ.get("PIPELINE_OUTPUT_HYPOTHESIS_EXAMPLES"):  # override the profile's count
+        chosen["max_examples"] = int(os.environ["PIPELINE_OUTPUT_HYPOTHESIS_EXAMPLES"])
+    return settings(
+        **chosen,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        print_blob=True,
+    )
+
+
+_names = itertools.count()
+
+# -- batches ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    id: int
+    version: int  # 0..2: value version (so repeated ids are changed or identical)
+    v_null: bool  # v is null
+    f_kind: int  # 0 number, 1 NaN, 2 null
+
+
+rows_st = st.lists(
+    st.builds(
+        Row,
+        id=st.integers(0, KEY_SPACE - 1),
+        version=st.integers(0, 2),
+        v_null=st.booleans(),
+        f_kind=st.sampled_from([0, 0, 1, 2]),
+    ),
+    max_size=12,
+    unique_by=lambda r: r.id,
+)
+
+windows_st = st.one_of(
+    st.none(),
+    # low >= 0: a negative integer bound cannot be encoded as a window key (see the report)
+    st.tuples(st.one_of(st.none(), st.integers(0, KEY_SPACE - 2)), st.integers(1, KEY_SPACE)).map(
+        lambda t: t if t[0] is None or t[0] < t[1] else (None, t[1])
+    ),
+)
+
+
+def make_batch(rows: list[Row], extras: dict[str, str]) -> pl.DataFrame:
+    """The compute's output: id (key), seq (watermark = id), v int?, f float (NaN/null), s str?,
+    plus the dataset's currently produced extra columns."""
+    ids = [r.id for r in rows]
+    f_values: list[float | None] = []
+    for r in rows:
+        f_values.append(
+            float(r.version) + 0.5 if r.f_kind == 0 else (float("nan") if r.f_kind == 1 else None)
+        )
+    cols: dict[str, pl.Series] = {
+        "id": pl.Series(ids, dtype=pl.Int64),
+        "seq": pl.Series(ids, dtype=pl.Int64),
+        "v": pl.Series([None if r.v_null else r.id * 10 + r.version for r in rows], dtype=pl.Int64),
+        "f": pl.Series(f_values, dtype=pl.Float64),
+        "s": pl.Series(
+            [None if r.version == 2 else f"s{r.id}-{r.version}'\";" for r in rows], dtype=pl.String
+        ),
+    }
+    for name, kind in extras.items():
+        dtype = EXTRA_TYPES[kind]
+        if kind == "int":
+            values: list[Any] = [r.id * 100 + r.version for r in rows]
+        elif kind == "str":
+            values = [f"{name}-{r.id}-{r.version}" for r in rows]
+        else:
+            values = [r.id / 7 + r.version for r in rows]
+        cols[name] = pl.Series(values, dtype=dtype)
+    return pl.DataFrame(cols)
+
+
+# -- one dataset, both arms, the model --------------------------------------------------------
+
+
+@dataclass
+class Arms:
+    """The two arms on one Postgres and one catalog (a second catalog handle reads back)."""
+
+    iceberg: IcebergStore
+    reader: IcebergStore
+    postgres: PostgresStore
+    steps: int = 0
+    refused: int = 0
+    rows_written: int = 0
+
+
+@dataclass
+class DatasetModel:
+    spec: DatasetSpec
+    table: pl.DataFrame | None = None  # None: never deployed (first deploy next)
+    extras: dict[str, str] = field(default_factory=dict)  # columns the compute produces now
+    ever_extras: dict[str, str] = field(default_factory=dict)  # every column ever added
+
+
+def new_dataset(strategy: str) -> DatasetModel:
+    spec = DatasetSpec(
+        name=f"m{next(_names)}_{int(time.time() * 1000) % 100000}",
+        primary_key=("id",),
+        strategy=strategy,  # type: ignore[arg-type]
+        delta=Delta(source="raw", watermark="seq"),
+    )
+    return DatasetModel(spec=spec)
+
+
+COUNTERS = ("rows_inserted", "rows_updated", "rows_deleted", "rows_skipped", "rows_total_after")
+
+
+def deploy(
+    arms: Arms, ds: DatasetModel, rows: list[Row], window: tuple[int | None, int] | None
+) -> None:
+    """Write one batch to both arms and advance the model; check modes, counters, refusals."""
+    batch = make_batch(rows, ds.extras)
+    w = None
+    if window is not None and ds.table is not None:  # a window on a first deploy is still a replace
+        w = Window(low=window[0], high=window[1])
+        batch = batch.filter(w.contains("seq"))
+    exp = expect(
+        ds.spec.strategy,
+        ds.table,
+        batch,
+        ["id"],
+        window=(w.low, w.high) if w is not None else None,
+        watermark="seq",
+    )
+    refused = not exp.first_deploy and batch.height == 0 and exp.counters.get("rows_deleted", 0) > 0
+    arms.steps += 1
+    run_id = f"step{arms.steps}"
+    if refused:
+        arms.refused += 1
+        with pytest.raises(EmptyComputeRefused):
+            arms.iceberg.write(ds.spec, batch, window=w, run_id=run_id)
+        with pytest.raises(EmptyComputeRefused):
+            arms.postgres.write(ds.spec, batch, window=w, run_id=run_id)
+        return
+    ice = arms.iceberg.write(ds.spec, batch, window=w, run_id=run_id)
+    pg = arms.postgres.write(ds.spec, batch, window=w, run_id=run_id)
+    arms.rows_written += batch.height
+    assert ice.write_mode == exp.write_mode, (ice.write_mode, exp.write_mode)
+    assert pg.write_mode == exp.write_mode, (pg.write_mode, exp.write_mode)
+    assert ice.first_deploy is exp.first_deploy and pg.first_deploy is exp.first_deploy
+    if exp.write_mode != "replace":
+        want = {k: exp.counters.get(k, 0) for k in COUNTERS}
+        for arm, res in (("iceberg", ice), ("pg", pg)):
+            got = {k: getattr(res, k) for k in COUNTERS}
+            assert got == want, f"{arm} counters {got} != model {want}"
+    assert ice.rows_total_after == pg.rows_total_after == exp.table.height
+    ds.table = exp.table
+
+
+def check(arms: Arms, ds: DatasetModel) -> None:
+    """Each arm equals the model; the arms equal each other (typed multisets)."""
+    if ds.table is None:
+        return
+    ice = arms.reader.read(ds.spec)
+    raw = pl.from_arrow(arms.reader.load(ds.spec).scan().to_arrow())
+    assert isinstance(raw, pl.DataFrame)
+    pg = arms.postgres.read(ds.spec)
+    assert_same_multiset(ice, raw)
+    assert_same_multiset(ice, ds.table)
+    assert_same_multiset(pg, ds.table)
+    assert_same_multiset(ice, pg)
+
+
+# -- the state machine ------------------------------------------------------------------------
+
+_CTX: dict[str, Any] = {}
+
+
+class DeployMachine(RuleBasedStateMachine):
+    """Random deploy sequences over up to two datasets with random strategies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arms: Arms = _CTX["make_arms"]()
+        self.datasets: list[DatasetModel] = []
+
+    @initialize(strategies=st.lists(st.sampled_from(STRATEGIES), min_size=1, max_size=2))
+    def create(self, strategies: list[str]) -> None:
+        self.datasets = [new_dataset(s) for s in strategies]
+
+    @rule(which=st.integers(0, 1), rows=rows_st, window=windows_st)
+    def deploy(self, which: int, rows: list[Row], window: tuple[int | None, int] | None) -> None:
+        deploy(self.arms, self.datasets[which % len(self.datasets)], rows, window)
+
+    @rule(which=st.integers(0, 1), rows=rows_st)
+    def redeploy_same_batch_twice(self, which: int, rows: list[Row]) -> None:
+        ds = self.datasets[which % len(self.datasets)]
+        deploy(self.arms, ds, rows, None)
+        check(self.arms, ds)
+        deploy(self.arms, ds, rows, None)
+
+    @precondition(lambda self: any(len(d.ever_extras) < 3 for d in self.datasets))
+    @rule(which=st.integers(0, 1), kind=st.sampled_from(sorted(EXTRA_TYPES)))
+    def add_column(self, which: int, kind: str) -> None:
+        ds = self.datasets[which % len(self.datasets)]
+        if len(ds.ever_extras) >= 3:
+            return
+        name = f"x{len(ds.ever_extras)}_{kind}"
+        ds.extras[name] = kind
+        ds.ever_extras[name] = kind
+
+    @rule(which=st.integers(0, 1))
+    def stop_producing_a_column(self, which: int) -> None:
+        ds = self.datasets[which % len(self.datasets)]
+        if ds.extras:
+            ds.extras.pop(next(iter(ds.extras)))
+
+    @invariant()
+    def arms_equal_model(self) -> None:
+        for ds in self.datasets:
+            check(self.arms, ds)
+
+    def teardown(self) -> None:
+        _CTX["steps"] += self.arms.steps
+        _CTX["refused"] += self.arms.refused
+        _CTX["rows"] += self.arms.rows_written
+        _CTX["examples"] += 1
+        self.arms.reader.catalog.engine.dispose()
+
+
+def _arms_factory(catalog: Any, fresh_catalog: Any, pg_db_url: str) -> Any:
+    postgres = PostgresStore(pg_db_url)
+
+    def make() -> Arms:
+        return Arms(
+            iceberg=IcebergStore(catalog, NS, lock=AdvisoryLock(pg_db_url)),
+            reader=IcebergStore(fresh_catalog(), NS, lock=AdvisoryLock(pg_db_url)),
+            postgres=postgres,
+        )
+
+    return make
+
+
+@pytest.fixture
+def make_arms(catalog: Any, fresh_catalog: Any, pg_db_url: str) -> Any:
+    return _arms_factory(catalog, fresh_catalog, pg_db_url)
+
+
+def test_random_deploy_sequences_both_arms_match_the_model(make_arms: Any) -> None:
+    _CTX.clear()
+    _CTX.update(make_arms=make_arms, steps=0, refused=0, rows=0, examples=0)
+    started = time.perf_counter()
+    run_state_machine_as_test(DeployMachine, settings=_settings())
+    record(
+        "model-based: random deploy sequences, both arms vs polars model",
+        examples=_CTX["examples"],
+        deploys=_CTX["steps"],
+        refused_empty=_CTX["refused"],
+        rows_written=_CTX["rows"],
+        seconds=round(time.perf_counter() - started, 1),
+        rows_lost=0,
+    )
+
+
+# -- regressions: shrunk sequences, replayed as plain tests ------------------------------------
+
+
+def _rows(ids: list[int], version: int = 0, **kw: Any) -> list[Row]:
+    return [
+        Row(id=i, version=version, v_null=kw.get("v_null", False), f_kind=kw.get("f_kind", 0))
+        for i in ids
+    ]
+
+
+def _replay(make_arms: Any, strategy: str, steps: list[Any]) -> None:
+    arms = make_arms()
+    ds = new_dataset(strategy)
+    for step in steps:
+        if step[0] == "deploy":
+            deploy(arms, ds, step[1], step[2])
+        elif step[0] == "add":
+            ds.extras[step[1]] = step[2]
+            ds.ever_extras[step[1]] = step[2]
+        elif step[0] == "drop":
+            ds.extras.pop(step[1])
+        check(arms, ds)
+    arms.reader.catalog.engine.dispose()
+
+
+@pytest.mark.parametrize("strategy", ["replace", "sync"])
+def test_regression_empty_batch_refused_by_both_arms_changes_nothing(
+    make_arms: Any, strategy: str
+) -> None:
+    _replay(make_arms, strategy, [("deploy", _rows([1, 2, 3]), None), ("deploy", [], None)])
+
+
+def test_regression_nan_and_null_values_rerun_is_a_noop_in_both_arms(make_arms: Any) -> None:
+    rows = _rows([1, 2], f_kind=1) + _rows([3], v_null=True, f_kind=2)
+    _replay(make_arms, "snapshot_replace", [("deploy", rows, None), ("deploy", rows, None)])
+
+
+def test_regression_added_then_omitted_column_is_null_in_both_arms(make_arms: Any) -> None:
+    _replay(
+        make_arms,
+        "append_new",
+        [
+            ("deploy", _rows([1, 2]), None),
+            ("add", "x0_float", "float"),
+            ("deploy", _rows([2, 3], version=1), None),
+            ("drop", "x0_float"),
+            ("deploy", _rows([4]), None),
+        ],
+    )
+
+
+def test_regression_windowed_sync_and_replace_on_both_arms(make_arms: Any) -> None:
+    for strategy in ("sync", "replace"):
+        _replay(
+            make_arms,
+            strategy,
+            [
+                ("deploy", _rows(list(range(10))), None),
+                ("deploy", _rows([4, 5, 9], version=1), (3, 6)),
+                ("deploy", _rows([0], version=2), (None, 1)),
+            ],
+        )
