@@ -138,8 +138,13 @@ def evolve_schema(
     """The dataset's schema after this write, by the native arm's rules (Iceberg types)."""
     try:
         if registered is None:
+            # a typeless (all-null) column is created as a string column, as in the native arm
+            nulls = [c for c, t in frame.schema.items() if t == pl.Null]
+            typed = (
+                frame.with_columns([pl.col(c).cast(pl.String) for c in nulls]) if nulls else frame
+            )
             fresh = assign_fresh_schema_ids(
-                Catalog._convert_schema_if_needed(arrow_schema_of(frame))
+                Catalog._convert_schema_if_needed(arrow_schema_of(typed))
             )
             return _iceberg_arrow(fresh)
         current = assign_fresh_schema_ids(Catalog._convert_schema_if_needed(registered))
