@@ -45,7 +45,7 @@ from pipeline_output.plan import TargetState, WritePlan, plan_write
 from pipeline_output.result import WriteResult
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg_files import DataFileWriter
-from pipeline_output.stores.iceberg_schema import initial_schema, plan_evolution
+from pipeline_output.stores.iceberg_schema import Evolution, initial_schema, plan_evolution
 from pipeline_output.windows import Window
 
 PROPERTY_PREFIX = "pipeline-output."
@@ -239,13 +239,7 @@ class IcebergStore:
                 total_before = 0
             else:
                 tx = table.transaction()
-                evolution = plan_evolution(spec, table.schema(), first)
-                if not evolution.empty:
-                    with tx.update_schema() as update:
-                        for name, new_type in evolution.add:
-                            update.add_column(name, new_type)
-                        for name, wider in evolution.widen:
-                            update.update_column(name, field_type=wider)
+                _evolve(tx, plan_evolution(spec, table.schema(), first))
                 deleted = (
                     [t.file for t in table.scan().plan_files()] if table.current_snapshot() else []
                 )
@@ -345,12 +339,7 @@ class IcebergStore:
     ) -> WriteResult:
         tx = table.transaction()
         evolution = plan_evolution(spec, table.schema(), frame)
-        if not evolution.empty:
-            with tx.update_schema() as update:
-                for name, new_type in evolution.add:
-                    update.add_column(name, new_type)
-                for name, wider in evolution.widen:
-                    update.update_column(name, field_type=wider)
+        _evolve(tx, evolution)
         schema = tx.table_metadata.schema()
         frame = _sorted(_align(frame, schema), spec)
         total_before = _total_records(table)
@@ -688,6 +677,17 @@ def _read_local(task: FileScanTask, schema: Schema) -> pl.DataFrame | None:
         elif f.field_id in ids.values():
             return None
     return pl.read_parquet(local, columns=wanted)
+
+
+def _evolve(tx: Transaction, evolution: Evolution) -> None:
+    """Stage the schema changes in the write's own transaction (one commit with the data)."""
+    if evolution.empty:
+        return
+    with tx.update_schema() as update:
+        for name, new_type in evolution.add:
+            update.add_column(name, new_type)
+        for name, wider in evolution.widen:
+            update.update_column(name, field_type=wider)
 
 
 def _state_of(table: Table | None) -> TargetState:
