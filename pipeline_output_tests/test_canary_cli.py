@@ -7,6 +7,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 from pipeline_output.ledger import Ledger
 from pipeline_output.settings import Settings
 
-CLI = "/work/main/.venv/bin/pipeline-output"
+CLI = str(Path(sys.executable).parent / "pipeline-output")  # the interpreter running the tests
 DEMO = ["active_products", "customer_churn", "customers", "daily_revenue", "order_events", "orders"]
 
 
