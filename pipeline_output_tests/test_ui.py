@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -111,6 +112,7 @@ def test_materialisation_launched_through_the_webserver_graphql_api_writes_icebe
             cwd=tmp_path,
             stdout=out,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # its code-server children go down with it
         )
     try:
         _wait_for_server(port, proc, log)
@@ -129,11 +131,11 @@ def test_materialisation_launched_through_the_webserver_graphql_api_writes_icebe
         assert mat["runId"] == run_id
         entries = {e["label"]: e.get("text", e.get("intValue")) for e in mat["metadataEntries"]}
     finally:
-        proc.terminate()
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
 
     with psycopg.connect(pg_db_url) as conn:
