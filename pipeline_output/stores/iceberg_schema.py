@@ -26,7 +26,6 @@ from pyiceberg.types import (
     ListType,
     LongType,
     MapType,
-    NestedField,
     PrimitiveType,
     StringType,
     StructType,
@@ -170,16 +169,6 @@ def plan_evolution(spec: DatasetSpec, table_schema: Schema, frame: pl.DataFrame)
             f"{old_type} in the table; that change is not compatible (nothing was written)"
         )
     return evolution
-
-
-def field_names(schema: Schema) -> list[str]:
-    """Top-level column names in schema order."""
-    return [f.name for f in schema.fields]
-
-
-def required_fields(schema: Schema) -> list[NestedField]:
-    """Top-level required fields."""
-    return [f for f in schema.fields if f.required]
 
 
 def conform(frame: pl.DataFrame, schema: Schema) -> pa.Table:
