@@ -6,7 +6,8 @@ Planning: the next window starts where the ledger's last one ends (or open at th
 cut at watermark values so that no window holds more than `max_rows` source rows (a single watermark
 value shared by more rows stays whole).
 
-Applying (`apply_window`): under the dataset's apply lock, the ledger decides `apply`, `skip`
+Applying (`apply_window`): the compute, the input checks and (where the strategy allows) the Iceberg
+data files come first; then, under the dataset's apply lock, the ledger decides `apply`, `skip`
 (already applied — a retry or re-materialisation is a no-op that says so) or `repair` (a crash after
 the write committed but before the ledger update: the attempt marker is found in the Iceberg
 snapshot summaries / Postgres deploy records and the ledger is completed without a second write).
@@ -24,7 +25,7 @@ import polars as pl
 from pipeline_output.ledger.windows import WindowLedger, WindowRow
 from pipeline_output.publish import Publisher, PublishResult, ResolvedMode
 from pipeline_output.spec import DatasetSpec, WatermarkValue
-from pipeline_output.stores.iceberg import PROPERTY_PREFIX
+from pipeline_output.stores.iceberg import PROPERTY_PREFIX, PreparedWrite
 from pipeline_output.windows import Window
 
 MARKER_KEY = "window-attempt"
@@ -142,24 +143,68 @@ def apply_window(
 ) -> WindowOutcome:
     """Apply one window exactly once (see the module docstring).
 
-    The compute runs before the apply lock is taken (only the probe, the write and the ledger update
-    are serialized), unless the ledger already says the window is applied; a compute that fails is
-    recorded as a failed attempt so the sensor re-requests the window.
+    The compute runs before the apply lock is taken, and so do the input checks and, where the
+    strategy writes the frame as it is, the Iceberg data files (`Publisher.prepare`); under the
+    lock remain the ledger decision, the probe, key reads and merges, the commit and the ledger
+    update. Skipped windows delete their pre-written files. A compute (or input check) that fails
+    is recorded as a failed attempt so the sensor re-requests the window.
     """
     key = window.to_key()
+    target = write_window or window
+    write_spec = replace(spec, strategy="replace") if restate else spec
     peek = ledger.get(spec.name, key)
     frame: Any = None
+    prepared: PreparedWrite | None = None
     if peek is None or peek.state != "applied" or restate:
         try:
             frame = compute()
             if isinstance(frame, pl.LazyFrame):
                 frame = frame.collect()
+            prepared = publisher.prepare(write_spec, frame, mode=mode, window=target)
         except BaseException as exc:
             with ledger.apply_lock(spec.name):
                 ticket = ledger.begin(spec.name, key, run_id=run_id, restate=restate)
                 if ticket.action == "apply":
                     ledger.mark_failed(ticket.row, error=f"{type(exc).__name__}: {exc}")
             raise
+    try:
+        return _apply_locked(
+            publisher=publisher,
+            ledger=ledger,
+            spec=spec,
+            write_spec=write_spec,
+            window=window,
+            target=target,
+            compute=compute,
+            frame=frame,
+            prepared=prepared,
+            mode=mode,
+            run_id=run_id,
+            restate=restate,
+            on_written=on_written,
+        )
+    finally:
+        if prepared is not None:
+            prepared.discard()  # no-op when its files went into a commit
+
+
+def _apply_locked(
+    *,
+    publisher: Publisher,
+    ledger: WindowLedger,
+    spec: DatasetSpec,
+    write_spec: DatasetSpec,
+    window: Window,
+    target: Window,
+    compute: Callable[[], Any],
+    frame: Any,
+    prepared: PreparedWrite | None,
+    mode: ResolvedMode,
+    run_id: str | None,
+    restate: bool,
+    on_written: Callable[[], None] | None,
+) -> WindowOutcome:
+    key = window.to_key()
     with ledger.apply_lock(spec.name):
         ticket = ledger.begin(spec.name, key, run_id=run_id, restate=restate)
         row = ticket.row
@@ -173,7 +218,6 @@ def apply_window(
                 )
                 return WindowOutcome(window, "repaired", row)
             row = ledger.retry_after_lost_attempt(row, run_id=run_id)
-        write_spec = replace(spec, strategy="replace") if restate else spec
         try:
             if frame is None:  # the ledger changed under us (e.g. a restatement elsewhere)
                 frame = compute()
@@ -183,9 +227,10 @@ def apply_window(
                 write_spec,
                 frame,
                 mode=mode,
-                window=write_window or window,
+                window=target,
                 run_id=run_id,
                 summary={MARKER_KEY: row.marker},
+                prepared=prepared,
             )
         except BaseException as exc:
             committed = _committed(publisher, spec, mode, row)

@@ -26,10 +26,11 @@ def lock_key(name: str) -> int:
 
 @dataclass
 class LockStats:
-    """How long the lock took to get."""
+    """How long the lock took to get, and (once released) how long it was held."""
 
     key: str
     wait_s: float = 0.0
+    held_s: float = 0.0
 
 
 class AdvisoryLock:
@@ -64,6 +65,10 @@ class AdvisoryLock:
                     f"timed out after {self.timeout_s}s waiting for the writer lock on {name}"
                 ) from exc
             stats.wait_s = time.perf_counter() - started
-            yield stats
+            acquired = time.perf_counter()
+            try:
+                yield stats
+            finally:
+                stats.held_s = time.perf_counter() - acquired
         finally:
             conn.close()

@@ -18,7 +18,7 @@ from pipeline_output.errors import InvalidSpec, PipelineOutputError, Unsupported
 from pipeline_output.plan import WritePlan
 from pipeline_output.result import WriteResult
 from pipeline_output.spec import MODES, DatasetSpec, Mode
-from pipeline_output.stores.iceberg import IcebergStore
+from pipeline_output.stores.iceberg import IcebergStore, PreparedWrite
 from pipeline_output.windows import Window
 
 if TYPE_CHECKING:
@@ -130,6 +130,16 @@ class Publisher:
             plans[arm] = store.plan(spec, window=window)
         return plans
 
+    def prepare(
+        self, spec: DatasetSpec, data: Any, *, mode: ResolvedMode, window: Window | None = None
+    ) -> PreparedWrite | None:
+        """The Iceberg arm's `prepare` (data files ahead of any lock) when `mode` writes Iceberg."""
+        if mode.mode == "pg":
+            return None
+        if isinstance(data, pl.LazyFrame):
+            data = data.collect()
+        return self.iceberg.prepare(spec, data, window=window)
+
     def publish(
         self,
         spec: DatasetSpec,
@@ -139,10 +149,12 @@ class Publisher:
         window: Window | None = None,
         run_id: str | None = None,
         summary: dict[str, str] | None = None,
+        prepared: PreparedWrite | None = None,
     ) -> PublishResult:
         """Write `data` to every arm of `mode`; Postgres (when dual) commits last.
 
-        `summary` adds `pipeline-output.*` properties to the Iceberg snapshot (window markers).
+        `summary` adds `pipeline-output.*` properties to the Iceberg snapshot (window markers);
+        `prepared` (from `prepare`) carries the Iceberg arm's checked frame and pre-written files.
         """
         self._require_arms(spec, mode)
         out = PublishResult(dataset=spec.name, mode=mode, window=window)
@@ -155,7 +167,7 @@ class Publisher:
                 run_id,
                 window,
                 lambda: self.iceberg.write(
-                    spec, data, window=window, run_id=run_id, summary=summary
+                    spec, data, window=window, run_id=run_id, summary=summary, prepared=prepared
                 ),
             )
             return out
@@ -169,7 +181,7 @@ class Publisher:
             )
             return out
         return self._publish_dual(
-            spec, data, out=out, window=window, run_id=run_id, summary=summary
+            spec, data, out=out, window=window, run_id=run_id, summary=summary, prepared=prepared
         )
 
     def _publish_dual(
@@ -181,6 +193,7 @@ class Publisher:
         window: Window | None,
         run_id: str | None,
         summary: dict[str, str] | None,
+        prepared: PreparedWrite | None,
     ) -> PublishResult:
         assert self.postgres is not None
         pending = self.postgres.begin_write(spec, data, window=window, run_id=run_id)
@@ -191,7 +204,7 @@ class Publisher:
                 run_id,
                 window,
                 lambda: self.iceberg.write(
-                    spec, data, window=window, run_id=run_id, summary=summary
+                    spec, data, window=window, run_id=run_id, summary=summary, prepared=prepared
                 ),
             )
         except BaseException:

@@ -14,7 +14,9 @@ class WriteResult:
 
     `rows_unchanged` are matched rows identical to the target's; `rows_preserved` are target rows the
     compute did not mention and that were kept; `rows_skipped` are append_new key collisions.
-    `snapshot_id` is None for a no-op (nothing changed, nothing committed).
+    `snapshot_id` is None for a no-op (nothing changed, nothing committed). `lock_wait_s` is how
+    long the write waited for its table's writer lock, `lock_held_s` how long it held it (the
+    serialized part of the write).
     """
 
     dataset: str
@@ -33,6 +35,7 @@ class WriteResult:
     files_added: int = 0
     duration_s: float = 0.0
     lock_wait_s: float = 0.0
+    lock_held_s: float = 0.0
     table: str = ""
     arm: str = "iceberg"
 

@@ -23,6 +23,7 @@ import pytest
 from pipeline_output import DatasetSpec, Delta, Window
 from pipeline_output.doctor import find_orphans, remove_orphans
 from pipeline_output.settings import catalog_env_prefix, get_settings, to_sqlalchemy_url
+from pipeline_output.stores.iceberg_files import DataFileWriter
 from pipeline_output_tests.iceberg_harness import NS, Harness, customers
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -277,9 +278,16 @@ def test_doctor_finds_and_removes_orphan_objects_on_s3(
     assert h.table(spec).current_snapshot().snapshot_id == first.snapshot_id
 
     cat = h.fresh()
+    # the failed write deleted the objects of batches 0..2 itself
+    assert find_orphans(cat, NS, grace_s=0) == []
+    # what a writer killed between writing its data files and its commit leaves behind
+    table = h.table(spec)
+    writer = DataFileWriter(table.metadata, table.io, write_id=uuid.uuid4())
+    for i in range(3):
+        writer.write(pl.DataFrame({"id": [1000 + i], "v": [0.5]}))
     assert find_orphans(cat, NS, grace_s=3600) == []  # too young: never touched
     orphans = find_orphans(cat, NS, grace_s=0)
-    assert len(orphans) == 3, orphans  # batches 0..2 of the failed write
+    assert sorted(o.path for o in orphans) == sorted(writer.written), orphans
     assert all(o.path.startswith(f"s3://{BUCKET}/{warehouse_prefix}/") for o in orphans)
     assert "s3.secret-access-key" not in repr(orphans[0])
     live = {task.file.file_path for task in h.table(spec).scan().plan_files()}

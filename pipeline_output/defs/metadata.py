@@ -46,6 +46,7 @@ def publish_metadata(result: PublishResult, *, schema: pl.Schema | None) -> dict
         "files_rewritten": primary.files_rewritten,
         "duration_s": round(primary.duration_s, 4),
         "lock_wait_s": round(primary.lock_wait_s, 4),
+        "lock_held_s": round(primary.lock_held_s, 4),
         "table": primary.table,
         "dagster/table_name": primary.table,
     }

@@ -5,15 +5,24 @@ commit once — and the file-level copy-on-write merges behind upsert, append_ne
 replace: file statistics prune the candidate files, the key columns verify them, and only files that
 really change are rewritten. Every commit produces exactly one snapshot whose summary carries the
 `pipeline-output.*` properties; a write that changes nothing commits nothing.
+
+The per-table advisory lock covers only what correctness needs: loading the table, the plan, the key
+reads and conflict checks, the file-level rewrites that depend on the current files, and the commit.
+Where the strategy writes the computed frame as it is (append, replace, append_new with no key
+already present) its data files are written *before* the lock, against the table metadata read
+then, and committed inside it if the table's schema, partition spec and location are unchanged
+(otherwise they are deleted and the frame is written again inside the lock). `replace_streaming`
+(the model node) streams every batch to files before the lock the same way.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime
 from typing import Any
@@ -31,6 +40,7 @@ from pyiceberg.expressions import (
     GreaterThan,
     LessThanOrEqual,
 )
+from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
@@ -38,7 +48,7 @@ from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.types import DateType, PrimitiveType, TimestampType, TimestamptzType
 
 from pipeline_output import __version__
-from pipeline_output.errors import BadInput, EmptyComputeRefused
+from pipeline_output.errors import BadInput, EmptyComputeRefused, WriteConflict
 from pipeline_output.frames import check_in_window, check_keys, to_polars
 from pipeline_output.locks import AdvisoryLock, LockStats
 from pipeline_output.plan import TargetState, WritePlan, plan_write
@@ -98,6 +108,78 @@ class _Changes:
     @property
     def noop(self) -> bool:
         return not self.deleted_files and not any(f.height for f in self.new_frames)
+
+
+_AS_IS_MODES = ("append", "replace", "append_new")
+
+
+@dataclass
+class _Prewritten:
+    """Data files of the computed frame, written before the lock against the metadata read then."""
+
+    frame: pl.DataFrame  # the frame as written: aligned to the table schema and sorted
+    files: list[DataFile]
+    io: FileIO
+    table_uuid: str
+    location: str
+    schema_id: int
+    spec_id: int
+    handed_to_commit: bool = False
+
+    @classmethod
+    def of(cls, table: Table, frame: pl.DataFrame, files: list[DataFile]) -> _Prewritten:
+        meta = table.metadata
+        return cls(
+            frame=frame,
+            files=files,
+            io=table.io,
+            table_uuid=str(meta.table_uuid),
+            location=meta.location,
+            schema_id=meta.current_schema_id,
+            spec_id=meta.default_spec_id,
+        )
+
+    def fits(self, table: Table) -> bool:
+        """Are the files valid for `table` as it is now (same table, schema and partitioning)?"""
+        meta = table.metadata
+        return (
+            str(meta.table_uuid) == self.table_uuid
+            and meta.location == self.location
+            and meta.current_schema_id == self.schema_id
+            and meta.default_spec_id == self.spec_id
+        )
+
+    def discard(self) -> None:
+        """Delete the files unless a commit was attempted with them (best effort).
+
+        After a commit attempt the outcome may be unknown (an error after the catalog swap), so
+        the files are left: `pipeline-output doctor` removes them only if no snapshot has them.
+        """
+        if self.handed_to_commit:
+            return
+        for data_file in self.files:
+            _delete_quietly(self.io, data_file.file_path)
+        self.files = []
+
+
+@dataclass
+class PreparedWrite:
+    """A checked frame and, when the strategy allows, its data files written ahead of the lock."""
+
+    spec: DatasetSpec
+    window: Window | None
+    frame: pl.DataFrame
+    pre: _Prewritten | None
+
+    @property
+    def files_ready(self) -> int:
+        """How many data files were written ahead."""
+        return len(self.pre.files) if self.pre is not None else 0
+
+    def discard(self) -> None:
+        """Delete the pre-written files unless a commit was attempted with them."""
+        if self.pre is not None:
+            self.pre.discard()
 
 
 class IcebergStore:
@@ -167,6 +249,21 @@ class IcebergStore:
 
     # -- writing -----------------------------------------------------------------------------
 
+    def prepare(
+        self, spec: DatasetSpec, data: Any, *, window: Window | None = None
+    ) -> PreparedWrite:
+        """Check `data` and, where the strategy writes it as it is, write its data files now.
+
+        Takes no lock: callers that serialize writes themselves (the window apply lock) prepare
+        before their own critical section and pass the result to `write(prepared=...)`, which
+        re-validates the files under the table's lock. `PreparedWrite.discard()` deletes files a
+        write did not commit (`write` does it itself).
+        """
+        frame = check_keys(spec, to_polars(spec, data))
+        return PreparedWrite(
+            spec=spec, window=window, frame=frame, pre=self._prewrite(spec, frame, window)
+        )
+
     def write(
         self,
         spec: DatasetSpec,
@@ -175,26 +272,72 @@ class IcebergStore:
         window: Window | None = None,
         run_id: str | None = None,
         summary: dict[str, str] | None = None,
+        prepared: PreparedWrite | None = None,
     ) -> WriteResult:
-        """Probe, plan and write `data` for `spec` in one commit (none when nothing changes)."""
+        """Probe, plan and write `data` for `spec` in one commit (none when nothing changes).
+
+        With `prepared` (from `prepare` with the same spec and window) its checked frame and
+        pre-written files are used instead of `data`.
+        """
         started = time.perf_counter()
-        frame = check_keys(spec, to_polars(spec, data))
-        with self._hold(spec) as stats:
-            table = self.load(spec)
-            plan = plan_write(spec, _state_of(table), window)
-            if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
-                check_in_window(spec, frame, window)
-            props = summary_properties(spec, plan, run_id, summary)
-            if table is None:
-                result = self._create(spec, plan, frame, props)
-            else:
-                result = self._write_existing(spec, plan, table, frame, props)
+        if prepared is not None and (prepared.spec != spec or prepared.window != window):
+            raise ValueError(
+                f"dataset {spec.name!r}: the prepared write is for another spec or window"
+            )
+        prep = prepared if prepared is not None else self.prepare(spec, data, window=window)
+        frame, pre = prep.frame, prep.pre
+        try:
+            with self._hold(spec) as stats:
+                table = self.load(spec)
+                plan = plan_write(spec, _state_of(table), window)
+                if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
+                    check_in_window(spec, frame, window)
+                props = summary_properties(spec, plan, run_id, summary)
+                if table is None:
+                    result = self._create(spec, plan, frame, props)
+                else:
+                    usable = pre if pre is not None and pre.fits(table) else None
+                    result = self._write_existing(spec, plan, table, frame, props, pre=usable)
+        finally:
+            prep.discard()
         return replace(
             result,
             duration_s=time.perf_counter() - started,
             lock_wait_s=stats.wait_s,
+            lock_held_s=stats.held_s,
             table=self.table_name(spec),
         )
+
+    def _prewrite(
+        self, spec: DatasetSpec, frame: pl.DataFrame, window: Window | None
+    ) -> _Prewritten | None:
+        """Write the frame's data files before the lock when the strategy writes it as it is.
+
+        Decided on the table as it is now; re-checked inside the lock (`_Prewritten.fits`). Input
+        checks that depend on the plan run here too, so bad input still writes nothing.
+        """
+        if frame.height == 0:
+            return None
+        table = self.load(spec)
+        if table is None:
+            return None
+        plan = plan_write(spec, _state_of(table), window)
+        if plan.write_mode not in _AS_IS_MODES:
+            return None
+        if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
+            check_in_window(spec, frame, window)
+        if not plan_evolution(spec, table.schema(), frame).empty:
+            return None  # the schema changes: written inside the lock, after the evolution
+        aligned = _sorted(_align(frame, table.schema()), spec)
+        pre = _Prewritten.of(table, aligned, [])
+        writer = DataFileWriter(table.metadata, table.io, write_id=uuid.uuid4())
+        try:
+            pre.files = writer.write(aligned)
+        except BaseException:
+            for path in writer.written:
+                _delete_quietly(table.io, path)
+            raise
+        return pre
 
     def replace_streaming(
         self,
@@ -211,21 +354,36 @@ class IcebergStore:
         batch (e.g. the windows read).
 
         Memory holds one batch at a time; nothing is visible until the single commit at the end
-        (one snapshot). If producing a batch raises, nothing is committed and the table is exactly
-        as it was (the files already written are orphans, listed by `pipeline-output doctor`).
+        (one snapshot). When the table exists and the first batch fits its schema, the batches are
+        produced and written before the table's writer lock is taken, and the lock covers only the
+        commit. If producing a batch raises, nothing is committed, the table is exactly as it was
+        and the files already written are deleted (best effort; `pipeline-output doctor` lists
+        any left behind).
         """
         started = time.perf_counter()
+        iterator = iter(batches)
+        first = next(iterator, None)
+        if first is None:
+            raise EmptyComputeRefused(
+                f"dataset {spec.name!r}: no rows to write; the previous output is kept"
+            )
+        first = check_keys(spec, to_polars(spec, first))
+        current = self.load(spec)
+        if current is not None and plan_evolution(spec, current.schema(), first).empty:
+            return self._replace_streaming_unlocked(
+                spec,
+                current,
+                first,
+                iterator,
+                run_id=run_id,
+                summary=summary,
+                finalize_summary=finalize_summary,
+                started=started,
+            )
         with self._hold(spec) as stats:
             table = self.load(spec)
             plan = plan_write(replace(spec, strategy="replace"), _state_of(table), None)
             props = summary_properties(spec, plan, run_id, summary)
-            iterator = iter(batches)
-            first = next(iterator, None)
-            if first is None:
-                raise EmptyComputeRefused(
-                    f"dataset {spec.name!r}: no rows to write; the previous output is kept"
-                )
-            first = check_keys(spec, to_polars(spec, first))
             if table is None:
                 self._ensure_namespace()
                 schema, order = initial_schema(spec, first)
@@ -244,24 +402,20 @@ class IcebergStore:
                     [t.file for t in table.scan().plan_files()] if table.current_snapshot() else []
                 )
                 total_before = _total_records(table)
-            schema = tx.table_metadata.schema()
             update_snapshot = tx.update_snapshot(snapshot_properties=props)
             producer = update_snapshot.overwrite()
             writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)
-            rows = 0
-            columns = first.columns
-            batch: pl.DataFrame | None = first
-            while batch is not None:
-                if batch.columns != columns:
-                    raise BadInput(
-                        f"dataset {spec.name!r}: batch columns {batch.columns} differ from the first "
-                        f"batch's {columns}; nothing was written"
-                    )
-                batch = _align(check_keys(spec, to_polars(spec, batch)), schema)
-                for data_file in writer.write(batch):
-                    producer.append_data_file(data_file)
-                rows += batch.height
-                batch = next(iterator, None)
+            written: list[DataFile] = []
+            try:
+                rows = _stream_batches(
+                    spec, first, iterator, writer, tx.table_metadata.schema(), sink=written
+                )
+            except BaseException:
+                for path in writer.written:
+                    _delete_quietly(tx._table.io, path)
+                raise
+            for data_file in written:
+                producer.append_data_file(data_file)
             for data_file in deleted:
                 producer.delete_data_file(data_file)
             if finalize_summary is not None:
@@ -283,6 +437,70 @@ class IcebergStore:
             files_added=len(writer.written),
             duration_s=time.perf_counter() - started,
             lock_wait_s=stats.wait_s,
+            lock_held_s=stats.held_s,
+            table=self.table_name(spec),
+        )
+
+    def _replace_streaming_unlocked(
+        self,
+        spec: DatasetSpec,
+        current: Table,
+        first: pl.DataFrame,
+        rest: Iterator[pl.DataFrame],
+        *,
+        run_id: str | None,
+        summary: dict[str, str] | None,
+        finalize_summary: Callable[[], dict[str, str]] | None,
+        started: float,
+    ) -> WriteResult:
+        """`replace_streaming` into an existing table: batches to files first, then lock + commit."""
+        pre = _Prewritten.of(current, first.head(0), [])
+        writer = DataFileWriter(current.metadata, current.io, write_id=uuid.uuid4())
+        try:
+            try:
+                rows = _stream_batches(spec, first, rest, writer, current.schema(), sink=pre.files)
+            except BaseException:
+                for path in writer.written:
+                    _delete_quietly(current.io, path)
+                pre.files = []
+                raise
+            extra = finalize_summary() if finalize_summary is not None else {}
+            with self._hold(spec) as stats:
+                table = self.load(spec)
+                if table is None or not pre.fits(table):
+                    raise WriteConflict(
+                        f"dataset {spec.name!r}: {self.table_name(spec)} was dropped, recreated or "
+                        "changed its schema or partitioning while the batches were written; "
+                        "nothing was committed — run it again"
+                    )
+                plan = plan_write(replace(spec, strategy="replace"), _state_of(table), None)
+                props = summary_properties(spec, plan, run_id, summary)
+                props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in extra.items()})
+                deleted = (
+                    [t.file for t in table.scan().plan_files()] if table.current_snapshot() else []
+                )
+                total_before = _total_records(table)
+                pre.handed_to_commit = True
+                new_table = _commit(
+                    table.transaction(), props, deleted, [], force=True, ready=pre.files
+                )
+                snap = new_table.current_snapshot()
+        finally:
+            pre.discard()
+        return WriteResult(
+            dataset=spec.name,
+            write_mode="replace",
+            first_deploy=plan.first_deploy,
+            rows_in=rows,
+            rows_inserted=rows,
+            rows_deleted=total_before,
+            rows_total_after=rows,
+            snapshot_id=snap.snapshot_id if snap else None,
+            files_rewritten=len(deleted),
+            files_added=len(pre.files),
+            duration_s=time.perf_counter() - started,
+            lock_wait_s=stats.wait_s,
+            lock_held_s=stats.held_s,
             table=self.table_name(spec),
         )
 
@@ -336,12 +554,18 @@ class IcebergStore:
         table: Table,
         frame: pl.DataFrame,
         props: dict[str, str],
+        *,
+        pre: _Prewritten | None = None,
     ) -> WriteResult:
         tx = table.transaction()
         evolution = plan_evolution(spec, table.schema(), frame)
         _evolve(tx, evolution)
         schema = tx.table_metadata.schema()
-        frame = _sorted(_align(frame, schema), spec)
+        if pre is not None and evolution.empty:
+            frame = pre.frame  # already aligned and sorted, and its files are written
+        else:
+            pre = None
+            frame = _sorted(_align(frame, schema), spec)
         total_before = _total_records(table)
         merge = _Merge(table=table, tx=tx, spec=spec, frame=frame, schema=schema)
         changes = merge.run(plan)
@@ -354,7 +578,12 @@ class IcebergStore:
         force = plan.first_deploy
         snapshot_id: int | None = None
         if not changes.noop or force:
-            new_table = _commit(tx, props, changes.deleted_files, changes.new_frames, force=force)
+            frames, ready = changes.new_frames, []
+            if pre is not None and frames and frames[0] is frame:
+                # the merge writes the computed frame as it is: its files are the pre-written ones
+                frames, ready = frames[1:], pre.files
+                pre.handed_to_commit = True
+            new_table = _commit(tx, props, changes.deleted_files, frames, force=force, ready=ready)
             snap = new_table.current_snapshot()
             snapshot_id = snap.snapshot_id if snap else None
         elif not evolution.empty:
@@ -456,6 +685,8 @@ class _Merge:
         keys = pl.concat(existing) if existing else self.frame.head(0).select(pk)
         fresh = self.frame.join(keys, on=pk, how="anti", nulls_equal=True)
         skipped = self.frame.height - fresh.height
+        if skipped == 0:
+            fresh = self.frame  # written as it is (its files may already exist: see _Prewritten)
         total = _total_records(self.table)
         return _Changes(
             new_frames=[fresh], inserted=fresh.height, skipped=skipped, preserved=total - skipped
@@ -820,10 +1051,14 @@ def _commit(
     frames: list[pl.DataFrame],
     *,
     force: bool,
+    ready: Sequence[DataFile] = (),
 ) -> Table:
-    """Write `frames` as data files and commit them with `deleted` removed: exactly one snapshot."""
+    """Write `frames` as data files and commit them and the `ready` (already written) files with
+    `deleted` removed: exactly one snapshot."""
     update = tx.update_snapshot(snapshot_properties=props)
     producer = update.overwrite() if deleted or force else update.fast_append()
+    for data_file in ready:
+        producer.append_data_file(data_file)
     writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)
     for frame in frames:
         for data_file in writer.write(frame):
@@ -833,6 +1068,41 @@ def _commit(
     _fault_injection("before_commit")
     producer.commit()
     return tx.commit_transaction()
+
+
+def _stream_batches(
+    spec: DatasetSpec,
+    first: pl.DataFrame,
+    rest: Iterator[pl.DataFrame],
+    writer: DataFileWriter,
+    schema: Schema,
+    *,
+    sink: list[DataFile],
+) -> int:
+    """Check, align and write `first` and then every batch of `rest`; the files go to `sink`.
+
+    Returns the rows written. Every batch must have the first batch's columns.
+    """
+    rows = 0
+    columns = first.columns
+    batch: pl.DataFrame | None = first
+    while batch is not None:
+        if batch.columns != columns:
+            raise BadInput(
+                f"dataset {spec.name!r}: batch columns {batch.columns} differ from the first "
+                f"batch's {columns}; nothing was written"
+            )
+        batch = _align(check_keys(spec, to_polars(spec, batch)), schema)
+        sink.extend(writer.write(batch))
+        rows += batch.height
+        batch = next(rest, None)
+    return rows
+
+
+def _delete_quietly(file_io: FileIO, path: str) -> None:
+    """Delete a data file nobody references (best effort: doctor lists what is left)."""
+    with suppress(OSError, ValueError):
+        file_io.delete(path)
 
 
 def _fault_injection(point: str) -> None:
@@ -846,4 +1116,4 @@ def _fault_injection(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-__all__ = ["IcebergStore", "summary_properties", "window_filter"]
+__all__ = ["IcebergStore", "PreparedWrite", "summary_properties", "window_filter"]
