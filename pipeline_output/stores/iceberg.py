@@ -424,21 +424,8 @@ class IcebergStore:
             producer.commit()
             new_table = tx.commit_transaction()
             snap = new_table.current_snapshot()
-        return WriteResult(
-            dataset=spec.name,
-            write_mode="replace",
-            first_deploy=plan.first_deploy,
-            rows_in=rows,
-            rows_inserted=rows,
-            rows_deleted=total_before,
-            rows_total_after=rows,
-            snapshot_id=snap.snapshot_id if snap else None,
-            files_rewritten=len(deleted),
-            files_added=len(writer.written),
-            duration_s=time.perf_counter() - started,
-            lock_wait_s=stats.wait_s,
-            lock_held_s=stats.held_s,
-            table=self.table_name(spec),
+        return self._replaced(
+            spec, plan, rows, total_before, snap, len(deleted), len(writer.written), started, stats
         )
 
     def _replace_streaming_unlocked(
@@ -487,6 +474,23 @@ class IcebergStore:
                 snap = new_table.current_snapshot()
         finally:
             pre.discard()
+        return self._replaced(
+            spec, plan, rows, total_before, snap, len(deleted), len(pre.files), started, stats
+        )
+
+    def _replaced(
+        self,
+        spec: DatasetSpec,
+        plan: WritePlan,
+        rows: int,
+        total_before: int,
+        snap: Any,
+        files_rewritten: int,
+        files_added: int,
+        started: float,
+        stats: LockStats,
+    ) -> WriteResult:
+        """The result of a streaming replace."""
         return WriteResult(
             dataset=spec.name,
             write_mode="replace",
@@ -496,8 +500,8 @@ class IcebergStore:
             rows_deleted=total_before,
             rows_total_after=rows,
             snapshot_id=snap.snapshot_id if snap else None,
-            files_rewritten=len(deleted),
-            files_added=len(pre.files),
+            files_rewritten=files_rewritten,
+            files_added=files_added,
             duration_s=time.perf_counter() - started,
             lock_wait_s=stats.wait_s,
             lock_held_s=stats.held_s,
