@@ -161,24 +161,13 @@ class Publisher:
         if isinstance(data, pl.LazyFrame):
             data = data.collect()
         if mode.mode == "iceberg":
-            out.results["iceberg"] = self._record(
-                spec,
-                "iceberg",
-                run_id,
-                window,
-                lambda: self.iceberg.write(
-                    spec, data, window=window, run_id=run_id, summary=summary, prepared=prepared
-                ),
+            out.results["iceberg"] = self._write_iceberg(
+                spec, data, window=window, run_id=run_id, summary=summary, prepared=prepared
             )
             return out
         if mode.mode == "pg":
-            out.results["pg"] = self._record(
-                spec,
-                "pg",
-                run_id,
-                window,
-                lambda: self.postgres.write(spec, data, window=window, run_id=run_id),  # type: ignore[union-attr]
-            )
+            # the pg arm records its own deploy inside its transaction
+            out.results["pg"] = self.postgres.write(spec, data, window=window, run_id=run_id)  # type: ignore[union-attr]
             return out
         return self._publish_dual(
             spec, data, out=out, window=window, run_id=run_id, summary=summary, prepared=prepared
@@ -198,14 +187,8 @@ class Publisher:
         assert self.postgres is not None
         pending = self.postgres.begin_write(spec, data, window=window, run_id=run_id)
         try:
-            out.results["iceberg"] = self._record(
-                spec,
-                "iceberg",
-                run_id,
-                window,
-                lambda: self.iceberg.write(
-                    spec, data, window=window, run_id=run_id, summary=summary, prepared=prepared
-                ),
+            out.results["iceberg"] = self._write_iceberg(
+                spec, data, window=window, run_id=run_id, summary=summary, prepared=prepared
             )
         except BaseException:
             pending.rollback()
@@ -230,18 +213,21 @@ class Publisher:
         out.results["pg"] = pending.result
         return out
 
-    def _record(
+    def _write_iceberg(
         self,
         spec: DatasetSpec,
-        arm: str,
-        run_id: str | None,
+        data: Any,
+        *,
         window: Window | None,
-        write: Any,
+        run_id: str | None,
+        summary: dict[str, str] | None,
+        prepared: PreparedWrite | None,
     ) -> WriteResult:
-        """Run one arm's write and record it in the ledger (when there is one)."""
-        result: WriteResult = write()
-        if self.ledger is not None and arm == "iceberg" and not result.noop:
-            # the pg arm records its own deploy inside its transaction; Iceberg's is recorded here
+        """The Iceberg arm's write, recorded in the ledger (when there is one) unless a no-op."""
+        result = self.iceberg.write(
+            spec, data, window=window, run_id=run_id, summary=summary, prepared=prepared
+        )
+        if self.ledger is not None and not result.noop:
             self.ledger.record_deploy(
                 spec.name,
                 "iceberg",
