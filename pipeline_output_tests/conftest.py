@@ -12,7 +12,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
@@ -20,6 +20,9 @@ from psycopg import sql
 
 from pipeline_output import embedded_pg
 from pipeline_output.settings import Settings, get_settings, to_sqlalchemy_url, with_database
+
+if TYPE_CHECKING:
+    from pipeline_output_tests.iceberg_harness import Harness
 
 TEST_PG_URL = "PIPELINE_OUTPUT_TEST_PG_URL"
 
@@ -44,9 +47,8 @@ def pg_url() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture
-def pg_db_url(pg_url: str) -> Iterator[str]:
-    """A fresh database on the session server (dropped with FORCE after the test)."""
+def fresh_database(pg_url: str) -> Iterator[str]:
+    """Create a fresh database on the server at `pg_url`, yield its URL, drop it with FORCE after."""
     name = f"t{uuid.uuid4().hex[:12]}"
     admin = with_database(pg_url, database="postgres")
     with psycopg.connect(admin, autocommit=True) as conn:
@@ -61,7 +63,33 @@ def pg_db_url(pg_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def fresh_catalog(pg_db_url: str, tmp_path: Path) -> Iterator[Callable[[], Any]]:
+def pg_db_url(pg_url: str) -> Iterator[str]:
+    """A fresh database on the session server (dropped with FORCE after the test)."""
+    yield from fresh_database(pg_url)
+
+
+@pytest.fixture
+def other_db_url(pg_url: str) -> Iterator[str]:
+    """A second fresh database on the session server, to compare two independent runs."""
+    yield from fresh_database(pg_url)
+
+
+@pytest.fixture
+def catalog_warehouse(tmp_path: Path) -> str:
+    """The warehouse `fresh_catalog` writes to: a local directory (a test module may override)."""
+    return f"file://{tmp_path}/warehouse"
+
+
+@pytest.fixture
+def catalog_properties() -> dict[str, str]:
+    """Extra pyiceberg properties of `fresh_catalog` handles, e.g. FileIO settings (overridable)."""
+    return {}
+
+
+@pytest.fixture
+def fresh_catalog(
+    pg_db_url: str, catalog_warehouse: str, catalog_properties: dict[str, str]
+) -> Iterator[Callable[[], Any]]:
     """Zero-arg factory of NEW SqlCatalog handles on the test database (same properties)."""
     from pyiceberg.catalog.sql import SqlCatalog
 
@@ -71,7 +99,8 @@ def fresh_catalog(pg_db_url: str, tmp_path: Path) -> Iterator[Callable[[], Any]]
         catalog = SqlCatalog(
             "default",
             uri=to_sqlalchemy_url(pg_db_url, driver="psycopg"),
-            warehouse=f"file://{tmp_path}/warehouse",
+            warehouse=catalog_warehouse,
+            **catalog_properties,
         )
         handles.append(catalog)
         return catalog
@@ -87,6 +116,14 @@ def catalog(fresh_catalog: Callable[[], Any]) -> Any:
     cat = fresh_catalog()
     cat.create_namespace("datasets")
     return cat
+
+
+@pytest.fixture
+def h(catalog: Any, fresh_catalog: Callable[[], Any], pg_db_url: str) -> Harness:
+    """The Iceberg arm's test harness on `catalog` (a module testing another arm overrides `h`)."""
+    from pipeline_output_tests.iceberg_harness import Harness
+
+    return Harness(catalog, fresh_catalog, pg_db_url)
 
 
 @pytest.fixture

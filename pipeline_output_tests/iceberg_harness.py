@@ -1,5 +1,8 @@
 """Shared helpers for the Iceberg-arm tests: build stores, read back through a fresh catalog handle,
 and check one write against the oracle (contents, counters, snapshots, summary properties).
+
+The input frames and specs (`customers`, `spec_for`, `base`, `redeploy_rows`, `window_rows`) and
+`expect_write` serve the legacy Postgres arm's tests as well, so both arms face the same scenarios.
 """
 
 from __future__ import annotations
@@ -12,9 +15,15 @@ import polars as pl
 import pyarrow as pa
 
 import pipeline_output
-from pipeline_output import DatasetSpec, IcebergStore, Window, WriteResult
+from pipeline_output import DatasetSpec, Delta, IcebergStore, Window, WriteResult
 from pipeline_output.locks import AdvisoryLock
-from pipeline_output_tests.oracle import Expected, assert_same_multiset, canonical, expect
+from pipeline_output_tests.oracle import (
+    Expected,
+    assert_counters,
+    assert_same_multiset,
+    expect,
+    is_identical_replace,
+)
 
 NS = "datasets"
 PROP = "pipeline-output."
@@ -32,6 +41,69 @@ def customers(ids: Any, *, version: int = 0, seq: Any = None) -> pl.DataFrame:
             "day": pl.Series([date(2024, 1, 1 + (i % 28)) for i in ids], dtype=pl.Date),
             "seq": pl.Series(seqs, dtype=pl.Int64),
         }
+    )
+
+
+def spec_for(strategy: str, *, delta: bool = False, name: str = "customers") -> DatasetSpec:
+    """A dataset keyed on `id` (windowed on `seq` when `delta`)."""
+    return DatasetSpec(
+        name=name,
+        primary_key=("id",),
+        strategy=strategy,  # type: ignore[arg-type]
+        delta=Delta(source="raw", watermark="seq") if delta else None,
+    )
+
+
+def base() -> pl.DataFrame:
+    """The first deploy's rows: ids 1..40 (seq = id)."""
+    return customers(range(1, 41))
+
+
+def redeploy_rows() -> pl.DataFrame:
+    """Overlaps base(): 21..30 changed, 31..40 identical, 41..60 new; 1..20 not mentioned."""
+    return pl.concat(
+        [customers(range(21, 31), version=1), customers(range(31, 41)), customers(range(41, 61))]
+    )
+
+
+def nan_and_null_rows() -> pl.DataFrame:
+    """base() with NaN and nulls in `amount` and nulls in `name` (identical reruns change nothing)."""
+    return base().with_columns(
+        amount=pl.when(pl.col("id") % 3 == 0)
+        .then(float("nan"))
+        .when(pl.col("id") % 3 == 1)
+        .then(None)
+        .otherwise(pl.col("amount")),
+        name=pl.when(pl.col("id") % 2 == 0).then(None).otherwise(pl.col("name")),
+    )
+
+
+WINDOW = Window(low=10, high=20)
+
+
+def window_rows() -> pl.DataFrame:
+    """Compute for window (10, 20] over base(): 11..14 changed, 15..18 identical, 19 and 20 absent,
+    and new keys 101..103 with seq 11, 15 and 20 (the high boundary is inside)."""
+    return pl.concat(
+        [
+            customers(range(11, 15), version=2),
+            customers(range(15, 19)),
+            customers([101, 102, 103], seq=[11, 15, 20], version=2),
+        ]
+    )
+
+
+def expect_write(
+    spec: DatasetSpec, before: pl.DataFrame | None, data: pl.DataFrame, window: Window | None
+) -> Expected:
+    """The oracle's prediction for writing `data` with `spec` over `before` (None = first deploy)."""
+    return expect(
+        spec.strategy,
+        before,
+        data,
+        list(spec.primary_key),
+        window=(window.low, window.high) if window is not None else None,
+        watermark=spec.delta.watermark if spec.delta else None,
     )
 
 
@@ -118,14 +190,7 @@ class Harness:
         before = self.contents(spec, cat)
         before_ids = self.snapshot_ids(spec, cat)
         before_current = self.table(spec, cat).current_snapshot() if before_ids else None
-        exp = expect(
-            spec.strategy,
-            before,
-            data,
-            list(spec.primary_key),
-            window=(window.low, window.high) if window is not None else None,
-            watermark=spec.delta.watermark if spec.delta else None,
-        )
+        exp = expect_write(spec, before, data, window)
         res = self.store().write(spec, as_kind(data, kind), window=window, run_id=run_id)
 
         assert res.write_mode == exp.write_mode, (res.write_mode, exp.write_mode)
@@ -137,12 +202,7 @@ class Harness:
             assert_same_multiset(after, exp.table)
 
         # A replace of data identical to the target may be a no-op or a snapshot: accept both.
-        identical_replace = (
-            exp.write_mode == "replace"
-            and before is not None
-            and sorted(before.columns) == sorted(exp.table.columns)
-            and canonical(before).equals(canonical(exp.table))
-        )
+        identical_replace = is_identical_replace(exp, before)
         # An empty first deploy may commit an empty snapshot (marking the deploy) or none.
         identical_replace = identical_replace or (exp.first_deploy and data.height == 0)
         after_ids = self.snapshot_ids(spec, cat)
@@ -162,11 +222,7 @@ class Harness:
             assert new_ids == [], f"a no-op write created snapshots {new_ids}"
 
         if check_counters:
-            counters = dict(exp.counters)
-            if identical_replace:
-                counters = {k: counters[k] for k in ("rows_in", "rows_total_after")}
-            got = {k: getattr(res, k) for k in counters}
-            assert got == counters, f"counters: got {got}, oracle {counters}"
+            assert_counters(res, exp, identical_replace=identical_replace)
         assert res.rows_total_after == exp.table.height
         return res, exp
 

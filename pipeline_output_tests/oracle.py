@@ -31,7 +31,11 @@ DECISIONS: dict[tuple[str, str], str] = {
     ("sync", "window"): "sync",
 }
 
+# Every strategy, in the order the tests parametrize over it.
+STRATEGIES = ("snapshot_replace", "append_always", "append_new", "replace", "sync")
 IDEMPOTENT = ("replace", "snapshot_replace", "append_new", "sync")
+# Keyed strategies whose identical rerun changes nothing (no snapshot, no deploy record).
+KEYED_NOOP = ("snapshot_replace", "append_new", "sync")
 
 
 @dataclass
@@ -237,3 +241,24 @@ def assert_same_multiset(
         check_dtypes=check_dtypes,
         check_exact=True,
     )
+
+
+def is_identical_replace(exp: Expected, before: pl.DataFrame | None) -> bool:
+    """A replace whose result equals the target it replaces (same columns, same multiset): the store
+    may skip it or commit it, and only `rows_in` / `rows_total_after` are then meaningful."""
+    return (
+        exp.write_mode == "replace"
+        and before is not None
+        and sorted(before.columns) == sorted(exp.table.columns)
+        and canonical(before).equals(canonical(exp.table))
+    )
+
+
+def assert_counters(res: object, exp: Expected, *, identical_replace: bool) -> None:
+    """The write result's counters are the oracle's (only the two meaningful ones for an identical
+    replace, see `is_identical_replace`)."""
+    counters = dict(exp.counters)
+    if identical_replace:
+        counters = {k: counters[k] for k in ("rows_in", "rows_total_after")}
+    got = {k: getattr(res, k) for k in counters}
+    assert got == counters, f"counters: got {got}, oracle {counters}"

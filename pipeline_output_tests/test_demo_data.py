@@ -7,38 +7,18 @@ computes produce keyed, unique outputs whose contents match SQL computed indepen
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from decimal import Decimal
 
 import polars as pl
 import psycopg
 import pytest
 from polars.testing import assert_frame_equal
-from psycopg import sql
 
 from pipeline_output.demo import computes, shop_data
 from pipeline_output.demo.shop_data import CUSTOMERS, ORDER_EVENTS, ORDERS, PRODUCTS, TABLES
-from pipeline_output.settings import with_database
 from pipeline_output.spec import STRATEGIES
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def other_db_url(pg_url: str) -> Iterator[str]:
-    """A second fresh database on the session server, to compare two independent runs."""
-    name = f"t{uuid.uuid4().hex[:12]}"
-    admin = with_database(pg_url, database="postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        yield with_database(pg_url, database=name)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 def snapshot(url: str) -> dict[str, pl.DataFrame]:

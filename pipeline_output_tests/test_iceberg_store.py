@@ -14,37 +14,17 @@ from hypothesis import strategies as st
 from pyiceberg.expressions import AlwaysTrue
 
 from pipeline_output import DatasetSpec, Delta, Window
-from pipeline_output_tests.iceberg_harness import Harness, customers
-from pipeline_output_tests.oracle import assert_same_multiset
-
-STRATEGIES = ["snapshot_replace", "append_always", "append_new", "replace", "sync"]
-IDEMPOTENT = ["snapshot_replace", "append_new", "replace", "sync"]
-
-
-@pytest.fixture
-def h(catalog, fresh_catalog, pg_db_url) -> Harness:
-    return Harness(catalog, fresh_catalog, pg_db_url)
-
-
-def spec_for(strategy: str, *, delta: bool = False, name: str = "customers") -> DatasetSpec:
-    return DatasetSpec(
-        name=name,
-        primary_key=("id",),
-        strategy=strategy,  # type: ignore[arg-type]
-        delta=Delta(source="raw", watermark="seq") if delta else None,
-    )
-
-
-def base() -> pl.DataFrame:
-    return customers(range(1, 41))
-
-
-def redeploy_rows() -> pl.DataFrame:
-    """Overlaps base(): 21..30 changed, 31..40 identical, 41..60 new; 1..20 not mentioned."""
-    return pl.concat(
-        [customers(range(21, 31), version=1), customers(range(31, 41)), customers(range(41, 61))]
-    )
-
+from pipeline_output_tests.iceberg_harness import (
+    WINDOW,
+    Harness,
+    base,
+    customers,
+    nan_and_null_rows,
+    redeploy_rows,
+    spec_for,
+    window_rows,
+)
+from pipeline_output_tests.oracle import IDEMPOTENT, KEYED_NOOP, STRATEGIES, assert_same_multiset
 
 # --- first deploy, run twice ---------------------------------------------------------------------
 
@@ -66,7 +46,7 @@ def test_first_deploy_replaces_and_identical_rerun_is_safe(h, strategy):
         assert h.raw(spec).height == 80
     else:
         assert_same_multiset(h.raw(spec), data)
-    if strategy in ("snapshot_replace", "append_new", "sync"):
+    if strategy in KEYED_NOOP:
         assert res2.snapshot_id is None
         assert res2.rows_inserted == res2.rows_updated == res2.rows_deleted == 0
     assert len(h.snapshot_ids(spec)) == (1 if res2.snapshot_id is None else 2)
@@ -98,7 +78,7 @@ def test_redeploy_matches_oracle_and_rerun_is_idempotent(h, strategy):
         assert_same_multiset(h.raw(spec), exp1.table)
     else:
         assert h.raw(spec).height == 40 + 2 * data.height
-    if strategy in ("snapshot_replace", "append_new", "sync"):
+    if strategy in KEYED_NOOP:
         assert res2.snapshot_id is None
 
 
@@ -190,21 +170,6 @@ def test_no_primary_key_replace_and_append(h):
 # --- windows -------------------------------------------------------------------------------------
 
 
-WINDOW = Window(low=10, high=20)
-
-
-def window_rows() -> pl.DataFrame:
-    """Compute for window (10, 20] over base(): 11..14 changed, 15..18 identical, 19 and 20 absent,
-    and new keys 101..103 with seq 11, 15 and 20 (the high boundary is inside)."""
-    return pl.concat(
-        [
-            customers(range(11, 15), version=2),
-            customers(range(15, 19)),
-            customers([101, 102, 103], seq=[11, 15, 20], version=2),
-        ]
-    )
-
-
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_windowed_redeploy_matches_oracle_and_rerun(h, strategy):
     spec = spec_for(strategy, delta=True)
@@ -214,7 +179,7 @@ def test_windowed_redeploy_matches_oracle_and_rerun(h, strategy):
     res2, _ = h.write_and_check(spec, data, window=WINDOW, run_id="w2")
     if strategy in IDEMPOTENT:
         assert_same_multiset(h.raw(spec), exp1.table)
-    if strategy in ("snapshot_replace", "append_new", "sync"):
+    if strategy in KEYED_NOOP:
         assert res2.snapshot_id is None
 
 
@@ -299,14 +264,7 @@ def test_drained_table_with_snapshot_is_a_redeploy_not_a_first_deploy(h):
 
 def test_upsert_rerun_with_nan_and_nulls_in_value_columns_is_a_noop(h):
     spec = spec_for("snapshot_replace")
-    data = base().with_columns(
-        amount=pl.when(pl.col("id") % 3 == 0)
-        .then(float("nan"))
-        .when(pl.col("id") % 3 == 1)
-        .then(None)
-        .otherwise(pl.col("amount")),
-        name=pl.when(pl.col("id") % 2 == 0).then(None).otherwise(pl.col("name")),
-    )
+    data = nan_and_null_rows()
     h.write_and_check(spec, data)
     res, _ = h.write_and_check(spec, data, run_id="r2")
     assert res.rows_updated == 0

@@ -31,12 +31,26 @@ from pipeline_output.errors import (
 )
 from pipeline_output.ledger import Ledger
 from pipeline_output.stores.postgres import PostgresStore
-from pipeline_output_tests.iceberg_harness import as_kind, customers
-from pipeline_output_tests.oracle import Expected, assert_same_multiset, canonical, expect
-
-STRATEGIES = ["snapshot_replace", "append_always", "append_new", "replace", "sync"]
-IDEMPOTENT = ["snapshot_replace", "append_new", "replace", "sync"]
-KEYED_NOOP = ["snapshot_replace", "append_new", "sync"]
+from pipeline_output_tests.iceberg_harness import (
+    WINDOW,
+    as_kind,
+    base,
+    customers,
+    expect_write,
+    nan_and_null_rows,
+    redeploy_rows,
+    spec_for,
+    window_rows,
+)
+from pipeline_output_tests.oracle import (
+    IDEMPOTENT,
+    KEYED_NOOP,
+    STRATEGIES,
+    Expected,
+    assert_counters,
+    assert_same_multiset,
+    is_identical_replace,
+)
 
 
 @dataclass
@@ -89,14 +103,7 @@ class PgHarness:
     ) -> tuple[WriteResult, Expected]:
         before = self.contents(spec)
         before_ids = self.deploy_ids(spec)
-        exp = expect(
-            spec.strategy,
-            before,
-            data,
-            list(spec.primary_key),
-            window=(window.low, window.high) if window is not None else None,
-            watermark=spec.delta.watermark if spec.delta else None,
-        )
+        exp = expect_write(spec, before, data, window)
         res = self.store().write(spec, as_kind(data, kind), window=window, run_id=run_id)
         assert res.arm == "pg"
         assert res.write_mode == exp.write_mode, (res.write_mode, exp.write_mode)
@@ -105,12 +112,7 @@ class PgHarness:
         assert after is not None
         assert_same_multiset(after, exp.table)
 
-        identical_replace = (
-            exp.write_mode == "replace"
-            and before is not None
-            and sorted(before.columns) == sorted(exp.table.columns)
-            and canonical(before).equals(canonical(exp.table))
-        )
+        identical_replace = is_identical_replace(exp, before)
         new_ids = [i for i in self.deploy_ids(spec) if i not in before_ids]
         if exp.changes or exp.first_deploy or (identical_replace and res.snapshot_id is not None):
             assert res.snapshot_id is not None, "a write that changes the arm must be recorded"
@@ -125,11 +127,7 @@ class PgHarness:
             assert res.snapshot_id is None, "a no-op write must not record a deploy"
             assert new_ids == []
 
-        counters = dict(exp.counters)
-        if identical_replace:
-            counters = {k: counters[k] for k in ("rows_in", "rows_total_after")}
-        got = {k: getattr(res, k) for k in counters}
-        assert got == counters, f"counters: got {got}, oracle {counters}"
+        assert_counters(res, exp, identical_replace=identical_replace)
         assert res.rows_total_after == exp.table.height
         return res, exp
 
@@ -137,41 +135,6 @@ class PgHarness:
 @pytest.fixture
 def h(pg_db_url: str) -> PgHarness:
     return PgHarness(pg_db_url)
-
-
-def spec_for(strategy: str, *, delta: bool = False, name: str = "customers") -> DatasetSpec:
-    return DatasetSpec(
-        name=name,
-        primary_key=("id",),
-        strategy=strategy,  # type: ignore[arg-type]
-        delta=Delta(source="raw", watermark="seq") if delta else None,
-    )
-
-
-def base() -> pl.DataFrame:
-    return customers(range(1, 41))
-
-
-def redeploy_rows() -> pl.DataFrame:
-    """Overlaps base(): 21..30 changed, 31..40 identical, 41..60 new; 1..20 not mentioned."""
-    return pl.concat(
-        [customers(range(21, 31), version=1), customers(range(31, 41)), customers(range(41, 61))]
-    )
-
-
-WINDOW = Window(low=10, high=20)
-
-
-def window_rows() -> pl.DataFrame:
-    """Window (10, 20] over base(): 11..14 changed, 15..18 identical, 19/20 absent, new 101..103
-    with seq 11, 15 and 20 (the high boundary is inside)."""
-    return pl.concat(
-        [
-            customers(range(11, 15), version=2),
-            customers(range(15, 19)),
-            customers([101, 102, 103], seq=[11, 15, 20], version=2),
-        ]
-    )
 
 
 # --- the decision table: first deploy / re-deploy / window, each run twice -----------------------
@@ -422,14 +385,7 @@ def test_rows_without_a_deploy_record_are_a_first_deploy(h):
 
 def test_upsert_rerun_with_nan_and_nulls_is_a_noop(h):
     spec = spec_for("snapshot_replace")
-    data = base().with_columns(
-        amount=pl.when(pl.col("id") % 3 == 0)
-        .then(float("nan"))
-        .when(pl.col("id") % 3 == 1)
-        .then(None)
-        .otherwise(pl.col("amount")),
-        name=pl.when(pl.col("id") % 2 == 0).then(None).otherwise(pl.col("name")),
-    )
+    data = nan_and_null_rows()
     h.write_and_check(spec, data)
     res, _ = h.write_and_check(spec, data, run_id="r2")
     assert (res.rows_updated, res.rows_unchanged, res.snapshot_id) == (0, 40, None)

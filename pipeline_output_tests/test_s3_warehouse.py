@@ -13,18 +13,26 @@ from __future__ import annotations
 import logging
 import socket
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pytest
 
-from pipeline_output import DatasetSpec, Delta, Window
+from pipeline_output import DatasetSpec
 from pipeline_output.doctor import find_orphans, remove_orphans
 from pipeline_output.settings import catalog_env_prefix, get_settings, to_sqlalchemy_url
 from pipeline_output.stores.iceberg_files import DataFileWriter
-from pipeline_output_tests.iceberg_harness import NS, Harness, customers
+from pipeline_output_tests.iceberg_harness import (
+    NS,
+    WINDOW,
+    Harness,
+    base,
+    customers,
+    redeploy_rows,
+    spec_for,
+)
 from pipeline_output_tests.oracle import assert_same_multiset
 
 BUCKET = "po-warehouse"
@@ -43,7 +51,7 @@ def _free_port() -> int:
 def s3_endpoint() -> Iterator[str]:
     """`http://127.0.0.1:<port>` of a moto S3 server with the bucket `po-warehouse` created."""
     try:
-        import boto3
+        import boto3  # noqa: F401  (s3_client needs it: skip here when it is missing)
         from botocore.exceptions import EndpointConnectionError
         from moto.server import ThreadedMotoServer
     except ImportError as exc:  # the dev extra brings moto[server]
@@ -59,13 +67,7 @@ def s3_endpoint() -> Iterator[str]:
     except Exception as exc:  # any failure to start means: nothing to test against
         pytest.skip(f"moto's S3 server could not start on 127.0.0.1:{port}: {exc!r}")
     try:
-        client = boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            aws_access_key_id=KEY_ID,
-            aws_secret_access_key=SECRET,
-            region_name=REGION,
-        )
+        client = s3_client(endpoint)
         try:
             client.create_bucket(Bucket=BUCKET)
         except EndpointConnectionError as exc:  # the server thread never listened
@@ -86,18 +88,24 @@ def s3_properties(endpoint: str) -> dict[str, str]:
     }
 
 
-def list_objects(endpoint: str, prefix: str) -> list[str]:
+def s3_client(endpoint: str) -> Any:
+    """A boto3 S3 client of the test server, with the test credentials."""
     import boto3
 
-    client = boto3.client(
+    return boto3.client(
         "s3",
         endpoint_url=endpoint,
         aws_access_key_id=KEY_ID,
         aws_secret_access_key=SECRET,
         region_name=REGION,
     )
+
+
+def list_objects(endpoint: str, prefix: str) -> list[str]:
     keys: list[str] = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+    for page in (
+        s3_client(endpoint).get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    ):
         keys.extend(obj["Key"] for obj in page.get("Contents", []))
     return keys
 
@@ -108,58 +116,18 @@ def warehouse_prefix() -> str:
     return f"wh-{uuid.uuid4().hex[:10]}"
 
 
+# conftest's `fresh_catalog` (and so `catalog` and the harness `h`) reads these two: overridden here,
+# every catalog handle of this module keeps its warehouse in the bucket of the moto server.
 @pytest.fixture
-def s3_catalog_factory(
-    s3_endpoint: str, pg_db_url: str, warehouse_prefix: str
-) -> Iterator[Callable[[], Any]]:
-    """Zero-arg factory of NEW SqlCatalog handles: Postgres catalog, S3 warehouse."""
-    from pyiceberg.catalog.sql import SqlCatalog
-
-    handles: list[Any] = []
-
-    def make() -> Any:
-        cat = SqlCatalog(
-            "default",
-            uri=to_sqlalchemy_url(pg_db_url, driver="psycopg"),
-            warehouse=f"s3://{BUCKET}/{warehouse_prefix}",
-            **s3_properties(s3_endpoint),
-        )
-        handles.append(cat)
-        return cat
-
-    yield make
-    for handle in handles:
-        handle.engine.dispose()
+def catalog_warehouse(warehouse_prefix: str) -> str:
+    """Overrides conftest's: `fresh_catalog` handles keep their warehouse in the S3 bucket."""
+    return f"s3://{BUCKET}/{warehouse_prefix}"
 
 
 @pytest.fixture
-def h(s3_catalog_factory: Callable[[], Any], pg_db_url: str) -> Harness:
-    cat = s3_catalog_factory()
-    cat.create_namespace(NS)
-    return Harness(cat, s3_catalog_factory, pg_db_url)
-
-
-def spec_for(strategy: str, *, delta: bool = False) -> DatasetSpec:
-    return DatasetSpec(
-        name=f"c_{strategy}",
-        primary_key=("id",),
-        strategy=strategy,  # type: ignore[arg-type]
-        delta=Delta(source="raw", watermark="seq") if delta else None,
-    )
-
-
-def base() -> pl.DataFrame:
-    return customers(range(1, 41))
-
-
-def redeploy_rows() -> pl.DataFrame:
-    """21..30 changed, 31..40 identical, 41..60 new; 1..20 not mentioned."""
-    return pl.concat(
-        [customers(range(21, 31), version=1), customers(range(31, 41)), customers(range(41, 61))]
-    )
-
-
-WINDOW = Window(low=10, high=20)
+def catalog_properties(s3_endpoint: str) -> dict[str, str]:
+    """Overrides conftest's: `fresh_catalog` handles reach the bucket through the test server."""
+    return s3_properties(s3_endpoint)
 
 
 def window_rows() -> pl.DataFrame:
@@ -191,7 +159,7 @@ def test_every_write_mode_on_s3_matches_the_oracle_twice_with_one_snapshot_per_w
     strategy: str,
     windowed: bool,
 ) -> None:
-    spec = spec_for(strategy, delta=windowed)
+    spec = spec_for(strategy, delta=windowed, name=f"c_{strategy}")
     first, _ = h.write_and_check(spec, base(), run_id="deploy")
     assert first.write_mode == "replace" and first.first_deploy
 
@@ -226,7 +194,7 @@ def test_every_write_mode_on_s3_matches_the_oracle_twice_with_one_snapshot_per_w
 
 
 def test_first_deploy_and_read_of_a_window_on_s3(h: Harness) -> None:
-    spec = spec_for("snapshot_replace", delta=True)
+    spec = spec_for("snapshot_replace", delta=True, name="c_snapshot_replace")
     h.write_and_check(spec, base(), run_id="deploy")
     got = h.store(h.fresh()).read(spec, window=WINDOW)
     assert_same_multiset(got, base().filter((pl.col("seq") > 10) & (pl.col("seq") <= 20)))
@@ -250,7 +218,7 @@ def test_s3_warehouse_configured_through_pyiceberg_env_vars_only(
         from pipeline_output.locks import AdvisoryLock
 
         store = IcebergStore(cat, settings.namespace, lock=AdvisoryLock(pg_db_url))
-        spec = spec_for("snapshot_replace")
+        spec = spec_for("snapshot_replace", name="c_snapshot_replace")
         store.write(spec, base(), run_id="env")
         res = store.write(spec, redeploy_rows(), run_id="env-2")
         assert res.write_mode == "upsert" and res.rows_total_after == 60
