@@ -7,6 +7,7 @@ The input frames and specs (`customers`, `spec_for`, `base`, `redeploy_rows`, `w
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
@@ -255,3 +256,11 @@ class Harness:
                 assert any(s and s in text for s in spellings) or window.to_key() == text, text
         # Iceberg's own row count agrees with what the store reports.
         assert int(props["total-records"]) == res.rows_total_after
+
+
+def scored_batches(fail_after: int) -> Iterator[pl.DataFrame]:
+    """Five batches of 10 scored rows, like a model node's; batch `fail_after` raises instead."""
+    for i in range(5):
+        if i == fail_after:
+            raise RuntimeError("predict blew up")
+        yield pl.DataFrame({"id": list(range(i * 10, i * 10 + 10)), "v": [float(i)] * 10})

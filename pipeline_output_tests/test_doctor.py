@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import polars as pl
@@ -14,13 +13,7 @@ from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.doctor import find_orphans, remove_orphans
 from pipeline_output.locks import AdvisoryLock
 from pipeline_output.stores.iceberg_files import DataFileWriter
-
-
-def _batches(fail_after: int) -> Iterator[pl.DataFrame]:
-    for i in range(5):
-        if i == fail_after:
-            raise RuntimeError("predict blew up")
-        yield pl.DataFrame({"id": list(range(i * 10, i * 10 + 10)), "v": [float(i)] * 10})
+from pipeline_output_tests.iceberg_harness import scored_batches
 
 
 def test_failed_streaming_replace_leaves_table_unchanged_and_deletes_its_files(
@@ -28,10 +21,10 @@ def test_failed_streaming_replace_leaves_table_unchanged_and_deletes_its_files(
 ) -> None:
     store = IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url))
     spec = DatasetSpec(name="scores", primary_key="id", strategy="replace")
-    first = store.replace_streaming(spec, _batches(fail_after=99))
+    first = store.replace_streaming(spec, scored_batches(fail_after=99))
     assert first.rows_in == 50
     with pytest.raises(RuntimeError, match="predict blew up"):
-        store.replace_streaming(spec, _batches(fail_after=3))
+        store.replace_streaming(spec, scored_batches(fail_after=3))
     table = fresh_catalog().load_table(("datasets", "scores"))
     assert table.current_snapshot().snapshot_id == first.snapshot_id  # no partial replace
     assert pl.from_arrow(table.scan().to_arrow()).height == 50
@@ -44,7 +37,7 @@ def test_files_of_a_writer_killed_before_its_commit_are_found_then_fixed(
 ) -> None:
     store = IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url))
     spec = DatasetSpec(name="scores", primary_key="id", strategy="replace")
-    store.replace_streaming(spec, _batches(fail_after=99))
+    store.replace_streaming(spec, scored_batches(fail_after=99))
     table = fresh_catalog().load_table(("datasets", "scores"))
     # what a writer killed between writing its data files and its commit leaves behind
     writer = DataFileWriter(table.metadata, table.io, write_id=uuid.uuid4())

@@ -31,6 +31,7 @@ from pipeline_output_tests.iceberg_harness import (
     base,
     customers,
     redeploy_rows,
+    scored_batches,
     spec_for,
 )
 from pipeline_output_tests.oracle import assert_same_multiset
@@ -228,21 +229,14 @@ def test_s3_warehouse_configured_through_pyiceberg_env_vars_only(
         cat.engine.dispose()
 
 
-def _batches(fail_after: int) -> Iterator[pl.DataFrame]:
-    for i in range(5):
-        if i == fail_after:
-            raise RuntimeError("predict blew up")
-        yield pl.DataFrame({"id": list(range(i * 10, i * 10 + 10)), "v": [float(i)] * 10})
-
-
 def test_doctor_finds_and_removes_orphan_objects_on_s3(
     h: Harness, s3_endpoint: str, warehouse_prefix: str, tmp_path: Path
 ) -> None:
     store = h.store()
     spec = DatasetSpec(name="scores", primary_key="id", strategy="replace")
-    first = store.replace_streaming(spec, _batches(fail_after=99))
+    first = store.replace_streaming(spec, scored_batches(fail_after=99))
     with pytest.raises(RuntimeError, match="predict blew up"):
-        store.replace_streaming(spec, _batches(fail_after=3))
+        store.replace_streaming(spec, scored_batches(fail_after=3))
     assert h.table(spec).current_snapshot().snapshot_id == first.snapshot_id
 
     cat = h.fresh()
