@@ -74,7 +74,7 @@ def model_node(
             predict=predict,
             features=features,
             mode=resolved,
-            run_id=context.run_id,
+            run_id=context.run.run_id,
             batch_rows=batch_rows,
         )
         primary = run.results.get("iceberg") or next(iter(run.results.values()))
