@@ -4,6 +4,7 @@ writes the Iceberg table, and the run's metadata is visible through GraphQL and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -78,6 +79,27 @@ def _wait_for_server(port: int, proc: subprocess.Popen[bytes], log: Path) -> Non
     pytest.fail(f"dagster-webserver not up after {START_TIMEOUT_S}s:\n{log.read_text()[-3000:]}")
 
 
+def _end_leftovers(tmp_path: Path) -> None:
+    """End every process still running in `tmp_path` (a code server Dagster started in a session of
+    its own outlives the webserver's process group), so no test leaves a server behind."""
+    import psutil
+
+    mine = str(tmp_path)
+    leftovers = []
+    for process in psutil.process_iter(["pid", "cwd", "cmdline"]):
+        cwd = process.info.get("cwd") or ""
+        cmdline = " ".join(process.info.get("cmdline") or [])
+        if process.pid != os.getpid() and (cwd.startswith(mine) or mine in cmdline):
+            leftovers.append(process)
+    for process in leftovers:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(leftovers, timeout=10)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
 def test_materialisation_launched_through_the_webserver_graphql_api_writes_iceberg(
     settings_env: Settings, pg_db_url: str, catalog: Any, tmp_path: Path
 ) -> None:
@@ -137,6 +159,7 @@ def test_materialisation_launched_through_the_webserver_graphql_api_writes_icebe
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+        _end_leftovers(tmp_path)
 
     with psycopg.connect(pg_db_url) as conn:
         active = conn.execute(
