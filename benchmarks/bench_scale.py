@@ -1,34 +1,55 @@
-"""Scale-out benchmark: window runs with 1, 2 and 4 concurrent runs (real processes).
+"""Scale-out benchmark: window runs through the real Dagster daemon, 1, 2 and 4 concurrent runs.
 
-Two workloads, each N window runs (one Dagster run per window, the real asset job through
-`execute_in_process(partition_key=...)` in a worker process, each worker with its own ephemeral
-Dagster instance; the ledger, the advisory locks and the Iceberg SQL catalog are shared in one
-Postgres, the warehouse is local `file://`):
+Per trial (workload x concurrency c), on a fresh database of one embedded Postgres (or the server of
+`PIPELINE_OUTPUT_PG_URL`) that holds everything: Dagster's run/event storage, the pipeline-output
+ledger and advisory locks, and the Iceberg SQL catalog (the warehouse is local `file://`):
 
-- `one-dataset`: N windows of ONE `append_always` delta dataset;
-- `M-datasets`: N windows spread over M independent delta datasets (N/M each).
+- a source table `ev(id, v, seq)` and a code location (`defs.py` with `build_definitions`, one
+  `append_always` delta dataset per name with `Delta(source="ev", watermark="seq", max_rows=rows)`);
+- a DAGSTER_HOME whose `dagster.yaml` is `deploy/dagster.yaml` (Postgres storage, QueuedRunCoordinator,
+  run retries, run monitoring) with `max_concurrent_runs: c` and `dequeue_interval_seconds: 1`; for
+  the one-dataset workload the per-dataset tag limit (`pipeline-output/dataset`: 1) is removed,
+  otherwise c could not matter;
+- `dagster-daemon run -w workspace.yaml`: each dataset's window sensor (`<ds>__window_sensor`, the
+  product's own way of producing window runs) plans the windows from the source's high-water mark
+  (`max_rows` cuts it into windows of `rows` rows), adds the dynamic partitions and requests one run
+  per window; the queue launches them with the DefaultRunLauncher: a run-worker subprocess per run
+  which, with Dagster's default multiprocess executor, runs each step (the dataset, then its
+  `parity` asset check) in a subprocess of its own. `--executor in_process` builds the code location
+  with `build_definitions(executor=dg.in_process_executor)` instead (one process per run).
 
-Executor: N worker processes each running `execute_in_process` (NOT the Dagster daemon + queued
-run coordinator; the run launcher is not what is measured here, the shared Postgres/catalog is).
-Windows are assigned round-robin; a worker runs its windows in order. The clock starts when every
-worker has imported everything and stops when the last run ends.
+Workloads: `one-dataset` = N windows of ONE dataset; `M-datasets` = M datasets over one source of
+N/M windows' worth of rows (N/M windows each, N in all). The benchmark polls Dagster's run storage
+until N runs exist and all are finished, then kills the daemon's process group.
 
-Reported per trial: windows/s, run wall time (p50), Iceberg lock wait (`lock_wait_s` of the write),
-commit retries (metadata.json files written minus commits kept: each failed catalog swap leaves one)
-advisory-lock wait (sampled from pg_stat_activity: the per-dataset window apply lock plus the
-per-table Iceberg writer lock) CPU use (worker CPU time after the start signal / wall / cores) and the whole machine's busy and
-iowait share (/proc/stat: workers, Postgres and this process).
+Reported per trial (times from run records and run events): windows/s = runs / (last run end -
+first run created); p50 of time in the queue (created -> RUN_STARTING), launch (RUN_STARTING ->
+RUN_START: run-worker process start-up and code load), run (RUN_START -> end) and write
+(`duration_s` of the materialization); Iceberg writer lock wait (`lock_wait_s`, sum/max) and time
+held (`lock_held_s`, sum, where the package reports it); advisory lock wait (sampled from
+pg_stat_activity); commit retries (metadata files written minus commits kept); CPU seconds of all
+Dagster processes (daemon, code servers, run workers, step processes: the daemon runs in its own
+session, this process is its child subreaper and reaps the whole tree) and of the embedded Postgres
+per window; the whole machine's busy / iowait share over the measured wall; the sensor ticks that
+created runs (1 = every window planned and requested in one evaluation); and exactly-once: each
+dataset's Iceberg table holds exactly its source rows, each id once.
 
     .venv/bin/python benchmarks/bench_scale.py                # default: N=24, M=4, rows/window 20k
-    .venv/bin/python benchmarks/bench_scale.py --windows 48 --datasets 8 --rows 50000
+    .venv/bin/python benchmarks/bench_scale.py --windows 4 --datasets 2 --rows 2000 --runs 1,2
+    .venv/bin/python benchmarks/bench_scale.py --executor in_process --json in_process.json
+    .venv/bin/python benchmarks/bench_scale.py --from-json a.json,b.json   # table + plot only
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
+import datetime as dt
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -38,67 +59,50 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 ROOT = Path(__file__).resolve().parent
 WORK = ROOT / ".work" / "scale"
+DEPLOY_YAML = ROOT.parent / "deploy" / "dagster.yaml"
+DATASET_TAG = "pipeline-output/dataset"
+SENSOR_INTERVAL_S = 5
+POLL_S = 0.25
+DAEMON = str(Path(sys.executable).parent / "dagster-daemon")
 
-WORKER = textwrap.dedent(
+DEFS = textwrap.dedent(
     """
-    import json, os, sys, time
-    from pathlib import Path
-
+    # Generated by benchmarks/bench_scale.py: the trial's code location.
     import dagster as dg
     import polars as pl
 
     from pipeline_output import Delta, build_definitions, dataset, postgres_source
 
-    plan = json.loads(Path(sys.argv[1]).read_text())
-    barrier = Path(sys.argv[2])
-    names = sorted({ds for ds, _ in plan["all"]})
+    NAMES = {names!r}
+    ROWS = {rows}
 
-    raw = postgres_source("ev", table="ev", watermark="seq")
 
     def make(name):
-        @dataset(name, strategy="append_always", mode="iceberg",
-                 delta=Delta(source="ev", watermark="seq"))
+        @dataset(
+            name,
+            strategy="append_always",
+            mode="iceberg",
+            delta=Delta(source="ev", watermark="seq", max_rows=ROWS),
+        )
         def _ds(ev: pl.LazyFrame) -> pl.DataFrame:
             # a little real work per row, like a typical transform
             return ev.with_columns(
                 (pl.col("v").str.len_chars() + pl.col("seq") % 7).alias("score")
             ).collect()
+
         return _ds
 
-    defs = build_definitions(datasets=[make(n) for n in names], sources=[raw])
-    job = defs.resolve_implicit_global_asset_job_def()
-    with dg.DagsterInstance.ephemeral() as instance:
-        for n in names:
-            instance.add_dynamic_partitions(
-                f"{n}__windows", sorted({k for ds, k in plan["all"] if ds == n})
-            )
-        Path(barrier, f"ready-{os.getpid()}").touch()
-        while not Path(barrier, "go").exists():
-            time.sleep(0.002)
-        cpu0 = time.process_time()
-        for ds, key in plan["mine"]:
-            t0 = time.perf_counter()
-            result = job.execute_in_process(
-                instance=instance, asset_selection=[dg.AssetKey(ds)],
-                partition_key=key, raise_on_error=False,
-            )
-            wall = time.perf_counter() - t0
-            meta = {}
-            for event in result.get_asset_materialization_events():
-                for k, v in event.materialization.metadata.items():
-                    val = getattr(v, "value", v)
-                    if isinstance(val, (int, float, str, bool)):
-                        meta[k] = val
-            print("RESULT " + json.dumps({
-                "ds": ds, "key": key, "ok": result.success, "wall": wall,
-                "lock_wait": meta.get("lock_wait_s"), "write_s": meta.get("duration_s"),
-                "applied": meta.get("windows_applied"),
-                "end": time.time(),
-            }), flush=True)
-        print("CPU " + json.dumps(time.process_time() - cpu0), flush=True)
+
+    defs = build_definitions(
+        datasets=[make(n) for n in NAMES],
+        sources=[postgres_source("ev", table="ev", watermark="seq")],
+        sensor_interval_seconds={sensor_s},
+        executor={executor},
+    )
     """
 )
 
@@ -132,7 +136,7 @@ def drop_database(server_url: str, url: str) -> None:
 
     from pipeline_output.settings import with_database
 
-    name = url.rsplit("/", 1)[-1].split("?", 1)[0]
+    name = unquote(urlsplit(url).path.lstrip("/"))  # not rsplit("/"): ?host=/socket/dir
     with psycopg.connect(with_database(server_url, database="postgres"), autocommit=True) as c:
         c.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
@@ -147,10 +151,8 @@ def make_source(url: str, rows: int) -> None:
         )
 
 
-def count_retries(home: Path, names: list[str]) -> tuple[int, int]:
+def count_retries(names: list[str]) -> tuple[int, int]:
     """(metadata files written, commits kept) over the given tables."""
-    from pyiceberg.catalog.sql import SqlCatalog  # noqa: F401  (same environment as workers)
-
     from pipeline_output.defs.runtime import get_runtime
 
     written = kept = 0
@@ -162,6 +164,43 @@ def count_retries(home: Path, names: list[str]) -> tuple[int, int]:
         written += len(list(meta_dir.glob("*.metadata.json")))
         kept += len(table.metadata.metadata_log) + 1
     return written, kept
+
+
+def exactly_once(names: list[str], source_rows: int) -> dict[str, tuple[int, int]]:
+    """The datasets whose Iceberg table does not hold every source row exactly once, with their
+    (rows, distinct ids); empty when all are right."""
+    import pyarrow.compute as pc
+
+    from pipeline_output.defs.runtime import get_runtime
+
+    wrong = {}
+    for name in names:
+        table = get_runtime().iceberg.load(name)
+        got = (0, 0)
+        if table is not None:
+            ids = table.scan(selected_fields=("id",)).to_arrow().column("id")
+            got = (len(ids), int(pc.count_distinct(ids).as_py()))
+        if got != (source_rows, source_rows):
+            wrong[name] = got
+    return wrong
+
+
+def sensor_ticks(url: str) -> tuple[int, int]:
+    """(most ticks that created runs for one sensor, sensor ticks in all) from Dagster's schedule
+    storage: 1 means each sensor planned and requested all of its windows in one evaluation."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT tick_body::json->>'job_name', "
+            "coalesce(json_array_length(tick_body::json->'run_ids'), 0) "
+            "FROM job_ticks WHERE type = 'SENSOR'"
+        ).fetchall()
+    creating: dict[str, int] = {}
+    for name, runs in rows:
+        if runs:
+            creating[name] = creating.get(name, 0) + 1
+    return max(creating.values(), default=0), len(rows)
 
 
 def proc_stat() -> tuple[int, int, int]:
@@ -236,165 +275,464 @@ class AdvisoryWaitSampler(threading.Thread):
         self.join()
 
 
-def trial(
-    server_url: str, workload: str, concurrency: int, n: int, m: int, rows_per_window: int
-) -> dict[str, Any]:
-    from pipeline_output import Window
-    from pipeline_output.defs.runtime import get_runtime, reset_runtime
+# --- the daemon's process tree -----------------------------------------------------------------
 
-    url = fresh_database(server_url)
-    home = WORK / f"home-{workload}-{concurrency}"
-    shutil.rmtree(home, ignore_errors=True)
-    os.environ["PIPELINE_OUTPUT_PG_URL"] = url
-    os.environ["PIPELINE_OUTPUT_HOME"] = str(home)
-    reset_runtime()
+
+def become_subreaper() -> bool:
+    """Make this process the child subreaper (Linux prctl): processes of the daemon's tree that are
+    orphaned (e.g. a multiprocessing forkserver) are re-parented to us, so that once everything is
+    reaped RUSAGE_CHILDREN holds the CPU time of the whole tree. False where unavailable."""
     try:
-        make_source(url, n * rows_per_window)
-        names = ["one"] if workload == "one-dataset" else [f"ds{i}" for i in range(m)]
-        per = n // len(names)
-        pairs: list[tuple[str, str]] = []
-        for name in names:
-            width = n * rows_per_window // per
-            windows = [Window(None if i == 0 else i * width, (i + 1) * width) for i in range(per)]
-            get_runtime().windows.plan(name, windows)
-            pairs.extend((name, w.to_key()) for w in windows)
-        # round-robin over window order (interleaving datasets in the M-datasets case)
-        order = sorted(pairs, key=lambda p: (p[1], p[0]))
-        barrier = WORK / f"barrier-{workload}-{concurrency}"
-        shutil.rmtree(barrier, ignore_errors=True)
-        barrier.mkdir(parents=True)
-        procs = []
-        for w in range(concurrency):
-            plan_file = barrier / f"plan-{w}.json"
-            plan_file.write_text(json.dumps({"all": pairs, "mine": order[w::concurrency]}))
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", WORKER, str(plan_file), str(barrier)],
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(36, 1, 0, 0, 0)) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def reap() -> list[int]:
+    """Reap every exited child (non-blocking); the pids reaped."""
+    pids: list[int] = []
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return pids
+        if pid == 0:
+            return pids
+        pids.append(pid)
+
+
+def children_cpu_s() -> float:
+    usage = os.times()
+    return usage.children_user + usage.children_system
+
+
+def session_procs(sid: int) -> list[Any]:
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(proc.pid) == sid and proc.pid != os.getpid():
+                out.append(proc)
+        except (ProcessLookupError, PermissionError, OSError):
+            continue
+    return out
+
+
+def session_cpu_s(sid: int) -> float:
+    """CPU seconds of the live processes of session `sid`, including their reaped children."""
+    import psutil
+
+    total = 0.0
+    for proc in session_procs(sid):
+        with contextlib.suppress(psutil.Error):
+            t = proc.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def stop_session(sid: int, timeout: float = 15.0) -> list[str]:
+    """SIGTERM the daemon's process group, SIGKILL what is left; the survivors (should be none)."""
+    import psutil
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(sid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reap()
+        if not session_procs(sid):
+            break
+        time.sleep(0.2)
+    for proc in session_procs(sid):  # the group and anything that left it but not the session
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    time.sleep(0.5)
+    reap()
+    survivors = []
+    for proc in session_procs(sid):
+        with contextlib.suppress(psutil.Error):
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                survivors.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+    return survivors
+
+
+def log_tail(path: Path, chars: int = 6000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "(no log)"
+
+
+# --- a trial -----------------------------------------------------------------------------------
+
+
+def write_instance(home: Path, workload: str, concurrency: int) -> Path:
+    """DAGSTER_HOME with deploy/dagster.yaml, `max_concurrent_runs: c`, 1 s dequeue interval and,
+    for one dataset, no per-dataset tag limit."""
+    import yaml  # type: ignore[import-untyped]
+
+    config = yaml.safe_load(DEPLOY_YAML.read_text())
+    coordinator = config["run_coordinator"]["config"]
+    coordinator["max_concurrent_runs"] = concurrency
+    coordinator["dequeue_interval_seconds"] = 1
+    if workload == "one-dataset":
+        coordinator["tag_concurrency_limits"] = [
+            t for t in coordinator.get("tag_concurrency_limits", []) if t["key"] != DATASET_TAG
+        ]
+    dagster_home = home / "dagster"
+    dagster_home.mkdir(parents=True)
+    (dagster_home / "dagster.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    return dagster_home
+
+
+EXECUTORS = {"default": "None", "in_process": "dg.in_process_executor"}
+
+
+def write_code_location(home: Path, names: list[str], rows_per_window: int, executor: str) -> Path:
+    (home / "defs.py").write_text(
+        DEFS.format(
+            names=names,
+            rows=rows_per_window,
+            sensor_s=SENSOR_INTERVAL_S,
+            executor=EXECUTORS[executor],
+        )
+    )
+    workspace = home / "workspace.yaml"
+    workspace.write_text(
+        "load_from:\n"
+        f"  - python_file:\n      relative_path: defs.py\n      working_directory: {home}\n"
+    )
+    return workspace
+
+
+def timestamp(value: dt.datetime) -> float:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    return value.timestamp()
+
+
+def p50(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def run_stats(instance: Any, records: list[Any]) -> dict[str, Any]:
+    """Times and materialization metadata of the trial's runs."""
+    from dagster import DagsterEventType as T
+
+    kinds = {T.RUN_STARTING, T.RUN_START, T.ASSET_MATERIALIZATION}
+    queue, launch, run, write, lock_wait, lock_held = [], [], [], [], [], []
+    applied = 0
+    for rec in records:
+        created = timestamp(rec.create_timestamp)
+        events = instance.all_logs(rec.dagster_run.run_id, of_type=kinds)
+        at = {e.dagster_event.event_type: e.timestamp for e in events if e.dagster_event}
+        if T.RUN_STARTING in at:
+            queue.append(at[T.RUN_STARTING] - created)
+            if rec.start_time is not None:
+                launch.append(rec.start_time - at[T.RUN_STARTING])
+        if rec.start_time is not None and rec.end_time is not None:
+            run.append(rec.end_time - rec.start_time)
+        for e in events:
+            mat = e.asset_materialization
+            if mat is None:
+                continue
+            meta = {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+            applied += int(meta.get("windows_applied") or 0)
+            if "duration_s" in meta:
+                write.append(float(meta["duration_s"]))
+            if "lock_wait_s" in meta:
+                lock_wait.append(float(meta["lock_wait_s"]))
+            if "lock_held_s" in meta:  # newer package versions: the serialized part of the write
+                lock_held.append(float(meta["lock_held_s"]))
+    return {
+        "applied": applied,
+        "queue_p50_s": p50(queue),
+        "launch_p50_s": p50(launch),
+        "run_p50_s": p50(run),
+        "write_p50_s": p50(write),
+        "lock_wait_total_s": sum(lock_wait),
+        "lock_wait_max_s": max(lock_wait, default=0.0),
+        "lock_held_total_s": sum(lock_held) if lock_held else None,
+    }
+
+
+def trial(
+    server_url: str,
+    workload: str,
+    concurrency: int,
+    n: int,
+    m: int,
+    rows_per_window: int,
+    timeout: float,
+    executor: str = "default",
+) -> dict[str, Any]:
+    import dagster as dg
+
+    from pipeline_output.defs.runtime import get_runtime, reset_runtime
+    from pipeline_output.settings import to_sqlalchemy_url
+
+    load0 = os.getloadavg()[0]
+    names = ["one"] if workload == "one-dataset" else [f"ds{i}" for i in range(m)]
+    source_rows = n // len(names) * rows_per_window
+    url = fresh_database(server_url)
+    tag = f"{workload}-{concurrency}" + ("" if executor == "default" else f"-{executor}")
+    home = WORK / f"trial-{tag}"
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    log = WORK / f"daemon-{tag}.log"  # kept after the trial
+    dagster_home = write_instance(home, workload, concurrency)
+    workspace = write_code_location(home, names, rows_per_window, executor)
+    env = {
+        "DAGSTER_HOME": str(dagster_home),
+        "PIPELINE_OUTPUT_DAGSTER_PG_URL": to_sqlalchemy_url(url, driver="psycopg2"),
+        "PIPELINE_OUTPUT_PG_URL": url,
+        "PIPELINE_OUTPUT_HOME": str(home),  # warehouse: file://<home>/warehouse
+    }
+    os.environ.update(env)
+    reset_runtime()
+    daemon: subprocess.Popen[bytes] | None = None
+    sampler: AdvisoryWaitSampler | None = None
+    survivors: list[str] = []
+    ok = False
+    try:
+        make_source(url, source_rows)
+        # The benchmark's instance first: it creates Dagster's schema before the daemon races it.
+        with dg.DagsterInstance.from_config(str(dagster_home)) as instance:
+            sampler = AdvisoryWaitSampler(url)
+            sampler.start()
+            with log.open("wb") as out:
+                daemon = subprocess.Popen(
+                    [DAEMON, "run", "-w", str(workspace)],
+                    cwd=home,
                     env=dict(os.environ),
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
-            )
-        while len(list(barrier.glob("ready-*"))) < concurrency:
-            dead = [p for p in procs if p.poll() is not None]
-            if dead:
-                raise RuntimeError(dead[0].communicate()[1][-3000:])
-            time.sleep(0.02)
-        sampler = AdvisoryWaitSampler(url)
-        sampler.start()
-        stat0 = proc_stat()
-        pg0 = pg_cpu_s()
-        started = time.time()
-        (barrier / "go").touch()
-        results = []
-        cpu = 0.0
-        for p in procs:
-            out, err = p.communicate(timeout=1800)
-            if p.returncode != 0:
-                raise RuntimeError(err[-3000:])
-            results += [json.loads(x[7:]) for x in out.splitlines() if x.startswith("RESULT ")]
-            cpu += sum(json.loads(x[4:]) for x in out.splitlines() if x.startswith("CPU "))
-        sampler.stop()
-        stat1 = proc_stat()
-        pg1 = pg_cpu_s()
-        ticks = max(stat1[2] - stat0[2], 1)
-        wall = max(r["end"] for r in results) - started
-        written, kept = count_retries(home, names)
-        failed = [r for r in results if not r["ok"]]
-        applied = sum(r["applied"] or 0 for r in results)
-        return {
+            sid = daemon.pid
+            launched = time.monotonic()
+            base: tuple[tuple[int, int, int], float, float] | None = None
+            while True:
+                if daemon.pid in reap():
+                    raise RuntimeError(f"dagster-daemon exited early:\n{log_tail(log)}")
+                records = list(instance.get_run_records())
+                if records and base is None:  # the first run exists: the clock starts
+                    base = (proc_stat(), pg_cpu_s(), session_cpu_s(sid) + children_cpu_s())
+                finished = [r for r in records if r.dagster_run.is_finished]
+                if len(records) >= n and len(finished) == len(records):
+                    break
+                if time.monotonic() - launched > timeout:
+                    states: dict[str, int] = {}
+                    for r in records:
+                        states[r.dagster_run.status.value] = (
+                            states.get(r.dagster_run.status.value, 0) + 1
+                        )
+                    raise RuntimeError(
+                        f"timeout after {timeout:.0f} s: {len(records)} runs {states}\n"
+                        f"daemon log tail ({log}):\n{log_tail(log)}"
+                    )
+                time.sleep(POLL_S)
+            assert base is not None
+            stat1, pg1 = proc_stat(), pg_cpu_s()
+            sampler.stop()
+            survivors = stop_session(sid)
+            dagster_cpu = children_cpu_s() - base[2]
+            stats = run_stats(instance, records)
+        first_create = min(timestamp(r.create_timestamp) for r in records)
+        spread = 0.0  # per dataset: first to last run created (< sensor interval: one tick)
+        for name in names:
+            creates = [
+                timestamp(r.create_timestamp)
+                for r in records
+                if r.dagster_run.tags.get(DATASET_TAG) == name
+            ]
+            spread = max(spread, max(creates, default=0.0) - min(creates, default=0.0))
+        wall = max(r.end_time or 0.0 for r in records) - first_create
+        ticks = max(stat1[2] - base[0][2], 1)
+        written, kept = count_retries(names)
+        planned = sum(len(get_runtime().windows.windows(name)) for name in names)
+        wrong = exactly_once(names, source_rows)
+        run_ticks, all_ticks = sensor_ticks(url)
+        cores = os.cpu_count() or 1
+        row = {
             "workload": workload,
+            "executor": executor,
+            "cores": cores,
             "runs": concurrency,
-            "windows": len(results),
-            "applied": applied,
-            "failed": len(failed),
+            "windows": len(records),
+            "planned": planned,
+            "created_within_s": spread,
+            "ticks_creating_runs": run_ticks,
+            "sensor_ticks": all_ticks,
+            "loadavg_start": load0,
+            "loadavg_end": os.getloadavg()[0],
+            "succeeded": sum(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records),
+            "failed": sum(r.dagster_run.status != dg.DagsterRunStatus.SUCCESS for r in records),
+            **stats,
+            "rows_ok": not wrong,
+            "rows_wrong": {k: list(v) for k, v in wrong.items()},
             "wall_s": wall,
-            "windows_per_s": len(results) / wall,
-            "run_p50_s": statistics.median(r["wall"] for r in results),
-            "write_p50_s": statistics.median(r["write_s"] or 0 for r in results),
-            "lock_wait_total_s": sum(r["lock_wait"] or 0 for r in results),
-            "lock_wait_max_s": max(r["lock_wait"] or 0 for r in results),
+            "windows_per_s": len(records) / wall,
             "advisory_wait_s": sampler.waited_s,
             "commit_retries": written - kept,
-            "cpu_util": cpu / wall / (os.cpu_count() or 1),
-            "pg_cpu_util": (pg1 - pg0) / wall / (os.cpu_count() or 1),
-            # the whole machine (workers + Postgres + this process), until the last worker exited
-            "machine_busy": (stat1[0] - stat0[0]) / ticks,
-            "machine_iowait": (stat1[1] - stat0[1]) / ticks,
+            "dagster_cpu_s_per_window": dagster_cpu / len(records),
+            "dagster_cpu_util": dagster_cpu / wall / cores,
+            "pg_cpu_util": (pg1 - base[1]) / wall / cores,
+            # the whole machine (Dagster, Postgres, this process and anyone else), over the wall
+            "machine_busy": (stat1[0] - base[0][0]) / ticks,
+            "machine_iowait": (stat1[1] - base[0][1]) / ticks,
+            "leftover_processes": survivors,
         }
+        ok = True
+        return row
     finally:
+        if sampler is not None and sampler.is_alive():
+            sampler.stop()
+        if daemon is not None:
+            survivors = stop_session(daemon.pid) or survivors
+            if survivors:
+                print(f"WARNING: processes survived the daemon: {survivors}", file=sys.stderr)
         reset_runtime()
         drop_database(server_url, url)
-        shutil.rmtree(home, ignore_errors=True)
+        if ok:
+            shutil.rmtree(home, ignore_errors=True)
+        else:
+            print(f"kept {home} and {log} for inspection", file=sys.stderr)
+
+
+def label(row: dict[str, Any]) -> str:
+    executor = row.get("executor", "default")
+    return row["workload"] if executor == "default" else f"{row['workload']}, {executor} executor"
+
+
+def pg_cpu_s_per_window(row: dict[str, Any]) -> float:
+    cores = row.get("cores") or os.cpu_count() or 1
+    return float(row["pg_cpu_util"] * row["wall_s"] * cores / row["windows"])
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Left: windows/s against concurrent runs. Right: CPU seconds per window (Dagster processes
+    solid, the embedded Postgres dotted), which does not depend on what else runs on the machine."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=110)
-    for workload in sorted({r["workload"] for r in rows}):
-        pts = sorted((r["runs"], r["windows_per_s"]) for r in rows if r["workload"] == workload)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=workload)
-    ax.set_xlabel("concurrent runs (worker processes)")
-    ax.set_ylabel("windows / s")
-    ax.set_xticks(sorted({r["runs"] for r in rows}))
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"window runs, {os.cpu_count()} cores, shared Postgres + SQL catalog")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), dpi=110)
+    runs = sorted({r["runs"] for r in rows})
+    for i, name in enumerate(dict.fromkeys(label(r) for r in rows)):
+        mine = sorted((r for r in rows if label(r) == name), key=lambda r: r["runs"])
+        xs = [r["runs"] for r in mine]
+        color = f"C{i}"
+        left.plot(xs, [r["windows_per_s"] for r in mine], marker="o", color=color, label=name)
+        right.plot(xs, [r["dagster_cpu_s_per_window"] for r in mine], marker="o", color=color)
+        right.plot(xs, [pg_cpu_s_per_window(r) for r in mine], ":", marker=".", color=color)
+    left.set_ylabel("windows / s")
+    left.set_title("throughput", fontsize=10)
+    left.legend(fontsize=7, loc="center right", bbox_to_anchor=(1.0, 0.55))
+    right.set_ylabel("CPU s / window")
+    right.set_title("CPU per window: Dagster processes (solid), Postgres (dotted)", fontsize=9)
+    for ax in (left, right):
+        ax.set_xlabel("max concurrent runs (QueuedRunCoordinator)")
+        ax.set_xticks(runs)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    fig.suptitle(
+        f"dagster-daemon window runs, {rows[0].get('cores') or os.cpu_count()} cores, "
+        "Postgres storage",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| workload | runs | windows | applied | failed | wall s | windows/s | run p50 s "
-        "| write p50 s | Iceberg lock wait s (sum/max) | advisory wait s | commit retries "
-        "| worker CPU | Postgres CPU | machine busy / iowait |"
+        "| workload | runs | windows (ok/failed) | applied | rows ok | wall s | windows/s "
+        "| queue p50 s | launch p50 s | run p50 s | write p50 s | Iceberg lock wait s (sum/max) | lock held s (sum) "
+        "| advisory wait s | commit retries | Dagster CPU s/window | Postgres CPU s/window "
+        "| Dagster CPU | Postgres CPU "
+        "| machine busy / iowait |"
     )
-    lines = [head, "|" + "---|" * 15]
+    lines = [head, "|" + "---|" * 20]
     for r in rows:
+        held = "n/a" if r["lock_held_total_s"] is None else f"{r['lock_held_total_s']:.2f}"
         lines.append(
-            f"| {r['workload']} | {r['runs']} | {r['windows']} | {r['applied']} | {r['failed']} "
-            f"| {r['wall_s']:.1f} | {r['windows_per_s']:.2f} | {r['run_p50_s']:.2f} "
-            f"| {r['write_p50_s']:.3f} | {r['lock_wait_total_s']:.2f} / {r['lock_wait_max_s']:.2f} "
-            f"| {r['advisory_wait_s']:.1f} | {r['commit_retries']} | {r['cpu_util']:.0%} "
-            f"| {r['pg_cpu_util']:.0%} "
-            f"| {r['machine_busy']:.0%} / {r['machine_iowait']:.0%} |"
+            f"| {label(r)} | {r['runs']} | {r['windows']} ({r['succeeded']}/{r['failed']}) "
+            f"| {r['applied']} | {'yes' if r['rows_ok'] else 'NO'} "
+            f"| {r['wall_s']:.1f} | {r['windows_per_s']:.2f} "
+            f"| {r['queue_p50_s']:.1f} | {r['launch_p50_s']:.1f} | {r['run_p50_s']:.1f} "
+            f"| {r['write_p50_s']:.2f} | {r['lock_wait_total_s']:.2f} / {r['lock_wait_max_s']:.2f} "
+            f"| {held} | {r['advisory_wait_s']:.1f} | {r['commit_retries']} "
+            f"| {r['dagster_cpu_s_per_window']:.1f} | {pg_cpu_s_per_window(r):.1f} "
+            f"| {r['dagster_cpu_util']:.0%} "
+            f"| {r['pg_cpu_util']:.0%} | {r['machine_busy']:.0%} / {r['machine_iowait']:.0%} |"
         )
     return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--windows", type=int, default=24, help="N window runs per trial")
     parser.add_argument("--datasets", type=int, default=4, help="M independent datasets")
     parser.add_argument("--rows", type=int, default=20000, help="source rows per window")
-    parser.add_argument("--runs", default="1,2,4", help="concurrent runs to try")
+    parser.add_argument("--runs", default="1,2,4", help="max concurrent runs to try")
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds per trial")
+    parser.add_argument(
+        "--workloads", default="one-dataset,M-datasets", help="workloads to run, in order"
+    )
+    parser.add_argument(
+        "--executor",
+        choices=sorted(EXECUTORS),
+        default="default",
+        help="the code location's executor: Dagster's default (multiprocess: a subprocess per "
+        "step) or in_process (build_definitions(executor=dg.in_process_executor))",
+    )
     parser.add_argument("--plot", default=str(ROOT / "scale.png"))
     parser.add_argument("--json", default=None, help="also write the rows as JSON here")
+    parser.add_argument(
+        "--from-json",
+        default=None,
+        help="measure nothing: table and plot from rows saved with --json (comma-separated files)",
+    )
     args = parser.parse_args()
+    if args.from_json:
+        rows = [r for f in args.from_json.split(",") for r in json.loads(Path(f).read_text())]
+        print(table(rows))
+        plot(rows, Path(args.plot))
+        print(f"plot: {args.plot}")
+        return
+    if args.windows % args.datasets:
+        parser.error("--windows must be a multiple of --datasets")
     WORK.mkdir(parents=True, exist_ok=True)
     server, stop = pg_server()
+    subreaper = become_subreaper()  # after the server started: it must not be re-parented to us
+    if not subreaper:
+        print("WARNING: no PR_SET_CHILD_SUBREAPER: Dagster CPU may miss orphans", file=sys.stderr)
     rows = []
     try:
-        for workload in ("one-dataset", "M-datasets"):
+        for workload in args.workloads.split(","):
             for c in [int(x) for x in args.runs.split(",")]:
-                row = trial(server, workload, c, args.windows, args.datasets, args.rows)
+                row = trial(
+                    server,
+                    workload,
+                    c,
+                    args.windows,
+                    args.datasets,
+                    args.rows,
+                    args.timeout,
+                    args.executor,
+                )
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
         stop()
     print()
     print(
-        f"executor: {max(int(x) for x in args.runs.split(','))} worker processes x "
-        "execute_in_process (not the daemon); "
-        f"N={args.windows} windows, M={args.datasets} datasets, {args.rows} rows/window, "
-        f"{os.cpu_count()} cores"
+        "dagster-daemon + QueuedRunCoordinator + DefaultRunLauncher, sensor-created runs, "
+        f"Postgres storage, {args.executor} executor; N={args.windows} windows, "
+        f"M={args.datasets} datasets, {args.rows} rows/window, {os.cpu_count()} cores"
     )
     print(table(rows))
     plot(rows, Path(args.plot))
