@@ -402,9 +402,7 @@ class IcebergStore:
                     [t.file for t in table.scan().plan_files()] if table.current_snapshot() else []
                 )
                 total_before = _total_records(table)
-            update_snapshot = tx.update_snapshot(snapshot_properties=props)
-            producer = update_snapshot.overwrite()
-            writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)
+            writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=uuid.uuid4())
             written: list[DataFile] = []
             try:
                 rows = _stream_batches(
@@ -414,15 +412,9 @@ class IcebergStore:
                 for path in writer.written:
                     _delete_quietly(tx._table.io, path)
                 raise
-            for data_file in written:
-                producer.append_data_file(data_file)
-            for data_file in deleted:
-                producer.delete_data_file(data_file)
             if finalize_summary is not None:
-                # the producer holds `props` itself: properties added now land in the snapshot
                 props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in finalize_summary().items()})
-            producer.commit()
-            new_table = tx.commit_transaction()
+            new_table = _commit(tx, props, deleted, [], force=True, ready=written)
             snap = new_table.current_snapshot()
         return self._replaced(
             spec, plan, rows, total_before, snap, len(deleted), len(writer.written), started, stats
