@@ -153,7 +153,8 @@ def test_embedded_postgres_listens_only_on_a_private_unix_socket(pg_url: str) ->
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SHOW listen_addresses").fetchone() == ("",)
         pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-    postmaster = psutil.Process(pid).parent()
+        # ask for the backend's parent while the connection (and so the backend) still lives
+        postmaster = psutil.Process(pid).parent()
     assert postmaster is not None
     tcp: list[Any] = [
         c for c in postmaster.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN
