@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 import polars as pl
@@ -45,6 +46,10 @@ def next_windows(
     if high_water_mark is None:
         return []
     low = start if first else last_high
+    if isinstance(high_water_mark, datetime) and isinstance(low, datetime):
+        # A `timestamptz` source reports an aware high-water mark; a ledger key written before
+        # keys carried their zone (or a naive `Delta.start`) is naive: both are UTC.
+        low = Window(low=None, high=low).aligned(aware=high_water_mark.tzinfo is not None).high
     if low is not None and not high_water_mark > low:  # type: ignore[operator]
         return []
     cuts = cut_points(low, high_water_mark) if cut_points is not None else []

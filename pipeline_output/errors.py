@@ -56,6 +56,11 @@ class SchemaMismatch(BadInput):
     """The compute's schema cannot be written into the table's schema (incompatible type change)."""
 
 
+class EmptyWindowRead(PipelineOutputError):
+    """A delta window's source read returned no row although the source holds rows in its range
+    (a read that disagrees with the source is an error, never an applied empty window)."""
+
+
 class WriteConflict(PipelineOutputError):
     """A concurrent commit made this write invalid and retries were exhausted; nothing was written."""
 

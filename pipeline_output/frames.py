@@ -133,7 +133,8 @@ def check_in_window(spec: DatasetSpec, frame: pl.DataFrame, window: Window) -> N
         )
     if not frame.height:
         return
-    outside = frame.filter(~window.contains(spec.watermark).fill_null(False))
+    dtype = frame.schema.get(spec.watermark)
+    outside = frame.filter(~window.contains(spec.watermark, dtype).fill_null(False))
     if outside.height:
         sample = outside[spec.watermark].head(MAX_EXAMPLES).to_list()
         raise RowsOutsideWindow(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from pipeline_output import pgsession
 from pipeline_output.errors import LockUnavailable
 
 
@@ -45,7 +46,7 @@ class AdvisoryLock:
         """Hold the advisory lock for `name` for the duration of the block."""
         stats = LockStats(key=name)
         try:
-            conn = psycopg.connect(self.url, autocommit=True)
+            conn = pgsession.connect(self.url, autocommit=True)
         except psycopg.Error as exc:
             raise LockUnavailable(
                 f"cannot reach the control-plane Postgres for the lock on {name}: "

@@ -78,7 +78,8 @@ def source_batches(
         watermark = source.delta.watermark
         for row in ledger.applied_windows(source.name):
             scan = table.scan(
-                row_filter=window_filter(watermark, row.window), snapshot_id=snapshot_id
+                row_filter=window_filter(watermark, row.window, schema=table.schema()),
+                snapshot_id=snapshot_id,
             )
             frame = pl.from_arrow(scan.to_arrow_batch_reader().read_all())
             assert isinstance(frame, pl.DataFrame)

@@ -90,14 +90,18 @@ class Settings:
         if self.catalog_config is not None:
             from pyiceberg.catalog import load_catalog
 
+            config = dict(self.catalog_config)
+            if config.get("type") == "sql" or str(config.get("uri", "")).startswith("postgresql"):
+                config.setdefault("pool_pre_ping", "true")  # see _sql_catalog
             try:
-                catalog = load_catalog(self.catalog_name, **self.catalog_config)
+                catalog = load_catalog(self.catalog_name, **config)
             except ValueError as exc:
                 raise SettingsError(_env_name(self.catalog_name, "type"), _one_line(exc)) from exc
         else:
-            catalog = _sql_catalog(
-                self.catalog_name, uri=self.sqlalchemy_url("psycopg"), warehouse=self.warehouse
-            )
+            from pipeline_output.pgsession import session_conninfo
+
+            uri = to_sqlalchemy_url(session_conninfo(self.control_plane_url()), driver="psycopg")
+            catalog = _sql_catalog(self.catalog_name, uri=uri, warehouse=self.warehouse)
         _ensure_namespace(catalog, self.namespace)
         return catalog
 
@@ -207,7 +211,9 @@ def _sql_catalog(name: str, *, uri: str, warehouse: str) -> Catalog:
 
     for attempt in range(3):
         try:
-            return SqlCatalog(name, uri=uri, warehouse=warehouse)
+            # pool_pre_ping: a pooled connection the server dropped (restart, idle killer,
+            # failover) is replaced before use instead of failing the next write once.
+            return SqlCatalog(name, uri=uri, warehouse=warehouse, pool_pre_ping="true")
         except DBAPIError:
             if attempt == 2:
                 raise
@@ -240,8 +246,10 @@ def _validate_libpq_url(url: str) -> None:
 def _check_reachable(url: str) -> None:
     import psycopg
 
+    from pipeline_output import pgsession
+
     try:
-        with psycopg.connect(url, connect_timeout=5):
+        with pgsession.connect(url, connect_timeout=5):
             pass
     except psycopg.Error as exc:
         raise SettingsError(PG_URL, f"cannot connect to {mask_url(url)}: {_one_line(exc)}") from exc

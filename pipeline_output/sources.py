@@ -19,6 +19,7 @@ import polars as pl
 import psycopg
 from psycopg import sql
 
+from pipeline_output import pgsession
 from pipeline_output.errors import BadInput, InvalidSpec
 from pipeline_output.spec import check_identifier
 from pipeline_output.windows import Window
@@ -81,6 +82,16 @@ def _window_clause(column: str, window: Window | None) -> tuple[sql.Composable, 
     )
 
 
+def aligned_to_pg_type(window: Window, pg_type: str) -> Window:
+    """The window with bounds zoned like a Postgres column (`timestamptz` aware, `timestamp`
+    naive), so the comparison never depends on the session's TimeZone."""
+    if pg_type.startswith("timestamp with time zone"):
+        return window.aligned(aware=True)
+    if pg_type.startswith("timestamp"):
+        return window.aligned(aware=False)
+    return window
+
+
 def postgres_columns(source: SourceSpec, url: str) -> dict[str, str]:
     """Column name -> Postgres type of the source table; raises BadInput when it does not exist."""
     query = sql.SQL(
@@ -89,7 +100,7 @@ def postgres_columns(source: SourceSpec, url: str) -> dict[str, str]:
         "ORDER BY a.attnum"
     )
     regclass = psycopg.sql.Identifier(source.schema, str(source.table))
-    with psycopg.connect(url) as conn:
+    with pgsession.connect(url) as conn:
         name = regclass.as_string(conn)
         rows = conn.execute(query, (name,)).fetchall()
     if not rows:
@@ -108,7 +119,6 @@ def read_postgres(
     known: dict[str, str] | None = None,
 ) -> pl.DataFrame:
     """Read the source (only `columns`, only `window`) through ADBC into polars."""
-    import adbc_driver_postgresql.dbapi as adbc
 
     available = known if known is not None else postgres_columns(source, url)
     if columns is not None:
@@ -118,6 +128,8 @@ def read_postgres(
     cols = list(columns) if columns is not None else list(available)
     if window is not None and source.watermark is None:
         raise BadInput(f"source {source.name!r}: a window read needs a watermark column")
+    if window is not None:
+        window = aligned_to_pg_type(window, available[str(source.watermark)])
     where, params = _window_clause(str(source.watermark), window)
     select = sql.SQL("SELECT {} FROM {}{} ORDER BY {}").format(
         sql.SQL(", ").join(_select_expr(c, available[c]) for c in cols)
@@ -127,11 +139,11 @@ def read_postgres(
         where,
         sql.SQL(", ").join(sql.SQL(str(i + 1)) for i in range(max(len(cols), 1))),
     )
-    with psycopg.connect(url) as conn:
+    with pgsession.connect(url) as conn:
         # Render composed SQL + parameters client-side (psycopg does the quoting), then hand the
         # final statement to ADBC, which streams the result as Arrow.
         text = psycopg.ClientCursor(conn).mogrify(select, params)
-    with adbc.connect(url) as aconn, aconn.cursor() as cur:
+    with pgsession.adbc_connect(url) as aconn, aconn.cursor() as cur:
         cur.execute(text)
         table = cur.fetch_arrow_table()
     frame = pl.from_arrow(table)
@@ -214,14 +226,13 @@ def scan_postgres(
 
 def _polars_schema(source: SourceSpec, url: str, available: dict[str, str]) -> pl.Schema:
     """The polars schema of the source, from a zero-row ADBC read (exact Arrow types)."""
-    import adbc_driver_postgresql.dbapi as adbc
 
     query = sql.SQL("SELECT {} FROM {} LIMIT 0").format(
         sql.SQL(", ").join(_select_expr(c, t) for c, t in available.items()), _qualified(source)
     )
-    with psycopg.connect(url) as conn:
+    with pgsession.connect(url) as conn:
         text = query.as_string(conn)
-    with adbc.connect(url) as aconn, aconn.cursor() as cur:
+    with pgsession.adbc_connect(url) as aconn, aconn.cursor() as cur:
         cur.execute(text)
         table = cur.fetch_arrow_table()
     frame = pl.from_arrow(table)
@@ -234,6 +245,21 @@ def _polars_schema(source: SourceSpec, url: str, available: dict[str, str]) -> p
     return frame.with_columns(casts).schema if casts else frame.schema
 
 
+def postgres_window_count(
+    source: SourceSpec, url: str, window: Window, *, known: dict[str, str] | None = None
+) -> int:
+    """How many source rows lie in `window` (a plain `count(*)` on a UTC session)."""
+    if source.watermark is None:
+        raise BadInput(f"source {source.name!r}: a window count needs a watermark column")
+    available = known if known is not None else postgres_columns(source, url)
+    aligned = aligned_to_pg_type(window, available[source.watermark])
+    where, params = _window_clause(source.watermark, aligned)
+    query = sql.SQL("SELECT count(*) FROM {}{}").format(_qualified(source), where)
+    with pgsession.connect(url) as conn:
+        row = conn.execute(query, params).fetchone()
+    return int(row[0]) if row else 0
+
+
 def postgres_stats(source: SourceSpec, url: str) -> tuple[int, Any]:
     """(row count, high-water mark of the watermark column or None)."""
     postgres_columns(source, url)
@@ -243,7 +269,7 @@ def postgres_stats(source: SourceSpec, url: str) -> tuple[int, Any]:
         )
     else:
         query = sql.SQL("SELECT count(*), NULL FROM {}").format(_qualified(source))
-    with psycopg.connect(url) as conn:
+    with pgsession.connect(url) as conn:
         row = conn.execute(query).fetchone()
     assert row is not None
     return int(row[0]), row[1]

@@ -4,6 +4,14 @@ A row belongs to a window when `low < watermark <= high`. `low=None` is a window
 (the first window of a backfill: every row up to `high`). Partition keys are sortable and readable:
 `<low>..<high>` with integers zero-padded to 20 digits and timestamps in UTC ISO-8601 with
 microseconds; an open bottom is an empty `<low>`, which sorts first.
+
+Time zones are kept end to end: a bound that is zone-aware (a `timestamptz` / `Datetime(tz)`
+watermark) is encoded in UTC with a trailing `Z` and decodes back to an aware UTC datetime; a naive
+bound (a `timestamp` watermark) has no suffix and decodes naive. Keys written before the suffix
+existed decode naive; `aligned` turns any window into the awareness a column needs (a naive bound
+against an aware column is read as UTC, the project's one convention), which every reader and
+writer applies against the column it compares with — so the comparison never depends on a server
+or session time zone.
 """
 
 from __future__ import annotations
@@ -46,6 +54,13 @@ class Window:
                 raise InvalidSpec(
                     f"window bounds must have one type, got {self.low!r} and {self.high!r}"
                 )
+            if isinstance(self.low, datetime) and (self.low.tzinfo is None) != (
+                self.high.tzinfo is None  # type: ignore[union-attr]
+            ):
+                raise InvalidSpec(
+                    f"window bounds must both be naive or both be zone-aware, got {self.low!r} "
+                    f"and {self.high!r} (use Window.aligned)"
+                )
             if not self.low < self.high:  # type: ignore[operator]
                 raise InvalidSpec(
                     f"window low must be below high, got ({self.low!r}, {self.high!r}]"
@@ -55,12 +70,40 @@ class Window:
         low = "-inf" if self.low is None else _text(self.low)
         return f"({low}, {_text(self.high)}]"
 
-    def contains(self, column: str) -> pl.Expr:
-        """A polars predicate: `low < column <= high`."""
+    @property
+    def zoned(self) -> bool | None:
+        """True for aware datetime bounds, False for naive ones, None for ints and dates."""
+        if isinstance(self.high, datetime):
+            return self.high.tzinfo is not None
+        return None
+
+    def aligned(self, *, aware: bool) -> Window:
+        """This window with datetime bounds made aware (UTC) or naive (UTC wall clock).
+
+        A naive bound made aware is read as UTC; an aware bound made naive is converted to UTC
+        first. Int and date windows are returned unchanged.
+        """
+        if self.zoned is None or self.zoned == aware:
+            return self
+        low = None if self.low is None else _zone(self.low, aware=aware)
+        return Window(low=low, high=_zone(self.high, aware=aware))
+
+    def aligned_to(self, dtype: object) -> Window:
+        """`aligned` for a polars dtype (a `Datetime` with or without a time zone)."""
+        if isinstance(dtype, pl.Datetime):
+            return self.aligned(aware=dtype.time_zone is not None)
+        return self
+
+    def contains(self, column: str, dtype: object = None) -> pl.Expr:
+        """A polars predicate: `low < column <= high`.
+
+        Pass the column's `dtype` whenever the watermark may be a datetime: the bounds are then
+        compared in the column's own time zone (polars refuses naive/aware comparisons).
+        """
         col = pl.col(column)
-        expr = col <= pl.lit(self.high)
+        expr = col <= _lit(self.high, dtype)
         if self.low is not None:
-            expr = (col > pl.lit(self.low)) & expr
+            expr = (col > _lit(self.low, dtype)) & expr
         return expr
 
     def contains_value(self, value: Bound) -> bool:
@@ -85,6 +128,23 @@ class Window:
         return cls(low=low, high=high)
 
 
+def _zone(value: Bound, *, aware: bool) -> Bound:
+    if not isinstance(value, datetime):
+        return value
+    if aware:
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return value if value.tzinfo is None else value.astimezone(UTC).replace(tzinfo=None)
+
+
+def _lit(value: Bound, dtype: object) -> pl.Expr:
+    if isinstance(value, datetime) and isinstance(dtype, pl.Datetime):
+        zone = dtype.time_zone
+        if zone is None:
+            return pl.lit(_zone(value, aware=False))
+        return pl.lit(_zone(value, aware=True)).dt.convert_time_zone(zone)
+    return pl.lit(value)
+
+
 def _text(value: Bound) -> str:
     return value.isoformat() if isinstance(value, (datetime, date)) else str(value)
 
@@ -92,7 +152,7 @@ def _text(value: Bound) -> str:
 def _encode(value: Bound) -> str:
     if isinstance(value, datetime):
         if value.tzinfo is not None:
-            value = value.astimezone(UTC).replace(tzinfo=None)
+            return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         return value.strftime("%Y-%m-%dT%H:%M:%S.%f")
     if isinstance(value, date):
         return value.isoformat()
@@ -105,6 +165,8 @@ def _decode(text: str) -> Bound:
     if text.isdigit():
         return int(text)
     try:
+        if "T" in text and text.endswith("Z"):
+            return datetime.strptime(text[:-1], "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=UTC)
         if "T" in text:
             return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%f")
         return date.fromisoformat(text)

@@ -216,11 +216,19 @@ def test_int_keys_are_zero_padded_and_readable():
     assert Window(None, 5).to_key() == f"..{_key(5)}"
 
 
-def test_aware_datetime_keys_are_normalised_to_utc():
+def test_aware_datetime_keys_keep_their_zone_as_utc_z():
     plus2 = datetime(2026, 3, 1, 14, 0, tzinfo=UTC).astimezone(timezone(timedelta(hours=2)))
     key = Window(None, plus2).to_key()
+    assert key == "..2026-03-01T14:00:00.000000Z"
+    decoded = Window.from_key(key).high
+    assert decoded == datetime(2026, 3, 1, 14, 0, tzinfo=UTC)
+    assert decoded.tzinfo is not None, "an aware bound decodes aware: the zone survives the key"
+
+
+def test_naive_datetime_keys_stay_naive():
+    key = Window(None, datetime(2026, 3, 1, 14, 0)).to_key()
     assert key == "..2026-03-01T14:00:00.000000"
-    assert Window.from_key(key).high == datetime(2026, 3, 1, 14, 0)
+    assert Window.from_key(key).high.tzinfo is None
 
 
 @pytest.mark.parametrize("bad", ["", "12", "..", "x..y", "00000000000000000009..abc"])

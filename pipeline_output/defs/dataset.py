@@ -229,6 +229,9 @@ def _windowed_output(
         def thunk(rw: Window = read_window) -> Any:
             out = fn(**{delta_param: reader.scan(rw)}, **others)
             _check_output(spec, out)
+            if isinstance(out, pl.LazyFrame):
+                out = out.collect()
+            reader.check_read(rw, dataset=spec.name)
             return out
 
         items.append((window, thunk, write_window))

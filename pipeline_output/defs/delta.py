@@ -9,6 +9,7 @@ crash between planning and adding) are added on the next tick.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ import dagster as dg
 import polars as pl
 
 from pipeline_output.delta import cut_points_of, next_windows
+from pipeline_output.errors import EmptyWindowRead
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.windows import Window
 
@@ -41,16 +43,66 @@ class WindowedOutput:
 
 
 class WindowReader:
-    """What a delta dataset's compute receives for its delta source: read it window by window."""
+    """What a delta dataset's compute receives for its delta source: read it window by window.
 
-    def __init__(self, name: str, scan: Any) -> None:
+    It counts the rows each window's read returns (before the compute's own filters) so that a
+    window whose read came back empty while the source holds rows in its range fails instead of
+    being recorded as applied (`check_read`).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        scan: Callable[[Window | None], pl.LazyFrame],
+        *,
+        count: Callable[[Window], int] | None = None,
+    ) -> None:
         self.name = name
         self._scan = scan
+        self._count = count
+        self._rows_read: dict[Window, int] = {}
 
     def scan(self, window: Window | None) -> pl.LazyFrame:
-        """The source rows with `low < watermark <= high` (pushed down to the source)."""
-        frame: pl.LazyFrame = self._scan(window)
-        return frame
+        """The source rows with `low < watermark <= high` (projection pushed down to the source)."""
+        inner = self._scan(window)
+        if window is None:
+            return inner
+        from polars.io.plugins import register_io_source
+
+        def io_source(
+            with_columns: list[str] | None,
+            predicate: pl.Expr | None,
+            n_rows: int | None,
+            batch_size: int | None,
+        ) -> Iterator[pl.DataFrame]:
+            frame = (inner.select(with_columns) if with_columns is not None else inner).collect()
+            self._rows_read[window] = self._rows_read.get(window, 0) + frame.height
+            if predicate is not None:
+                frame = frame.filter(predicate)
+            if n_rows is not None:
+                frame = frame.head(n_rows)
+            yield frame
+
+        return register_io_source(
+            io_source, schema=inner.collect_schema(), explain_name=f"window:{self.name}"
+        )
+
+    def rows_read(self, window: Window) -> int | None:
+        """Rows the reads of `window` returned so far (None: the compute never read it)."""
+        return self._rows_read.get(window)
+
+    def check_read(self, window: Window, *, dataset: str) -> None:
+        """Raise `EmptyWindowRead` when `window` was read, returned no row, and the source holds
+        rows in that range (counted by a separate query)."""
+        if self._count is None or self.rows_read(window) != 0:
+            return
+        held = self._count(window)
+        if held:
+            raise EmptyWindowRead(
+                f"dataset {dataset!r}: the read of window {window} from {self.name!r} returned 0 "
+                f"rows but the source holds {held} row(s) in that range; nothing was written and "
+                "the window stays unapplied"
+            )
 
 
 def build_window_sensor(

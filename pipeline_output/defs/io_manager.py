@@ -93,7 +93,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
                 and spec.watermark in frame.columns
                 and len(windows) > 1
             ):
-                part = frame.filter(window.contains(spec.watermark))
+                part = frame.filter(window.contains(spec.watermark, frame.schema[spec.watermark]))
             plans = publisher.plan(spec, mode=mode, window=window)
             result = publisher.publish(spec, part, mode=mode, window=window, run_id=context.run_id)
             result.plans.update(plans)
@@ -172,14 +172,26 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         if SOURCE_METADATA_KEY in meta:
             source = source_from_metadata(meta[SOURCE_METADATA_KEY])
             if source.kind == "postgres":
-                from pipeline_output.sources import postgres_shape, scan_postgres
+                from pipeline_output.sources import (
+                    postgres_shape,
+                    postgres_window_count,
+                    scan_postgres,
+                )
 
                 url = source.url or runtime.pg_url
                 shape = postgres_shape(source, url)  # once per run, not once per window
                 return WindowReader(
-                    source.name, lambda w: scan_postgres(source, url, window=w, shape=shape)
+                    source.name,
+                    lambda w: scan_postgres(source, url, window=w, shape=shape),
+                    count=lambda w: postgres_window_count(source, url, w, known=shape.columns),
                 )
-            return WindowReader(source.name, lambda w: scan_source(source, window=w))
+            from pipeline_output.defs.sources import iceberg_window_count
+
+            return WindowReader(
+                source.name,
+                lambda w: scan_source(source, window=w),
+                count=lambda w: iceberg_window_count(source, w),
+            )
         if SPEC_METADATA_KEY in meta:
             up = spec_from_metadata(meta[SPEC_METADATA_KEY])
             mode = runtime.publisher.resolve(up)
@@ -187,7 +199,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
 
             def scan(window: Any) -> pl.LazyFrame:
                 frame = runtime.publisher.read(up, mode=mode).lazy()
-                return frame.filter(window.contains(watermark)) if window is not None else frame
+                if window is None:
+                    return frame
+                return frame.filter(window.contains(watermark, frame.collect_schema()[watermark]))
 
             return WindowReader(up.name, scan)
         key = context.asset_key.to_user_string() if context.has_asset_key else "?"

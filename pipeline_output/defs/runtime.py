@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-import psycopg
 from pyiceberg.catalog import Catalog
 
+from pipeline_output import pgsession
 from pipeline_output.ledger.ledger import Ledger
 from pipeline_output.ledger.migrations import migrate
 from pipeline_output.ledger.windows import WindowLedger
@@ -62,7 +62,7 @@ def get_runtime(settings: Settings | None = None) -> Runtime:
         from pipeline_output.locks import AdvisoryLock
 
         iceberg = IcebergStore(catalog, settings.namespace, lock=AdvisoryLock(pg_url))
-        with psycopg.connect(pg_url) as conn:
+        with pgsession.connect(pg_url) as conn:
             migrate(conn)
         ledger = Ledger(pg_url)
         postgres = PostgresStore(pg_url, ledger=ledger)

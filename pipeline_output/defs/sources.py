@@ -29,12 +29,23 @@ def scan_source(source: SourceSpec, *, window: Window | None) -> pl.LazyFrame:
 
     if window is not None:
         assert source.watermark is not None
-        arrow = table.scan(row_filter=window_filter(source.watermark, window)).to_arrow()
+        row_filter = window_filter(source.watermark, window, schema=table.schema())
+        arrow = table.scan(row_filter=row_filter).to_arrow()
     else:
         arrow = table.scan().to_arrow()
     frame = pl.from_arrow(arrow)
     assert isinstance(frame, pl.DataFrame)
     return frame.lazy()
+
+
+def iceberg_window_count(source: SourceSpec, window: Window) -> int:
+    """How many rows of an Iceberg source lie in `window`."""
+    from pipeline_output.stores.iceberg import window_filter
+
+    assert source.watermark is not None
+    table = get_runtime().catalog.load_table(str(source.identifier))
+    row_filter = window_filter(source.watermark, window, schema=table.schema())
+    return int(table.scan(row_filter=row_filter).count())
 
 
 def source_stats(source: SourceSpec) -> tuple[int, Any]:

@@ -36,6 +36,7 @@ import polars as pl
 import psycopg
 from psycopg import sql
 
+from pipeline_output import pgsession
 from pipeline_output.errors import PipelineOutputError
 
 SCHEMA = "shop"
@@ -503,7 +504,7 @@ def seed(url: str, *, seed: int = 42) -> dict[str, int]:
     The same `seed` always produces the same rows. Returns the row count per source table.
     """
     rows = generate_seed(seed)
-    with psycopg.connect(url) as conn, conn.cursor() as cur:
+    with pgsession.connect(url) as conn, conn.cursor() as cur:
         _lock(cur)
         for statement in _DDL:
             cur.execute(sql.SQL(statement).format(schema=sql.Identifier(SCHEMA)))
@@ -575,7 +576,7 @@ def tick(url: str, *, seed: int | None = None) -> dict[str, int]:
     tick after a seed is always the same. Returns `tick` (its number) and, per source table,
     `<table>_inserted` / `<table>_updated`.
     """
-    with psycopg.connect(url) as conn, conn.cursor() as cur:
+    with pgsession.connect(url) as conn, conn.cursor() as cur:
         _lock(cur)
         _require_seeded(cur)
         last = _fetch(
@@ -627,7 +628,7 @@ def tick(url: str, *, seed: int | None = None) -> dict[str, int]:
 
 def counts(url: str) -> dict[str, int]:
     """Row count per source table; raises `ShopNotSeeded` when the shop does not exist."""
-    with psycopg.connect(url) as conn, conn.cursor() as cur:
+    with pgsession.connect(url) as conn, conn.cursor() as cur:
         _require_seeded(cur)
         return {
             table: int(_fetch(cur, sql.SQL("SELECT count(*) FROM {}").format(_table(table)))[0][0])
@@ -637,7 +638,7 @@ def counts(url: str) -> dict[str, int]:
 
 def current_tick(url: str) -> int | None:
     """The number of ticks applied since the last seed (0 right after it), or None if not seeded."""
-    with psycopg.connect(url) as conn, conn.cursor() as cur:
+    with pgsession.connect(url) as conn, conn.cursor() as cur:
         if not _is_seeded(cur):
             return None
         rows = _fetch(cur, sql.SQL("SELECT max(tick) FROM {}").format(_table(TICKS)))
@@ -646,7 +647,7 @@ def current_tick(url: str) -> int | None:
 
 def high_water_marks(url: str) -> dict[str, int]:
     """Per source table, the maximum of its watermark column (`WATERMARKS`); 0 when empty."""
-    with psycopg.connect(url) as conn, conn.cursor() as cur:
+    with pgsession.connect(url) as conn, conn.cursor() as cur:
         _require_seeded(cur)
         return {
             table: int(
@@ -673,13 +674,12 @@ def read_tables(url: str, tables: Sequence[str] = TABLES) -> dict[str, pl.DataFr
     `numeric` over as an opaque string extension type; that is cast to the exact decimal of
     `POLARS_SCHEMAS` here, so the frames have the documented types.
     """
-    import adbc_driver_postgresql.dbapi as adbc
 
     for table in tables:
         if table not in COLUMNS:
             raise ValueError(f"unknown demo source table {table!r}; known: {', '.join(TABLES)}")
     frames: dict[str, pl.DataFrame] = {}
-    with adbc.connect(url) as conn:
+    with pgsession.adbc_connect(url) as conn:
         for table in tables:
             query = sql.SQL("SELECT {} FROM {} ORDER BY {}").format(
                 sql.SQL(", ").join(map(sql.Identifier, COLUMNS[table])),

@@ -21,6 +21,7 @@ import pyarrow as pa
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from pipeline_output import pgsession
 from pipeline_output.errors import PipelineOutputError
 from pipeline_output.ledger import migrations
 from pipeline_output.locks import lock_key
@@ -176,7 +177,7 @@ class Ledger:
 
     def connect(self) -> psycopg.Connection[Any]:
         """A new connection (not autocommit) to the control-plane database."""
-        return psycopg.connect(self.url)
+        return pgsession.connect(self.url)
 
     @contextmanager
     def _tx(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
@@ -184,17 +185,17 @@ class Ledger:
         if conn is not None:
             yield conn
             return
-        with psycopg.connect(self.url) as own:
+        with pgsession.connect(self.url) as own:
             yield own
 
     def migrate(self) -> list[int]:
         """Apply pending migrations (safe to call from many processes); returns versions applied."""
-        with psycopg.connect(self.url) as conn:
+        with pgsession.connect(self.url) as conn:
             return migrations.migrate(conn)
 
     def applied_migrations(self) -> list[int]:
         """Versions recorded in `pipeline_output.schema_migrations`."""
-        with psycopg.connect(self.url) as conn:
+        with pgsession.connect(self.url) as conn:
             return migrations.applied(conn)
 
     # -- dataset registry ----------------------------------------------------------------------

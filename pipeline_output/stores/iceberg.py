@@ -241,7 +241,7 @@ class IcebergStore:
             wm = watermark or (spec.watermark if isinstance(spec, DatasetSpec) else None)
             if wm is None:
                 raise ValueError(f"reading a window of {self.table_name(spec)} needs its watermark")
-            row_filter = window_filter(wm, window)
+            row_filter = window_filter(wm, window, schema=table.schema())
         scan = table.scan(
             row_filter=row_filter, selected_fields=tuple(columns) if columns else ("*",)
         )
@@ -289,6 +289,8 @@ class IcebergStore:
         try:
             with self._hold(spec) as stats:
                 table = self.load(spec)
+                if window is not None and table is not None and spec.watermark:
+                    window = aligned_to_field(window, table.schema(), spec.watermark)
                 plan = plan_write(spec, _state_of(table), window)
                 if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
                     check_in_window(spec, frame, window)
@@ -1023,13 +1025,34 @@ def _window_relation(task: FileScanTask, schema: Schema, wm: str, window: Window
     return "straddles"
 
 
-def window_filter(watermark: str, window: Window) -> BooleanExpression:
-    """An Iceberg row filter for `low < watermark <= high`."""
+def window_filter(
+    watermark: str, window: Window, *, schema: Schema | None = None
+) -> BooleanExpression:
+    """An Iceberg row filter for `low < watermark <= high`.
+
+    With the table's `schema`, datetime bounds are zoned like the watermark field (`timestamptz`
+    literals carry `+00:00`, `timestamp` literals none): pyiceberg refuses the other way round.
+    """
+    if schema is not None:
+        window = aligned_to_field(window, schema, watermark)
     high: BooleanExpression = LessThanOrEqual(watermark, _literal(window.high))  # type: ignore[call-arg,arg-type]
     if window.low is None:
         return high
     low: BooleanExpression = GreaterThan(watermark, _literal(window.low))  # type: ignore[call-arg,arg-type]
     return And(low, high)
+
+
+def aligned_to_field(window: Window, schema: Schema, watermark: str) -> Window:
+    """The window with bounds zoned like the table's watermark field (unchanged otherwise)."""
+    try:
+        field = schema.find_field(watermark)
+    except ValueError:
+        return window
+    if isinstance(field.field_type, TimestamptzType):
+        return window.aligned(aware=True)
+    if isinstance(field.field_type, TimestampType):
+        return window.aligned(aware=False)
+    return window
 
 
 def _literal(value: Any) -> Any:
@@ -1112,4 +1135,10 @@ def _fault_injection(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-__all__ = ["IcebergStore", "PreparedWrite", "summary_properties", "window_filter"]
+__all__ = [
+    "IcebergStore",
+    "PreparedWrite",
+    "aligned_to_field",
+    "summary_properties",
+    "window_filter",
+]

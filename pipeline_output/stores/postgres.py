@@ -58,6 +58,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.types import NestedField
 
+from pipeline_output import pgsession
 from pipeline_output.errors import (
     BadInput,
     EmptyComputeRefused,
@@ -217,6 +218,9 @@ def _window_condition(
 ) -> sql.Composable:
     """`low < watermark <= high` on a document's typed watermark (nulls are never inside)."""
     value = _typed_value(doc, column, pg_type)
+    if pg_type in (sql.SQL("timestamptz"), sql.SQL("timestamp")):
+        # the bound's zone follows the column's, never the session's TimeZone
+        window = window.aligned(aware=pg_type == sql.SQL("timestamptz"))
     high = sql.SQL("{} <= {}").format(value, sql.Literal(window.high))
     if window.low is None:
         return high
@@ -342,7 +346,7 @@ class PostgresStore:
     def _transaction(self) -> Iterator[psycopg.Connection[Any]]:
         """A connection in an open transaction (UTC session); committed by the caller."""
         self.ensure_schema()
-        conn = psycopg.connect(self.url)
+        conn = pgsession.connect(self.url)
         try:
             conn.execute("SET LOCAL TimeZone = 'UTC'")
             yield conn
@@ -367,7 +371,7 @@ class PostgresStore:
         """The freshness oracle: has the ledger a succeeded `pg` deploy of the dataset?"""
         name = spec if isinstance(spec, str) else spec.name
         self.ensure_schema()
-        with psycopg.connect(self.url) as conn:
+        with pgsession.connect(self.url) as conn:
             return self._state(conn, name)
 
     def plan(self, spec: DatasetSpec, *, window: Window | None = None) -> WritePlan:
@@ -385,7 +389,7 @@ class PostgresStore:
         """How many legacy rows the dataset has."""
         name = dataset if isinstance(dataset, str) else dataset.name
         self.ensure_schema()
-        with psycopg.connect(self.url) as conn:
+        with pgsession.connect(self.url) as conn:
             return self._count(conn, name)
 
     def drain(self, dataset: DatasetSpec | str) -> int:
@@ -726,9 +730,8 @@ class PostgresStore:
 
     def _fetch_arrow(self, query: str) -> pa.Table:
         """Run a read-only query and stream its result as Arrow (ADBC's COPY BINARY reader)."""
-        import adbc_driver_postgresql.dbapi as adbc
 
-        with adbc.connect(self.url) as conn, conn.cursor() as cur:
+        with pgsession.adbc_connect(self.url) as conn, conn.cursor() as cur:
             cur.execute("SET TimeZone = 'UTC'")
             cur.execute(query)
             table: pa.Table = cur.fetch_arrow_table()
