@@ -65,5 +65,10 @@ class WriteConflict(PipelineOutputError):
     """A concurrent commit made this write invalid and retries were exhausted; nothing was written."""
 
 
+class LockLost(WriteConflict):
+    """The writer's advisory lock ended before its commit (its session was terminated); another
+    writer may hold it, so the write was abandoned and nothing was committed."""
+
+
 class LockUnavailable(PipelineOutputError):
     """The table's advisory lock could not be taken on the control-plane Postgres."""

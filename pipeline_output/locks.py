@@ -3,20 +3,27 @@
 The lock lives on a dedicated connection to the control-plane Postgres and is released when the
 `with` block exits or the process dies (the server drops session locks of a closed connection), so a
 crashed writer never leaves a table locked.
+
+The same property means a writer can lose the lock while it works: an idle-session killer, a pooler
+or a failover ends its backend and a second writer takes the lock at once. `LockStats.verify()` asks
+the lock's own connection whether it still holds the lock; writers call it right before they commit
+and fail with `LockLost` (nothing committed) when it does not. The commit itself is additionally
+fenced by the table's snapshot (see `stores/iceberg.py`), which closes the gap between the check and
+the catalog's swap.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psycopg
 
 from pipeline_output import pgsession
-from pipeline_output.errors import LockUnavailable
+from pipeline_output.errors import LockLost, LockUnavailable
 
 
 def lock_key(name: str) -> int:
@@ -25,13 +32,25 @@ def lock_key(name: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+def _advisory_ids(key: int) -> tuple[int, int]:
+    """`pg_locks` (classid, objid) of a bigint advisory lock key (high and low 32 bits)."""
+    unsigned = key & 0xFFFFFFFFFFFFFFFF
+    return unsigned >> 32, unsigned & 0xFFFFFFFF
+
+
 @dataclass
 class LockStats:
-    """How long the lock took to get, and (once released) how long it was held."""
+    """How long the lock took to get, (once released) how long it was held, and `verify()`."""
 
     key: str
     wait_s: float = 0.0
     held_s: float = 0.0
+    _verify: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+
+    def verify(self) -> None:
+        """Raise `LockLost` unless the lock is still held by this writer (no-op without a lock)."""
+        if self._verify is not None:
+            self._verify()
 
 
 class AdvisoryLock:
@@ -66,10 +85,33 @@ class AdvisoryLock:
                     f"timed out after {self.timeout_s}s waiting for the writer lock on {name}"
                 ) from exc
             stats.wait_s = time.perf_counter() - started
+            stats._verify = lambda: _verify_held(conn, name)
             acquired = time.perf_counter()
             try:
                 yield stats
             finally:
                 stats.held_s = time.perf_counter() - acquired
+                stats._verify = None
         finally:
             conn.close()
+
+
+def _verify_held(conn: psycopg.Connection[tuple[object, ...]], name: str) -> None:
+    """Ask the lock's connection whether its backend still holds the advisory lock for `name`."""
+    classid, objid = _advisory_ids(lock_key(name))
+    try:
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND pid = pg_backend_pid() AND classid = %s::oid AND objid = %s::oid "
+            "AND objsubid = 1)",
+            (classid, objid),
+        ).fetchone()
+    except psycopg.Error as exc:
+        raise LockLost(
+            f"the writer lock on {name} was lost before the commit (its Postgres session ended: "
+            f"{type(exc).__name__}); another writer may hold it now, so nothing was committed"
+        ) from exc
+    if not row or not row[0]:
+        raise LockLost(
+            f"the writer lock on {name} is no longer held by this writer; nothing was committed"
+        )

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.conversions import from_bytes
-from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.expressions import (
     AlwaysTrue,
     And,
@@ -296,10 +296,12 @@ class IcebergStore:
                     check_in_window(spec, frame, window)
                 props = summary_properties(spec, plan, run_id, summary)
                 if table is None:
-                    result = self._create(spec, plan, frame, props)
+                    result = self._create(spec, plan, frame, props, fence=stats.verify)
                 else:
                     usable = pre if pre is not None and pre.fits(table) else None
-                    result = self._write_existing(spec, plan, table, frame, props, pre=usable)
+                    result = self._write_existing(
+                        spec, plan, table, frame, props, pre=usable, fence=stats.verify
+                    )
         finally:
             prep.discard()
         return replace(
@@ -416,7 +418,16 @@ class IcebergStore:
                 raise
             if finalize_summary is not None:
                 props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in finalize_summary().items()})
-            new_table = _commit(tx, props, deleted, [], force=True, ready=written)
+            new_table = _commit(
+                tx,
+                props,
+                deleted,
+                [],
+                dataset=spec.name,
+                force=True,
+                ready=written,
+                fence=stats.verify,
+            )
             snap = new_table.current_snapshot()
         return self._replaced(
             spec, plan, rows, total_before, snap, len(deleted), len(writer.written), started, stats
@@ -463,7 +474,14 @@ class IcebergStore:
                 total_before = _total_records(table)
                 pre.handed_to_commit = True
                 new_table = _commit(
-                    table.transaction(), props, deleted, [], force=True, ready=pre.files
+                    table.transaction(),
+                    props,
+                    deleted,
+                    [],
+                    dataset=spec.name,
+                    force=True,
+                    ready=pre.files,
+                    fence=stats.verify,
                 )
                 snap = new_table.current_snapshot()
         finally:
@@ -523,7 +541,13 @@ class IcebergStore:
             self._namespace_checked = True
 
     def _create(
-        self, spec: DatasetSpec, plan: WritePlan, frame: pl.DataFrame, props: dict[str, str]
+        self,
+        spec: DatasetSpec,
+        plan: WritePlan,
+        frame: pl.DataFrame,
+        props: dict[str, str],
+        *,
+        fence: Callable[[], None] | None = None,
     ) -> WriteResult:
         """First deploy of a missing table: create it and write its first snapshot in one commit."""
         self._ensure_namespace()
@@ -532,7 +556,15 @@ class IcebergStore:
             self.identifier(spec), schema=schema, sort_order=order, properties=TABLE_PROPERTIES
         )
         data = _sorted(frame, spec)
-        table = _commit(tx, props, deleted=[], frames=[data], force=True)
+        try:
+            table = _commit(
+                tx, props, deleted=[], frames=[data], dataset=spec.name, force=True, fence=fence
+            )
+        except TableAlreadyExistsError as exc:
+            raise WriteConflict(
+                f"dataset {spec.name!r}: {self.table_name(spec)} was created by another writer "
+                "after this write was planned; nothing was committed — run it again"
+            ) from exc
         snapshot = table.current_snapshot()
         return WriteResult(
             dataset=spec.name,
@@ -554,6 +586,7 @@ class IcebergStore:
         props: dict[str, str],
         *,
         pre: _Prewritten | None = None,
+        fence: Callable[[], None] | None = None,
     ) -> WriteResult:
         tx = table.transaction()
         evolution = plan_evolution(spec, table.schema(), frame)
@@ -581,11 +614,31 @@ class IcebergStore:
                 # the merge writes the computed frame as it is: its files are the pre-written ones
                 frames, ready = frames[1:], pre.files
                 pre.handed_to_commit = True
-            new_table = _commit(tx, props, changes.deleted_files, frames, force=force, ready=ready)
+            new_table = _commit(
+                tx,
+                props,
+                changes.deleted_files,
+                frames,
+                dataset=spec.name,
+                force=force,
+                ready=ready,
+                fence=fence,
+                blind_retry=plan.write_mode == "append" and not changes.deleted_files,
+            )
             snap = new_table.current_snapshot()
             snapshot_id = snap.snapshot_id if snap else None
         elif not evolution.empty:
-            tx.commit_transaction()  # a schema-only change: no snapshot
+            if fence is not None:
+                fence()
+            from pyiceberg.exceptions import CommitFailedException
+
+            try:
+                tx.commit_transaction()  # a schema-only change: no snapshot
+            except CommitFailedException as exc:
+                raise WriteConflict(
+                    f"dataset {spec.name!r}: the table's schema changed after this write was "
+                    f"planned ({exc}); nothing was committed — run it again"
+                ) from exc
         return WriteResult(
             dataset=spec.name,
             write_mode=plan.write_mode,
@@ -1069,11 +1122,25 @@ def _commit(
     deleted: list[DataFile],
     frames: list[pl.DataFrame],
     *,
+    dataset: str,
     force: bool,
     ready: Sequence[DataFile] = (),
+    fence: Callable[[], None] | None = None,
+    blind_retry: bool = False,
 ) -> Table:
     """Write `frames` as data files and commit them and the `ready` (already written) files with
-    `deleted` removed: exactly one snapshot."""
+    `deleted` removed: exactly one snapshot.
+
+    The commit is fenced to the snapshot the write was planned against: the snapshot producer
+    asserts the branch head it started from, and unless `blind_retry` is set (plain appends, whose
+    rows do not depend on the table's state) a concurrent commit is NOT retried on top of the new
+    head — pyiceberg's retry re-applies a fast append without re-checking keys, which duplicated
+    keys when a writer outside the lock committed in between. The commit then fails as
+    `WriteConflict` and nothing is committed. `fence` (the writer lock's `verify`) runs right
+    before the catalog swap: a writer whose lock ended fails with `LockLost`.
+    """
+    from pyiceberg.exceptions import CommitFailedException, ValidationException
+
     update = tx.update_snapshot(snapshot_properties=props)
     producer = update.overwrite() if deleted or force else update.fast_append()
     for data_file in ready:
@@ -1085,8 +1152,26 @@ def _commit(
     for data_file in deleted:
         producer.delete_data_file(data_file)
     _fault_injection("before_commit")
-    producer.commit()
-    return tx.commit_transaction()
+    try:
+        if blind_retry:
+            producer.commit()  # registers the producer: pyiceberg rebuilds it on a new head
+        else:
+            tx._apply(*producer._commit())  # staged without retry registration: fenced
+        if fence is not None:
+            fence()
+        return tx.commit_transaction()
+    except (CommitFailedException, ValidationException, WriteConflict) as exc:
+        # certain: the catalog did not swap, so the files written for this commit are garbage
+        with suppress(Exception):
+            producer._clean_all_uncommitted()
+        for path in [*writer.written, *(f.file_path for f in ready)]:
+            _delete_quietly(tx._table.io, path)
+        if isinstance(exc, WriteConflict):
+            raise
+        raise WriteConflict(
+            f"dataset {dataset!r}: the table changed after this write was planned "
+            f"({type(exc).__name__}: {exc}); nothing was committed — run it again"
+        ) from exc
 
 
 def _stream_batches(

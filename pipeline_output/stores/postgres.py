@@ -62,6 +62,7 @@ from pipeline_output import pgsession
 from pipeline_output.errors import (
     BadInput,
     EmptyComputeRefused,
+    LockLost,
     LockUnavailable,
     SchemaMismatch,
 )
@@ -250,6 +251,14 @@ class PendingWrite:
         """Commit the transaction (rows and deploy record together); returns the result."""
         conn = self._take()
         try:
+            try:
+                conn.execute("SELECT 1")  # the transaction (and its xact lock) is still alive
+            except psycopg.OperationalError as exc:
+                raise LockLost(
+                    f"dataset {self.result.dataset!r}: the legacy-arm transaction's Postgres "
+                    f"session ended before its commit ({type(exc).__name__}); the server rolled "
+                    "back its rows and released its lock, nothing was committed — run it again"
+                ) from exc
             conn.commit()
         finally:
             conn.close()
