@@ -2,7 +2,9 @@
 
 A hypothesis `RuleBasedStateMachine` drives one or two datasets, each with a random strategy, through
 random deploys: batches with overlapping / new / missing keys, nulls in non-key columns, NaN, empty
-batches, columns added (and later omitted), and delta windows. After every step the Iceberg arm and
+batches, columns added (and later omitted), and delta windows over an integer, `timestamptz` or
+`timestamp` watermark (bounds round-tripped through their partition key, as the sensor does), with
+the database's server TimeZone drawn per example (UTC or not). After every step the Iceberg arm and
 the legacy Postgres arm each equal an independent polars model (`oracle.expect`, which imports
 nothing from `pipeline_output`) and each other, as typed multisets; both arms pick the same write
 mode and report the same counters; a refused write (empty replace/sync) is refused by both and
@@ -19,9 +21,11 @@ import itertools
 import os
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import polars as pl
+import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -33,21 +37,25 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from psycopg import sql
 
 from pipeline_output import DatasetSpec, Delta, IcebergStore, Window
 from pipeline_output.errors import EmptyComputeRefused
 from pipeline_output.locks import AdvisoryLock
 from pipeline_output.stores.postgres import PostgresStore
-from pipeline_output_tests.oracle import assert_same_multiset, expect
+from pipeline_output_tests.oracle import assert_same_multiset, expect, in_window
 from pipeline_output_tests.reliability_report import profile, record
 
 NS = "datasets"
 STRATEGIES = ["snapshot_replace", "append_always", "append_new", "replace", "sync"]
 EXTRA_TYPES = {"int": pl.Int64, "str": pl.String, "float": pl.Float64}
 KEY_SPACE = 30
+WATERMARK_KINDS = ["int", "timestamptz", "timestamp"]
+SERVER_ZONES = ["UTC", "Asia/Tokyo", "America/Los_Angeles"]
+EPOCH = datetime(2026, 3, 28, 22, 0, tzinfo=UTC)  # hours later cross a DST change (Europe/US)
 
 PROFILES = {
-    "ci": {"max_examples": 6, "stateful_step_count": 8},
+    "ci": {"max_examples": 10, "stateful_step_count": 8},
     "deep": {"max_examples": 200, "stateful_step_count": 20},
 }
 
@@ -89,18 +97,32 @@ rows_st = st.lists(
     unique_by=lambda r: r.id,
 )
 
-windows_st = st.one_of(
-    st.none(),
-    # low >= 0: a negative integer bound cannot be encoded as a window key (see the report)
-    st.tuples(st.one_of(st.none(), st.integers(0, KEY_SPACE - 2)), st.integers(1, KEY_SPACE)).map(
-        lambda t: t if t[0] is None or t[0] < t[1] else (None, t[1])
-    ),
-)
+_window_bounds_st = st.tuples(
+    st.one_of(st.none(), st.integers(0, KEY_SPACE - 2)), st.integers(1, KEY_SPACE)
+).map(lambda t: t if t[0] is None or t[0] < t[1] else (None, t[1]))
+# low >= 0: a negative integer bound cannot be encoded as a window key (see the report).
+windows_st = st.one_of(st.none(), _window_bounds_st)
 
 
-def make_batch(rows: list[Row], extras: dict[str, str]) -> pl.DataFrame:
-    """The compute's output: id (key), seq (watermark = id), v int?, f float (NaN/null), s str?,
-    plus the dataset's currently produced extra columns."""
+def watermark_value(value: int, kind: str) -> Any:
+    """The watermark of id `value`: the id itself, or `value` hours after EPOCH (aware UTC for
+    timestamptz, the naive UTC wall clock for timestamp)."""
+    if kind == "int":
+        return value
+    at = EPOCH + timedelta(hours=value)
+    return at if kind == "timestamptz" else at.replace(tzinfo=None)
+
+
+WATERMARK_DTYPES: dict[str, Any] = {
+    "int": pl.Int64,
+    "timestamptz": pl.Datetime("us", "UTC"),
+    "timestamp": pl.Datetime("us"),
+}
+
+
+def make_batch(rows: list[Row], extras: dict[str, str], wm_kind: str = "int") -> pl.DataFrame:
+    """The compute's output: id (key), seq (watermark from id), v int?, f float (NaN/null), s
+    str?, plus the dataset's currently produced extra columns."""
     ids = [r.id for r in rows]
     f_values: list[float | None] = []
     for r in rows:
@@ -109,7 +131,9 @@ def make_batch(rows: list[Row], extras: dict[str, str]) -> pl.DataFrame:
         )
     cols: dict[str, pl.Series] = {
         "id": pl.Series(ids, dtype=pl.Int64),
-        "seq": pl.Series(ids, dtype=pl.Int64),
+        "seq": pl.Series(
+            [watermark_value(i, wm_kind) for i in ids], dtype=WATERMARK_DTYPES[wm_kind]
+        ),
         "v": pl.Series([None if r.v_null else r.id * 10 + r.version for r in rows], dtype=pl.Int64),
         "f": pl.Series(f_values, dtype=pl.Float64),
         "s": pl.Series(
@@ -149,16 +173,29 @@ class DatasetModel:
     table: pl.DataFrame | None = None  # None: never deployed (first deploy next)
     extras: dict[str, str] = field(default_factory=dict)  # columns the compute produces now
     ever_extras: dict[str, str] = field(default_factory=dict)  # every column ever added
+    wm_kind: str = "int"  # the watermark's type: int, timestamptz or timestamp
 
 
-def new_dataset(strategy: str) -> DatasetModel:
+def new_dataset(strategy: str, wm_kind: str = "int") -> DatasetModel:
     spec = DatasetSpec(
         name=f"m{next(_names)}_{int(time.time() * 1000) % 100000}",
         primary_key=("id",),
         strategy=strategy,  # type: ignore[arg-type]
         delta=Delta(source="raw", watermark="seq"),
     )
-    return DatasetModel(spec=spec)
+    return DatasetModel(spec=spec, wm_kind=wm_kind)
+
+
+def set_server_zone(url: str, zone: str) -> None:
+    """`ALTER DATABASE ... SET timezone`: every new session on the database starts in `zone`."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT current_database()").fetchone()
+        assert row is not None
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET timezone = {}").format(
+                sql.Identifier(row[0]), sql.Literal(zone)
+            )
+        )
 
 
 COUNTERS = ("rows_inserted", "rows_updated", "rows_deleted", "rows_skipped", "rows_total_after")
@@ -168,19 +205,19 @@ def deploy(
     arms: Arms, ds: DatasetModel, rows: list[Row], window: tuple[int | None, int] | None
 ) -> None:
     """Write one batch to both arms and advance the model; check modes, counters, refusals."""
-    batch = make_batch(rows, ds.extras)
+    batch = make_batch(rows, ds.extras, ds.wm_kind)
     w = None
+    bounds = None
     if window is not None and ds.table is not None:  # a window on a first deploy is still a replace
-        w = Window(low=window[0], high=window[1])
-        batch = batch.filter(w.contains("seq"))
-    exp = expect(
-        ds.spec.strategy,
-        ds.table,
-        batch,
-        ["id"],
-        window=(w.low, w.high) if w is not None else None,
-        watermark="seq",
-    )
+        low = None if window[0] is None else watermark_value(window[0], ds.wm_kind)
+        high = watermark_value(window[1], ds.wm_kind)
+        bounds = (low, high)
+        # the store gets the bounds the sensor would: decoded from the window's partition key
+        w = Window.from_key(Window(low=low, high=high).to_key())
+        batch = batch.filter(in_window("seq", low, high))
+        _CTX.setdefault("windowed", {}).setdefault(ds.wm_kind, 0)
+        _CTX["windowed"][ds.wm_kind] += 1
+    exp = expect(ds.spec.strategy, ds.table, batch, ["id"], window=bounds, watermark="seq")
     refused = not exp.first_deploy and batch.height == 0 and exp.counters.get("rows_deleted", 0) > 0
     arms.steps += 1
     run_id = f"step{arms.steps}"
@@ -233,12 +270,23 @@ class DeployMachine(RuleBasedStateMachine):
         self.arms: Arms = _CTX["make_arms"]()
         self.datasets: list[DatasetModel] = []
 
-    @initialize(strategies=st.lists(st.sampled_from(STRATEGIES), min_size=1, max_size=2))
-    def create(self, strategies: list[str]) -> None:
-        self.datasets = [new_dataset(s) for s in strategies]
+    @initialize(
+        strategies=st.lists(st.sampled_from(STRATEGIES), min_size=1, max_size=2),
+        kinds=st.lists(st.sampled_from(WATERMARK_KINDS), min_size=2, max_size=2),
+        zone=st.sampled_from(SERVER_ZONES),
+    )
+    def create(self, strategies: list[str], kinds: list[str], zone: str) -> None:
+        set_server_zone(_CTX["url"], zone)
+        _CTX["zones"].add(zone)
+        _CTX["kinds"].update(kinds[: len(strategies)])
+        self.datasets = [new_dataset(s, k) for s, k in zip(strategies, kinds, strict=False)]
 
     @rule(which=st.integers(0, 1), rows=rows_st, window=windows_st)
     def deploy(self, which: int, rows: list[Row], window: tuple[int | None, int] | None) -> None:
+        deploy(self.arms, self.datasets[which % len(self.datasets)], rows, window)
+
+    @rule(which=st.integers(0, 1), rows=rows_st, window=_window_bounds_st)
+    def deploy_window(self, which: int, rows: list[Row], window: tuple[int | None, int]) -> None:
         deploy(self.arms, self.datasets[which % len(self.datasets)], rows, window)
 
     @rule(which=st.integers(0, 1), rows=rows_st)
@@ -295,9 +343,18 @@ def make_arms(catalog: Any, fresh_catalog: Any, pg_db_url: str) -> Any:
     return _arms_factory(catalog, fresh_catalog, pg_db_url)
 
 
-def test_random_deploy_sequences_both_arms_match_the_model(make_arms: Any) -> None:
+def test_random_deploy_sequences_both_arms_match_the_model(make_arms: Any, pg_db_url: str) -> None:
     _CTX.clear()
-    _CTX.update(make_arms=make_arms, steps=0, refused=0, rows=0, examples=0)
+    _CTX.update(
+        make_arms=make_arms,
+        url=pg_db_url,
+        steps=0,
+        refused=0,
+        rows=0,
+        examples=0,
+        zones=set(),
+        kinds=set(),
+    )
     started = time.perf_counter()
     run_state_machine_as_test(DeployMachine, settings=_settings())
     record(
@@ -306,6 +363,9 @@ def test_random_deploy_sequences_both_arms_match_the_model(make_arms: Any) -> No
         deploys=_CTX["steps"],
         refused_empty=_CTX["refused"],
         rows_written=_CTX["rows"],
+        server_zones=",".join(sorted(_CTX["zones"])),
+        watermarks=",".join(sorted(_CTX["kinds"])),
+        windowed_deploys=_CTX.get("windowed", {}),
         seconds=round(time.perf_counter() - started, 1),
         rows_lost=0,
     )
@@ -321,9 +381,9 @@ def _rows(ids: list[int], version: int = 0, **kw: Any) -> list[Row]:
     ]
 
 
-def _replay(make_arms: Any, strategy: str, steps: list[Any]) -> None:
+def _replay(make_arms: Any, strategy: str, steps: list[Any], *, wm_kind: str = "int") -> None:
     arms = make_arms()
-    ds = new_dataset(strategy)
+    ds = new_dataset(strategy, wm_kind)
     for step in steps:
         if step[0] == "deploy":
             deploy(arms, ds, step[1], step[2])
@@ -372,4 +432,23 @@ def test_regression_windowed_sync_and_replace_on_both_arms(make_arms: Any) -> No
                 ("deploy", _rows([4, 5, 9], version=1), (3, 6)),
                 ("deploy", _rows([0], version=2), (None, 1)),
             ],
+        )
+
+
+@pytest.mark.parametrize("wm_kind", ["timestamptz", "timestamp"])
+def test_regression_zoned_watermark_windows_under_a_non_utc_server_on_both_arms(
+    make_arms: Any, pg_db_url: str, wm_kind: str
+) -> None:
+    set_server_zone(pg_db_url, "Asia/Tokyo")
+    for strategy in ("sync", "replace", "append_new", "snapshot_replace"):
+        _replay(
+            make_arms,
+            strategy,
+            [
+                ("deploy", _rows(list(range(10))), None),
+                ("deploy", _rows([4, 5, 9], version=1), (3, 6)),
+                ("deploy", _rows([0, 12], version=2), (None, 1)),
+                ("deploy", _rows([12, 13], version=1), (9, 13)),
+            ],
+            wm_kind=wm_kind,
         )
