@@ -3,11 +3,13 @@
 Owns what every arm needs before it writes: turning a polars DataFrame / LazyFrame / Arrow table into
 one polars DataFrame with portable types, and refusing (with the dataset's name and the cause)
 missing key columns, null keys, duplicate keys (or de-duplicating by `dedupe_by`) and rows outside a
-window. Pure: no I/O.
+window, duplicate column names, and columns in the stores' reserved namespace (`__po_`...). Pure: no
+I/O.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import polars as pl
@@ -24,10 +26,15 @@ from pipeline_output.spec import DatasetSpec, check_identifier
 from pipeline_output.windows import Window
 
 MAX_EXAMPLES = 5
+# Column names the stores use internally (row indexes, merge join columns) all start with this, so
+# a user column never collides with them: it is refused up front on both arms (`check_columns`).
+RESERVED_PREFIX = "__po_"
 
 
 def to_polars(spec: DatasetSpec, data: Any) -> pl.DataFrame:
     """Collect the compute's output into a polars DataFrame, or raise `BadInput`."""
+    if isinstance(data, (pa.Table, pa.RecordBatch)):
+        _check_unique_names(spec, list(data.schema.names))
     if isinstance(data, pl.LazyFrame):
         try:
             data = data.collect()
@@ -42,9 +49,31 @@ def to_polars(spec: DatasetSpec, data: Any) -> pl.DataFrame:
             f"dataset {spec.name!r}: the compute returned {type(data).__name__}; expected a polars "
             "DataFrame or LazyFrame or a pyarrow Table"
         )
-    for col in frame.columns:
-        check_identifier(col, what="column", dataset=spec.name)
+    check_columns(spec, frame.columns)
     return _portable_types(spec, frame)
+
+
+def check_columns(spec: DatasetSpec, columns: list[str]) -> None:
+    """Refuse column names that are not identifiers (`InvalidSpec`) or are reserved (`BadInput`)."""
+    for col in columns:
+        check_identifier(col, what="column", dataset=spec.name)
+    reserved = [c for c in columns if c.startswith(RESERVED_PREFIX)]
+    if reserved:
+        raise BadInput(
+            f"dataset {spec.name!r}: column(s) {', '.join(map(repr, reserved))} use the reserved "
+            f"prefix {RESERVED_PREFIX!r} (the stores' internal row-index and merge columns); "
+            "rename them (nothing was written)"
+        )
+
+
+def _check_unique_names(spec: DatasetSpec, names: list[str]) -> None:
+    """An Arrow table may repeat a column name; a dataset cannot (which column would be stored?)."""
+    dupes = sorted(name for name, n in Counter(names).items() if n > 1)
+    if dupes:
+        raise BadInput(
+            f"dataset {spec.name!r}: the compute's Arrow data has duplicate column name(s) "
+            f"{', '.join(map(repr, dupes))}; each column needs a unique name (nothing was written)"
+        )
 
 
 def _portable_types(spec: DatasetSpec, frame: pl.DataFrame) -> pl.DataFrame:
@@ -113,7 +142,8 @@ def check_keys(spec: DatasetSpec, frame: pl.DataFrame) -> pl.DataFrame:
             distinct = frame.select(pl.struct(pk).n_unique()).item()
         if distinct == frame.height:
             return frame  # the cheap test: no duplicates (the group-by below only finds examples)
-        dupes = frame.group_by(pk).len().filter(pl.col("len") > 1)
+        # the count's name is reserved: a key column may be called "len"
+        dupes = frame.group_by(pk).len(name="__po_len__").filter(pl.col("__po_len__") > 1)
         if dupes.height:
             examples = dupes.head(MAX_EXAMPLES).select(pk).rows()
             shown = ", ".join(repr(row[0] if len(row) == 1 else row) for row in examples)

@@ -69,7 +69,8 @@ TABLE_PROPERTIES = {
 }
 _DEFAULT_LOCK: Any = object()
 _READ_THREADS = 4
-_POS = "__po_pos__"
+_POS = "__po_pos__"  # every internal column name starts with frames.RESERVED_PREFIX
+_NEW = "__po_new__"  # the compute's value of column `c` in a merge join is `__po_new__c`
 
 
 def summary_properties(
@@ -783,9 +784,11 @@ class _Merge:
 
         matched_keys: list[pl.DataFrame] = []
         value_cols = [c for c in _schema_names(self.schema) if c not in pk]
+        # the compute's value columns under reserved names: no user column can collide with them
+        incoming = frame.rename({c: _NEW + c for c in frame.columns if c not in pk})
         for task, rows in zip(candidates, self._read(candidates), strict=True):
             rows = rows.with_row_index(_POS)
-            joined = rows.join(frame, on=pk, how="inner", suffix="__new", nulls_equal=True)
+            joined = rows.join(incoming, on=pk, how="inner", nulls_equal=True)
             if joined.height:
                 matched_keys.append(joined.select(pk))
             changed = joined.filter(_differs(joined, value_cols))
@@ -919,14 +922,14 @@ def _replace_rows(
     try:
         return rows.with_columns(
             [
-                rows.get_column(c).clone().scatter(positions, changed.get_column(f"{c}__new"))
+                rows.get_column(c).clone().scatter(positions, changed.get_column(_NEW + c))
                 for c in value_cols
             ]
         )
     except (pl.exceptions.PolarsError, TypeError):
         # Types scatter cannot take (nested): replace rows by position and restore the order.
         drop = pl.zeros(rows.height, dtype=pl.Boolean, eager=True).scatter(positions, True)
-        updated = changed.select([_POS, *pk, *[pl.col(f"{c}__new").alias(c) for c in value_cols]])
+        updated = changed.select([_POS, *pk, *[pl.col(_NEW + c).alias(c) for c in value_cols]])
         return pl.concat([rows.filter(~drop), updated.select(rows.columns)]).sort(_POS)
 
 
@@ -1026,18 +1029,14 @@ def _sorted(frame: pl.DataFrame, spec: DatasetSpec) -> pl.DataFrame:
 
 
 def _differs(joined: pl.DataFrame, value_cols: list[str]) -> pl.Expr:
-    """Rows whose values differ between the target (`c`) and the compute (`c__new`).
+    """Rows whose values differ between the target (`c`) and the compute (`__po_new__c`).
 
     Nulls equal nulls and NaN equals NaN, so an unchanged row with NaN is never rewritten.
     """
     if not value_cols:
         return pl.lit(False)
     return pl.any_horizontal(
-        [
-            ~pl.col(c).eq_missing(pl.col(f"{c}__new"))
-            for c in value_cols
-            if f"{c}__new" in joined.columns
-        ]
+        [~pl.col(c).eq_missing(pl.col(_NEW + c)) for c in value_cols if _NEW + c in joined.columns]
         or [pl.lit(False)]
     )
 

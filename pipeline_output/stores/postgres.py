@@ -82,7 +82,7 @@ _IN = sql.Identifier("_po_in")
 _BATCH = sql.Identifier("_po_batch")
 _ORD = "__po_ord__"
 _CSV_SLICE = 200_000
-_RESERVED_PREFIX = "__po_"
+_BTREE_MAX_BYTES = 2704  # Postgres' btree limit on one index entry (8 kB pages, btree version 4)
 
 
 # -- types ------------------------------------------------------------------------------------
@@ -193,6 +193,44 @@ def _csv_ready(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.with_columns(
         [pl.concat_str(pl.lit("\\x"), pl.col(n).bin.encode("hex")).alias(n) for n in binary]
     )
+
+
+def _check_text(spec: DatasetSpec, frame: pl.DataFrame) -> None:
+    """Refuse NUL characters in string columns: Postgres text (and jsonb) cannot hold U+0000."""
+    strings = [n for n, t in frame.schema.items() if isinstance(t, pl.String)]
+    if not strings or not frame.height:
+        return
+    has_nul = frame.select([pl.col(n).str.contains("\x00", literal=True).any() for n in strings])
+    bad = [n for n, flag in zip(strings, has_nul.row(0), strict=True) if flag]
+    if bad:
+        raise BadInput(
+            f"dataset {spec.name!r}: string column(s) {', '.join(map(repr, bad))} contain NUL "
+            "characters (\\x00), which Postgres text cannot store; strip them in the compute or "
+            "keep the dataset on the iceberg arm (nothing was written)"
+        )
+
+
+def _raise_if_key_too_long(spec: DatasetSpec, frame: pl.DataFrame, exc: psycopg.Error) -> None:
+    """An index-entry limit hit while writing the key index is the key's length: say so."""
+    message = exc.diag.message_primary or ""
+    if not spec.primary_key or "index row" not in message:
+        return
+    sizes = [
+        pl.col(c).str.len_bytes() if isinstance(t, pl.String) else pl.col(c).bin.size()
+        for c, t in frame.schema.items()
+        if c in spec.primary_key and isinstance(t, (pl.String, pl.Binary))
+    ]
+    longest = ""
+    if sizes and frame.height:
+        size = frame.select(pl.max_horizontal(sizes).max()).item()
+        longest = f"; the longest key value here is {size} bytes"
+    raise BadInput(
+        f"dataset {spec.name!r}: a value of primary-key column(s) "
+        f"{', '.join(map(repr, spec.primary_key))} is too long for the legacy Postgres arm's key "
+        f"index (Postgres btree entries are limited to {_BTREE_MAX_BYTES} bytes after "
+        f"compression{longest}; {message}); shorten or hash the key, or keep the dataset on the "
+        "iceberg arm (nothing was written)"
+    ) from exc
 
 
 # -- SQL fragments ----------------------------------------------------------------------------
@@ -441,13 +479,9 @@ class PostgresStore:
         """Do the whole write but leave its transaction open; commit or roll back the result."""
         started = time.perf_counter()
         started_at = datetime.now(UTC)
+        # to_polars refuses the reserved `__po_` prefix (both arms share that check)
         frame = check_keys(spec, to_polars(spec, data))
-        for col in frame.columns:
-            if col.startswith(_RESERVED_PREFIX):
-                raise BadInput(
-                    f"dataset {spec.name!r}: column {col!r} uses the reserved prefix "
-                    f"{_RESERVED_PREFIX!r}"
-                )
+        _check_text(spec, frame)
         with self._transaction() as conn:
             lock_wait = self._lock(conn, spec.name)
             state = self._state(conn, spec.name)
@@ -471,12 +505,17 @@ class PostgresStore:
             try:
                 self._stage(conn, spec, frame, types)
             except (psycopg.errors.TooManyColumns, psycopg.errors.ProgramLimitExceeded) as exc:
+                _raise_if_key_too_long(spec, frame, exc)
                 raise BadInput(
                     f"dataset {spec.name!r}: the legacy Postgres arm cannot stage {frame.width} "
                     f"columns ({exc.diag.message_primary}); keep it on the iceberg arm "
                     "(nothing was written)"
                 ) from exc
-            counts = self._apply(conn, spec, plan, frame.height, total_before, types)
+            try:
+                counts = self._apply(conn, spec, plan, frame.height, total_before, types)
+            except psycopg.errors.ProgramLimitExceeded as exc:
+                _raise_if_key_too_long(spec, frame, exc)
+                raise
             if frame.height == 0 and counts.deleted and not spec.allow_empty:
                 raise EmptyComputeRefused(
                     f"dataset {spec.name!r}: the compute returned no rows and a {plan.write_mode} "
