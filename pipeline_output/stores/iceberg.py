@@ -715,7 +715,7 @@ class _Merge:
                 straddling.append(task)
         keys = self.frame.select(pk).with_columns(pl.lit(True).alias("__po_hit__")) if pk else None
         for task, rows in zip(straddling, self._read(straddling), strict=True):
-            drop = rows.select(window.contains(wm).fill_null(False)).to_series()
+            drop = rows.select(window.contains(wm, rows.schema[wm]).fill_null(False)).to_series()
             if keys is not None:
                 hit = rows.select(pk).join(keys, on=pk, how="left", nulls_equal=True)
                 drop = drop | hit.get_column("__po_hit__").is_not_null()
@@ -834,7 +834,10 @@ class _Merge:
             .is_null()
         )
         if window is not None and wm is not None:
-            present = present & rows.select(window.contains(wm).fill_null(False)).to_series()
+            present = (
+                present
+                & rows.select(window.contains(wm, rows.schema[wm]).fill_null(False)).to_series()
+            )
         return present
 
     def _absent(self, keys: pl.DataFrame, scope: str, window: Window | None, wm: str | None) -> int:
