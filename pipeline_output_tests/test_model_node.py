@@ -352,3 +352,12 @@ def test_plain_source_is_scored_in_key_batches_with_one_snapshot(env, instance):
     assert (by_index["score"] == by_index["x"] * 2 + by_index["bump"]).all()
     meta = out.get_asset_materialization_events()[-1].materialization.metadata
     assert getattr(meta["batches_read"], "value", None) == 5
+
+
+@pytest.mark.parametrize("source", ["people", dg.AssetKey("people")])
+def test_a_source_given_by_name_or_key_fails_at_load_naming_the_model_node(source: Any) -> None:
+    """It used to fail with AttributeError: 'str' object has no attribute 'keys'."""
+    from pipeline_output.errors import InvalidSpec
+
+    with pytest.raises(InvalidSpec, match=r"model node 'scores'.*@dataset asset itself"):
+        model_node("scores", source=source, predict=lambda f: [0.0] * f.height)

@@ -37,6 +37,12 @@ def model_node(
 ) -> dg.AssetsDefinition:
     """Score `source` (a `@dataset` asset) with `predict`; output rows carry `__source_row_index__`."""
     check_identifier(name, what="model node name")
+    if not isinstance(source, dg.AssetsDefinition):
+        raise InvalidSpec(
+            f"model node {name!r}: source must be the @dataset asset itself (the decorated "
+            f"function), got {type(source).__name__} {source!r}; the node needs the dataset's "
+            "spec (watermark, windows) when the code location loads"
+        )
     source_spec = spec_of(source)
     if source_spec is None:
         raise InvalidSpec(f"model node {name!r}: source must be a @dataset asset")
