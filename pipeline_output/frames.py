@@ -35,11 +35,7 @@ def to_polars(spec: DatasetSpec, data: Any) -> pl.DataFrame:
     """Collect the compute's output into a polars DataFrame, or raise `BadInput`."""
     if isinstance(data, (pa.Table, pa.RecordBatch)):
         _check_unique_names(spec, list(data.schema.names))
-    if isinstance(data, pl.LazyFrame):
-        try:
-            data = data.collect()
-        except pl.exceptions.PolarsError as exc:
-            raise BadInput(f"dataset {spec.name!r}: the compute's LazyFrame failed: {exc}") from exc
+    data = collect_frame(spec, data)
     if isinstance(data, pl.DataFrame):
         frame = data
     elif isinstance(data, (pa.Table, pa.RecordBatch)):
@@ -51,6 +47,16 @@ def to_polars(spec: DatasetSpec, data: Any) -> pl.DataFrame:
         )
     check_columns(spec, frame.columns)
     return _portable_types(spec, frame)
+
+
+def collect_frame(spec: DatasetSpec, data: Any) -> Any:
+    """Collect a LazyFrame (its failure is the compute's: `BadInput`); anything else unchanged."""
+    if not isinstance(data, pl.LazyFrame):
+        return data
+    try:
+        return data.collect()
+    except pl.exceptions.PolarsError as exc:
+        raise BadInput(f"dataset {spec.name!r}: the compute's LazyFrame failed: {exc}") from exc
 
 
 def check_columns(spec: DatasetSpec, columns: list[str]) -> None:

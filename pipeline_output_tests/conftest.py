@@ -139,3 +139,21 @@ def settings_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, pg_db_url: str
     monkeypatch.setenv("PIPELINE_OUTPUT_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("PIPELINE_OUTPUT_PG_URL", pg_db_url)
     return get_settings()
+
+
+def zone_database(url: str, zone: str) -> None:
+    """`ALTER DATABASE ... SET timezone`: every new session on the database starts in `zone`."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT current_database()").fetchone()
+        assert row is not None
+        conn.execute(
+            sql.SQL("ALTER DATABASE {} SET timezone = {}").format(
+                sql.Identifier(row[0]), sql.Literal(zone)
+            )
+        )
+
+
+@pytest.fixture
+def set_server_zone(pg_db_url: str) -> Callable[[str], None]:
+    """Set the test database's server TimeZone (new sessions only)."""
+    return lambda zone: zone_database(pg_db_url, zone)

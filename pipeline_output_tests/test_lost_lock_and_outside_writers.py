@@ -102,7 +102,7 @@ class PausedWriter:
 
 
 def _lock_backend(url: str, name: str) -> int:
-    """The pid of the backend holding the session advisory lock `name`."""
+    """The pid of the backend holding the advisory lock `name` (session or transaction level)."""
     unsigned = lock_key(name) & 0xFFFFFFFFFFFFFFFF
     with psycopg.connect(url) as conn:
         row = conn.execute(
@@ -223,15 +223,7 @@ def test_legacy_write_whose_backend_is_terminated_reports_lock_lost_and_keeps_ke
     new = list(range(8, 16))
     pending = writer.begin_write(spec, _rows(new, "paused"))
     # the backend holding the pending write's transaction lock
-    row_key = lock_key(f"pg:{NAME}") & 0xFFFFFFFFFFFFFFFF
-    with psycopg.connect(pg_db_url) as conn:
-        pid_row = conn.execute(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
-            "AND classid = %s::oid AND objid = %s::oid",
-            (row_key >> 32, row_key & 0xFFFFFFFF),
-        ).fetchone()
-    assert pid_row is not None
-    _terminate(pg_db_url, int(pid_row[0]))
+    _terminate(pg_db_url, _lock_backend(pg_db_url, f"pg:{NAME}"))
     second = PostgresStore(pg_db_url).write(spec, _rows(new, "second"))
     assert second.rows_inserted == 5
     with pytest.raises(LockLost, match=repr(NAME)):

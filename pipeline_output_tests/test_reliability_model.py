@@ -25,7 +25,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import polars as pl
-import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -37,7 +36,6 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from psycopg import sql
 
 from pipeline_output import DatasetSpec, Delta, IcebergStore, Window
 from pipeline_output.errors import EmptyComputeRefused
@@ -186,18 +184,6 @@ def new_dataset(strategy: str, wm_kind: str = "int") -> DatasetModel:
     return DatasetModel(spec=spec, wm_kind=wm_kind)
 
 
-def set_server_zone(url: str, zone: str) -> None:
-    """`ALTER DATABASE ... SET timezone`: every new session on the database starts in `zone`."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT current_database()").fetchone()
-        assert row is not None
-        conn.execute(
-            sql.SQL("ALTER DATABASE {} SET timezone = {}").format(
-                sql.Identifier(row[0]), sql.Literal(zone)
-            )
-        )
-
-
 COUNTERS = ("rows_inserted", "rows_updated", "rows_deleted", "rows_skipped", "rows_total_after")
 
 
@@ -276,7 +262,7 @@ class DeployMachine(RuleBasedStateMachine):
         zone=st.sampled_from(SERVER_ZONES),
     )
     def create(self, strategies: list[str], kinds: list[str], zone: str) -> None:
-        set_server_zone(_CTX["url"], zone)
+        _CTX["set_zone"](zone)
         _CTX["zones"].add(zone)
         _CTX["kinds"].update(kinds[: len(strategies)])
         self.datasets = [new_dataset(s, k) for s, k in zip(strategies, kinds, strict=False)]
@@ -343,11 +329,13 @@ def make_arms(catalog: Any, fresh_catalog: Any, pg_db_url: str) -> Any:
     return _arms_factory(catalog, fresh_catalog, pg_db_url)
 
 
-def test_random_deploy_sequences_both_arms_match_the_model(make_arms: Any, pg_db_url: str) -> None:
+def test_random_deploy_sequences_both_arms_match_the_model(
+    make_arms: Any, set_server_zone: Any
+) -> None:
     _CTX.clear()
     _CTX.update(
         make_arms=make_arms,
-        url=pg_db_url,
+        set_zone=set_server_zone,
         steps=0,
         refused=0,
         rows=0,
@@ -437,9 +425,9 @@ def test_regression_windowed_sync_and_replace_on_both_arms(make_arms: Any) -> No
 
 @pytest.mark.parametrize("wm_kind", ["timestamptz", "timestamp"])
 def test_regression_zoned_watermark_windows_under_a_non_utc_server_on_both_arms(
-    make_arms: Any, pg_db_url: str, wm_kind: str
+    make_arms: Any, set_server_zone: Any, wm_kind: str
 ) -> None:
-    set_server_zone(pg_db_url, "Asia/Tokyo")
+    set_server_zone("Asia/Tokyo")
     for strategy in ("sync", "replace", "append_new", "snapshot_replace"):
         _replay(
             make_arms,

@@ -13,7 +13,7 @@ recorded as applied: `test_a_window_read_that_loses_its_rows_fails_and_stays_una
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -33,21 +33,11 @@ from pipeline_output_tests.oracle import assert_same_multiset
 BASE = datetime(2026, 3, 1, 0, 30, tzinfo=UTC)
 
 
-def _zone_database(url: str, zone: str) -> None:
-    """Set the database's default TimeZone: every new session on it starts in `zone`."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        name = conn.execute("SELECT current_database()").fetchone()
-        assert name is not None
-        conn.execute(
-            sql.SQL("ALTER DATABASE {} SET timezone = {}").format(
-                sql.Identifier(name[0]), sql.Literal(zone)
-            )
-        )
-
-
 @pytest.fixture
-def zoned_env(settings_env: Any, pg_db_url: str, server_tz: str) -> Iterator[str]:
-    _zone_database(pg_db_url, server_tz)
+def zoned_env(
+    settings_env: Any, pg_db_url: str, server_tz: str, set_server_zone: Callable[[str], None]
+) -> Iterator[str]:
+    set_server_zone(server_tz)
     with psycopg.connect(pg_db_url) as conn:
         shown = conn.execute("SHOW timezone").fetchone()
     assert shown is not None and shown[0] == server_tz, "the server zone did not take"

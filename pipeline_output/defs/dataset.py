@@ -24,6 +24,7 @@ from pipeline_output.defs.keys import (
     SPEC_METADATA_KEY,
 )
 from pipeline_output.errors import BadInput, InvalidSpec
+from pipeline_output.frames import collect_frame
 from pipeline_output.spec import DatasetSpec, Delta, Mode, Strategy, spec_from_dict, spec_to_dict
 from pipeline_output.windows import Window
 
@@ -229,8 +230,7 @@ def _windowed_output(
         def thunk(rw: Window = read_window) -> Any:
             out = fn(**{delta_param: reader.scan(rw)}, **others)
             _check_output(spec, out)
-            if isinstance(out, pl.LazyFrame):
-                out = out.collect()
+            out = collect_frame(spec, out)  # the read happens here: then check what it returned
             reader.check_read(rw, dataset=spec.name)
             return out
 

@@ -9,7 +9,7 @@ crash between planning and adding) are added on the next tick.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import polars as pl
 
 from pipeline_output.delta import cut_points_of, next_windows
 from pipeline_output.errors import EmptyWindowRead
+from pipeline_output.sources import eager_io_source
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.windows import Window
 
@@ -67,25 +68,13 @@ class WindowReader:
         inner = self._scan(window)
         if window is None:
             return inner
-        from polars.io.plugins import register_io_source
 
-        def io_source(
-            with_columns: list[str] | None,
-            predicate: pl.Expr | None,
-            n_rows: int | None,
-            batch_size: int | None,
-        ) -> Iterator[pl.DataFrame]:
-            frame = (inner.select(with_columns) if with_columns is not None else inner).collect()
+        def read(columns: list[str] | None) -> pl.DataFrame:
+            frame = (inner.select(columns) if columns is not None else inner).collect()
             self._rows_read[window] = self._rows_read.get(window, 0) + frame.height
-            if predicate is not None:
-                frame = frame.filter(predicate)
-            if n_rows is not None:
-                frame = frame.head(n_rows)
-            yield frame
+            return frame
 
-        return register_io_source(
-            io_source, schema=inner.collect_schema(), explain_name=f"window:{self.name}"
-        )
+        return eager_io_source(read, schema=inner.collect_schema(), name=f"window:{self.name}")
 
     def rows_read(self, window: Window) -> int | None:
         """Rows the reads of `window` returned so far (None: the compute never read it)."""
