@@ -7,14 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline_output.errors import PipelineOutputError
+from pipeline_output.errors import DrainRefused, PipelineOutputError
 from pipeline_output.parity import ParityReport, compare
 from pipeline_output.publish import Publisher
 from pipeline_output.spec import MODES, DatasetSpec
-
-
-class DrainRefused(PipelineOutputError):
-    """`drain` is only allowed for a dataset flipped to iceberg whose last parity check passed."""
 
 
 def _read_or_empty(store: Any, spec: DatasetSpec) -> Any:

@@ -1,8 +1,10 @@
 """The `pipeline-output` console script: the click group and error policy; commands live in
 `pipeline_output.commands.*` (one module per command or command group).
 
-Every deliberate error (`PipelineOutputError`) is printed as one line `error: <message>` on stderr
-with exit code 2 — no traceback.
+Every deliberate error (`PipelineOutputError`), and every dependency error `errors.from_third_party`
+maps (pyiceberg commit failures, Postgres connection errors), is printed as one line on stderr — no
+traceback: `error: <message>` with exit code 2 for a terminal error (change something first), or
+`error (retryable): <message>` with exit code 75 (EX_TEMPFAIL) when running again may succeed.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from typing import Any
 
 import click
 
-from pipeline_output.errors import PipelineOutputError
+from pipeline_output.errors import from_third_party
 
 ERROR_EXIT_CODE = 2
+RETRYABLE_EXIT_CODE = 75  # sysexits EX_TEMPFAIL: schedulers and shells know it means "try again"
 
 
 class _Group(click.Group):
@@ -23,8 +26,17 @@ class _Group(click.Group):
         warnings.filterwarnings("ignore", message=r".* is currently in (beta|preview)")
         try:
             return super().invoke(ctx)
-        except PipelineOutputError as exc:
-            click.echo(f"error: {' '.join(str(exc).split())}", err=True)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as exc:
+            error = from_third_party(exc)
+            if error is None:
+                raise
+            message = " ".join(str(error).split())
+            if error.retryable:
+                click.echo(f"error (retryable): {message}", err=True)
+                ctx.exit(RETRYABLE_EXIT_CODE)
+            click.echo(f"error: {message}", err=True)
             ctx.exit(ERROR_EXIT_CODE)
 
 

@@ -33,7 +33,7 @@ import psutil
 import psycopg
 from psycopg import sql
 
-from pipeline_output.errors import PipelineOutputError
+from pipeline_output.errors import EmbeddedPostgresError as EmbeddedPostgresError
 
 SERVICE_USER = "pgserver"
 """The system user the server runs as when the caller is root (pgserver's own convention)."""
@@ -43,10 +43,6 @@ DATABASE = "pipeline_output"
 
 _PORT = 5432  # only names the socket file (.s.PGSQL.5432); no TCP port is opened
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep a margin
-
-
-class EmbeddedPostgresError(PipelineOutputError):
-    """The embedded Postgres server could not be started, inspected or stopped."""
 
 
 @dataclass(frozen=True)

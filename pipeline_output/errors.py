@@ -1,7 +1,16 @@
 """Domain errors: every error pipeline-output raises on purpose lives here.
 
 Each carries a one-line message that names the dataset (or the setting) and the cause, so the CLI and
-Dagster can show it without a traceback wall.
+Dagster can show it without a traceback wall. Every class derives from exactly one of two bases:
+
+- `RetryableError`: running the same thing again may succeed without changing anything (a
+  concurrent writer won, a lock was busy or lost, Postgres was unreachable). Nothing was written.
+- `TerminalError`: something must change first (the spec, the input, a setting, the data).
+
+`from_third_party` maps the errors of our dependencies that a user can meet in normal operation
+(pyiceberg commit failures, psycopg connection errors) onto these classes, so the CLI prints one
+line for them too. Errors that keep a builtin base (`LookupError`, `ValueError`, `RuntimeError`) do
+so for callers that caught the builtin before these classes existed.
 """
 
 from __future__ import annotations
@@ -10,8 +19,23 @@ from __future__ import annotations
 class PipelineOutputError(Exception):
     """Base class of every deliberate pipeline-output error."""
 
+    retryable = False
 
-class SettingsError(PipelineOutputError):
+
+class RetryableError(PipelineOutputError):
+    """Running again may succeed as it is; nothing was written."""
+
+    retryable = True
+
+
+class TerminalError(PipelineOutputError):
+    """Something must change (spec, input, setting, data) before running again."""
+
+
+# --- terminal: definitions, settings, input -------------------------------------------------------
+
+
+class SettingsError(TerminalError):
     """A setting (environment variable or config file) is malformed or points nowhere usable."""
 
     def __init__(self, setting: str, cause: str) -> None:
@@ -20,15 +44,32 @@ class SettingsError(PipelineOutputError):
         super().__init__(f"{setting}: {cause}")
 
 
-class InvalidSpec(PipelineOutputError):
+class InvalidSpec(TerminalError):
     """A dataset spec is invalid (raised at construction, before any I/O)."""
 
 
-class UnsupportedWrite(PipelineOutputError):
+class InvalidArgument(TerminalError, ValueError):
+    """A call names something that does not exist (an arm, a status, a demo table) or misses a
+    required argument (who flips)."""
+
+
+class UnknownMode(InvalidArgument):
+    """A flip names a mode that does not exist."""
+
+
+class UnknownDataset(TerminalError, LookupError):
+    """A name is not a dataset of the loaded code location (or of the demo)."""
+
+
+class DatasetNotWritten(TerminalError, LookupError):
+    """A read asks for a dataset that has no table (no rows) on that arm yet."""
+
+
+class UnsupportedWrite(TerminalError):
     """The (strategy, target state, window) combination is not implemented; nothing was written."""
 
 
-class BadInput(PipelineOutputError):
+class BadInput(TerminalError):
     """The compute's rows cannot be written as they are; nothing was written."""
 
 
@@ -56,12 +97,42 @@ class SchemaMismatch(BadInput):
     """The compute's schema cannot be written into the table's schema (incompatible type change)."""
 
 
-class EmptyWindowRead(PipelineOutputError):
+class WriteAlreadyFinished(TerminalError, RuntimeError):
+    """A pending legacy write was committed or rolled back already (a programming error)."""
+
+
+# --- terminal: control plane and migration --------------------------------------------------------
+
+
+class WindowLedgerError(TerminalError):
+    """A window is unknown, or a planned window would break the chain (gap or overlap)."""
+
+
+class MigrationError(TerminalError):
+    """The control-plane schema cannot be migrated (changed applied file, bad file name, SQL error)."""
+
+
+class DrainRefused(TerminalError):
+    """`drain` is only allowed for a dataset flipped to iceberg whose last parity check passed."""
+
+
+class EmbeddedPostgresError(TerminalError):
+    """The embedded Postgres server could not be started, inspected or stopped."""
+
+
+class ShopNotSeeded(TerminalError):
+    """The demo shop's tables do not exist in the database (run `pipeline-output demo seed`)."""
+
+
+# --- retryable ------------------------------------------------------------------------------------
+
+
+class EmptyWindowRead(RetryableError):
     """A delta window's source read returned no row although the source holds rows in its range
     (a read that disagrees with the source is an error, never an applied empty window)."""
 
 
-class WriteConflict(PipelineOutputError):
+class WriteConflict(RetryableError):
     """A concurrent commit made this write invalid and retries were exhausted; nothing was written."""
 
 
@@ -70,5 +141,61 @@ class LockLost(WriteConflict):
     writer may hold it, so the write was abandoned and nothing was committed."""
 
 
-class LockUnavailable(PipelineOutputError):
+class LockUnavailable(RetryableError):
     """The table's advisory lock could not be taken on the control-plane Postgres."""
+
+
+class CommitStateUnknown(RetryableError):
+    """The catalog did not say whether a commit landed (connection lost mid-commit). Re-running is
+    safe: window markers make a landed commit a no-op; `pipeline-output doctor` lists its files."""
+
+
+class PostgresUnavailable(RetryableError):
+    """A Postgres server (control plane, legacy arm or SQL catalog) could not be reached."""
+
+
+def from_third_party(exc: BaseException) -> PipelineOutputError | None:
+    """The project error for a dependency's error a user meets in normal operation, else None.
+
+    Looks through `__cause__` (Dagster and pyiceberg wrap errors with `raise ... from`), so a wrapped
+    commit failure is still reported as the commit failure.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, PipelineOutputError):
+            return current
+        mapped = _map_one(current)
+        if mapped is not None:
+            return mapped
+        current = current.__cause__
+    return None
+
+
+def _map_one(exc: BaseException) -> PipelineOutputError | None:
+    detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+    try:
+        from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
+    except ImportError:  # pragma: no cover - pyiceberg is a dependency
+        pass
+    else:
+        if isinstance(exc, CommitStateUnknownException):
+            return CommitStateUnknown(f"Iceberg commit state unknown: {detail}")
+        if isinstance(exc, CommitFailedException):
+            return WriteConflict(f"Iceberg commit failed (a concurrent commit won): {detail}")
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - psycopg is a dependency
+        return None
+    if isinstance(exc, psycopg.OperationalError):
+        return PostgresUnavailable(f"Postgres unreachable or the session ended: {detail}")
+    try:
+        import sqlalchemy.exc
+    except ImportError:  # pragma: no cover - the SQL catalog brings it
+        return None
+    if isinstance(exc, sqlalchemy.exc.OperationalError) and isinstance(
+        getattr(exc, "orig", None), psycopg.OperationalError
+    ):
+        return PostgresUnavailable(f"the SQL catalog's Postgres is unreachable: {detail}")
+    return None

@@ -214,25 +214,19 @@ def score(
         features=features,
         run=run,
     )
-    summary_base = {"model-source": source.name, "model-source-snapshot": str(snapshot_id)}
-    if mode.mode == "iceberg":
-        result = publisher.iceberg.replace_streaming(
-            spec,
-            preds,
-            run_id=run_id,
-            summary=summary_base,
-            finalize_summary=lambda: {
-                "model-batches": str(len(run.batches)),
-                "model-windows": ";".join(run.batches)[:4000],
-                "model-rows": str(run.rows_scored),
-            },
-        )
-        run.results["iceberg"] = result
-    else:
-        frame = pl.concat(list(preds))
-        summary = {**summary_base, "model-batches": ";".join(run.batches)[:2000]}
-        out = publisher.publish(spec, frame, mode=mode, run_id=run_id, summary=summary)
-        run.results.update(out.results)
+    out = publisher.publish_stream(
+        spec,
+        preds,
+        mode=mode,
+        run_id=run_id,
+        summary={"model-source": source.name, "model-source-snapshot": str(snapshot_id)},
+        finalize_summary=lambda: {
+            "model-batches": str(len(run.batches)),
+            "model-windows": ";".join(run.batches)[:4000],
+            "model-rows": str(run.rows_scored),
+        },
+    )
+    run.results.update(out.results)
     run.duration_s = time.perf_counter() - started
     return run
 

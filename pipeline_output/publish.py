@@ -22,7 +22,7 @@ from pipeline_output.stores.iceberg import IcebergStore, PreparedWrite
 from pipeline_output.windows import Window
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
 ModeSource = Literal["run config", "flip", "dataset default", "project default"]
 Arm = Literal["pg", "iceberg"]
@@ -213,6 +213,39 @@ class Publisher:
         out.results["pg"] = pending.result
         return out
 
+    def publish_stream(
+        self,
+        spec: DatasetSpec,
+        frames: Iterable[pl.DataFrame],
+        *,
+        mode: ResolvedMode,
+        run_id: str | None = None,
+        summary: dict[str, str] | None = None,
+        finalize_summary: Callable[[], dict[str, str]] | None = None,
+    ) -> PublishResult:
+        """A whole-table `replace` produced batch by batch (the model node), through the same
+        publish step as `publish`: in `iceberg` mode the batches stream to data files and commit
+        as one snapshot (memory bounded by a batch); in `pg`/`dual` they are gathered and written
+        by `publish`. Either way the deploy is recorded for every arm written.
+        """
+        if spec.strategy != "replace":
+            raise UnsupportedWrite(
+                f"dataset {spec.name!r}: a streamed publish is a whole-table replace, but the "
+                f"dataset's strategy is {spec.strategy!r}; nothing was written"
+            )
+        self._require_arms(spec, mode)
+        if mode.mode == "iceberg":
+            out = PublishResult(dataset=spec.name, mode=mode)
+            result = self.iceberg.replace_streaming(
+                spec, frames, run_id=run_id, summary=summary, finalize_summary=finalize_summary
+            )
+            self._record_iceberg(spec, result, window=None, run_id=run_id)
+            out.results["iceberg"] = result
+            return out
+        frame = pl.concat(list(frames))
+        full = {**(summary or {}), **(finalize_summary() if finalize_summary else {})}
+        return self.publish(spec, frame, mode=mode, run_id=run_id, summary=full)
+
     def _write_iceberg(
         self,
         spec: DatasetSpec,
@@ -227,6 +260,13 @@ class Publisher:
         result = self.iceberg.write(
             spec, data, window=window, run_id=run_id, summary=summary, prepared=prepared
         )
+        self._record_iceberg(spec, result, window=window, run_id=run_id)
+        return result
+
+    def _record_iceberg(
+        self, spec: DatasetSpec, result: WriteResult, *, window: Window | None, run_id: str | None
+    ) -> None:
+        """The Iceberg arm's deploy record (the legacy arm records its own inside its transaction)."""
         if self.ledger is not None and not result.noop:
             self.ledger.record_deploy(
                 spec.name,
@@ -238,7 +278,6 @@ class Publisher:
                 result=result,
                 snapshot_id=result.snapshot_id,
             )
-        return result
 
     def read(
         self,

@@ -361,3 +361,36 @@ def test_a_source_given_by_name_or_key_fails_at_load_naming_the_model_node(sourc
 
     with pytest.raises(InvalidSpec, match=r"model node 'scores'.*@dataset asset itself"):
         model_node("scores", source=source, predict=lambda f: [0.0] * f.height)
+
+
+def test_model_node_in_iceberg_mode_records_its_deploy_and_status_shows_it(env, instance):
+    """The node used to write through `replace_streaming` directly: no deploy row, `status` '-'."""
+    from pipeline_output.canary import status
+    from pipeline_output.defs.dataset import spec_of
+
+    make_people(env, n=12)
+    defs, node = people_defs(Scorer(), delta=False, batch_rows=5)
+    assert materialise(defs, instance, "people_copy").success
+    out = materialise(defs, instance, node)
+    runtime = get_runtime()
+    deploys = []
+    for _ in range(2):  # re-running replaces the output and records a second deploy
+        last = runtime.ledger.last_deploy(node, "iceberg")
+        assert last is not None and last.status == "succeeded"
+        assert last.write_mode is not None and "replace" in last.write_mode
+        assert (
+            last.rows_inserted == 12
+            and last.snapshot_id == output_table(node).current_snapshot().snapshot_id
+        )
+        deploys.append(last)
+        out = materialise(defs, instance, node)
+    assert out.success and deploys[0].snapshot_id != deploys[1].snapshot_id
+    assert runtime.ledger.last_deploy(node, "pg") is None
+    specs = {
+        spec.name: spec
+        for spec in (spec_of(a) for a in defs.assets or [] if hasattr(a, "metadata_by_key"))
+        if spec is not None
+    }
+    board = {row.dataset: row for row in status(runtime.publisher, specs)}
+    assert board[node].last_iceberg_deploy.startswith("succeeded")
+    assert board[node].last_pg_deploy == "-"

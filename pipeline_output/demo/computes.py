@@ -33,6 +33,7 @@ from pipeline_output.demo.shop_data import (
     SCHEMA,
     WATERMARKS,
 )
+from pipeline_output.errors import UnknownDataset
 from pipeline_output.spec import DatasetSpec, Strategy
 
 MONEY = pl.Decimal(12, 2)
@@ -250,11 +251,11 @@ DATASETS: tuple[DemoDataset, ...] = (
 
 
 def dataset(name: str) -> DemoDataset:
-    """The demo dataset called `name` (KeyError naming the known ones otherwise)."""
+    """The demo dataset called `name` (`UnknownDataset` naming the known ones otherwise)."""
     for item in DATASETS:
         if item.name == name:
             return item
-    raise KeyError(f"no demo dataset {name!r}; known: {', '.join(d.name for d in DATASETS)}")
+    raise UnknownDataset(f"no demo dataset {name!r}; known: {', '.join(d.name for d in DATASETS)}")
 
 
 # --- the model node ------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ import psycopg
 from psycopg import sql
 
 from pipeline_output import pgsession
-from pipeline_output.errors import PipelineOutputError
+from pipeline_output.errors import InvalidArgument, ShopNotSeeded
 
 SCHEMA = "shop"
 """The Postgres schema holding the demo's source tables."""
@@ -166,10 +166,6 @@ _ADJECTIVES = ("Classic", "Compact", "Deluxe", "Eco", "Nordic", "Pro", "Rustic",
 ORDER_STATUSES: tuple[str, ...] = ("placed", "paid", "shipped", "delivered", "cancelled")
 EVENT_TYPES: tuple[str, ...] = ("created", "paid", "shipped", "delivered", "cancelled", "returned")
 _LIFECYCLE = ("created", "paid", "shipped", "delivered")
-
-
-class ShopNotSeeded(PipelineOutputError):
-    """The demo shop's tables do not exist in the database (run `pipeline-output demo seed`)."""
 
 
 # --- row generation (pure) ------------------------------------------------------------------------
@@ -677,7 +673,9 @@ def read_tables(url: str, tables: Sequence[str] = TABLES) -> dict[str, pl.DataFr
 
     for table in tables:
         if table not in COLUMNS:
-            raise ValueError(f"unknown demo source table {table!r}; known: {', '.join(TABLES)}")
+            raise InvalidArgument(
+                f"unknown demo source table {table!r}; known: {', '.join(TABLES)}"
+            )
     frames: dict[str, pl.DataFrame] = {}
     with pgsession.adbc_connect(url) as conn:
         for table in tables:

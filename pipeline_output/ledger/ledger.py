@@ -22,7 +22,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pipeline_output import pgsession
-from pipeline_output.errors import PipelineOutputError
+from pipeline_output.errors import InvalidArgument
+from pipeline_output.errors import UnknownMode as UnknownMode
 from pipeline_output.ledger import migrations
 from pipeline_output.locks import lock_key
 from pipeline_output.result import WriteResult
@@ -34,10 +35,6 @@ DeployStatus = Literal["succeeded", "failed", "diverged"]
 ARMS: tuple[str, ...] = get_args(Arm)
 DEPLOY_STATUSES: tuple[str, ...] = get_args(DeployStatus)
 SCHEMA = migrations.SCHEMA
-
-
-class UnknownMode(PipelineOutputError, ValueError):
-    """A flip names a mode that does not exist."""
 
 
 def _t(name: str) -> sql.Identifier:
@@ -277,9 +274,9 @@ class Ledger:
     ) -> DeployRecord:
         """Record one write to one arm. Counters come from `result` (or `counters`)."""
         if arm not in ARMS:
-            raise ValueError(f"unknown arm {arm!r}; valid arms: {', '.join(ARMS)}")
+            raise InvalidArgument(f"unknown arm {arm!r}; valid arms: {', '.join(ARMS)}")
         if status not in DEPLOY_STATUSES:
-            raise ValueError(
+            raise InvalidArgument(
                 f"unknown deploy status {status!r}; valid: {', '.join(DEPLOY_STATUSES)}"
             )
         values: dict[str, Any] = {c: None for c in _COUNTERS}
@@ -412,7 +409,7 @@ class Ledger:
             raise UnknownMode(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
         check_identifier(dataset, what="dataset name")
         if not who:
-            raise ValueError("a flip needs `who` (the person or process flipping)")
+            raise InvalidArgument("a flip needs `who` (the person or process flipping)")
         with self._tx(None) as c:
             c.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"flip:{dataset}"),))
             current = self.current_flip(dataset, conn=c)

@@ -20,17 +20,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pipeline_output.errors import PipelineOutputError
+from pipeline_output.errors import MigrationError as MigrationError
 from pipeline_output.locks import lock_key
 
 SCHEMA = "pipeline_output"
 MIGRATIONS_TABLE = "schema_migrations"
 _LOCK_NAME = "pipeline_output:migrations"
 _FILE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
-
-
-class MigrationError(PipelineOutputError):
-    """The control-plane schema cannot be migrated (changed applied file, bad file name, SQL error)."""
 
 
 @dataclass(frozen=True)

@@ -24,16 +24,12 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from pipeline_output import pgsession
-from pipeline_output.errors import PipelineOutputError
+from pipeline_output.errors import WindowLedgerError
 from pipeline_output.locks import lock_key
 from pipeline_output.windows import Window
 
 State = Literal["planned", "applying", "applied", "failed"]
 Action = Literal["apply", "skip", "repair"]
-
-
-class WindowLedgerError(PipelineOutputError):
-    """A window is unknown, or a planned window would break the chain (gap or overlap)."""
 
 
 @dataclass(frozen=True)
