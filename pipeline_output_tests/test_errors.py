@@ -60,11 +60,6 @@ def test_every_error_is_either_retryable_or_terminal_never_both() -> None:
     assert not errors.BadInput.retryable and not errors.InvalidSpec.retryable
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 12, in progress: stores/iceberg.py and stores/postgres.py still raise "
-    "LookupError/ValueError/RuntimeError (DatasetNotWritten/InvalidArgument/WriteAlreadyFinished)",
-)
 def test_the_package_raises_no_bare_builtin_error_on_purpose() -> None:
     raised = []
     for path, tree in _modules():

@@ -48,7 +48,13 @@ from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.types import DateType, PrimitiveType, TimestampType, TimestamptzType
 
 from pipeline_output import __version__
-from pipeline_output.errors import BadInput, EmptyComputeRefused, WriteConflict
+from pipeline_output.errors import (
+    BadInput,
+    DatasetNotWritten,
+    EmptyComputeRefused,
+    InvalidArgument,
+    WriteConflict,
+)
 from pipeline_output.frames import check_in_window, check_keys, to_polars
 from pipeline_output.locks import AdvisoryLock, LockStats
 from pipeline_output.plan import TargetState, WritePlan, plan_write
@@ -236,12 +242,14 @@ class IcebergStore:
         """The table's rows (optionally only a window, only some columns) as polars."""
         table = self.load(spec)
         if table is None:
-            raise LookupError(f"dataset {self.table_name(spec)!r} has no Iceberg table yet")
+            raise DatasetNotWritten(f"dataset {self.table_name(spec)!r} has no Iceberg table yet")
         row_filter: BooleanExpression = AlwaysTrue()
         if window is not None:
             wm = watermark or (spec.watermark if isinstance(spec, DatasetSpec) else None)
             if wm is None:
-                raise ValueError(f"reading a window of {self.table_name(spec)} needs its watermark")
+                raise InvalidArgument(
+                    f"reading a window of {self.table_name(spec)} needs its watermark"
+                )
             row_filter = window_filter(wm, window, schema=table.schema())
         scan = table.scan(
             row_filter=row_filter, selected_fields=tuple(columns) if columns else ("*",)
@@ -282,7 +290,7 @@ class IcebergStore:
         """
         started = time.perf_counter()
         if prepared is not None and (prepared.spec != spec or prepared.window != window):
-            raise ValueError(
+            raise InvalidArgument(
                 f"dataset {spec.name!r}: the prepared write is for another spec or window"
             )
         prep = prepared if prepared is not None else self.prepare(spec, data, window=window)

@@ -61,10 +61,13 @@ from pyiceberg.types import NestedField
 from pipeline_output import pgsession
 from pipeline_output.errors import (
     BadInput,
+    DatasetNotWritten,
     EmptyComputeRefused,
+    InvalidArgument,
     LockLost,
     LockUnavailable,
     SchemaMismatch,
+    WriteAlreadyFinished,
 )
 from pipeline_output.frames import check_in_window, check_keys, to_polars
 from pipeline_output.ledger import Ledger
@@ -314,7 +317,7 @@ class PendingWrite:
 
     def _take(self) -> psycopg.Connection[Any]:
         if self._conn is None:
-            raise RuntimeError(f"the write of {self.result.dataset!r} was already finished")
+            raise WriteAlreadyFinished(f"the write of {self.result.dataset!r} was already finished")
         conn, self._conn = self._conn, None
         return conn
 
@@ -742,13 +745,13 @@ class PostgresStore:
         name = spec if isinstance(spec, str) else spec.name
         arrow = self.schema(name)
         if arrow is None:
-            raise LookupError(f"dataset {name!r} has no rows in the legacy Postgres arm yet")
+            raise DatasetNotWritten(f"dataset {name!r} has no rows in the legacy Postgres arm yet")
         target = _polars_schema(arrow)
         wanted = list(columns) if columns is not None else list(target)
         for col in wanted:
             check_identifier(col, what="column", dataset=name)
             if col not in target:
-                raise ValueError(
+                raise InvalidArgument(
                     f"dataset {name!r} has no column {col!r} (columns: {list(target)})"
                 )
         types = {c: _pg_type(name, c, target[c]) for c in target}
@@ -763,7 +766,7 @@ class PostgresStore:
         if window is not None:
             wm = watermark or (spec.watermark if isinstance(spec, DatasetSpec) else None)
             if wm is None or wm not in target:
-                raise ValueError(f"reading a window of {name!r} needs its watermark column")
+                raise InvalidArgument(f"reading a window of {name!r} needs its watermark column")
             where = sql.SQL("{} AND {}").format(
                 where, _window_condition(doc, wm, types[wm], window)
             )
