@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import polars as pl
 
+from pipeline_output import lazy_reads
 from pipeline_output.errors import InvalidSpec, PipelineOutputError, UnsupportedWrite
 from pipeline_output.plan import WritePlan
 from pipeline_output.result import WriteResult
@@ -297,3 +298,32 @@ class Publisher:
                 )
             return self.postgres.read(spec, window=window, columns=columns)  # type: ignore[no-any-return]
         return self.iceberg.read(spec, window=window, columns=columns)
+
+    def scan(
+        self,
+        spec: DatasetSpec,
+        *,
+        mode: ResolvedMode,
+        window: Window | None = None,
+        watermark: str | None = None,
+    ) -> pl.LazyFrame:
+        """A lazy read of the authoritative arm (the arm `read` uses), see `lazy_reads`.
+
+        Only the columns the query selects are read, and its filters (`window` among them:
+        `low < watermark <= high`, `watermark` defaulting to the spec's own) are pushed down: as a
+        pyiceberg row filter on a scan pinned to the table's current snapshot, or as SQL
+        parameters of the legacy arm's SELECT.
+        """
+        arm = mode.mode if mode.mode != "dual" else self.dual_reads_from
+        if arm == "pg":
+            if self.postgres is None:
+                raise UnsupportedWrite(
+                    f"dataset {spec.name!r}: its authoritative arm is 'pg' (mode {mode.mode!r} from "
+                    f"{mode.source}) but the legacy arm is not available"
+                )
+            return lazy_reads.scan_postgres_dataset(
+                self.postgres, spec, window=window, watermark=watermark
+            )
+        return lazy_reads.scan_iceberg_dataset(
+            self.iceberg, spec, window=window, watermark=watermark
+        )

@@ -22,6 +22,7 @@ from pipeline_output.defs.runtime import get_runtime
 from pipeline_output.defs.windows_context import windows_of
 from pipeline_output.delta import apply_window
 from pipeline_output.frames import to_polars
+from pipeline_output.lazy_reads import within
 from pipeline_output.publish import PublishResult, ResolvedMode
 from pipeline_output.sources import SourceSpec
 from pipeline_output.spec import DatasetSpec
@@ -155,7 +156,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         if SPEC_METADATA_KEY in meta:
             spec = spec_from_metadata(meta[SPEC_METADATA_KEY])
             mode = runtime.publisher.resolve(spec)
-            return runtime.publisher.read(spec, mode=mode).lazy()
+            # lazy: the compute's projection and filters are pushed to the arm at collect time;
+            # an Iceberg read is pinned to the snapshot current now
+            return runtime.publisher.scan(spec, mode=mode)
         if SOURCE_METADATA_KEY in meta:
             source = source_from_metadata(meta[SOURCE_METADATA_KEY])
             from pipeline_output.defs.sources import scan_source
@@ -197,12 +200,17 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             mode = runtime.publisher.resolve(up)
             watermark = str(_meta_value(context.definition_metadata[DELTA_INPUT_KEY]))
 
-            def scan(window: Any) -> pl.LazyFrame:
-                frame = runtime.publisher.read(up, mode=mode).lazy()
-                if window is None:
-                    return frame
-                return frame.filter(window.contains(watermark, frame.collect_schema()[watermark]))
+            # one lazy scan per run (Iceberg: pinned to the upstream snapshot current at load);
+            # each window is a predicate on it, pushed down to the arm (pyiceberg prunes files
+            # by the watermark's column stats; the legacy arm gets it as SQL parameters)
+            base = runtime.publisher.scan(up, mode=mode)
 
-            return WindowReader(up.name, scan)
+            def scan(window: Window | None) -> pl.LazyFrame:
+                return base if window is None else within(base, window, watermark)
+
+            def count(window: Window) -> int:
+                return int(scan(window).select(pl.len()).collect().item())
+
+            return WindowReader(up.name, scan, count=count)
         key = context.asset_key.to_user_string() if context.has_asset_key else "?"
         raise dg.Failure(f"input {key} is neither a pipeline-output dataset nor a source")

@@ -11,6 +11,8 @@ import polars as pl
 
 from pipeline_output.defs.keys import IO_MANAGER_KEY, SOURCE_METADATA_KEY
 from pipeline_output.defs.runtime import get_runtime
+from pipeline_output.errors import BadInput
+from pipeline_output.lazy_reads import scan_table, within
 from pipeline_output.sources import SourceSpec, postgres_stats, scan_postgres
 from pipeline_output.windows import Window
 
@@ -20,22 +22,19 @@ def _url_for(source: SourceSpec) -> str:
 
 
 def scan_source(source: SourceSpec, *, window: Window | None) -> pl.LazyFrame:
-    """The source as a LazyFrame (projection pushed down; the window as SQL WHERE/row filter)."""
+    """The source as a LazyFrame (projection pushed down; the window as SQL WHERE / Iceberg row
+    filter)."""
     if source.kind == "postgres":
         return scan_postgres(source, _url_for(source), window=window)
-    runtime = get_runtime()
-    table = runtime.catalog.load_table(str(source.identifier))
-    from pipeline_output.stores.iceberg import window_filter
-
-    if window is not None:
-        assert source.watermark is not None
-        row_filter = window_filter(source.watermark, window, schema=table.schema())
-        arrow = table.scan(row_filter=row_filter).to_arrow()
-    else:
-        arrow = table.scan().to_arrow()
-    frame = pl.from_arrow(arrow)
-    assert isinstance(frame, pl.DataFrame)
-    return frame.lazy()
+    table = get_runtime().catalog.load_table(str(source.identifier))
+    # pinned to the table's current snapshot; projection and filters (the window is one: pyiceberg
+    # prunes files by the watermark's column stats) become the pyiceberg scan's fields and filter
+    frame = scan_table(table, name=f"iceberg:{source.display}")
+    if window is None:
+        return frame
+    if source.watermark is None:
+        raise BadInput(f"source {source.name!r}: a window read needs a watermark column")
+    return within(frame, window, source.watermark)
 
 
 def iceberg_window_count(source: SourceSpec, window: Window) -> int:
