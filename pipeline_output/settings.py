@@ -393,7 +393,7 @@ def fault_point(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def default_mode(environ: Mapping[str, str] | None = None) -> str:
-    """`PIPELINE_OUTPUT_DEFAULT_MODE`: the project default mode (`pg` unless set, as in the seed)."""
+    """`PIPELINE_OUTPUT_DEFAULT_MODE`: the project default mode (`pg`: the legacy arm until flipped)."""
     env = os.environ if environ is None else environ
     value = env.get("PIPELINE_OUTPUT_DEFAULT_MODE") or "pg"
     if value not in ("pg", "iceberg", "dual"):
@@ -410,5 +410,22 @@ def dual_read_arm(environ: Mapping[str, str] | None = None) -> str:
     if value not in ("pg", "iceberg"):
         raise SettingsError(
             "PIPELINE_OUTPUT_DUAL_READS_FROM", f"unknown arm {value!r}; valid: pg, iceberg"
+        )
+    return value
+
+
+DEFINITIONS = "PIPELINE_OUTPUT_DEFINITIONS"
+_TARGET = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?$")
+
+
+def definitions_target(environ: Mapping[str, str] | None = None) -> str | None:
+    """`PIPELINE_OUTPUT_DEFINITIONS`: the code location CLI commands serve, `module[:attribute]`
+    (unset: the nearest pyproject's `[tool.dagster]`/`[tool.dg]`, else the demo)."""
+    env = os.environ if environ is None else environ
+    value = (env.get(DEFINITIONS) or "").strip() or None
+    if value is not None and not _TARGET.match(value):
+        raise SettingsError(
+            DEFINITIONS,
+            f"{value!r} is not `module` or `module:attribute` (e.g. my_project.defs:defs)",
         )
     return value

@@ -6,20 +6,11 @@ import getpass
 
 import click
 
-from pipeline_output.commands.loading import dataset_specs
-from pipeline_output.errors import PipelineOutputError
-
-
-def _spec(dataset: str):  # type: ignore[no-untyped-def]
-    specs = dataset_specs()
-    if dataset not in specs:
-        raise PipelineOutputError(
-            f"unknown dataset {dataset!r}; known datasets: {', '.join(sorted(specs)) or '(none)'}"
-        )
-    return specs[dataset]
+from pipeline_output.commands.loading import code_location_options, dataset_specs, spec_named
 
 
 @click.command()
+@code_location_options
 @click.argument("dataset")
 @click.argument("mode")
 @click.option("--reason", default=None, help="Why (kept in the flip history).")
@@ -30,6 +21,7 @@ def flip(dataset: str, mode: str, reason: str | None, who: str | None) -> None:
     from pipeline_output.canary import validate_flip
     from pipeline_output.defs.runtime import get_runtime
 
+    spec_named(dataset)  # unknown: names the code location
     specs = dataset_specs()
     validate_flip(specs, dataset, mode)  # before anything connects or starts
     record = do_flip(
@@ -47,6 +39,7 @@ def flip(dataset: str, mode: str, reason: str | None, who: str | None) -> None:
 
 
 @click.command()
+@code_location_options
 def status() -> None:
     """Every dataset: mode and its source, last deploy per arm, rows per arm, last parity."""
     from pipeline_output.canary import status as board
@@ -82,13 +75,14 @@ def status() -> None:
 
 
 @click.command()
+@code_location_options
 @click.argument("dataset")
 def parity(dataset: str) -> None:
     """Compare DATASET's two arms now (exit code 1 on a mismatch) and record the result."""
     from pipeline_output.canary import check_parity
     from pipeline_output.defs.runtime import get_runtime
 
-    report = check_parity(get_runtime().publisher, _spec(dataset))
+    report = check_parity(get_runtime().publisher, spec_named(dataset))
     click.echo(report.summary())
     if not report.passed:
         if report.only_in_pg:
@@ -99,11 +93,12 @@ def parity(dataset: str) -> None:
 
 
 @click.command()
+@code_location_options
 @click.argument("dataset")
 def drain(dataset: str) -> None:
     """Delete DATASET's legacy rows (only when flipped to iceberg and parity last passed)."""
     from pipeline_output.canary import drain as do_drain
     from pipeline_output.defs.runtime import get_runtime
 
-    removed = do_drain(get_runtime().publisher, _spec(dataset))
+    removed = do_drain(get_runtime().publisher, spec_named(dataset))
     click.echo(f"{dataset}: drained {removed} legacy row(s); native re-deploys are unaffected")

@@ -1,23 +1,333 @@
-"""Loading the project's definitions for commands (the code location `workspace.yaml` names)."""
+"""Which code location a command serves, and loading its `dagster.Definitions`.
+
+Owns the code-location options every command that needs datasets shares (`code_location_options`:
+`-m/--module`, `-f/--python-file`, `-w/--workspace`, `-a/--attribute`, as `dagster` takes them)
+and their precedence, first match wins:
+
+1. the command line (`-m`, `-f` or `-w`; `-a` names the attribute of `-m`/`-f`);
+2. `PIPELINE_OUTPUT_DEFINITIONS` (`module:attribute` or `module`, read by `settings`);
+3. the nearest `pyproject.toml` from the working directory up: `[tool.dagster] module_name`
+   (+ `attribute`, `working_directory`), else `[tool.dg.project] root_module` (its
+   `code_location_target_module`, default `<root_module>.definitions`);
+4. the demo (`pipeline_output.definitions:defs`).
+
+As `dagster` does, the working directory (or the location's `working_directory`) is put first on
+`sys.path`, so a module beside the user's project imports without installing it. Without an
+attribute, `defs` is taken, else the module's only `Definitions` (or `@definitions` function).
+A workspace with several locations loads each and merges them (`Definitions.merge`).
+"""
 
 from __future__ import annotations
 
+import functools
 import importlib
-from typing import Any
+import importlib.util
+import sys
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
 
+import click
+
+from pipeline_output.errors import InvalidArgument, UnknownDataset
 from pipeline_output.spec import DatasetSpec
 
 DEFINITIONS = "pipeline_output.definitions:defs"
+_DEMO_MODULE = "pipeline_output.definitions"
+_META = "pipeline_output.code_location"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class CodeLocation:
+    """One code location: a module or a Python file, its attribute, where it was chosen."""
+
+    module: str | None = None
+    python_file: Path | None = None
+    attribute: str | None = None
+    working_directory: Path | None = None
+    source: str = "demo"
+
+    @property
+    def is_demo(self) -> bool:
+        return self.python_file is None and self.module == _DEMO_MODULE
+
+    def describe(self) -> str:
+        target = str(self.python_file) if self.python_file is not None else str(self.module)
+        return f"{target}:{self.attribute}" if self.attribute else target
+
+
+DEMO = CodeLocation(module=_DEMO_MODULE, attribute="defs", source="demo")
+
+
+def code_location_options(command: F) -> F:
+    """Add `-m/--module`, `-f/--python-file`, `-w/--workspace`, `-a/--attribute` to `command`;
+    the choice is kept on the click context for `load_definitions` / `dataset_specs`."""
+
+    @functools.wraps(command)
+    def wrapper(
+        *args: Any,
+        module: str | None,
+        python_file: str | None,
+        workspace: str | None,
+        attribute: str | None,
+        **kwargs: Any,
+    ) -> Any:
+        locations = resolve_locations(
+            module=module, python_file=python_file, workspace=workspace, attribute=attribute
+        )
+        click.get_current_context().meta[_META] = locations
+        return command(*args, **kwargs)
+
+    options = [
+        click.option(
+            "-m",
+            "--module",
+            "module",
+            default=None,
+            help="Python module of the code location (like `dagster -m`).",
+        ),
+        click.option(
+            "-f",
+            "--python-file",
+            "python_file",
+            default=None,
+            help="Python file of the code location (like `dagster -f`).",
+        ),
+        click.option(
+            "-w",
+            "--workspace",
+            "workspace",
+            default=None,
+            help="A Dagster workspace.yaml; every location in it is loaded.",
+        ),
+        click.option(
+            "-a",
+            "--attribute",
+            "attribute",
+            default=None,
+            help="Attribute of -m/-f holding the Definitions (default: `defs`).",
+        ),
+    ]
+    for option in reversed(options):
+        wrapper = option(wrapper)
+    return wrapper  # type: ignore[return-value]
+
+
+def resolve_locations(
+    *,
+    module: str | None = None,
+    python_file: str | None = None,
+    workspace: str | None = None,
+    attribute: str | None = None,
+    cwd: Path | None = None,
+) -> tuple[CodeLocation, ...]:
+    """The code locations a command serves, by the precedence in the module docstring."""
+    from pipeline_output.settings import definitions_target
+
+    here = (cwd or Path.cwd()).resolve()
+    chosen = [o for o, v in (("-m", module), ("-f", python_file), ("-w", workspace)) if v]
+    if len(chosen) > 1:
+        raise InvalidArgument(f"give one of -m, -f, -w (got {', '.join(chosen)})")
+    if attribute and workspace:
+        raise InvalidArgument("-a names the attribute of -m or -f; a workspace names its own")
+    if module:
+        return (
+            CodeLocation(module=module, attribute=attribute, working_directory=here, source="-m"),
+        )
+    if python_file:
+        path = (here / python_file).resolve()
+        if not path.is_file():
+            raise InvalidArgument(f"-f {python_file}: no such file")
+        return (
+            CodeLocation(
+                python_file=path, attribute=attribute, working_directory=path.parent, source="-f"
+            ),
+        )
+    if workspace:
+        return _workspace(Path(workspace) if Path(workspace).is_absolute() else here / workspace)
+    if attribute:
+        raise InvalidArgument("-a needs -m or -f")
+    target = definitions_target()
+    if target is not None:
+        mod, _, attr = target.partition(":")
+        return (
+            CodeLocation(
+                module=mod,
+                attribute=attr or None,
+                working_directory=here,
+                source="PIPELINE_OUTPUT_DEFINITIONS",
+            ),
+        )
+    found = _from_pyproject(here)
+    return (found,) if found is not None else (DEMO,)
+
+
+def _from_pyproject(start: Path) -> CodeLocation | None:
+    for folder in (start, *start.parents):
+        path = folder / "pyproject.toml"
+        if not path.is_file():
+            continue
+        try:
+            tool = tomllib.loads(path.read_text(encoding="utf-8")).get("tool", {})
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InvalidArgument(f"{path}: not readable TOML ({exc})") from exc
+        dagster = tool.get("dagster") or {}
+        project = (tool.get("dg") or {}).get("project") or {}
+        workdir = folder / str(dagster.get("working_directory", "."))
+        if dagster.get("module_name"):
+            return CodeLocation(
+                module=str(dagster["module_name"]),
+                attribute=dagster.get("attribute"),
+                working_directory=workdir,
+                source=f"{path} [tool.dagster]",
+            )
+        if project.get("root_module"):
+            target = project.get("code_location_target_module") or (
+                f"{project['root_module']}.definitions"
+            )
+            src = folder / "src"
+            return CodeLocation(
+                module=str(target),
+                working_directory=src if src.is_dir() else folder,
+                source=f"{path} [tool.dg.project]",
+            )
+        return None  # the nearest pyproject.toml decides, as for dagster
+    return None
+
+
+def _workspace(path: Path) -> tuple[CodeLocation, ...]:
+    import yaml  # type: ignore[import-untyped]  # PyYAML, as dagster reads workspace.yaml
+
+    if not path.is_file():
+        raise InvalidArgument(f"-w {path}: no such file")
+    try:
+        entries = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("load_from")
+    except (OSError, yaml.YAMLError, AttributeError) as exc:
+        raise InvalidArgument(f"-w {path}: not a Dagster workspace ({exc})") from exc
+    if not isinstance(entries, list) or not entries:
+        raise InvalidArgument(f"-w {path}: no `load_from` entries")
+    out = []
+    for entry in entries:
+        kind, value = next(iter(entry.items())) if isinstance(entry, dict) and entry else ("", None)
+        spec = value if isinstance(value, dict) else {}
+        workdir = path.parent / str(spec.get("working_directory", "."))
+        if kind == "python_module":
+            name = value if isinstance(value, str) else spec.get("module_name")
+            if name:
+                out.append(
+                    CodeLocation(
+                        module=str(name),
+                        attribute=spec.get("attribute"),
+                        working_directory=workdir,
+                        source=f"-w {path}",
+                    )
+                )
+                continue
+        if kind == "python_file":
+            rel = value if isinstance(value, str) else spec.get("relative_path")
+            if rel:
+                file = (path.parent / str(rel)).resolve()
+                out.append(
+                    CodeLocation(
+                        python_file=file,
+                        attribute=spec.get("attribute"),
+                        working_directory=workdir if "working_directory" in spec else file.parent,
+                        source=f"-w {path}",
+                    )
+                )
+                continue
+        raise InvalidArgument(
+            f"-w {path}: unsupported entry {entry!r} (python_module or python_file)"
+        )
+    return tuple(out)
+
+
+def current_locations() -> tuple[CodeLocation, ...]:
+    """The locations the running command chose (resolved now when it took no options)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        for c in (ctx, *_parents(ctx)):
+            if _META in c.meta:
+                return tuple(c.meta[_META])
+    return resolve_locations()
+
+
+def _parents(ctx: click.Context) -> list[click.Context]:
+    out = []
+    while ctx.parent is not None:
+        ctx = ctx.parent
+        out.append(ctx)
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _load(location: CodeLocation) -> Any:
+    import dagster as dg
+
+    if location.working_directory is not None:
+        workdir = str(location.working_directory)
+        if workdir not in sys.path:
+            sys.path.insert(0, workdir)
+    where = location.describe()
+    if location.python_file is not None:
+        name = f"__pipeline_output_location_{location.python_file.stem}"
+        spec = importlib.util.spec_from_file_location(name, location.python_file)
+        if spec is None or spec.loader is None:
+            raise InvalidArgument(f"code location {where}: not a Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    else:
+        assert location.module is not None
+        try:
+            module = importlib.import_module(location.module)
+        except ModuleNotFoundError as exc:
+            raise InvalidArgument(
+                f"code location {where} (from {location.source}): module {exc.name!r} not found "
+                f"(working directory {location.working_directory})"
+            ) from exc
+    if location.attribute:
+        if not hasattr(module, location.attribute):
+            raise InvalidArgument(f"code location {where}: no attribute {location.attribute!r}")
+        found = getattr(module, location.attribute)
+    elif isinstance(getattr(module, "defs", None), dg.Definitions):
+        found = module.defs
+    else:
+        candidates = [v for v in vars(module).values() if isinstance(v, dg.Definitions)]
+        if len(candidates) != 1:
+            raise InvalidArgument(
+                f"code location {where}: {len(candidates)} Definitions objects at module level; "
+                "name one with -a/--attribute"
+            )
+        found = candidates[0]
+    if not isinstance(found, dg.Definitions) and callable(found):
+        found = found()  # a `@dg.definitions` function
+    if not isinstance(found, dg.Definitions):
+        raise InvalidArgument(
+            f"code location {where}: {type(found).__name__} is not a dagster Definitions"
+        )
+    return found
 
 
 def load_definitions() -> Any:
-    """The project's `dagster.Definitions`."""
-    module_name, _, attr = DEFINITIONS.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+    """The chosen code location's `dagster.Definitions` (several: merged)."""
+    import dagster as dg
+
+    loaded = [_load(location) for location in current_locations()]
+    return loaded[0] if len(loaded) == 1 else dg.Definitions.merge(*loaded)
+
+
+def runs_demo() -> bool:
+    """Whether the command serves the demo (only then may it seed the demo shop)."""
+    return all(location.is_demo for location in current_locations())
 
 
 def dataset_specs() -> dict[str, DatasetSpec]:
-    """Every dataset (and model node) of the project, by name."""
+    """Every dataset (and model node) of the chosen code location, by name."""
     from pipeline_output.defs.dataset import spec_of
 
     out = {}
@@ -26,3 +336,15 @@ def dataset_specs() -> dict[str, DatasetSpec]:
         if spec is not None:
             out[spec.name] = spec
     return out
+
+
+def spec_named(dataset: str) -> DatasetSpec:
+    """The dataset named `dataset`, or `UnknownDataset` listing the known ones and the location."""
+    specs = dataset_specs()
+    if dataset not in specs:
+        where = ", ".join(f"{x.describe()} (from {x.source})" for x in current_locations())
+        raise UnknownDataset(
+            f"unknown dataset {dataset!r} in code location {where}; "
+            f"known datasets: {', '.join(sorted(specs)) or '(none)'}"
+        )
+    return specs[dataset]

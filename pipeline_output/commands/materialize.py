@@ -11,8 +11,13 @@ from __future__ import annotations
 import click
 
 from pipeline_output import dagster_home
-from pipeline_output.commands.loading import DEFINITIONS, load_definitions
-from pipeline_output.errors import PipelineOutputError
+from pipeline_output.commands.loading import code_location_options, load_definitions, runs_demo
+from pipeline_output.errors import (
+    PipelineOutputError,
+    RetryableError,
+    TerminalError,
+    from_third_party,
+)
 from pipeline_output.settings import get_settings
 
 
@@ -23,6 +28,7 @@ from pipeline_output.settings import get_settings
     multiple=True,
     help="Dagster asset selection (repeatable; default: every asset).",
 )
+@code_location_options
 def materialize(select: tuple[str, ...]) -> None:
     """Materialise assets in this process, recording the runs in the project's instance."""
     settings = get_settings()
@@ -38,7 +44,7 @@ def materialize(select: tuple[str, ...]) -> None:
     from pipeline_output.defs.runner import materialize as run_all
 
     defs = load_definitions()
-    if DEFINITIONS.startswith("pipeline_output.definitions"):
+    if runs_demo():  # a user's code location is never seeded with the demo shop
         _seed_demo_if_needed(settings.control_plane_url())
     graph = defs.resolve_asset_graph()
     for text in select:
@@ -53,6 +59,10 @@ def materialize(select: tuple[str, ...]) -> None:
             rows = run_all(defs, instance, selection=list(select) or None, log_level="WARNING")
         except dg.DagsterExecutionStepExecutionError as exc:
             cause = exc.__cause__ or exc
+            known = from_third_party(cause) if isinstance(cause, Exception) else None
+            if known is not None:  # keep its kind: a retryable failure exits 75
+                kind = RetryableError if known.retryable else TerminalError
+                raise kind(f"materialize failed: {' '.join(str(known).split())[:500]}") from exc
             raise PipelineOutputError(
                 f"materialize failed: {' '.join(str(cause).split())[:500]}"
             ) from exc

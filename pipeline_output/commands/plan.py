@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from pipeline_output.commands.loading import dataset_specs
-from pipeline_output.errors import PipelineOutputError
+from pipeline_output.commands.loading import code_location_options, dataset_specs, spec_named
 
 
 @click.command()
+@code_location_options
 @click.argument("datasets", nargs=-1)
 @click.option("--mode", default=None, help="Plan as if run with this mode (pg, iceberg, dual).")
 def plan(datasets: tuple[str, ...], mode: str | None) -> None:
@@ -16,11 +16,8 @@ def plan(datasets: tuple[str, ...], mode: str | None) -> None:
     from pipeline_output.defs.runtime import get_runtime
 
     specs = dataset_specs()
-    unknown = [d for d in datasets if d not in specs]
-    if unknown:
-        raise PipelineOutputError(
-            f"unknown dataset(s) {unknown}; known: {', '.join(sorted(specs))}"
-        )
+    for name in datasets:
+        spec_named(name)  # an unknown one fails naming the code location and the known ones
     runtime = get_runtime()
     for name in datasets or sorted(specs):
         spec = specs[name]

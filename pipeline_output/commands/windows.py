@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline_output.commands.loading import dataset_specs
+from pipeline_output.commands.loading import code_location_options, dataset_specs, spec_named
 from pipeline_output.errors import PipelineOutputError
 
 
@@ -12,7 +12,8 @@ class _WindowsGroup(click.Group):
     """`windows DATASET` lists; `windows restate ...` restates."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and not args[0].startswith("-"):
+        # `windows [options] DATASET` is `windows list [options] DATASET`
+        if args and not any(a in self.commands for a in args) and args[0] not in ("--help", "-h"):
             args = ["list", *args]
         return super().parse_args(ctx, args)
 
@@ -23,9 +24,9 @@ def windows() -> None:
 
 
 def _spec(dataset: str):  # type: ignore[no-untyped-def]
-    specs = dataset_specs()
-    spec = specs.get(dataset)
-    if spec is None or spec.delta is None:
+    spec = spec_named(dataset)
+    if spec.delta is None:
+        specs = dataset_specs()
         deltas = sorted(n for n, s in specs.items() if s.delta is not None)
         raise PipelineOutputError(
             f"{dataset!r} is not a delta dataset; delta datasets: {', '.join(deltas) or '(none)'}"
@@ -35,6 +36,7 @@ def _spec(dataset: str):  # type: ignore[no-untyped-def]
 
 @windows.command("list")
 @click.argument("dataset")
+@code_location_options
 def list_windows(dataset: str) -> None:
     """The ledger as a table: state, rows, snapshot, run; gaps and failed windows flagged."""
     from pipeline_output.defs.runtime import get_runtime
@@ -65,6 +67,7 @@ def list_windows(dataset: str) -> None:
 @windows.command()
 @click.argument("dataset")
 @click.argument("window")
+@code_location_options
 def restate(dataset: str, window: str) -> None:
     """Replace exactly WINDOW's rows (partition key `low..high`) in one commit."""
     import dagster as dg
