@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import polars as pl
 from polars.testing import assert_frame_equal
 
-# The decision table, written out again on purpose (DESIGN.md), not imported from plan.py.
+# The decision table, written out again on purpose (an independent oracle), not imported from plan.py.
 DECISIONS: dict[tuple[str, str], str] = {
     ("snapshot_replace", "first_deploy"): "replace",
     ("snapshot_replace", "re_deploy"): "upsert",
