@@ -14,6 +14,13 @@ Environment:
 | `PIPELINE_OUTPUT_CATALOG` | `default` | pyiceberg catalog name (lowercase, no `_`) |
 | `PIPELINE_OUTPUT_NAMESPACE` | `datasets` | Iceberg namespace of the datasets |
 | `PYICEBERG_CATALOG__<NAME>__<KEY>`, `.pyiceberg.yaml` | | pyiceberg's own catalog config |
+| `PIPELINE_OUTPUT_DEFAULT_MODE` | `pg` | mode of a dataset declared without `mode=` |
+| `PIPELINE_OUTPUT_DUAL_READS_FROM` | `pg` | the arm downstream reads of a `dual` dataset use |
+| `PIPELINE_OUTPUT_DEFINITIONS` | (pyproject, else the demo) | the CLI's code location |
+| `PIPELINE_OUTPUT_FAULT` | | test-only fault injection point |
+
+Catalog config parsing lives in `catalog_config` and URL helpers in `pg_urls` (both handed the
+values, neither reads the environment); `settings` re-exports the URL helpers.
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
+from pipeline_output.catalog_config import catalog_env_prefix, env_name, read_catalog_config
 from pipeline_output.errors import SettingsError
+from pipeline_output.pg_urls import has_password, mask_url, to_sqlalchemy_url, with_database
+from pipeline_output.pg_urls import one_line as _one_line
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -40,8 +49,6 @@ DAGSTER_PG_URL = "PIPELINE_OUTPUT_DAGSTER_PG_URL"
 
 _CATALOG_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_CATALOG_TYPES = ("rest", "hive", "glue", "dynamodb", "sql", "in-memory", "bigquery")
-_PYICEBERG_YAML = ".pyiceberg.yaml"
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,7 @@ class Settings:
             try:
                 catalog = load_catalog(self.catalog_name, **config)
             except ValueError as exc:
-                raise SettingsError(_env_name(self.catalog_name, "type"), _one_line(exc)) from exc
+                raise SettingsError(env_name(self.catalog_name, "type"), _one_line(exc)) from exc
         else:
             from pipeline_output.pgsession import session_conninfo
 
@@ -133,7 +140,7 @@ def get_settings(environ: Mapping[str, str] | None = None) -> Settings:
             NAMESPACE, f"{namespace!r} is not a valid namespace (letters, digits, _ and .)"
         )
 
-    catalog_config = _read_catalog_config(env, catalog_name)
+    catalog_config = read_catalog_config(env, catalog_name)
     return Settings(
         home=home,
         pg_url=pg_url,
@@ -141,55 +148,6 @@ def get_settings(environ: Mapping[str, str] | None = None) -> Settings:
         namespace=namespace,
         catalog_config=catalog_config,
     )
-
-
-def mask_url(url: str) -> str:
-    """`url` with its password (in the userinfo or a `password=` parameter) replaced by ***."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "***"
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, hostinfo = netloc.rsplit("@", 1)
-        if ":" in userinfo:
-            user, password = userinfo.split(":", 1)
-            if password:
-                userinfo = f"{user}:***"
-        netloc = f"{userinfo}@{hostinfo}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(key == "password" for key, _ in pairs):
-            masked = [(k, "***" if k == "password" else v) for k, v in pairs]
-            query = urlencode(masked, safe="/*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def has_password(url: str) -> bool:
-    """True if `url` carries a password (so it must not be printed as is)."""
-    return mask_url(url) != url
-
-
-def to_sqlalchemy_url(url: str, *, driver: str) -> str:
-    """Turn a libpq URI (`postgresql://` or `postgres://`) into `postgresql+<driver>://`."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in ("postgresql", "postgres"):
-        raise SettingsError(PG_URL, f"not a libpq URI (postgresql://...): {mask_url(url)}")
-    return f"postgresql+{driver}://{rest}"
-
-
-def with_database(url: str, *, database: str) -> str:
-    """The libpq URI `url` pointing at another database on the same server."""
-    parts = urlsplit(url)
-    return urlunsplit(
-        (parts.scheme, parts.netloc, "/" + quote(database), parts.query, parts.fragment)
-    )
-
-
-def catalog_env_prefix(catalog_name: str) -> str:
-    """`PYICEBERG_CATALOG__<NAME>__`, the env prefix pyiceberg maps to `catalog_name`."""
-    return f"PYICEBERG_CATALOG__{catalog_name.upper().replace('-', '_')}__"
 
 
 # --- internals -------------------------------------------------------------------------------
@@ -220,14 +178,6 @@ def _sql_catalog(name: str, *, uri: str, warehouse: str) -> Catalog:
     raise AssertionError("unreachable")
 
 
-def _env_name(catalog_name: str, key: str) -> str:
-    return catalog_env_prefix(catalog_name) + key.upper().replace(".", "__").replace("-", "_")
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def _validate_libpq_url(url: str) -> None:
     import psycopg.conninfo
 
@@ -253,124 +203,6 @@ def _check_reachable(url: str) -> None:
             pass
     except psycopg.Error as exc:
         raise SettingsError(PG_URL, f"cannot connect to {mask_url(url)}: {_one_line(exc)}") from exc
-
-
-def _read_catalog_config(env: Mapping[str, str], catalog_name: str) -> Mapping[str, str] | None:
-    """pyiceberg's config for `catalog_name`, resolved like `pyiceberg.utils.config.Config()`.
-
-    Same sources and precedence (first `.pyiceberg.yaml` in $PYICEBERG_HOME, ~, cwd; then
-    `PYICEBERG_CATALOG__<NAME>__<KEY>` variables on top), but read from `env` so that tests and
-    callers can pass an explicit environment, and each key remembers where it came from so that an
-    error names the setting. Validated here, before anything is started.
-    """
-    config: dict[str, str] = {}
-    origin: dict[str, str] = {}
-    yaml_path, yaml_catalog = _yaml_catalog(env, catalog_name)
-    for key, value in yaml_catalog.items():
-        config[key] = value
-        origin[key] = f"{yaml_path} (catalog.{catalog_name}.{key})"
-    prefix = "pyiceberg_catalog__"
-    for var, value in env.items():
-        lower = var.lower()
-        if not lower.startswith(prefix):
-            continue
-        parts = lower[len("pyiceberg_") :].split("__", maxsplit=2)
-        if len(parts) != 3:
-            continue
-        name, key = parts[1].replace("_", "-"), parts[2].replace("__", ".").replace("_", "-")
-        if name == catalog_name and value:
-            config[key] = value
-            origin[key] = var
-    if not config:
-        return None
-    _validate_catalog_config(catalog_name, config, origin)
-    return config
-
-
-def _yaml_catalog(env: Mapping[str, str], catalog_name: str) -> tuple[str, dict[str, str]]:
-    import strictyaml
-
-    for directory in (env.get("PYICEBERG_HOME"), os.path.expanduser("~"), os.getcwd()):
-        if not directory:
-            continue
-        path = Path(directory) / _PYICEBERG_YAML
-        if not path.is_file():
-            continue
-        try:
-            data = strictyaml.load(path.read_text(encoding="utf-8")).data
-        except (strictyaml.YAMLError, OSError, UnicodeDecodeError) as exc:
-            raise SettingsError(str(path), f"cannot parse: {_one_line(exc)}") from exc
-        if not isinstance(data, dict):
-            raise SettingsError(str(path), "expected a mapping at the top level")
-        catalogs = {str(k).lower(): v for k, v in data.items()}.get("catalog")
-        if catalogs is None:
-            return str(path), {}
-        if not isinstance(catalogs, dict):
-            raise SettingsError(str(path), "'catalog' must be a mapping of catalog names")
-        entry = {str(k).lower(): v for k, v in catalogs.items()}.get(catalog_name)
-        if entry is None:
-            return str(path), {}
-        if not isinstance(entry, dict):
-            raise SettingsError(str(path), f"catalog.{catalog_name} must be a mapping")
-        flat: dict[str, str] = {}
-        for key, value in entry.items():
-            if not isinstance(value, str):
-                raise SettingsError(
-                    str(path), f"catalog.{catalog_name}.{key} must be a string value"
-                )
-            flat[str(key).lower()] = value
-        return str(path), flat  # pyiceberg uses only the first file it finds
-    return "", {}
-
-
-def _validate_catalog_config(
-    name: str, config: Mapping[str, str], origin: Mapping[str, str]
-) -> None:
-    def where(key: str) -> str:
-        return origin.get(key, _env_name(name, key))
-
-    catalog_type = config.get("type")
-    impl = config.get("py-catalog-impl")
-    uri = config.get("uri")
-    if impl is not None:
-        if catalog_type is not None:
-            raise SettingsError(where("type"), "set either type or py-catalog-impl, not both")
-        if "." not in impl:
-            raise SettingsError(where("py-catalog-impl"), f"{impl!r} is not a module.Class path")
-        return
-    if catalog_type is not None:
-        if catalog_type.lower() not in _CATALOG_TYPES:
-            raise SettingsError(
-                where("type"),
-                f"unknown catalog type {catalog_type!r} (one of {', '.join(_CATALOG_TYPES)})",
-            )
-        catalog_type = catalog_type.lower()
-        if catalog_type in ("rest", "hive", "sql") and not uri:
-            raise SettingsError(where("uri"), f"a {catalog_type} catalog needs a uri")
-    elif not uri:
-        raise SettingsError(
-            where("uri"), f"catalog {name!r} is configured but has neither a type nor a uri"
-        )
-    elif uri.startswith("http"):
-        catalog_type = "rest"
-    elif uri.startswith("thrift"):
-        catalog_type = "hive"
-    elif uri.startswith(("sqlite", "postgresql")):
-        catalog_type = "sql"
-    else:
-        raise SettingsError(
-            where("uri"), f"cannot infer the catalog type from uri {mask_url(uri)}; set type too"
-        )
-    if catalog_type == "sql" and uri:
-        from sqlalchemy.engine import make_url
-        from sqlalchemy.exc import ArgumentError
-
-        try:
-            make_url(uri)
-        except (ArgumentError, ValueError) as exc:
-            raise SettingsError(where("uri"), f"not a SQLAlchemy URL: {mask_url(uri)}") from exc
-    if catalog_type == "rest" and uri and not re.match(r"^https?://[^/\s]+", uri):
-        raise SettingsError(where("uri"), f"not an http(s) URL: {mask_url(uri)}")
 
 
 FAULT_POINTS = ("before_commit", "after_commit")
@@ -429,3 +261,18 @@ def definitions_target(environ: Mapping[str, str] | None = None) -> str | None:
             f"{value!r} is not `module` or `module:attribute` (e.g. my_project.defs:defs)",
         )
     return value
+
+
+__all__ = [
+    "Settings",
+    "catalog_env_prefix",
+    "default_mode",
+    "definitions_target",
+    "dual_read_arm",
+    "fault_point",
+    "get_settings",
+    "has_password",
+    "mask_url",
+    "to_sqlalchemy_url",
+    "with_database",
+]

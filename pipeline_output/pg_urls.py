@@ -1,0 +1,61 @@
+"""Postgres URL helpers: masking passwords, libpq URI to SQLAlchemy URL, another database.
+
+Pure string functions (no environment, no I/O); `settings` re-exports them.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+from pipeline_output.errors import SettingsError
+
+PG_URL = "PIPELINE_OUTPUT_PG_URL"
+
+
+def mask_url(url: str) -> str:
+    """`url` with its password (in the userinfo or a `password=` parameter) replaced by ***."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "***"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, hostinfo = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            user, password = userinfo.split(":", 1)
+            if password:
+                userinfo = f"{user}:***"
+        netloc = f"{userinfo}@{hostinfo}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(key == "password" for key, _ in pairs):
+            masked = [(k, "***" if k == "password" else v) for k, v in pairs]
+            query = urlencode(masked, safe="/*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def has_password(url: str) -> bool:
+    """True if `url` carries a password (so it must not be printed as is)."""
+    return mask_url(url) != url
+
+
+def to_sqlalchemy_url(url: str, *, driver: str) -> str:
+    """Turn a libpq URI (`postgresql://` or `postgres://`) into `postgresql+<driver>://`."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("postgresql", "postgres"):
+        raise SettingsError(PG_URL, f"not a libpq URI (postgresql://...): {mask_url(url)}")
+    return f"postgresql+{driver}://{rest}"
+
+
+def with_database(url: str, *, database: str) -> str:
+    """The libpq URI `url` pointing at another database on the same server."""
+    parts = urlsplit(url)
+    return urlunsplit(
+        (parts.scheme, parts.netloc, "/" + quote(database), parts.query, parts.fragment)
+    )
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (its class name when it has none)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
