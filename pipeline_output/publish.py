@@ -289,13 +289,8 @@ class Publisher:
         columns: Sequence[str] | None = None,
     ) -> pl.DataFrame:
         """Read from the authoritative arm: Iceberg once flipped; in dual the configured arm."""
-        arm = mode.mode if mode.mode != "dual" else self.dual_reads_from
-        if arm == "pg":
-            if self.postgres is None:
-                raise UnsupportedWrite(
-                    f"dataset {spec.name!r}: its authoritative arm is 'pg' (mode {mode.mode!r} from "
-                    f"{mode.source}) but the legacy arm is not available"
-                )
+        if self._reads_legacy(spec, mode):
+            assert self.postgres is not None
             return self.postgres.read(spec, window=window, columns=columns)  # type: ignore[no-any-return]
         return self.iceberg.read(spec, window=window, columns=columns)
 
@@ -314,16 +309,22 @@ class Publisher:
         pyiceberg row filter on a scan pinned to the table's current snapshot, or as SQL
         parameters of the legacy arm's SELECT.
         """
-        arm = mode.mode if mode.mode != "dual" else self.dual_reads_from
-        if arm == "pg":
-            if self.postgres is None:
-                raise UnsupportedWrite(
-                    f"dataset {spec.name!r}: its authoritative arm is 'pg' (mode {mode.mode!r} from "
-                    f"{mode.source}) but the legacy arm is not available"
-                )
+        if self._reads_legacy(spec, mode):
+            assert self.postgres is not None
             return lazy_reads.scan_postgres_dataset(
                 self.postgres, spec, window=window, watermark=watermark
             )
         return lazy_reads.scan_iceberg_dataset(
             self.iceberg, spec, window=window, watermark=watermark
         )
+
+    def _reads_legacy(self, spec: DatasetSpec, mode: ResolvedMode) -> bool:
+        """Whether reads of `spec` come from the legacy arm (`pg`, or `dual` reading from `pg`);
+        refuses when that arm is not available."""
+        arm = mode.mode if mode.mode != "dual" else self.dual_reads_from
+        if arm == "pg" and self.postgres is None:
+            raise UnsupportedWrite(
+                f"dataset {spec.name!r}: its authoritative arm is 'pg' (mode {mode.mode!r} from "
+                f"{mode.source}) but the legacy arm is not available"
+            )
+        return arm == "pg"
