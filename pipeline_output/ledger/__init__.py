@@ -5,17 +5,17 @@ SQL schema changes live in `sql/NNN_name.sql`, applied in order by `Ledger.migra
 
 from __future__ import annotations
 
-from pipeline_output.ledger.ledger import (
+from pipeline_output.errors import UnknownMode
+from pipeline_output.ledger.ledger import Ledger
+from pipeline_output.ledger.migrations import MigrationError
+from pipeline_output.ledger.records import (
     ARMS,
     DEPLOY_STATUSES,
     DeployRecord,
     FlipRecord,
-    Ledger,
     ParityRecord,
     RegisteredDataset,
-    UnknownMode,
 )
-from pipeline_output.ledger.migrations import MigrationError
 
 __all__ = [
     "ARMS",

@@ -1,0 +1,150 @@
+"""The control plane's records: deploys, flips, parity results, registered datasets, and the
+column lists the `Ledger` selects them with (one list per record, next to its fields).
+
+Declarations only (no I/O); `ledger.Ledger` reads and writes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, get_args
+
+import pyarrow as pa
+from psycopg import sql
+
+from pipeline_output.ledger import migrations
+
+Arm = Literal["pg", "iceberg"]
+DeployStatus = Literal["succeeded", "failed", "diverged"]
+ARMS: tuple[str, ...] = get_args(Arm)
+DEPLOY_STATUSES: tuple[str, ...] = get_args(DeployStatus)
+SCHEMA = migrations.SCHEMA
+
+
+def _t(name: str) -> sql.Identifier:
+    return sql.Identifier(SCHEMA, name)
+
+
+@dataclass(frozen=True)
+class DeployRecord:
+    """One write to one arm, as the ledger recorded it."""
+
+    id: int
+    dataset: str
+    arm: str
+    run_id: str | None
+    strategy: str | None
+    write_mode: str | None
+    first_deploy: bool | None
+    window: str | None
+    window_key: str | None
+    status: str
+    rows_in: int | None
+    rows_inserted: int | None
+    rows_updated: int | None
+    rows_deleted: int | None
+    rows_unchanged: int | None
+    rows_preserved: int | None
+    rows_skipped: int | None
+    rows_total_after: int | None
+    snapshot_id: int | None
+    started_at: datetime | None
+    finished_at: datetime
+    error: str | None
+
+
+_DEPLOY_COLUMNS = [
+    "id",
+    "dataset",
+    "arm",
+    "run_id",
+    "strategy",
+    "write_mode",
+    "first_deploy",
+    "window",
+    "window_key",
+    "status",
+    "rows_in",
+    "rows_inserted",
+    "rows_updated",
+    "rows_deleted",
+    "rows_unchanged",
+    "rows_preserved",
+    "rows_skipped",
+    "rows_total_after",
+    "snapshot_id",
+    "started_at",
+    "finished_at",
+    "error",
+]
+_COUNTERS = [
+    "rows_in",
+    "rows_inserted",
+    "rows_updated",
+    "rows_deleted",
+    "rows_unchanged",
+    "rows_preserved",
+    "rows_skipped",
+    "rows_total_after",
+]
+
+
+@dataclass(frozen=True)
+class FlipRecord:
+    """One mode flip: who moved the dataset from which mode to which, when and why."""
+
+    id: int
+    dataset: str
+    from_mode: str | None
+    to_mode: str
+    who: str
+    at: datetime
+    reason: str | None
+
+
+_FLIP_COLUMNS = ["id", "dataset", "from_mode", "to_mode", "who", "at", "reason"]
+
+
+@dataclass(frozen=True)
+class ParityRecord:
+    """One parity check of a dataset's two arms."""
+
+    id: int
+    dataset: str
+    at: datetime
+    run_id: str | None
+    passed: bool
+    pg_count: int | None
+    iceberg_count: int | None
+    differing_keys: dict[str, Any]
+    details: dict[str, Any]
+
+
+_PARITY_COLUMNS = [
+    "id",
+    "dataset",
+    "at",
+    "run_id",
+    "passed",
+    "pg_count",
+    "iceberg_count",
+    "differing_keys",
+    "details",
+]
+
+
+@dataclass(frozen=True)
+class RegisteredDataset:
+    """A dataset in the registry: its key and the Arrow schema the legacy arm restores types from."""
+
+    name: str
+    primary_key: tuple[str, ...]
+    arrow_schema: pa.Schema | None
+    created_at: datetime
+    updated_at: datetime
+
+
+def _columns(names: Sequence[str]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(n) for n in names)
