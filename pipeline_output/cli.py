@@ -59,18 +59,20 @@ def _register() -> None:
         windows,
     )
 
-    main.add_command(dev.dev)
-    main.add_command(materialize.materialize)
-    main.add_command(env.env)
-    main.add_command(pg.pg)
-    main.add_command(demo.demo)
-    main.add_command(plan.plan)
-    main.add_command(windows.windows)
-    main.add_command(canary.flip)
-    main.add_command(canary.status)
-    main.add_command(canary.parity)
-    main.add_command(canary.drain)
-    main.add_command(doctor.doctor)
-
+    for command in (
+        dev.dev,
+        materialize.materialize,
+        env.env,
+        pg.pg,
+        demo.demo,
+        plan.plan,
+        windows.windows,
+        canary.flip,
+        canary.status,
+        canary.parity,
+        canary.drain,
+        doctor.doctor,
+    ):
+        main.add_command(command)
 
 _register()

@@ -7,7 +7,7 @@ Declarations only (no I/O); `ledger.Ledger` reads and writes them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, Literal, get_args
 
@@ -55,40 +55,13 @@ class DeployRecord:
     error: str | None
 
 
-_DEPLOY_COLUMNS = [
-    "id",
-    "dataset",
-    "arm",
-    "run_id",
-    "strategy",
-    "write_mode",
-    "first_deploy",
-    "window",
-    "window_key",
-    "status",
-    "rows_in",
-    "rows_inserted",
-    "rows_updated",
-    "rows_deleted",
-    "rows_unchanged",
-    "rows_preserved",
-    "rows_skipped",
-    "rows_total_after",
-    "snapshot_id",
-    "started_at",
-    "finished_at",
-    "error",
-]
-_COUNTERS = [
-    "rows_in",
-    "rows_inserted",
-    "rows_updated",
-    "rows_deleted",
-    "rows_unchanged",
-    "rows_preserved",
-    "rows_skipped",
-    "rows_total_after",
-]
+def _names(record: type) -> list[str]:
+    """A record's columns: its fields, in order (each record mirrors its table's SELECT list)."""
+    return [f.name for f in fields(record)]
+
+
+_DEPLOY_COLUMNS = _names(DeployRecord)
+_COUNTERS = [c for c in _DEPLOY_COLUMNS if c.startswith("rows_")]
 
 
 @dataclass(frozen=True)
@@ -104,7 +77,7 @@ class FlipRecord:
     reason: str | None
 
 
-_FLIP_COLUMNS = ["id", "dataset", "from_mode", "to_mode", "who", "at", "reason"]
+_FLIP_COLUMNS = _names(FlipRecord)
 
 
 @dataclass(frozen=True)
@@ -122,17 +95,7 @@ class ParityRecord:
     details: dict[str, Any]
 
 
-_PARITY_COLUMNS = [
-    "id",
-    "dataset",
-    "at",
-    "run_id",
-    "passed",
-    "pg_count",
-    "iceberg_count",
-    "differing_keys",
-    "details",
-]
+_PARITY_COLUMNS = _names(ParityRecord)
 
 
 @dataclass(frozen=True)
