@@ -75,4 +75,5 @@ def _register() -> None:
     ):
         main.add_command(command)
 
+
 _register()
