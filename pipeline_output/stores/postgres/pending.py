@@ -1,0 +1,88 @@
+"""A legacy write stopped before its commit (`PendingWrite`) and the counters a write collects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import psycopg
+
+from pipeline_output.errors import (
+    LockLost,
+    WriteAlreadyFinished,
+)
+from pipeline_output.result import WriteResult
+
+# -- pending writes ---------------------------------------------------------------------------
+
+
+class PendingWrite:
+    """A legacy-arm write whose transaction is still open: `commit()` or `rollback()` it.
+
+    `result` is final (counters, deploy id) but nothing is visible to other sessions until
+    `commit()`. Used as a context manager, leaving the block without `commit()` rolls back.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], result: WriteResult) -> None:
+        self._conn: psycopg.Connection[Any] | None = conn
+        self.result = result
+
+    @property
+    def open(self) -> bool:
+        """Whether the transaction is still open."""
+        return self._conn is not None
+
+    def commit(self) -> WriteResult:
+        """Commit the transaction (rows and deploy record together); returns the result."""
+        conn = self._take()
+        try:
+            try:
+                conn.execute("SELECT 1")  # the transaction (and its xact lock) is still alive
+            except psycopg.OperationalError as exc:
+                raise LockLost(
+                    f"dataset {self.result.dataset!r}: the legacy-arm transaction's Postgres "
+                    f"session ended before its commit ({type(exc).__name__}); the server rolled "
+                    "back its rows and released its lock, nothing was committed — run it again"
+                ) from exc
+            conn.commit()
+        finally:
+            conn.close()
+        return self.result
+
+    def rollback(self) -> None:
+        """Roll the transaction back: the arm and the ledger are left as they were."""
+        if self._conn is None:
+            return
+        conn = self._take()
+        try:
+            conn.rollback()
+        finally:
+            conn.close()
+
+    def _take(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            raise WriteAlreadyFinished(f"the write of {self.result.dataset!r} was already finished")
+        conn, self._conn = self._conn, None
+        return conn
+
+    def __enter__(self) -> PendingWrite:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.rollback()
+
+
+@dataclass
+class _Counts:
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    unchanged: int = 0
+    preserved: int = 0
+    skipped: int = 0

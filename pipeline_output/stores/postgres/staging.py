@@ -1,0 +1,194 @@
+"""Staging and applying a batch on the legacy arm, inside the write's transaction: COPY into a
+typed temp table, documents with `to_jsonb`, then each write mode as set-based SQL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+import psycopg
+from psycopg import sql
+
+from pipeline_output.errors import (
+    BadInput,
+)
+from pipeline_output.plan import WritePlan
+from pipeline_output.spec import DatasetSpec
+from pipeline_output.stores.postgres.fragments import (
+    _BATCH,
+    _CSV_SLICE,
+    _IN,
+    _ORD,
+    _ROWS,
+    _pk_expr,
+    _window_condition,
+)
+from pipeline_output.stores.postgres.pending import _Counts
+from pipeline_output.stores.postgres.types import _csv_ready
+
+
+def rekey(conn: psycopg.Connection[Any], spec: DatasetSpec) -> None:
+    """The spec's primary key changed: recompute every stored row's canonical key text."""
+    conn.execute(
+        sql.SQL("UPDATE {} AS r SET pk = {} WHERE r.dataset_id = %s").format(
+            _ROWS, _pk_expr(spec, sql.SQL("r.data"))
+        ),
+        (spec.name,),
+    )
+
+
+def stage(
+    conn: psycopg.Connection[Any],
+    spec: DatasetSpec,
+    frame: pl.DataFrame,
+    types: dict[str, sql.Composable],
+) -> None:
+    """COPY the batch into `_po_in` (typed), then build `_po_batch (ord, pk, data jsonb)`."""
+    columns = [*types, _ORD]
+    column_defs = sql.SQL(", ").join(
+        [sql.SQL("{} {}").format(sql.Identifier(n), t) for n, t in types.items()]
+        + [sql.SQL("{} bigint").format(sql.Identifier(_ORD))]
+    )
+    conn.execute(sql.SQL("CREATE TEMP TABLE {} ({}) ON COMMIT DROP").format(_IN, column_defs))
+    staged = _csv_ready(frame).with_row_index(_ORD).select(columns)
+    copy = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+        _IN, sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+    )
+    with conn.cursor().copy(copy) as cp:
+        for offset in range(0, staged.height, _CSV_SLICE):
+            chunk = staged.slice(offset, _CSV_SLICE)
+            cp.write(chunk.write_csv(include_header=False, quote_style="non_numeric"))
+    doc = sql.SQL("(to_jsonb(src.*) - {})").format(sql.Literal(_ORD))
+    conn.execute(
+        sql.SQL(
+            "CREATE TEMP TABLE {batch} ON COMMIT DROP AS"
+            " SELECT s.ord, {pk} AS pk, s.data FROM"
+            " (SELECT src.{ord} AS ord, {doc} AS data FROM {src} AS src) AS s"
+        ).format(
+            batch=_BATCH,
+            pk=_pk_expr(spec, sql.SQL("s.data")),
+            ord=sql.Identifier(_ORD),
+            doc=doc,
+            src=_IN,
+        )
+    )
+    if spec.primary_key:
+        conn.execute(sql.SQL("CREATE INDEX ON {} (pk)").format(_BATCH))
+    conn.execute(sql.SQL("ANALYZE {}").format(_BATCH))
+
+
+def apply_plan(
+    conn: psycopg.Connection[Any],
+    spec: DatasetSpec,
+    plan: WritePlan,
+    n_in: int,
+    total_before: int,
+    types: dict[str, sql.Composable],
+) -> _Counts:
+    """Execute the plan's write mode with set-based SQL over `_po_batch`."""
+    name = spec.name
+    mode = plan.write_mode
+    counts = _Counts()
+    window_cond: sql.Composable | None = None
+    if plan.window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
+        wm = spec.watermark
+        if wm is None or wm not in types:
+            raise BadInput(
+                f"dataset {name!r}: a windowed write needs the watermark column {wm!r} in "
+                "the dataset"
+            )
+        window_cond = _window_condition(sql.SQL("r.data"), wm, types[wm], plan.window)
+
+    if mode == "replace":
+        if plan.delete_scope == "window" and window_cond is not None:
+            counts.deleted = conn.execute(
+                sql.SQL("DELETE FROM {} AS r WHERE r.dataset_id = %s AND {}").format(
+                    _ROWS, window_cond
+                ),
+                (name,),
+            ).rowcount
+            counts.preserved = total_before - counts.deleted
+            counts.inserted = _insert(conn, name, base=_next_index(conn, name))
+        else:
+            counts.deleted = conn.execute(
+                sql.SQL("DELETE FROM {} WHERE dataset_id = %s").format(_ROWS), (name,)
+            ).rowcount
+            counts.inserted = _insert(conn, name, base=0)
+        return counts
+
+    if mode == "append":
+        counts.inserted = _insert(conn, name, base=_next_index(conn, name))
+        counts.preserved = total_before
+        return counts
+
+    if mode == "append_new":
+        counts.inserted = _insert(conn, name, base=_next_index(conn, name), only_new=True)
+        counts.skipped = n_in - counts.inserted
+        counts.preserved = total_before - counts.skipped
+        return counts
+
+    # upsert / sync
+    base = _next_index(conn, name)
+    row = conn.execute(
+        sql.SQL(
+            "SELECT count(*) FROM {} AS r JOIN {} AS b ON r.pk = b.pk WHERE r.dataset_id = %s"
+        ).format(_ROWS, _BATCH),
+        (name,),
+    ).fetchone()
+    matched = int(row[0]) if row else 0
+    counts.updated = conn.execute(
+        sql.SQL(
+            "UPDATE {} AS r SET data = b.data FROM {} AS b"
+            " WHERE r.dataset_id = %s AND r.pk = b.pk"
+            " AND jsonb_strip_nulls(r.data) IS DISTINCT FROM jsonb_strip_nulls(b.data)"
+        ).format(_ROWS, _BATCH),
+        (name,),
+    ).rowcount
+    counts.unchanged = matched - counts.updated
+    if mode == "sync":
+        scope = sql.SQL(" AND {}").format(window_cond) if window_cond is not None else sql.SQL("")
+        counts.deleted = conn.execute(
+            sql.SQL(
+                "DELETE FROM {} AS r WHERE r.dataset_id = %s"
+                " AND NOT EXISTS (SELECT 1 FROM {} AS b WHERE b.pk = r.pk){}"
+            ).format(_ROWS, _BATCH, scope),
+            (name,),
+        ).rowcount
+    counts.inserted = _insert(conn, name, base=base, only_new=True)
+    counts.preserved = total_before - matched - counts.deleted
+    return counts
+
+
+def _next_index(conn: psycopg.Connection[Any], dataset: str) -> int:
+    row = conn.execute(
+        sql.SQL("SELECT coalesce(max(row_index), -1) + 1 FROM {} WHERE dataset_id = %s").format(
+            _ROWS
+        ),
+        (dataset,),
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _insert(
+    conn: psycopg.Connection[Any], dataset: str, *, base: int, only_new: bool = False
+) -> int:
+    """Insert the batch at `base + ord` (only keys absent from the dataset when `only_new`)."""
+    where = (
+        sql.SQL(
+            " WHERE NOT EXISTS (SELECT 1 FROM {} AS r WHERE r.dataset_id = %s AND r.pk = b.pk)"
+        ).format(_ROWS)
+        if only_new
+        else sql.SQL("")
+    )
+    params: tuple[Any, ...] = (dataset, base, dataset) if only_new else (dataset, base)
+    return conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (dataset_id, row_index, pk, data)"
+            " SELECT %s, %s + b.ord, b.pk, b.data FROM {} AS b{} ORDER BY b.ord"
+        ).format(_ROWS, _BATCH, where),
+        params,
+    ).rowcount
+
+
+# -- reading -------------------------------------------------------------------------------

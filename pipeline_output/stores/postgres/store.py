@@ -1,0 +1,369 @@
+"""The legacy arm's store: `PostgresStore` keeps a dataset's rows as jsonb documents in `dataset_rows`.
+
+Table `pipeline_output.dataset_rows (dataset_id, row_index, pk, data jsonb)` (created by the ledger's
+migrations) holds one document per row. Every write mode of the native arm is implemented here with
+the same semantics and counters (`WriteResult`, `arm="pg"`), each as ONE Postgres transaction:
+
+1. take a transaction-level advisory lock keyed by the dataset (same-dataset writers serialize);
+2. the freshness oracle: does the ledger hold a succeeded `pg` deploy of the dataset? (never a row
+   count) — then `plan_write` decides the write mode, exactly as for the native arm;
+3. reconcile the compute's schema with the registered one, using the native arm's own type rules
+   (Iceberg types: new columns are added, ints/floats/decimals widen, anything else is a
+   `SchemaMismatch`), and register the result in the ledger's dataset registry;
+4. COPY the batch (CSV) into a typed temp table, turn it into documents with `to_jsonb`, and apply
+   the write mode with set-based SQL (no per-row round trips);
+5. record the deploy in the ledger, in the same transaction; its id is the result's `snapshot_id`.
+   A write that changes nothing (not a first deploy) records nothing and returns `snapshot_id=None`.
+
+`begin_write` stops before the commit and hands back a `PendingWrite` (the Dagster layer's `dual`
+mode commits Postgres last, after the Iceberg commit); `write` is `begin_write(...).commit()`.
+
+The JSON encoding (what makes `read` an exact, typed round trip):
+
+- each document has one key per registered column (missing key == null; older rows may lack a
+  column added later); SQL NULL is JSON `null`;
+- integers and decimals are JSON numbers (jsonb stores them as exact `numeric`; decimals keep
+  their scale, e.g. `1.50`);
+- finite floats are JSON numbers in shortest round-trip form; NaN, +inf and -inf are the strings
+  `"NaN"`, `"Infinity"`, `"-Infinity"` (Postgres' own jsonb rendering of float8 specials). `-0.0`
+  reads back as `0.0` (jsonb numerics have no negative zero);
+- timestamps are ISO-8601 strings: naive ones without offset (`2024-01-01T12:00:00.123456`),
+  tz-aware ones in UTC with `+00:00` (tz-aware columns are UTC, as in the native arm); dates are
+  `YYYY-MM-DD`; booleans are JSON booleans; strings are JSON strings; binary is `"\\x<hex>"`.
+
+`read` restores the registered Arrow schema: each value is cast in SQL from its JSON text to the
+column's Postgres type and streamed back as Arrow (ADBC), then cast to the registered polars type.
+The primary key is stored canonically in `pk`: the key's text for one key column
+(`data->>'id'`), the JSON array of the key values for a composite key (`["a", 2]`), NULL when the
+dataset has no key. Key matching compares `pk`; "unchanged" compares documents with nulls stripped,
+so NaN equals NaN and null equals null (or a missing key), as in the native arm. Nested column
+types (lists, structs) are not stored by this arm yet (`BadInput`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import polars as pl
+import psycopg
+import pyarrow as pa
+from psycopg import sql
+
+from pipeline_output import pgsession
+from pipeline_output.errors import (
+    BadInput,
+    DatasetNotWritten,
+    EmptyComputeRefused,
+    InvalidArgument,
+    LockUnavailable,
+)
+from pipeline_output.frames import check_in_window, check_keys, to_polars
+from pipeline_output.ledger import Ledger
+from pipeline_output.ledger.migrations import SCHEMA
+from pipeline_output.locks import lock_key
+from pipeline_output.plan import TargetState, WritePlan, plan_write
+from pipeline_output.result import WriteResult
+from pipeline_output.spec import DatasetSpec, check_identifier
+from pipeline_output.stores.postgres.fragments import (
+    _ROWS,
+    ROWS_TABLE,
+    _typed_value,
+    _window_condition,
+)
+from pipeline_output.stores.postgres.pending import PendingWrite
+from pipeline_output.stores.postgres.staging import apply_plan, rekey, stage
+from pipeline_output.stores.postgres.types import (
+    _align,
+    _check_text,
+    _pg_type,
+    _polars_schema,
+    _raise_if_key_too_long,
+    _to_polars,
+    evolve_schema,
+)
+from pipeline_output.windows import Window
+
+# -- the store --------------------------------------------------------------------------------
+
+
+class PostgresStore:
+    """Writes and reads datasets in the legacy row store `pipeline_output.dataset_rows`.
+
+    The rows live in the control-plane database: the ledger (default `Ledger(url)`) must be on the
+    same database, because each write records its deploy in the same transaction as its rows.
+    """
+
+    def __init__(
+        self, url: str, *, ledger: Ledger | None = None, lock_timeout_s: float | None = None
+    ) -> None:
+        self.url = url
+        self.ledger = ledger if ledger is not None else Ledger(url)
+        self.lock_timeout_s = lock_timeout_s
+        self._migrated = False
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def ensure_schema(self) -> None:
+        """Apply the control-plane migrations once per store instance."""
+        if not self._migrated:
+            self.ledger.migrate()
+            self._migrated = True
+
+    def table_name(self, spec: DatasetSpec | str) -> str:
+        """Where the rows live, for display and metadata."""
+        return f"{SCHEMA}.{ROWS_TABLE}"
+
+    def _lock(self, conn: psycopg.Connection[Any], dataset: str) -> float:
+        """Take the dataset's transaction-level advisory lock; returns the seconds waited."""
+        started = time.perf_counter()
+        if self.lock_timeout_s is not None:
+            conn.execute(
+                "SELECT set_config('lock_timeout', %s, true)",
+                (f"{int(self.lock_timeout_s * 1000)}ms",),
+            )
+        try:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"pg:{dataset}"),))
+        except psycopg.errors.LockNotAvailable as exc:
+            raise LockUnavailable(
+                f"timed out after {self.lock_timeout_s}s waiting for the legacy-arm lock on "
+                f"{dataset!r}"
+            ) from exc
+        if self.lock_timeout_s is not None:
+            conn.execute("SELECT set_config('lock_timeout', '0', true)")
+        return time.perf_counter() - started
+
+    @contextmanager
+    def _transaction(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection in an open transaction (UTC session); committed by the caller."""
+        self.ensure_schema()
+        conn = pgsession.connect(self.url)
+        try:
+            conn.execute("SET LOCAL TimeZone = 'UTC'")
+            yield conn
+        except BaseException:
+            conn.rollback()
+            conn.close()
+            raise
+
+    # -- the freshness oracle and counts -------------------------------------------------------
+
+    def _state(self, conn: psycopg.Connection[Any], dataset: str) -> TargetState:
+        last = self.ledger.last_deploy(dataset, "pg", status="succeeded", conn=conn)
+        registered = self.ledger.registered(dataset, conn=conn) is not None
+        return TargetState(
+            exists=last is not None or registered,
+            has_snapshot=last is not None,
+            snapshot_id=last.id if last is not None else None,
+            total_rows=self._count(conn, dataset),
+        )
+
+    def target_state(self, spec: DatasetSpec | str) -> TargetState:
+        """The freshness oracle: has the ledger a succeeded `pg` deploy of the dataset?"""
+        name = spec if isinstance(spec, str) else spec.name
+        self.ensure_schema()
+        with pgsession.connect(self.url) as conn:
+            return self._state(conn, name)
+
+    def plan(self, spec: DatasetSpec, *, window: Window | None = None) -> WritePlan:
+        """The write plan a write would follow now (dry run)."""
+        return plan_write(spec, self.target_state(spec), window)
+
+    @staticmethod
+    def _count(conn: psycopg.Connection[Any], dataset: str) -> int:
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {} WHERE dataset_id = %s").format(_ROWS), (dataset,)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def count(self, dataset: DatasetSpec | str) -> int:
+        """How many legacy rows the dataset has."""
+        name = dataset if isinstance(dataset, str) else dataset.name
+        self.ensure_schema()
+        with pgsession.connect(self.url) as conn:
+            return self._count(conn, name)
+
+    def drain(self, dataset: DatasetSpec | str) -> int:
+        """Delete the dataset's legacy rows (the deploy history stays); returns rows deleted.
+
+        The refusal rules (flipped to iceberg, last parity passed) belong to the caller.
+        """
+        name = dataset if isinstance(dataset, str) else dataset.name
+        with self._transaction() as conn:
+            self._lock(conn, name)
+            cur = conn.execute(
+                sql.SQL("DELETE FROM {} WHERE dataset_id = %s").format(_ROWS), (name,)
+            )
+            deleted = cur.rowcount
+            conn.commit()
+            conn.close()
+        return deleted
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def write(
+        self,
+        spec: DatasetSpec,
+        data: Any,
+        *,
+        window: Window | None = None,
+        run_id: str | None = None,
+    ) -> WriteResult:
+        """Probe, plan and write `data` for `spec` in one committed transaction."""
+        return self.begin_write(spec, data, window=window, run_id=run_id).commit()
+
+    def begin_write(
+        self,
+        spec: DatasetSpec,
+        data: Any,
+        *,
+        window: Window | None = None,
+        run_id: str | None = None,
+    ) -> PendingWrite:
+        """Do the whole write but leave its transaction open; commit or roll back the result."""
+        started = time.perf_counter()
+        started_at = datetime.now(UTC)
+        # to_polars refuses the reserved `__po_` prefix (both arms share that check)
+        frame = check_keys(spec, to_polars(spec, data))
+        _check_text(spec, frame)
+        with self._transaction() as conn:
+            lock_wait = self._lock(conn, spec.name)
+            state = self._state(conn, spec.name)
+            plan = plan_write(spec, state, window)
+            if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
+                check_in_window(spec, frame, window)
+            entry = self.ledger.registered(spec.name, conn=conn)
+            registered = entry.arrow_schema if entry is not None else None
+            arrow = evolve_schema(spec, registered, frame)
+            target = _polars_schema(arrow)
+            types = {name: _pg_type(spec.name, name, dtype) for name, dtype in target.items()}
+            key_changed = entry is not None and entry.primary_key != spec.primary_key
+            if registered is None or key_changed or not arrow.equals(registered):
+                self.ledger.register_dataset(
+                    spec.name, primary_key=spec.primary_key, arrow_schema=arrow, conn=conn
+                )
+            if key_changed:
+                rekey(conn, spec)
+            frame = _align(spec, frame, target)
+            total_before = state.total_rows or 0
+            try:
+                stage(conn, spec, frame, types)
+            except (psycopg.errors.TooManyColumns, psycopg.errors.ProgramLimitExceeded) as exc:
+                _raise_if_key_too_long(spec, frame, exc)
+                raise BadInput(
+                    f"dataset {spec.name!r}: the legacy Postgres arm cannot stage {frame.width} "
+                    f"columns ({exc.diag.message_primary}); keep it on the iceberg arm "
+                    "(nothing was written)"
+                ) from exc
+            try:
+                counts = apply_plan(conn, spec, plan, frame.height, total_before, types)
+            except psycopg.errors.ProgramLimitExceeded as exc:
+                _raise_if_key_too_long(spec, frame, exc)
+                raise
+            if frame.height == 0 and counts.deleted and not spec.allow_empty:
+                raise EmptyComputeRefused(
+                    f"dataset {spec.name!r}: the compute returned no rows and a {plan.write_mode} "
+                    f"would delete {counts.deleted} target row(s); set allow_empty=True to allow "
+                    "it (nothing was written)"
+                )
+            result = WriteResult(
+                dataset=spec.name,
+                write_mode=plan.write_mode,
+                first_deploy=plan.first_deploy,
+                rows_in=frame.height,
+                rows_inserted=counts.inserted,
+                rows_updated=counts.updated,
+                rows_deleted=counts.deleted,
+                rows_unchanged=counts.unchanged,
+                rows_preserved=counts.preserved,
+                rows_skipped=counts.skipped,
+                rows_total_after=total_before + counts.inserted - counts.deleted,
+                lock_wait_s=lock_wait,
+                table=self.table_name(spec),
+                arm="pg",
+            )
+            changed = counts.inserted or counts.updated or counts.deleted
+            if changed or plan.first_deploy:
+                record = self.ledger.record_deploy(
+                    spec.name,
+                    "pg",
+                    status="succeeded",
+                    run_id=run_id,
+                    strategy=spec.strategy,
+                    window=window,
+                    result=result,
+                    started_at=started_at,
+                    conn=conn,
+                )
+                result = replace(result, snapshot_id=record.id)
+            result = replace(result, duration_s=time.perf_counter() - started)
+            return PendingWrite(conn, result)
+
+    def schema(self, spec: DatasetSpec | str) -> pa.Schema | None:
+        """The registered Arrow schema of the dataset (None when never written)."""
+        name = spec if isinstance(spec, str) else spec.name
+        self.ensure_schema()
+        return self.ledger.dataset_schema(name)
+
+    def read(
+        self,
+        spec: DatasetSpec | str,
+        *,
+        window: Window | None = None,
+        columns: Sequence[str] | None = None,
+        watermark: str | None = None,
+    ) -> pl.DataFrame:
+        """The dataset's rows in `row_index` order, typed by its registered schema."""
+        name = spec if isinstance(spec, str) else spec.name
+        arrow = self.schema(name)
+        if arrow is None:
+            raise DatasetNotWritten(f"dataset {name!r} has no rows in the legacy Postgres arm yet")
+        target = _polars_schema(arrow)
+        wanted = list(columns) if columns is not None else list(target)
+        for col in wanted:
+            check_identifier(col, what="column", dataset=name)
+            if col not in target:
+                raise InvalidArgument(
+                    f"dataset {name!r} has no column {col!r} (columns: {list(target)})"
+                )
+        types = {c: _pg_type(name, c, target[c]) for c in target}
+        doc = sql.SQL("r.data")
+        selects = []
+        for col in wanted:
+            value = _typed_value(doc, col, types[col])
+            if isinstance(target[col], pl.Decimal):
+                value = sql.SQL("{}::text").format(value)  # exact digits, cast in polars
+            selects.append(sql.SQL("{} AS {}").format(value, sql.Identifier(col)))
+        where = sql.SQL("r.dataset_id = {}").format(sql.Literal(name))
+        if window is not None:
+            wm = watermark or (spec.watermark if isinstance(spec, DatasetSpec) else None)
+            if wm is None or wm not in target:
+                raise InvalidArgument(f"reading a window of {name!r} needs its watermark column")
+            where = sql.SQL("{} AND {}").format(
+                where, _window_condition(doc, wm, types[wm], window)
+            )
+        query = sql.SQL("SELECT {} FROM {} AS r WHERE {} ORDER BY r.row_index").format(
+            sql.SQL(", ").join(selects) if selects else sql.SQL("1 AS __po_none__"), _ROWS, where
+        )
+        table = self._fetch_arrow(query.as_string(None))
+        frame = _to_polars(table.replace_schema_metadata(None))
+        if not wanted:
+            return frame.select([])
+        return frame.select([pl.col(c).cast(target[c]) for c in wanted])
+
+    def _fetch_arrow(self, query: str) -> pa.Table:
+        """Run a read-only query and stream its result as Arrow (ADBC's COPY BINARY reader)."""
+
+        with pgsession.adbc_connect(self.url) as conn, conn.cursor() as cur:
+            cur.execute("SET TimeZone = 'UTC'")
+            cur.execute(query)
+            table: pa.Table = cur.fetch_arrow_table()
+        fields = [f.remove_metadata() for f in table.schema]
+        return table.cast(pa.schema(fields)) if fields else table
+
+
+__all__ = ["PendingWrite", "PostgresStore", "evolve_schema"]
