@@ -52,7 +52,7 @@ def _paused_writer(
     try:
         from pyiceberg.catalog.sql import SqlCatalog
 
-        import pipeline_output.stores.iceberg as iceberg_module
+        import pipeline_output.stores.iceberg.commit as iceberg_module
 
         def pause(point: str) -> None:
             if point == "before_commit":

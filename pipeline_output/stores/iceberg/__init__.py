@@ -1,0 +1,24 @@
+"""The native arm: `IcebergStore` writes every write mode as one atomic commit and reads back.
+
+`store.IcebergStore` owns the order of a write (its docstring); `prewrite` the files written
+before the lock, `merge` the file-level copy-on-write merges, `streaming` the model node's
+streaming replace, `commit` the single commit, `expressions` windows as pyiceberg filters,
+`rows` frame and table helpers, `properties` the names they share.
+"""
+
+from __future__ import annotations
+
+from pipeline_output.stores.iceberg.expressions import aligned_to_field, window_filter
+from pipeline_output.stores.iceberg.prewrite import PreparedWrite, summary_properties
+from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX, TABLE_PROPERTIES
+from pipeline_output.stores.iceberg.store import IcebergStore
+
+__all__ = [
+    "PROPERTY_PREFIX",
+    "TABLE_PROPERTIES",
+    "IcebergStore",
+    "PreparedWrite",
+    "aligned_to_field",
+    "summary_properties",
+    "window_filter",
+]

@@ -1,0 +1,129 @@
+"""Writes prepared before the lock: data files pre-written against the metadata read then
+(`_Prewritten`, `PreparedWrite`), the snapshot summary properties, the changes a merge computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table
+
+from pipeline_output import __version__
+from pipeline_output.plan import WritePlan
+from pipeline_output.spec import DatasetSpec
+from pipeline_output.stores.iceberg.commit import _delete_quietly
+from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX
+from pipeline_output.windows import Window
+
+
+def summary_properties(
+    spec: DatasetSpec, plan: WritePlan, run_id: str | None, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The namespaced properties every snapshot of ours carries."""
+    props = {
+        f"{PROPERTY_PREFIX}dataset": spec.name,
+        f"{PROPERTY_PREFIX}strategy": spec.strategy,
+        f"{PROPERTY_PREFIX}write-mode": plan.write_mode,
+        f"{PROPERTY_PREFIX}first-deploy": str(plan.first_deploy).lower(),
+        f"{PROPERTY_PREFIX}run-id": run_id or "",
+        f"{PROPERTY_PREFIX}version": __version__,
+    }
+    if plan.window is not None:
+        props[f"{PROPERTY_PREFIX}window"] = str(plan.window)
+        props[f"{PROPERTY_PREFIX}window-key"] = plan.window.to_key()
+    for key, value in (extra or {}).items():
+        props[f"{PROPERTY_PREFIX}{key}"] = value
+    return props
+
+
+@dataclass
+class _Changes:
+    """What a merge decided: files to drop, frames to write as new files, and the row counts."""
+
+    deleted_files: list[DataFile] = field(default_factory=list)
+    new_frames: list[pl.DataFrame] = field(default_factory=list)
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    unchanged: int = 0
+    preserved: int = 0
+    skipped: int = 0
+
+    @property
+    def noop(self) -> bool:
+        return not self.deleted_files and not any(f.height for f in self.new_frames)
+
+
+_AS_IS_MODES = ("append", "replace", "append_new")
+
+
+@dataclass
+class _Prewritten:
+    """Data files of the computed frame, written before the lock against the metadata read then."""
+
+    frame: pl.DataFrame  # the frame as written: aligned to the table schema and sorted
+    files: list[DataFile]
+    io: FileIO
+    table_uuid: str
+    location: str
+    schema_id: int
+    spec_id: int
+    handed_to_commit: bool = False
+
+    @classmethod
+    def of(cls, table: Table, frame: pl.DataFrame, files: list[DataFile]) -> _Prewritten:
+        meta = table.metadata
+        return cls(
+            frame=frame,
+            files=files,
+            io=table.io,
+            table_uuid=str(meta.table_uuid),
+            location=meta.location,
+            schema_id=meta.current_schema_id,
+            spec_id=meta.default_spec_id,
+        )
+
+    def fits(self, table: Table) -> bool:
+        """Are the files valid for `table` as it is now (same table, schema and partitioning)?"""
+        meta = table.metadata
+        return (
+            str(meta.table_uuid) == self.table_uuid
+            and meta.location == self.location
+            and meta.current_schema_id == self.schema_id
+            and meta.default_spec_id == self.spec_id
+        )
+
+    def discard(self) -> None:
+        """Delete the files unless a commit was attempted with them (best effort).
+
+        After a commit attempt the outcome may be unknown (an error after the catalog swap), so
+        the files are left: `pipeline-output doctor` removes them only if no snapshot has them.
+        """
+        if self.handed_to_commit:
+            return
+        for data_file in self.files:
+            _delete_quietly(self.io, data_file.file_path)
+        self.files = []
+
+
+@dataclass
+class PreparedWrite:
+    """A checked frame and, when the strategy allows, its data files written ahead of the lock."""
+
+    spec: DatasetSpec
+    window: Window | None
+    frame: pl.DataFrame
+    pre: _Prewritten | None
+
+    @property
+    def files_ready(self) -> int:
+        """How many data files were written ahead."""
+        return len(self.pre.files) if self.pre is not None else 0
+
+    def discard(self) -> None:
+        """Delete the pre-written files unless a commit was attempted with them."""
+        if self.pre is not None:
+            self.pre.discard()

@@ -1,0 +1,20 @@
+"""Names the native arm shares: the `pipeline-output.` property prefix, the table properties a
+new table gets, internal column names, and defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+PROPERTY_PREFIX = "pipeline-output."
+TABLE_PROPERTIES = {
+    "write.parquet.compression-codec": "zstd",
+    "write.parquet.compression-level": "1",
+    "write.target-file-size-bytes": str(512 * 1024 * 1024),
+    "commit.retry.num-retries": "10",
+    "commit.retry.min-wait-ms": "50",
+    "commit.retry.max-wait-ms": "5000",
+}
+_DEFAULT_LOCK: Any = object()
+_READ_THREADS = 4
+_POS = "__po_pos__"  # every internal column name starts with frames.RESERVED_PREFIX
+_NEW = "__po_new__"  # the compute's value of column `c` in a merge join is `__po_new__c`

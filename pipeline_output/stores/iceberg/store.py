@@ -1,0 +1,389 @@
+"""The native arm: `IcebergStore` writes every write mode as one atomic commit and reads back.
+
+Owns the order of a native write — lock, probe (the freshness oracle), plan, write data files,
+commit once — and the file-level copy-on-write merges behind upsert, append_new, sync and windowed
+replace: file statistics prune the candidate files, the key columns verify them, and only files that
+really change are rewritten. Every commit produces exactly one snapshot whose summary carries the
+`pipeline-output.*` properties; a write that changes nothing commits nothing.
+
+The per-table advisory lock covers only what correctness needs: loading the table, the plan, the key
+reads and conflict checks, the file-level rewrites that depend on the current files, and the commit.
+Where the strategy writes the computed frame as it is (append, replace, append_new with no key
+already present) its data files are written *before* the lock, against the table metadata read
+then, and committed inside it if the table's schema, partition spec and location are unchanged
+(otherwise they are deleted and the frame is written again inside the lock). `replace_streaming`
+(the model node) streams every batch to files before the lock the same way.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
+from typing import Any
+
+import polars as pl
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.expressions import (
+    AlwaysTrue,
+    BooleanExpression,
+)
+from pyiceberg.table import Table
+
+from pipeline_output.errors import (
+    DatasetNotWritten,
+    EmptyComputeRefused,
+    InvalidArgument,
+    WriteConflict,
+)
+from pipeline_output.frames import check_in_window, check_keys, to_polars
+from pipeline_output.locks import AdvisoryLock, LockStats
+from pipeline_output.plan import TargetState, WritePlan, plan_write
+from pipeline_output.result import WriteResult
+from pipeline_output.spec import DatasetSpec
+from pipeline_output.stores.iceberg.commit import _commit, _delete_quietly
+from pipeline_output.stores.iceberg.expressions import aligned_to_field, window_filter
+from pipeline_output.stores.iceberg.merge import _Merge
+from pipeline_output.stores.iceberg.prewrite import (
+    _AS_IS_MODES,
+    PreparedWrite,
+    _Prewritten,
+    summary_properties,
+)
+from pipeline_output.stores.iceberg.properties import _DEFAULT_LOCK, TABLE_PROPERTIES
+from pipeline_output.stores.iceberg.rows import (
+    _align,
+    _evolve,
+    _sorted,
+    _state_of,
+    _to_polars,
+    _total_records,
+)
+from pipeline_output.stores.iceberg.streaming import replace_streaming
+from pipeline_output.stores.iceberg_files import DataFileWriter
+from pipeline_output.stores.iceberg_schema import initial_schema, plan_evolution
+from pipeline_output.windows import Window
+
+
+class IcebergStore:
+    """Writes and reads datasets as Iceberg tables `<namespace>.<dataset name>` of one catalog.
+
+    Same-table writers are serialized with a Postgres advisory lock (default: on the control-plane
+    Postgres from settings). Pass `lock=None` to opt out — every write then warns that concurrent
+    writers are unsafe.
+    """
+
+    def __init__(self, catalog: Catalog, namespace: str, *, lock: Any = _DEFAULT_LOCK) -> None:
+        self.catalog = catalog
+        self.namespace = namespace
+        self._lock: AdvisoryLock | Any | None = lock
+        self._namespace_checked = False
+
+    # -- identity and probing ----------------------------------------------------------------
+
+    def identifier(self, spec: DatasetSpec | str) -> tuple[str, str]:
+        """The table identifier of a dataset."""
+        name = spec if isinstance(spec, str) else spec.name
+        return (self.namespace, name)
+
+    def table_name(self, spec: DatasetSpec | str) -> str:
+        """`namespace.name`, for display and metadata."""
+        return ".".join(self.identifier(spec))
+
+    def load(self, spec: DatasetSpec | str) -> Table | None:
+        """The table, or None when it does not exist."""
+        try:
+            return self.catalog.load_table(self.identifier(spec))
+        except NoSuchTableError:
+            return None
+
+    def target_state(self, spec: DatasetSpec | str) -> TargetState:
+        """The freshness oracle: does the table exist and has it a committed snapshot?"""
+        return _state_of(self.load(spec))
+
+    def plan(self, spec: DatasetSpec, *, window: Window | None = None) -> WritePlan:
+        """The write plan a write would follow now (dry run: reads table metadata only)."""
+        return plan_write(spec, self.target_state(spec), window)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def read(
+        self,
+        spec: DatasetSpec | str,
+        *,
+        window: Window | None = None,
+        columns: Sequence[str] | None = None,
+        watermark: str | None = None,
+    ) -> pl.DataFrame:
+        """The table's rows (optionally only a window, only some columns) as polars."""
+        table = self.load(spec)
+        if table is None:
+            raise DatasetNotWritten(f"dataset {self.table_name(spec)!r} has no Iceberg table yet")
+        row_filter: BooleanExpression = AlwaysTrue()
+        if window is not None:
+            wm = watermark or (spec.watermark if isinstance(spec, DatasetSpec) else None)
+            if wm is None:
+                raise InvalidArgument(
+                    f"reading a window of {self.table_name(spec)} needs its watermark"
+                )
+            row_filter = window_filter(wm, window, schema=table.schema())
+        scan = table.scan(
+            row_filter=row_filter, selected_fields=tuple(columns) if columns else ("*",)
+        )
+        return _to_polars(scan.to_arrow())
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def prepare(
+        self, spec: DatasetSpec, data: Any, *, window: Window | None = None
+    ) -> PreparedWrite:
+        """Check `data` and, where the strategy writes it as it is, write its data files now.
+
+        Takes no lock: callers that serialize writes themselves (the window apply lock) prepare
+        before their own critical section and pass the result to `write(prepared=...)`, which
+        re-validates the files under the table's lock. `PreparedWrite.discard()` deletes files a
+        write did not commit (`write` does it itself).
+        """
+        frame = check_keys(spec, to_polars(spec, data))
+        return PreparedWrite(
+            spec=spec, window=window, frame=frame, pre=self._prewrite(spec, frame, window)
+        )
+
+    def write(
+        self,
+        spec: DatasetSpec,
+        data: Any,
+        *,
+        window: Window | None = None,
+        run_id: str | None = None,
+        summary: dict[str, str] | None = None,
+        prepared: PreparedWrite | None = None,
+    ) -> WriteResult:
+        """Probe, plan and write `data` for `spec` in one commit (none when nothing changes).
+
+        With `prepared` (from `prepare` with the same spec and window) its checked frame and
+        pre-written files are used instead of `data`.
+        """
+        started = time.perf_counter()
+        if prepared is not None and (prepared.spec != spec or prepared.window != window):
+            raise InvalidArgument(
+                f"dataset {spec.name!r}: the prepared write is for another spec or window"
+            )
+        prep = prepared if prepared is not None else self.prepare(spec, data, window=window)
+        frame, pre = prep.frame, prep.pre
+        try:
+            with self._hold(spec) as stats:
+                table = self.load(spec)
+                if window is not None and table is not None and spec.watermark:
+                    window = aligned_to_field(window, table.schema(), spec.watermark)
+                plan = plan_write(spec, _state_of(table), window)
+                if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
+                    check_in_window(spec, frame, window)
+                props = summary_properties(spec, plan, run_id, summary)
+                if table is None:
+                    result = self._create(spec, plan, frame, props, fence=stats.verify)
+                else:
+                    usable = pre if pre is not None and pre.fits(table) else None
+                    result = self._write_existing(
+                        spec, plan, table, frame, props, pre=usable, fence=stats.verify
+                    )
+        finally:
+            prep.discard()
+        return replace(
+            result,
+            duration_s=time.perf_counter() - started,
+            lock_wait_s=stats.wait_s,
+            lock_held_s=stats.held_s,
+            table=self.table_name(spec),
+        )
+
+    def _prewrite(
+        self, spec: DatasetSpec, frame: pl.DataFrame, window: Window | None
+    ) -> _Prewritten | None:
+        """Write the frame's data files before the lock when the strategy writes it as it is.
+
+        Decided on the table as it is now; re-checked inside the lock (`_Prewritten.fits`). Input
+        checks that depend on the plan run here too, so bad input still writes nothing.
+        """
+        if frame.height == 0:
+            return None
+        table = self.load(spec)
+        if table is None:
+            return None
+        plan = plan_write(spec, _state_of(table), window)
+        if plan.write_mode not in _AS_IS_MODES:
+            return None
+        if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
+            check_in_window(spec, frame, window)
+        if not plan_evolution(spec, table.schema(), frame).empty:
+            return None  # the schema changes: written inside the lock, after the evolution
+        aligned = _sorted(_align(frame, table.schema()), spec)
+        pre = _Prewritten.of(table, aligned, [])
+        writer = DataFileWriter(table.metadata, table.io, write_id=uuid.uuid4())
+        try:
+            pre.files = writer.write(aligned)
+        except BaseException:
+            for path in writer.written:
+                _delete_quietly(table.io, path)
+            raise
+        return pre
+
+    def replace_streaming(
+        self,
+        spec: DatasetSpec,
+        batches: Iterable[pl.DataFrame],
+        *,
+        run_id: str | None = None,
+        summary: dict[str, str] | None = None,
+        finalize_summary: Callable[[], dict[str, str]] | None = None,
+    ) -> WriteResult:
+        """Replace the whole table with `batches`, written to data files as they arrive (one
+        batch in memory, one snapshot at the end; see `streaming.replace_streaming`)."""
+        return replace_streaming(
+            self,
+            spec,
+            batches,
+            run_id=run_id,
+            summary=summary,
+            finalize_summary=finalize_summary,
+        )
+
+    def _hold(self, spec: DatasetSpec) -> AbstractContextManager[LockStats]:
+        lock = self._lock
+        if lock is _DEFAULT_LOCK:
+            from pipeline_output.settings import get_settings
+
+            lock = self._lock = AdvisoryLock(get_settings().control_plane_url())
+        if lock is None:
+            warnings.warn(
+                f"dataset {spec.name!r}: IcebergStore(lock=None) — concurrent writers of "
+                f"{self.table_name(spec)} are unsafe (no advisory lock)",
+                stacklevel=3,
+            )
+            return nullcontext(LockStats(key=self.table_name(spec)))
+        return lock.hold(f"iceberg:{self.table_name(spec)}")  # type: ignore[no-any-return,unused-ignore]
+
+    def _ensure_namespace(self) -> None:
+        if not self._namespace_checked:
+            self.catalog.create_namespace_if_not_exists(self.namespace)
+            self._namespace_checked = True
+
+    def _create(
+        self,
+        spec: DatasetSpec,
+        plan: WritePlan,
+        frame: pl.DataFrame,
+        props: dict[str, str],
+        *,
+        fence: Callable[[], None] | None = None,
+    ) -> WriteResult:
+        """First deploy of a missing table: create it and write its first snapshot in one commit."""
+        self._ensure_namespace()
+        schema, order = initial_schema(spec, frame)
+        tx = self.catalog.create_table_transaction(
+            self.identifier(spec), schema=schema, sort_order=order, properties=TABLE_PROPERTIES
+        )
+        data = _sorted(frame, spec)
+        try:
+            table = _commit(
+                tx, props, deleted=[], frames=[data], dataset=spec.name, force=True, fence=fence
+            )
+        except TableAlreadyExistsError as exc:
+            raise WriteConflict(
+                f"dataset {spec.name!r}: {self.table_name(spec)} was created by another writer "
+                "after this write was planned; nothing was committed — run it again"
+            ) from exc
+        snapshot = table.current_snapshot()
+        return WriteResult(
+            dataset=spec.name,
+            write_mode=plan.write_mode,
+            first_deploy=True,
+            rows_in=frame.height,
+            rows_inserted=frame.height,
+            rows_total_after=frame.height,
+            snapshot_id=snapshot.snapshot_id if snapshot else None,
+            files_added=1 if frame.height else 0,
+        )
+
+    def _write_existing(
+        self,
+        spec: DatasetSpec,
+        plan: WritePlan,
+        table: Table,
+        frame: pl.DataFrame,
+        props: dict[str, str],
+        *,
+        pre: _Prewritten | None = None,
+        fence: Callable[[], None] | None = None,
+    ) -> WriteResult:
+        tx = table.transaction()
+        evolution = plan_evolution(spec, table.schema(), frame)
+        _evolve(tx, evolution)
+        schema = tx.table_metadata.schema()
+        if pre is not None and evolution.empty:
+            frame = pre.frame  # already aligned and sorted, and its files are written
+        else:
+            pre = None
+            frame = _sorted(_align(frame, schema), spec)
+        total_before = _total_records(table)
+        merge = _Merge(table=table, tx=tx, spec=spec, frame=frame, schema=schema)
+        changes = merge.run(plan)
+        if frame.height == 0 and changes.deleted and not spec.allow_empty:
+            raise EmptyComputeRefused(
+                f"dataset {spec.name!r}: the compute returned no rows and a {plan.write_mode} would "
+                f"delete {changes.deleted} target row(s); set allow_empty=True to allow it "
+                "(nothing was written)"
+            )
+        force = plan.first_deploy
+        snapshot_id: int | None = None
+        if not changes.noop or force:
+            frames, ready = changes.new_frames, []
+            if pre is not None and frames and frames[0] is frame:
+                # the merge writes the computed frame as it is: its files are the pre-written ones
+                frames, ready = frames[1:], pre.files
+                pre.handed_to_commit = True
+            new_table = _commit(
+                tx,
+                props,
+                changes.deleted_files,
+                frames,
+                dataset=spec.name,
+                force=force,
+                ready=ready,
+                fence=fence,
+                blind_retry=plan.write_mode == "append" and not changes.deleted_files,
+            )
+            snap = new_table.current_snapshot()
+            snapshot_id = snap.snapshot_id if snap else None
+        elif not evolution.empty:
+            if fence is not None:
+                fence()
+            from pyiceberg.exceptions import CommitFailedException
+
+            try:
+                tx.commit_transaction()  # a schema-only change: no snapshot
+            except CommitFailedException as exc:
+                raise WriteConflict(
+                    f"dataset {spec.name!r}: the table's schema changed after this write was "
+                    f"planned ({exc}); nothing was committed — run it again"
+                ) from exc
+        return WriteResult(
+            dataset=spec.name,
+            write_mode=plan.write_mode,
+            first_deploy=plan.first_deploy,
+            rows_in=frame.height,
+            rows_inserted=changes.inserted,
+            rows_updated=changes.updated,
+            rows_deleted=changes.deleted,
+            rows_unchanged=changes.unchanged,
+            rows_preserved=changes.preserved,
+            rows_skipped=changes.skipped,
+            rows_total_after=total_before + changes.inserted - changes.deleted,
+            snapshot_id=snapshot_id,
+            files_rewritten=len(changes.deleted_files),
+            files_added=sum(1 for f in changes.new_frames if f.height),
+        )
