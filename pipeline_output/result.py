@@ -8,6 +8,18 @@ from typing import Any
 from pipeline_output.spec import WriteMode
 
 
+@dataclass
+class RowCounts:
+    """The row counters a write collects while it runs (they become `WriteResult.rows_*`)."""
+
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    unchanged: int = 0
+    preserved: int = 0
+    skipped: int = 0
+
+
 @dataclass(frozen=True)
 class WriteResult:
     """The outcome of one write (one arm).

@@ -13,6 +13,7 @@ from pyiceberg.table import Table
 
 from pipeline_output import __version__
 from pipeline_output.plan import WritePlan
+from pipeline_output.result import RowCounts
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.commit import _delete_quietly
 from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX
@@ -40,17 +41,11 @@ def summary_properties(
 
 
 @dataclass
-class _Changes:
+class _Changes(RowCounts):
     """What a merge decided: files to drop, frames to write as new files, and the row counts."""
 
     deleted_files: list[DataFile] = field(default_factory=list)
     new_frames: list[pl.DataFrame] = field(default_factory=list)
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    unchanged: int = 0
-    preserved: int = 0
-    skipped: int = 0
 
     @property
     def noop(self) -> bool:

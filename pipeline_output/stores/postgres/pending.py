@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -12,7 +11,7 @@ from pipeline_output.errors import (
     LockLost,
     WriteAlreadyFinished,
 )
-from pipeline_output.result import WriteResult
+from pipeline_output.result import RowCounts, WriteResult
 
 # -- pending writes ---------------------------------------------------------------------------
 
@@ -78,11 +77,4 @@ class PendingWrite:
         self.rollback()
 
 
-@dataclass
-class _Counts:
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    unchanged: int = 0
-    preserved: int = 0
-    skipped: int = 0
+_Counts = RowCounts  # the legacy write's counters, filled by `staging.apply_plan`
