@@ -31,6 +31,18 @@ MAX_EXAMPLES = 5
 RESERVED_PREFIX = "__po_"
 
 
+def from_arrow(data: pa.Table | pa.RecordBatch) -> pl.DataFrame:
+    """An Arrow table or batch as a polars DataFrame (typed: `pl.from_arrow` may return a Series)."""
+    frame = pl.from_arrow(data)
+    assert isinstance(frame, pl.DataFrame)
+    return frame
+
+
+def polars_schema(arrow: pa.Schema) -> pl.Schema:
+    """The polars schema an Arrow schema reads back as."""
+    return from_arrow(arrow.empty_table()).schema
+
+
 def to_polars(spec: DatasetSpec, data: Any) -> pl.DataFrame:
     """Collect the compute's output into a polars DataFrame, or raise `BadInput`."""
     if isinstance(data, (pa.Table, pa.RecordBatch)):

@@ -37,6 +37,7 @@ import pyarrow as pa
 from psycopg import sql
 
 from pipeline_output.errors import DatasetNotWritten, InvalidArgument
+from pipeline_output.frames import from_arrow, polars_schema
 from pipeline_output.lazy_predicates import AnyOf, Compare, InList, Nullness, Term, pushable_terms
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.windows import Window
@@ -102,19 +103,13 @@ def _iceberg_term(term: Term) -> BooleanExpression:
     return out
 
 
-def _polars_schema(arrow: pa.Schema) -> pl.Schema:
-    frame = pl.from_arrow(arrow.empty_table())
-    assert isinstance(frame, pl.DataFrame)
-    return frame.schema
-
-
 def scan_table(table: Table, *, name: str | None = None) -> pl.LazyFrame:
     """`table` as a LazyFrame pinned to its current snapshot (projection and filter pushed down)."""
     snapshot = table.current_snapshot()
     schema = table.schema()
     if snapshot is not None and snapshot.schema_id is not None:
         schema = table.schemas().get(snapshot.schema_id, schema)
-    target = _polars_schema(schema.as_arrow())
+    target = polars_schema(schema.as_arrow())
     snapshot_id = snapshot.snapshot_id if snapshot is not None else None
     label = name or ".".join(table.name())
 
@@ -134,7 +129,7 @@ def scan_table(table: Table, *, name: str | None = None) -> pl.LazyFrame:
             snapshot_id=snapshot_id,
             limit=limit,
         )
-        return (_frame(batch) for batch in scan.to_arrow_batch_reader())
+        return (from_arrow(batch) for batch in scan.to_arrow_batch_reader())
 
     return _io_source(read, target, explain=f"iceberg:{label}@{snapshot_id}")
 
@@ -208,7 +203,7 @@ def scan_postgres_dataset(
     arrow = store.schema(name)
     if arrow is None:
         raise DatasetNotWritten(f"dataset {name!r} has no rows in the legacy Postgres arm yet")
-    target = _polars_schema(arrow)
+    target = polars_schema(arrow)
     # the store's own type mapping, so the read stays its exact, typed round trip
     types = {c: _pg_type(name, c, t) for c, t in target.items()}
     url = store.url
@@ -236,7 +231,7 @@ def scan_postgres_dataset(
             limit,
         )
         table = _fetch_postgres(url, query, [name, *params])
-        frame = _frame(table)
+        frame = from_arrow(table)
         if not needed:
             return [pl.DataFrame(height=frame.height)]
         return [frame.select([pl.col(c).cast(target[c]) for c in needed])]
@@ -287,12 +282,6 @@ def _in_window(
         name = spec if isinstance(spec, str) else spec.name
         raise InvalidArgument(f"reading a window of {name!r} needs its watermark column")
     return within(frame, window, wm)
-
-
-def _frame(data: pa.Table | pa.RecordBatch) -> pl.DataFrame:
-    frame = pl.from_arrow(data)
-    assert isinstance(frame, pl.DataFrame)
-    return frame
 
 
 def _io_source(

@@ -21,7 +21,7 @@ from pipeline_output.defs.metadata import publish_metadata
 from pipeline_output.defs.runtime import get_runtime
 from pipeline_output.defs.windows_context import windows_of
 from pipeline_output.delta import apply_window
-from pipeline_output.frames import to_polars
+from pipeline_output.frames import polars_schema, to_polars
 from pipeline_output.lazy_reads import within
 from pipeline_output.publish import PublishResult, ResolvedMode
 from pipeline_output.sources import SourceSpec
@@ -39,12 +39,6 @@ def source_from_metadata(raw: Any) -> SourceSpec:
     if isinstance(value, str):
         value = json.loads(value)
     return SourceSpec(**value)
-
-
-def _to_polars_schema(arrow: Any) -> pl.Schema:
-    frame = pl.from_arrow(arrow.empty_table())
-    assert isinstance(frame, pl.DataFrame)
-    return frame.schema
 
 
 def _fault_hook() -> Any:
@@ -140,7 +134,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         }
         if last is not None:
             table = runtime.iceberg.load(spec)
-            schema = _to_polars_schema(table.schema().as_arrow()) if table is not None else None
+            schema = polars_schema(table.schema().as_arrow()) if table is not None else None
             meta.update(publish_metadata(last, schema=schema))
         else:
             meta["note"] = "no-op: every window was already applied; nothing written"

@@ -22,6 +22,7 @@ from pyiceberg.types import PrimitiveType
 from pipeline_output.errors import (
     BadInput,
 )
+from pipeline_output.frames import from_arrow
 from pipeline_output.plan import WritePlan
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.expressions import _physical, _window_relation
@@ -34,7 +35,6 @@ from pipeline_output.stores.iceberg.rows import (
     _replace_rows,
     _schema_names,
     _sorted,
-    _to_polars,
     _total_records,
 )
 from pipeline_output.windows import Window
@@ -284,7 +284,7 @@ class _Merge:
             fast = _read_local(task, read_schema)
             if fast is None:
                 scan = ArrowScan(self.table.metadata, self.table.io, read_schema, AlwaysTrue())
-                fast = _to_polars(scan.to_table([task]))
+                fast = from_arrow(scan.to_table([task]))
             return _align(fast, self.schema, only=columns)
 
         if len(tasks) == 1:

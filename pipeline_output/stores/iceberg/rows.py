@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, Transaction
 
+from pipeline_output.frames import polars_schema
 from pipeline_output.plan import TargetState
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.properties import _NEW, _POS
@@ -106,15 +107,11 @@ def _schema_names(schema: Schema) -> list[str]:
     return [f.name for f in schema.fields]
 
 
-def _to_polars(table: pa.Table) -> pl.DataFrame:
-    return pl.from_arrow(table)  # type: ignore[return-value]
-
-
 def _align(
     frame: pl.DataFrame, schema: Schema, *, only: Sequence[str] | None = None
 ) -> pl.DataFrame:
     """`frame` with the schema's columns (missing ones null) cast to the schema's polars types."""
-    target = _to_polars(schema.as_arrow().empty_table()).schema
+    target = polars_schema(schema.as_arrow())
     names = list(only) if only is not None else list(target)
     exprs = []
     for name in names:

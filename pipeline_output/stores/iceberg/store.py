@@ -40,7 +40,7 @@ from pipeline_output.errors import (
     InvalidArgument,
     WriteConflict,
 )
-from pipeline_output.frames import check_in_window, check_keys, to_polars
+from pipeline_output.frames import check_in_window, check_keys, from_arrow, to_polars
 from pipeline_output.locks import AdvisoryLock, LockStats
 from pipeline_output.plan import TargetState, WritePlan, plan_write
 from pipeline_output.result import WriteResult
@@ -60,7 +60,6 @@ from pipeline_output.stores.iceberg.rows import (
     _evolve,
     _sorted,
     _state_of,
-    _to_polars,
     _total_records,
 )
 from pipeline_output.stores.iceberg.streaming import replace_streaming
@@ -134,7 +133,7 @@ class IcebergStore:
         scan = table.scan(
             row_filter=row_filter, selected_fields=tuple(columns) if columns else ("*",)
         )
-        return _to_polars(scan.to_arrow())
+        return from_arrow(scan.to_arrow())
 
     # -- writing -----------------------------------------------------------------------------
 

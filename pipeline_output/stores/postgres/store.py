@@ -62,7 +62,7 @@ from pipeline_output.errors import (
     InvalidArgument,
     LockUnavailable,
 )
-from pipeline_output.frames import check_in_window, check_keys, to_polars
+from pipeline_output.frames import check_in_window, check_keys, from_arrow, to_polars
 from pipeline_output.ledger import Ledger
 from pipeline_output.ledger.migrations import SCHEMA
 from pipeline_output.locks import lock_key
@@ -83,7 +83,6 @@ from pipeline_output.stores.postgres.types import (
     _pg_type,
     _polars_schema,
     _raise_if_key_too_long,
-    _to_polars,
     evolve_schema,
 )
 from pipeline_output.windows import Window
@@ -350,7 +349,7 @@ class PostgresStore:
             sql.SQL(", ").join(selects) if selects else sql.SQL("1 AS __po_none__"), _ROWS, where
         )
         table = self._fetch_arrow(query.as_string(None))
-        frame = _to_polars(table.replace_schema_metadata(None))
+        frame = from_arrow(table.replace_schema_metadata(None))
         if not wanted:
             return frame.select([])
         return frame.select([pl.col(c).cast(target[c]) for c in wanted])

@@ -16,6 +16,7 @@ from pipeline_output.errors import (
     BadInput,
     SchemaMismatch,
 )
+from pipeline_output.frames import polars_schema
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg_schema import arrow_schema_of, plan_evolution
 from pipeline_output.stores.postgres.fragments import _BTREE_MAX_BYTES
@@ -53,14 +54,8 @@ def _pg_type(spec_name: str, column: str, dtype: pl.DataType) -> sql.Composable:
     )
 
 
-def _to_polars(table: pa.Table) -> pl.DataFrame:
-    frame = pl.from_arrow(table)
-    assert isinstance(frame, pl.DataFrame)
-    return frame
-
-
 def _polars_schema(arrow: pa.Schema) -> dict[str, pl.DataType]:
-    return dict(_to_polars(arrow.empty_table()).schema)
+    return dict(polars_schema(arrow))
 
 
 def _iceberg_arrow(schema: Schema) -> pa.Schema:
