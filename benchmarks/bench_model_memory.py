@@ -60,7 +60,7 @@ def _case(pg_url: str, batch: int, name: str) -> dict[str, float]:
 
     from pipeline_output import DatasetSpec, IcebergStore
     from pipeline_output.ledger.migrations import migrate
-    from pipeline_output.ledger.windows import WindowLedger
+    from pipeline_output.ledger.window_ledger import WindowLedger
     from pipeline_output.locks import AdvisoryLock
     from pipeline_output.model import score
     from pipeline_output.publish import Publisher, ResolvedMode

@@ -181,7 +181,7 @@ def _upstream_spec() -> Any:
 
 
 def _setup(rows: int, files: int) -> dict[str, Any]:
-    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.dagster_layer.runtime import get_runtime
 
     per_file = rows // files
     store = get_runtime().iceberg
@@ -208,7 +208,7 @@ def _windows(rows: int, files: int, windows: int) -> list[Any]:
 
 
 def _child(case: str, args: argparse.Namespace) -> dict[str, Any]:
-    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.dagster_layer.runtime import get_runtime
     from pipeline_output.lazy_reads import within
     from pipeline_output.publish import ResolvedMode
 
@@ -266,7 +266,7 @@ def _apply(args: argparse.Namespace, windows: list[Any]) -> dict[str, Any]:
     import polars as pl
 
     from pipeline_output import Delta, build_definitions, dataset
-    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.dagster_layer.runtime import get_runtime
 
     logging.getLogger("dagster").setLevel(logging.WARNING)
     name = f"copy_{args.rep}"

@@ -56,7 +56,7 @@ def main() -> int:
         import polars as pl
 
         from pipeline_output import Delta, build_definitions, dataset, postgres_source
-        from pipeline_output.defs.runtime import get_runtime
+        from pipeline_output.dagster_layer.runtime import get_runtime
 
         logging.getLogger("dagster").setLevel(logging.WARNING)
         raw = postgres_source("ev", table="ev", watermark="seq")

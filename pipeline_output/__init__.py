@@ -40,12 +40,12 @@ _EXPORTS = {
     "IcebergStore": "pipeline_output.stores.iceberg",
     "PostgresStore": "pipeline_output.stores.postgres",
     # Dagster layer
-    "dataset": "pipeline_output.defs.dataset",
-    "postgres_source": "pipeline_output.defs.sources",
-    "iceberg_source": "pipeline_output.defs.sources",
-    "model_node": "pipeline_output.defs.model_node",
-    "build_definitions": "pipeline_output.defs.build",
-    "DatasetIOManager": "pipeline_output.defs.io_manager",
+    "dataset": "pipeline_output.dagster_layer.dataset",
+    "postgres_source": "pipeline_output.dagster_layer.source_assets",
+    "iceberg_source": "pipeline_output.dagster_layer.source_assets",
+    "model_node": "pipeline_output.dagster_layer.model_node",
+    "build_definitions": "pipeline_output.dagster_layer.build",
+    "DatasetIOManager": "pipeline_output.dagster_layer.io_manager",
 }
 
 __all__ = [
@@ -92,11 +92,11 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from pipeline_output.defs.build import build_definitions
-    from pipeline_output.defs.dataset import dataset
-    from pipeline_output.defs.io_manager import DatasetIOManager
-    from pipeline_output.defs.model_node import model_node
-    from pipeline_output.defs.sources import iceberg_source, postgres_source
+    from pipeline_output.dagster_layer.build import build_definitions
+    from pipeline_output.dagster_layer.dataset import dataset
+    from pipeline_output.dagster_layer.io_manager import DatasetIOManager
+    from pipeline_output.dagster_layer.model_node import model_node
+    from pipeline_output.dagster_layer.source_assets import iceberg_source, postgres_source
     from pipeline_output.errors import (
         BadInput,
         DuplicateKeys,

@@ -48,30 +48,30 @@ def main() -> None:
 
 def _register() -> None:
     from pipeline_output.commands import (
-        canary,
-        demo,
-        dev,
-        doctor,
-        env,
-        materialize,
-        pg,
-        plan,
-        windows,
+        canary_cmd,
+        demo_cmd,
+        dev_cmd,
+        doctor_cmd,
+        env_cmd,
+        materialize_cmd,
+        pg_cmd,
+        plan_cmd,
+        windows_cmd,
     )
 
     for command in (
-        dev.dev,
-        materialize.materialize,
-        env.env,
-        pg.pg,
-        demo.demo,
-        plan.plan,
-        windows.windows,
-        canary.flip,
-        canary.status,
-        canary.parity,
-        canary.drain,
-        doctor.doctor,
+        dev_cmd.dev,
+        materialize_cmd.materialize,
+        env_cmd.env,
+        pg_cmd.pg,
+        demo_cmd.demo,
+        plan_cmd.plan,
+        windows_cmd.windows,
+        canary_cmd.flip,
+        canary_cmd.status,
+        canary_cmd.parity,
+        canary_cmd.drain,
+        doctor_cmd.doctor,
     ):
         main.add_command(command)
 

@@ -6,6 +6,6 @@ The demo shop dataspace; a real deployment points its workspace at its own modul
 
 from __future__ import annotations
 
-from pipeline_output.demo.definitions import defs
+from pipeline_output.demo.code_location import defs
 
 __all__ = ["defs"]

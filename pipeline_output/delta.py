@@ -23,7 +23,7 @@ from typing import Any
 
 import polars as pl
 
-from pipeline_output.ledger.windows import WindowLedger, WindowRow
+from pipeline_output.ledger.window_ledger import WindowLedger, WindowRow
 from pipeline_output.publish import Publisher, PublishResult, ResolvedMode
 from pipeline_output.spec import DatasetSpec, WatermarkValue
 from pipeline_output.stores.iceberg import PROPERTY_PREFIX, PreparedWrite

@@ -22,7 +22,7 @@ import polars as pl
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual
 
 from pipeline_output.errors import BadInput
-from pipeline_output.ledger.windows import WindowLedger
+from pipeline_output.ledger.window_ledger import WindowLedger
 from pipeline_output.publish import Publisher, ResolvedMode
 from pipeline_output.result import WriteResult
 from pipeline_output.spec import DatasetSpec

@@ -478,7 +478,7 @@ ROWS: dict[str, pl.DataFrame] = {}
 
 @pytest.fixture
 def runtime_env(settings_env: Settings) -> Iterator[Settings]:
-    from pipeline_output.defs.runtime import reset_runtime
+    from pipeline_output.dagster_layer.runtime import reset_runtime
 
     reset_runtime()
     yield settings_env
@@ -486,8 +486,8 @@ def runtime_env(settings_env: Settings) -> Iterator[Settings]:
 
 
 def small_defs(*, with_down: bool = True) -> dg.Definitions:
-    from pipeline_output.defs.build import build_definitions
-    from pipeline_output.defs.dataset import dataset
+    from pipeline_output.dagster_layer.build import build_definitions
+    from pipeline_output.dagster_layer.dataset import dataset
 
     @dataset("up", primary_key="id", strategy="snapshot_replace")
     def up() -> pl.DataFrame:
@@ -539,7 +539,7 @@ def check_evals(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
 
 
 def test_run_config_mode_overrides_the_flip_for_that_run_only(runtime_env, pg_db_url):
-    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.dagster_layer.runtime import get_runtime
 
     ROWS["up"] = customers(range(1, 11))
     defs = small_defs(with_down=False)
@@ -567,7 +567,7 @@ def test_run_config_mode_overrides_the_flip_for_that_run_only(runtime_env, pg_db
 def test_dual_run_parity_check_passes_then_a_preserved_corrupt_row_fails_it_and_blocks_downstream(
     runtime_env, pg_db_url
 ):
-    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.dagster_layer.runtime import get_runtime
 
     ROWS["up"] = customers(range(1, 21))
     defs = small_defs()
@@ -610,7 +610,7 @@ def test_dual_run_parity_check_passes_then_a_preserved_corrupt_row_fails_it_and_
 def test_downstream_reads_the_authoritative_arm_of_an_upstream_whose_arms_differ(
     runtime_env, pg_db_url, monkeypatch, flipped, dual_reads_from, expected_arm
 ):
-    from pipeline_output.defs.runtime import get_runtime, reset_runtime
+    from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
 
     if dual_reads_from:
         monkeypatch.setenv("PIPELINE_OUTPUT_DUAL_READS_FROM", dual_reads_from)
@@ -670,10 +670,10 @@ DEMO = ["customers", "orders", "order_events", "daily_revenue", "active_products
 def test_demo_every_dataset_in_dual_passes_parity_and_a_corrupted_row_fails_it(
     runtime_env, pg_db_url
 ):
-    from pipeline_output.defs.runner import materialize
-    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.dagster_layer.runner import materialize
+    from pipeline_output.dagster_layer.runtime import get_runtime
     from pipeline_output.demo import shop_data
-    from pipeline_output.demo.definitions import defs
+    from pipeline_output.demo.code_location import defs
 
     shop_data.seed(pg_db_url)
     rt = get_runtime()

@@ -46,7 +46,7 @@ def cli(settings_env: Settings, tmp_path: Path) -> Any:
 
 @pytest.fixture
 def runtime(settings_env: Settings) -> Any:
-    from pipeline_output.defs.runtime import get_runtime, reset_runtime
+    from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
 
     reset_runtime()
     yield get_runtime()

@@ -257,8 +257,8 @@ def _drop_db(admin: str, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def shop(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
-    from pipeline_output.defs.runner import materialize
-    from pipeline_output.defs.runtime import reset_runtime
+    from pipeline_output.dagster_layer.runner import materialize
+    from pipeline_output.dagster_layer.runtime import reset_runtime
     from pipeline_output.demo import shop_data
 
     admin, name = _create_db(pg_url)
@@ -274,7 +274,7 @@ def shop(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop
         mp.setenv("PIPELINE_OUTPUT_HOME", str(tmp / "home"))
         mp.setenv("PIPELINE_OUTPUT_PG_URL", url)
         reset_runtime()
-        from pipeline_output.demo.definitions import defs
+        from pipeline_output.demo.code_location import defs
 
         state = Shop(url=url, home=tmp / "home")
         catalog = open_catalog(url, state.home)
@@ -395,7 +395,7 @@ def test_rematerialising_without_source_changes_is_a_reported_noop(shop: Shop, n
 @pytest.fixture
 def seeded(settings_env: Settings, pg_db_url: str) -> Iterator[tuple[str, Any]]:
     """The demo shop seeded into this test's database; (url, independent catalog)."""
-    from pipeline_output.defs.runtime import reset_runtime
+    from pipeline_output.dagster_layer.runtime import reset_runtime
     from pipeline_output.demo import shop_data
 
     reset_runtime()
@@ -438,7 +438,7 @@ def _observations(result: dg.ExecuteInProcessResult) -> list[dict[str, Any]]:
 def test_dry_run_before_the_first_deploy_reports_replace_and_writes_nothing(
     seeded: tuple[str, Any],
 ) -> None:
-    from pipeline_output.demo.definitions import defs
+    from pipeline_output.demo.code_location import defs
 
     _, catalog = seeded
     instance = dg.DagsterInstance.ephemeral()
@@ -458,7 +458,7 @@ def test_dry_run_after_a_deploy_reports_the_redeploy_plan_and_keeps_the_snapshot
     seeded: tuple[str, Any],
 ) -> None:
     from pipeline_output.demo import shop_data
-    from pipeline_output.demo.definitions import defs
+    from pipeline_output.demo.code_location import defs
 
     url, catalog = seeded
     instance = dg.DagsterInstance.ephemeral()
@@ -484,9 +484,9 @@ def test_dry_run_after_a_deploy_reports_the_redeploy_plan_and_keeps_the_snapshot
 
 
 def test_dry_run_of_a_delta_window_plans_it_without_applying_it(seeded: tuple[str, Any]) -> None:
-    from pipeline_output.defs.runner import plan_windows
-    from pipeline_output.defs.runtime import get_runtime
-    from pipeline_output.demo.definitions import defs
+    from pipeline_output.dagster_layer.runner import plan_windows
+    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.demo.code_location import defs
 
     _, catalog = seeded
     instance = dg.DagsterInstance.ephemeral()
@@ -505,8 +505,8 @@ def test_dry_run_of_a_delta_window_plans_it_without_applying_it(seeded: tuple[st
 def test_mode_override_pg_uses_the_legacy_arm_or_fails_clearly_when_it_is_missing(
     seeded: tuple[str, Any],
 ) -> None:
-    from pipeline_output.defs.runtime import get_runtime
-    from pipeline_output.demo.definitions import defs
+    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.demo.code_location import defs
 
     _, catalog = seeded
     instance = dg.DagsterInstance.ephemeral()
@@ -527,7 +527,7 @@ def test_mode_override_pg_uses_the_legacy_arm_or_fails_clearly_when_it_is_missin
 
 
 def test_unknown_mode_override_fails_the_run_naming_the_dataset(seeded: tuple[str, Any]) -> None:
-    from pipeline_output.demo.definitions import defs
+    from pipeline_output.demo.code_location import defs
 
     _, catalog = seeded
     result = _run(defs, dg.DagsterInstance.ephemeral(), "active_products", {"mode": "parquet"})
@@ -540,10 +540,10 @@ def test_unknown_mode_override_fails_the_run_naming_the_dataset(seeded: tuple[st
 def test_single_run_backfill_applies_a_range_of_windows_in_order(
     seeded: tuple[str, Any],
 ) -> None:
-    from pipeline_output.defs.runner import plan_windows
-    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.dagster_layer.runner import plan_windows
+    from pipeline_output.dagster_layer.runtime import get_runtime
     from pipeline_output.demo import shop_data
-    from pipeline_output.demo.definitions import defs
+    from pipeline_output.demo.code_location import defs
 
     url, catalog = seeded
     instance = dg.DagsterInstance.ephemeral()
@@ -581,7 +581,7 @@ def test_single_run_backfill_applies_a_range_of_windows_in_order(
 @pytest.fixture
 def people(settings_env: Settings, pg_db_url: str) -> Iterator[Any]:
     """Table public.people (10 rows) in the test database; yields an independent catalog."""
-    from pipeline_output.defs.runtime import reset_runtime
+    from pipeline_output.dagster_layer.runtime import reset_runtime
 
     reset_runtime()
     with psycopg.connect(pg_db_url, autocommit=True) as conn:

@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql
 
 from pipeline_output import Delta, Window, build_definitions, dataset, postgres_source
-from pipeline_output.defs.runtime import get_runtime, reset_runtime
+from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
 from pipeline_output.errors import InvalidSpec
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -640,7 +640,7 @@ def _tick_and_apply(defs: dg.Definitions, instance: dg.DagsterInstance) -> dict[
 
 def test_demo_seed_tick_windows_match_the_polars_oracle(env, instance):
     from pipeline_output.demo import shop_data
-    from pipeline_output.demo.definitions import demo_definitions
+    from pipeline_output.demo.code_location import demo_definitions
 
     shop_data.seed(env)
     defs = demo_definitions()

@@ -12,7 +12,7 @@ import pytest
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.doctor import find_orphans, remove_orphans
 from pipeline_output.locks import AdvisoryLock
-from pipeline_output.stores.iceberg_files import DataFileWriter
+from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output_tests.iceberg_harness import scored_batches
 
 

@@ -35,7 +35,7 @@ from pyiceberg.io import InputFile
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from pipeline_output import Delta, Window, build_definitions, dataset
-from pipeline_output.defs.runtime import get_runtime, reset_runtime
+from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
 from pipeline_output.settings import to_sqlalchemy_url, with_database
 from pipeline_output_tests.oracle import assert_same_multiset
 

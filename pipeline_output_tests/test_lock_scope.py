@@ -230,7 +230,7 @@ def test_streaming_replace_refuses_when_the_schema_changed_meanwhile_and_cleans_
 
 def _window_setup(pg_db_url: str, catalog: Any) -> tuple[Any, Any, DatasetSpec]:
     from pipeline_output.ledger import Ledger
-    from pipeline_output.ledger.windows import WindowLedger
+    from pipeline_output.ledger.window_ledger import WindowLedger
     from pipeline_output.publish import Publisher
 
     Ledger(pg_db_url).migrate()

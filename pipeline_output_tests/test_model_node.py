@@ -15,7 +15,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from pipeline_output import Delta, build_definitions, dataset, model_node, postgres_source
-from pipeline_output.defs.runtime import get_runtime, reset_runtime
+from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
 from pipeline_output_tests.oracle import assert_same_multiset
 
 ROW_INDEX = "__source_row_index__"
@@ -125,7 +125,7 @@ def test_demo_churn_two_windows_one_snapshot_row_index_joins_back_and_rematerial
     env, instance
 ):
     from pipeline_output.demo import shop_data
-    from pipeline_output.demo.definitions import demo_definitions
+    from pipeline_output.demo.code_location import demo_definitions
 
     shop_data.seed(env)
     defs = demo_definitions()
@@ -366,7 +366,7 @@ def test_a_source_given_by_name_or_key_fails_at_load_naming_the_model_node(sourc
 def test_model_node_in_iceberg_mode_records_its_deploy_and_status_shows_it(env, instance):
     """The node used to write through `replace_streaming` directly: no deploy row, `status` '-'."""
     from pipeline_output.canary import status
-    from pipeline_output.defs.dataset import spec_of
+    from pipeline_output.dagster_layer.dataset import spec_of
 
     make_people(env, n=12)
     defs, node = people_defs(Scorer(), delta=False, batch_rows=5)

@@ -23,7 +23,7 @@ import pytest
 from pipeline_output import DatasetSpec
 from pipeline_output.doctor import find_orphans, remove_orphans
 from pipeline_output.settings import catalog_env_prefix, get_settings, to_sqlalchemy_url
-from pipeline_output.stores.iceberg_files import DataFileWriter
+from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output_tests.iceberg_harness import (
     NS,
     WINDOW,

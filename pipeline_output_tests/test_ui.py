@@ -121,7 +121,7 @@ def test_materialisation_launched_through_the_webserver_graphql_api_writes_icebe
     workspace = tmp_path / "workspace.yaml"
     workspace.write_text(
         "load_from:\n  - python_module:\n"
-        "      module_name: pipeline_output.demo.definitions\n"
+        "      module_name: pipeline_output.demo.code_location\n"
         f"      working_directory: {json.dumps(str(REPO))}\n"
     )
     env = dict(os.environ, DAGSTER_HOME=str(dagster_home))

@@ -328,7 +328,7 @@ def runs_demo() -> bool:
 
 def dataset_specs() -> dict[str, DatasetSpec]:
     """Every dataset (and model node) of the chosen code location, by name."""
-    from pipeline_output.defs.dataset import spec_of
+    from pipeline_output.dagster_layer.dataset import spec_of
 
     out = {}
     for asset in load_definitions().assets or []:

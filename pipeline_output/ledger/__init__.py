@@ -6,7 +6,7 @@ SQL schema changes live in `sql/NNN_name.sql`, applied in order by `Ledger.migra
 from __future__ import annotations
 
 from pipeline_output.errors import UnknownMode
-from pipeline_output.ledger.ledger import Ledger
+from pipeline_output.ledger.control_plane import Ledger
 from pipeline_output.ledger.migrations import MigrationError
 from pipeline_output.ledger.records import (
     ARMS,

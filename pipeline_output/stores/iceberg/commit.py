@@ -19,8 +19,8 @@ from pipeline_output.errors import (
 )
 from pipeline_output.frames import check_keys, to_polars
 from pipeline_output.spec import DatasetSpec
+from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output.stores.iceberg.rows import _align
-from pipeline_output.stores.iceberg_files import DataFileWriter
 
 
 def _commit(

@@ -16,7 +16,7 @@ from pipeline_output.frames import polars_schema
 from pipeline_output.plan import TargetState
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.properties import _NEW, _POS
-from pipeline_output.stores.iceberg_schema import Evolution
+from pipeline_output.stores.schema import Evolution
 
 # -- helpers ---------------------------------------------------------------------------------
 

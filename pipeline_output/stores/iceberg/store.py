@@ -47,6 +47,7 @@ from pipeline_output.result import WriteResult
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.commit import _commit, _delete_quietly
 from pipeline_output.stores.iceberg.expressions import aligned_to_field, window_filter
+from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output.stores.iceberg.merge import _Merge
 from pipeline_output.stores.iceberg.prewrite import (
     _AS_IS_MODES,
@@ -63,8 +64,7 @@ from pipeline_output.stores.iceberg.rows import (
     _total_records,
 )
 from pipeline_output.stores.iceberg.streaming import replace_streaming
-from pipeline_output.stores.iceberg_files import DataFileWriter
-from pipeline_output.stores.iceberg_schema import initial_schema, plan_evolution
+from pipeline_output.stores.schema import initial_schema, plan_evolution
 from pipeline_output.windows import Window
 
 

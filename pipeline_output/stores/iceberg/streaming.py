@@ -24,11 +24,11 @@ from pipeline_output.plan import WritePlan, plan_write
 from pipeline_output.result import WriteResult
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.commit import _commit, _delete_quietly, _stream_batches
+from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output.stores.iceberg.prewrite import _Prewritten, summary_properties
 from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX, TABLE_PROPERTIES
 from pipeline_output.stores.iceberg.rows import _evolve, _state_of, _total_records
-from pipeline_output.stores.iceberg_files import DataFileWriter
-from pipeline_output.stores.iceberg_schema import initial_schema, plan_evolution
+from pipeline_output.stores.schema import initial_schema, plan_evolution
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.store import IcebergStore

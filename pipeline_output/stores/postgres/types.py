@@ -18,8 +18,8 @@ from pipeline_output.errors import (
 )
 from pipeline_output.frames import polars_schema
 from pipeline_output.spec import DatasetSpec
-from pipeline_output.stores.iceberg_schema import arrow_schema_of, plan_evolution
 from pipeline_output.stores.postgres.fragments import _BTREE_MAX_BYTES
+from pipeline_output.stores.schema import arrow_schema_of, plan_evolution
 
 # -- types ------------------------------------------------------------------------------------
 

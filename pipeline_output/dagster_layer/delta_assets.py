@@ -114,8 +114,8 @@ def build_window_sensor(
         description=f"Plans delta windows of {spec.name} over {delta.source}.{delta.watermark}",
     )
     def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        from pipeline_output.defs.runtime import get_runtime
-        from pipeline_output.defs.sources import source_stats
+        from pipeline_output.dagster_layer.runtime import get_runtime
+        from pipeline_output.dagster_layer.source_assets import source_stats
 
         runtime = get_runtime()
         ledger = runtime.windows
@@ -126,7 +126,7 @@ def build_window_sensor(
             max_rows = delta.max_rows
 
             def cut(low: Any, high: Any) -> list[Any]:
-                from pipeline_output.defs.sources import scan_source
+                from pipeline_output.dagster_layer.source_assets import scan_source
 
                 window = Window(low=low, high=high)
                 values = (

@@ -40,8 +40,8 @@ def materialize(select: tuple[str, ...]) -> None:
 
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
     warnings.filterwarnings("ignore", category=dg.PreviewWarning)
-    from pipeline_output.defs.runner import format_table
-    from pipeline_output.defs.runner import materialize as run_all
+    from pipeline_output.dagster_layer.runner import format_table
+    from pipeline_output.dagster_layer.runner import materialize as run_all
 
     defs = load_definitions()
     if runs_demo():  # a user's code location is never seeded with the demo shop

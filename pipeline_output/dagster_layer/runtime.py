@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pyiceberg.catalog import Catalog
 
 from pipeline_output import pgsession
-from pipeline_output.ledger.ledger import Ledger
+from pipeline_output.ledger.control_plane import Ledger
 from pipeline_output.ledger.migrations import migrate
-from pipeline_output.ledger.windows import WindowLedger
+from pipeline_output.ledger.window_ledger import WindowLedger
 from pipeline_output.publish import Publisher
 from pipeline_output.settings import Settings, default_mode, dual_read_arm, get_settings
 from pipeline_output.stores.iceberg import IcebergStore

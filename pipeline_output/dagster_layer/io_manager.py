@@ -9,17 +9,17 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from pipeline_output.defs.dataset import spec_from_metadata
-from pipeline_output.defs.delta import WindowedOutput, WindowReader
-from pipeline_output.defs.keys import (
+from pipeline_output.dagster_layer.dataset import spec_from_metadata
+from pipeline_output.dagster_layer.delta_assets import WindowedOutput, WindowReader
+from pipeline_output.dagster_layer.keys import (
     DELTA_INPUT_KEY,
     MODE_OVERRIDE_KEY,
     SOURCE_METADATA_KEY,
     SPEC_METADATA_KEY,
 )
-from pipeline_output.defs.metadata import publish_metadata
-from pipeline_output.defs.runtime import get_runtime
-from pipeline_output.defs.windows_context import windows_of
+from pipeline_output.dagster_layer.metadata import publish_metadata
+from pipeline_output.dagster_layer.runtime import get_runtime
+from pipeline_output.dagster_layer.windows_context import windows_of
 from pipeline_output.delta import apply_window
 from pipeline_output.frames import polars_schema, to_polars
 from pipeline_output.lazy_reads import within
@@ -155,7 +155,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             return runtime.publisher.scan(spec, mode=mode)
         if SOURCE_METADATA_KEY in meta:
             source = source_from_metadata(meta[SOURCE_METADATA_KEY])
-            from pipeline_output.defs.sources import scan_source
+            from pipeline_output.dagster_layer.source_assets import scan_source
 
             return scan_source(source, window=None)
         key = context.asset_key.to_user_string() if context.has_asset_key else "?"
@@ -163,7 +163,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
 
     def _window_reader(self, context: dg.InputContext, meta: Any) -> WindowReader:
         """The delta source of a delta dataset: a reader the compute scans window by window."""
-        from pipeline_output.defs.sources import scan_source
+        from pipeline_output.dagster_layer.source_assets import scan_source
 
         runtime = get_runtime()
         if SOURCE_METADATA_KEY in meta:
@@ -182,7 +182,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
                     lambda w: scan_postgres(source, url, window=w, shape=shape),
                     count=lambda w: postgres_window_count(source, url, w, known=shape.columns),
                 )
-            from pipeline_output.defs.sources import iceberg_window_count
+            from pipeline_output.dagster_layer.source_assets import iceberg_window_count
 
             return WindowReader(
                 source.name,

@@ -9,8 +9,8 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from pipeline_output.defs.keys import IO_MANAGER_KEY, SOURCE_METADATA_KEY
-from pipeline_output.defs.runtime import get_runtime
+from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY, SOURCE_METADATA_KEY
+from pipeline_output.dagster_layer.runtime import get_runtime
 from pipeline_output.errors import BadInput
 from pipeline_output.lazy_reads import scan_table, within
 from pipeline_output.sources import SourceSpec, postgres_stats, scan_postgres

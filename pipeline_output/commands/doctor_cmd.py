@@ -19,7 +19,7 @@ from pipeline_output.doctor import DEFAULT_GRACE_S, find_orphans, remove_orphans
 )
 def doctor(fix: bool, grace_s: float) -> None:
     """List data files no snapshot references (and remove them with --fix)."""
-    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.dagster_layer.runtime import get_runtime
 
     runtime = get_runtime()
     orphans = find_orphans(runtime.catalog, runtime.settings.namespace, grace_s=grace_s)

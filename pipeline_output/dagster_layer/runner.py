@@ -13,8 +13,8 @@ from typing import Any
 
 import dagster as dg
 
-from pipeline_output.defs.dataset import spec_of
-from pipeline_output.defs.delta import partitions_name
+from pipeline_output.dagster_layer.dataset import spec_of
+from pipeline_output.dagster_layer.delta_assets import partitions_name
 
 
 @dataclass(frozen=True)

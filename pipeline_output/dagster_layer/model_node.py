@@ -11,8 +11,8 @@ from typing import Any
 
 import dagster as dg
 
-from pipeline_output.defs.dataset import spec_of
-from pipeline_output.defs.keys import IO_MANAGER_KEY, SPEC_METADATA_KEY
+from pipeline_output.dagster_layer.dataset import spec_of
+from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY, SPEC_METADATA_KEY
 from pipeline_output.errors import InvalidSpec
 from pipeline_output.model import DEFAULT_BATCH_ROWS, Predict, output_spec, score
 from pipeline_output.spec import Mode, check_identifier, spec_to_dict
@@ -68,7 +68,7 @@ def model_node(
     def _model(
         context: dg.AssetExecutionContext, config: ModelRunConfig
     ) -> dg.MaterializeResult[Any]:
-        from pipeline_output.defs.runtime import get_runtime
+        from pipeline_output.dagster_layer.runtime import get_runtime
 
         runtime = get_runtime()
         resolved = runtime.publisher.resolve(out_spec, override=config.mode)

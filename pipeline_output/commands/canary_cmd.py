@@ -19,7 +19,7 @@ def flip(dataset: str, mode: str, reason: str | None, who: str | None) -> None:
     """Persist DATASET's mode: pg, iceberg or dual (history: who, when, from, to)."""
     from pipeline_output.canary import flip as do_flip
     from pipeline_output.canary import validate_flip
-    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.dagster_layer.runtime import get_runtime
 
     spec_named(dataset)  # unknown: names the code location
     specs = dataset_specs()
@@ -43,7 +43,7 @@ def flip(dataset: str, mode: str, reason: str | None, who: str | None) -> None:
 def status() -> None:
     """Every dataset: mode and its source, last deploy per arm, rows per arm, last parity."""
     from pipeline_output.canary import status as board
-    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.dagster_layer.runtime import get_runtime
 
     rows = board(get_runtime().publisher, dataset_specs())
     header = (
@@ -80,7 +80,7 @@ def status() -> None:
 def parity(dataset: str) -> None:
     """Compare DATASET's two arms now (exit code 1 on a mismatch) and record the result."""
     from pipeline_output.canary import check_parity
-    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.dagster_layer.runtime import get_runtime
 
     report = check_parity(get_runtime().publisher, spec_named(dataset))
     click.echo(report.summary())
@@ -98,7 +98,7 @@ def parity(dataset: str) -> None:
 def drain(dataset: str) -> None:
     """Delete DATASET's legacy rows (only when flipped to iceberg and parity last passed)."""
     from pipeline_output.canary import drain as do_drain
-    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.dagster_layer.runtime import get_runtime
 
     removed = do_drain(get_runtime().publisher, spec_named(dataset))
     click.echo(f"{dataset}: drained {removed} legacy row(s); native re-deploys are unaffected")

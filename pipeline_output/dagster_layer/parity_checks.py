@@ -22,7 +22,7 @@ def parity_check(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetChecksDef
     )
     def _parity(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
         from pipeline_output.canary import check_parity
-        from pipeline_output.defs.runtime import get_runtime
+        from pipeline_output.dagster_layer.runtime import get_runtime
 
         event = context.instance.get_latest_materialization_event(asset_key)
         arms = ""

@@ -11,12 +11,15 @@ from typing import Any
 
 import dagster as dg
 
-from pipeline_output.defs.dataset import spec_of
-from pipeline_output.defs.delta import DEFAULT_SENSOR_INTERVAL_S, build_window_sensor
-from pipeline_output.defs.io_manager import DatasetIOManager
-from pipeline_output.defs.keys import ALL_DATASETS_JOB, IO_MANAGER_KEY
-from pipeline_output.defs.parity import parity_check
-from pipeline_output.defs.sources import source_spec_of
+from pipeline_output.dagster_layer.dataset import spec_of
+from pipeline_output.dagster_layer.delta_assets import (
+    DEFAULT_SENSOR_INTERVAL_S,
+    build_window_sensor,
+)
+from pipeline_output.dagster_layer.io_manager import DatasetIOManager
+from pipeline_output.dagster_layer.keys import ALL_DATASETS_JOB, IO_MANAGER_KEY
+from pipeline_output.dagster_layer.parity_checks import parity_check
+from pipeline_output.dagster_layer.source_assets import source_spec_of
 
 
 def build_definitions(

@@ -39,7 +39,7 @@ def _spec(dataset: str):  # type: ignore[no-untyped-def]
 @code_location_options
 def list_windows(dataset: str) -> None:
     """The ledger as a table: state, rows, snapshot, run; gaps and failed windows flagged."""
-    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.dagster_layer.runtime import get_runtime
 
     _spec(dataset)
     rows = get_runtime().windows.windows(dataset)
@@ -74,7 +74,7 @@ def restate(dataset: str, window: str) -> None:
 
     from pipeline_output import dagster_home
     from pipeline_output.commands.loading import load_definitions
-    from pipeline_output.defs.runtime import get_runtime
+    from pipeline_output.dagster_layer.runtime import get_runtime
     from pipeline_output.settings import get_settings
 
     _spec(dataset)

@@ -17,7 +17,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from pipeline_output.defs.keys import (
+from pipeline_output.dagster_layer.keys import (
     DELTA_INPUT_KEY,
     IO_MANAGER_KEY,
     MODE_OVERRIDE_KEY,
@@ -125,7 +125,7 @@ def build_dataset_asset(
             f"function's parameters {upstream}"
         )
     if spec.delta is not None and partitions_def is None:
-        from pipeline_output.defs.delta import window_partitions
+        from pipeline_output.dagster_layer.delta_assets import window_partitions
 
         partitions_def = window_partitions(spec)
 
@@ -198,9 +198,9 @@ def _windowed_output(
     delta_param: str,
 ) -> dg.Output[Any]:
     """Per window: a thunk computing that window's rows from the windowed source read."""
-    from pipeline_output.defs.delta import WindowedOutput
-    from pipeline_output.defs.runtime import get_runtime
-    from pipeline_output.defs.windows_context import windows_of
+    from pipeline_output.dagster_layer.delta_assets import WindowedOutput
+    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.windows_context import windows_of
 
     assert spec.delta is not None
     windows = windows_of(context, spec)
@@ -257,8 +257,8 @@ def _dry_run(
     context: dg.AssetExecutionContext, spec: DatasetSpec, config: DatasetRunConfig
 ) -> Iterator[Any]:
     """Plan only: log and observe what a write would do; no output, so no materialisation."""
-    from pipeline_output.defs.runtime import get_runtime
-    from pipeline_output.defs.windows_context import windows_of
+    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.windows_context import windows_of
 
     publisher = get_runtime().publisher
     resolved = publisher.resolve(spec, override=config.mode)

@@ -29,7 +29,7 @@ from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 
-from pipeline_output.stores.iceberg_schema import conform
+from pipeline_output.stores.schema import conform
 
 DEFAULT_TARGET_BYTES = 512 * 1024 * 1024
 
