@@ -191,7 +191,7 @@ def test_scenario_suite_every_arm_ends_equal_to_the_polars_oracle(
 
 
 def test_dual_write_counters_agree_and_parity_passes_on_every_type(pub, reread):
-    from pipeline_output_tests.test_postgres_store import typed_frame
+    from pipeline_output_tests.stores.test_postgres_store import typed_frame
 
     spec = DatasetSpec(name="typed", primary_key="id")
     out = pub.publish(spec, typed_frame(), mode=mode("dual"))

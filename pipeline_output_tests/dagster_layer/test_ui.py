@@ -23,7 +23,7 @@ import pytest
 
 from pipeline_output.settings import Settings, to_sqlalchemy_url
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WEBSERVER = Path(sys.executable).parent / "dagster-webserver"
 START_TIMEOUT_S = 120
 RUN_TIMEOUT_S = 180

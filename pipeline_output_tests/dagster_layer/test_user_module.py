@@ -21,7 +21,7 @@ from polars.testing import assert_frame_equal
 
 from pipeline_output.settings import Settings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "example_definitions.py"
 DAGSTER = Path(sys.executable).parent / "dagster"
 

@@ -1,0 +1,1 @@
+"""Tests of `pipeline_output/dagster_layer/`."""
