@@ -258,6 +258,21 @@ class Harness:
         assert int(props["total-records"]) == res.rows_total_after
 
 
+def build_in_files(h: Harness, spec: DatasetSpec, chunks: list[pl.DataFrame]) -> int:
+    """First deploy the first chunk, then upsert the rest one by one (new keys only): one data
+    file per chunk. Returns the number of data files."""
+    upsert = DatasetSpec(
+        name=spec.name,
+        primary_key=spec.primary_key,
+        strategy="snapshot_replace" if spec.primary_key else "append_always",
+        delta=spec.delta,
+    )
+    h.store().write(upsert, chunks[0], run_id="c0")
+    for n, chunk in enumerate(chunks[1:], start=1):
+        h.store().write(upsert, chunk, run_id=f"c{n}")
+    return len(list(h.table(spec).scan().plan_files()))
+
+
 def scored_batches(fail_after: int) -> Iterator[pl.DataFrame]:
     """Five batches of 10 scored rows, like a model node's; batch `fail_after` raises instead."""
     for i in range(5):

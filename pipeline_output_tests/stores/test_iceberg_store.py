@@ -1,5 +1,8 @@
-"""The native Iceberg arm against the oracle: every strategy x first/re-deploy (x window), each write
-run twice, read back through a fresh catalog handle, one snapshot per non-empty write.
+"""The native Iceberg arm's own behaviour against the oracle: snapshots, many data files and
+pruning, long string and typed keys, nested and partitioned tables, random write sequences.
+
+The scenarios both arms share (every strategy x first/re-deploy (x window), each write run twice,
+windows, NaN/null no-ops, schema evolution) run on both in `test_arm_conformance.py`.
 """
 
 from __future__ import annotations
@@ -11,108 +14,20 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pyiceberg.expressions import AlwaysTrue
 
 from pipeline_output import DatasetSpec, Delta, Window
 from pipeline_output_tests.iceberg_harness import (
     WINDOW,
-    Harness,
     base,
+    build_in_files,
     customers,
-    nan_and_null_rows,
     redeploy_rows,
     spec_for,
-    window_rows,
 )
-from pipeline_output_tests.oracle import IDEMPOTENT, KEYED_NOOP, STRATEGIES, assert_same_multiset
+from pipeline_output_tests.oracle import STRATEGIES
+from pipeline_output_tests.stores.arms import composite
 
-# --- first deploy, run twice ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_first_deploy_replaces_and_identical_rerun_is_safe(h, strategy):
-    spec = spec_for(strategy)
-    data = base()
-    res, _ = h.write_and_check(spec, data, run_id="first")
-    assert res.write_mode == "replace"
-    assert res.first_deploy is True
-    assert res.rows_inserted == 40
-    assert h.table(spec).schema().identifier_field_names() == {"id"}
-
-    res2, _ = h.write_and_check(spec, data, run_id="again")
-    assert res2.first_deploy is False
-    if strategy == "append_always":
-        assert res2.rows_inserted == 40
-        assert h.raw(spec).height == 80
-    else:
-        assert_same_multiset(h.raw(spec), data)
-    if strategy in KEYED_NOOP:
-        assert res2.snapshot_id is None
-        assert res2.rows_inserted == res2.rows_updated == res2.rows_deleted == 0
-    assert len(h.snapshot_ids(spec)) == (1 if res2.snapshot_id is None else 2)
-
-
-@pytest.mark.parametrize("kind", ["polars", "lazy", "arrow"])
-def test_first_deploy_accepts_dataframe_lazyframe_and_arrow(h, kind):
-    spec = spec_for("snapshot_replace")
-    h.write_and_check(spec, base(), kind=kind)
-    # the re-deploy too, through the same input kind
-    h.write_and_check(spec, redeploy_rows(), kind=kind, run_id="r2")
-
-
-# --- re-deploy, run twice ------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_redeploy_matches_oracle_and_rerun_is_idempotent(h, strategy):
-    spec = spec_for(strategy)
-    h.write_and_check(spec, base(), run_id="r0")
-    data = redeploy_rows()
-
-    res1, exp1 = h.write_and_check(spec, data, run_id="r1")
-    assert res1.first_deploy is False
-    res2, _ = h.write_and_check(spec, data, run_id="r2")
-
-    if strategy in IDEMPOTENT:
-        # the second run leaves the same table
-        assert_same_multiset(h.raw(spec), exp1.table)
-    else:
-        assert h.raw(spec).height == 40 + 2 * data.height
-    if strategy in KEYED_NOOP:
-        assert res2.snapshot_id is None
-
-
-def test_upsert_counts_updated_unchanged_inserted_preserved(h):
-    spec = spec_for("snapshot_replace")
-    h.write_and_check(spec, base())
-    res, _ = h.write_and_check(spec, redeploy_rows(), run_id="r2")
-    assert (res.rows_updated, res.rows_unchanged, res.rows_inserted, res.rows_preserved) == (
-        10,
-        10,
-        20,
-        20,
-    )
-    assert res.rows_deleted == 0
-    assert res.rows_total_after == 60
-
-
-def test_sync_deletes_target_rows_absent_from_compute(h):
-    spec = spec_for("sync")
-    h.write_and_check(spec, base())
-    res, _ = h.write_and_check(spec, redeploy_rows(), run_id="r2")
-    assert res.rows_deleted == 20
-    assert res.rows_preserved == 0
-    assert sorted(h.raw(spec)["id"].to_list()) == list(range(21, 61))
-
-
-def test_append_new_inserts_only_absent_keys_and_leaves_matched_rows_untouched(h):
-    spec = spec_for("append_new")
-    h.write_and_check(spec, base())
-    res, _ = h.write_and_check(spec, redeploy_rows(), run_id="r2")
-    assert (res.rows_inserted, res.rows_skipped, res.rows_updated) == (20, 20, 0)
-    table = h.raw(spec)
-    # ids 21..30 were "changed" in the compute but append_new must keep the target's version
-    assert table.filter(pl.col("id") == 25)["name"].to_list() == ["c25-v0"]
+# --- no-op writes and snapshot chains -------------------------------------------------------------
 
 
 def test_append_new_of_only_existing_keys_is_a_noop(h):
@@ -123,119 +38,12 @@ def test_append_new_of_only_existing_keys_is_a_noop(h):
     assert res.rows_skipped == 10
 
 
-def test_upsert_of_empty_compute_is_a_noop(h):
-    spec = spec_for("snapshot_replace")
-    h.write_and_check(spec, base())
-    res, _ = h.write_and_check(spec, customers([]), run_id="r2")
-    assert res.snapshot_id is None
-    assert res.rows_preserved == 40
-
-
-def test_append_always_of_empty_compute_is_a_noop(h):
-    spec = spec_for("append_always")
-    h.write_and_check(spec, base())
-    res, _ = h.write_and_check(spec, customers([]), run_id="r2")
-    assert res.snapshot_id is None
-
-
-def test_first_deploy_of_empty_compute_does_not_crash(h):
-    spec = spec_for("snapshot_replace")
-    res = h.store().write(spec, customers([]), run_id="r1")
-    assert res.rows_in == 0
-    assert res.rows_total_after == 0
-    assert h.store(h.fresh_catalog()).read(spec).height == 0
-
-
 def test_three_successive_upserts_chain_one_snapshot_each(h):
     spec = spec_for("snapshot_replace")
     h.write_and_check(spec, base(), run_id="a")
     h.write_and_check(spec, redeploy_rows(), run_id="b")
     h.write_and_check(spec, customers(range(55, 70), version=3), run_id="c")
     assert len(h.snapshot_ids(spec)) == 3
-
-
-def test_no_primary_key_replace_and_append(h):
-    spec = DatasetSpec(name="events", strategy="replace")
-    data = pl.concat(
-        [customers(range(5)), customers(range(5))]
-    )  # duplicates are fine without a key
-    h.write_and_check(spec, data)
-    h.write_and_check(spec, customers(range(3, 9)), run_id="r2")
-    spec_a = DatasetSpec(name="log", strategy="append_always")
-    h.write_and_check(spec_a, data)
-    h.write_and_check(spec_a, data, run_id="r2")
-    assert h.raw(spec_a).height == 20
-
-
-# --- windows -------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_windowed_redeploy_matches_oracle_and_rerun(h, strategy):
-    spec = spec_for(strategy, delta=True)
-    h.write_and_check(spec, base(), run_id="r0")
-    data = window_rows()
-    _, exp1 = h.write_and_check(spec, data, window=WINDOW, run_id="w1")
-    res2, _ = h.write_and_check(spec, data, window=WINDOW, run_id="w2")
-    if strategy in IDEMPOTENT:
-        assert_same_multiset(h.raw(spec), exp1.table)
-    if strategy in KEYED_NOOP:
-        assert res2.snapshot_id is None
-
-
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_windowed_first_deploy_is_a_replace_create(h, strategy):
-    spec = spec_for(strategy, delta=True)
-    res, _ = h.write_and_check(spec, window_rows(), window=WINDOW, run_id="w1")
-    assert res.write_mode == "replace"
-    assert res.first_deploy is True
-
-
-def test_windowed_replace_boundaries_low_outside_high_inside(h):
-    spec = DatasetSpec(
-        name="events", strategy="replace", delta=Delta(source="raw", watermark="seq")
-    )
-    h.write_and_check(spec, base(), run_id="r0")
-    # The window's compute has none of the old rows: every target row inside (10, 20] goes.
-    res, _ = h.write_and_check(
-        spec, customers([500, 501], seq=[11, 20], version=9), window=WINDOW, run_id="w"
-    )
-    ids = set(h.raw(spec)["id"].to_list())
-    assert 10 in ids, "seq == low is outside the window and must be kept"
-    assert 20 not in ids, "seq == high is inside the window and must be replaced"
-    assert 21 in ids
-    assert not ({11, 12, 19} & ids)
-    assert res.rows_deleted == 10
-
-
-def test_windowed_sync_boundaries_low_outside_high_inside(h):
-    spec = spec_for("sync", delta=True)
-    h.write_and_check(spec, base(), run_id="r0")
-    # compute mentions only id 15: within (10, 20] every other target row is deleted
-    res, _ = h.write_and_check(spec, customers([15]), window=WINDOW, run_id="w")
-    ids = set(h.raw(spec)["id"].to_list())
-    assert ids == set(range(1, 11)) | {15} | set(range(21, 41))
-    assert res.rows_deleted == 9
-    assert res.rows_preserved == 30
-
-
-def test_windowed_sync_with_open_low_bound(h):
-    spec = spec_for("sync", delta=True)
-    h.write_and_check(spec, base(), run_id="r0")
-    h.write_and_check(spec, customers([3, 7]), window=Window(low=None, high=8), run_id="w")
-    ids = set(h.raw(spec)["id"].to_list())
-    assert ids == {3, 7} | set(range(9, 41))
-
-
-def test_read_with_window_and_columns(h):
-    spec = spec_for("snapshot_replace", delta=True)
-    h.write_and_check(spec, base())
-    store = h.store(h.fresh_catalog())
-    got = store.read(spec, window=WINDOW)
-    assert sorted(got["seq"].to_list()) == list(range(11, 21))
-    only = store.read(spec, columns=["id", "name"])
-    assert sorted(only.columns) == ["id", "name"]
-    assert only.height == 40
 
 
 # --- freshness oracle ----------------------------------------------------------------------------
@@ -249,28 +57,7 @@ def test_existing_table_without_snapshot_is_a_first_deploy(h):
     assert res.write_mode == "replace"
 
 
-def test_drained_table_with_snapshot_is_a_redeploy_not_a_first_deploy(h):
-    spec = spec_for("snapshot_replace")
-    h.write_and_check(spec, base())
-    h.table(spec).delete(delete_filter=AlwaysTrue())
-    assert h.raw(spec).height == 0
-    res, _ = h.write_and_check(spec, customers(range(1, 5)), run_id="r2")
-    assert res.first_deploy is False
-    assert res.write_mode == "upsert"
-
-
 # --- nulls and NaN do not count as changes -------------------------------------------------------
-
-
-def test_upsert_rerun_with_nan_and_nulls_in_value_columns_is_a_noop(h):
-    spec = spec_for("snapshot_replace")
-    data = nan_and_null_rows()
-    h.write_and_check(spec, data)
-    res, _ = h.write_and_check(spec, data, run_id="r2")
-    assert res.rows_updated == 0
-    assert res.rows_unchanged == 40
-    assert res.snapshot_id is None
-    assert len(h.snapshot_ids(spec)) == 1
 
 
 def test_sync_rerun_with_nan_is_a_noop(h):
@@ -281,47 +68,7 @@ def test_sync_rerun_with_nan_is_a_noop(h):
     assert res.snapshot_id is None and res.rows_updated == 0
 
 
-def test_nan_to_number_and_null_to_value_count_as_updates(h):
-    spec = spec_for("snapshot_replace")
-    data = customers(range(1, 5)).with_columns(
-        amount=pl.lit(float("nan")), name=pl.lit(None, dtype=pl.String)
-    )
-    h.write_and_check(spec, data)
-    changed = customers(range(1, 5))
-    res, _ = h.write_and_check(spec, changed, run_id="r2")
-    assert res.rows_updated == 4
-
-
 # --- schema evolution ----------------------------------------------------------------------------
-
-
-def test_added_column_evolves_schema_in_the_same_commit(h):
-    spec = spec_for("snapshot_replace")
-    h.write_and_check(spec, base())
-    schema_before = h.table(spec).schema().schema_id
-    data = redeploy_rows().with_columns(tier=pl.format("t{}", pl.col("id") % 3))
-    res, _ = h.write_and_check(spec, data, run_id="r2")
-    table = h.table(spec)
-    assert "tier" in table.schema().column_names
-    assert table.schema().schema_id != schema_before
-    assert len(h.snapshot_ids(spec)) == 2  # schema change + data = one new snapshot
-    raw = h.raw(spec)
-    assert raw.filter(pl.col("id") <= 20)["tier"].null_count() == 20
-    assert raw.filter(pl.col("id") > 20)["tier"].null_count() == 0
-    # an added column on a matched row is an update, never "unchanged"
-    assert res.rows_updated == 20
-
-
-def test_dropped_column_stays_in_the_table_null_in_new_rows(h):
-    spec = spec_for("snapshot_replace")
-    h.write_and_check(spec, base())
-    res, _ = h.write_and_check(spec, customers(range(100, 110)).drop("day"), run_id="r2")
-    assert res.rows_inserted == 10
-    table = h.table(spec)
-    assert "day" in table.schema().column_names
-    raw = h.raw(spec)
-    assert raw.filter(pl.col("id") >= 100)["day"].null_count() == 10
-    assert raw.filter(pl.col("id") < 100)["day"].null_count() == 0
 
 
 def test_dropped_column_on_append_always(h):
@@ -333,30 +80,7 @@ def test_dropped_column_on_append_always(h):
     assert raw["name"].null_count() == 5
 
 
-def test_narrower_integer_compute_is_accepted_into_a_long_column(h):
-    spec = spec_for("snapshot_replace")
-    h.write_and_check(spec, base())
-    narrow = customers(range(41, 45)).with_columns(pl.col("seq").cast(pl.Int32))
-    h.store().write(spec, narrow, run_id="r2")
-    raw = h.raw(spec)
-    assert raw.schema["seq"] == pl.Int64
-    assert raw.height == 44
-
-
 # --- composite keys ------------------------------------------------------------------------------
-
-
-def composite(n_from: int, n_to: int, *, version: int = 0) -> pl.DataFrame:
-    i = pl.int_range(n_from, n_to, eager=True, dtype=pl.Int64)
-    return pl.DataFrame(
-        {
-            "k_int": i % 1000,
-            "k_str": "s" + (i // 1000).cast(pl.String),
-            "k_date": pl.Series([date(2021, 1, 1) + timedelta(days=int(x) % 3) for x in i]),
-            "value": i.cast(pl.Float64) + version,
-            "label": "v" + pl.Series([version] * len(i)).cast(pl.String),
-        }
-    ).with_columns(pl.col("k_date").cast(pl.Date))
 
 
 def test_composite_key_upsert_of_25k_rows_matches_oracle(h):
@@ -378,18 +102,6 @@ def test_composite_key_upsert_of_25k_rows_matches_oracle(h):
     assert res2.snapshot_id is None
 
 
-def test_composite_key_sync_and_append_new(h):
-    spec = DatasetSpec(name="comp_sync", primary_key=("k_int", "k_str", "k_date"), strategy="sync")
-    h.write_and_check(spec, composite(0, 3_000))
-    h.write_and_check(spec, composite(1_000, 4_000, version=1), run_id="r2")
-    spec_n = DatasetSpec(
-        name="comp_new", primary_key=("k_int", "k_str", "k_date"), strategy="append_new"
-    )
-    h.write_and_check(spec_n, composite(0, 3_000))
-    res, _ = h.write_and_check(spec_n, composite(1_000, 4_000, version=1), run_id="r2")
-    assert (res.rows_inserted, res.rows_skipped) == (1_000, 2_000)
-
-
 @pytest.mark.slow
 def test_upsert_into_200k_row_table_matches_oracle(h):
     spec = spec_for("sync", name="big")
@@ -399,21 +111,6 @@ def test_upsert_into_200k_row_table_matches_oracle(h):
 
 
 # --- many data files: pruning must never skip a file that holds a matched or doomed row ----------
-
-
-def build_in_files(h: Harness, spec: DatasetSpec, chunks: list[pl.DataFrame]) -> int:
-    """First deploy the first chunk, then upsert the rest one by one (new keys only): one data
-    file per chunk. Returns the number of data files."""
-    upsert = DatasetSpec(
-        name=spec.name,
-        primary_key=spec.primary_key,
-        strategy="snapshot_replace" if spec.primary_key else "append_always",
-        delta=spec.delta,
-    )
-    h.store().write(upsert, chunks[0], run_id="c0")
-    for n, chunk in enumerate(chunks[1:], start=1):
-        h.store().write(upsert, chunk, run_id=f"c{n}")
-    return len(list(h.table(spec).scan().plan_files()))
 
 
 def test_upsert_across_many_files_rewrites_only_files_with_matched_keys(h):
@@ -552,32 +249,6 @@ def test_compute_columns_in_a_different_order_upsert_correctly(h):
     shuffled = data.select(["seq", "amount", "id", "day", "name"])
     res, _ = h.write_and_check(spec, shuffled, run_id="u")
     assert (res.rows_updated, res.rows_unchanged) == (10, 10)
-
-
-def test_windowed_sync_with_timestamp_watermark(h):
-    from datetime import datetime
-
-    def rows(ids: list[int], version: int = 0) -> pl.DataFrame:
-        return pl.DataFrame(
-            {
-                "id": pl.Series(ids, dtype=pl.Int64),
-                "v": pl.Series([i + version for i in ids], dtype=pl.Int64),
-                "at": pl.Series(
-                    [datetime(2024, 1, 1) + timedelta(hours=i) for i in ids],
-                    dtype=pl.Datetime("us"),
-                ),
-            }
-        )
-
-    spec = DatasetSpec(
-        name="ts_sync", primary_key=("id",), strategy="sync", delta=Delta("raw", "at")
-    )
-    build_in_files(h, spec, [rows(list(range(k * 10, k * 10 + 10))) for k in range(3)])
-    w = Window(low=datetime(2024, 1, 1, 5), high=datetime(2024, 1, 1, 15))
-    h.write_and_check(spec, rows([7, 12], version=1), window=w, run_id="w")
-    ids = set(h.raw(spec)["id"].to_list())
-    # hour 5 is the low bound (kept), hour 15 the high bound (inside: deleted)
-    assert ids == set(range(0, 6)) | {7, 12} | set(range(16, 30))
 
 
 def test_partitioned_dataset_upsert_matches_oracle(h):
