@@ -10,7 +10,7 @@ Applying (`apply_window`): the compute, the input checks and (where the strategy
 data files come first; then, under the dataset's apply lock, the ledger decides `apply`, `skip`
 (already applied — a retry or re-materialisation is a no-op that says so) or `repair` (a crash after
 the write committed but before the ledger update: the attempt marker is found in the Iceberg
-snapshot summaries / Postgres deploy records and the ledger is completed without a second write).
+snapshot summaries / the legacy arm's deploy records, by equality, and the ledger is completed without a second write).
 Pure core: no Dagster.
 """
 
@@ -24,12 +24,11 @@ from typing import Any
 import polars as pl
 
 from pipeline_output.ledger.window_ledger import WindowLedger, WindowRow
-from pipeline_output.publish import Publisher, PublishResult, ResolvedMode
+from pipeline_output.publish import Prepared, Publisher, PublishResult, ResolvedMode
 from pipeline_output.spec import DatasetSpec, WatermarkValue
-from pipeline_output.stores.iceberg import PROPERTY_PREFIX, PreparedWrite
+from pipeline_output.stores.protocol import ATTEMPT_MARKER
 from pipeline_output.windows import Window
 
-MARKER_KEY = "window-attempt"
 MAX_WINDOWS_PER_PLAN = 1000
 
 
@@ -96,38 +95,14 @@ class WindowOutcome:
         return f"window {self.window} applied"
 
 
-def _find_iceberg_marker(publisher: Publisher, spec: DatasetSpec, marker: str) -> int | None:
-    table = publisher.iceberg.load(spec)
-    if table is None:
-        return None
-    key = f"{PROPERTY_PREFIX}{MARKER_KEY}"
-    for snap in reversed(table.snapshots()):
-        summary = snap.summary
-        if summary is not None and summary.get(key) == marker:
-            return snap.snapshot_id
-    return None
-
-
-def _find_pg_marker(publisher: Publisher, spec: DatasetSpec, row: WindowRow) -> int | None:
-    ledger = publisher.ledger
-    if ledger is None or row.started_at is None:
-        return None
-    for deploy in ledger.deploys(spec.name, arm="pg", limit=50):
-        if (
-            deploy.status == "succeeded"
-            and deploy.window_key == row.partition_key
-            and deploy.finished_at >= row.started_at
-        ):
-            return int(deploy.id)
-    return None
-
-
 def _committed(
     publisher: Publisher, spec: DatasetSpec, mode: ResolvedMode, row: WindowRow
 ) -> tuple[int | None, int | None] | None:
-    """Where a crashed attempt's write landed, per arm (None when it did not commit anywhere)."""
-    ice = _find_iceberg_marker(publisher, spec, row.marker) if "iceberg" in mode.arms else None
-    pg = _find_pg_marker(publisher, spec, row) if "pg" in mode.arms else None
+    """Where a crashed attempt's write landed, per arm (None when it did not commit anywhere):
+    each arm's `find_marker` looks for the attempt's exact marker (an Iceberg snapshot summary
+    property; the legacy arm's deploy record, written in the transaction of its rows)."""
+    found = {arm: publisher.store(arm).find_marker(spec, row.marker) for arm in mode.arms}
+    ice, pg = found.get("iceberg"), found.get("pg")
     if ice is None and pg is None:
         return None
     return ice, pg
@@ -159,7 +134,7 @@ def apply_window(
     write_spec = replace(spec, strategy="replace") if restate else spec
     peek = ledger.get(spec.name, key)
     frame: Any = None
-    prepared: PreparedWrite | None = None
+    prepared: Prepared | None = None
     if peek is None or peek.state != "applied" or restate:
         try:
             frame = compute()
@@ -203,7 +178,7 @@ def _apply_locked(
     target: Window,
     compute: Callable[[], Any],
     frame: Any,
-    prepared: PreparedWrite | None,
+    prepared: Prepared | None,
     mode: ResolvedMode,
     run_id: str | None,
     restate: bool,
@@ -234,7 +209,7 @@ def _apply_locked(
                 mode=mode,
                 window=target,
                 run_id=run_id,
-                summary={MARKER_KEY: row.marker},
+                summary={ATTEMPT_MARKER: row.marker},
                 prepared=prepared,
             )
         except BaseException as exc:

@@ -10,6 +10,7 @@ I/O.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
@@ -29,6 +30,38 @@ MAX_EXAMPLES = 5
 # Column names the stores use internally (row indexes, merge join columns) all start with this, so
 # a user column never collides with them: it is refused up front on both arms (`check_columns`).
 RESERVED_PREFIX = "__po_"
+
+
+@dataclass(frozen=True)
+class CheckedInput:
+    """A compute's output converted and key-checked once (`checked_input`), so the arms of one
+    write (and the Iceberg arm's `prepare`) do not convert and re-check it each."""
+
+    dataset: str
+    primary_key: tuple[str, ...]
+    dedupe_by: str | None
+    frame: pl.DataFrame
+
+    def fits(self, spec: DatasetSpec) -> bool:
+        """Whether these checks are the ones `spec` needs (same dataset, key and de-duplication)."""
+        return (self.dataset, self.primary_key, self.dedupe_by) == (
+            spec.name,
+            spec.primary_key,
+            spec.dedupe_by,
+        )
+
+
+def checked_input(spec: DatasetSpec, data: Any) -> CheckedInput:
+    """Convert and check `data` for `spec` once (a `CheckedInput` that fits is returned as is)."""
+    if isinstance(data, CheckedInput) and data.fits(spec):
+        return data
+    frame = check_keys(spec, to_polars(spec, data))
+    return CheckedInput(spec.name, spec.primary_key, spec.dedupe_by, frame)
+
+
+def checked_frame(spec: DatasetSpec, data: Any) -> pl.DataFrame:
+    """The converted, key-checked frame of `data` for `spec` (see `checked_input`)."""
+    return checked_input(spec, data).frame
 
 
 def from_arrow(data: pa.Table | pa.RecordBatch) -> pl.DataFrame:

@@ -39,7 +39,7 @@ from psycopg import sql
 from pipeline_output.errors import DatasetNotWritten, InvalidArgument
 from pipeline_output.frames import from_arrow, polars_schema
 from pipeline_output.lazy_predicates import AnyOf, Compare, InList, Nullness, Term, pushable_terms
-from pipeline_output.spec import DatasetSpec
+from pipeline_output.spec import DatasetSpec, window_column
 from pipeline_output.windows import Window
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ def scan_table(table: Table, *, name: str | None = None) -> pl.LazyFrame:
         )
         return (from_arrow(batch) for batch in scan.to_arrow_batch_reader())
 
-    return _io_source(read, target, explain=f"iceberg:{label}@{snapshot_id}")
+    return io_source(read, target, explain=f"iceberg:{label}@{snapshot_id}")
 
 
 def scan_iceberg_dataset(
@@ -197,7 +197,7 @@ def scan_postgres_dataset(
     """A dataset's legacy-arm rows as a LazyFrame: one SELECT of the projected columns, the
     translated predicate (the window included) as SQL parameters, in `row_index` order."""
     from pipeline_output.ledger.migrations import SCHEMA
-    from pipeline_output.stores.postgres import ROWS_TABLE, _pg_type
+    from pipeline_output.stores.postgres import ROWS_TABLE, staged_type
 
     name = spec if isinstance(spec, str) else spec.name
     arrow = store.schema(name)
@@ -205,7 +205,7 @@ def scan_postgres_dataset(
         raise DatasetNotWritten(f"dataset {name!r} has no rows in the legacy Postgres arm yet")
     target = polars_schema(arrow)
     # the store's own type mapping, so the read stays its exact, typed round trip
-    types = {c: _pg_type(name, c, t) for c, t in target.items()}
+    types = {c: staged_type(name, c, t) for c, t in target.items()}
     url = store.url
 
     def value_of(column: str) -> sql.Composable:
@@ -236,7 +236,7 @@ def scan_postgres_dataset(
             return [pl.DataFrame(height=frame.height)]
         return [frame.select([pl.col(c).cast(target[c]) for c in needed])]
 
-    frame = _io_source(read, target, explain=f"postgres:{name}")
+    frame = io_source(read, target, explain=f"postgres:{name}")
     return _in_window(frame, spec, window, watermark)
 
 
@@ -277,14 +277,10 @@ def _in_window(
 ) -> pl.LazyFrame:
     if window is None:
         return frame
-    wm = watermark or (spec.watermark if isinstance(spec, DatasetSpec) else None)
-    if wm is None:
-        name = spec if isinstance(spec, str) else spec.name
-        raise InvalidArgument(f"reading a window of {name!r} needs its watermark column")
-    return within(frame, window, wm)
+    return within(frame, window, window_column(spec, watermark))
 
 
-def _io_source(
+def io_source(
     read: Callable[[list[str], list[str], pl.Expr | None, int | None], Iterable[pl.DataFrame]],
     schema: pl.Schema,
     *,
@@ -335,6 +331,16 @@ def _io_source(
     return register_io_source(io_source, schema=schema, explain_name=explain)
 
 
+def projected_source(
+    read: Callable[[list[str]], pl.DataFrame], *, schema: pl.Schema, name: str
+) -> pl.LazyFrame:
+    """A LazyFrame whose projection (plus the predicate's columns) is passed to `read(columns)`;
+    the predicate and row limit are applied to the frame it returns (`io_source`)."""
+    return io_source(
+        lambda columns, needed, predicate, n_rows: [read(needed)], schema, explain=name
+    )
+
+
 __all__ = [
     "AnyOf",
     "Compare",
@@ -342,7 +348,9 @@ __all__ = [
     "Nullness",
     "Term",
     "iceberg_filter",
+    "io_source",
     "postgres_where",
+    "projected_source",
     "pushable_terms",
     "scan_iceberg_dataset",
     "scan_postgres_dataset",

@@ -1,4 +1,5 @@
-"""Same-table writer serialization: a Postgres session advisory lock keyed by the table identifier.
+"""Every lock the project takes, named in one place, and same-table writer serialization: a
+Postgres session advisory lock keyed by the table identifier (`AdvisoryLock`).
 
 The lock lives on a dedicated connection to the control-plane Postgres and is released when the
 `with` block exits or the process dies (the server drops session locks of a closed connection), so a
@@ -8,7 +9,7 @@ The same property means a writer can lose the lock while it works: an idle-sessi
 or a failover ends its backend and a second writer takes the lock at once. `LockStats.verify()` asks
 the lock's own connection whether it still holds the lock; writers call it right before they commit
 and fail with `LockLost` (nothing committed) when it does not. The commit itself is additionally
-fenced by the table's snapshot (see `stores/iceberg.py`), which closes the gap between the check and
+fenced by the table's snapshot (see `stores/iceberg/commit.py`), which closes the gap between the check and
 the catalog's swap.
 """
 
@@ -19,11 +20,69 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 
 from pipeline_output import pgsession
 from pipeline_output.errors import LockLost, LockUnavailable
+
+# -- every lock the project takes, by name (its Postgres advisory key is `lock_key(name)`) ---------
+
+MIGRATIONS = "pipeline_output:migrations"  # control-plane migrations (transaction scope)
+
+
+def iceberg_table(table: str) -> str:
+    """Writers of one Iceberg table `namespace.name` (session scope, `AdvisoryLock.hold`)."""
+    return f"iceberg:{table}"
+
+
+def legacy_dataset(dataset: str) -> str:
+    """Writers of one dataset in the legacy row store (transaction scope, with its rows)."""
+    return f"pg:{dataset}"
+
+
+def window_plan(dataset: str) -> str:
+    """Planners of a dataset's delta windows (transaction scope)."""
+    return f"windows:plan:{dataset}"
+
+
+def window_apply(dataset: str) -> str:
+    """Appliers of a dataset's delta windows: the exactly-once decision (session scope)."""
+    return f"windows:apply:{dataset}"
+
+
+def mode_flip(dataset: str) -> str:
+    """Flips of a dataset's mode (transaction scope)."""
+    return f"flip:{dataset}"
+
+
+def acquire(
+    conn: psycopg.Connection[Any],
+    name: str,
+    *,
+    transaction: bool,
+    timeout_s: float | None = None,
+    what: str | None = None,
+) -> float:
+    """Take the advisory lock `name` on `conn` — until the transaction ends (`transaction=True`)
+    or the session does — waiting at most `timeout_s` (None: as long as it takes). Returns the
+    seconds waited; `LockUnavailable` (naming `what`, default the lock) on timeout."""
+    started = time.perf_counter()
+    if timeout_s is not None:
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, %s)", (f"{int(timeout_s * 1000)}ms", transaction)
+        )
+    take = "SELECT pg_advisory_xact_lock(%s)" if transaction else "SELECT pg_advisory_lock(%s)"
+    try:
+        conn.execute(take, (lock_key(name),))
+    except psycopg.errors.LockNotAvailable as exc:
+        raise LockUnavailable(
+            f"timed out after {timeout_s}s waiting for {what or f'the lock on {name}'}"
+        ) from exc
+    if timeout_s is not None:
+        conn.execute("SELECT set_config('lock_timeout', '0', %s)", (transaction,))
+    return time.perf_counter() - started
 
 
 def lock_key(name: str) -> int:
@@ -72,19 +131,13 @@ class AdvisoryLock:
                 f"{type(exc).__name__}"
             ) from exc
         try:
-            started = time.perf_counter()
-            if self.timeout_s is not None:
-                conn.execute(
-                    "SELECT set_config('lock_timeout', %s, false)",
-                    (f"{int(self.timeout_s * 1000)}ms",),
-                )
-            try:
-                conn.execute("SELECT pg_advisory_lock(%s)", (lock_key(name),))
-            except psycopg.errors.LockNotAvailable as exc:
-                raise LockUnavailable(
-                    f"timed out after {self.timeout_s}s waiting for the writer lock on {name}"
-                ) from exc
-            stats.wait_s = time.perf_counter() - started
+            stats.wait_s = acquire(
+                conn,
+                name,
+                transaction=False,
+                timeout_s=self.timeout_s,
+                what=f"the writer lock on {name}",
+            )
             stats._verify = lambda: _verify_held(conn, name)
             acquired = time.perf_counter()
             try:

@@ -1,8 +1,8 @@
 """Publish: the one place that orders a dataset write across arms.
 
 Owns mode resolution (run override -> persisted flip -> dataset default -> project default) and the
-order of a write: for each arm the mode selects, lock -> probe -> plan -> write (inside the arm's
-store), then the ledger record. For `dual` the Postgres transaction is opened first, kept open across
+order of a write (see `Publisher`): for each arm the mode selects, convert and check once -> lock ->
+probe -> plan -> write (inside the arm's store), then the ledger record. For `dual` the Postgres transaction is opened first, kept open across
 the Iceberg commit and committed last, so a failure of either arm before that point leaves both
 unchanged. Pure core: no Dagster.
 """
@@ -10,23 +10,30 @@ unchanged. Pure core: no Dagster.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Unpack
 
 import polars as pl
 
 from pipeline_output import lazy_reads
-from pipeline_output.errors import InvalidSpec, PipelineOutputError, UnsupportedWrite
+from pipeline_output.errors import (
+    InvalidArgument,
+    InvalidSpec,
+    PipelineOutputError,
+    UnsupportedWrite,
+)
+from pipeline_output.frames import CheckedInput, checked_input
 from pipeline_output.plan import WritePlan
 from pipeline_output.result import WriteResult
-from pipeline_output.spec import MODES, DatasetSpec, Mode
+from pipeline_output.spec import MODES, Arm, DatasetSpec, Mode
 from pipeline_output.stores.iceberg import IcebergStore, PreparedWrite
+from pipeline_output.stores.postgres import PostgresStore
+from pipeline_output.stores.protocol import Store, WriteOptions
 from pipeline_output.windows import Window
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
 ModeSource = Literal["run config", "flip", "dataset default", "project default"]
-Arm = Literal["pg", "iceberg"]
 
 
 class FlipSource(Protocol):
@@ -75,13 +82,18 @@ def resolve_mode(
 
 @dataclass
 class PublishResult:
-    """What one publish did: the mode, and one `WriteResult` per arm written."""
+    """What one publish did: the mode, and one `WriteResult` per arm written (each carrying the
+    plan it executed, decided under that arm's lock)."""
 
     dataset: str
     mode: ResolvedMode
     results: dict[str, WriteResult] = field(default_factory=dict)
-    plans: dict[str, WritePlan] = field(default_factory=dict)
     window: Window | None = None
+
+    @property
+    def plans(self) -> dict[str, WritePlan]:
+        """The plan each arm executed (the plan a dry run reported may have been older)."""
+        return {arm: r.plan for arm, r in self.results.items() if r.plan is not None}
 
     @property
     def primary(self) -> WriteResult:
@@ -89,14 +101,37 @@ class PublishResult:
         return self.results.get("iceberg") or next(iter(self.results.values()))
 
 
+@dataclass
+class Prepared:
+    """A write's input converted and checked once, and each arm's `prepare` of it (the Iceberg
+    arm's data files pre-written where the strategy allows), ahead of any lock."""
+
+    spec: DatasetSpec
+    window: Window | None
+    checked: CheckedInput
+    arms: dict[Arm, Any]
+
+    def discard(self) -> None:
+        """Delete pre-written files no commit took (a no-op once they went into a commit)."""
+        iceberg = self.arms.get("iceberg")
+        if isinstance(iceberg, PreparedWrite):
+            iceberg.discard()
+
+
 class Publisher:
-    """Writes a dataset to the arm(s) its mode selects, and reads it from the authoritative arm."""
+    """The publish pipeline: writes a dataset to the arm(s) its mode selects, and reads it from
+    the authoritative arm. Every write, the model node's included, goes through `publish` (or
+    `publish_stream`) in one order: resolve the arms -> convert and check the input once, against
+    every arm's declared capabilities (`prepare`, before any lock or I/O) -> each arm plans under
+    its lock and writes (Postgres, in `dual`, commits last) -> the deploy is recorded
+    (`Ledger.record_write`, the one definition of a deploy record for both arms).
+    """
 
     def __init__(
         self,
         *,
         iceberg: IcebergStore,
-        postgres: Any | None = None,
+        postgres: PostgresStore | None = None,
         ledger: Any | None = None,
         project_default: Mode = "pg",
         dual_reads_from: Arm = "pg",
@@ -113,33 +148,43 @@ class Publisher:
             spec, override=override, flips=self.ledger, project_default=self.project_default
         )
 
-    def _require_arms(self, spec: DatasetSpec, mode: ResolvedMode) -> None:
+    def store(self, arm: Arm, *, spec: DatasetSpec | None = None) -> Store:
+        """The store of `arm`; refuses the legacy arm where this deployment has none."""
+        if arm == "iceberg":
+            return self.iceberg
+        if self.postgres is None:
+            what = f"dataset {spec.name!r}: " if spec is not None else ""
+            raise UnsupportedWrite(
+                f"{what}the legacy Postgres arm is not available in this deployment; nothing "
+                "was written"
+            )
+        return self.postgres
+
+    def _stores(self, spec: DatasetSpec, mode: ResolvedMode) -> dict[Arm, Store]:
         if "pg" in mode.arms and self.postgres is None:
             raise UnsupportedWrite(
                 f"dataset {spec.name!r}: mode {mode.mode!r} (from {mode.source}) needs the legacy "
                 "Postgres arm, which is not available in this deployment; nothing was written"
             )
+        return {arm: self.store(arm) for arm in mode.arms}
 
     def plan(
         self, spec: DatasetSpec, *, mode: ResolvedMode, window: Window | None = None
     ) -> dict[str, WritePlan]:
         """The write plan per arm (a dry run: probes, writes nothing)."""
-        self._require_arms(spec, mode)
-        plans: dict[str, WritePlan] = {}
-        for arm in mode.arms:
-            store: Any = self.iceberg if arm == "iceberg" else self.postgres
-            plans[arm] = store.plan(spec, window=window)
-        return plans
+        return {arm: s.plan(spec, window=window) for arm, s in self._stores(spec, mode).items()}
 
     def prepare(
         self, spec: DatasetSpec, data: Any, *, mode: ResolvedMode, window: Window | None = None
-    ) -> PreparedWrite | None:
-        """The Iceberg arm's `prepare` (data files ahead of any lock) when `mode` writes Iceberg."""
-        if mode.mode == "pg":
-            return None
-        if isinstance(data, pl.LazyFrame):
-            data = data.collect()
-        return self.iceberg.prepare(spec, data, window=window)
+    ) -> Prepared:
+        """Convert and check `data` once, refuse what any arm of `mode` cannot store, and let each
+        arm prepare (no lock taken; pass the result to `publish(prepared=...)`)."""
+        stores = self._stores(spec, mode)
+        checked = checked_input(spec, data)
+        for store in stores.values():  # every arm's refusal before any arm's I/O
+            store.capabilities.check_frame(spec, checked.frame)
+        arms = {arm: store.prepare(spec, checked, window=window) for arm, store in stores.items()}
+        return Prepared(spec=spec, window=window, checked=checked, arms=arms)
 
     def publish(
         self,
@@ -147,50 +192,44 @@ class Publisher:
         data: Any,
         *,
         mode: ResolvedMode,
-        window: Window | None = None,
-        run_id: str | None = None,
-        summary: dict[str, str] | None = None,
-        prepared: PreparedWrite | None = None,
+        prepared: Prepared | None = None,
+        **options: Unpack[WriteOptions],
     ) -> PublishResult:
         """Write `data` to every arm of `mode`; Postgres (when dual) commits last.
 
-        `summary` adds `pipeline-output.*` properties to the Iceberg snapshot (window markers);
-        `prepared` (from `prepare`) carries the Iceberg arm's checked frame and pre-written files.
+        `summary` adds `pipeline-output.*` properties to the write (a window attempt's marker,
+        found again by `Store.find_marker`); `prepared` (from `prepare`, same spec and window) is
+        used instead of `data`.
         """
-        self._require_arms(spec, mode)
-        out = PublishResult(dataset=spec.name, mode=mode, window=window)
-        if isinstance(data, pl.LazyFrame):
-            data = data.collect()
-        if mode.mode == "iceberg":
-            out.results["iceberg"] = self._write_iceberg(
-                spec, data, window=window, run_id=run_id, summary=summary, prepared=prepared
+        stores = self._stores(spec, mode)
+        window = options.get("window")
+        if prepared is not None and (prepared.spec != spec or prepared.window != window):
+            raise InvalidArgument(
+                f"dataset {spec.name!r}: the prepared write is for another spec or window"
             )
+        prep = prepared or self.prepare(spec, data, mode=mode, window=window)
+        out = PublishResult(dataset=spec.name, mode=mode, window=window)
+        try:
+            if mode.mode == "dual":
+                return self._publish_dual(spec, prep, out=out, options=options)
+            (arm,) = mode.arms
+            result = stores[arm].write(spec, prep.checked, prepared=prep.arms[arm], **options)
+            out.results[arm] = self._record(spec, result, options)
             return out
-        if mode.mode == "pg":
-            # the pg arm records its own deploy inside its transaction
-            out.results["pg"] = self.postgres.write(spec, data, window=window, run_id=run_id)  # type: ignore[union-attr]
-            return out
-        return self._publish_dual(
-            spec, data, out=out, window=window, run_id=run_id, summary=summary, prepared=prepared
-        )
+        finally:
+            prep.discard()
 
     def _publish_dual(
-        self,
-        spec: DatasetSpec,
-        data: Any,
-        *,
-        out: PublishResult,
-        window: Window | None,
-        run_id: str | None,
-        summary: dict[str, str] | None,
-        prepared: PreparedWrite | None,
+        self, spec: DatasetSpec, prep: Prepared, *, out: PublishResult, options: WriteOptions
     ) -> PublishResult:
         assert self.postgres is not None
-        pending = self.postgres.begin_write(spec, data, window=window, run_id=run_id)
+        window, run_id = prep.window, options.get("run_id")
+        pending = self.postgres.begin_write(spec, prep.checked, prepared=prep.arms["pg"], **options)
         try:
-            out.results["iceberg"] = self._write_iceberg(
-                spec, data, window=window, run_id=run_id, summary=summary, prepared=prepared
+            iceberg = self.iceberg.write(
+                spec, prep.checked, prepared=prep.arms["iceberg"], **options
             )
+            out.results["iceberg"] = self._record(spec, iceberg, options)
         except BaseException:
             pending.rollback()
             raise
@@ -201,10 +240,10 @@ class Publisher:
                 self.ledger.record_divergence(
                     spec.name,
                     run_id=run_id,
-                    error=f"Iceberg committed snapshot {out.results['iceberg'].snapshot_id} but "
-                    f"the Postgres commit failed: {type(exc).__name__}: {exc}",
+                    error=f"Iceberg committed snapshot {iceberg.snapshot_id} but the Postgres "
+                    f"commit failed: {type(exc).__name__}: {exc}",
                     window=window,
-                    snapshot_id=out.results["iceberg"].snapshot_id,
+                    snapshot_id=iceberg.snapshot_id,
                     strategy=spec.strategy,
                 )
             raise PipelineOutputError(
@@ -234,51 +273,25 @@ class Publisher:
                 f"dataset {spec.name!r}: a streamed publish is a whole-table replace, but the "
                 f"dataset's strategy is {spec.strategy!r}; nothing was written"
             )
-        self._require_arms(spec, mode)
+        self._stores(spec, mode)
         if mode.mode == "iceberg":
             out = PublishResult(dataset=spec.name, mode=mode)
             result = self.iceberg.replace_streaming(
                 spec, frames, run_id=run_id, summary=summary, finalize_summary=finalize_summary
             )
-            self._record_iceberg(spec, result, window=None, run_id=run_id)
+            self._record(spec, result, {"run_id": run_id, "summary": summary})
             out.results["iceberg"] = result
             return out
         frame = pl.concat(list(frames))
         full = {**(summary or {}), **(finalize_summary() if finalize_summary else {})}
         return self.publish(spec, frame, mode=mode, run_id=run_id, summary=full)
 
-    def _write_iceberg(
-        self,
-        spec: DatasetSpec,
-        data: Any,
-        *,
-        window: Window | None,
-        run_id: str | None,
-        summary: dict[str, str] | None,
-        prepared: PreparedWrite | None,
-    ) -> WriteResult:
-        """The Iceberg arm's write, recorded in the ledger (when there is one) unless a no-op."""
-        result = self.iceberg.write(
-            spec, data, window=window, run_id=run_id, summary=summary, prepared=prepared
-        )
-        self._record_iceberg(spec, result, window=window, run_id=run_id)
+    def _record(self, spec: DatasetSpec, result: WriteResult, options: WriteOptions) -> WriteResult:
+        """The deploy record of an arm that commits outside the ledger's database (Iceberg); the
+        legacy arm makes the same `record_write` call inside its own transaction."""
+        if self.ledger is not None and result.arm == "iceberg":
+            self.ledger.record_write(spec, result, **options)
         return result
-
-    def _record_iceberg(
-        self, spec: DatasetSpec, result: WriteResult, *, window: Window | None, run_id: str | None
-    ) -> None:
-        """The Iceberg arm's deploy record (the legacy arm records its own inside its transaction)."""
-        if self.ledger is not None and not result.noop:
-            self.ledger.record_deploy(
-                spec.name,
-                "iceberg",
-                status="succeeded",
-                run_id=run_id,
-                strategy=spec.strategy,
-                window=window,
-                result=result,
-                snapshot_id=result.snapshot_id,
-            )
 
     def read(
         self,
@@ -291,7 +304,7 @@ class Publisher:
         """Read from the authoritative arm: Iceberg once flipped; in dual the configured arm."""
         if self._reads_legacy(spec, mode):
             assert self.postgres is not None
-            return self.postgres.read(spec, window=window, columns=columns)  # type: ignore[no-any-return]
+            return self.postgres.read(spec, window=window, columns=columns)
         return self.iceberg.read(spec, window=window, columns=columns)
 
     def scan(

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from pipeline_output.spec import WriteMode
+from pipeline_output.plan import WritePlan
+from pipeline_output.spec import Arm, WriteMode
 
 
 @dataclass
@@ -28,7 +29,8 @@ class WriteResult:
     compute did not mention and that were kept; `rows_skipped` are append_new key collisions.
     `snapshot_id` is None for a no-op (nothing changed, nothing committed). `lock_wait_s` is how
     long the write waited for its table's writer lock, `lock_held_s` how long it held it (the
-    serialized part of the write).
+    serialized part of the write). `plan` is the plan the write executed, decided under the
+    table's lock (the one a dry run reports may be older).
     """
 
     dataset: str
@@ -49,7 +51,32 @@ class WriteResult:
     lock_wait_s: float = 0.0
     lock_held_s: float = 0.0
     table: str = ""
-    arm: str = "iceberg"
+    arm: Arm = "iceberg"
+    plan: WritePlan | None = None
+
+    @classmethod
+    def of(
+        cls,
+        plan: WritePlan,
+        counts: RowCounts,
+        *,
+        rows_in: int,
+        total_before: int,
+        arm: Arm,
+        **extra: Any,
+    ) -> WriteResult:
+        """The result of executing `plan`: its mode and situation, the counters, the new total."""
+        return cls(
+            dataset=plan.dataset,
+            write_mode=plan.write_mode,
+            first_deploy=plan.first_deploy,
+            rows_in=rows_in,
+            **{f"rows_{f.name}": getattr(counts, f.name) for f in fields(RowCounts)},
+            rows_total_after=total_before + counts.inserted - counts.deleted,
+            arm=arm,
+            plan=plan,
+            **extra,
+        )
 
     @property
     def noop(self) -> bool:
@@ -57,5 +84,7 @@ class WriteResult:
         return self.snapshot_id is None
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain dict (for metadata and JSON)."""
-        return asdict(self)
+        """Plain dict (for metadata and JSON); the plan as its one-sentence description."""
+        out = asdict(self)
+        out["plan"] = self.plan.describe() if self.plan is not None else None
+        return out

@@ -11,7 +11,7 @@ unix-socket support). Pure core: no Dagster.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -21,6 +21,7 @@ from psycopg import sql
 
 from pipeline_output import pgsession
 from pipeline_output.errors import BadInput, InvalidSpec
+from pipeline_output.lazy_reads import projected_source
 from pipeline_output.spec import check_identifier
 from pipeline_output.windows import Window
 
@@ -205,34 +206,11 @@ def scan_postgres(
     """
     shape = shape or postgres_shape(source, url)
     available = shape.columns
-    return eager_io_source(
+    return projected_source(
         lambda columns: read_postgres(source, url, columns=columns, window=window, known=available),
         schema=shape.schema,
         name=f"postgres:{source.display}",
     )
-
-
-def eager_io_source(
-    read: Callable[[list[str] | None], pl.DataFrame], *, schema: pl.Schema, name: str
-) -> pl.LazyFrame:
-    """A LazyFrame whose column projection is passed to `read(columns)` (None: every column);
-    the query's predicate and row limit are applied to the frame `read` returns."""
-    from polars.io.plugins import register_io_source
-
-    def io_source(
-        with_columns: list[str] | None,
-        predicate: pl.Expr | None,
-        n_rows: int | None,
-        batch_size: int | None,
-    ) -> Iterator[pl.DataFrame]:
-        frame = read(with_columns)
-        if predicate is not None:
-            frame = frame.filter(predicate)
-        if n_rows is not None:
-            frame = frame.head(n_rows)
-        yield frame
-
-    return register_io_source(io_source, schema=schema, explain_name=name)
 
 
 def _polars_schema(source: SourceSpec, url: str, available: dict[str, str]) -> pl.Schema:

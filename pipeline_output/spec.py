@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Literal, get_args
 
-from pipeline_output.errors import InvalidSpec
+from pipeline_output.errors import InvalidArgument, InvalidSpec
 
 Strategy = Literal[
     "snapshot_replace",  # first: replace; re-deploy: upsert by key, keep unmatched target rows
@@ -21,17 +21,32 @@ Strategy = Literal[
     "sync",  # first: replace; re-deploy: upsert and delete target rows absent from the compute
 ]
 Mode = Literal["pg", "iceberg", "dual"]
+Arm = Literal["pg", "iceberg"]  # a store: the legacy Postgres row store or the Iceberg table
 WriteMode = Literal["replace", "upsert", "append", "append_new", "sync"]
 
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 MODES: tuple[str, ...] = get_args(Mode)
+ARMS: tuple[Arm, ...] = get_args(Arm)
 WRITE_MODES: tuple[str, ...] = get_args(WriteMode)
 KEYED_STRATEGIES = frozenset({"snapshot_replace", "append_new", "sync"})
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MAX_IDENTIFIER_LENGTH = 63  # Postgres' limit; names must work in both arms.
+# The Iceberg SQL catalog's name columns hold 255 characters. An arm with a shorter limit declares
+# it in its capabilities (the legacy arm: 63 bytes), checked when the code location loads.
+MAX_IDENTIFIER_LENGTH = 255
 
 WatermarkValue = int | datetime | date
+
+
+def window_column(spec: DatasetSpec | str, watermark: str | None) -> str:
+    """The column a window read of `spec` filters on: `watermark`, else the spec's own.
+
+    A read of a window with neither is refused (`InvalidArgument`), naming the dataset."""
+    column = watermark or (spec.watermark if isinstance(spec, DatasetSpec) else None)
+    if column is None:
+        name = spec if isinstance(spec, str) else spec.name
+        raise InvalidArgument(f"reading a window of {name!r} needs its watermark column")
+    return column
 
 
 def check_identifier(value: object, *, what: str, dataset: str | None = None) -> str:

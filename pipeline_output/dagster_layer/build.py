@@ -20,6 +20,9 @@ from pipeline_output.dagster_layer.io_manager import DatasetIOManager
 from pipeline_output.dagster_layer.keys import ALL_DATASETS_JOB, IO_MANAGER_KEY
 from pipeline_output.dagster_layer.parity_checks import parity_check
 from pipeline_output.dagster_layer.source_assets import source_spec_of
+from pipeline_output.stores.iceberg.properties import ICEBERG_CAPABILITIES
+from pipeline_output.stores.postgres.types import LEGACY_CAPABILITIES
+from pipeline_output.stores.protocol import check_specs
 
 
 def build_definitions(
@@ -39,10 +42,18 @@ def build_definitions(
     """Definitions for pipeline-output datasets and their sources.
 
     Every delta dataset gets its window sensor (`<dataset>__window_sensor`, polling every
-    `sensor_interval_seconds`); `all_datasets` is a job over the unpartitioned datasets.
+    `sensor_interval_seconds`); `all_datasets` is a job over the unpartitioned datasets. Each
+    dataset is checked against the declared capabilities of every arm it may be written to
+    (`stores.protocol.check_specs`): a name the legacy arm cannot hold fails here, at load.
     """
     all_resources: dict[str, Any] = {IO_MANAGER_KEY: DatasetIOManager()}
     all_resources.update(resources or {})
+    specs = [
+        s
+        for a in [*datasets, *assets]
+        if isinstance(a, dg.AssetsDefinition) and (s := spec_of(a)) is not None
+    ]
+    check_specs(specs, {"pg": LEGACY_CAPABILITIES, "iceberg": ICEBERG_CAPABILITIES})
     source_specs = {s.name: s for s in (source_spec_of(a) for a in sources) if s is not None}
     all_sensors = list(sensors)
     dataset_keys: list[dg.AssetKey] = []

@@ -18,7 +18,7 @@ import polars as pl
 
 from pipeline_output.delta import cut_points_of, next_windows
 from pipeline_output.errors import EmptyWindowRead
-from pipeline_output.sources import eager_io_source
+from pipeline_output.lazy_reads import projected_source
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.windows import Window
 
@@ -69,12 +69,12 @@ class WindowReader:
         if window is None:
             return inner
 
-        def read(columns: list[str] | None) -> pl.DataFrame:
-            frame = (inner.select(columns) if columns is not None else inner).collect()
+        def read(columns: list[str]) -> pl.DataFrame:
+            frame = inner.select(columns).collect()
             self._rows_read[window] = self._rows_read.get(window, 0) + frame.height
             return frame
 
-        return eager_io_source(read, schema=inner.collect_schema(), name=f"window:{self.name}")
+        return projected_source(read, schema=inner.collect_schema(), name=f"window:{self.name}")
 
     def rows_read(self, window: Window) -> int | None:
         """Rows the reads of `window` returned so far (None: the compute never read it)."""

@@ -89,12 +89,11 @@ class DatasetIOManager(dg.ConfigurableIOManager):
                 and len(windows) > 1
             ):
                 part = frame.filter(window.contains(spec.watermark, frame.schema[spec.watermark]))
-            plans = publisher.plan(spec, mode=mode, window=window)
             result = publisher.publish(spec, part, mode=mode, window=window, run_id=context.run_id)
-            result.plans.update(plans)
             primary = result.primary
+            why = primary.plan.reason if primary.plan is not None else "re-deploy"
             context.log.info(
-                f"{spec.name}: {primary.write_mode} ({next(iter(plans.values())).reason}) -> "
+                f"{spec.name}: {primary.write_mode} ({why}) -> "
                 f"{'no-op' if primary.noop else f'snapshot {primary.snapshot_id}'}; "
                 f"+{primary.rows_inserted} ~{primary.rows_updated} -{primary.rows_deleted}"
             )

@@ -202,51 +202,22 @@ SOURCES: dict[str, DemoSource] = {
 }
 """Source name -> Postgres table (`shop.<name>`) and its watermark column."""
 
-DATASETS: tuple[DemoDataset, ...] = (
-    DemoDataset(
-        name="customers",
-        primary_key=("customer_id",),
-        strategy="snapshot_replace",
-        upstream=(CUSTOMERS,),
-        compute=customers,
-        description="Customer dimension: cleaned names and emails, country, segment, signup.",
-        delta_watermark="updated_seq",
-    ),
-    DemoDataset(
-        name="orders",
-        primary_key=("order_id",),
-        strategy="append_new",
-        upstream=(ORDERS,),
-        compute=orders,
-        description="Order facts (immutable once placed): customer, product, quantity, amount.",
-        delta_watermark="seq",
-    ),
-    DemoDataset(
-        name="order_events",
-        primary_key=(),
-        strategy="append_always",
-        upstream=(ORDER_EVENTS,),
-        compute=order_events,
-        description="Order lifecycle events, appended as they arrive.",
-        delta_watermark="seq",
-    ),
-    DemoDataset(
-        name="daily_revenue",
-        primary_key=("day",),
-        strategy="replace",
-        upstream=(ORDERS,),
-        compute=daily_revenue,
-        description="Revenue, orders, customers and items per UTC day, cancelled orders excluded.",
-    ),
-    DemoDataset(
-        name="active_products",
-        primary_key=("product_id",),
-        strategy="sync",
-        upstream=(PRODUCTS,),
-        compute=active_products,
-        description="The live catalogue: active products with their current price.",
-    ),
-)
+# name, primary key, strategy, upstream sources, compute, description, delta watermark
+DATASETS: tuple[DemoDataset, ...] = tuple(
+    DemoDataset(*row)
+    for row in (
+        ("customers", ("customer_id",), "snapshot_replace", (CUSTOMERS,), customers,
+         "Customer dimension: cleaned names and emails, country, segment, signup.", "updated_seq"),
+        ("orders", ("order_id",), "append_new", (ORDERS,), orders,
+         "Order facts (immutable once placed): customer, product, quantity, amount.", "seq"),
+        ("order_events", (), "append_always", (ORDER_EVENTS,), order_events,
+         "Order lifecycle events, appended as they arrive.", "seq"),
+        ("daily_revenue", ("day",), "replace", (ORDERS,), daily_revenue,
+         "Revenue, orders, customers and items per UTC day, cancelled orders excluded.", None),
+        ("active_products", ("product_id",), "sync", (PRODUCTS,), active_products,
+         "The live catalogue: active products with their current price.", None),
+    )
+)  # fmt: skip
 """The demo datasets, one per write strategy."""
 
 

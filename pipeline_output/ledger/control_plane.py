@@ -20,17 +20,14 @@ import pyarrow as pa
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pipeline_output import pgsession
+from pipeline_output import locks, pgsession
 from pipeline_output.errors import InvalidArgument
 from pipeline_output.errors import UnknownMode as UnknownMode
 from pipeline_output.ledger import migrations
+from pipeline_output.ledger.deploys import DeployLog
 from pipeline_output.ledger.records import (  # re-exported: ARMS, DEPLOY_STATUSES, the records
-    _COUNTERS,
-    _DEPLOY_COLUMNS,
     _FLIP_COLUMNS,
     _PARITY_COLUMNS,
-    ARMS,
-    DEPLOY_STATUSES,
     DeployRecord,
     FlipRecord,
     ParityRecord,
@@ -38,13 +35,11 @@ from pipeline_output.ledger.records import (  # re-exported: ARMS, DEPLOY_STATUS
     _columns,
     _t,
 )
-from pipeline_output.locks import lock_key
-from pipeline_output.result import WriteResult
 from pipeline_output.spec import MODES, check_identifier
 from pipeline_output.windows import Window
 
 
-class Ledger:
+class Ledger(DeployLog):
     """The control plane on one Postgres database (`url`); schema `pipeline_output`."""
 
     def __init__(self, url: str) -> None:
@@ -132,110 +127,7 @@ class Ledger:
         with self._tx(None) as c:
             return [str(r[0]) for r in c.execute(query).fetchall()]
 
-    # -- deploys -------------------------------------------------------------------------------
-
-    def record_deploy(
-        self,
-        dataset: str,
-        arm: str,
-        *,
-        status: str,
-        run_id: str | None = None,
-        strategy: str | None = None,
-        write_mode: str | None = None,
-        first_deploy: bool | None = None,
-        window: Window | str | None = None,
-        result: WriteResult | None = None,
-        counters: Mapping[str, int] | None = None,
-        snapshot_id: int | None = None,
-        started_at: datetime | None = None,
-        error: str | None = None,
-        conn: psycopg.Connection[Any] | None = None,
-    ) -> DeployRecord:
-        """Record one write to one arm. Counters come from `result` (or `counters`)."""
-        if arm not in ARMS:
-            raise InvalidArgument(f"unknown arm {arm!r}; valid arms: {', '.join(ARMS)}")
-        if status not in DEPLOY_STATUSES:
-            raise InvalidArgument(
-                f"unknown deploy status {status!r}; valid: {', '.join(DEPLOY_STATUSES)}"
-            )
-        values: dict[str, Any] = {c: None for c in _COUNTERS}
-        if result is not None:
-            values.update({c: getattr(result, c) for c in _COUNTERS})
-            write_mode = write_mode or result.write_mode
-            first_deploy = result.first_deploy if first_deploy is None else first_deploy
-        if counters:
-            values.update({c: counters[c] for c in _COUNTERS if c in counters})
-        window_text = str(window) if window is not None else None
-        window_key = window.to_key() if isinstance(window, Window) else None
-        values.update(
-            dataset=dataset,
-            arm=arm,
-            run_id=run_id,
-            strategy=strategy,
-            write_mode=write_mode,
-            first_deploy=first_deploy,
-            window=window_text,
-            window_key=window_key,
-            status=status,
-            snapshot_id=snapshot_id,
-            started_at=started_at,
-            error=error,
-        )
-        names = list(values)
-        query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) RETURNING {}").format(
-            _t("deploys"),
-            _columns(names),
-            sql.SQL(", ").join(sql.Placeholder() * len(names)),
-            _columns(_DEPLOY_COLUMNS),
-        )
-        with self._tx(conn) as c:
-            row = c.execute(query, [values[n] for n in names]).fetchone()
-        assert row is not None
-        return DeployRecord(*row)
-
-    def last_deploy(
-        self,
-        dataset: str,
-        arm: str,
-        *,
-        status: str | None = None,
-        conn: psycopg.Connection[Any] | None = None,
-    ) -> DeployRecord | None:
-        """The most recent deploy of `dataset` to `arm` (optionally only with `status`)."""
-        where: sql.Composable = sql.SQL("dataset = %s AND arm = %s")
-        params: list[Any] = [dataset, arm]
-        if status is not None:
-            where = sql.SQL("{} AND status = %s").format(where)
-            params.append(status)
-        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT 1").format(
-            _columns(_DEPLOY_COLUMNS), _t("deploys"), where
-        )
-        with self._tx(conn) as c:
-            row = c.execute(query, params).fetchone()
-        return DeployRecord(*row) if row is not None else None
-
-    def has_succeeded_deploy(
-        self, dataset: str, arm: str, *, conn: psycopg.Connection[Any] | None = None
-    ) -> bool:
-        """The legacy arm's freshness oracle: has `arm` ever committed a write of `dataset`?"""
-        return self.last_deploy(dataset, arm, status="succeeded", conn=conn) is not None
-
-    def deploys(
-        self, dataset: str, *, arm: str | None = None, limit: int = 100
-    ) -> list[DeployRecord]:
-        """Recent deploys of `dataset` (newest first)."""
-        where: sql.Composable = sql.SQL("dataset = %s")
-        params: list[Any] = [dataset]
-        if arm is not None:
-            where = sql.SQL("{} AND arm = %s").format(where)
-            params.append(arm)
-        params.append(limit)
-        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT %s").format(
-            _columns(_DEPLOY_COLUMNS), _t("deploys"), where
-        )
-        with self._tx(None) as c:
-            return [DeployRecord(*r) for r in c.execute(query, params).fetchall()]
+    # -- deploys (the records themselves: `deploys.DeployLog`) -----------------------------
 
     def record_divergence(
         self,
@@ -291,7 +183,7 @@ class Ledger:
         if not who:
             raise InvalidArgument("a flip needs `who` (the person or process flipping)")
         with self._tx(None) as c:
-            c.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"flip:{dataset}"),))
+            locks.acquire(c, locks.mode_flip(dataset), transaction=True)
             current = self.current_flip(dataset, conn=c)
             row = c.execute(
                 sql.SQL(

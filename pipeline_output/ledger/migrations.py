@@ -20,12 +20,11 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from pipeline_output import locks
 from pipeline_output.errors import MigrationError as MigrationError
-from pipeline_output.locks import lock_key
 
 SCHEMA = "pipeline_output"
 MIGRATIONS_TABLE = "schema_migrations"
-_LOCK_NAME = "pipeline_output:migrations"
 _FILE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
 
 
@@ -65,7 +64,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
     applied_now: list[int] = []
     table = sql.Identifier(SCHEMA, MIGRATIONS_TABLE)
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(_LOCK_NAME),))
+        locks.acquire(conn, locks.MIGRATIONS, transaction=True)
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(SCHEMA)))
         conn.execute(
             sql.SQL(

@@ -15,10 +15,10 @@ import pyarrow as pa
 from psycopg import sql
 
 from pipeline_output.ledger import migrations
+from pipeline_output.spec import ARMS as ARMS
+from pipeline_output.spec import Arm as Arm
 
-Arm = Literal["pg", "iceberg"]
 DeployStatus = Literal["succeeded", "failed", "diverged"]
-ARMS: tuple[str, ...] = get_args(Arm)
 DEPLOY_STATUSES: tuple[str, ...] = get_args(DeployStatus)
 SCHEMA = migrations.SCHEMA
 
@@ -53,6 +53,7 @@ class DeployRecord:
     started_at: datetime | None
     finished_at: datetime
     error: str | None
+    attempt_marker: str | None = None  # the window attempt this write belongs to (migration 013)
 
 
 def _names(record: type) -> list[str]:

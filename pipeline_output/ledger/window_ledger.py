@@ -23,9 +23,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from pipeline_output import pgsession
+from pipeline_output import locks, pgsession
 from pipeline_output.errors import WindowLedgerError
-from pipeline_output.locks import lock_key
 from pipeline_output.windows import Window
 
 State = Literal["planned", "applying", "applied", "failed"]
@@ -142,7 +141,7 @@ class WindowLedger:
         if not windows:
             return []
         with self._connect() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"windows:plan:{dataset}"),))
+            locks.acquire(conn, locks.window_plan(dataset), transaction=True)
             last = conn.execute(
                 sql.SQL(
                     "SELECT seq, high_key FROM {} WHERE dataset = %s ORDER BY seq DESC LIMIT 1"
@@ -181,13 +180,12 @@ class WindowLedger:
     def apply_lock(self, dataset: str) -> Iterator[None]:
         """Serialize window application of one dataset (held by the applying process)."""
         with pgsession.connect(self.url, autocommit=True) as conn:
-            conn.execute("SELECT pg_advisory_lock(%s)", (lock_key(f"windows:apply:{dataset}"),))
+            name = locks.window_apply(dataset)
+            locks.acquire(conn, name, transaction=False)
             try:
                 yield
             finally:
-                conn.execute(
-                    "SELECT pg_advisory_unlock(%s)", (lock_key(f"windows:apply:{dataset}"),)
-                )
+                conn.execute("SELECT pg_advisory_unlock(%s)", (locks.lock_key(name),))
 
     def begin(
         self, dataset: str, partition_key: str, *, run_id: str | None, restate: bool = False
@@ -203,32 +201,31 @@ class WindowLedger:
             return Ticket("skip", row)
         if row.state == "applying":
             return Ticket("repair", row)
-        with self._connect() as conn:
-            rec = conn.execute(
-                sql.SQL(
-                    "UPDATE {} SET state = 'applying', attempts = attempts + 1, run_id = %s, "
-                    "started_at = clock_timestamp(), updated_at = clock_timestamp(), error = NULL "
-                    "WHERE id = %s RETURNING {}"
-                ).format(_T, _COLS),
-                (run_id, row.id),
-            ).fetchone()
+        rec = self._start_attempt(row, run_id=run_id, from_state=None)
         assert rec is not None
         return Ticket("apply", _row(rec))
 
     def retry_after_lost_attempt(self, row: WindowRow, *, run_id: str | None) -> WindowRow:
         """A crashed attempt left no write: start the next attempt."""
-        with self._connect() as conn:
-            rec = conn.execute(
-                sql.SQL(
-                    "UPDATE {} SET attempts = attempts + 1, run_id = %s, "
-                    "started_at = clock_timestamp(), updated_at = clock_timestamp() "
-                    "WHERE id = %s AND state = 'applying' RETURNING {}"
-                ).format(_T, _COLS),
-                (run_id, row.id),
-            ).fetchone()
+        rec = self._start_attempt(row, run_id=run_id, from_state="applying")
         if rec is None:
             raise WindowLedgerError(f"window {row.partition_key!r} changed state concurrently")
         return _row(rec)
+
+    def _start_attempt(self, row: WindowRow, *, run_id: str | None, from_state: str | None) -> Any:
+        """Count the next attempt of `row` (a fresh marker) and mark it `applying`; with
+        `from_state`, only while the row is still in that state (None when it is not)."""
+        guard = sql.SQL(" AND state = %s") if from_state is not None else sql.SQL("")
+        params = (run_id, row.id, from_state) if from_state is not None else (run_id, row.id)
+        with self._connect() as conn:
+            return conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET state = 'applying', attempts = attempts + 1, run_id = %s, "
+                    "started_at = clock_timestamp(), updated_at = clock_timestamp(), error = NULL "
+                    "WHERE id = %s{} RETURNING {}"
+                ).format(_T, guard, _COLS),
+                params,
+            ).fetchone()
 
     def mark_applied(
         self,

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -12,11 +13,15 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from pipeline_output import __version__
-from pipeline_output.plan import WritePlan
+from pipeline_output.frames import check_in_window
+from pipeline_output.plan import WritePlan, plan_write
 from pipeline_output.result import RowCounts
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.commit import _delete_quietly
+from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.rows import _align, _sorted, _state_of
+from pipeline_output.stores.schema import plan_evolution
 from pipeline_output.windows import Window
 
 
@@ -122,3 +127,32 @@ class PreparedWrite:
         """Delete the pre-written files unless a commit was attempted with them."""
         if self.pre is not None:
             self.pre.discard()
+
+
+def prewrite(
+    table: Table | None, spec: DatasetSpec, frame: pl.DataFrame, window: Window | None
+) -> _Prewritten | None:
+    """Write the frame's data files before the lock when the strategy writes it as it is.
+
+    Decided on the table as it is now; re-checked inside the lock (`_Prewritten.fits`). Input
+    checks that depend on the plan run here too, so bad input still writes nothing.
+    """
+    if frame.height == 0 or table is None:
+        return None
+    plan = plan_write(spec, _state_of(table), window)
+    if plan.write_mode not in _AS_IS_MODES:
+        return None
+    if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
+        check_in_window(spec, frame, window)
+    if not plan_evolution(spec, table.schema(), frame).empty:
+        return None  # the schema changes: written inside the lock, after the evolution
+    aligned = _sorted(_align(frame, table.schema()), spec)
+    pre = _Prewritten.of(table, aligned, [])
+    writer = DataFileWriter(table.metadata, table.io, write_id=uuid.uuid4())
+    try:
+        pre.files = writer.write(aligned)
+    except BaseException:
+        for path in writer.written:
+            _delete_quietly(table.io, path)
+        raise
+    return pre

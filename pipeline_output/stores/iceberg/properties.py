@@ -1,9 +1,11 @@
 """Names the native arm shares: the `pipeline-output.` property prefix, the table properties a
-new table gets, internal column names, and defaults."""
+new table gets, internal column names, defaults, and the arm's declared capabilities."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from pipeline_output.stores.protocol import Capabilities
 
 PROPERTY_PREFIX = "pipeline-output."
 TABLE_PROPERTIES = {
@@ -18,3 +20,13 @@ _DEFAULT_LOCK: Any = object()
 _READ_THREADS = 4
 _POS = "__po_pos__"  # every internal column name starts with frames.RESERVED_PREFIX
 _NEW = "__po_new__"  # the compute's value of column `c` in a merge join is `__po_new__c`
+
+ICEBERG_CAPABILITIES = Capabilities(
+    arm="iceberg",
+    label="Iceberg arm",
+    nested_types=True,  # lists, arrays and structs, to any depth
+    max_identifier_length=None,
+    max_columns=None,
+    scalar_types=None,  # every type `frames.to_polars` leaves (it refuses durations and objects)
+    advice="",
+)

@@ -18,12 +18,11 @@ then, and committed inside it if the table's schema, partition spec and location
 from __future__ import annotations
 
 import time
-import uuid
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
-from typing import Any
+from typing import Any, Unpack
 
 import polars as pl
 from pyiceberg.catalog import Catalog
@@ -40,22 +39,26 @@ from pipeline_output.errors import (
     InvalidArgument,
     WriteConflict,
 )
-from pipeline_output.frames import check_in_window, check_keys, from_arrow, to_polars
-from pipeline_output.locks import AdvisoryLock, LockStats
+from pipeline_output.frames import check_in_window, checked_frame, from_arrow
+from pipeline_output.locks import AdvisoryLock, LockStats, iceberg_table
 from pipeline_output.plan import TargetState, WritePlan, plan_write
-from pipeline_output.result import WriteResult
-from pipeline_output.spec import DatasetSpec
-from pipeline_output.stores.iceberg.commit import _commit, _delete_quietly
+from pipeline_output.result import RowCounts, WriteResult
+from pipeline_output.spec import Arm, DatasetSpec, window_column
+from pipeline_output.stores.iceberg.commit import _commit
 from pipeline_output.stores.iceberg.expressions import aligned_to_field, window_filter
-from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output.stores.iceberg.merge import _Merge
 from pipeline_output.stores.iceberg.prewrite import (
-    _AS_IS_MODES,
     PreparedWrite,
     _Prewritten,
+    prewrite,
     summary_properties,
 )
-from pipeline_output.stores.iceberg.properties import _DEFAULT_LOCK, TABLE_PROPERTIES
+from pipeline_output.stores.iceberg.properties import (
+    _DEFAULT_LOCK,
+    ICEBERG_CAPABILITIES,
+    PROPERTY_PREFIX,
+    TABLE_PROPERTIES,
+)
 from pipeline_output.stores.iceberg.rows import (
     _align,
     _evolve,
@@ -63,7 +66,14 @@ from pipeline_output.stores.iceberg.rows import (
     _state_of,
     _total_records,
 )
-from pipeline_output.stores.iceberg.streaming import replace_streaming
+from pipeline_output.stores.iceberg.streaming import replace_streaming as _replace_streaming
+from pipeline_output.stores.protocol import (
+    ATTEMPT_MARKER,
+    Capabilities,
+    ReadOptions,
+    WriteOptions,
+    options_of,
+)
 from pipeline_output.stores.schema import initial_schema, plan_evolution
 from pipeline_output.windows import Window
 
@@ -75,6 +85,9 @@ class IcebergStore:
     Postgres from settings). Pass `lock=None` to opt out — every write then warns that concurrent
     writers are unsafe.
     """
+
+    arm: Arm = "iceberg"
+    capabilities: Capabilities = ICEBERG_CAPABILITIES
 
     def __init__(self, catalog: Catalog, namespace: str, *, lock: Any = _DEFAULT_LOCK) -> None:
         self.catalog = catalog
@@ -110,30 +123,31 @@ class IcebergStore:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def read(
-        self,
-        spec: DatasetSpec | str,
-        *,
-        window: Window | None = None,
-        columns: Sequence[str] | None = None,
-        watermark: str | None = None,
-    ) -> pl.DataFrame:
+    def read(self, spec: DatasetSpec | str, **options: Unpack[ReadOptions]) -> pl.DataFrame:
         """The table's rows (optionally only a window, only some columns) as polars."""
+        window, columns = options.get("window"), options.get("columns")
         table = self.load(spec)
         if table is None:
             raise DatasetNotWritten(f"dataset {self.table_name(spec)!r} has no Iceberg table yet")
         row_filter: BooleanExpression = AlwaysTrue()
         if window is not None:
-            wm = watermark or (spec.watermark if isinstance(spec, DatasetSpec) else None)
-            if wm is None:
-                raise InvalidArgument(
-                    f"reading a window of {self.table_name(spec)} needs its watermark"
-                )
+            wm = window_column(spec, options.get("watermark"))
             row_filter = window_filter(wm, window, schema=table.schema())
         scan = table.scan(
             row_filter=row_filter, selected_fields=tuple(columns) if columns else ("*",)
         )
         return from_arrow(scan.to_arrow())
+
+    def find_marker(self, spec: DatasetSpec | str, marker: str) -> int | None:
+        """The snapshot whose summary carries the window attempt `marker`, if any."""
+        table = self.load(spec)
+        if table is None:
+            return None
+        key = f"{PROPERTY_PREFIX}{ATTEMPT_MARKER}"
+        for snap in reversed(table.snapshots()):
+            if snap.summary is not None and snap.summary.get(key) == marker:
+                return snap.snapshot_id
+        return None
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -147,9 +161,12 @@ class IcebergStore:
         re-validates the files under the table's lock. `PreparedWrite.discard()` deletes files a
         write did not commit (`write` does it itself).
         """
-        frame = check_keys(spec, to_polars(spec, data))
+        frame = checked_frame(spec, data)
         return PreparedWrite(
-            spec=spec, window=window, frame=frame, pre=self._prewrite(spec, frame, window)
+            spec=spec,
+            window=window,
+            frame=frame,
+            pre=prewrite(self.load(spec), spec, frame, window),
         )
 
     def write(
@@ -157,10 +174,8 @@ class IcebergStore:
         spec: DatasetSpec,
         data: Any,
         *,
-        window: Window | None = None,
-        run_id: str | None = None,
-        summary: dict[str, str] | None = None,
         prepared: PreparedWrite | None = None,
+        **options: Unpack[WriteOptions],
     ) -> WriteResult:
         """Probe, plan and write `data` for `spec` in one commit (none when nothing changes).
 
@@ -168,6 +183,7 @@ class IcebergStore:
         pre-written files are used instead of `data`.
         """
         started = time.perf_counter()
+        window, run_id, summary = options_of(options)
         if prepared is not None and (prepared.spec != spec or prepared.window != window):
             raise InvalidArgument(
                 f"dataset {spec.name!r}: the prepared write is for another spec or window"
@@ -200,56 +216,9 @@ class IcebergStore:
             table=self.table_name(spec),
         )
 
-    def _prewrite(
-        self, spec: DatasetSpec, frame: pl.DataFrame, window: Window | None
-    ) -> _Prewritten | None:
-        """Write the frame's data files before the lock when the strategy writes it as it is.
-
-        Decided on the table as it is now; re-checked inside the lock (`_Prewritten.fits`). Input
-        checks that depend on the plan run here too, so bad input still writes nothing.
-        """
-        if frame.height == 0:
-            return None
-        table = self.load(spec)
-        if table is None:
-            return None
-        plan = plan_write(spec, _state_of(table), window)
-        if plan.write_mode not in _AS_IS_MODES:
-            return None
-        if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
-            check_in_window(spec, frame, window)
-        if not plan_evolution(spec, table.schema(), frame).empty:
-            return None  # the schema changes: written inside the lock, after the evolution
-        aligned = _sorted(_align(frame, table.schema()), spec)
-        pre = _Prewritten.of(table, aligned, [])
-        writer = DataFileWriter(table.metadata, table.io, write_id=uuid.uuid4())
-        try:
-            pre.files = writer.write(aligned)
-        except BaseException:
-            for path in writer.written:
-                _delete_quietly(table.io, path)
-            raise
-        return pre
-
-    def replace_streaming(
-        self,
-        spec: DatasetSpec,
-        batches: Iterable[pl.DataFrame],
-        *,
-        run_id: str | None = None,
-        summary: dict[str, str] | None = None,
-        finalize_summary: Callable[[], dict[str, str]] | None = None,
-    ) -> WriteResult:
-        """Replace the whole table with `batches`, written to data files as they arrive (one
-        batch in memory, one snapshot at the end; see `streaming.replace_streaming`)."""
-        return replace_streaming(
-            self,
-            spec,
-            batches,
-            run_id=run_id,
-            summary=summary,
-            finalize_summary=finalize_summary,
-        )
+    # Replace the whole table with batches written to data files as they arrive (one batch in
+    # memory, one snapshot at the end): `streaming.replace_streaming`, as a method.
+    replace_streaming = _replace_streaming
 
     def _hold(self, spec: DatasetSpec) -> AbstractContextManager[LockStats]:
         lock = self._lock
@@ -264,7 +233,7 @@ class IcebergStore:
                 stacklevel=3,
             )
             return nullcontext(LockStats(key=self.table_name(spec)))
-        return lock.hold(f"iceberg:{self.table_name(spec)}")  # type: ignore[no-any-return,unused-ignore]
+        return lock.hold(iceberg_table(self.table_name(spec)))  # type: ignore[no-any-return,unused-ignore]
 
     def _ensure_namespace(self) -> None:
         if not self._namespace_checked:
@@ -297,13 +266,12 @@ class IcebergStore:
                 "after this write was planned; nothing was committed — run it again"
             ) from exc
         snapshot = table.current_snapshot()
-        return WriteResult(
-            dataset=spec.name,
-            write_mode=plan.write_mode,
-            first_deploy=True,
+        return WriteResult.of(
+            plan,
+            RowCounts(inserted=frame.height),
             rows_in=frame.height,
-            rows_inserted=frame.height,
-            rows_total_after=frame.height,
+            total_before=0,
+            arm="iceberg",
             snapshot_id=snapshot.snapshot_id if snapshot else None,
             files_added=1 if frame.height else 0,
         )
@@ -370,18 +338,12 @@ class IcebergStore:
                     f"dataset {spec.name!r}: the table's schema changed after this write was "
                     f"planned ({exc}); nothing was committed — run it again"
                 ) from exc
-        return WriteResult(
-            dataset=spec.name,
-            write_mode=plan.write_mode,
-            first_deploy=plan.first_deploy,
+        return WriteResult.of(
+            plan,
+            changes,
             rows_in=frame.height,
-            rows_inserted=changes.inserted,
-            rows_updated=changes.updated,
-            rows_deleted=changes.deleted,
-            rows_unchanged=changes.unchanged,
-            rows_preserved=changes.preserved,
-            rows_skipped=changes.skipped,
-            rows_total_after=total_before + changes.inserted - changes.deleted,
+            total_before=total_before,
+            arm="iceberg",
             snapshot_id=snapshot_id,
             files_rewritten=len(changes.deleted_files),
             files_added=sum(1 for f in changes.new_frames if f.height),

@@ -21,7 +21,7 @@ from pipeline_output.errors import (
 from pipeline_output.frames import check_keys, to_polars
 from pipeline_output.locks import LockStats
 from pipeline_output.plan import WritePlan, plan_write
-from pipeline_output.result import WriteResult
+from pipeline_output.result import RowCounts, WriteResult
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.commit import _commit, _delete_quietly, _stream_batches
 from pipeline_output.stores.iceberg.files import DataFileWriter
@@ -206,14 +206,12 @@ def _replaced(
     stats: LockStats,
 ) -> WriteResult:
     """The result of a streaming replace."""
-    return WriteResult(
-        dataset=spec.name,
-        write_mode="replace",
-        first_deploy=plan.first_deploy,
+    return WriteResult.of(
+        plan,
+        RowCounts(inserted=rows, deleted=total_before),
         rows_in=rows,
-        rows_inserted=rows,
-        rows_deleted=total_before,
-        rows_total_after=rows,
+        total_before=total_before,
+        arm="iceberg",
         snapshot_id=snap.snapshot_id if snap else None,
         files_rewritten=files_rewritten,
         files_added=files_added,

@@ -11,6 +11,6 @@ from __future__ import annotations
 from pipeline_output.stores.postgres.fragments import ROWS_TABLE
 from pipeline_output.stores.postgres.pending import PendingWrite
 from pipeline_output.stores.postgres.store import PostgresStore
-from pipeline_output.stores.postgres.types import _pg_type, evolve_schema
+from pipeline_output.stores.postgres.types import evolve_schema, staged_type
 
-__all__ = ["ROWS_TABLE", "PendingWrite", "PostgresStore", "_pg_type", "evolve_schema"]
+__all__ = ["ROWS_TABLE", "PendingWrite", "PostgresStore", "evolve_schema", "staged_type"]

@@ -43,32 +43,30 @@ types (lists, structs) are not stored by this arm yet (`BadInput`).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Unpack
 
 import polars as pl
 import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from pipeline_output import pgsession
+from pipeline_output import locks, pgsession
 from pipeline_output.errors import (
     BadInput,
     DatasetNotWritten,
     EmptyComputeRefused,
     InvalidArgument,
-    LockUnavailable,
 )
-from pipeline_output.frames import check_in_window, check_keys, from_arrow, to_polars
+from pipeline_output.frames import CheckedInput, check_in_window, checked_input, from_arrow
 from pipeline_output.ledger import Ledger
 from pipeline_output.ledger.migrations import SCHEMA
-from pipeline_output.locks import lock_key
 from pipeline_output.plan import TargetState, WritePlan, plan_write
 from pipeline_output.result import WriteResult
-from pipeline_output.spec import DatasetSpec, check_identifier
+from pipeline_output.spec import Arm, DatasetSpec, check_identifier, window_column
 from pipeline_output.stores.postgres.fragments import (
     _ROWS,
     ROWS_TABLE,
@@ -78,13 +76,15 @@ from pipeline_output.stores.postgres.fragments import (
 from pipeline_output.stores.postgres.pending import PendingWrite
 from pipeline_output.stores.postgres.staging import apply_plan, rekey, stage
 from pipeline_output.stores.postgres.types import (
+    LEGACY_CAPABILITIES,
     _align,
     _check_text,
-    _pg_type,
     _polars_schema,
     _raise_if_key_too_long,
     evolve_schema,
+    staged_type,
 )
+from pipeline_output.stores.protocol import Capabilities, ReadOptions, WriteOptions, options_of
 from pipeline_output.windows import Window
 
 # -- the store --------------------------------------------------------------------------------
@@ -96,6 +96,9 @@ class PostgresStore:
     The rows live in the control-plane database: the ledger (default `Ledger(url)`) must be on the
     same database, because each write records its deploy in the same transaction as its rows.
     """
+
+    arm: Arm = "pg"
+    capabilities: Capabilities = LEGACY_CAPABILITIES
 
     def __init__(
         self, url: str, *, ledger: Ledger | None = None, lock_timeout_s: float | None = None
@@ -119,22 +122,13 @@ class PostgresStore:
 
     def _lock(self, conn: psycopg.Connection[Any], dataset: str) -> float:
         """Take the dataset's transaction-level advisory lock; returns the seconds waited."""
-        started = time.perf_counter()
-        if self.lock_timeout_s is not None:
-            conn.execute(
-                "SELECT set_config('lock_timeout', %s, true)",
-                (f"{int(self.lock_timeout_s * 1000)}ms",),
-            )
-        try:
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(f"pg:{dataset}"),))
-        except psycopg.errors.LockNotAvailable as exc:
-            raise LockUnavailable(
-                f"timed out after {self.lock_timeout_s}s waiting for the legacy-arm lock on "
-                f"{dataset!r}"
-            ) from exc
-        if self.lock_timeout_s is not None:
-            conn.execute("SELECT set_config('lock_timeout', '0', true)")
-        return time.perf_counter() - started
+        return locks.acquire(
+            conn,
+            locks.legacy_dataset(dataset),
+            transaction=True,
+            timeout_s=self.lock_timeout_s,
+            what=f"the legacy-arm lock on {dataset!r}",
+        )
 
     @contextmanager
     def _transaction(self) -> Iterator[psycopg.Connection[Any]]:
@@ -204,31 +198,54 @@ class PostgresStore:
 
     # -- writing -------------------------------------------------------------------------------
 
+    def prepare(
+        self, spec: DatasetSpec, data: Any, *, window: Window | None = None
+    ) -> CheckedInput:
+        """Convert and check `data` (keys, text values) before any transaction or lock."""
+        LEGACY_CAPABILITIES.check_spec(spec)
+        checked = checked_input(spec, data)
+        LEGACY_CAPABILITIES.check_frame(spec, checked.frame)
+        _check_text(spec, checked.frame)
+        return checked
+
     def write(
         self,
         spec: DatasetSpec,
         data: Any,
         *,
-        window: Window | None = None,
-        run_id: str | None = None,
+        prepared: CheckedInput | None = None,
+        **options: Unpack[WriteOptions],
     ) -> WriteResult:
-        """Probe, plan and write `data` for `spec` in one committed transaction."""
-        return self.begin_write(spec, data, window=window, run_id=run_id).commit()
+        """Probe, plan and write `data` for `spec` in one committed transaction
+        (`begin_write(...).commit()`)."""
+        return self.begin_write(spec, data, prepared=prepared, **options).commit()
+
+    def find_marker(self, spec: DatasetSpec | str, marker: str) -> int | None:
+        """The deploy id of the committed write carrying the window attempt `marker`, if any:
+        recorded with the rows in one transaction, so it is there iff the rows are."""
+        name = spec if isinstance(spec, str) else spec.name
+        self.ensure_schema()
+        record = self.ledger.find_marker(name, "pg", marker)
+        return int(record.id) if record is not None else None
 
     def begin_write(
         self,
         spec: DatasetSpec,
         data: Any,
         *,
-        window: Window | None = None,
-        run_id: str | None = None,
+        prepared: CheckedInput | None = None,
+        **options: Unpack[WriteOptions],
     ) -> PendingWrite:
-        """Do the whole write but leave its transaction open; commit or roll back the result."""
+        """Do the whole write but leave its transaction open; commit or roll back the result.
+
+        `summary` carries the attempt's properties (a window attempt's marker is recorded on the
+        deploy); `prepared` (from `prepare`) is the already checked input, used instead of `data`.
+        """
         started = time.perf_counter()
         started_at = datetime.now(UTC)
+        window, run_id, summary = options_of(options)
         # to_polars refuses the reserved `__po_` prefix (both arms share that check)
-        frame = check_keys(spec, to_polars(spec, data))
-        _check_text(spec, frame)
+        frame = (prepared if prepared is not None else self.prepare(spec, data)).frame
         with self._transaction() as conn:
             lock_wait = self._lock(conn, spec.name)
             state = self._state(conn, spec.name)
@@ -239,7 +256,7 @@ class PostgresStore:
             registered = entry.arrow_schema if entry is not None else None
             arrow = evolve_schema(spec, registered, frame)
             target = _polars_schema(arrow)
-            types = {name: _pg_type(spec.name, name, dtype) for name, dtype in target.items()}
+            types = {name: staged_type(spec.name, name, dtype) for name, dtype in target.items()}
             key_changed = entry is not None and entry.primary_key != spec.primary_key
             if registered is None or key_changed or not arrow.equals(registered):
                 self.ledger.register_dataset(
@@ -269,35 +286,25 @@ class PostgresStore:
                     f"would delete {counts.deleted} target row(s); set allow_empty=True to allow "
                     "it (nothing was written)"
                 )
-            result = WriteResult(
-                dataset=spec.name,
-                write_mode=plan.write_mode,
-                first_deploy=plan.first_deploy,
+            result = WriteResult.of(
+                plan,
+                counts,
                 rows_in=frame.height,
-                rows_inserted=counts.inserted,
-                rows_updated=counts.updated,
-                rows_deleted=counts.deleted,
-                rows_unchanged=counts.unchanged,
-                rows_preserved=counts.preserved,
-                rows_skipped=counts.skipped,
-                rows_total_after=total_before + counts.inserted - counts.deleted,
+                total_before=total_before,
+                arm="pg",
                 lock_wait_s=lock_wait,
                 table=self.table_name(spec),
-                arm="pg",
             )
-            changed = counts.inserted or counts.updated or counts.deleted
-            if changed or plan.first_deploy:
-                record = self.ledger.record_deploy(
-                    spec.name,
-                    "pg",
-                    status="succeeded",
-                    run_id=run_id,
-                    strategy=spec.strategy,
-                    window=window,
-                    result=result,
-                    started_at=started_at,
-                    conn=conn,
-                )
+            record = self.ledger.record_write(
+                spec,
+                result,
+                window=window,
+                run_id=run_id,
+                summary=summary,
+                started_at=started_at,
+                conn=conn,
+            )
+            if record is not None:
                 result = replace(result, snapshot_id=record.id)
             result = replace(result, duration_s=time.perf_counter() - started)
             return PendingWrite(conn, result)
@@ -308,15 +315,9 @@ class PostgresStore:
         self.ensure_schema()
         return self.ledger.dataset_schema(name)
 
-    def read(
-        self,
-        spec: DatasetSpec | str,
-        *,
-        window: Window | None = None,
-        columns: Sequence[str] | None = None,
-        watermark: str | None = None,
-    ) -> pl.DataFrame:
+    def read(self, spec: DatasetSpec | str, **options: Unpack[ReadOptions]) -> pl.DataFrame:
         """The dataset's rows in `row_index` order, typed by its registered schema."""
+        window, columns = options.get("window"), options.get("columns")
         name = spec if isinstance(spec, str) else spec.name
         arrow = self.schema(name)
         if arrow is None:
@@ -329,7 +330,7 @@ class PostgresStore:
                 raise InvalidArgument(
                     f"dataset {name!r} has no column {col!r} (columns: {list(target)})"
                 )
-        types = {c: _pg_type(name, c, target[c]) for c in target}
+        types = {c: staged_type(name, c, target[c]) for c in target}
         doc = sql.SQL("r.data")
         selects = []
         for col in wanted:
@@ -339,8 +340,8 @@ class PostgresStore:
             selects.append(sql.SQL("{} AS {}").format(value, sql.Identifier(col)))
         where = sql.SQL("r.dataset_id = {}").format(sql.Literal(name))
         if window is not None:
-            wm = watermark or (spec.watermark if isinstance(spec, DatasetSpec) else None)
-            if wm is None or wm not in target:
+            wm = window_column(spec, options.get("watermark"))
+            if wm not in target:
                 raise InvalidArgument(f"reading a window of {name!r} needs its watermark column")
             where = sql.SQL("{} AND {}").format(
                 where, _window_condition(doc, wm, types[wm], window)

@@ -19,24 +19,41 @@ from pipeline_output.errors import (
 from pipeline_output.frames import polars_schema
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.postgres.fragments import _BTREE_MAX_BYTES
+from pipeline_output.stores.protocol import Capabilities
 from pipeline_output.stores.schema import arrow_schema_of, plan_evolution
 
 # -- types ------------------------------------------------------------------------------------
 
 
-def _pg_type(spec_name: str, column: str, dtype: pl.DataType) -> sql.Composable:
+_SIMPLE_TYPES: dict[type[pl.DataType], str] = {
+    pl.Int32: "integer",
+    pl.Int64: "bigint",
+    pl.Float32: "real",
+    pl.Float64: "double precision",
+    pl.Boolean: "boolean",
+    pl.String: "text",
+    pl.Binary: "bytea",
+    pl.Date: "date",
+}
+_MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: longer column names would be truncated
+# Postgres allows 1,600 columns in a table; the staging table adds its row index.
+_MAX_COLUMNS = 1600 - 1
+
+LEGACY_CAPABILITIES = Capabilities(
+    arm="pg",
+    label="legacy Postgres arm",
+    nested_types=False,
+    max_identifier_length=_MAX_IDENTIFIER_BYTES,
+    max_columns=_MAX_COLUMNS,
+    # a typeless null column (polars `Null`) takes the registered type, or text when new
+    scalar_types=(*_SIMPLE_TYPES, pl.Datetime, pl.Decimal, pl.Null),
+    advice="keep this dataset on the iceberg arm (mode='iceberg')",
+)
+
+
+def staged_type(spec_name: str, column: str, dtype: pl.DataType) -> sql.Composable:
     """The Postgres column type a polars dtype is staged as (and cast back from on read)."""
-    simple: dict[type[pl.DataType], str] = {
-        pl.Int32: "integer",
-        pl.Int64: "bigint",
-        pl.Float32: "real",
-        pl.Float64: "double precision",
-        pl.Boolean: "boolean",
-        pl.String: "text",
-        pl.Binary: "bytea",
-        pl.Date: "date",
-    }
-    for kind, name in simple.items():
+    for kind, name in _SIMPLE_TYPES.items():
         if isinstance(dtype, kind):
             return sql.SQL(name)  # type: ignore[arg-type,unused-ignore]  # closed set of names
     if isinstance(dtype, pl.Datetime):

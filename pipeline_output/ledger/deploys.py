@@ -1,0 +1,192 @@
+"""The deploy log: one row per write to one arm (`DeployRecord`), how a succeeded write is recorded
+(`record_write`, the one definition both arms use), and the lookups the freshness oracle, `status`
+and exactly-once repair (`find_marker`) make. Mixed into `Ledger`, whose connections it uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Unpack
+
+import psycopg
+from psycopg import sql
+
+from pipeline_output.errors import InvalidArgument
+from pipeline_output.ledger.records import (
+    _COUNTERS,
+    _DEPLOY_COLUMNS,
+    ARMS,
+    DEPLOY_STATUSES,
+    DeployRecord,
+    _columns,
+    _t,
+)
+from pipeline_output.result import WriteResult
+from pipeline_output.spec import DatasetSpec
+from pipeline_output.stores.protocol import ATTEMPT_MARKER, WriteOptions, options_of
+from pipeline_output.windows import Window
+
+
+class DeployLog:
+    """The `deploys` table's writes and reads (see the module docstring)."""
+
+    if TYPE_CHECKING:
+
+        def _tx(
+            self, conn: psycopg.Connection[Any] | None
+        ) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+
+    def record_deploy(
+        self,
+        dataset: str,
+        arm: str,
+        *,
+        status: str,
+        run_id: str | None = None,
+        strategy: str | None = None,
+        write_mode: str | None = None,
+        first_deploy: bool | None = None,
+        window: Window | str | None = None,
+        result: WriteResult | None = None,
+        counters: Mapping[str, int] | None = None,
+        snapshot_id: int | None = None,
+        started_at: datetime | None = None,
+        error: str | None = None,
+        attempt_marker: str | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> DeployRecord:
+        """Record one write to one arm. Counters come from `result` (or `counters`)."""
+        if arm not in ARMS:
+            raise InvalidArgument(f"unknown arm {arm!r}; valid arms: {', '.join(ARMS)}")
+        if status not in DEPLOY_STATUSES:
+            raise InvalidArgument(
+                f"unknown deploy status {status!r}; valid: {', '.join(DEPLOY_STATUSES)}"
+            )
+        values: dict[str, Any] = {c: None for c in _COUNTERS}
+        if result is not None:
+            values.update({c: getattr(result, c) for c in _COUNTERS})
+            write_mode = write_mode or result.write_mode
+            first_deploy = result.first_deploy if first_deploy is None else first_deploy
+        if counters:
+            values.update({c: counters[c] for c in _COUNTERS if c in counters})
+        window_text = str(window) if window is not None else None
+        window_key = window.to_key() if isinstance(window, Window) else None
+        values.update(
+            dataset=dataset,
+            arm=arm,
+            run_id=run_id,
+            strategy=strategy,
+            write_mode=write_mode,
+            first_deploy=first_deploy,
+            window=window_text,
+            window_key=window_key,
+            status=status,
+            snapshot_id=snapshot_id,
+            started_at=started_at,
+            error=error,
+            attempt_marker=attempt_marker,
+        )
+        names = list(values)
+        query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) RETURNING {}").format(
+            _t("deploys"),
+            _columns(names),
+            sql.SQL(", ").join(sql.Placeholder() * len(names)),
+            _columns(_DEPLOY_COLUMNS),
+        )
+        with self._tx(conn) as c:
+            row = c.execute(query, [values[n] for n in names]).fetchone()
+        assert row is not None
+        return DeployRecord(*row)
+
+    def record_write(
+        self,
+        spec: DatasetSpec,
+        result: WriteResult,
+        *,
+        started_at: datetime | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+        **options: Unpack[WriteOptions],
+    ) -> DeployRecord | None:
+        """The one definition of a succeeded write's deploy record, for both arms.
+
+        Nothing is recorded for a no-op re-deploy (nothing committed). The record carries the
+        attempt marker from `summary` (window attempts), so `find_marker` is exact on both arms.
+        The Iceberg arm's record is written after its commit (the publish pipeline); the legacy
+        arm's inside its own transaction (`conn`), so its rows and its record commit together.
+        """
+        window, run_id, summary = options_of(options)
+        if result.arm == "iceberg" and result.noop:
+            return None
+        changed = result.rows_inserted or result.rows_updated or result.rows_deleted
+        if result.arm == "pg" and not (changed or result.first_deploy):
+            return None
+        return self.record_deploy(
+            spec.name,
+            result.arm,
+            status="succeeded",
+            run_id=run_id,
+            strategy=spec.strategy,
+            window=window,
+            result=result,
+            snapshot_id=result.snapshot_id if result.arm == "iceberg" else None,
+            started_at=started_at,
+            attempt_marker=(summary or {}).get(ATTEMPT_MARKER),
+            conn=conn,
+        )
+
+    def find_marker(
+        self, dataset: str, arm: str, marker: str, *, conn: psycopg.Connection[Any] | None = None
+    ) -> DeployRecord | None:
+        """The succeeded deploy of `dataset` to `arm` that carries the attempt `marker`, if any."""
+        query = sql.SQL(
+            "SELECT {} FROM {} WHERE dataset = %s AND arm = %s AND attempt_marker = %s "
+            "AND status = 'succeeded' ORDER BY id DESC LIMIT 1"
+        ).format(_columns(_DEPLOY_COLUMNS), _t("deploys"))
+        with self._tx(conn) as c:
+            row = c.execute(query, (dataset, arm, marker)).fetchone()
+        return DeployRecord(*row) if row is not None else None
+
+    def last_deploy(
+        self,
+        dataset: str,
+        arm: str,
+        *,
+        status: str | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> DeployRecord | None:
+        """The most recent deploy of `dataset` to `arm` (optionally only with `status`)."""
+        where: sql.Composable = sql.SQL("dataset = %s AND arm = %s")
+        params: list[Any] = [dataset, arm]
+        if status is not None:
+            where = sql.SQL("{} AND status = %s").format(where)
+            params.append(status)
+        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT 1").format(
+            _columns(_DEPLOY_COLUMNS), _t("deploys"), where
+        )
+        with self._tx(conn) as c:
+            row = c.execute(query, params).fetchone()
+        return DeployRecord(*row) if row is not None else None
+
+    def has_succeeded_deploy(
+        self, dataset: str, arm: str, *, conn: psycopg.Connection[Any] | None = None
+    ) -> bool:
+        """The legacy arm's freshness oracle: has `arm` ever committed a write of `dataset`?"""
+        return self.last_deploy(dataset, arm, status="succeeded", conn=conn) is not None
+
+    def deploys(
+        self, dataset: str, *, arm: str | None = None, limit: int = 100
+    ) -> list[DeployRecord]:
+        """Recent deploys of `dataset` (newest first)."""
+        where: sql.Composable = sql.SQL("dataset = %s")
+        params: list[Any] = [dataset]
+        if arm is not None:
+            where = sql.SQL("{} AND arm = %s").format(where)
+            params.append(arm)
+        params.append(limit)
+        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT %s").format(
+            _columns(_DEPLOY_COLUMNS), _t("deploys"), where
+        )
+        with self._tx(None) as c:
+            return [DeployRecord(*r) for r in c.execute(query, params).fetchall()]
