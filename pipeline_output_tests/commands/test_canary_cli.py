@@ -7,7 +7,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,31 +16,17 @@ import pytest
 
 from pipeline_output.ledger import Ledger
 from pipeline_output.settings import Settings
+from pipeline_output_tests.commands.cli_runner import BIN, Run, runner
 
-CLI = str(Path(sys.executable).parent / "pipeline-output")  # the interpreter running the tests
 DEMO = ["active_products", "customer_churn", "customers", "daily_revenue", "order_events", "orders"]
 
 
 @pytest.fixture
-def cli(settings_env: Settings, tmp_path: Path) -> Any:
+def cli(settings_env: Settings, tmp_path: Path) -> Run:
     """Run the console script with PIPELINE_OUTPUT_PG_URL/HOME of the test database."""
-    import subprocess
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_")}
-    env["PATH"] = f"{Path(CLI).parent}{os.pathsep}{env.get('PATH', '')}"
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [CLI, *args],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-
-    return run
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    return runner(env=env, cwd=tmp_path, timeout_s=120)
 
 
 @pytest.fixture

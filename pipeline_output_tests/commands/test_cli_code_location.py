@@ -5,11 +5,8 @@ processes, chosen by `-m`, `-f`, `-w`, `PIPELINE_OUTPUT_DEFINITIONS` and `[tool.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -18,9 +15,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from pipeline_output.windows import Window
-
-BIN = Path(sys.executable).parent
-CLI = str(BIN / "pipeline-output")
+from pipeline_output_tests.commands.cli_runner import Run, isolated_env, runner
 
 USER_DEFS = """
 import polars as pl
@@ -45,8 +40,6 @@ defs = build_definitions(datasets=[tickets, ticket_counts], sources=[tickets_raw
 
 TICKETS = [(1, 1, "open"), (2, 2, "closed"), (3, 3, "open"), (4, 4, "pending")]
 
-Run = Callable[..., subprocess.CompletedProcess[str]]
-
 
 @pytest.fixture
 def project(tmp_path: Path, pg_db_url: str) -> Path:
@@ -67,33 +60,7 @@ def project(tmp_path: Path, pg_db_url: str) -> Path:
 
 @pytest.fixture
 def cli(tmp_path: Path, pg_db_url: str, project: Path) -> Run:
-    base = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.upper().startswith(("PYICEBERG_", "PIPELINE_OUTPUT_", "DAGSTER_"))
-    }
-    (tmp_path / "user").mkdir()
-    base.update(
-        HOME=str(tmp_path / "user"),
-        PATH=f"{BIN}{os.pathsep}{base.get('PATH', '')}",
-        PIPELINE_OUTPUT_HOME=str(tmp_path / "home"),
-        PIPELINE_OUTPUT_PG_URL=pg_db_url,
-    )
-
-    def run(
-        *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [CLI, *args],
-            env={**base, **(env or {})},
-            cwd=cwd or project,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-
-    return run
+    return runner(env=isolated_env(tmp_path, pg_db_url), cwd=project)
 
 
 def _ok(proc: subprocess.CompletedProcess[str]) -> str:

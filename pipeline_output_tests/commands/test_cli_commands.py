@@ -3,45 +3,17 @@ plan, windows, windows restate, doctor, status."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
 import pytest
 
-BIN = Path(sys.executable).parent
-CLI = str(BIN / "pipeline-output")
+from pipeline_output_tests.commands.cli_runner import Run, isolated_env, runner
 
 
 @pytest.fixture
-def cli(pg_db_url: str, tmp_path: Path):  # type: ignore[no-untyped-def]
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.upper().startswith(("PYICEBERG_", "PIPELINE_OUTPUT_", "DAGSTER_"))
-    }
-    (tmp_path / "user").mkdir()
-    env.update(
-        HOME=str(tmp_path / "user"),
-        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        PIPELINE_OUTPUT_HOME=str(tmp_path / "home"),
-        PIPELINE_OUTPUT_PG_URL=pg_db_url,
-    )
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [CLI, *args],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-
-    return run
+def cli(pg_db_url: str, tmp_path: Path) -> Run:
+    return runner(env=isolated_env(tmp_path, pg_db_url), cwd=tmp_path)
 
 
 def test_demo_plan_windows_restate_doctor_and_status_commands(cli, pg_db_url: str) -> None:
