@@ -145,6 +145,10 @@ def _portable_types(spec: DatasetSpec, frame: pl.DataFrame) -> pl.DataFrame:
             if dtype.time_zone not in (None, "UTC"):
                 frame = frame.with_columns(pl.col(name).dt.convert_time_zone("UTC"))
             casts[name] = pl.Datetime("us", zone)
+        elif isinstance(dtype, pl.Time):
+            # polars keeps nanoseconds, Iceberg's and Postgres' `time` microseconds: truncate
+            # here, so both arms store the same value and an unchanged row compares equal
+            frame = frame.with_columns((pl.col(name).cast(pl.Int64) // 1000 * 1000).cast(pl.Time))
         elif isinstance(dtype, (pl.Duration, pl.Object)):
             raise BadInput(
                 f"dataset {spec.name!r}: column {name!r} has type {dtype}, which Iceberg cannot store"
@@ -203,6 +207,28 @@ def check_keys(spec: DatasetSpec, frame: pl.DataFrame) -> pl.DataFrame:
                 f"compute's output, e.g. {shown} (set dedupe_by=<column> to keep the last row per key)"
             )
     return frame
+
+
+def duplicate_target_keys(spec: DatasetSpec, count: int, examples: list[Any]) -> DuplicateKeys:
+    """The refusal of a matching write whose target already holds some of its keys more than once
+    (rows written by another tool, or under `append_always`): which row would it update?"""
+    shown = ", ".join(repr(k) for k in examples[:MAX_EXAMPLES])
+    return DuplicateKeys(
+        f"dataset {spec.name!r}: the target already holds {count} of this write's primary key(s) "
+        f"more than once, e.g. {shown}, so a matching write cannot tell which row to update; "
+        "nothing was written. Remove the duplicate rows first (a full `replace` re-deploy does)"
+    )
+
+
+def refuse_duplicate_matches(spec: DatasetSpec, matched: pl.DataFrame) -> None:
+    """`matched` holds the primary key of every target row a write matched, one row per target
+    row; refuse (`duplicate_target_keys`) when a key appears twice."""
+    pk = list(spec.primary_key)
+    if matched.height == 0 or matched.select(pl.struct(pk).n_unique()).item() == matched.height:
+        return
+    dupes = matched.group_by(pk).len(name="__po_len__").filter(pl.col("__po_len__") > 1)
+    rows = dupes.sort(pk).select(pk).rows()
+    raise duplicate_target_keys(spec, dupes.height, [r[0] if len(r) == 1 else r for r in rows])
 
 
 def check_in_window(spec: DatasetSpec, frame: pl.DataFrame, window: Window) -> None:

@@ -1,8 +1,9 @@
 """Model-based (stateful) tests: random sequences of deploys applied to BOTH arms.
 
 A hypothesis `RuleBasedStateMachine` drives one or two datasets, each with a random strategy, through
-random deploys: batches with overlapping / new / missing keys, nulls in non-key columns, NaN, empty
-batches, columns added (and later omitted), and delta windows over an integer, `timestamptz` or
+random deploys: batches with overlapping / new / missing keys, keys whose watermark moves to another
+window (a windowed replace must then replace a key stored outside its window), nulls in non-key
+columns, NaN, empty batches, columns added (and later omitted), and delta windows over an integer, `timestamptz` or
 `timestamp` watermark (bounds round-tripped through their partition key, as the sensor does), with
 the database's server TimeZone drawn per example (UTC or not). After every step the Iceberg arm and
 the legacy Postgres arm each equal an independent polars model (`oracle.expect`, which imports
@@ -48,6 +49,7 @@ NS = "datasets"
 STRATEGIES = ["snapshot_replace", "append_always", "append_new", "replace", "sync"]
 EXTRA_TYPES = {"int": pl.Int64, "str": pl.String, "float": pl.Float64}
 KEY_SPACE = 30
+MOVE = 7  # how far a moved row's watermark lies from its id's (into another window)
 WATERMARK_KINDS = ["int", "timestamptz", "timestamp"]
 SERVER_ZONES = ["UTC", "Asia/Tokyo", "America/Los_Angeles"]
 EPOCH = datetime(2026, 3, 28, 22, 0, tzinfo=UTC)  # hours later cross a DST change (Europe/US)
@@ -81,6 +83,7 @@ class Row:
     version: int  # 0..2: value version (so repeated ids are changed or identical)
     v_null: bool  # v is null
     f_kind: int  # 0 number, 1 NaN, 2 null
+    moved: bool = False  # the watermark is MOVE later than the id's: the key changes window
 
 
 rows_st = st.lists(
@@ -90,6 +93,7 @@ rows_st = st.lists(
         version=st.integers(0, 2),
         v_null=st.booleans(),
         f_kind=st.sampled_from([0, 0, 1, 2]),
+        moved=st.sampled_from([False, False, False, True]),
     ),
     max_size=12,
     unique_by=lambda r: r.id,
@@ -130,7 +134,8 @@ def make_batch(rows: list[Row], extras: dict[str, str], wm_kind: str = "int") ->
     cols: dict[str, pl.Series] = {
         "id": pl.Series(ids, dtype=pl.Int64),
         "seq": pl.Series(
-            [watermark_value(i, wm_kind) for i in ids], dtype=WATERMARK_DTYPES[wm_kind]
+            [watermark_value(r.id + (MOVE if r.moved else 0), wm_kind) for r in rows],
+            dtype=WATERMARK_DTYPES[wm_kind],
         ),
         "v": pl.Series([None if r.v_null else r.id * 10 + r.version for r in rows], dtype=pl.Int64),
         "f": pl.Series(f_values, dtype=pl.Float64),
@@ -203,6 +208,10 @@ def deploy(
         batch = batch.filter(in_window("seq", low, high))
         _CTX.setdefault("windowed", {}).setdefault(ds.wm_kind, 0)
         _CTX["windowed"][ds.wm_kind] += 1
+        if ds.spec.strategy == "replace" and ds.table is not None:
+            stored = ds.table.join(batch.select("id", "seq"), on="id", suffix="_new")
+            if stored.filter(pl.col("seq") != pl.col("seq_new")).height:
+                _CTX["moved_replaces"] = _CTX.get("moved_replaces", 0) + 1
     exp = expect(ds.spec.strategy, ds.table, batch, ["id"], window=bounds, watermark="seq")
     refused = not exp.first_deploy and batch.height == 0 and exp.counters.get("rows_deleted", 0) > 0
     arms.steps += 1
@@ -274,6 +283,29 @@ class DeployMachine(RuleBasedStateMachine):
     @rule(which=st.integers(0, 1), rows=rows_st, window=_window_bounds_st)
     def deploy_window(self, which: int, rows: list[Row], window: tuple[int | None, int]) -> None:
         deploy(self.arms, self.datasets[which % len(self.datasets)], rows, window)
+
+    @precondition(lambda self: any(d.table is not None and d.table.height for d in self.datasets))
+    @rule(which=st.integers(0, 1), window=_window_bounds_st, version=st.integers(0, 2))
+    def move_stored_keys_to_other_windows(
+        self, which: int, window: tuple[int | None, int], version: int
+    ) -> None:
+        """Re-deploy every stored key with its watermark moved (or moved back), over a window:
+        keys whose row lay outside the window now land inside it."""
+        ds = self.datasets[which % len(self.datasets)]
+        if ds.table is None or ds.table.height == 0:
+            return
+        stored = ds.table.unique(subset=["id"], keep="first").select("id", "seq").rows()
+        rows = [
+            Row(
+                id=key,
+                version=version,
+                v_null=False,
+                f_kind=0,
+                moved=seq == watermark_value(key, ds.wm_kind),
+            )
+            for key, seq in stored
+        ]
+        deploy(self.arms, ds, rows, window)
 
     @rule(which=st.integers(0, 1), rows=rows_st)
     def redeploy_same_batch_twice(self, which: int, rows: list[Row]) -> None:
@@ -354,6 +386,7 @@ def test_random_deploy_sequences_both_arms_match_the_model(
         server_zones=",".join(sorted(_CTX["zones"])),
         watermarks=",".join(sorted(_CTX["kinds"])),
         windowed_deploys=_CTX.get("windowed", {}),
+        windowed_replaces_of_moved_keys=_CTX.get("moved_replaces", 0),
         seconds=round(time.perf_counter() - started, 1),
         rows_lost=0,
     )
@@ -364,7 +397,13 @@ def test_random_deploy_sequences_both_arms_match_the_model(
 
 def _rows(ids: list[int], version: int = 0, **kw: Any) -> list[Row]:
     return [
-        Row(id=i, version=version, v_null=kw.get("v_null", False), f_kind=kw.get("f_kind", 0))
+        Row(
+            id=i,
+            version=version,
+            v_null=kw.get("v_null", False),
+            f_kind=kw.get("f_kind", 0),
+            moved=kw.get("moved", False),
+        )
         for i in ids
     ]
 
@@ -420,6 +459,26 @@ def test_regression_windowed_sync_and_replace_on_both_arms(make_arms: Any) -> No
                 ("deploy", _rows([4, 5, 9], version=1), (3, 6)),
                 ("deploy", _rows([0], version=2), (None, 1)),
             ],
+        )
+
+
+@pytest.mark.parametrize("wm_kind", WATERMARK_KINDS)
+def test_regression_windowed_replace_of_keys_moved_from_another_window_on_both_arms(
+    make_arms: Any, wm_kind: str
+) -> None:
+    """Keys 1..5 stored at watermarks 1..5 are computed again at 8..12 by the window (7, 12]: their
+    old rows lie outside it and must go, or the legacy arm stores each key twice (issue 16)."""
+    for strategy in ("replace", "sync", "snapshot_replace"):
+        _replay(
+            make_arms,
+            strategy,
+            [
+                ("deploy", _rows(list(range(1, 11))), None),
+                ("deploy", _rows([1, 2, 3, 4, 5], version=1, moved=True), (7, 12)),
+                ("deploy", _rows([1, 2, 3, 4, 5], version=1, moved=True), (7, 12)),  # re-run
+                ("deploy", _rows([2, 3], version=2), (None, 4)),  # and moved back
+            ],
+            wm_kind=wm_kind,
         )
 
 

@@ -22,7 +22,7 @@ from pyiceberg.types import PrimitiveType
 from pipeline_output.errors import (
     BadInput,
 )
-from pipeline_output.frames import from_arrow
+from pipeline_output.frames import from_arrow, refuse_duplicate_matches
 from pipeline_output.plan import WritePlan
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.expressions import _physical, _window_relation
@@ -191,6 +191,7 @@ class _Merge:
             changes.preserved += rows.height - joined.height - n_absent
 
         all_matched = pl.concat(matched_keys) if matched_keys else frame.head(0).select(pk)
+        refuse_duplicate_matches(spec, all_matched)  # before anything is committed
         inserts = frame.join(all_matched, on=pk, how="anti", nulls_equal=True)
         if inserts.height:
             changes.new_frames.append(inserts)

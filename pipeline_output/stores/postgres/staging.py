@@ -4,6 +4,7 @@ typed temp table, documents with `to_jsonb`, then each write mode as set-based S
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import polars as pl
@@ -13,6 +14,7 @@ from psycopg import sql
 from pipeline_output.errors import (
     BadInput,
 )
+from pipeline_output.frames import MAX_EXAMPLES, duplicate_target_keys
 from pipeline_output.plan import WritePlan
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.postgres.fragments import (
@@ -102,9 +104,17 @@ def apply_plan(
 
     if mode == "replace":
         if plan.delete_scope == "window" and window_cond is not None:
+            # Rows inside the window are replaced. For a keyed dataset a computed key whose stored
+            # row lies outside the window (its watermark moved) is replaced too: keys stay unique,
+            # as on the native arm.
+            moved = (
+                sql.SQL(" OR EXISTS (SELECT 1 FROM {} AS b WHERE b.pk = r.pk)").format(_BATCH)
+                if spec.primary_key
+                else sql.SQL("")
+            )
             counts.deleted = conn.execute(
-                sql.SQL("DELETE FROM {} AS r WHERE r.dataset_id = %s AND {}").format(
-                    _ROWS, window_cond
+                sql.SQL("DELETE FROM {} AS r WHERE r.dataset_id = %s AND ({}{})").format(
+                    _ROWS, window_cond, moved
                 ),
                 (name,),
             ).rowcount
@@ -132,11 +142,14 @@ def apply_plan(
     base = _next_index(conn, name)
     row = conn.execute(
         sql.SQL(
-            "SELECT count(*) FROM {} AS r JOIN {} AS b ON r.pk = b.pk WHERE r.dataset_id = %s"
+            "SELECT count(*), count(DISTINCT r.pk) FROM {} AS r JOIN {} AS b ON r.pk = b.pk"
+            " WHERE r.dataset_id = %s"
         ).format(_ROWS, _BATCH),
         (name,),
     ).fetchone()
     matched = int(row[0]) if row else 0
+    if row and matched != int(row[1]):
+        _refuse_duplicate_matches(conn, spec)
     counts.updated = conn.execute(
         sql.SQL(
             "UPDATE {} AS r SET data = b.data FROM {} AS b"
@@ -158,6 +171,26 @@ def apply_plan(
     counts.inserted = _insert(conn, name, base=base, only_new=True)
     counts.preserved = total_before - matched - counts.deleted
     return counts
+
+
+def _refuse_duplicate_matches(conn: psycopg.Connection[Any], spec: DatasetSpec) -> None:
+    """Refuse an upsert/sync whose target holds a matched key more than once (nothing written:
+    the caller's transaction rolls back)."""
+    joined = sql.SQL(
+        "FROM {} AS r JOIN {} AS b ON r.pk = b.pk WHERE r.dataset_id = %s GROUP BY r.pk "
+        "HAVING count(*) > 1"
+    ).format(_ROWS, _BATCH)
+    dupes = conn.execute(
+        sql.SQL("SELECT r.pk, count(*) OVER () {} ORDER BY r.pk LIMIT %s").format(joined),
+        (spec.name, MAX_EXAMPLES),
+    ).fetchall()
+    if dupes:
+        raise duplicate_target_keys(spec, int(dupes[0][1]), [_key_of(spec, pk) for pk, _ in dupes])
+
+
+def _key_of(spec: DatasetSpec, pk: str) -> Any:
+    """A stored `pk` as the user wrote the key: its text (one column) or the JSON array's values."""
+    return tuple(json.loads(pk)) if len(spec.primary_key) > 1 else pk
 
 
 def _next_index(conn: psycopg.Connection[Any], dataset: str) -> int:
