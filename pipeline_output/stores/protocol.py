@@ -7,8 +7,8 @@ returns a `WriteResult` carrying the plan it executed), `read`, and `find_marker
 any, carries a window attempt's marker: the exactly-once repair after a crash).
 
 `Capabilities` are declared up front, the way dlt destinations declare theirs: what column types an
-arm stores, its identifier length, its column limit. They are checked
-twice, both times before any I/O: against a spec when the code location loads
+arm stores, which of them can be a primary-key column, its identifier length, its column limit.
+They are checked twice, both times before any I/O: against a spec when the code location loads
 (`check_spec`, called by `build_definitions`), and against the computed frame for every arm a write
 is about to touch (`check_frame`, called by the publish pipeline), so a `dual` write of a column the
 legacy arm cannot store fails before the Iceberg arm writes a file.
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 import polars as pl
+from polars.datatypes import FloatType, IntegerType
 
 from pipeline_output.errors import BadInput, InvalidSpec
 from pipeline_output.spec import ARMS, Arm, DatasetSpec
@@ -34,6 +35,23 @@ ATTEMPT_MARKER = "window-attempt"  # the summary key a window attempt's marker i
 
 _NESTED = (pl.List, pl.Array, pl.Struct)
 
+# The types a primary-key column may have, on both arms alike (one rule, so a dataset the legacy
+# arm accepts can be flipped to Iceberg): Iceberg identifier fields must be primitive and not
+# float/double, and a float is no exact key anyway (NaN, -0.0 and rounding make equal-looking
+# keys differ). A typeless `Null` column (an empty compute) takes the table's type, or string.
+KEY_TYPES: tuple[type[pl.DataType], ...] = (
+    IntegerType,
+    pl.Decimal,
+    pl.Boolean,
+    pl.String,
+    pl.Binary,
+    pl.Date,
+    pl.Datetime,
+    pl.Time,
+    pl.Null,
+)
+_KEY_TYPE_NAMES = "integers, decimals, booleans, strings, binary, dates, times, timestamps"
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -45,6 +63,7 @@ class Capabilities:
     max_identifier_length: int | None
     max_columns: int | None
     scalar_types: tuple[type[pl.DataType], ...] | None  # None: every scalar type polars has
+    key_types: tuple[type[pl.DataType], ...]  # the types a primary-key column may have
     advice: str  # what to do when a dataset needs more than this arm offers
 
     def check_spec(self, spec: DatasetSpec) -> None:
@@ -69,6 +88,7 @@ class Capabilities:
 
     def check_frame(self, spec: DatasetSpec, frame: pl.DataFrame) -> None:
         """Refuse a frame this arm cannot store, naming the dataset, the column and the cause."""
+        self.check_key_types(spec, frame)
         if self.max_columns is not None and frame.width > self.max_columns:
             raise BadInput(
                 f"dataset {spec.name!r}: {frame.width} columns, more than the {self.label}'s "
@@ -98,6 +118,31 @@ class Capabilities:
                     f"{self.label} does not store (it stores {stored}); {self.advice} "
                     "(nothing was written)"
                 )
+
+    def check_key_types(self, spec: DatasetSpec, frame: pl.DataFrame) -> None:
+        """Refuse a primary-key column whose type is not one of `key_types` (floats, nested)."""
+        for name in spec.primary_key:
+            dtype = frame.schema.get(name)
+            if dtype is None or isinstance(dtype, self.key_types):
+                continue
+            if isinstance(dtype, FloatType):
+                why = (
+                    "a float is not an exact key (NaN, -0.0 and rounding make equal-looking keys "
+                    "differ) and Iceberg identifier fields cannot be float or double"
+                )
+            elif isinstance(dtype, _NESTED):
+                why = (
+                    "a nested value cannot be a key (Iceberg identifier fields must be primitive, "
+                    "and the legacy arm stores no nested types)"
+                )
+            else:
+                why = "that type cannot be a key"
+            raise BadInput(
+                f"dataset {spec.name!r}: primary-key column {name!r} has type {dtype}, which "
+                f"neither arm accepts as a key: {why}; a key column must be one of "
+                f"{_KEY_TYPE_NAMES} (cast it, e.g. a float to a decimal or an integer, or hash a "
+                "nested value into a string) (nothing was written)"
+            )
 
 
 def arms_a_spec_may_write(spec: DatasetSpec) -> tuple[Arm, ...]:

@@ -31,13 +31,32 @@ from pyiceberg.types import (
     StructType,
 )
 
-from pipeline_output.errors import SchemaMismatch
+from pipeline_output.errors import BadInput, SchemaMismatch
 from pipeline_output.spec import DatasetSpec
 
 
 def arrow_schema_of(frame: pl.DataFrame) -> pa.Schema:
-    """The Arrow schema polars produces for `frame` (large strings, microsecond timestamps)."""
-    return frame.head(0).to_arrow().schema
+    """The Arrow schema polars produces for `frame` (large strings, microsecond timestamps), with
+    polars' nanosecond `time64[ns]` as Iceberg's microsecond `time` (`frames` truncates values)."""
+    schema = frame.head(0).to_arrow().schema
+    return pa.schema([f.with_type(_microsecond_times(f.type)) for f in schema], schema.metadata)
+
+
+def _microsecond_times(t: pa.DataType) -> pa.DataType:
+    """`t` with every `time64[ns]` in it (nested ones too) as `time64[us]`."""
+    if pa.types.is_time64(t):
+        return pa.time64("us")
+    if pa.types.is_struct(t):
+        return pa.struct(
+            [t.field(i).with_type(_microsecond_times(t.field(i).type)) for i in range(t.num_fields)]
+        )
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_microsecond_times(t.value_type)))
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_microsecond_times(t.value_type)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_microsecond_times(t.value_type)), t.list_size)
+    return t
 
 
 def iceberg_type_of(dtype_schema: pa.Schema, name: str) -> IcebergType:
@@ -169,6 +188,33 @@ def plan_evolution(spec: DatasetSpec, table_schema: Schema, frame: pl.DataFrame)
             f"{old_type} in the table; that change is not compatible (nothing was written)"
         )
     return evolution
+
+
+def check_required(spec: DatasetSpec, frame: pl.DataFrame, schema: Schema) -> None:
+    """Refuse nulls for a required (NOT NULL) column, before any data file is written.
+
+    The project makes only key columns required (and refuses null keys), but a table created
+    outside it (plain pyiceberg, Spark) may have other required columns: a compute that leaves one
+    null, or lacks it, would fail in pyarrow's cast (`Casting field ... to non-nullable`).
+    """
+    if not frame.height:
+        return
+    for f in schema.fields:
+        if not f.required:
+            continue
+        if f.name not in frame.columns:
+            raise BadInput(
+                f"dataset {spec.name!r}: column {f.name!r} is required (NOT NULL) in the "
+                "Iceberg table but missing from the compute's output; return it (nothing was "
+                "written)"
+            )
+        nulls = frame.get_column(f.name).null_count()
+        if nulls:
+            raise BadInput(
+                f"dataset {spec.name!r}: column {f.name!r} is required (NOT NULL) in the "
+                f"Iceberg table but {nulls} row(s) of the compute have null there; fill or drop "
+                "them in the compute (nothing was written)"
+            )
 
 
 def conform(frame: pl.DataFrame, schema: Schema) -> pa.Table:

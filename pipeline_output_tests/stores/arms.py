@@ -14,7 +14,9 @@ with the same methods, so a scenario is written once and runs on each arm:
 - `commits(spec)`: the arm's commit history (Iceberg snapshot ids; `pg` deploy record ids);
 - `has_commit(spec)`: the freshness oracle (an Iceberg snapshot; a succeeded `pg` deploy);
 - `drain(spec)`: delete every row outside the write path, keeping the commit history;
-- `build(spec, chunks)`: a target built by one write per chunk (one data file each on Iceberg).
+- `build(spec, chunks)`: a target built by one write per chunk (one data file each on Iceberg);
+- `footprint(spec)`: everything a refused write must leave as it was (the Iceberg table's existence,
+  snapshots and data files; the `pg` deploy records, registered schema and documents).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, ClassVar
 
 import polars as pl
@@ -80,7 +83,10 @@ class PgHarness:
         assert got.height == len(docs)
         if spec.primary_key and got.height:
             key = spec.primary_key[0]
-            assert sorted(got[key].to_list()) == sorted(d[key] for d in docs)
+            values = got[key].to_list()
+            if got.schema[key] == pl.Time:  # a document holds a time as its ISO text
+                values = [v.isoformat() for v in values]
+            assert sorted(values) == sorted(d[key] for d in docs)
         return got
 
     def write_and_check(
@@ -169,6 +175,14 @@ class IcebergArm:
     def build(self, spec: DatasetSpec, chunks: list[pl.DataFrame]) -> None:
         build_in_files(self.iceberg, spec, chunks)
 
+    def footprint(self, spec: DatasetSpec) -> tuple[Any, ...]:
+        """Whether the table exists, its snapshot ids and the data files under its location."""
+        if not self.iceberg.exists(spec):
+            return (False, [], [])
+        location = Path(self.iceberg.table(spec).location().removeprefix("file://"))
+        files = sorted(str(p) for p in location.rglob("*.parquet"))
+        return (True, self.commits(spec), files)
+
 
 @dataclass
 class PgArm:
@@ -221,6 +235,15 @@ class PgArm:
         )
         for n, chunk in enumerate(chunks):
             self.pg.store().write(upsert, chunk, run_id=f"c{n}")
+
+    def footprint(self, spec: DatasetSpec) -> tuple[Any, ...]:
+        """Every `pg` deploy record, the registered schema and the stored documents."""
+        schema = self.pg.store().schema(spec)
+        return (
+            self.commits(spec),
+            schema.to_string() if schema is not None else None,
+            self.pg.raw_docs(spec),
+        )
 
 
 # --- frames more than one test module uses ---------------------------------------------------------

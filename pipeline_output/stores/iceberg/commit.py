@@ -21,6 +21,7 @@ from pipeline_output.frames import check_keys, to_polars
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output.stores.iceberg.rows import _align
+from pipeline_output.stores.schema import check_required
 
 
 def _commit(
@@ -103,7 +104,9 @@ def _stream_batches(
                 f"dataset {spec.name!r}: batch columns {batch.columns} differ from the first "
                 f"batch's {columns}; nothing was written"
             )
-        batch = _align(check_keys(spec, to_polars(spec, batch)), schema)
+        batch = check_keys(spec, to_polars(spec, batch))
+        check_required(spec, batch, schema)
+        batch = _align(batch, schema)
         sink.extend(writer.write(batch))
         rows += batch.height
         batch = next(rest, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline_output.stores.protocol import Capabilities
+from pipeline_output.stores.protocol import KEY_TYPES, Capabilities
 
 PROPERTY_PREFIX = "pipeline-output."
 TABLE_PROPERTIES = {
@@ -28,5 +28,6 @@ ICEBERG_CAPABILITIES = Capabilities(
     max_identifier_length=None,
     max_columns=None,
     scalar_types=None,  # every type `frames.to_polars` leaves (it refuses durations and objects)
+    key_types=KEY_TYPES,  # the same rule on both arms (stores/protocol.py)
     advice="",
 )

@@ -74,7 +74,7 @@ from pipeline_output.stores.protocol import (
     WriteOptions,
     options_of,
 )
-from pipeline_output.stores.schema import initial_schema, plan_evolution
+from pipeline_output.stores.schema import check_required, initial_schema, plan_evolution
 from pipeline_output.windows import Window
 
 
@@ -162,11 +162,12 @@ class IcebergStore:
         write did not commit (`write` does it itself).
         """
         frame = checked_frame(spec, data)
+        self.capabilities.check_frame(spec, frame)  # before any I/O (float or nested keys...)
+        table = self.load(spec)
+        if table is not None:  # a table made outside the project may have NOT NULL columns
+            check_required(spec, frame, table.schema())
         return PreparedWrite(
-            spec=spec,
-            window=window,
-            frame=frame,
-            pre=prewrite(self.load(spec), spec, frame, window),
+            spec=spec, window=window, frame=frame, pre=prewrite(table, spec, frame, window)
         )
 
     def write(
@@ -291,6 +292,7 @@ class IcebergStore:
         evolution = plan_evolution(spec, table.schema(), frame)
         _evolve(tx, evolution)
         schema = tx.table_metadata.schema()
+        check_required(spec, frame, schema)  # the table as it is under the lock
         if pre is not None and evolution.empty:
             frame = pre.frame  # already aligned and sorted, and its files are written
         else:

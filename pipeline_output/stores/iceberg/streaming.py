@@ -63,6 +63,7 @@ def replace_streaming(
             f"dataset {spec.name!r}: no rows to write; the previous output is kept"
         )
     first = check_keys(spec, to_polars(spec, first))
+    store.capabilities.check_frame(spec, first)  # before any I/O (float or nested keys...)
     current = store.load(spec)
     if current is not None and plan_evolution(spec, current.schema(), first).empty:
         return _replace_streaming_unlocked(

@@ -19,7 +19,7 @@ from pipeline_output.errors import (
 from pipeline_output.frames import polars_schema
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.postgres.fragments import _BTREE_MAX_BYTES
-from pipeline_output.stores.protocol import Capabilities
+from pipeline_output.stores.protocol import KEY_TYPES, Capabilities
 from pipeline_output.stores.schema import arrow_schema_of, plan_evolution
 
 # -- types ------------------------------------------------------------------------------------
@@ -34,6 +34,7 @@ _SIMPLE_TYPES: dict[type[pl.DataType], str] = {
     pl.String: "text",
     pl.Binary: "bytea",
     pl.Date: "date",
+    pl.Time: "time",  # microseconds, as Iceberg's `time` (`frames` truncates nanoseconds)
 }
 _MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: longer column names would be truncated
 # Postgres allows 1,600 columns in a table; the staging table adds its row index.
@@ -47,6 +48,7 @@ LEGACY_CAPABILITIES = Capabilities(
     max_columns=_MAX_COLUMNS,
     # a typeless null column (polars `Null`) takes the registered type, or text when new
     scalar_types=(*_SIMPLE_TYPES, pl.Datetime, pl.Decimal, pl.Null),
+    key_types=KEY_TYPES,  # the same rule on both arms (stores/protocol.py)
     advice="keep this dataset on the iceberg arm (mode='iceberg')",
 )
 
@@ -67,7 +69,7 @@ def staged_type(spec_name: str, column: str, dtype: pl.DataType) -> sql.Composab
     raise BadInput(
         f"dataset {spec_name!r}: column {column!r} has type {dtype}, which the legacy Postgres arm "
         "does not store (supported: integers, floats, decimals, booleans, strings, binary, dates, "
-        "timestamps)"
+        "times, timestamps)"
     )
 
 
@@ -111,7 +113,7 @@ def evolve_schema(
         return _iceberg_arrow(assign_fresh_schema_ids(Schema(*fields)))
     except SchemaMismatch:
         raise
-    except (TypeError, ValueError) as exc:  # pyiceberg: unsupported type (time, non-UTC tz)
+    except (TypeError, ValueError) as exc:  # pyiceberg: an unsupported type (a non-UTC zone)
         raise SchemaMismatch(f"dataset {spec.name!r}: {exc} (nothing was written)") from exc
 
 
