@@ -12,6 +12,7 @@ from datetime import date, datetime
 from typing import Literal, get_args
 
 from pipeline_output.errors import InvalidArgument, InvalidSpec
+from pipeline_output.partitioning import PartitionTerm, parse_terms
 
 Strategy = Literal[
     "snapshot_replace",  # first: replace; re-deploy: upsert by key, keep unmatched target rows
@@ -126,7 +127,12 @@ class DatasetSpec:
         for attr in ("partition_by", "sort_by"):
             cols = getattr(self, attr)
             cols = (cols,) if isinstance(cols, str) else tuple(cols)
-            for col in cols:
+            named = (
+                [t.column for t in parse_terms(cols, dataset=name)]
+                if attr == "partition_by"
+                else cols
+            )
+            for col in named:
                 check_identifier(col, what=f"{attr} column", dataset=name)
             object.__setattr__(self, attr, cols)
 
@@ -163,6 +169,11 @@ class DatasetSpec:
     def key_columns(self) -> tuple[str, ...]:
         """The primary key (may be empty)."""
         return self.primary_key
+
+    @property
+    def partition_terms(self) -> tuple[PartitionTerm, ...]:
+        """`partition_by` parsed: identity columns and Iceberg transforms (`partitioning.py`)."""
+        return parse_terms(self.partition_by, dataset=self.name)
 
     @property
     def sort_columns(self) -> tuple[str, ...]:

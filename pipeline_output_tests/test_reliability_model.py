@@ -3,7 +3,8 @@
 A hypothesis `RuleBasedStateMachine` drives one or two datasets, each with a random strategy, through
 random deploys: batches with overlapping / new / missing keys, keys whose watermark moves to another
 window (a windowed replace must then replace a key stored outside its window), nulls in non-key
-columns, NaN, empty batches, columns added (and later omitted), and delta windows over an integer, `timestamptz` or
+columns, NaN, empty batches, columns added (and later omitted), datasets partitioned (by key buckets, key truncation,
+a value column) or not, and delta windows over an integer, `timestamptz` or
 `timestamp` watermark (bounds round-tripped through their partition key, as the sensor does), with
 the database's server TimeZone drawn per example (UTC or not). After every step the Iceberg arm and
 the legacy Postgres arm each equal an independent polars model (`oracle.expect`, which imports
@@ -51,6 +52,9 @@ EXTRA_TYPES = {"int": pl.Int64, "str": pl.String, "float": pl.Float64}
 KEY_SPACE = 30
 MOVE = 7  # how far a moved row's watermark lies from its id's (into another window)
 WATERMARK_KINDS = ["int", "timestamptz", "timestamp"]
+# partition_by drawn per dataset: none, key buckets (merges prune by them), key truncation, and an
+# identity partition over a value column with nulls and quotes
+PARTITIONINGS: list[tuple[str, ...]] = [(), (), ("bucket(4, id)",), ("truncate(8, id)",), ("s",)]
 SERVER_ZONES = ["UTC", "Asia/Tokyo", "America/Los_Angeles"]
 EPOCH = datetime(2026, 3, 28, 22, 0, tzinfo=UTC)  # hours later cross a DST change (Europe/US)
 
@@ -179,12 +183,15 @@ class DatasetModel:
     wm_kind: str = "int"  # the watermark's type: int, timestamptz or timestamp
 
 
-def new_dataset(strategy: str, wm_kind: str = "int") -> DatasetModel:
+def new_dataset(
+    strategy: str, wm_kind: str = "int", partition_by: tuple[str, ...] = ()
+) -> DatasetModel:
     spec = DatasetSpec(
         name=f"m{next(_names)}_{int(time.time() * 1000) % 100000}",
         primary_key=("id",),
         strategy=strategy,  # type: ignore[arg-type]
         delta=Delta(source="raw", watermark="seq"),
+        partition_by=partition_by,
     )
     return DatasetModel(spec=spec, wm_kind=wm_kind)
 
@@ -269,12 +276,22 @@ class DeployMachine(RuleBasedStateMachine):
         strategies=st.lists(st.sampled_from(STRATEGIES), min_size=1, max_size=2),
         kinds=st.lists(st.sampled_from(WATERMARK_KINDS), min_size=2, max_size=2),
         zone=st.sampled_from(SERVER_ZONES),
+        partitions=st.lists(st.sampled_from(PARTITIONINGS), min_size=2, max_size=2),
     )
-    def create(self, strategies: list[str], kinds: list[str], zone: str) -> None:
+    def create(
+        self,
+        strategies: list[str],
+        kinds: list[str],
+        zone: str,
+        partitions: list[tuple[str, ...]],
+    ) -> None:
         _CTX["set_zone"](zone)
         _CTX["zones"].add(zone)
         _CTX["kinds"].update(kinds[: len(strategies)])
-        self.datasets = [new_dataset(s, k) for s, k in zip(strategies, kinds, strict=False)]
+        _CTX["partitionings"].update(" ".join(p) or "none" for p in partitions[: len(strategies)])
+        self.datasets = [
+            new_dataset(s, k, p) for s, k, p in zip(strategies, kinds, partitions, strict=False)
+        ]
 
     @rule(which=st.integers(0, 1), rows=rows_st, window=windows_st)
     def deploy(self, which: int, rows: list[Row], window: tuple[int | None, int] | None) -> None:
@@ -374,6 +391,7 @@ def test_random_deploy_sequences_both_arms_match_the_model(
         examples=0,
         zones=set(),
         kinds=set(),
+        partitionings=set(),
     )
     started = time.perf_counter()
     run_state_machine_as_test(DeployMachine, settings=_settings())
@@ -385,6 +403,7 @@ def test_random_deploy_sequences_both_arms_match_the_model(
         rows_written=_CTX["rows"],
         server_zones=",".join(sorted(_CTX["zones"])),
         watermarks=",".join(sorted(_CTX["kinds"])),
+        partitionings=",".join(sorted(_CTX["partitionings"])),
         windowed_deploys=_CTX.get("windowed", {}),
         windowed_replaces_of_moved_keys=_CTX.get("moved_replaces", 0),
         seconds=round(time.perf_counter() - started, 1),

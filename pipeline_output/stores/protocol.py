@@ -74,7 +74,7 @@ class Capabilities:
         names = [
             ("dataset name", spec.name),
             *(("primary-key column", c) for c in spec.primary_key),
-            *(("partition column", c) for c in spec.partition_by),
+            *(("partition column", t.column) for t in spec.partition_terms),
             *(("sort column", c) for c in spec.sort_by),
         ]
         if spec.watermark:

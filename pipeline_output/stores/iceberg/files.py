@@ -4,7 +4,8 @@ Owns the data-file fast path: polars' multithreaded Parquet writer, given the ta
 with `PARQUET:field_id` metadata (so files carry Iceberg field ids and required-ness), into memory;
 the bytes go out through the table's own `FileIO` (local, S3, ... alike) and the Iceberg
 `DataFile` (statistics, bounds, partition) is built from the Parquet footer with pyiceberg's own
-helpers. Identity-partitioned tables get one file per partition value; frames above the target size
+helpers. Partitioned tables get one file per partition (`partitions.py` computes each row's
+values); frames above the target size
 are split. Files are not part of any snapshot until the caller commits them.
 """
 
@@ -26,9 +27,12 @@ from pyiceberg.io.pyarrow import (
     schema_to_pyarrow,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import partition_record_value
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.typedef import Record
 
+from pipeline_output.stores.iceberg.partitions import partition_columns
 from pipeline_output.stores.schema import conform
 
 DEFAULT_TARGET_BYTES = 512 * 1024 * 1024
@@ -52,8 +56,7 @@ class DataFileWriter:
         level = props.get("write.parquet.compression-level")
         self._level = int(level) if level else None
         self._target = int(props.get("write.target-file-size-bytes", DEFAULT_TARGET_BYTES))
-        spec = metadata.spec()
-        self._partition_cols = [self._schema.find_field(f.source_id).name for f in spec.fields]
+        self._partitioned = bool(metadata.spec().fields)
         self._stats_plan = compute_statistics_plan(self._schema, props)
         self._column_mapping = parquet_path_to_id_mapping(self._schema)
         self.written: list[str] = []
@@ -63,16 +66,29 @@ class DataFileWriter:
         if frame.height == 0:
             return []
         files: list[DataFile] = []
-        for part in self._partitions(frame):
+        for part, record in self._partitions(frame):
             for chunk in self._chunks(part):
-                files.append(self._write_one(chunk))
+                files.append(self._write_one(chunk, record))
         return files
 
-    def _partitions(self, frame: pl.DataFrame) -> Iterator[pl.DataFrame]:
-        if not self._partition_cols:
-            yield frame
+    def _partitions(self, frame: pl.DataFrame) -> Iterator[tuple[pl.DataFrame, Record | None]]:
+        """The frame split by the table's partition values (one file holds one partition), each
+        with its partition record (None: unpartitioned)."""
+        if not self._partitioned:
+            yield frame, None
             return
-        yield from frame.partition_by(self._partition_cols, maintain_order=True)
+        spec = self.metadata.spec()
+        parts = partition_columns(frame, self.metadata)
+        names = [p.name for p in parts]
+        for part in frame.with_columns(parts).partition_by(names, maintain_order=True):
+            values = part.row(0, named=True)
+            record = Record(
+                *(
+                    partition_record_value(field, values[name], self._schema)
+                    for field, name in zip(spec.fields, names, strict=True)
+                )
+            )
+            yield part.drop(names), record
 
     def _chunks(self, frame: pl.DataFrame) -> Iterator[pl.DataFrame]:
         size = frame.estimated_size()
@@ -84,7 +100,7 @@ class DataFileWriter:
         for offset in range(0, frame.height, rows):
             yield frame.slice(offset, rows)
 
-    def _write_one(self, frame: pl.DataFrame) -> DataFile:
+    def _write_one(self, frame: pl.DataFrame, record: Record | None) -> DataFile:
         buffer = io.BytesIO()
         if self._codec in ("zstd", "snappy", "gzip", "lz4", "brotli", "uncompressed"):
             codec = self._codec
@@ -115,7 +131,9 @@ class DataFileWriter:
             stats_columns=self._stats_plan,
             parquet_column_mapping=self._column_mapping,
         )
-        partition = stats.partition(self.metadata.spec(), self._schema)
+        partition = (
+            record if record is not None else stats.partition(self.metadata.spec(), self._schema)
+        )
         path = self._locations.new_data_location(data_file_name=name)
         output = self.io.new_output(path)
         with output.create(overwrite=False) as stream:

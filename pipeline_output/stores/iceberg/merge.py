@@ -26,6 +26,7 @@ from pipeline_output.frames import from_arrow, refuse_duplicate_matches
 from pipeline_output.plan import WritePlan
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.expressions import _physical, _window_relation
+from pipeline_output.stores.iceberg.partitions import key_partition_values
 from pipeline_output.stores.iceberg.prewrite import _Changes
 from pipeline_output.stores.iceberg.properties import _NEW, _POS, _READ_THREADS
 from pipeline_output.stores.iceberg.rows import (
@@ -244,9 +245,11 @@ class _Merge:
         return wm
 
     def _prune_by_keys(self, tasks: list[FileScanTask]) -> list[FileScanTask]:
-        """Files whose key statistics admit at least one of the compute's keys."""
+        """Files whose partition (when the table is partitioned by a key column) and key
+        statistics admit at least one of the compute's keys."""
         if not tasks or self.frame.height == 0:
             return []
+        tasks = self._prune_by_partition(tasks)
         first = self.spec.primary_key[0]
         field = self.table.schema().find_field(first)
         if not isinstance(field.field_type, PrimitiveType):
@@ -270,6 +273,20 @@ class _Merge:
             if j > i:
                 out.append(task)
         return out
+
+    def _prune_by_partition(self, tasks: list[FileScanTask]) -> list[FileScanTask]:
+        """Drop files of the current spec whose partition no key of the compute falls in."""
+        metadata = self.table.metadata
+        wanted = key_partition_values(self.spec, metadata, self.frame)
+        if wanted is None:
+            return tasks
+        current = metadata.default_spec_id
+        return [
+            t
+            for t in tasks
+            if t.file.spec_id != current
+            or all(t.file.partition[i] in values for i, values in wanted.items())
+        ]
 
     def _read(
         self, tasks: list[FileScanTask], *, columns: Sequence[str] | None = None

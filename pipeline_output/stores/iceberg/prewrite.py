@@ -19,6 +19,7 @@ from pipeline_output.result import RowCounts
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.commit import _delete_quietly
 from pipeline_output.stores.iceberg.files import DataFileWriter
+from pipeline_output.stores.iceberg.partitions import needs_evolution
 from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX
 from pipeline_output.stores.iceberg.rows import _align, _sorted, _state_of
 from pipeline_output.stores.schema import plan_evolution
@@ -144,8 +145,10 @@ def prewrite(
         return None
     if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
         check_in_window(spec, frame, window)
-    if not plan_evolution(spec, table.schema(), frame).empty:
-        return None  # the schema changes: written inside the lock, after the evolution
+    if not plan_evolution(spec, table.schema(), frame).empty or needs_evolution(
+        spec, table.metadata
+    ):
+        return None  # the schema or partitioning changes: written in the lock, after evolution
     aligned = _sorted(_align(frame, table.schema()), spec)
     pre = _Prewritten.of(table, aligned, [])
     writer = DataFileWriter(table.metadata, table.io, write_id=uuid.uuid4())

@@ -47,6 +47,8 @@ from pipeline_output.spec import Arm, DatasetSpec, window_column
 from pipeline_output.stores.iceberg.commit import _commit
 from pipeline_output.stores.iceberg.expressions import aligned_to_field, window_filter
 from pipeline_output.stores.iceberg.merge import _Merge
+from pipeline_output.stores.iceberg.partitions import evolve as evolve_partitioning
+from pipeline_output.stores.iceberg.partitions import partition_spec
 from pipeline_output.stores.iceberg.prewrite import (
     PreparedWrite,
     _Prewritten,
@@ -254,7 +256,11 @@ class IcebergStore:
         self._ensure_namespace()
         schema, order = initial_schema(spec, frame)
         tx = self.catalog.create_table_transaction(
-            self.identifier(spec), schema=schema, sort_order=order, properties=TABLE_PROPERTIES
+            self.identifier(spec),
+            schema=schema,
+            partition_spec=partition_spec(spec, schema),
+            sort_order=order,
+            properties=TABLE_PROPERTIES,
         )
         data = _sorted(frame, spec)
         try:
@@ -291,9 +297,10 @@ class IcebergStore:
         tx = table.transaction()
         evolution = plan_evolution(spec, table.schema(), frame)
         _evolve(tx, evolution)
+        repartitioned = evolve_partitioning(tx, spec)  # new files by the new spec, old kept
         schema = tx.table_metadata.schema()
         check_required(spec, frame, schema)  # the table as it is under the lock
-        if pre is not None and evolution.empty:
+        if pre is not None and evolution.empty and not repartitioned:
             frame = pre.frame  # already aligned and sorted, and its files are written
         else:
             pre = None

@@ -25,6 +25,8 @@ from pipeline_output.result import RowCounts, WriteResult
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.commit import _commit, _delete_quietly, _stream_batches
 from pipeline_output.stores.iceberg.files import DataFileWriter
+from pipeline_output.stores.iceberg.partitions import evolve as evolve_partitioning
+from pipeline_output.stores.iceberg.partitions import needs_evolution, partition_spec
 from pipeline_output.stores.iceberg.prewrite import _Prewritten, summary_properties
 from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX, TABLE_PROPERTIES
 from pipeline_output.stores.iceberg.rows import _evolve, _state_of, _total_records
@@ -65,7 +67,11 @@ def replace_streaming(
     first = check_keys(spec, to_polars(spec, first))
     store.capabilities.check_frame(spec, first)  # before any I/O (float or nested keys...)
     current = store.load(spec)
-    if current is not None and plan_evolution(spec, current.schema(), first).empty:
+    if (
+        current is not None
+        and plan_evolution(spec, current.schema(), first).empty
+        and not needs_evolution(spec, current.metadata)
+    ):
         return _replace_streaming_unlocked(
             store,
             spec,
@@ -87,6 +93,7 @@ def replace_streaming(
             tx: Transaction = store.catalog.create_table_transaction(
                 store.identifier(spec),
                 schema=schema,
+                partition_spec=partition_spec(spec, schema),
                 sort_order=order,
                 properties=TABLE_PROPERTIES,
             )
@@ -95,6 +102,7 @@ def replace_streaming(
         else:
             tx = table.transaction()
             _evolve(tx, plan_evolution(spec, table.schema(), first))
+            evolve_partitioning(tx, spec)
             deleted = (
                 [t.file for t in table.scan().plan_files()] if table.current_snapshot() else []
             )
