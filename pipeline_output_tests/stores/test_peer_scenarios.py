@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 
 from pipeline_output import DatasetSpec, DuplicateKeys, IcebergStore, PostgresStore, Window
@@ -109,3 +110,31 @@ def test_an_upsert_into_an_iceberg_table_another_tool_appended_duplicates_to_is_
     with pytest.raises(DuplicateKeys, match=r"'foreign_dupes'.*more than once"):
         store.write(spec, _rows([3, 4], [3, 4], "b"))
     assert_same_multiset(store.read(spec), before)
+
+
+@pytest.mark.parametrize("strategy", ["snapshot_replace", "sync"])
+def test_an_upsert_that_moves_a_row_to_another_partition_leaves_one_row_per_key(
+    stores: dict[str, Any], strategy: str
+) -> None:
+    """delta-rs' partitioned merge scenario: the matched row's partition column changes."""
+    spec = DatasetSpec(
+        name=f"moving_{strategy}",
+        primary_key=("id",),
+        strategy=strategy,  # type: ignore[arg-type]
+        partition_by=("region", "bucket(2, id)"),
+    )
+    base = pl.DataFrame({"id": [1, 2, 3, 4], "region": ["eu", "eu", "us", "us"], "v": [1, 2, 3, 4]})
+    batch = pl.DataFrame(
+        {"id": [1, 2, 3, 4], "region": ["us", "eu", "eu", "us"], "v": [9, 2, 8, 4]}
+    )
+    for arm, store in stores.items():
+        store.write(spec, base)
+        for rerun in range(2):
+            result = store.write(spec, batch)
+            assert_same_multiset(store.read(spec), batch)
+            assert (result.rows_updated, result.rows_inserted) == ((0, 0) if rerun else (2, 0)), arm
+    table = stores["iceberg"].load(spec)
+    assert table is not None
+    for task in table.scan().plan_files():  # each file holds the one region it is filed under
+        regions = pq.read_table(task.file.file_path.removeprefix("file://"), columns=["region"])
+        assert set(regions.column("region").to_pylist()) == {task.file.partition[0]}
