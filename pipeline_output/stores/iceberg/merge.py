@@ -17,7 +17,7 @@ from pyiceberg.expressions import (
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, Transaction
-from pyiceberg.types import PrimitiveType
+from pyiceberg.types import NestedField, PrimitiveType
 
 from pipeline_output.errors import (
     BadInput,
@@ -246,33 +246,19 @@ class _Merge:
 
     def _prune_by_keys(self, tasks: list[FileScanTask]) -> list[FileScanTask]:
         """Files whose partition (when the table is partitioned by a key column) and key
-        statistics admit at least one of the compute's keys."""
+        statistics admit at least one of the compute's keys: a matching row has every key
+        column inside the file's bounds, so each key column prunes (composite keys too)."""
         if not tasks or self.frame.height == 0:
             return []
         tasks = self._prune_by_partition(tasks)
-        first = self.spec.primary_key[0]
-        field = self.table.schema().find_field(first)
-        if not isinstance(field.field_type, PrimitiveType):
-            return tasks
-        keys = _physical(self.frame.get_column(first), field.field_type).unique().sort()
-        out = []
-        for task in tasks:
-            lo_b = task.file.lower_bounds.get(field.field_id) if task.file.lower_bounds else None
-            hi_b = task.file.upper_bounds.get(field.field_id) if task.file.upper_bounds else None
-            if lo_b is None or hi_b is None:
-                out.append(task)
-                continue
-            lo = from_bytes(field.field_type, lo_b)
-            hi = from_bytes(field.field_type, hi_b)
-            try:
-                i = int(keys.search_sorted(lo, side="left"))
-                j = int(keys.search_sorted(hi, side="right"))
-            except (TypeError, pl.exceptions.PolarsError):
-                out.append(task)
-                continue
-            if j > i:
-                out.append(task)
-        return out
+        schema = self.table.schema()
+        columns = []
+        for name in self.spec.primary_key:
+            field = schema.find_field(name)
+            if isinstance(field.field_type, PrimitiveType):
+                values = _physical(self.frame.get_column(name), field.field_type)
+                columns.append((field, values.unique().sort()))
+        return [t for t in tasks if all(_admits(t, f, keys) for f, keys in columns)]
 
     def _prune_by_partition(self, tasks: list[FileScanTask]) -> list[FileScanTask]:
         """Drop files of the current spec whose partition no key of the compute falls in."""
@@ -309,3 +295,20 @@ class _Merge:
             return [one(tasks[0])]
         with ThreadPoolExecutor(max_workers=min(_READ_THREADS, len(tasks))) as pool:
             return list(pool.map(one, tasks))
+
+
+def _admits(task: FileScanTask, field: NestedField, keys: pl.Series) -> bool:
+    """Whether one of the sorted `keys` lies within the file's bounds of `field` (True when the
+    file has no bounds for it, or they cannot be compared)."""
+    lo_b = task.file.lower_bounds.get(field.field_id) if task.file.lower_bounds else None
+    hi_b = task.file.upper_bounds.get(field.field_id) if task.file.upper_bounds else None
+    if lo_b is None or hi_b is None:
+        return True
+    lo = from_bytes(field.field_type, lo_b)  # type: ignore[arg-type]
+    hi = from_bytes(field.field_type, hi_b)  # type: ignore[arg-type]
+    try:
+        i = int(keys.search_sorted(lo, side="left"))
+        j = int(keys.search_sorted(hi, side="right"))
+    except (TypeError, pl.exceptions.PolarsError):
+        return True
+    return j > i
