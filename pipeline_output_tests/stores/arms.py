@@ -1,4 +1,4 @@
-"""Both arms behind one small interface, for the conformance suite (`test_arm_conformance.py`).
+"""Both arms behind one small interface, for the conformance suite (`both_arms/`).
 
 `PgHarness` checks one write to the legacy Postgres arm against the independent polars oracle, as
 `iceberg_harness.Harness` does for the native Iceberg arm. `IcebergArm` and `PgArm` wrap the two

@@ -41,25 +41,9 @@ from pipeline_output.stores.iceberg.properties import ICEBERG_CAPABILITIES
 from pipeline_output.stores.postgres.types import LEGACY_CAPABILITIES, staged_type
 from pipeline_output_tests.iceberg_harness import NS, Harness
 from pipeline_output_tests.oracle import assert_same_multiset
-from pipeline_output_tests.stores.arms import ARMS, IcebergArm, PgArm, PgHarness
+from pipeline_output_tests.stores.arms import IcebergArm, PgArm, PgHarness
 
 KEYED = ("snapshot_replace", "append_new", "sync", "replace", "append_always")
-
-
-@pytest.fixture(params=ARMS, ids=lambda arm: f"arm={arm}")
-def arm(request: pytest.FixtureRequest) -> str:
-    """Which arm the test runs on: "iceberg" or "pg"."""
-    return request.param
-
-
-@pytest.fixture
-def h(arm: str, request: pytest.FixtureRequest) -> IcebergArm | PgArm:
-    """The arm's harness (the Iceberg arm's catalog is made only for `arm=iceberg`)."""
-    pg_db_url = request.getfixturevalue("pg_db_url")
-    if arm == "iceberg":
-        catalog = request.getfixturevalue("catalog")
-        return IcebergArm(Harness(catalog, request.getfixturevalue("fresh_catalog"), pg_db_url))
-    return PgArm(PgHarness(pg_db_url))
 
 
 def _parquet_files(warehouse: str) -> set[Path]:

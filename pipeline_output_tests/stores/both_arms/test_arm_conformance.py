@@ -25,7 +25,6 @@ from pipeline_output.locks import AdvisoryLock
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.iceberg_harness import (
     WINDOW,
-    Harness,
     base,
     customers,
     nan_and_null_rows,
@@ -35,30 +34,9 @@ from pipeline_output_tests.iceberg_harness import (
 )
 from pipeline_output_tests.oracle import IDEMPOTENT, KEYED_NOOP, STRATEGIES, assert_same_multiset
 from pipeline_output_tests.stores.arms import (
-    ARMS,
-    IcebergArm,
-    PgArm,
-    PgHarness,
     composite,
     typed_frame,
 )
-
-
-@pytest.fixture(params=ARMS, ids=lambda arm: f"arm={arm}")
-def arm(request: pytest.FixtureRequest) -> str:
-    """Which arm the test runs on: "iceberg" or "pg"."""
-    return request.param
-
-
-@pytest.fixture
-def h(arm: str, request: pytest.FixtureRequest) -> IcebergArm | PgArm:
-    """The arm's harness (the Iceberg arm's catalog is made only for `arm=iceberg`)."""
-    pg_db_url = request.getfixturevalue("pg_db_url")
-    if arm == "iceberg":
-        catalog = request.getfixturevalue("catalog")
-        return IcebergArm(Harness(catalog, request.getfixturevalue("fresh_catalog"), pg_db_url))
-    return PgArm(PgHarness(pg_db_url))
-
 
 # --- first deploy, run twice ---------------------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""Tests every arm must pass alike: each test runs once per arm (`conftest.arm`)."""
