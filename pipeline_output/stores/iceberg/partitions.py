@@ -9,8 +9,6 @@ written from then on are partitioned by the new spec, files written before keep 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import polars as pl
 import pyarrow as pa
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
@@ -59,7 +57,7 @@ def _fields(spec: DatasetSpec, schema: Schema) -> list[tuple[int, Transform, str
     """(source field id, transform, name) per term, refused where Iceberg cannot apply it."""
     out = []
     for term in spec.partition_terms:
-        field = schema.find_field(term.column, case_sensitive=True) if _has(schema, term) else None
+        field = next((f for f in schema.fields if f.name == term.column), None)
         if field is None:
             raise InvalidSpec(
                 f"dataset {spec.name!r}: partition_by {str(term)!r} names column "
@@ -73,10 +71,6 @@ def _fields(spec: DatasetSpec, schema: Schema) -> list[tuple[int, Transform, str
             )
         out.append((field.field_id, transform, term.field_name))
     return out
-
-
-def _has(schema: Schema, term: PartitionTerm) -> bool:
-    return term.column in {f.name for f in schema.fields}
 
 
 def partition_spec(spec: DatasetSpec, schema: Schema) -> PartitionSpec:
@@ -157,8 +151,3 @@ def key_partition_values(
         transformed = field.transform.pyarrow_transform(source.field_type)(column)
         values[i] = set(_series("v", transformed).unique().to_list())
     return values or None
-
-
-def partition_names(spec: DatasetSpec) -> Sequence[str]:
-    """The declared terms, as written (for messages and metadata)."""
-    return [str(t) for t in spec.partition_terms]
