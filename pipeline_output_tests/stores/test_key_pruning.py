@@ -11,6 +11,7 @@ import pytest
 
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.locks import AdvisoryLock
+from pipeline_output.stores.iceberg.manifests import read_index
 from pipeline_output.stores.iceberg.merge import _Merge
 from pipeline_output_tests.oracle import assert_same_multiset, expect
 
@@ -34,7 +35,12 @@ def _candidates(store: IcebergStore, spec: DatasetSpec, frame: pl.DataFrame) -> 
     table = store.load(spec)
     assert table is not None
     merge = _Merge(
-        table=table, tx=table.transaction(), spec=spec, frame=frame, schema=table.schema()
+        table=table,
+        tx=table.transaction(),
+        spec=spec,
+        frame=frame,
+        schema=table.schema(),
+        index=read_index(table),
     )
     return len(merge._prune_by_keys(list(table.scan().plan_files())))
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
+from typing import Any
 
 import polars as pl
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
+from pyiceberg.table.update.snapshot import _SnapshotProducer
 
 from pipeline_output.errors import (
     BadInput,
@@ -20,6 +22,7 @@ from pipeline_output.errors import (
 from pipeline_output.frames import check_keys, to_polars
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.files import DataFileWriter
+from pipeline_output.stores.iceberg.manifests import IndexedOverwrite, ManifestIndex
 from pipeline_output.stores.iceberg.rows import _align
 from pipeline_output.stores.schema import check_required
 
@@ -35,6 +38,7 @@ def _commit(
     ready: Sequence[DataFile] = (),
     fence: Callable[[], None] | None = None,
     blind_retry: bool = False,
+    index: ManifestIndex | None = None,
 ) -> Table:
     """Write `frames` as data files and commit them and the `ready` (already written) files with
     `deleted` removed: exactly one snapshot.
@@ -46,11 +50,17 @@ def _commit(
     keys when a writer outside the lock committed in between. The commit then fails as
     `WriteConflict` and nothing is committed. `fence` (the writer lock's `verify`) runs right
     before the catalog swap: a writer whose lock ended fails with `LockLost`.
+
+    `index` (the manifests the write was planned from) spares the producer re-reading every
+    manifest; manifests are merged on commit as the table's properties say (`manifests.py`).
     """
     from pyiceberg.exceptions import CommitFailedException, ValidationException
 
-    update = tx.update_snapshot(snapshot_properties=props)
-    producer = update.overwrite() if deleted or force else update.fast_append()
+    producer: _SnapshotProducer[Any]
+    if deleted or force:
+        producer = IndexedOverwrite(tx, tx._table.io, index=index, snapshot_properties=props)
+    else:  # an append: pyiceberg's merge-append honours the same manifest-merge properties
+        producer = tx.update_snapshot(snapshot_properties=props).merge_append()
     for data_file in ready:
         producer.append_data_file(data_file)
     writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import polars as pl
 from pyiceberg.conversions import from_bytes
@@ -26,6 +27,7 @@ from pipeline_output.frames import from_arrow, refuse_duplicate_matches
 from pipeline_output.plan import WritePlan
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.expressions import _physical, _window_relation
+from pipeline_output.stores.iceberg.manifests import ManifestIndex
 from pipeline_output.stores.iceberg.partitions import key_partition_values
 from pipeline_output.stores.iceberg.prewrite import _Changes
 from pipeline_output.stores.iceberg.properties import _NEW, _POS, _READ_THREADS
@@ -52,6 +54,7 @@ class _Merge:
     spec: DatasetSpec
     frame: pl.DataFrame
     schema: Schema
+    index: ManifestIndex
 
     def run(self, plan: WritePlan) -> _Changes:
         handlers: dict[str, Callable[[WritePlan], _Changes]] = {
@@ -197,6 +200,7 @@ class _Merge:
         if inserts.height:
             changes.new_frames.append(inserts)
             changes.inserted = inserts.height
+        changes.new_frames = _coalesced(changes.new_frames, self.spec)
         return changes
 
     def _absent_mask(
@@ -230,9 +234,7 @@ class _Merge:
     # -- file planning and reading
 
     def _tasks(self) -> list[FileScanTask]:
-        if self.table.current_snapshot() is None:
-            return []
-        return list(self.table.scan().plan_files())
+        return self.index.tasks()
 
     def _watermark(self) -> str:
         wm = self.spec.watermark
@@ -258,7 +260,12 @@ class _Merge:
             if isinstance(field.field_type, PrimitiveType):
                 values = _physical(self.frame.get_column(name), field.field_type)
                 columns.append((field, values.unique().sort()))
-        return [t for t in tasks if all(_admits(t, f, keys) for f, keys in columns)]
+        admitted = [True] * len(tasks)
+        for field, keys in columns:
+            admitted = [
+                a and b for a, b in zip(admitted, _admits_all(tasks, field, keys), strict=True)
+            ]
+        return [t for t, ok in zip(tasks, admitted, strict=True) if ok]
 
     def _prune_by_partition(self, tasks: list[FileScanTask]) -> list[FileScanTask]:
         """Drop files of the current spec whose partition no key of the compute falls in."""
@@ -297,18 +304,41 @@ class _Merge:
             return list(pool.map(one, tasks))
 
 
-def _admits(task: FileScanTask, field: NestedField, keys: pl.Series) -> bool:
-    """Whether one of the sorted `keys` lies within the file's bounds of `field` (True when the
-    file has no bounds for it, or they cannot be compared)."""
-    lo_b = task.file.lower_bounds.get(field.field_id) if task.file.lower_bounds else None
-    hi_b = task.file.upper_bounds.get(field.field_id) if task.file.upper_bounds else None
-    if lo_b is None or hi_b is None:
-        return True
-    lo = from_bytes(field.field_type, lo_b)  # type: ignore[arg-type]
-    hi = from_bytes(field.field_type, hi_b)  # type: ignore[arg-type]
+def _coalesced(frames: list[pl.DataFrame], spec: DatasetSpec) -> list[pl.DataFrame]:
+    """The rewritten files' contents and the inserted rows as ONE frame sorted by the key: the
+    writer cuts it into files near the table's target size (and one per partition), so an upsert
+    that rewrites k files adds about max(1, touched bytes / target) files instead of k + 1, and a
+    table fed by small upserts does not gain a file per write."""
+    kept = [f for f in frames if f.height]
+    if len(kept) <= 1:
+        return kept
+    frames.clear()
+    # rechunked: a frame of many chunks is written as as many row groups, and a file rewritten
+    # by every small upsert would gain a row group per write
+    return [_sorted(pl.concat(kept, how="vertical", rechunk=True), spec)]
+
+
+def _admits_all(tasks: list[FileScanTask], field: NestedField, keys: pl.Series) -> list[bool]:
+    """For each file: whether one of the sorted `keys` lies within its bounds of `field` (True when
+    the file has no bounds for it, or they cannot be compared). One vectorised search over every
+    file's bounds: the cost stays small when the table has thousands of files."""
+    lows: list[Any] = []
+    highs: list[Any] = []
+    for task in tasks:
+        lo_b = task.file.lower_bounds.get(field.field_id) if task.file.lower_bounds else None
+        hi_b = task.file.upper_bounds.get(field.field_id) if task.file.upper_bounds else None
+        if lo_b is None or hi_b is None:
+            lows.append(None)
+            highs.append(None)
+        else:
+            lows.append(from_bytes(field.field_type, lo_b))  # type: ignore[arg-type]
+            highs.append(from_bytes(field.field_type, hi_b))  # type: ignore[arg-type]
     try:
-        i = int(keys.search_sorted(lo, side="left"))
-        j = int(keys.search_sorted(hi, side="right"))
-    except (TypeError, pl.exceptions.PolarsError):
-        return True
-    return j > i
+        lo = pl.Series(lows, dtype=keys.dtype, strict=True)
+        hi = pl.Series(highs, dtype=keys.dtype, strict=True)
+        i = keys.search_sorted(lo, side="left")
+        j = keys.search_sorted(hi, side="right")
+    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+        return [True] * len(tasks)
+    missing = lo.is_null() | hi.is_null()
+    return (missing | (j > i)).to_list()

@@ -8,7 +8,17 @@ from typing import Any
 from pipeline_output.stores.protocol import KEY_TYPES, Capabilities
 
 PROPERTY_PREFIX = "pipeline-output."
+# A write's metadata work must not grow with the table's history (issue 18): merge small manifests
+# on commit and keep only the last 100 metadata.json files. Tables created before these defaults
+# get the ones they do not set on their next write (`manifests.upgrade_properties`).
+MAINTENANCE_FREE_PROPERTIES = {
+    "commit.manifest-merge.enabled": "true",
+    "commit.manifest.min-count-to-merge": "16",
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "100",
+}
 TABLE_PROPERTIES = {
+    **MAINTENANCE_FREE_PROPERTIES,
     "write.parquet.compression-codec": "zstd",
     "write.parquet.compression-level": "1",
     "write.target-file-size-bytes": str(512 * 1024 * 1024),

@@ -46,6 +46,11 @@ from pipeline_output.result import RowCounts, WriteResult
 from pipeline_output.spec import Arm, DatasetSpec, window_column
 from pipeline_output.stores.iceberg.commit import _commit
 from pipeline_output.stores.iceberg.expressions import aligned_to_field, window_filter
+from pipeline_output.stores.iceberg.manifests import (
+    FlatTransaction,
+    read_index,
+    upgrade_properties,
+)
 from pipeline_output.stores.iceberg.merge import _Merge
 from pipeline_output.stores.iceberg.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.partitions import partition_spec
@@ -294,7 +299,8 @@ class IcebergStore:
         pre: _Prewritten | None = None,
         fence: Callable[[], None] | None = None,
     ) -> WriteResult:
-        tx = table.transaction()
+        tx = FlatTransaction(table)
+        upgrade_properties(tx)
         evolution = plan_evolution(spec, table.schema(), frame)
         _evolve(tx, evolution)
         repartitioned = evolve_partitioning(tx, spec)  # new files by the new spec, old kept
@@ -306,7 +312,8 @@ class IcebergStore:
             pre = None
             frame = _sorted(_align(frame, schema), spec)
         total_before = _total_records(table)
-        merge = _Merge(table=table, tx=tx, spec=spec, frame=frame, schema=schema)
+        index = read_index(table)
+        merge = _Merge(table=table, tx=tx, spec=spec, frame=frame, schema=schema, index=index)
         changes = merge.run(plan)
         if frame.height == 0 and changes.deleted and not spec.allow_empty:
             raise EmptyComputeRefused(
@@ -332,6 +339,7 @@ class IcebergStore:
                 ready=ready,
                 fence=fence,
                 blind_retry=plan.write_mode == "append" and not changes.deleted_files,
+                index=index,
             )
             snap = new_table.current_snapshot()
             snapshot_id = snap.snapshot_id if snap else None

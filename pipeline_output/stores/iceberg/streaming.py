@@ -25,6 +25,13 @@ from pipeline_output.result import RowCounts, WriteResult
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.commit import _commit, _delete_quietly, _stream_batches
 from pipeline_output.stores.iceberg.files import DataFileWriter
+from pipeline_output.stores.iceberg.manifests import (
+    FlatTransaction,
+    ManifestIndex,
+    live_data_files,
+    read_index,
+    upgrade_properties,
+)
 from pipeline_output.stores.iceberg.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.partitions import needs_evolution, partition_spec
 from pipeline_output.stores.iceberg.prewrite import _Prewritten, summary_properties
@@ -98,14 +105,15 @@ def replace_streaming(
                 properties=TABLE_PROPERTIES,
             )
             deleted: list[DataFile] = []
+            index: ManifestIndex | None = None
             total_before = 0
         else:
-            tx = table.transaction()
+            tx = FlatTransaction(table)
+            upgrade_properties(tx)
             _evolve(tx, plan_evolution(spec, table.schema(), first))
             evolve_partitioning(tx, spec)
-            deleted = (
-                [t.file for t in table.scan().plan_files()] if table.current_snapshot() else []
-            )
+            index = read_index(table)
+            deleted = live_data_files(index)
             total_before = _total_records(table)
         writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=uuid.uuid4())
         written: list[DataFile] = []
@@ -128,6 +136,7 @@ def replace_streaming(
             force=True,
             ready=written,
             fence=stats.verify,
+            index=index,
         )
         snap = new_table.current_snapshot()
     return _replaced(
@@ -179,13 +188,14 @@ def _replace_streaming_unlocked(
             plan = plan_write(replace(spec, strategy="replace"), _state_of(table), None)
             props = summary_properties(spec, plan, run_id, summary)
             props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in extra.items()})
-            deleted = (
-                [t.file for t in table.scan().plan_files()] if table.current_snapshot() else []
-            )
+            index = read_index(table)
+            deleted = live_data_files(index)
             total_before = _total_records(table)
             pre.handed_to_commit = True
+            tx = FlatTransaction(table)
+            upgrade_properties(tx)
             new_table = _commit(
-                table.transaction(),
+                tx,
                 props,
                 deleted,
                 [],
@@ -193,6 +203,7 @@ def _replace_streaming_unlocked(
                 force=True,
                 ready=pre.files,
                 fence=stats.verify,
+                index=index,
             )
             snap = new_table.current_snapshot()
     finally:

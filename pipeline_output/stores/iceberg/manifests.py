@@ -1,0 +1,286 @@
+"""Keeping a write's metadata work flat as a table's history grows.
+
+Owns the manifest side of a native write:
+
+- `ManifestIndex`: the current snapshot's manifests and their live entries, read ONCE per write
+  (in parallel). The merge plans its candidate files from it (`tasks`), and the commit's
+  producer uses it again instead of re-reading every manifest twice (pyiceberg's overwrite reads
+  all manifests once to find the deleted entries and once more to rewrite them).
+- `IndexedOverwrite`: the overwrite producer built on that index. It rewrites only the manifests
+  that hold a deleted file, drops manifests with no live file left (pyiceberg carries the
+  DELETED-only manifest of every overwrite forward for ever: two new manifests per write), and
+  merges small manifests on commit with Iceberg's `commit.manifest-merge.enabled`,
+  `commit.manifest.min-count-to-merge` and `commit.manifest.target-size-bytes` semantics (the same
+  merge manager as pyiceberg's merge-append).
+- `FlatTransaction`: a pyiceberg `Transaction` whose `table_metadata` is computed once per staged
+  update instead of on every access (each access deep-copies the whole metadata, every snapshot
+  of the table's history; one write made ~20 of them).
+- `upgrade_properties`: the maintenance-free defaults of `properties.TABLE_PROPERTIES` (manifest
+  merging, bounded `metadata.json` history) added, in the write's own commit, to tables created
+  before they existed. A property the table already has is never changed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+)
+from pyiceberg.table import FileScanTask, Table, TableProperties, Transaction
+from pyiceberg.table.delete_file_index import DeleteFileIndex
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import Operation
+from pyiceberg.table.update import (
+    TableUpdate,
+    _apply_table_update,
+    _TableMetadataUpdateContext,
+)
+from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
+from pyiceberg.utils.datetime import datetime_to_millis
+from pyiceberg.utils.properties import property_as_bool, property_as_int
+
+from pipeline_output.stores.iceberg.properties import _READ_THREADS, MAINTENANCE_FREE_PROPERTIES
+
+_INITIAL_SEQUENCE_NUMBER = 0
+
+
+@dataclass
+class ManifestIndex:
+    """The manifests of one snapshot with their live entries (data and delete files)."""
+
+    snapshot_id: int | None
+    manifests: list[ManifestFile] = field(default_factory=list)
+    live: dict[str, list[ManifestEntry]] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, metadata: TableMetadata, io: FileIO) -> ManifestIndex:
+        """Read the current snapshot's manifest list and every manifest's live entries."""
+        snapshot = metadata.current_snapshot()
+        if snapshot is None:
+            return cls(snapshot_id=None)
+        manifests = list(snapshot.manifests(io))
+
+        def entries(manifest: ManifestFile) -> list[ManifestEntry]:
+            return manifest.fetch_manifest_entry(io, discard_deleted=True)
+
+        if len(manifests) > 1:
+            with ThreadPoolExecutor(max_workers=min(_READ_THREADS, len(manifests))) as pool:
+                read = list(pool.map(entries, manifests))
+        else:
+            read = [entries(m) for m in manifests]
+        live = {m.manifest_path: e for m, e in zip(manifests, read, strict=True)}
+        return cls(snapshot_id=snapshot.snapshot_id, manifests=manifests, live=live)
+
+    def tasks(self) -> list[FileScanTask]:
+        """One scan task per live data file, with the positional delete files that apply to it
+        (the same association as pyiceberg's `plan_files`; equality deletes are refused there
+        and here)."""
+        data: list[ManifestEntry] = []
+        deletes = DeleteFileIndex()
+        for manifest in self.manifests:
+            for entry in self.live[manifest.manifest_path]:
+                content = entry.data_file.content
+                if content == DataFileContent.DATA:
+                    data.append(entry)
+                elif content == DataFileContent.POSITION_DELETES:
+                    deletes.add_delete_file(entry, partition_key=entry.data_file.partition)
+                else:
+                    raise ValueError(
+                        f"pyiceberg cannot read equality delete files: {entry.data_file.file_path}"
+                    )
+        return [
+            FileScanTask(
+                e.data_file,
+                delete_files=deletes.for_data_file(
+                    e.sequence_number or _INITIAL_SEQUENCE_NUMBER,
+                    e.data_file,
+                    partition_key=e.data_file.partition,
+                ),
+            )
+            for e in data
+        ]
+
+
+class FlatTransaction(Transaction):
+    """A `Transaction` whose staged metadata is computed once per staged update, without copies.
+
+    pyiceberg's `Transaction.table_metadata` replays the staged updates onto the table's metadata
+    and deep-copies the result on every access; the snapshot producer and our writer access it a
+    few dozen times per commit, and each copy costs time proportional to the table's history
+    (every snapshot). The metadata objects are frozen pydantic models and every update builds new
+    ones (`model_copy(update=...)`), so the result is shared instead of copied; the cache is keyed
+    on the base metadata and the staged-updates tuple (both replaced, never mutated, when they
+    change). The catalog validates the final metadata at commit as before.
+    """
+
+    _po_cache: tuple[Any, Any, TableMetadata] | None = None
+
+    @property
+    def table_metadata(self) -> TableMetadata:
+        cached = self._po_cache
+        base, updates = self._table.metadata, self._updates
+        if cached is None or cached[0] is not base or cached[1] is not updates:
+            cached = (base, updates, _staged(base, updates))
+            self._po_cache = cached
+        return cached[2]
+
+
+def _staged(base: TableMetadata, updates: tuple[TableUpdate, ...]) -> TableMetadata:
+    """`update_table_metadata(base, updates)` without its final deep copy."""
+    if not updates:
+        return base
+    context = _TableMetadataUpdateContext()
+    metadata = base
+    for update in updates:
+        metadata = _apply_table_update(update, metadata, context)
+    if context.has_changes() and base.last_updated_ms == metadata.last_updated_ms:
+        now = datetime_to_millis(datetime.now().astimezone())
+        metadata = metadata.model_copy(update={"last_updated_ms": now})
+    return metadata
+
+
+def upgrade_properties(tx: Transaction) -> None:
+    """Stage the maintenance-free defaults the table does not set yet (none: nothing staged)."""
+    current = tx.table_metadata.properties
+    missing = {k: v for k, v in MAINTENANCE_FREE_PROPERTIES.items() if k not in current}
+    if missing:
+        tx.set_properties(missing)
+
+
+class IndexedOverwrite(_OverwriteFiles):
+    """pyiceberg's overwrite producer, planned from a `ManifestIndex` and merging manifests.
+
+    When the branch head is no longer the index's snapshot (it cannot be under our fenced
+    commit, but a caller may reuse a producer), it falls back to pyiceberg's own reading.
+    """
+
+    def __init__(
+        self,
+        transaction: Transaction,
+        io: FileIO,
+        *,
+        index: ManifestIndex | None,
+        snapshot_properties: dict[str, str],
+        commit_uuid: uuid.UUID | None = None,
+    ) -> None:
+        has_parent = transaction.table_metadata.current_snapshot() is not None
+        super().__init__(
+            operation=Operation.OVERWRITE if has_parent else Operation.APPEND,
+            transaction=transaction,
+            io=io,
+            commit_uuid=commit_uuid,
+            snapshot_properties=snapshot_properties,
+        )
+        self._index = index
+        props = transaction.table_metadata.properties
+        self._merge = _ManifestMergeManager(
+            target_size_bytes=property_as_int(  # type: ignore[arg-type]
+                props,
+                TableProperties.MANIFEST_TARGET_SIZE_BYTES,
+                TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT,
+            ),
+            min_count_to_merge=property_as_int(  # type: ignore[arg-type]
+                props,
+                TableProperties.MANIFEST_MIN_MERGE_COUNT,
+                TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT,
+            ),
+            merge_enabled=property_as_bool(
+                props,
+                TableProperties.MANIFEST_MERGE_ENABLED,
+                TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT,
+            ),
+            snapshot_producer=self,
+        )
+
+    def _indexed(self) -> ManifestIndex | None:
+        index = self._index
+        if index is None or index.snapshot_id != self._parent_snapshot_id:
+            return None
+        return index
+
+    def _build_delete_files_partition_predicate(self) -> None:
+        if self._indexed() is None:  # only pyiceberg's own reading prunes by it
+            super()._build_delete_files_partition_predicate()
+
+    def _deleted_entries(self) -> list[ManifestEntry]:
+        index = self._indexed()
+        if index is None:
+            return super()._deleted_entries()
+        deleted = self._deleted_data_files
+        entries = [
+            ManifestEntry.from_args(
+                status=ManifestEntryStatus.DELETED,
+                snapshot_id=self._snapshot_id,
+                sequence_number=entry.sequence_number,
+                file_sequence_number=entry.file_sequence_number,
+                data_file=entry.data_file,
+            )
+            for manifest in index.manifests
+            if manifest.content == ManifestContent.DATA
+            for entry in index.live[manifest.manifest_path]
+            if entry.data_file in deleted
+        ]
+        self._validate_required_deletes(entries)
+        return entries
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        index = self._indexed()
+        if index is None:
+            kept = super()._existing_manifests()
+        else:
+            kept = []
+            for manifest in index.manifests:
+                live = index.live[manifest.manifest_path]
+                remaining = [e for e in live if e.data_file not in self._deleted_data_files]
+                if len(remaining) == len(live) and live:
+                    kept.append(manifest)  # untouched: carried forward as it is
+                elif remaining:
+                    kept.append(self._rewrite(manifest, remaining))
+                # else: no live file left (all deleted now or before): dropped
+        # pyiceberg's own path keeps manifests whose entries are all DELETED: drop them too
+        return [m for m in kept if m.has_added_files() or m.has_existing_files()]
+
+    def _rewrite(self, manifest: ManifestFile, entries: list[ManifestEntry]) -> ManifestFile:
+        with self.new_manifest_writer(self.spec(manifest.partition_spec_id)) as writer:
+            for entry in entries:
+                writer.add_entry(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.EXISTING,
+                        snapshot_id=entry.snapshot_id,
+                        sequence_number=entry.sequence_number,
+                        file_sequence_number=entry.file_sequence_number,
+                        data_file=entry.data_file,
+                    )
+                )
+        return writer.to_manifest_file()
+
+    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        data = [m for m in manifests if m.content == ManifestContent.DATA]
+        deletes = [m for m in manifests if m.content == ManifestContent.DELETES]
+        return self._merge.merge_manifests(data) + deletes
+
+
+def live_data_files(index: ManifestIndex) -> list[DataFile]:
+    """Every live data file of the index's snapshot (a full replace deletes them all)."""
+    return [
+        e.data_file
+        for m in index.manifests
+        for e in index.live[m.manifest_path]
+        if e.data_file.content == DataFileContent.DATA
+    ]
+
+
+def read_index(table: Table) -> ManifestIndex:
+    """The manifest index of the table's current snapshot."""
+    return ManifestIndex.read(table.metadata, table.io)
