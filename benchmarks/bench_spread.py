@@ -1,0 +1,538 @@
+"""Upserts spread over MANY data files, ours vs delta-rs (issues 13 and 18): time and peak RSS.
+
+Run from the repository root:
+
+    .venv/bin/python benchmarks/bench_spread.py                    # every case, 3 repetitions
+    .venv/bin/python benchmarks/bench_spread.py --quick            # smoke run: N and B / 10, 1 rep
+    .venv/bin/python benchmarks/bench_spread.py --only scale_1m    # substrings of case names
+
+What it measures: a table of N rows in F data files (F sequential appends of N/F rows, file j
+holding the ids [j*N/F, (j+1)*N/F)), then ONE upsert of B rows: B/2 existing ids drawn uniformly
+over [0, N) with changed values (so every file holds matched keys) and B/2 new ids, shuffled.
+Ours is `IcebergStore.write` with strategy `snapshot_replace` (a re-deploy upserts); delta-rs is
+`DeltaTable.merge(...).when_matched_update_all().when_not_matched_insert_all()`. Both read the same
+batch Parquet file.
+
+How: one embedded Postgres (the pyiceberg SqlCatalog and the writer lock) under
+`benchmarks/.work/spread/` (git-ignored; removed at the end unless --keep). Prep processes build
+one fresh table per (case, engine, repetition) before anything is timed and check their file
+counts. Every timed upsert then runs in its own fresh process, engines and repetitions
+interleaved: it opens the table's catalog, reads the batch (polars for ours, pyarrow for
+delta-rs), and times only the upsert call. Peak RSS is the process's `ru_maxrss` (interpreter,
+imports and batch included), read as `VmHWM` from /proc/self/status, NOT `ru_maxrss`: on Linux a
+child's `ru_maxrss` starts at its parent's RSS when it was spawned (the exec'd-over memory counts),
+which would charge this parent's own memory to every child. `+N` is the peak over the call
+(sampled every 5 ms) minus the RSS just before it. Times are medians (min-max shown), RSS the max over repetitions, ratios are
+within this run. After the first repetition the child checks the table: N + B/2 rows, unique ids.
+Exit code 0 even when a target is missed; non-zero only when something fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_iceberg_arm import CATALOG_NAME, NAMESPACE, _rows, fmt_mb, fmt_s, machine, start_postgres
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+ENGINES = ("ours", "delta")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    rows: int  # N
+    files: int  # F
+    batch: int  # B
+
+
+CASES = [
+    Case("spread_5m", 5_000_000, 50, 100_000),
+    Case("scale_1m", 1_000_000, 10, 100_000),
+    Case("scale_4m", 4_000_000, 40, 400_000),
+    Case("scale_10m", 10_000_000, 100, 1_000_000),
+]
+
+
+def table_name(case: Case, rep: int) -> str:
+    return f"{case.name}_r{rep}"
+
+
+# --------------------------------------------------------------------------------------------
+# Child side
+# --------------------------------------------------------------------------------------------
+
+
+def ours_store(cfg: dict[str, Any]) -> Any:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from pipeline_output import IcebergStore
+    from pipeline_output.locks import AdvisoryLock
+
+    catalog = SqlCatalog(CATALOG_NAME, uri=cfg["sqlalchemy_uri"], warehouse=cfg["warehouse"])
+    return IcebergStore(catalog, NAMESPACE, lock=AdvisoryLock(cfg["libpq_uri"]))
+
+
+def ours_spec(name: str, upsert: bool) -> Any:
+    """`append_always` builds the table file by file; a `snapshot_replace` re-deploy upserts."""
+    from pipeline_output import DatasetSpec
+
+    if upsert:
+        return DatasetSpec(name=name, primary_key=("id",), strategy="snapshot_replace")
+    return DatasetSpec(name=name, primary_key=("id",), strategy="append_always")
+
+
+def ours_files(store: Any, name: str) -> int:
+    return len(list(store.load(name).scan().plan_files()))
+
+
+def prep(cfg: dict[str, Any], case: Case, engine: str, reps: int) -> dict[str, Any]:
+    """Build `reps` tables of `case` with `engine`, F appends each; return their file counts."""
+    import polars as pl
+
+    per_file = case.rows // case.files
+    counts = []
+    store = ours_store(cfg) if engine == "ours" else None
+    for rep in range(reps):
+        name = table_name(case, rep)
+        path = str(Path(cfg["delta_root"]) / name)
+        for j in range(case.files):
+            frame = _rows(pl.int_range(j * per_file, (j + 1) * per_file, eager=True), changed=False)
+            if store is not None:
+                store.write(ours_spec(name, upsert=False), frame)
+            else:
+                from deltalake import write_deltalake
+
+                write_deltalake(path, frame.to_arrow(), mode="append")
+        if store is not None:
+            counts.append(ours_files(store, name))
+        else:
+            from deltalake import DeltaTable
+
+            counts.append(len(DeltaTable(path).file_uris()))
+    return {"files": counts}
+
+
+def vm_hwm() -> int:
+    """This process's peak RSS in bytes since its exec (unlike `ru_maxrss`, not its parent's)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+class PeakSampler(threading.Thread):
+    """The process's RSS, sampled every 5 ms until stopped; `peak` is the largest seen."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        super().__init__(daemon=True)
+        self.proc = psutil.Process()
+        self.peak: int = self.proc.memory_info().rss
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.005):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def stop(self) -> int:
+        self.done.set()
+        self.join()
+        return max(self.peak, int(self.proc.memory_info().rss))
+
+
+def timed(cfg: dict[str, Any], case: Case, engine: str, rep: int) -> dict[str, Any]:
+    """One upsert; only the call is timed. Rep 0 also checks the table afterwards."""
+    import psutil
+
+    name = table_name(case, rep)
+    detail: dict[str, Any] = {}
+    if engine == "ours":
+        import polars as pl
+
+        store = ours_store(cfg)
+        spec = ours_spec(name, upsert=True)
+        data = pl.read_parquet(cfg["batch"][case.name])
+
+        def call() -> None:
+            res = store.write(spec, data)
+            detail.update(
+                rewritten=res.files_rewritten, updated=res.rows_updated, inserted=res.rows_inserted
+            )
+
+    else:
+        import pyarrow.parquet as pq
+        from deltalake import DeltaTable
+
+        path = str(Path(cfg["delta_root"]) / name)
+        data = pq.read_table(cfg["batch"][case.name])
+
+        def call() -> None:
+            metrics = (
+                DeltaTable(path)
+                .merge(source=data, predicate="t.id = s.id", source_alias="s", target_alias="t")
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute()
+            )
+            for key in ("files_removed", "files_added", "rows_updated", "rows_inserted"):
+                detail[key] = metrics.get(f"num_target_{key}")
+
+    rss_before = psutil.Process().memory_info().rss
+    sampler = PeakSampler()
+    sampler.start()
+    started = time.perf_counter()
+    call()
+    seconds = time.perf_counter() - started
+    call_peak = sampler.stop()
+    peak = vm_hwm()
+
+    # after the measurement: files left, and (rep 0) the rows are right
+    check = None
+    expected = case.rows + case.batch // 2
+    if engine == "ours":
+        detail["files_after"] = ours_files(store, name)
+        if rep == 0:
+            ids = store.read(name, columns=["id"])["id"]
+            check = [ids.len(), ids.n_unique()]
+    else:
+        dt = DeltaTable(path)
+        detail["files_after"] = len(dt.file_uris())
+        if rep == 0:
+            import pyarrow.compute as pc
+
+            ids = dt.to_pyarrow_dataset().to_table(columns=["id"])["id"]
+            check = [len(ids), pc.count_distinct(ids).as_py()]
+    return {
+        "seconds": seconds,
+        "peak_mb": peak / 2**20,
+        "call_mb": (call_peak - rss_before) / 2**20,
+        "before_mb": rss_before / 2**20,
+        "detail": detail,
+        "check": None
+        if check is None
+        else {"rows": check[0], "unique": check[1], "want": expected},
+    }
+
+
+def child_main(payload_path: str) -> None:
+    import warnings
+
+    warnings.simplefilter("ignore")
+    p = json.loads(Path(payload_path).read_text())
+    case = Case(**p["case"])
+    if p["what"] == "prep":
+        result = prep(p["cfg"], case, p["engine"], p["reps"])
+    else:
+        result = timed(p["cfg"], case, p["engine"], p["rep"])
+    print(json.dumps(result), flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Parent side
+# --------------------------------------------------------------------------------------------
+
+
+def spawn(payload: dict[str, Any], tag: str, workdir: Path, timeout_s: float) -> dict[str, Any]:
+    """Run this script as a fresh child on `payload`; its last stdout line is the JSON result."""
+    logs = workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    payload_path = logs / f"{tag}.json"
+    payload_path.write_text(json.dumps(payload))
+    log_path = logs / f"{tag}.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--child", str(payload_path)],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            cwd=str(REPO),
+            start_new_session=True,
+            text=True,
+        )
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return {"failure": f"timed out after {timeout_s:.0f} s"}
+    if proc.returncode < 0:
+        return {"failure": f"crashed (signal {signal.Signals(-proc.returncode).name})"}
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = log_path.read_text().strip().splitlines()[-1:] or ["?"]
+        return {"failure": f"failed (exit {proc.returncode}): {tail[0][:160]} (see {log_path})"}
+    return dict(json.loads(lines[-1]))
+
+
+def make_batch(case: Case, path: Path) -> None:
+    """B/2 existing ids uniform over [0, N) with changed values + B/2 new ids, shuffled."""
+    import polars as pl
+
+    half = case.batch // 2
+    matched = pl.int_range(0, case.rows, eager=True).sample(half, seed=13)
+    new = pl.int_range(case.rows, case.rows + half, eager=True)
+    frame = pl.concat([_rows(matched, changed=True), _rows(new, changed=False)])
+    frame.sample(fraction=1.0, shuffle=True, seed=18).write_parquet(path)
+
+
+@dataclass
+class Outcome:
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    failure: str | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        return statistics.median(r["seconds"] for r in self.runs) if self.runs else None
+
+    @property
+    def peak_mb(self) -> float | None:
+        return max(r["peak_mb"] for r in self.runs) if self.runs else None
+
+    def time_cell(self) -> str:
+        if not self.runs:
+            return self.failure or "-"
+        secs = [r["seconds"] for r in self.runs]
+        return f"{fmt_s(self.seconds)} ({fmt_s(min(secs))}-{fmt_s(max(secs))})"
+
+    def rss_cell(self) -> str:
+        if not self.runs:
+            return "-"
+        return f"{fmt_mb(self.peak_mb)} (+{fmt_mb(max(r['call_mb'] for r in self.runs))})"
+
+    def check_problem(self) -> str | None:
+        if self.failure:
+            return self.failure
+        for r in self.runs:
+            c = r["check"]
+            if c and not (c["rows"] == c["want"] and c["unique"] == c["rows"]):
+                return f"{c['rows']:,} rows, {c['unique']:,} unique ids, want {c['want']:,}"
+        return None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def fmt_x(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def render(cases: list[Case], res: dict[tuple[str, str], Outcome]) -> list[str]:
+    lines = [
+        "| case | rows | files | batch | ours median s (min-max) | delta-rs median s (min-max) "
+        "| ours/delta-rs | ours peak RSS MB | delta-rs peak RSS MB | ours RSS / delta-rs "
+        "| ours files rewritten → files after | delta-rs files removed → added | check |",
+        "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---|---|---|",
+    ]
+    for c in cases:
+        o, d = res[(c.name, "ours")], res[(c.name, "delta")]
+        od = o.runs[0]["detail"] if o.runs else {}
+        dd = d.runs[0]["detail"] if d.runs else {}
+        problems = [
+            f"{e}: {p}" for e, oc in (("ours", o), ("delta-rs", d)) if (p := oc.check_problem())
+        ]
+        lines.append(
+            f"| {c.name} | {c.rows:,} | {c.files} | {c.batch:,} | {o.time_cell()} | "
+            f"{d.time_cell()} | {fmt_x(ratio(o.seconds, d.seconds))} | {o.rss_cell()} | "
+            f"{d.rss_cell()} | {fmt_x(ratio(o.peak_mb, d.peak_mb))} | "
+            f"{od.get('rewritten', '-')} → {od.get('files_after', '-')} | "
+            f"{dd.get('files_removed', '-')} → {dd.get('files_added', '-')} | "
+            f"{'FAILED ' + '; '.join(problems) if problems else 'ok'} |"
+        )
+    return lines
+
+
+def verdicts(cases: list[Case], res: dict[tuple[str, str], Outcome]) -> list[str]:
+    def line(what: str, value: float | None, bound: float, shown: str) -> str:
+        if value is None:
+            return f"- {what}: n/a (a run failed)"
+        return f"- {what}: {shown} ({'meets' if value <= bound else 'MISSES'})"
+
+    out = []
+    for c in cases:
+        o, d = res[(c.name, "ours")], res[(c.name, "delta")]
+        t = ratio(o.seconds, d.seconds)
+        limit = 0.5 if c.name == "spread_5m" else 1.0
+        out.append(
+            line(f"{c.name} time, ours / delta-rs <= {limit:g}x", t, limit, fmt_x(t))
+            + f" [{fmt_s(o.seconds)} s vs {fmt_s(d.seconds)} s]"
+        )
+        if c.name == "spread_5m":
+            out.append(
+                line("spread_5m ours peak RSS <= 462 MB", o.peak_mb, 462, f"{fmt_mb(o.peak_mb)} MB")
+                + f" [delta-rs {fmt_mb(d.peak_mb)} MB]"
+            )
+        else:
+            r = ratio(o.peak_mb, d.peak_mb)
+            out.append(
+                line(f"{c.name} peak RSS, ours <= delta-rs", r, 1.0, fmt_x(r))
+                + f" [{fmt_mb(o.peak_mb)} MB vs {fmt_mb(d.peak_mb)} MB]"
+            )
+    return out
+
+
+def growth(cases: list[Case], res: dict[tuple[str, str], Outcome]) -> list[str]:
+    """Per million table rows for the scaling cases, and exponents from the smallest to largest.
+
+    Peak RSS carries a fixed floor (interpreter, imports, batch); `+call` is the growth over the
+    call, the part that scales with the table.
+    """
+    scale = [c for c in cases if c.name.startswith("scale_")]
+    out = []
+    for engine, label in (("ours", "ours"), ("delta", "delta-rs")):
+        cells, points = [], []
+        for c in scale:
+            oc, m = res[(c.name, engine)], c.rows / 1e6
+            if oc.seconds is None or oc.peak_mb is None:
+                cells.append(f"{m:g}M n/a")
+                continue
+            call = max(r["call_mb"] for r in oc.runs)
+            cells.append(
+                f"{m:g}M {oc.seconds / m:.3f} s/M, peak {oc.peak_mb / m:.0f} MB/M, "
+                f"+call {call / m:.0f} MB/M"
+            )
+            points.append((c.rows, oc.seconds, oc.peak_mb, max(call, 1e-3)))
+        law = ""
+        if len(points) >= 2:
+            (n0, *first), (n1, *last) = points[0], points[-1]
+            k = math.log(n1 / n0)
+            t, p, a = (math.log(y / x) / k for x, y in zip(first, last, strict=True))
+            law = (
+                f"; {n0 / 1e6:g}M to {n1 / 1e6:g}M: time ~ N^{t:.2f}, peak RSS ~ N^{p:.2f}, "
+                f"+call RSS ~ N^{a:.2f}"
+            )
+        if scale:
+            out.append(
+                f"- growth {label} (10% upserts, per million table rows): {'; '.join(cells)}{law}"
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--only", default=None, help="comma-separated substrings of case names")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions per case (default 3)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: N and B / 10, 1 repetition")
+    ap.add_argument("--keep", action="store_true", help="keep benchmarks/.work/spread afterwards")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        child_main(args.child)
+        return 0
+
+    cases = CASES
+    if args.only:
+        pats = [p.strip() for p in args.only.split(",") if p.strip()]
+        cases = [c for c in CASES if any(p in c.name for p in pats)]
+        if not cases:
+            ap.error(f"--only {args.only!r} matches none of {[c.name for c in CASES]}")
+    if args.quick:
+        cases = [Case(c.name, c.rows // 10, c.files, c.batch // 10) for c in cases]
+    reps = args.reps or (1 if args.quick else 3)
+
+    workdir = HERE / ".work" / "spread"
+    shutil.rmtree(workdir, ignore_errors=True)
+    (workdir / "in").mkdir(parents=True)
+    t_start = time.perf_counter()
+    server, sqlalchemy_uri, libpq_uri = start_postgres(workdir)
+    failed = False
+    try:
+        print("== pipeline-output benchmark: upserts spread over many data files, vs delta-rs ==")
+        for ln in machine(libpq_uri):
+            print(ln)
+        print(
+            f"method:   {reps} rep(s) per case and engine, each a fresh process; "
+            f"{'QUICK (N and B / 10)' if args.quick else 'full sizes'}\n",
+            flush=True,
+        )
+        batches = {}
+        for c in cases:
+            batches[c.name] = str(workdir / "in" / f"{c.name}.parquet")
+            make_batch(c, Path(batches[c.name]))
+        cfg = {
+            "sqlalchemy_uri": sqlalchemy_uri,
+            "libpq_uri": libpq_uri,
+            "warehouse": f"file://{workdir / 'warehouse'}",
+            "delta_root": str(workdir / "delta"),
+            "batch": batches,
+        }
+
+        res = {(c.name, e): Outcome() for c in cases for e in ENGINES}
+        for c in cases:  # setup, never timed
+            for e in ENGINES:
+                t0 = time.perf_counter()
+                payload = {"what": "prep", "case": asdict(c), "engine": e, "reps": reps, "cfg": cfg}
+                got = spawn(payload, f"prep-{c.name}-{e}", workdir, 3600)
+                if "failure" in got:
+                    res[(c.name, e)].failure = f"prep {got['failure']}"
+                elif got["files"] != [c.files] * reps:
+                    res[(c.name, e)].failure = f"prep made {got['files']} files, want {c.files}"
+                print(
+                    f"prep {c.name} {e}: {reps} table(s) of {c.rows:,} rows in {c.files} files, "
+                    f"{time.perf_counter() - t0:.0f} s {res[(c.name, e)].failure or ''}",
+                    flush=True,
+                )
+
+        for rep in range(reps):  # repetition-major, engine order alternating
+            for i, c in enumerate(cases):
+                order = ENGINES if (rep + i) % 2 == 0 else ENGINES[::-1]
+                for e in order:
+                    oc = res[(c.name, e)]
+                    if oc.failure:
+                        continue
+                    payload = {
+                        "what": "timed",
+                        "case": asdict(c),
+                        "engine": e,
+                        "rep": rep,
+                        "cfg": cfg,
+                    }
+                    got = spawn(payload, f"{c.name}-{e}-r{rep}", workdir, 1800)
+                    if "failure" in got:
+                        oc.failure = got["failure"]
+                        status = oc.failure
+                    else:
+                        oc.runs.append(got)
+                        status = (
+                            f"{fmt_s(got['seconds'])} s, peak {fmt_mb(got['peak_mb'])} MB, "
+                            f"{fmt_mb(got['before_mb'])} MB before the call, "
+                            f"+{fmt_mb(got['call_mb'])} over it; {got['detail']}"
+                        )
+                    print(f"  rep {rep + 1} {c.name:<10} {e:<5} {status}", flush=True)
+
+        print(
+            "\n== results (median seconds, min-max; peak RSS: max over reps, +peak over the call) =="
+        )
+        for ln in render(cases, res):
+            print(ln)
+        print()
+        for ln in verdicts(cases, res) + growth(cases, res):
+            print(ln)
+        failed = any(oc.check_problem() for oc in res.values())
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        print(f"\nload avg at end: {load}; wall time {time.perf_counter() - t_start:.0f} s")
+    finally:
+        server.cleanup()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
