@@ -50,6 +50,7 @@ from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFil
 from pyiceberg.utils.datetime import datetime_to_millis
 from pyiceberg.utils.properties import property_as_bool, property_as_int
 
+from pipeline_output.errors import UnsupportedWrite
 from pipeline_output.stores.iceberg.properties import _READ_THREADS, MAINTENANCE_FREE_PROPERTIES
 
 _INITIAL_SEQUENCE_NUMBER = 0
@@ -60,15 +61,16 @@ class ManifestIndex:
     """The manifests of one snapshot with their live entries (data and delete files)."""
 
     snapshot_id: int | None
+    table_name: str = ""
     manifests: list[ManifestFile] = field(default_factory=list)
     live: dict[str, list[ManifestEntry]] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, metadata: TableMetadata, io: FileIO) -> ManifestIndex:
+    def read(cls, metadata: TableMetadata, io: FileIO, *, table_name: str = "") -> ManifestIndex:
         """Read the current snapshot's manifest list and every manifest's live entries."""
         snapshot = metadata.current_snapshot()
         if snapshot is None:
-            return cls(snapshot_id=None)
+            return cls(snapshot_id=None, table_name=table_name)
         manifests = list(snapshot.manifests(io))
 
         def entries(manifest: ManifestFile) -> list[ManifestEntry]:
@@ -80,7 +82,9 @@ class ManifestIndex:
         else:
             read = [entries(m) for m in manifests]
         live = {m.manifest_path: e for m, e in zip(manifests, read, strict=True)}
-        return cls(snapshot_id=snapshot.snapshot_id, manifests=manifests, live=live)
+        return cls(
+            snapshot_id=snapshot.snapshot_id, table_name=table_name, manifests=manifests, live=live
+        )
 
     def tasks(self) -> list[FileScanTask]:
         """One scan task per live data file, with the positional delete files that apply to it
@@ -96,8 +100,10 @@ class ManifestIndex:
                 elif content == DataFileContent.POSITION_DELETES:
                     deletes.add_delete_file(entry, partition_key=entry.data_file.partition)
                 else:
-                    raise ValueError(
-                        f"pyiceberg cannot read equality delete files: {entry.data_file.file_path}"
+                    raise UnsupportedWrite(
+                        f"table {self.table_name!r} carries an equality delete file "
+                        f"({entry.data_file.file_path}), which pyiceberg cannot read; rewrite "
+                        "the table with the engine that wrote it before writing here"
                     )
         return [
             FileScanTask(
@@ -283,4 +289,4 @@ def live_data_files(index: ManifestIndex) -> list[DataFile]:
 
 def read_index(table: Table) -> ManifestIndex:
     """The manifest index of the table's current snapshot."""
-    return ManifestIndex.read(table.metadata, table.io)
+    return ManifestIndex.read(table.metadata, table.io, table_name=".".join(table.name()))

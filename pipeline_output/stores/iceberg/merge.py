@@ -150,8 +150,10 @@ class _Merge:
         else:
             candidates = self._prune_by_keys(tasks)
         changes = _Changes()
-        untouched = [t for t in tasks if t not in candidates]
-        changes.preserved += sum(t.file.record_count for t in untouched)
+        chosen = {id(t) for t in candidates}
+        changes.preserved += sum(t.file.record_count for t in tasks if id(t) not in chosen)
+        # each file is joined only with the compute's rows its key bounds admit
+        slices = _KeySlices(frame, pk[0], self.table.schema())
 
         # Key pass: with several candidates, read only keys (+ watermark) to find files that change.
         if len(candidates) > 1:
@@ -159,8 +161,9 @@ class _Merge:
             key_frames = self._read(candidates, columns=cols)
             relevant = []
             for task, keys in zip(candidates, key_frames, strict=True):
-                matched = keys.join(frame.select(pk), on=pk, how="semi", nulls_equal=True).height
-                absent = self._absent(keys, scope, window, wm)
+                batch = slices.of(task).select(pk)
+                matched = keys.join(batch, on=pk, how="semi", nulls_equal=True).height
+                absent = self._absent(keys, batch, scope, window, wm)
                 if matched or absent:
                     relevant.append(task)
                 else:
@@ -170,14 +173,15 @@ class _Merge:
         matched_keys: list[pl.DataFrame] = []
         value_cols = [c for c in _schema_names(self.schema) if c not in pk]
         # the compute's value columns under reserved names: no user column can collide with them
-        incoming = frame.rename({c: _NEW + c for c in frame.columns if c not in pk})
+        renamed = {c: _NEW + c for c in frame.columns if c not in pk}
         for task, rows in zip(candidates, self._read(candidates), strict=True):
             rows = rows.with_row_index(_POS)
-            joined = rows.join(incoming, on=pk, how="inner", nulls_equal=True)
+            batch = slices.of(task)
+            joined = rows.join(batch.rename(renamed), on=pk, how="inner", nulls_equal=True)
             if joined.height:
                 matched_keys.append(joined.select(pk))
             changed = joined.filter(_differs(joined, value_cols))
-            absent_mask = self._absent_mask(rows, scope, window, wm)
+            absent_mask = self._absent_mask(rows, batch.select(pk), scope, window, wm)
             n_absent = int(absent_mask.sum()) if absent_mask is not None else 0
             if changed.height == 0 and n_absent == 0:
                 changes.unchanged += joined.height
@@ -204,16 +208,22 @@ class _Merge:
         return changes
 
     def _absent_mask(
-        self, rows: pl.DataFrame, scope: str, window: Window | None, wm: str | None
+        self,
+        rows: pl.DataFrame,
+        batch: pl.DataFrame,
+        scope: str,
+        window: Window | None,
+        wm: str | None,
     ) -> pl.Series | None:
-        """Target rows a sync deletes: key absent from the compute (and inside the window)."""
+        """Target rows a sync deletes: key absent from the compute's keys `batch` (the ones the
+        file's bounds admit: no other key can match its rows), and inside the window."""
         if scope == "none":
             return None
         pk = list(self.spec.primary_key)
-        present = (
+        absent = (
             rows.select(pk)
             .join(
-                self.frame.select(pk).with_columns(pl.lit(True).alias("__po_hit__")),
+                batch.select(pk).with_columns(pl.lit(True).alias("__po_hit__")),
                 on=pk,
                 how="left",
                 nulls_equal=True,
@@ -221,14 +231,21 @@ class _Merge:
             .is_null()
         )
         if window is not None and wm is not None:
-            present = (
-                present
+            absent = (
+                absent
                 & rows.select(window.contains(wm, rows.schema[wm]).fill_null(False)).to_series()
             )
-        return present
+        return absent
 
-    def _absent(self, keys: pl.DataFrame, scope: str, window: Window | None, wm: str | None) -> int:
-        mask = self._absent_mask(keys, scope, window, wm)
+    def _absent(
+        self,
+        keys: pl.DataFrame,
+        batch: pl.DataFrame,
+        scope: str,
+        window: Window | None,
+        wm: str | None,
+    ) -> int:
+        mask = self._absent_mask(keys, batch, scope, window, wm)
         return int(mask.sum()) if mask is not None else 0
 
     # -- file planning and reading
@@ -318,27 +335,57 @@ def _coalesced(frames: list[pl.DataFrame], spec: DatasetSpec) -> list[pl.DataFra
     return [_sorted(pl.concat(kept, how="vertical", rechunk=True), spec)]
 
 
+def _decoded_bounds(task: FileScanTask, field: NestedField) -> tuple[Any, Any] | None:
+    """The file's (lower, upper) bounds of `field`, decoded; None when it has none."""
+    lo_b = task.file.lower_bounds.get(field.field_id) if task.file.lower_bounds else None
+    hi_b = task.file.upper_bounds.get(field.field_id) if task.file.upper_bounds else None
+    if lo_b is None or hi_b is None:
+        return None
+    return (
+        from_bytes(field.field_type, lo_b),  # type: ignore[arg-type]
+        from_bytes(field.field_type, hi_b),  # type: ignore[arg-type]
+    )
+
+
 def _admits_all(tasks: list[FileScanTask], field: NestedField, keys: pl.Series) -> list[bool]:
     """For each file: whether one of the sorted `keys` lies within its bounds of `field` (True when
     the file has no bounds for it, or they cannot be compared). One vectorised search over every
     file's bounds: the cost stays small when the table has thousands of files."""
-    lows: list[Any] = []
-    highs: list[Any] = []
-    for task in tasks:
-        lo_b = task.file.lower_bounds.get(field.field_id) if task.file.lower_bounds else None
-        hi_b = task.file.upper_bounds.get(field.field_id) if task.file.upper_bounds else None
-        if lo_b is None or hi_b is None:
-            lows.append(None)
-            highs.append(None)
-        else:
-            lows.append(from_bytes(field.field_type, lo_b))  # type: ignore[arg-type]
-            highs.append(from_bytes(field.field_type, hi_b))  # type: ignore[arg-type]
+    bounds = [_decoded_bounds(task, field) for task in tasks]
     try:
-        lo = pl.Series(lows, dtype=keys.dtype, strict=True)
-        hi = pl.Series(highs, dtype=keys.dtype, strict=True)
+        lo = pl.Series([b[0] if b else None for b in bounds], dtype=keys.dtype, strict=True)
+        hi = pl.Series([b[1] if b else None for b in bounds], dtype=keys.dtype, strict=True)
         i = keys.search_sorted(lo, side="left")
         j = keys.search_sorted(hi, side="right")
     except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
         return [True] * len(tasks)
     missing = lo.is_null() | hi.is_null()
     return (missing | (j > i)).to_list()
+
+
+class _KeySlices:
+    """The compute's rows a file's bounds of the first key column admit (a row of the file can
+    only match those): each file is joined with its slice instead of the whole batch, so a merge
+    over many files costs about files + batch rows, not files x batch rows."""
+
+    def __init__(self, frame: pl.DataFrame, column: str, schema: Schema) -> None:
+        self.frame = frame
+        self.field = schema.find_field(column)
+        self.sorted: pl.Series | None = None
+        if isinstance(self.field.field_type, PrimitiveType) and frame.height > 1:
+            values = _physical(frame.get_column(column), self.field.field_type)
+            self.order = values.arg_sort()
+            self.sorted = values.gather(self.order)
+
+    def of(self, task: FileScanTask) -> pl.DataFrame:
+        bounds = _decoded_bounds(task, self.field)
+        if self.sorted is None or bounds is None:
+            return self.frame
+        try:
+            i = int(self.sorted.search_sorted(bounds[0], side="left"))
+            j = int(self.sorted.search_sorted(bounds[1], side="right"))
+        except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+            return self.frame
+        if i == 0 and j == self.frame.height:
+            return self.frame
+        return self.frame[self.order.slice(i, max(j - i, 0))]
