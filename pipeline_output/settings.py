@@ -94,6 +94,7 @@ class Settings:
 
     def catalog(self) -> Catalog:
         """The Iceberg catalog (pyiceberg config if any, else SQL catalog on the control plane)."""
+        catalog: Catalog
         if self.catalog_config is not None:
             from pyiceberg.catalog import load_catalog
 
@@ -101,7 +102,15 @@ class Settings:
             if config.get("type") == "sql" or str(config.get("uri", "")).startswith("postgresql"):
                 config.setdefault("pool_pre_ping", "true")  # see _sql_catalog
             try:
-                catalog = load_catalog(self.catalog_name, **config)
+                if config.get("type") == "sql" and "py-catalog-impl" not in config:
+                    # the same catalog without per-commit work that grows with a table's history;
+                    # built directly: load_catalog would merge PYICEBERG_* `type` back in
+                    from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
+
+                    config.pop("type")
+                    catalog = FlatSqlCatalog(self.catalog_name, **config)
+                else:
+                    catalog = load_catalog(self.catalog_name, **config)
             except ValueError as exc:
                 raise SettingsError(env_name(self.catalog_name, "type"), _one_line(exc)) from exc
         else:
@@ -163,15 +172,17 @@ def _ensure_namespace(catalog: Catalog, namespace: str) -> None:
 
 
 def _sql_catalog(name: str, *, uri: str, warehouse: str) -> Catalog:
-    """pyiceberg's SqlCatalog; retried because two processes creating its tables race."""
-    from pyiceberg.catalog.sql import SqlCatalog
+    """pyiceberg's SqlCatalog (as `FlatSqlCatalog`); retried because two processes creating its
+    tables race."""
     from sqlalchemy.exc import DBAPIError
+
+    from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
 
     for attempt in range(3):
         try:
             # pool_pre_ping: a pooled connection the server dropped (restart, idle killer,
             # failover) is replaced before use instead of failing the next write once.
-            return SqlCatalog(name, uri=uri, warehouse=warehouse, pool_pre_ping="true")
+            return FlatSqlCatalog(name, uri=uri, warehouse=warehouse, pool_pre_ping="true")
         except DBAPIError:
             if attempt == 2:
                 raise

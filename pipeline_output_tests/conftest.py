@@ -90,13 +90,15 @@ def catalog_properties() -> dict[str, str]:
 def fresh_catalog(
     pg_db_url: str, catalog_warehouse: str, catalog_properties: dict[str, str]
 ) -> Iterator[Callable[[], Any]]:
-    """Zero-arg factory of NEW SqlCatalog handles on the test database (same properties)."""
-    from pyiceberg.catalog.sql import SqlCatalog
+    """Zero-arg factory of NEW SQL catalog handles on the test database (same properties): the
+    project's default `FlatSqlCatalog` (pyiceberg's SqlCatalog with parsed metadata kept per
+    file location), so every handle sees other handles' commits through the database."""
+    from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
 
     handles: list[Any] = []
 
     def make() -> Any:
-        catalog = SqlCatalog(
+        catalog = FlatSqlCatalog(
             "default",
             uri=to_sqlalchemy_url(pg_db_url, driver="psycopg"),
             warehouse=catalog_warehouse,

@@ -10,11 +10,13 @@ from typing import Any
 
 import polars as pl
 import pytest
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.conversions import from_bytes
 from pyiceberg.types import LongType
 
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.locks import AdvisoryLock
+from pipeline_output.pg_urls import to_sqlalchemy_url
 from pipeline_output.stores.iceberg.manifests import read_index
 from pipeline_output.stores.iceberg.properties import MAINTENANCE_FREE_PROPERTIES
 from pipeline_output_tests.oracle import assert_same_multiset, expect
@@ -45,6 +47,10 @@ def _manifests(store: IcebergStore, name: str) -> list[tuple[int, int, bool]]:
     return out
 
 
+def _plain_catalog(url: str, warehouse: str) -> Any:
+    return SqlCatalog("default", uri=to_sqlalchemy_url(url, driver="psycopg"), warehouse=warehouse)
+
+
 def _data_files(store: IcebergStore, name: str) -> list[Any]:
     table = store.load(name)
     assert table is not None
@@ -58,13 +64,17 @@ def _set_properties(store: IcebergStore, name: str, **props: str) -> None:
         tx.set_properties(props)
 
 
+@pytest.mark.parametrize("catalog_kind", ["flat", "pyiceberg"])
 def test_many_upserts_leave_one_file_few_manifests_and_readable_history(
-    catalog: Any, pg_db_url: str
+    catalog: Any, pg_db_url: str, catalog_warehouse: str, catalog_kind: str
 ) -> None:
     """Each upsert rewrites the file its matched keys live in and inserts new keys: the rewritten
     rows and the inserts go to ONE new file, the emptied manifests are dropped (pyiceberg carried
     a DELETED-only manifest forward per overwrite: two more manifests per write), and every
-    snapshot of the history still scans to the rows it had."""
+    snapshot of the history still scans to the rows it had — through the project's catalog and
+    through pyiceberg's own SqlCatalog alike."""
+    if catalog_kind == "pyiceberg":
+        catalog = _plain_catalog(pg_db_url, catalog_warehouse)
     store = _store(catalog, pg_db_url)
     spec = DatasetSpec(name="upserted", primary_key=("id",), strategy="snapshot_replace")
     expected = _rows(list(range(1000)))
@@ -219,3 +229,24 @@ def test_the_manifest_index_is_read_once_and_plans_the_same_files_as_pyiceberg(
     ours = sorted(t.file.file_path for t in read_index(table).tasks())
     theirs = sorted(t.file.file_path for t in table.scan().plan_files())
     assert ours == theirs and len(ours) == 5
+
+
+def test_the_project_catalog_parses_each_metadata_file_once_and_sees_other_handles_commits(
+    fresh_catalog: Any, pg_db_url: str, catalog_warehouse: str
+) -> None:
+    first, second = fresh_catalog(), fresh_catalog()
+    first.create_namespace(NS)
+    spec = DatasetSpec(name="cached", primary_key=("id",), strategy="snapshot_replace")
+    _store(first, pg_db_url).write(spec, _rows([1, 2]))
+    seen = second.load_table((NS, "cached"))
+    assert second.load_table((NS, "cached")).metadata is seen.metadata  # parsed once
+    _store(second, pg_db_url).write(spec, _rows([2, 3], version=1))  # a commit by the other
+    table = first.load_table((NS, "cached"))
+    assert table.metadata_location != seen.metadata_location
+    # the same metadata pyiceberg's own catalog parses from the file
+    plain = _plain_catalog(pg_db_url, catalog_warehouse).load_table((NS, "cached"))
+    assert plain.metadata_location == table.metadata_location
+    assert plain.metadata == table.metadata
+    assert_same_multiset(
+        _store(first, pg_db_url).read(spec), _rows([1]).vstack(_rows([2, 3], version=1))
+    )

@@ -45,6 +45,7 @@ from pyiceberg.table.update import (
     TableUpdate,
     _apply_table_update,
     _TableMetadataUpdateContext,
+    _update_table_metadata_log,
 )
 from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
 from pyiceberg.utils.datetime import datetime_to_millis
@@ -144,15 +145,32 @@ class FlatTransaction(Transaction):
 
 def _staged(base: TableMetadata, updates: tuple[TableUpdate, ...]) -> TableMetadata:
     """`update_table_metadata(base, updates)` without its final deep copy."""
+    return staged_metadata(base, updates)
+
+
+def staged_metadata(
+    base: TableMetadata,
+    updates: tuple[TableUpdate, ...],
+    *,
+    metadata_location: str | None = None,
+) -> TableMetadata:
+    """pyiceberg's `update_table_metadata` (not validating) without the final deep copy of the
+    whole metadata: the updates build new frozen models and never mutate `base`. With
+    `metadata_location` (a catalog commit) the previous file joins the metadata log."""
     if not updates:
         return base
     context = _TableMetadataUpdateContext()
     metadata = base
     for update in updates:
         metadata = _apply_table_update(update, metadata, context)
-    if context.has_changes() and base.last_updated_ms == metadata.last_updated_ms:
-        now = datetime_to_millis(datetime.now().astimezone())
-        metadata = metadata.model_copy(update={"last_updated_ms": now})
+    if context.has_changes():
+        if metadata_location:
+            metadata = _update_table_metadata_log(metadata, metadata_location, base.last_updated_ms)
+        if base.last_updated_ms == metadata.last_updated_ms:
+            now = datetime_to_millis(datetime.now().astimezone())
+            metadata = metadata.model_copy(update={"last_updated_ms": now})
+    metadata.spec().check_compatible(metadata.schema())
+    metadata.sort_order().check_compatible(metadata.schema())
     return metadata
 
 
