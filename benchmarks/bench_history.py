@@ -65,16 +65,16 @@ def main() -> int:
 
     import polars as pl
     from deltalake import DeltaTable, write_deltalake
-    from pyiceberg.catalog.sql import SqlCatalog
 
     from pipeline_output import DatasetSpec, IcebergStore
     from pipeline_output.locks import AdvisoryLock
+    from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
 
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     server, sqlalchemy_uri, libpq_uri = start_postgres(WORK)
     try:
-        catalog = SqlCatalog("bench", uri=sqlalchemy_uri, warehouse=f"file://{WORK}/warehouse")
+        catalog = FlatSqlCatalog("bench", uri=sqlalchemy_uri, warehouse=f"file://{WORK}/warehouse")
         store = IcebergStore(catalog, "bench", lock=AdvisoryLock(libpq_uri))
         spec = DatasetSpec(name="history", primary_key=("id",), strategy="snapshot_replace")
         delta_path = str(WORK / "delta" / "history")

@@ -13,7 +13,7 @@ Ours is `IcebergStore.write` with strategy `snapshot_replace` (a re-deploy upser
 `DeltaTable.merge(...).when_matched_update_all().when_not_matched_insert_all()`. Both read the same
 batch Parquet file.
 
-How: one embedded Postgres (the pyiceberg SqlCatalog and the writer lock) under
+How: one embedded Postgres (the project's SQL catalog, FlatSqlCatalog, and the writer lock) under
 `benchmarks/.work/spread/` (git-ignored; removed at the end unless --keep). Prep processes build
 one fresh table per (case, engine, repetition) before anything is timed and check their file
 counts. Every timed upsert then runs in its own fresh process, engines and repetitions
@@ -79,12 +79,11 @@ def table_name(case: Case, rep: int) -> str:
 
 
 def ours_store(cfg: dict[str, Any]) -> Any:
-    from pyiceberg.catalog.sql import SqlCatalog
-
     from pipeline_output import IcebergStore
     from pipeline_output.locks import AdvisoryLock
+    from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
 
-    catalog = SqlCatalog(CATALOG_NAME, uri=cfg["sqlalchemy_uri"], warehouse=cfg["warehouse"])
+    catalog = FlatSqlCatalog(CATALOG_NAME, uri=cfg["sqlalchemy_uri"], warehouse=cfg["warehouse"])
     return IcebergStore(catalog, NAMESPACE, lock=AdvisoryLock(cfg["libpq_uri"]))
 
 

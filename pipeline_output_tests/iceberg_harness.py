@@ -259,13 +259,11 @@ class Harness:
 
 
 def build_in_files(h: Harness, spec: DatasetSpec, chunks: list[pl.DataFrame]) -> int:
-    """First deploy the first chunk, then upsert the rest one by one (new keys only): one data
-    file per chunk. Returns the number of data files."""
+    """First deploy the first chunk, then append the rest one by one (new keys only): one data
+    file per chunk (an upsert would fold a small file into its new file). Returns the number of
+    data files."""
     upsert = DatasetSpec(
-        name=spec.name,
-        primary_key=spec.primary_key,
-        strategy="snapshot_replace" if spec.primary_key else "append_always",
-        delta=spec.delta,
+        name=spec.name, primary_key=spec.primary_key, strategy="append_always", delta=spec.delta
     )
     h.store().write(upsert, chunks[0], run_id="c0")
     for n, chunk in enumerate(chunks[1:], start=1):
