@@ -175,6 +175,7 @@ class _Merge:
         changes.preserved += sum(_live_rows(t) for t in tasks if id(t) not in chosen)
         # each file is joined only with the compute's rows its key bounds admit
         slices = KeySlices(frame, pk[0], self.table.schema())
+        slices.prepare(candidates)
 
         # Key pass: with several candidates, read only keys (+ watermark) to find files that change.
         if len(candidates) > 1:

@@ -92,18 +92,44 @@ def _admits_all(tasks: list[FileScanTask], field: NestedField, keys: pl.Series) 
 class KeySlices:
     """The compute's rows a file's bounds of the first key column admit (a row of the file can
     only match those): each file is joined with its slice instead of the whole batch, so a merge
-    over many files costs about files + batch rows, not files x batch rows."""
+    over many files costs about files + batch rows, not files x batch rows. The batch is sorted
+    by that column once; a slice is a zero-copy window of it, found by binary search (for many
+    files at once with `prepare`)."""
 
     def __init__(self, frame: pl.DataFrame, column: str, schema: Schema) -> None:
         self.frame = frame
         self.field = schema.find_field(column)
         self.sorted: pl.Series | None = None
+        self._cache: dict[str, pl.DataFrame] = {}
         if isinstance(self.field.field_type, PrimitiveType) and frame.height > 1:
             values = _physical(frame.get_column(column), self.field.field_type)
-            self.order = values.arg_sort()
-            self.sorted = values.gather(self.order)
+            order = values.arg_sort()
+            self.sorted = values.gather(order)
+            self._by_key = frame[order]
+
+    def prepare(self, tasks: list[FileScanTask]) -> None:
+        """Find the slices of every task in one vectorised search."""
+        if self.sorted is None or not tasks:
+            return
+        bounds = [_decoded_bounds(task, self.field) for task in tasks]
+        try:
+            lo = pl.Series([b[0] if b else None for b in bounds], dtype=self.sorted.dtype)
+            hi = pl.Series([b[1] if b else None for b in bounds], dtype=self.sorted.dtype)
+            starts = self.sorted.search_sorted(lo, side="left").to_list()
+            ends = self.sorted.search_sorted(hi, side="right").to_list()
+        except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
+            return
+        for task, b, i, j in zip(tasks, bounds, starts, ends, strict=True):
+            if b is not None:
+                self._cache[task.file.file_path] = self._window(int(i), int(j))
 
     def of(self, task: FileScanTask) -> pl.DataFrame:
+        cached = self._cache.get(task.file.file_path)
+        if cached is None:
+            cached = self._cache[task.file.file_path] = self._slice(task)
+        return cached
+
+    def _slice(self, task: FileScanTask) -> pl.DataFrame:
         bounds = _decoded_bounds(task, self.field)
         if self.sorted is None or bounds is None:
             return self.frame
@@ -112,6 +138,9 @@ class KeySlices:
             j = int(self.sorted.search_sorted(bounds[1], side="right"))
         except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
             return self.frame
+        return self._window(i, j)
+
+    def _window(self, i: int, j: int) -> pl.DataFrame:
         if i == 0 and j == self.frame.height:
             return self.frame
-        return self.frame[self.order.slice(i, max(j - i, 0))]
+        return self._by_key.slice(i, max(j - i, 0))
