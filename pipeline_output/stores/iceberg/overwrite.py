@@ -161,32 +161,26 @@ class IndexedOverwrite(_OverwriteFiles):
                 )
             return super()._manifests()
         self._removed_with_their_data(index)  # before the summary counts the removed files
-        deleted = self._deleted_entries()
-        added: dict[tuple[ManifestContent, int], list[DataFile]] = defaultdict(list)
+        # one manifest per (content, partition spec) for this snapshot's added AND removed files
+        # (pyiceberg writes them apart: one more manifest file per write, kept by every snapshot)
+        groups: dict[tuple[ManifestContent, int], list[ManifestEntry]] = defaultdict(list)
         default_spec = self._transaction.table_metadata.default_spec_id
         for data_file in self._added_data_files:
-            if data_file.content == DataFileContent.DATA:
-                added[(ManifestContent.DATA, default_spec)].append(data_file)
-            else:
-                added[(ManifestContent.DELETES, data_file.spec_id)].append(data_file)
-        removed: dict[tuple[ManifestContent, int], list[ManifestEntry]] = defaultdict(list)
-        for entry in deleted:
-            removed[(_content_of(entry.data_file), entry.data_file.spec_id)].append(entry)
+            data = data_file.content == DataFileContent.DATA
+            key = (_content_of(data_file), default_spec if data else data_file.spec_id)
+            groups[key].append(
+                ManifestEntry.from_args(
+                    status=ManifestEntryStatus.ADDED,
+                    snapshot_id=self._snapshot_id,
+                    sequence_number=None,
+                    file_sequence_number=None,
+                    data_file=data_file,
+                )
+            )
+        for entry in self._deleted_entries():
+            groups[(_content_of(entry.data_file), entry.data_file.spec_id)].append(entry)
         new: list[ManifestFile] = []
-        for (content, spec_id), files in added.items():
-            with self._writer(content, spec_id) as writer:
-                for data_file in files:
-                    writer.add(
-                        ManifestEntry.from_args(
-                            status=ManifestEntryStatus.ADDED,
-                            snapshot_id=self._snapshot_id,
-                            sequence_number=None,
-                            file_sequence_number=None,
-                            data_file=data_file,
-                        )
-                    )
-            new.append(writer.to_manifest_file())
-        for (content, spec_id), entries in removed.items():
+        for (content, spec_id), entries in groups.items():
             with self._writer(content, spec_id) as writer:
                 for entry in entries:
                     writer.add_entry(entry)

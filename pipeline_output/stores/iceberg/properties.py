@@ -16,6 +16,8 @@ MAINTENANCE_FREE_PROPERTIES = {
     "commit.manifest.min-count-to-merge": "16",
     "write.metadata.delete-after-commit.enabled": "true",
     "write.metadata.previous-versions-max": "100",
+    # metadata.json lists every snapshot: gzip'd (by the project's SQL catalog) it is ~10x smaller
+    "write.metadata.compression-codec": "gzip",
 }
 TABLE_PROPERTIES = {
     **MAINTENANCE_FREE_PROPERTIES,
