@@ -192,7 +192,10 @@ class _Merge:
             candidates = relevant
 
         matched_keys: list[pl.DataFrame] = []
-        rewritten_keys: list[pl.DataFrame] = []  # changed rows of files kept (merge-on-read)
+        # matched keys whose compute row is NOT written as a new row: unchanged, or its new
+        # version is in a rewritten file's rows (copy-on-write)
+        settled_keys: list[pl.DataFrame] = []
+        merged_on_read = False
         touched: set[int] = set()
         value_cols = [c for c in _schema_names(self.schema) if c not in pk]
         # the compute's value columns under reserved names: no user column can collide with them
@@ -207,6 +210,7 @@ class _Merge:
             absent_mask = self._absent_mask(rows, batch.select(pk), scope, window, wm)
             n_absent = int(absent_mask.sum()) if absent_mask is not None else 0
             if changed.height == 0 and n_absent == 0:
+                settled_keys.append(joined.select(pk))
                 changes.unchanged += joined.height
                 changes.preserved += rows.height - joined.height
                 continue
@@ -224,8 +228,11 @@ class _Merge:
                 if absent_mask is not None and n_absent:
                     gone.append(rows.filter(absent_mask).get_column(_FILEPOS))
                 self._delete_by_position(changes, task, pl.concat(gone))
-                rewritten_keys.append(changed.select(pk))
+                merged_on_read = True
+                if changed.height < joined.height:  # the changed rows are written anew
+                    settled_keys.append(joined.filter(~_differs(joined, value_cols)).select(pk))
                 continue
+            settled_keys.append(joined.select(pk))
             content = _replace_rows(rows.drop(_FILEPOS), changed, value_cols, pk)
             if absent_mask is not None:
                 content = content.filter(~absent_mask)
@@ -233,12 +240,15 @@ class _Merge:
 
         all_matched = pl.concat(matched_keys) if matched_keys else frame.head(0).select(pk)
         refuse_duplicate_matches(spec, all_matched)  # before anything is committed
-        new_rows = [frame.join(all_matched, on=pk, how="anti", nulls_equal=True)]
-        changes.inserted = new_rows[0].height
-        if rewritten_keys:  # the new versions of rows whose old versions are deleted by position
-            rewritten = pl.concat(rewritten_keys)
-            new_rows.append(frame.join(rewritten, on=pk, how="semi", nulls_equal=True))
-        if rewritten_keys and not self._sink.rest_height():
+        changes.inserted = frame.height - all_matched.height
+        # inserts, and the new versions of rows deleted by position: one pass, the frame's order
+        settled = pl.concat(settled_keys) if settled_keys else None
+        new_rows = [
+            frame
+            if settled is None
+            else frame.join(settled, on=pk, how="anti", nulls_equal=True, maintain_order="left")
+        ]
+        if merged_on_read and not self._sink.rest_height():
             # the new versions of kept files' rows need a file: fold a small one in
             self._absorb_small_file(changes, tasks, touched)
         changes.written = self._sink.files

@@ -103,9 +103,12 @@ class KeySlices:
         self._cache: dict[str, pl.DataFrame] = {}
         if isinstance(self.field.field_type, PrimitiveType) and frame.height > 1:
             values = _physical(frame.get_column(column), self.field.field_type)
-            order = values.arg_sort()
-            self.sorted = values.gather(order)
-            self._by_key = frame[order]
+            if values.is_sorted() and not values.has_nulls():  # a write's frame is, by its key
+                self.sorted, self._by_key = values, frame
+            else:
+                order = values.arg_sort()
+                self.sorted = values.gather(order)
+                self._by_key = frame[order]
 
     def prepare(self, tasks: list[FileScanTask]) -> None:
         """Find the slices of every task in one vectorised search."""
