@@ -116,6 +116,14 @@ def main() -> int:
         assert table is not None
         location = Path(table.metadata.location.removeprefix("file://"))
         meta_files, meta_bytes = _dir_stats(location / "metadata")
+        kinds = {
+            "metadata.json": sum(
+                p.stat().st_size for p in (location / "metadata").glob("*.metadata.json")
+            ),
+            "manifest lists": sum(p.stat().st_size for p in (location / "metadata").glob("snap-*")),
+        }
+        kinds["manifests"] = meta_bytes - sum(kinds.values())
+        delete_files = sum(len(t.delete_files) for t in table.scan().plan_files())
         current_json = Path(table.metadata_location.removeprefix("file://")).stat().st_size
         snapshot = table.current_snapshot()
         assert snapshot is not None
@@ -172,7 +180,13 @@ def main() -> int:
         f"- metadata after {args.writes} writes: {meta_files} files, {meta_bytes / 1e6:.1f} MB "
         f"under metadata/ (goal < 10 MB: {verdict(meta_bytes < 10e6)}); current metadata.json "
         f"{current_json / 1e6:.2f} MB; {manifests} manifest(s) in the current snapshot; "
-        f"{data_files} data file(s) (delta-rs: {delta_files})"
+        f"{data_files} data file(s), {delete_files} delete file(s) (delta-rs: {delta_files} "
+        "data files)"
+    )
+    print(
+        "- metadata bytes by kind: "
+        + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in kinds.items())
+        + f"; {meta_bytes / 1e3 / args.writes:.1f} KB per write"
     )
     print(
         f"- read afterwards {read_after:.3f} s vs the same rows freshly written {read_fresh:.3f} s: "

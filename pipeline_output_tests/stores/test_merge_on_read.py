@@ -234,3 +234,20 @@ def test_every_reader_sees_the_same_rows_of_a_table_with_delete_files(
     )
     scanned, polars_ids = json.loads(out.stdout.strip().splitlines()[-1])
     assert scanned == polars_ids == sorted(expected["id"].to_list())
+
+
+def test_parity_holds_between_the_legacy_arm_and_a_table_carrying_delete_files(
+    h: Any, pg_db_url: str
+) -> None:
+    from pipeline_output.parity import compare
+    from pipeline_output.stores.postgres import PostgresStore
+
+    legacy = PostgresStore(pg_db_url)
+    for strategy, data in (("snapshot_replace", base()), ("sync", redeploy_rows())):
+        spec = _hinted(spec_for(strategy), "merge-on-read")
+        h.store().write(spec, data, run_id=strategy)
+        legacy.write(spec, data, run_id=strategy)
+    assert _delete_files(h, spec)
+    report = compare(spec, legacy.read(spec), h.store().read(spec))
+    assert report.passed, report.summary()
+    assert report.iceberg_count == report.pg_count == redeploy_rows().height
