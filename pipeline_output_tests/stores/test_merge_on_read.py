@@ -127,11 +127,25 @@ def test_merge_on_read_keeps_the_file_and_writes_one_delete_file_with_the_union_
     assert len(every_delete_file) == 1  # the first write's delete file was replaced
 
 
+def _set(h: Any, spec: DatasetSpec, **props: str) -> None:
+    with h.store().load(spec).transaction() as tx:
+        tx.set_properties(props)
+
+
+def test_auto_rewrites_while_the_changed_files_fit_the_copy_on_write_budget(h: Any) -> None:
+    spec = spec_for("snapshot_replace")
+    h.write_and_check(spec, customers(range(20_000)))
+    res, _ = h.write_and_check(spec, customers(range(100), version=1), run_id="small")
+    assert (res.files_merged_on_read, res.files_rewritten) == (0, 1)  # ~0.3 MB: rewritten
+    assert _delete_files(h, spec) == []
+
+
 def test_auto_keeps_a_large_file_for_a_small_change_and_rewrites_it_past_a_fifth_deleted(
     h: Any,
 ) -> None:
     spec = spec_for("snapshot_replace")
     h.write_and_check(spec, customers(range(20_000)))
+    _set(h, spec, **{"pipeline-output.merge.copy-on-write-max-bytes": "0"})  # as if files were big
     res, _ = h.write_and_check(spec, customers(range(100), version=1), run_id="small")
     assert (res.files_merged_on_read, res.files_rewritten) == (1, 0)
     assert len(_delete_files(h, spec)) == 1
@@ -144,13 +158,15 @@ def test_auto_keeps_a_large_file_for_a_small_change_and_rewrites_it_past_a_fifth
 def test_the_hint_wins_over_the_table_property_and_the_property_over_the_cost(h: Any) -> None:
     spec = spec_for("snapshot_replace")
     h.write_and_check(spec, customers(range(20_000)))
-    with h.store().load(spec).transaction() as tx:
-        tx.set_properties({"write.merge.mode": "copy-on-write"})
+    _set(h, spec, **{"write.merge.mode": "copy-on-write"})
     res, _ = h.write_and_check(spec, customers(range(10), version=1), run_id="p")
     assert (res.files_merged_on_read, res.files_rewritten) == (0, 1)  # the property
     forced = _hinted(spec, "merge-on-read")
     res, _ = h.write_and_check(forced, customers(range(10), version=2), run_id="h")
     assert (res.files_merged_on_read, res.files_rewritten) == (1, 0)  # the hint
+    _set(h, spec, **{"write.merge.mode": "merge-on-read"})  # under the budget auto rewrites...
+    res, _ = h.write_and_check(spec, customers(range(20, 30), version=2), run_id="m")
+    assert res.files_merged_on_read == 1  # ...but the table asks for merge-on-read
 
 
 def test_a_file_whose_every_row_goes_is_dropped_not_kept_with_deletes(h: Any) -> None:

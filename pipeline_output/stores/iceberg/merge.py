@@ -112,6 +112,7 @@ class _Merge:
             else:
                 straddling.append(task)
         keys = self.frame.select(pk).with_columns(pl.lit(True).alias(_HIT)) if pk else None
+        policy = policy.within_budget(sum(t.file.file_size_in_bytes for t in straddling))
         for task, rows in self.reader.stream(straddling):
             drop = rows.select(window.contains(wm, rows.schema[wm]).fill_null(False)).to_series()
             if keys is not None:
@@ -190,6 +191,7 @@ class _Merge:
                 else:
                     changes.preserved += keys.height
             candidates = relevant
+        policy = policy.within_budget(sum(t.file.file_size_in_bytes for t in candidates))
 
         matched_keys: list[pl.DataFrame] = []
         # matched keys whose compute row is NOT written as a new row: unchanged, or its new
