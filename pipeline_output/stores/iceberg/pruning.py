@@ -114,6 +114,9 @@ class KeySlices:
         """Find the slices of every task in one vectorised search."""
         if self.sorted is None or not tasks:
             return
+        dtype = self.sorted.dtype
+        if not (dtype.is_integer() or dtype.is_float() or dtype in (pl.String, pl.Date)):
+            return  # decoded bounds are not values of this dtype (time: micros): per file
         bounds = [_decoded_bounds(task, self.field) for task in tasks]
         try:
             lo = pl.Series([b[0] if b else None for b in bounds], dtype=self.sorted.dtype)
