@@ -18,7 +18,6 @@ belong to no snapshot until the caller commits them.
 from __future__ import annotations
 
 import io
-import itertools
 import uuid
 from collections.abc import Iterable
 
@@ -28,17 +27,15 @@ import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
     _read_deletes,
-    compute_statistics_plan,
-    data_file_statistics_from_parquet_metadata,
-    parquet_path_to_id_mapping,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask
 from pyiceberg.table.delete_file_index import _referenced_data_file_path
-from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import LongType, NestedField, StringType
+
+from pipeline_output.stores.iceberg.files import TableFileWriter
 
 PATH_FIELD_ID = 2147483546
 POS_FIELD_ID = 2147483545
@@ -86,24 +83,11 @@ def own_delete_files(task: FileScanTask) -> list[DataFile]:
     return [d for d in task.delete_files if referenced_path(d) == task.file.file_path]
 
 
-class DeleteFileWriter:
+class DeleteFileWriter(TableFileWriter):
     """Writes file-scoped positional delete files for data files of one table."""
 
     def __init__(self, metadata: TableMetadata, file_io: FileIO, *, write_id: uuid.UUID) -> None:
-        self.metadata = metadata
-        self.io = file_io
-        self.write_id = write_id
-        self._counter = itertools.count(0)
-        self._locations = load_location_provider(
-            table_location=metadata.location, table_properties=metadata.properties
-        )
-        props = metadata.properties
-        self._codec = props.get("write.parquet.compression-codec", "zstd")
-        level = props.get("write.parquet.compression-level")
-        self._level = int(level) if level else None
-        self._stats_plan = compute_statistics_plan(_SCHEMA, props)
-        self._column_mapping = parquet_path_to_id_mapping(_SCHEMA)
-        self.written: list[str] = []
+        super().__init__(metadata, file_io, write_id=write_id, schema=_SCHEMA)
 
     def write(self, data_file: DataFile, positions: Iterable[int] | pl.Series) -> DataFile:
         """One delete file removing `positions` (distinct, any order) of `data_file`."""
@@ -118,21 +102,13 @@ class DeleteFileWriter:
         codec = self._codec if self._codec in ("zstd", "snappy", "gzip", "lz4") else "zstd"
         pq.write_table(table, buffer, compression=codec, compression_level=self._level)
         data = buffer.getvalue()
-        stats = data_file_statistics_from_parquet_metadata(
-            parquet_metadata=pq.read_metadata(pa.BufferReader(data)),
-            stats_columns=self._stats_plan,
-            parquet_column_mapping=self._column_mapping,
-        )
+        stats = self._statistics(data)
         serialized = stats.to_serialized_dict()
         # the whole path as both bounds (metrics truncate strings): readers associate the file
         # with exactly this data file
         for bounds in ("lower_bounds", "upper_bounds"):
             serialized[bounds] = {**(serialized.get(bounds) or {}), PATH_FIELD_ID: path.encode()}
-        name = f"00000-{next(self._counter)}-{self.write_id}-deletes.parquet"
-        location = self._locations.new_data_location(data_file_name=name)
-        with self.io.new_output(location).create(overwrite=False) as stream:
-            stream.write(data)
-        self.written.append(location)
+        location = self._put(data, suffix="-deletes")
         delete_file = DataFile.from_args(
             content=DataFileContent.POSITION_DELETES,
             file_path=location,

@@ -135,13 +135,7 @@ class IndexedOverwrite(_OverwriteFiles):
             return super()._deleted_entries()
         deleted = self._deleted_data_files
         entries = [
-            ManifestEntry.from_args(
-                status=ManifestEntryStatus.DELETED,
-                snapshot_id=self._snapshot_id,
-                sequence_number=entry.sequence_number,
-                file_sequence_number=entry.file_sequence_number,
-                data_file=entry.data_file,
-            )
+            _restamped(entry, ManifestEntryStatus.DELETED, self._snapshot_id)
             for manifest in index.manifests
             for entry in index.live[manifest.manifest_path]
             if entry.data_file in deleted
@@ -247,16 +241,22 @@ class IndexedOverwrite(_OverwriteFiles):
     ) -> ManifestFile:
         with self._writer(content, spec_id) as writer:
             for entry in entries:
-                writer.add_entry(
-                    ManifestEntry.from_args(
-                        status=ManifestEntryStatus.EXISTING,
-                        snapshot_id=entry.snapshot_id,
-                        sequence_number=entry.sequence_number,
-                        file_sequence_number=entry.file_sequence_number,
-                        data_file=entry.data_file,
-                    )
-                )
+                writer.add_entry(_restamped(entry, ManifestEntryStatus.EXISTING, entry.snapshot_id))
         return writer.to_manifest_file()
+
+
+def _restamped(
+    entry: ManifestEntry, status: ManifestEntryStatus, snapshot_id: int | None
+) -> ManifestEntry:
+    """`entry` with another status (and snapshot), keeping its sequence numbers: a delete
+    file's data sequence number decides which data files it applies to."""
+    return ManifestEntry.from_args(
+        status=status,
+        snapshot_id=snapshot_id,
+        sequence_number=entry.sequence_number,
+        file_sequence_number=entry.file_sequence_number,
+        data_file=entry.data_file,
+    )
 
 
 def _content_of(data_file: DataFile) -> ManifestContent:
