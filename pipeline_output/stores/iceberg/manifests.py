@@ -40,6 +40,7 @@ from pyiceberg.manifest import (
 from pyiceberg.table import FileScanTask, Table, TableProperties, Transaction
 from pyiceberg.table.delete_file_index import DeleteFileIndex
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update import (
     TableUpdate,
@@ -197,6 +198,7 @@ class IndexedOverwrite(_OverwriteFiles):
         index: ManifestIndex | None,
         snapshot_properties: dict[str, str],
         commit_uuid: uuid.UUID | None = None,
+        branch: str = MAIN_BRANCH,
     ) -> None:
         has_parent = transaction.table_metadata.current_snapshot() is not None
         super().__init__(
@@ -205,6 +207,7 @@ class IndexedOverwrite(_OverwriteFiles):
             io=io,
             commit_uuid=commit_uuid,
             snapshot_properties=snapshot_properties,
+            branch=branch,
         )
         self._index = index
         props = transaction.table_metadata.properties
