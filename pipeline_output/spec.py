@@ -106,6 +106,8 @@ class DatasetSpec:
     dedupe_by: str | None = None
     allow_empty: bool = False
     description: str | None = None
+    # write-audit-publish: native writes go to a branch of the run, main moves after the checks
+    audit: bool = False
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -150,6 +152,8 @@ class DatasetSpec:
             raise InvalidSpec(
                 f"dataset {name!r}: unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}"
             )
+        if not isinstance(self.audit, bool):
+            raise InvalidSpec(f"dataset {name!r}: audit must be True or False, got {self.audit!r}")
         if self.dedupe_by is not None:
             check_identifier(self.dedupe_by, what="dedupe_by column", dataset=name)
             if not pk:
@@ -210,6 +214,7 @@ def spec_to_dict(spec: DatasetSpec) -> dict[str, object]:
         "dedupe_by": spec.dedupe_by,
         "allow_empty": spec.allow_empty,
         "description": spec.description,
+        "audit": spec.audit,
     }
 
 
@@ -242,4 +247,5 @@ def spec_from_dict(data: dict[str, object]) -> DatasetSpec:
         dedupe_by=data.get("dedupe_by"),  # type: ignore[arg-type]
         allow_empty=bool(data.get("allow_empty", False)),
         description=data.get("description"),  # type: ignore[arg-type]
+        audit=bool(data.get("audit", False)),
     )
