@@ -117,11 +117,25 @@ def dev_server(tmp_path: Path, pg_db_url: str) -> Iterator[int]:
 
 def launch_from_launchpad(page: Any, base: str, asset: str, config: str) -> str:
     """Open `asset`'s launchpad, replace its config with `config`, materialise; the run id."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect
 
     page.goto(f"{base}/assets/{asset}")
-    page.get_by_role("button", name="arrow_drop_down").first.click(timeout=UI_TIMEOUT_MS)
-    page.get_by_role("menuitem", name="Open launchpad").click(timeout=UI_TIMEOUT_MS)
+    # the dropdown next to the page header's Materialize button (not a section's caret)
+    caret = page.locator(
+        "xpath=(//button[normalize-space(.)='Materialize'])[1]/following::button[1]"
+    )
+    expect(caret).to_be_enabled(timeout=UI_TIMEOUT_MS)
+    item = page.get_by_role("menuitem", name="Open launchpad")
+    deadline = time.monotonic() + UI_TIMEOUT_MS / 1000
+    while True:  # a click while the page still re-renders can open no menu: click again
+        caret.click()
+        try:
+            item.click(timeout=5_000)
+            break
+        except PlaywrightTimeout:
+            assert time.monotonic() < deadline, "the Materialize menu did not open"
+            page.keyboard.press("Escape")
     dialog = page.get_by_role("dialog")
     expect(dialog.locator(".CodeMirror")).to_be_visible(timeout=UI_TIMEOUT_MS)
     # the config editor is CodeMirror: set its text as a user's paste would
