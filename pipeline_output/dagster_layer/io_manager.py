@@ -10,7 +10,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from pipeline_output.dagster_layer.audit_hooks import audited_snapshot, gating_checks
+from pipeline_output.dagster_layer.audit_hooks import audited_snapshot, gating_checks, step_of
 from pipeline_output.dagster_layer.dataset import spec_from_metadata
 from pipeline_output.dagster_layer.delta_assets import WindowedOutput, WindowReader
 from pipeline_output.dagster_layer.keys import (
@@ -201,7 +201,8 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         audited = audited_snapshot(context, spec)
         if audited is not None:
             return audited
-        config = context.step_context.op_config
+        step = step_of(context)
+        config = step.op_config if step is not None else None
         raw = config.get("as_of") if isinstance(config, dict) else None
         return parse_as_of(raw) if raw else None
 
