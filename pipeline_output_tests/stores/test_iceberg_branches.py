@@ -113,3 +113,22 @@ def test_an_attempt_marker_counts_only_in_mains_history(store):
     move_main(table, staged, expected=head(table))
     assert store.find_marker(SPEC, "7:1") == staged
     assert staged in ancestor_ids(store.load(SPEC), head(store.load(SPEC)))
+
+
+def test_a_merge_on_read_branch_write_keeps_main_untouched_and_publishes_its_delete_files(store):
+    spec = DatasetSpec(
+        name="items",
+        primary_key=("id",),
+        strategy="snapshot_replace",
+        write_strategy_hint="merge-on-read",
+    )
+    base = store.write(spec, rows(range(1, 21)), run_id="r0").snapshot_id
+    staged = store.write(spec, rows([3, 30], version=1), run_id="r1", branch="audit-r1")
+    table = store.load(spec)
+    assert head(table) == base
+    summary = table.snapshot_by_id(staged.snapshot_id).summary
+    assert int(summary.get("added-position-deletes", "0")) >= 1, summary
+    assert_same_multiset(store.read(spec), rows(range(1, 21)))
+    move_main(table, staged.snapshot_id, expected=base, drop_branch="audit-r1")
+    expected = pl.concat([rows([i for i in range(1, 21) if i != 3]), rows([3, 30], version=1)])
+    assert_same_multiset(store.read(spec), expected)

@@ -22,8 +22,10 @@ from pipeline_output.errors import (
 )
 from pipeline_output.frames import check_keys, to_polars
 from pipeline_output.spec import DatasetSpec
+from pipeline_output.stores.iceberg.deletes import DeleteFileWriter
 from pipeline_output.stores.iceberg.files import DataFileWriter
-from pipeline_output.stores.iceberg.manifests import IndexedOverwrite, ManifestIndex
+from pipeline_output.stores.iceberg.manifests import ManifestIndex
+from pipeline_output.stores.iceberg.overwrite import IndexedOverwrite
 from pipeline_output.stores.iceberg.rows import _align
 from pipeline_output.stores.schema import check_required
 
@@ -40,6 +42,7 @@ def _commit(
     fence: Callable[[], None] | None = None,
     blind_retry: bool = False,
     index: ManifestIndex | None = None,
+    positional: Sequence[tuple[DataFile, pl.Series]] = (),
     branch: str = MAIN_BRANCH,
 ) -> Table:
     """Write `frames` as data files and commit them and the `ready` (already written) files with
@@ -54,13 +57,15 @@ def _commit(
     before the catalog swap: a writer whose lock ended fails with `LockLost`.
 
     `index` (the manifests the write was planned from) spares the producer re-reading every
-    manifest; manifests are merged on commit as the table's properties say (`manifests.py`).
-    `branch` is the ref the snapshot is committed to (an audited write: its run's branch).
+    manifest; manifests are merged on commit as the table's properties say (`overwrite.py`).
+    `positional` (merge-on-read) pairs a kept data file with every position it no longer holds:
+    one file-scoped delete file each, written here and committed in the same snapshot. `branch`
+    is the ref the snapshot is committed to (an audited write: its run's branch).
     """
     from pyiceberg.exceptions import CommitFailedException, ValidationException
 
     producer: _SnapshotProducer[Any]
-    if deleted or force:
+    if deleted or force or positional:
         producer = IndexedOverwrite(
             tx, tx._table.io, index=index, snapshot_properties=props, branch=branch
         )
@@ -69,9 +74,17 @@ def _commit(
     for data_file in ready:
         producer.append_data_file(data_file)
     writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)
-    for frame in frames:
-        for data_file in writer.write(frame):
-            producer.append_data_file(data_file)
+    deletes = DeleteFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)
+    try:
+        for frame in frames:
+            for data_file in writer.write(frame):
+                producer.append_data_file(data_file)
+        for data_file, positions in positional:
+            producer.append_data_file(deletes.write(data_file, positions))
+    except BaseException:
+        for path in [*writer.written, *deletes.written]:
+            _delete_quietly(tx._table.io, path)
+        raise
     for data_file in deleted:
         producer.delete_data_file(data_file)
     _fault_injection("before_commit")
@@ -87,7 +100,7 @@ def _commit(
         # certain: the catalog did not swap, so the files written for this commit are garbage
         with suppress(Exception):
             producer._clean_all_uncommitted()
-        for path in [*writer.written, *(f.file_path for f in ready)]:
+        for path in [*writer.written, *deletes.written, *(f.file_path for f in ready)]:
             _delete_quietly(tx._table.io, path)
         if isinstance(exc, WriteConflict):
             raise

@@ -18,6 +18,7 @@ then, and committed inside it if the table's schema, partition spec and location
 from __future__ import annotations
 
 import time
+import uuid
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -27,7 +28,8 @@ from typing import Any, Unpack
 import polars as pl
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
-from pyiceberg.table import Table, Transaction
+from pyiceberg.manifest import DataFileContent
+from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH
 
 from pipeline_output.errors import (
@@ -40,15 +42,11 @@ from pipeline_output.locks import AdvisoryLock, LockStats, iceberg_table
 from pipeline_output.plan import TargetState, WritePlan, plan_write
 from pipeline_output.result import RowCounts, WriteResult
 from pipeline_output.spec import Arm, DatasetSpec
-from pipeline_output.stores.iceberg.branches import (
-    anchor,
-    at_branch,
-    head,
-    needs_anchor,
-    stage_branch,
-)
-from pipeline_output.stores.iceberg.commit import _commit
+from pipeline_output.stores.iceberg.branch_writes import branch_view
+from pipeline_output.stores.iceberg.branches import head, stage_branch
+from pipeline_output.stores.iceberg.commit import _commit, _delete_quietly
 from pipeline_output.stores.iceberg.expressions import aligned_to_field
+from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output.stores.iceberg.manifests import (
     FlatTransaction,
     read_index,
@@ -179,7 +177,7 @@ class IcebergStore(IcebergReads):
             with self._hold(spec) as stats:
                 table = self.load(spec)
                 if branch is not None:
-                    table = self._branch_target(spec, table, frame, branch)
+                    table = branch_view(self, spec, table, frame, branch)
                 if window is not None and table is not None and spec.watermark:
                     window = aligned_to_field(window, table.schema(), spec.watermark)
                 plan = plan_write(spec, _state_of(table), window)
@@ -213,35 +211,6 @@ class IcebergStore(IcebergReads):
     # Replace the whole table with batches written to data files as they arrive (one batch in
     # memory, one snapshot at the end): `streaming.replace_streaming`, as a method.
     replace_streaming = _replace_streaming
-
-    def _branch_target(
-        self, spec: DatasetSpec, table: Table | None, frame: pl.DataFrame, branch: str
-    ) -> Table:
-        """The table a write to `branch` plans against: a view whose main is the branch head
-        (a missing or snapshot-less table is first anchored: `branches.anchor`)."""
-        if needs_anchor(table):
-            tx: Transaction
-            if table is None:
-                self._ensure_namespace()
-                schema, order = initial_schema(spec, frame)
-                tx = self.catalog.create_table_transaction(
-                    self.identifier(spec),
-                    schema=schema,
-                    partition_spec=partition_spec(spec, schema),
-                    sort_order=order,
-                    properties=TABLE_PROPERTIES,
-                )
-            else:
-                tx = FlatTransaction(table)
-            try:
-                table = anchor(tx)
-            except TableAlreadyExistsError as exc:
-                raise WriteConflict(
-                    f"dataset {spec.name!r}: {self.table_name(spec)} was created by another "
-                    "writer after this write was planned; nothing was committed — run it again"
-                ) from exc
-        assert table is not None
-        return at_branch(table, branch)
 
     def _hold(self, spec: DatasetSpec) -> AbstractContextManager[LockStats]:
         lock = self._lock
@@ -332,22 +301,37 @@ class IcebergStore(IcebergReads):
             frame = _sorted(_align(frame, schema), spec)
         total_before = _total_records(table)
         index = read_index(table)
-        merge = _Merge(table=table, tx=tx, spec=spec, frame=frame, schema=schema, index=index)
-        changes = merge.run(plan)
-        if frame.height == 0 and changes.deleted and not spec.allow_empty:
-            raise EmptyComputeRefused(
-                f"dataset {spec.name!r}: the compute returned no rows and a {plan.write_mode} would "
-                f"delete {changes.deleted} target row(s); set allow_empty=True to allow it "
-                "(nothing was written)"
+        # rows the merge rewrites go to data files as they come (deleted again unless committed)
+        rewrites = DataFileWriter(tx.table_metadata, table.io, write_id=uuid.uuid4())
+        try:
+            merge = _Merge(
+                table=table,
+                tx=tx,
+                spec=spec,
+                frame=frame,
+                schema=schema,
+                index=index,
+                writer=rewrites,
             )
+            changes = merge.run(plan)
+            if frame.height == 0 and changes.deleted and not spec.allow_empty:
+                raise EmptyComputeRefused(
+                    f"dataset {spec.name!r}: the compute returned no rows and a "
+                    f"{plan.write_mode} would delete {changes.deleted} target row(s); set "
+                    "allow_empty=True to allow it (nothing was written)"
+                )
+        except BaseException:
+            for path in rewrites.written:
+                _delete_quietly(table.io, path)
+            raise
         force = plan.first_deploy
         snapshot_id: int | None = None
         props = {**props, **row_properties(changes)}
         if not changes.noop or force:
-            frames, ready = changes.new_frames, []
+            frames, ready = changes.new_frames, list(changes.written)
             if pre is not None and frames and frames[0] is frame:
                 # the merge writes the computed frame as it is: its files are the pre-written ones
-                frames, ready = frames[1:], pre.files
+                frames, ready = frames[1:], [*pre.files, *ready]
                 pre.handed_to_commit = True
             new_table = _commit(
                 tx,
@@ -360,6 +344,7 @@ class IcebergStore(IcebergReads):
                 fence=fence,
                 blind_retry=plan.write_mode == "append" and not changes.deleted_files,
                 index=index,
+                positional=changes.positional,
                 branch=branch,
             )
             snapshot_id = head(new_table, branch)
@@ -382,6 +367,9 @@ class IcebergStore(IcebergReads):
             total_before=total_before,
             arm="iceberg",
             snapshot_id=snapshot_id,
-            files_rewritten=len(changes.deleted_files),
-            files_added=sum(1 for f in changes.new_frames if f.height),
+            files_rewritten=sum(
+                1 for f in changes.deleted_files if f.content == DataFileContent.DATA
+            ),
+            files_added=len(changes.written) + sum(1 for f in changes.new_frames if f.height),
+            files_merged_on_read=len(changes.positional),
         )
