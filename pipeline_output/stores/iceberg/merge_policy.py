@@ -9,7 +9,7 @@ costs the changed rows; every reader then filters the file by its deletes). The 
 2. the table's own Iceberg property, as other engines read it: `write.merge.mode` for upsert and
    sync, `write.delete.mode` for a windowed replace (values `copy-on-write` / `merge-on-read`);
 3. `auto`, by cost. A write whose changed files total at most `COW_BUDGET_PROPERTY` bytes
-   (default 64 MB) rewrites them all: rewriting that much costs a fraction of a second, and the
+   (default 16 MiB) rewrites them all: rewriting that much costs a fraction of a second, and the
    table keeps reading like a fresh one (pyiceberg applies positional deletes slowly, and files
    carrying them stay until rewritten). Above the budget — an upsert whose keys are spread over
    many files — each file is merged on read when it holds at least `MIN_ROWS` rows and, with this
@@ -39,7 +39,7 @@ MIN_ROWS = 10_000  # smaller files cost less to rewrite than to carry deletes fo
 MAX_DELETED_SHARE = 0.2  # past this share of deleted rows a file is rewritten (deletes folded)
 # a write whose changed files total at most this many bytes rewrites them (auto mode)
 COW_BUDGET_PROPERTY = "pipeline-output.merge.copy-on-write-max-bytes"
-COW_BUDGET_BYTES = 64 * 1024 * 1024
+COW_BUDGET_BYTES = 16 * 1024 * 1024  # ~1.5M rows of six columns (zstd)
 
 
 @dataclass(frozen=True)
