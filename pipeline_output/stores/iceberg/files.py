@@ -5,8 +5,8 @@ with `PARQUET:field_id` metadata (so files carry Iceberg field ids and required-
 the bytes go out through the table's own `FileIO` (local, S3, ... alike) and the Iceberg
 `DataFile` (statistics, bounds, partition) is built from the Parquet footer with pyiceberg's own
 helpers. Partitioned tables get one file per partition (`partitions.py` computes each row's
-values); frames above the target size
-are split. Files are not part of any snapshot until the caller commits them.
+values); frames above the target size (the table's, or the writer's `target_bytes`: compaction
+writes each bin as one file) are split. Files are not part of any snapshot until the caller commits them.
 """
 
 from __future__ import annotations
@@ -41,7 +41,14 @@ DEFAULT_TARGET_BYTES = 512 * 1024 * 1024
 class DataFileWriter:
     """Writes frames as data files of one table (one write id, numbered files)."""
 
-    def __init__(self, metadata: TableMetadata, file_io: FileIO, *, write_id: uuid.UUID) -> None:
+    def __init__(
+        self,
+        metadata: TableMetadata,
+        file_io: FileIO,
+        *,
+        write_id: uuid.UUID,
+        target_bytes: int | None = None,
+    ) -> None:
         self.metadata = metadata
         self.io = file_io
         self.write_id = write_id
@@ -55,7 +62,9 @@ class DataFileWriter:
         self._codec = props.get("write.parquet.compression-codec", "zstd")
         level = props.get("write.parquet.compression-level")
         self._level = int(level) if level else None
-        self._target = int(props.get("write.target-file-size-bytes", DEFAULT_TARGET_BYTES))
+        self._target = target_bytes or int(
+            props.get("write.target-file-size-bytes", DEFAULT_TARGET_BYTES)
+        )
         self._partitioned = bool(metadata.spec().fields)
         self._stats_plan = compute_statistics_plan(self._schema, props)
         self._column_mapping = parquet_path_to_id_mapping(self._schema)

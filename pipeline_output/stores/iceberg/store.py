@@ -45,6 +45,8 @@ from pipeline_output.plan import TargetState, WritePlan, plan_write
 from pipeline_output.result import RowCounts, WriteResult
 from pipeline_output.spec import Arm, DatasetSpec, window_column
 from pipeline_output.stores.iceberg.commit import _commit
+from pipeline_output.stores.iceberg.compaction import compact as _compact
+from pipeline_output.stores.iceberg.expiry import expire_snapshots as _expire_snapshots
 from pipeline_output.stores.iceberg.expressions import aligned_to_field, window_filter
 from pipeline_output.stores.iceberg.manifests import (
     FlatTransaction,
@@ -52,6 +54,7 @@ from pipeline_output.stores.iceberg.manifests import (
     upgrade_properties,
 )
 from pipeline_output.stores.iceberg.merge import _Merge
+from pipeline_output.stores.iceberg.orphans import remove_orphans as _remove_orphans
 from pipeline_output.stores.iceberg.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.partitions import partition_spec
 from pipeline_output.stores.iceberg.prewrite import (
@@ -227,6 +230,12 @@ class IcebergStore:
     # Replace the whole table with batches written to data files as they arrive (one batch in
     # memory, one snapshot at the end): `streaming.replace_streaming`, as a method.
     replace_streaming = _replace_streaming
+
+    # Table maintenance (docs/concepts.md, "Maintenance"), as methods: `compaction.compact`,
+    # `expiry.expire_snapshots`, `orphans.remove_orphans`.
+    compact = _compact
+    expire_snapshots = _expire_snapshots
+    remove_orphans = _remove_orphans
 
     def _hold(self, spec: DatasetSpec) -> AbstractContextManager[LockStats]:
         lock = self._lock
