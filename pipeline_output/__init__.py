@@ -2,7 +2,8 @@
 
 The public Python API, loaded on first use so `import pipeline_output` (and the CLI) stays fast and
 the pure core never imports Dagster: specs and planning (`DatasetSpec`, `Delta`, `Window`,
-`plan_write`), the arms (`IcebergStore`, `PostgresStore`), results and errors, and the Dagster layer
+`plan_write`), the arms (`IcebergStore`, `PostgresStore`), table maintenance (`compact`,
+`expire_snapshots`, `remove_orphans`, `maintain`), results and errors, and the Dagster layer
 (`dataset`, `postgres_source`, `iceberg_source`, `model_node`, `build_definitions`,
 `DatasetIOManager`).
 """
@@ -21,6 +22,7 @@ _EXPORTS = {
     "EmptyComputeRefused": "pipeline_output.errors",
     "InvalidSpec": "pipeline_output.errors",
     "LockUnavailable": "pipeline_output.errors",
+    "MaintenanceConflict": "pipeline_output.errors",
     "MissingKeyColumn": "pipeline_output.errors",
     "NullKey": "pipeline_output.errors",
     "PipelineOutputError": "pipeline_output.errors",
@@ -39,6 +41,13 @@ _EXPORTS = {
     "WriteResult": "pipeline_output.result",
     "IcebergStore": "pipeline_output.stores.iceberg",
     "PostgresStore": "pipeline_output.stores.postgres",
+    # table maintenance (functions of (store, spec); also IcebergStore methods)
+    "compact": "pipeline_output.stores.iceberg.compaction",
+    "expire_snapshots": "pipeline_output.stores.iceberg.expiry",
+    "remove_orphans": "pipeline_output.stores.iceberg.orphans",
+    "maintain": "pipeline_output.maintenance",
+    "MaintenanceOptions": "pipeline_output.maintenance",
+    "HealthThresholds": "pipeline_output.stores.iceberg.health",
     # Dagster layer
     "dataset": "pipeline_output.dagster_layer.dataset",
     "postgres_source": "pipeline_output.dagster_layer.source_assets",
@@ -55,9 +64,12 @@ __all__ = [
     "Delta",
     "DuplicateKeys",
     "EmptyComputeRefused",
+    "HealthThresholds",
     "IcebergStore",
     "InvalidSpec",
     "LockUnavailable",
+    "MaintenanceConflict",
+    "MaintenanceOptions",
     "MissingKeyColumn",
     "NullKey",
     "PipelineOutputError",
@@ -73,11 +85,15 @@ __all__ = [
     "WriteResult",
     "__version__",
     "build_definitions",
+    "compact",
     "dataset",
+    "expire_snapshots",
     "iceberg_source",
+    "maintain",
     "model_node",
     "plan_write",
     "postgres_source",
+    "remove_orphans",
 ]
 
 
@@ -103,6 +119,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         EmptyComputeRefused,
         InvalidSpec,
         LockUnavailable,
+        MaintenanceConflict,
         MissingKeyColumn,
         NullKey,
         PipelineOutputError,
@@ -112,9 +129,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         UnsupportedWrite,
         WriteConflict,
     )
+    from pipeline_output.maintenance import MaintenanceOptions, maintain
     from pipeline_output.plan import TargetState, WritePlan, plan_write
     from pipeline_output.result import WriteResult
     from pipeline_output.spec import DatasetSpec, Delta
     from pipeline_output.stores.iceberg import IcebergStore
+    from pipeline_output.stores.iceberg.compaction import compact
+    from pipeline_output.stores.iceberg.expiry import expire_snapshots
+    from pipeline_output.stores.iceberg.health import HealthThresholds
+    from pipeline_output.stores.iceberg.orphans import remove_orphans
     from pipeline_output.stores.postgres import PostgresStore
     from pipeline_output.windows import Window

@@ -53,6 +53,7 @@ def _register() -> None:
         dev_cmd,
         doctor_cmd,
         env_cmd,
+        maintain_cmd,
         materialize_cmd,
         pg_cmd,
         plan_cmd,
@@ -72,6 +73,7 @@ def _register() -> None:
         canary_cmd.parity,
         canary_cmd.drain,
         doctor_cmd.doctor,
+        maintain_cmd.maintain,
     ):
         main.add_command(command)
 

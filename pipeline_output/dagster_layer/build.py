@@ -1,7 +1,8 @@
 """`build_definitions`: a user's whole `definitions.py` in a few lines.
 
-Wires the IO manager, the datasets and sources, one job over every dataset, and whatever sensors,
-schedules, checks and extra resources are passed.
+Wires the IO manager, the datasets and sources, one job over every dataset, table maintenance (a
+`table_health` check per dataset, the `table_maintenance` job and its schedule, the
+`table_health` job), and whatever sensors, schedules, checks and extra resources are passed.
 """
 
 from __future__ import annotations
@@ -16,10 +17,18 @@ from pipeline_output.dagster_layer.delta_assets import (
     DEFAULT_SENSOR_INTERVAL_S,
     build_window_sensor,
 )
+from pipeline_output.dagster_layer.health_checks import table_health_check
 from pipeline_output.dagster_layer.io_manager import DatasetIOManager
-from pipeline_output.dagster_layer.keys import ALL_DATASETS_JOB, IO_MANAGER_KEY
+from pipeline_output.dagster_layer.keys import ALL_DATASETS_JOB, HEALTH_JOB, IO_MANAGER_KEY
+from pipeline_output.dagster_layer.maintenance_job import (
+    DEFAULT_CRON,
+    build_maintenance_job,
+    maintenance_schedule,
+)
 from pipeline_output.dagster_layer.parity_checks import parity_check
 from pipeline_output.dagster_layer.source_assets import source_spec_of
+from pipeline_output.maintenance import MaintenanceOptions
+from pipeline_output.stores.iceberg.health import HealthThresholds
 from pipeline_output.stores.iceberg.properties import ICEBERG_CAPABILITIES
 from pipeline_output.stores.postgres.types import LEGACY_CAPABILITIES
 from pipeline_output.stores.protocol import check_specs
@@ -38,6 +47,11 @@ def build_definitions(
     executor: Any = None,
     sensor_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S,
     with_parity_checks: bool = True,
+    with_maintenance: bool = True,
+    maintenance: MaintenanceOptions | None = None,
+    maintenance_schedule_cron: str = DEFAULT_CRON,
+    maintenance_schedule_running: bool = False,
+    health_thresholds: HealthThresholds | None = None,
 ) -> dg.Definitions:
     """Definitions for pipeline-output datasets and their sources.
 
@@ -45,6 +59,11 @@ def build_definitions(
     `sensor_interval_seconds`); `all_datasets` is a job over the unpartitioned datasets. Each
     dataset is checked against the declared capabilities of every arm it may be written to
     (`stores.protocol.check_specs`): a name the legacy arm cannot hold fails here, at load.
+
+    With `with_maintenance` (default), every dataset gets a `table_health` check (warns past
+    `health_thresholds`), the location gets the `table_maintenance` job (defaults from
+    `maintenance`), its schedule `table_maintenance_schedule` (`maintenance_schedule_cron`,
+    stopped unless `maintenance_schedule_running`) and the `table_health` job (every check).
     """
     all_resources: dict[str, Any] = {IO_MANAGER_KEY: DatasetIOManager()}
     all_resources.update(resources or {})
@@ -79,6 +98,25 @@ def build_definitions(
             )
         )
     all_jobs = list(jobs)
+    all_schedules = list(schedules)
+    if with_maintenance and specs:
+        maintained = [
+            (s, a.key)
+            for a in [*datasets, *assets]
+            if isinstance(a, dg.AssetsDefinition) and (s := spec_of(a)) is not None
+        ]
+        thresholds = health_thresholds or HealthThresholds()
+        health = [table_health_check(s, key, thresholds) for s, key in maintained]
+        all_checks.extend(health)
+        job = build_maintenance_job(maintained, options=maintenance or MaintenanceOptions())
+        all_jobs.extend(
+            [job, dg.define_asset_job(HEALTH_JOB, selection=dg.AssetSelection.checks(*health))]
+        )
+        all_schedules.append(
+            maintenance_schedule(
+                job, cron=maintenance_schedule_cron, running=maintenance_schedule_running
+            )
+        )
     if dataset_keys:
         all_jobs.append(
             dg.define_asset_job(ALL_DATASETS_JOB, selection=dg.AssetSelection.assets(*dataset_keys))
@@ -87,7 +125,7 @@ def build_definitions(
         assets=[*sources, *datasets, *assets],
         asset_checks=all_checks,
         sensors=all_sensors,
-        schedules=list(schedules),
+        schedules=all_schedules,
         jobs=all_jobs,
         resources=all_resources,
         executor=executor,
