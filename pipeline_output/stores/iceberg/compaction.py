@@ -52,7 +52,7 @@ from pipeline_output.stores.iceberg.files import DEFAULT_TARGET_BYTES, DataFileW
 from pipeline_output.stores.iceberg.manifests import FlatTransaction, read_index
 from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX
 from pipeline_output.stores.iceberg.rewrite import ReplaceFiles
-from pipeline_output.stores.iceberg.rows import _align, _read_local
+from pipeline_output.stores.iceberg.rows import _align
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.store import IcebergStore
@@ -255,22 +255,20 @@ def _rewrite(
 
 
 def _read_bin(table: Table, bin_: Bin, spec: DatasetSpec) -> pl.DataFrame:
-    """The bin's rows, deletes applied, aligned to the table schema and sorted."""
+    """The bin's rows, deletes applied, aligned to the table schema and sorted.
+
+    pyiceberg's `ArrowScan` reads the files in parallel, applies their positional deletes and
+    projects each file (whatever schema it was written with) onto the table's schema."""
     schema = table.schema()
-    frames = []
-    for task in bin_.tasks:
-        try:
-            frame = _read_local(task, schema) if not task.delete_files else None
-            if frame is None:
-                arrow = ArrowScan(table.metadata, table.io, schema, AlwaysTrue()).to_table([task])
-                frame = pl.from_arrow(arrow)  # type: ignore[assignment]
-        except (OSError, FileNotFoundError) as exc:  # removed by a concurrent expiry
-            raise MaintenanceConflict(
-                f"dataset {spec.name!r}: input file {task.file.file_path} vanished: {exc}"
-            ) from exc
-        assert isinstance(frame, pl.DataFrame)
-        frames.append(_align(frame, schema))
-    rows = pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+    try:
+        arrow = ArrowScan(table.metadata, table.io, schema, AlwaysTrue()).to_table(bin_.tasks)
+    except OSError as exc:  # an input removed by a concurrent expiry
+        raise MaintenanceConflict(
+            f"dataset {spec.name!r}: an input file of the compaction vanished: {exc}"
+        ) from exc
+    frame = pl.from_arrow(arrow)
+    assert isinstance(frame, pl.DataFrame)
+    rows = _align(frame, schema)
     keys = sort_keys(table.metadata, spec)
     if keys and rows.height > 1:
         rows = rows.sort(
