@@ -93,12 +93,22 @@ def maintain(
         show_pos=True,
         item_show_func=lambda item: item,
     ) as bar:
+        current = [""]
+
+        def step(dataset: str, what: str) -> None:
+            current[0] = dataset
+            bar.update(1, f"{dataset}: {what}")
+
+        def bins(done: int, planned: int) -> None:  # a long compaction moves the bar's text
+            bar.update(0, f"{current[0]}: compact, bin {done}/{planned}")
+
         reports = run(
             runtime.iceberg,
             chosen,
             options=options,
             ledger=runtime.windows,
-            on_step=lambda dataset, step: bar.update(1, f"{dataset}: {step}"),
+            on_step=step,
+            on_bins=bins,
         )
     _table(reports, dry_run=dry_run)
     for report in reports:

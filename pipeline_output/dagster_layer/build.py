@@ -64,6 +64,8 @@ def build_definitions(
     `health_thresholds`), the location gets the `table_maintenance` job (defaults from
     `maintenance`), its schedule `table_maintenance_schedule` (`maintenance_schedule_cron`,
     stopped unless `maintenance_schedule_running`) and the `table_health` job (every check).
+    `table_health` runs in that job, after each maintenance run (reported by the maintenance op)
+    and with unpartitioned materialisations, but not in window runs (one step process less each).
     """
     all_resources: dict[str, Any] = {IO_MANAGER_KEY: DatasetIOManager()}
     all_resources.update(resources or {})
@@ -81,6 +83,35 @@ def build_definitions(
         spec = spec_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
         if spec is not None and with_parity_checks:
             all_checks.append(parity_check(spec, asset.key))
+    all_jobs = list(jobs)
+    all_schedules = list(schedules)
+    window_checks: dict[dg.AssetKey, list[dg.AssetCheckKey]] | None = None
+    if with_maintenance and specs:
+        # window runs (the high-frequency path) leave `table_health` out: one more step process
+        # per run; the maintenance job and the `table_health` job report it
+        window_checks = {}
+        for check in all_checks:
+            for key in check.check_keys:
+                window_checks.setdefault(key.asset_key, []).append(key)
+        maintained = [
+            (s, a.key)
+            for a in [*datasets, *assets]
+            if isinstance(a, dg.AssetsDefinition) and (s := spec_of(a)) is not None
+        ]
+        thresholds = health_thresholds or HealthThresholds()
+        health = [table_health_check(s, key, thresholds) for s, key in maintained]
+        all_checks.extend(health)
+        job = build_maintenance_job(
+            maintained, options=maintenance or MaintenanceOptions(), thresholds=thresholds
+        )
+        all_jobs.extend(
+            [job, dg.define_asset_job(HEALTH_JOB, selection=dg.AssetSelection.checks(*health))]
+        )
+        all_schedules.append(
+            maintenance_schedule(
+                job, cron=maintenance_schedule_cron, running=maintenance_schedule_running
+            )
+        )
     for asset in datasets:
         spec = spec_of(asset)
         if spec is None or spec.delta is None:
@@ -95,26 +126,9 @@ def build_definitions(
                 source=up,
                 asset_key=asset.key,
                 minimum_interval_seconds=sensor_interval_seconds,
-            )
-        )
-    all_jobs = list(jobs)
-    all_schedules = list(schedules)
-    if with_maintenance and specs:
-        maintained = [
-            (s, a.key)
-            for a in [*datasets, *assets]
-            if isinstance(a, dg.AssetsDefinition) and (s := spec_of(a)) is not None
-        ]
-        thresholds = health_thresholds or HealthThresholds()
-        health = [table_health_check(s, key, thresholds) for s, key in maintained]
-        all_checks.extend(health)
-        job = build_maintenance_job(maintained, options=maintenance or MaintenanceOptions())
-        all_jobs.extend(
-            [job, dg.define_asset_job(HEALTH_JOB, selection=dg.AssetSelection.checks(*health))]
-        )
-        all_schedules.append(
-            maintenance_schedule(
-                job, cron=maintenance_schedule_cron, running=maintenance_schedule_running
+                asset_check_keys=(
+                    window_checks.get(asset.key, []) if window_checks is not None else None
+                ),
             )
         )
     if dataset_keys:

@@ -3,15 +3,18 @@
 Not blocking, severity WARN: it measures the dataset's Iceberg table (`stores/iceberg/health.py`:
 data files, small-file ratio, delete files, snapshots, metadata bytes, last compaction and expiry)
 and fails — as a warning — past the thresholds, saying which maintenance would help. It runs after
-each materialisation of the dataset and in the `table_health` job (after maintenance). A dataset
-with no Iceberg table (the legacy arm) passes, saying so.
+unpartitioned materialisations of the dataset and in the `table_health` job; the maintenance job
+reports it for every table it maintained (`health_evaluation`). Window runs leave it out (see
+`build.py`). A dataset with no Iceberg table (the legacy arm) passes, saying so.
 """
+
+from typing import Any
 
 import dagster as dg
 
 from pipeline_output.dagster_layer.keys import HEALTH_CHECK
 from pipeline_output.spec import DatasetSpec
-from pipeline_output.stores.iceberg.health import HealthThresholds
+from pipeline_output.stores.iceberg.health import HealthThresholds, TableHealth
 
 
 def table_health_check(
@@ -37,13 +40,39 @@ def table_health_check(
             return dg.AssetCheckResult(
                 passed=True, metadata={"note": "no Iceberg table yet; nothing to measure"}
             )
-        health = table_health(table)
-        warnings = health.warnings(thresholds)
+        passed, description, metadata = health_verdict(table_health(table), thresholds)
         return dg.AssetCheckResult(
-            passed=not warnings,
+            passed=passed,
             severity=dg.AssetCheckSeverity.WARN,
-            description="; ".join(warnings) or "healthy",
-            metadata={**health.as_dict(), "table": health.table},
+            description=description,
+            metadata=metadata,
         )
 
     return _table_health
+
+
+def health_verdict(
+    health: TableHealth, thresholds: HealthThresholds
+) -> tuple[bool, str, dict[str, Any]]:
+    """(passed, description, metadata) of the check for a measured table."""
+    warnings = health.warnings(thresholds)
+    return (
+        not warnings,
+        "; ".join(warnings) or "healthy",
+        {**health.as_dict(), "table": health.table},
+    )
+
+
+def health_evaluation(
+    asset_key: dg.AssetKey, health: TableHealth, thresholds: HealthThresholds
+) -> dg.AssetCheckEvaluation:
+    """The `table_health` check's evaluation, reported from another op (the maintenance job)."""
+    passed, description, metadata = health_verdict(health, thresholds)
+    return dg.AssetCheckEvaluation(
+        asset_key=asset_key,
+        check_name=HEALTH_CHECK,
+        passed=passed,
+        severity=dg.AssetCheckSeverity.WARN,
+        description=description,
+        metadata=metadata,
+    )

@@ -4,7 +4,7 @@ One op, `maintain_tables`, runs the core's maintenance (`pipeline_output/mainten
 compaction, snapshot expiry, orphan removal) over the location's datasets one after another,
 logs what each step did, and records each table's health after maintenance as an asset
 observation of the dataset (data files, delete files, snapshots, metadata bytes, last
-maintenance, with the values before). Run config (`MaintenanceConfig`) picks datasets and
+maintenance, with the values before) and its `table_health` check evaluation. Run config (`MaintenanceConfig`) picks datasets and
 operations; its defaults come from `build_definitions(maintenance=...)`. A dataset whose
 maintenance fails does not stop the others; the run fails at the end, naming them.
 """
@@ -15,9 +15,11 @@ from typing import Any
 
 import dagster as dg
 
+from pipeline_output.dagster_layer.health_checks import health_evaluation
 from pipeline_output.dagster_layer.keys import MAINTENANCE_JOB, MAINTENANCE_SCHEDULE
 from pipeline_output.maintenance import MaintenanceOptions
 from pipeline_output.spec import DatasetSpec
+from pipeline_output.stores.iceberg.health import HealthThresholds
 
 OP_NAME = "maintain_tables"
 DEFAULT_CRON = "0 3 * * *"  # daily at 03:00 (the schedule is stopped unless turned on)
@@ -68,9 +70,13 @@ class MaintenanceConfig(dg.Config):
 
 
 def build_maintenance_job(
-    datasets: Sequence[tuple[DatasetSpec, dg.AssetKey]], *, options: MaintenanceOptions
+    datasets: Sequence[tuple[DatasetSpec, dg.AssetKey]],
+    *,
+    options: MaintenanceOptions,
+    thresholds: HealthThresholds | None = None,
 ) -> dg.JobDefinition:
-    """The `table_maintenance` job over `datasets` (spec and asset key of each)."""
+    """The `table_maintenance` job over `datasets` (spec and asset key of each); with
+    `thresholds` it also reports each dataset's `table_health` check after maintenance."""
     by_name = {spec.name: (spec, key) for spec, key in datasets}
 
     @dg.op(name=OP_NAME, description="Compact, expire snapshots and remove orphan files")
@@ -105,6 +111,9 @@ def build_maintenance_job(
             meta["maintenance"] = "; ".join(report.lines())
             meta["dry_run"] = config.dry_run
             context.log_event(dg.AssetObservation(asset_key=key, metadata=meta))
+            if thresholds is not None:
+                # recorded in the check's history like its own run (typed narrower than it is)
+                context.log_event(health_evaluation(key, report.after, thresholds))  # type: ignore[arg-type]
         failed = [r for r in reports if r.errors]
         if failed:
             raise dg.Failure(

@@ -15,9 +15,10 @@ from typing import Any
 
 import dagster as dg
 import polars as pl
+import psycopg
 import pytest
 
-from pipeline_output import build_definitions, dataset
+from pipeline_output import Delta, build_definitions, dataset, postgres_source
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
 from pipeline_output.stores.iceberg.health import HealthThresholds
@@ -91,6 +92,8 @@ def test_maintenance_job_compacts_and_the_health_check_warns_then_passes(env, in
     )
 
     assert run.success
+    (reported,) = run.get_asset_check_evaluations()  # the job reports the check after its work
+    assert reported.check_name == "table_health" and reported.passed
     observed = instance.fetch_observations(dg.AssetKey("ledgerless"), limit=1).records
     obs = _meta(observed[0].asset_observation)
     assert (obs["data_files_before"], obs["data_files"]) == (21, 1)
@@ -142,3 +145,36 @@ def test_a_maintenance_run_naming_an_unknown_dataset_fails_saying_so(env, instan
     assert not result.success
     failure = result.failure_data_for_node("maintain_tables")
     assert failure is not None and "unknown dataset(s) nope" in str(failure.error)
+
+
+def test_window_runs_run_the_parity_check_but_leave_table_health_out(env, instance, pg_db_url):
+    """Window runs are the high-frequency path: `table_health` would add a step process to each;
+    the sensor's run requests name the dataset's other checks only."""
+    with psycopg.connect(pg_db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE ev (id bigint PRIMARY KEY, v text, seq bigint)")
+        conn.execute("INSERT INTO ev VALUES (1, 'a', 1), (2, 'b', 2), (3, 'c', 3)")
+    raw = postgres_source("ev", table="ev", watermark="seq")
+
+    @dataset(strategy="append_always", mode="iceberg", delta=Delta(source="ev", watermark="seq"))
+    def ev_copy(ev: pl.LazyFrame) -> pl.LazyFrame:
+        return ev.select("id", "v", "seq")
+
+    defs = build_definitions(datasets=[ev_copy], sources=[raw])
+    sensor = defs.get_sensor_def("ev_copy__window_sensor")
+    result = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+    assert isinstance(result, dg.SensorResult)
+    (request,) = result.run_requests or []
+    parity = dg.AssetCheckKey(dg.AssetKey("ev_copy"), "parity")
+    assert request.asset_check_keys == [parity]
+
+    # what the daemon launches for that request: the asset and exactly those checks
+    for add in result.dynamic_partitions_requests or []:
+        instance.add_dynamic_partitions(add.partitions_def_name, list(add.partition_keys))
+    job = defs.resolve_implicit_global_asset_job_def().get_subset(
+        asset_selection=set(request.asset_selection or []),
+        asset_check_selection=set(request.asset_check_keys or []),
+    )
+    run = job.execute_in_process(instance=instance, partition_key=request.partition_key)
+    assert run.success
+    assert [e.check_name for e in run.get_asset_check_evaluations()] == ["parity"]
+    assert get_runtime().iceberg.read(spec_of(ev_copy)).height == 3
