@@ -13,7 +13,7 @@ Ours is `IcebergStore.write` with strategy `snapshot_replace` (a re-deploy upser
 `DeltaTable.merge(...).when_matched_update_all().when_not_matched_insert_all()`. Both read the same
 batch Parquet file.
 
-How: one embedded Postgres (the pyiceberg SqlCatalog and the writer lock) under
+How: one embedded Postgres (the project's SQL catalog, FlatSqlCatalog, and the writer lock) under
 `benchmarks/.work/spread/` (git-ignored; removed at the end unless --keep). Prep processes build
 one fresh table per (case, engine, repetition) before anything is timed and check their file
 counts. Every timed upsert then runs in its own fresh process, engines and repetitions
@@ -79,12 +79,11 @@ def table_name(case: Case, rep: int) -> str:
 
 
 def ours_store(cfg: dict[str, Any]) -> Any:
-    from pyiceberg.catalog.sql import SqlCatalog
-
     from pipeline_output import IcebergStore
     from pipeline_output.locks import AdvisoryLock
+    from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
 
-    catalog = SqlCatalog(CATALOG_NAME, uri=cfg["sqlalchemy_uri"], warehouse=cfg["warehouse"])
+    catalog = FlatSqlCatalog(CATALOG_NAME, uri=cfg["sqlalchemy_uri"], warehouse=cfg["warehouse"])
     return IcebergStore(catalog, NAMESPACE, lock=AdvisoryLock(cfg["libpq_uri"]))
 
 
@@ -173,7 +172,10 @@ def timed(cfg: dict[str, Any], case: Case, engine: str, rep: int) -> dict[str, A
         def call() -> None:
             res = store.write(spec, data)
             detail.update(
-                rewritten=res.files_rewritten, updated=res.rows_updated, inserted=res.rows_inserted
+                rewritten=res.files_rewritten,
+                merged_on_read=res.files_merged_on_read,
+                updated=res.rows_updated,
+                inserted=res.rows_inserted,
             )
 
     else:
@@ -191,7 +193,13 @@ def timed(cfg: dict[str, Any], case: Case, engine: str, rep: int) -> dict[str, A
                 .when_not_matched_insert_all()
                 .execute()
             )
-            for key in ("files_removed", "files_added", "rows_updated", "rows_inserted"):
+            for key in (
+                "files_removed",
+                "files_added",
+                "rows_updated",
+                "rows_inserted",
+                "rows_copied",
+            ):
                 detail[key] = metrics.get(f"num_target_{key}")
 
     rss_before = psutil.Process().memory_info().rss
@@ -208,6 +216,10 @@ def timed(cfg: dict[str, Any], case: Case, engine: str, rep: int) -> dict[str, A
     expected = case.rows + case.batch // 2
     if engine == "ours":
         detail["files_after"] = ours_files(store, name)
+        summary = store.load(name).current_snapshot().summary
+        # rows the write put in data files (rewritten + new) and rows it deleted by position
+        detail["rows_written"] = int(summary.get("added-records", "0") or 0)
+        detail["position_deletes"] = int(summary.get("added-position-deletes", "0") or 0)
         if rep == 0:
             ids = store.read(name, columns=["id"])["id"]
             check = [ids.len(), ids.n_unique()]
@@ -337,8 +349,10 @@ def render(cases: list[Case], res: dict[tuple[str, str], Outcome]) -> list[str]:
     lines = [
         "| case | rows | files | batch | ours median s (min-max) | delta-rs median s (min-max) "
         "| ours/delta-rs | ours peak RSS MB | delta-rs peak RSS MB | ours RSS / delta-rs "
-        "| ours files rewritten → files after | delta-rs files removed → added | check |",
-        "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---|---|---|",
+        "| ours files rewritten / merged on read → files after | ours rows written "
+        "(+ deleted by position) | delta-rs files removed → added | delta-rs rows written | "
+        "check |",
+        "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---|---|---|---|---|",
     ]
     for c in cases:
         o, d = res[(c.name, "ours")], res[(c.name, "delta")]
@@ -351,8 +365,11 @@ def render(cases: list[Case], res: dict[tuple[str, str], Outcome]) -> list[str]:
             f"| {c.name} | {c.rows:,} | {c.files} | {c.batch:,} | {o.time_cell()} | "
             f"{d.time_cell()} | {fmt_x(ratio(o.seconds, d.seconds))} | {o.rss_cell()} | "
             f"{d.rss_cell()} | {fmt_x(ratio(o.peak_mb, d.peak_mb))} | "
-            f"{od.get('rewritten', '-')} → {od.get('files_after', '-')} | "
+            f"{od.get('rewritten', '-')} / {od.get('merged_on_read', '-')} → "
+            f"{od.get('files_after', '-')} | "
+            f"{od.get('rows_written', 0):,} (+{od.get('position_deletes', 0):,}) | "
             f"{dd.get('files_removed', '-')} → {dd.get('files_added', '-')} | "
+            f"{dd.get('rows_copied', 0) + dd.get('rows_updated', 0) + dd.get('rows_inserted', 0):,} | "
             f"{'FAILED ' + '; '.join(problems) if problems else 'ok'} |"
         )
     return lines

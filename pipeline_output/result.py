@@ -47,6 +47,7 @@ class WriteResult:
     snapshot_id: int | None = None
     files_rewritten: int = 0
     files_added: int = 0
+    files_merged_on_read: int = 0  # data files kept, with a positional delete file (Iceberg)
     duration_s: float = 0.0
     lock_wait_s: float = 0.0
     lock_held_s: float = 0.0

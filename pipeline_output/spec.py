@@ -24,11 +24,17 @@ Strategy = Literal[
 Mode = Literal["pg", "iceberg", "dual"]
 Arm = Literal["pg", "iceberg"]  # a store: the legacy Postgres row store or the Iceberg table
 WriteMode = Literal["replace", "upsert", "append", "append_new", "sync"]
+WriteStrategyHint = Literal[
+    "auto",  # per data file, by cost (stores/iceberg/merge_policy.py)
+    "copy-on-write",  # rewrite every data file a merge changes
+    "merge-on-read",  # keep changed data files; positional delete files + new rows
+]
 
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 MODES: tuple[str, ...] = get_args(Mode)
 ARMS: tuple[Arm, ...] = get_args(Arm)
 WRITE_MODES: tuple[str, ...] = get_args(WriteMode)
+WRITE_STRATEGY_HINTS: tuple[str, ...] = get_args(WriteStrategyHint)
 KEYED_STRATEGIES = frozenset({"snapshot_replace", "append_new", "sync"})
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -106,6 +112,7 @@ class DatasetSpec:
     dedupe_by: str | None = None
     allow_empty: bool = False
     description: str | None = None
+    write_strategy_hint: WriteStrategyHint = "auto"
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -145,6 +152,11 @@ class DatasetSpec:
             raise InvalidSpec(
                 f"dataset {name!r}: strategy {self.strategy!r} needs a primary_key "
                 "(it matches rows by key)"
+            )
+        if self.write_strategy_hint not in WRITE_STRATEGY_HINTS:
+            raise InvalidSpec(
+                f"dataset {name!r}: unknown write_strategy_hint {self.write_strategy_hint!r}; "
+                f"valid hints: {', '.join(WRITE_STRATEGY_HINTS)}"
             )
         if self.mode is not None and self.mode not in MODES:
             raise InvalidSpec(
@@ -210,6 +222,7 @@ def spec_to_dict(spec: DatasetSpec) -> dict[str, object]:
         "dedupe_by": spec.dedupe_by,
         "allow_empty": spec.allow_empty,
         "description": spec.description,
+        "write_strategy_hint": spec.write_strategy_hint,
     }
 
 
@@ -242,4 +255,5 @@ def spec_from_dict(data: dict[str, object]) -> DatasetSpec:
         dedupe_by=data.get("dedupe_by"),  # type: ignore[arg-type]
         allow_empty=bool(data.get("allow_empty", False)),
         description=data.get("description"),  # type: ignore[arg-type]
+        write_strategy_hint=data.get("write_strategy_hint", "auto"),  # type: ignore[arg-type]
     )

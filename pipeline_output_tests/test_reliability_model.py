@@ -56,6 +56,9 @@ WATERMARK_KINDS = ["int", "timestamptz", "timestamp"]
 # identity partition over a value column with nulls and quotes
 PARTITIONINGS: list[tuple[str, ...]] = [(), (), ("bucket(4, id)",), ("truncate(8, id)",), ("s",)]
 SERVER_ZONES = ["UTC", "Asia/Tokyo", "America/Los_Angeles"]
+# the Iceberg arm's merge mode per dataset: forced merge-on-read (the model's tables are small,
+# so `auto` alone would always rewrite), forced copy-on-write, and the cost-based default
+HINTS = ["merge-on-read", "merge-on-read", "copy-on-write", "auto"]
 EPOCH = datetime(2026, 3, 28, 22, 0, tzinfo=UTC)  # hours later cross a DST change (Europe/US)
 
 PROFILES = {
@@ -184,7 +187,7 @@ class DatasetModel:
 
 
 def new_dataset(
-    strategy: str, wm_kind: str = "int", partition_by: tuple[str, ...] = ()
+    strategy: str, wm_kind: str = "int", partition_by: tuple[str, ...] = (), hint: str = "auto"
 ) -> DatasetModel:
     spec = DatasetSpec(
         name=f"m{next(_names)}_{int(time.time() * 1000) % 100000}",
@@ -192,6 +195,7 @@ def new_dataset(
         strategy=strategy,  # type: ignore[arg-type]
         delta=Delta(source="raw", watermark="seq"),
         partition_by=partition_by,
+        write_strategy_hint=hint,  # type: ignore[arg-type]
     )
     return DatasetModel(spec=spec, wm_kind=wm_kind)
 
@@ -233,6 +237,7 @@ def deploy(
     ice = arms.iceberg.write(ds.spec, batch, window=w, run_id=run_id)
     pg = arms.postgres.write(ds.spec, batch, window=w, run_id=run_id)
     arms.rows_written += batch.height
+    _CTX["merged_on_read"] = _CTX.get("merged_on_read", 0) + ice.files_merged_on_read
     assert ice.write_mode == exp.write_mode, (ice.write_mode, exp.write_mode)
     assert pg.write_mode == exp.write_mode, (pg.write_mode, exp.write_mode)
     assert ice.first_deploy is exp.first_deploy and pg.first_deploy is exp.first_deploy
@@ -277,6 +282,7 @@ class DeployMachine(RuleBasedStateMachine):
         kinds=st.lists(st.sampled_from(WATERMARK_KINDS), min_size=2, max_size=2),
         zone=st.sampled_from(SERVER_ZONES),
         partitions=st.lists(st.sampled_from(PARTITIONINGS), min_size=2, max_size=2),
+        hints=st.lists(st.sampled_from(HINTS), min_size=2, max_size=2),
     )
     def create(
         self,
@@ -284,13 +290,16 @@ class DeployMachine(RuleBasedStateMachine):
         kinds: list[str],
         zone: str,
         partitions: list[tuple[str, ...]],
+        hints: list[str],
     ) -> None:
         _CTX["set_zone"](zone)
         _CTX["zones"].add(zone)
         _CTX["kinds"].update(kinds[: len(strategies)])
         _CTX["partitionings"].update(" ".join(p) or "none" for p in partitions[: len(strategies)])
+        _CTX["hints"].update(hints[: len(strategies)])
         self.datasets = [
-            new_dataset(s, k, p) for s, k, p in zip(strategies, kinds, partitions, strict=False)
+            new_dataset(s, k, p, h)
+            for s, k, p, h in zip(strategies, kinds, partitions, hints, strict=False)
         ]
 
     @rule(which=st.integers(0, 1), rows=rows_st, window=windows_st)
@@ -392,6 +401,7 @@ def test_random_deploy_sequences_both_arms_match_the_model(
         zones=set(),
         kinds=set(),
         partitionings=set(),
+        hints=set(),
     )
     started = time.perf_counter()
     run_state_machine_as_test(DeployMachine, settings=_settings())
@@ -404,6 +414,8 @@ def test_random_deploy_sequences_both_arms_match_the_model(
         server_zones=",".join(sorted(_CTX["zones"])),
         watermarks=",".join(sorted(_CTX["kinds"])),
         partitionings=",".join(sorted(_CTX["partitionings"])),
+        merge_modes=",".join(sorted(_CTX["hints"])),
+        files_merged_on_read=_CTX.get("merged_on_read", 0),
         windowed_deploys=_CTX.get("windowed", {}),
         windowed_replaces_of_moved_keys=_CTX.get("moved_replaces", 0),
         seconds=round(time.perf_counter() - started, 1),

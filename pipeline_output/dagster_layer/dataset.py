@@ -25,7 +25,15 @@ from pipeline_output.dagster_layer.keys import (
 )
 from pipeline_output.errors import BadInput, InvalidSpec
 from pipeline_output.frames import collect_frame
-from pipeline_output.spec import DatasetSpec, Delta, Mode, Strategy, spec_from_dict, spec_to_dict
+from pipeline_output.spec import (
+    DatasetSpec,
+    Delta,
+    Mode,
+    Strategy,
+    WriteStrategyHint,
+    spec_from_dict,
+    spec_to_dict,
+)
 from pipeline_output.windows import Window
 
 
@@ -65,6 +73,7 @@ def dataset(
     sort_by: Sequence[str] = (),
     dedupe_by: str | None = None,
     allow_empty: bool = False,
+    write_strategy_hint: WriteStrategyHint = "auto",
     group: str | None = None,
     description: str | None = None,
     owners: Sequence[str] | None = None,
@@ -88,6 +97,7 @@ def dataset(
                 dedupe_by=dedupe_by,
                 allow_empty=allow_empty,
                 description=doc,
+                write_strategy_hint=write_strategy_hint,
             )
         except InvalidSpec as exc:
             raise InvalidSpec(f"@dataset {ds_name!r} ({fn.__module__}): {exc}") from exc

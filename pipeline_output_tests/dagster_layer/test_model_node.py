@@ -394,3 +394,39 @@ def test_model_node_in_iceberg_mode_records_its_deploy_and_status_shows_it(env, 
     board = {row.dataset: row for row in status(runtime.publisher, specs)}
     assert board[node].last_iceberg_deploy.startswith("succeeded")
     assert board[node].last_pg_deploy == "-"
+
+
+def test_a_source_carrying_delete_files_is_scored_without_its_deleted_rows(env, instance):
+    from pipeline_output import DatasetSpec
+
+    make_people(env, n=30)
+    scorer = Scorer()
+    defs, node = people_defs(scorer, delta=False, batch_rows=7)
+    assert materialise(defs, instance, "people_copy").success
+    store = get_runtime().iceberg
+    rows = store.read("people_copy")
+    # drop 5 rows and change 3, by position: the source's one data file now has a delete file
+    kept = (
+        rows.sort("id")
+        .slice(5)
+        .with_columns(
+            bump=pl.when(pl.col("id").is_in(pl.col("id").head(3).implode()))
+            .then(pl.col("bump") + 10)
+            .otherwise(pl.col("bump"))
+        )
+    )
+    spec = DatasetSpec(
+        name="people_copy",
+        primary_key=("id",),
+        strategy="sync",
+        write_strategy_hint="merge-on-read",
+    )
+    assert store.write(spec, kept).files_merged_on_read == 1
+    assert any(t.delete_files for t in store.load("people_copy").scan().plan_files())
+    materialise(defs, instance, node)
+    preds = pl.from_arrow(output_table(node).scan().to_arrow())
+    assert preds.height == kept.height == 25
+    assert_dense_unique_index(preds)
+    joined = preds.join(kept, on="id", how="inner")
+    assert joined.height == 25
+    assert (joined["score"] == joined["x"] * 2 + joined["bump"]).all()

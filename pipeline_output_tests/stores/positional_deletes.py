@@ -3,28 +3,22 @@
 `delete_positions(table, {data file path: [row positions]})` writes one Iceberg v2 positional
 delete file per data file (Parquet, columns `file_path` / `pos` with the spec's reserved field
 ids) and commits them in one snapshot, in a `deletes` manifest — what Spark's merge-on-read
-delete leaves. pyiceberg reads such files but cannot write them.
+delete leaves. Unlike the store's own merge-on-read writes (one file-scoped delete file per data
+file), `scoped=False` writes one delete file for several data files, as other engines may.
 """
 
 from __future__ import annotations
 
 import io
 import uuid
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry
-from pyiceberg.manifest import ManifestEntryStatus as Status
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
 
-from pipeline_output.stores.iceberg.manifests import (
-    FlatTransaction,
-    IndexedOverwrite,
-    ManifestFile,
-    read_index,
-)
-from pipeline_output.stores.iceberg.rewrite import DeleteManifestWriter
+from pipeline_output.stores.iceberg.manifests import FlatTransaction, read_index
+from pipeline_output.stores.iceberg.overwrite import IndexedOverwrite
 
 FILE_PATH_ID = 2147483546
 POS_ID = 2147483545
@@ -39,36 +33,6 @@ _SCHEMA = pa.schema(
         pa.field("pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": str(POS_ID)}),
     ]
 )
-
-
-class _AddDeletes(IndexedOverwrite):
-    """An `overwrite` snapshot that only adds positional delete files (in a deletes manifest)."""
-
-    def __init__(self, tx: Any, *, index: Any, deletes: list[DataFile]) -> None:
-        super().__init__(tx, tx._table.io, index=index, snapshot_properties={})
-        self._deletes = deletes
-
-    def _manifests(self) -> list[ManifestFile]:
-        existing = super()._manifests()
-        spec = self._transaction.table_metadata.specs()[self._deletes[0].spec_id]
-        writer = DeleteManifestWriter(
-            spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression
-        )
-        with writer:
-            for d in self._deletes:
-                writer.add_entry(
-                    ManifestEntry.from_args(
-                        status=Status.ADDED, snapshot_id=self._snapshot_id, data_file=d
-                    )
-                )
-        return [*existing, writer.to_manifest_file()]
-
-    def _summary(self, snapshot_properties: Any = None) -> Any:
-        self._added_data_files = list(self._deletes)  # counted as added delete files
-        try:
-            return super()._summary(snapshot_properties or {})
-        finally:
-            self._added_data_files = []
 
 
 def _long(value: int) -> bytes:
@@ -114,7 +78,9 @@ def delete_positions(
         delete_file.spec_id = target.spec_id  # not a manifest field: set apart
         deletes.append(delete_file)
     tx = FlatTransaction(table)
-    producer = _AddDeletes(tx, index=read_index(table), deletes=deletes)
+    producer = IndexedOverwrite(tx, table.io, index=read_index(table), snapshot_properties={})
+    for delete_file in deletes:  # added delete files go to a `deletes` manifest
+        producer.append_data_file(delete_file)
     tx._apply(*producer._commit())
     tx.commit_transaction()
     return deletes

@@ -163,6 +163,30 @@ def test_compaction_folds_positional_deletes_and_drops_the_delete_files(h: Harne
     assert summary["removed-position-deletes"] == "3"
 
 
+def test_compaction_folds_the_stores_own_merge_on_read_deletes(h: Harness):
+    """Upserts written merge-on-read (issue 13) leave file-scoped positional delete files and new
+    row versions; compaction rewrites those files with the deletes applied, and the delete files
+    go in the same `replace` commit."""
+    from dataclasses import replace as with_
+
+    spec = with_(windowed(), write_strategy_hint="merge-on-read")
+    written = feed_windows(h, spec, 4, size=50)
+    update = pl.concat([rows([3, 60], version=1), rows([1000], version=1)])  # 2 updated, 1 new
+    h.store().write(spec, update)
+    expected = pl.concat([written.filter(~pl.col("id").is_in([3, 60])), update])
+    assert_same_multiset(h.contents(spec), expected)
+    tasks = list(h.table(spec).scan().plan_files())
+    assert sum(len(t.delete_files) for t in tasks) == 2  # one per data file it deleted from
+
+    result = h.store().compact(spec)
+
+    assert result.delete_files_removed == 2 and result.files_added == 1
+    assert_same_multiset(h.contents(spec), expected)
+    tasks = list(h.table(spec).scan().plan_files())
+    assert len(tasks) == 1 and not tasks[0].delete_files
+    assert h.table(spec).current_snapshot().summary["total-delete-files"] == "0"
+
+
 def test_a_large_file_with_deletes_is_rewritten_alone(h: Harness):
     spec = windowed()
     written = feed_windows(h, spec, 2, size=50)

@@ -250,3 +250,29 @@ def test_the_project_catalog_parses_each_metadata_file_once_and_sees_other_handl
     assert_same_multiset(
         _store(first, pg_db_url).read(spec), _rows([1]).vstack(_rows([2, 3], version=1))
     )
+
+
+def test_metadata_files_are_gzipped_unless_the_table_says_otherwise(
+    catalog: Any, pg_db_url: str, catalog_warehouse: str
+) -> None:
+    import gzip
+    import json
+
+    store = _store(catalog, pg_db_url)
+    spec = DatasetSpec(name="gz", primary_key=("id",), strategy="snapshot_replace")
+    store.write(spec, _rows([1, 2]))
+    store.write(spec, _rows([2, 3], version=1))
+    location = store.load(spec).metadata_location  # type: ignore[union-attr]
+    assert location.endswith(".gz.metadata.json")
+    with gzip.open(location.removeprefix("file://")) as fh:
+        assert (
+            json.load(fh)["current-snapshot-id"] == store.load(spec).current_snapshot().snapshot_id
+        )  # type: ignore[union-attr]
+    plain = _plain_catalog(pg_db_url, catalog_warehouse).load_table((NS, "gz"))
+    assert plain.metadata == store.load(spec).metadata  # type: ignore[union-attr]
+    _set_properties(store, "gz", **{"write.metadata.compression-codec": "none"})
+    store.write(spec, _rows([4], version=2))
+    assert not store.load(spec).metadata_location.endswith(".gz.metadata.json")  # type: ignore[union-attr]
+    assert_same_multiset(
+        store.read(spec), _rows([1]).vstack(_rows([2, 3], version=1)).vstack(_rows([4], version=2))
+    )

@@ -11,8 +11,7 @@ import pytest
 
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.locks import AdvisoryLock
-from pipeline_output.stores.iceberg.manifests import read_index
-from pipeline_output.stores.iceberg.merge import _Merge
+from pipeline_output.stores.iceberg.pruning import prune_by_keys
 from pipeline_output_tests.oracle import assert_same_multiset, expect
 
 NS = "datasets"
@@ -34,15 +33,7 @@ def _chunk(k: int, *, version: int = 0, second: str) -> pl.DataFrame:
 def _candidates(store: IcebergStore, spec: DatasetSpec, frame: pl.DataFrame) -> int:
     table = store.load(spec)
     assert table is not None
-    merge = _Merge(
-        table=table,
-        tx=table.transaction(),
-        spec=spec,
-        frame=frame,
-        schema=table.schema(),
-        index=read_index(table),
-    )
-    return len(merge._prune_by_keys(list(table.scan().plan_files())))
+    return len(prune_by_keys(table, spec, frame, list(table.scan().plan_files())))
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,10 @@ from pipeline_output.errors import (
 )
 from pipeline_output.frames import check_keys, to_polars
 from pipeline_output.spec import DatasetSpec
+from pipeline_output.stores.iceberg.deletes import DeleteFileWriter
 from pipeline_output.stores.iceberg.files import DataFileWriter
-from pipeline_output.stores.iceberg.manifests import IndexedOverwrite, ManifestIndex
+from pipeline_output.stores.iceberg.manifests import ManifestIndex
+from pipeline_output.stores.iceberg.overwrite import IndexedOverwrite
 from pipeline_output.stores.iceberg.rows import _align
 from pipeline_output.stores.schema import check_required
 
@@ -39,6 +41,7 @@ def _commit(
     fence: Callable[[], None] | None = None,
     blind_retry: bool = False,
     index: ManifestIndex | None = None,
+    positional: Sequence[tuple[DataFile, pl.Series]] = (),
 ) -> Table:
     """Write `frames` as data files and commit them and the `ready` (already written) files with
     `deleted` removed: exactly one snapshot.
@@ -52,21 +55,31 @@ def _commit(
     before the catalog swap: a writer whose lock ended fails with `LockLost`.
 
     `index` (the manifests the write was planned from) spares the producer re-reading every
-    manifest; manifests are merged on commit as the table's properties say (`manifests.py`).
+    manifest; manifests are merged on commit as the table's properties say (`overwrite.py`).
+    `positional` (merge-on-read) pairs a kept data file with every position it no longer holds:
+    one file-scoped delete file each, written here and committed in the same snapshot.
     """
     from pyiceberg.exceptions import CommitFailedException, ValidationException
 
     producer: _SnapshotProducer[Any]
-    if deleted or force:
+    if deleted or force or positional:
         producer = IndexedOverwrite(tx, tx._table.io, index=index, snapshot_properties=props)
     else:  # an append: pyiceberg's merge-append honours the same manifest-merge properties
         producer = tx.update_snapshot(snapshot_properties=props).merge_append()
     for data_file in ready:
         producer.append_data_file(data_file)
     writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)
-    for frame in frames:
-        for data_file in writer.write(frame):
-            producer.append_data_file(data_file)
+    deletes = DeleteFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)
+    try:
+        for frame in frames:
+            for data_file in writer.write(frame):
+                producer.append_data_file(data_file)
+        for data_file, positions in positional:
+            producer.append_data_file(deletes.write(data_file, positions))
+    except BaseException:
+        for path in [*writer.written, *deletes.written]:
+            _delete_quietly(tx._table.io, path)
+        raise
     for data_file in deleted:
         producer.delete_data_file(data_file)
     _fault_injection("before_commit")
@@ -82,7 +95,7 @@ def _commit(
         # certain: the catalog did not swap, so the files written for this commit are garbage
         with suppress(Exception):
             producer._clean_all_uncommitted()
-        for path in [*writer.written, *(f.file_path for f in ready)]:
+        for path in [*writer.written, *deletes.written, *(f.file_path for f in ready)]:
             _delete_quietly(tx._table.io, path)
         if isinstance(exc, WriteConflict):
             raise

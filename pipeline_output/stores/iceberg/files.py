@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
+    DataFileStatistics,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
@@ -28,6 +29,7 @@ from pyiceberg.io.pyarrow import (
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import partition_record_value
+from pyiceberg.schema import Schema
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
@@ -38,7 +40,47 @@ from pipeline_output.stores.schema import conform
 DEFAULT_TARGET_BYTES = 512 * 1024 * 1024
 
 
-class DataFileWriter:
+class TableFileWriter:
+    """What every writer of a table's files shares: the table's FileIO, location provider and
+    Parquet codec, one write id, numbered names, and the list of paths written (deleted again
+    when the write does not commit)."""
+
+    def __init__(
+        self, metadata: TableMetadata, file_io: FileIO, *, write_id: uuid.UUID, schema: Schema
+    ) -> None:
+        self.metadata = metadata
+        self.io = file_io
+        self.write_id = write_id
+        self._counter = itertools.count(0)
+        self._locations = load_location_provider(
+            table_location=metadata.location, table_properties=metadata.properties
+        )
+        props = metadata.properties
+        self._codec = props.get("write.parquet.compression-codec", "zstd")
+        level = props.get("write.parquet.compression-level")
+        self._level = int(level) if level else None
+        self._stats_plan = compute_statistics_plan(schema, props)
+        self._column_mapping = parquet_path_to_id_mapping(schema)
+        self.written: list[str] = []
+
+    def _put(self, data: bytes, *, suffix: str = "") -> str:
+        """Write `data` as a new file of the table; its location."""
+        name = f"00000-{next(self._counter)}-{self.write_id}{suffix}.parquet"
+        path = self._locations.new_data_location(data_file_name=name)
+        with self.io.new_output(path).create(overwrite=False) as stream:
+            stream.write(data)
+        self.written.append(path)
+        return path
+
+    def _statistics(self, data: bytes) -> DataFileStatistics:
+        return data_file_statistics_from_parquet_metadata(
+            parquet_metadata=pq.read_metadata(pa.BufferReader(data)),
+            stats_columns=self._stats_plan,
+            parquet_column_mapping=self._column_mapping,
+        )
+
+
+class DataFileWriter(TableFileWriter):
     """Writes frames as data files of one table (one write id, numbered files)."""
 
     def __init__(
@@ -49,26 +91,14 @@ class DataFileWriter:
         write_id: uuid.UUID,
         target_bytes: int | None = None,
     ) -> None:
-        self.metadata = metadata
-        self.io = file_io
-        self.write_id = write_id
-        self._counter = itertools.count(0)
+        super().__init__(metadata, file_io, write_id=write_id, schema=metadata.schema())
         self._schema = metadata.schema()
         self._arrow_schema = schema_to_pyarrow(self._schema, include_field_ids=True)
-        self._locations = load_location_provider(
-            table_location=metadata.location, table_properties=metadata.properties
-        )
         props = metadata.properties
-        self._codec = props.get("write.parquet.compression-codec", "zstd")
-        level = props.get("write.parquet.compression-level")
-        self._level = int(level) if level else None
         self._target = target_bytes or int(
             props.get("write.target-file-size-bytes", DEFAULT_TARGET_BYTES)
         )
         self._partitioned = bool(metadata.spec().fields)
-        self._stats_plan = compute_statistics_plan(self._schema, props)
-        self._column_mapping = parquet_path_to_id_mapping(self._schema)
-        self.written: list[str] = []
 
     def write(self, frame: pl.DataFrame) -> list[DataFile]:
         """Write `frame` (already in the table's columns) as one or more data files."""
@@ -133,21 +163,11 @@ class DataFileWriter:
                 compression_level=self._level,
             )
         data = buffer.getvalue()
-        name = f"00000-{next(self._counter)}-{self.write_id}.parquet"
-        meta = pq.read_metadata(pa.BufferReader(data))
-        stats = data_file_statistics_from_parquet_metadata(
-            parquet_metadata=meta,
-            stats_columns=self._stats_plan,
-            parquet_column_mapping=self._column_mapping,
-        )
+        stats = self._statistics(data)
         partition = (
             record if record is not None else stats.partition(self.metadata.spec(), self._schema)
         )
-        path = self._locations.new_data_location(data_file_name=name)
-        output = self.io.new_output(path)
-        with output.create(overwrite=False) as stream:
-            stream.write(data)
-        self.written.append(path)
+        path = self._put(data)
         return DataFile.from_args(
             content=DataFileContent.DATA,
             file_path=path,

@@ -6,12 +6,7 @@ Owns the manifest side of a native write:
   (in parallel). The merge plans its candidate files from it (`tasks`), and the commit's
   producer uses it again instead of re-reading every manifest twice (pyiceberg's overwrite reads
   all manifests once to find the deleted entries and once more to rewrite them).
-- `IndexedOverwrite`: the overwrite producer built on that index. It rewrites only the manifests
-  that hold a deleted file, drops manifests with no live file left (pyiceberg carries the
-  DELETED-only manifest of every overwrite forward for ever: two new manifests per write), and
-  merges small manifests on commit with Iceberg's `commit.manifest-merge.enabled`,
-  `commit.manifest.min-count-to-merge` and `commit.manifest.target-size-bytes` semantics (the same
-  merge manager as pyiceberg's merge-append).
+  (`overwrite.IndexedOverwrite`, the commit's producer, is built on it.)
 - `FlatTransaction`: a pyiceberg `Transaction` whose `table_metadata` is computed once per staged
   update instead of on every access (each access deep-copies the whole metadata, every snapshot
   of the table's history; one write made ~20 of them).
@@ -22,7 +17,6 @@ Owns the manifest side of a native write:
 
 from __future__ import annotations
 
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,24 +26,19 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
-    ManifestContent,
     ManifestEntry,
-    ManifestEntryStatus,
     ManifestFile,
 )
-from pyiceberg.table import FileScanTask, Table, TableProperties, Transaction
+from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.delete_file_index import DeleteFileIndex
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update import (
     TableUpdate,
     _apply_table_update,
     _TableMetadataUpdateContext,
     _update_table_metadata_log,
 )
-from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
 from pyiceberg.utils.datetime import datetime_to_millis
-from pyiceberg.utils.properties import property_as_bool, property_as_int
 
 from pipeline_output.errors import UnsupportedWrite
 from pipeline_output.stores.iceberg.properties import _READ_THREADS, MAINTENANCE_FREE_PROPERTIES
@@ -180,119 +169,6 @@ def upgrade_properties(tx: Transaction) -> None:
     missing = {k: v for k, v in MAINTENANCE_FREE_PROPERTIES.items() if k not in current}
     if missing:
         tx.set_properties(missing)
-
-
-class IndexedOverwrite(_OverwriteFiles):
-    """pyiceberg's overwrite producer, planned from a `ManifestIndex` and merging manifests.
-
-    When the branch head is no longer the index's snapshot (it cannot be under our fenced
-    commit, but a caller may reuse a producer), it falls back to pyiceberg's own reading.
-    """
-
-    def __init__(
-        self,
-        transaction: Transaction,
-        io: FileIO,
-        *,
-        index: ManifestIndex | None,
-        snapshot_properties: dict[str, str],
-        commit_uuid: uuid.UUID | None = None,
-    ) -> None:
-        has_parent = transaction.table_metadata.current_snapshot() is not None
-        super().__init__(
-            operation=Operation.OVERWRITE if has_parent else Operation.APPEND,
-            transaction=transaction,
-            io=io,
-            commit_uuid=commit_uuid,
-            snapshot_properties=snapshot_properties,
-        )
-        self._index = index
-        props = transaction.table_metadata.properties
-        self._merge = _ManifestMergeManager(
-            target_size_bytes=property_as_int(  # type: ignore[arg-type]
-                props,
-                TableProperties.MANIFEST_TARGET_SIZE_BYTES,
-                TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT,
-            ),
-            min_count_to_merge=property_as_int(  # type: ignore[arg-type]
-                props,
-                TableProperties.MANIFEST_MIN_MERGE_COUNT,
-                TableProperties.MANIFEST_MIN_MERGE_COUNT_DEFAULT,
-            ),
-            merge_enabled=property_as_bool(
-                props,
-                TableProperties.MANIFEST_MERGE_ENABLED,
-                TableProperties.MANIFEST_MERGE_ENABLED_DEFAULT,
-            ),
-            snapshot_producer=self,
-        )
-
-    def _indexed(self) -> ManifestIndex | None:
-        index = self._index
-        if index is None or index.snapshot_id != self._parent_snapshot_id:
-            return None
-        return index
-
-    def _build_delete_files_partition_predicate(self) -> None:
-        if self._indexed() is None:  # only pyiceberg's own reading prunes by it
-            super()._build_delete_files_partition_predicate()
-
-    def _deleted_entries(self) -> list[ManifestEntry]:
-        index = self._indexed()
-        if index is None:
-            return super()._deleted_entries()
-        deleted = self._deleted_data_files
-        entries = [
-            ManifestEntry.from_args(
-                status=ManifestEntryStatus.DELETED,
-                snapshot_id=self._snapshot_id,
-                sequence_number=entry.sequence_number,
-                file_sequence_number=entry.file_sequence_number,
-                data_file=entry.data_file,
-            )
-            for manifest in index.manifests
-            if manifest.content == ManifestContent.DATA
-            for entry in index.live[manifest.manifest_path]
-            if entry.data_file in deleted
-        ]
-        self._validate_required_deletes(entries)
-        return entries
-
-    def _existing_manifests(self) -> list[ManifestFile]:
-        index = self._indexed()
-        if index is None:
-            kept = super()._existing_manifests()
-        else:
-            kept = []
-            for manifest in index.manifests:
-                live = index.live[manifest.manifest_path]
-                remaining = [e for e in live if e.data_file not in self._deleted_data_files]
-                if len(remaining) == len(live) and live:
-                    kept.append(manifest)  # untouched: carried forward as it is
-                elif remaining:
-                    kept.append(self._rewrite(manifest, remaining))
-                # else: no live file left (all deleted now or before): dropped
-        # pyiceberg's own path keeps manifests whose entries are all DELETED: drop them too
-        return [m for m in kept if m.has_added_files() or m.has_existing_files()]
-
-    def _rewrite(self, manifest: ManifestFile, entries: list[ManifestEntry]) -> ManifestFile:
-        with self.new_manifest_writer(self.spec(manifest.partition_spec_id)) as writer:
-            for entry in entries:
-                writer.add_entry(
-                    ManifestEntry.from_args(
-                        status=ManifestEntryStatus.EXISTING,
-                        snapshot_id=entry.snapshot_id,
-                        sequence_number=entry.sequence_number,
-                        file_sequence_number=entry.file_sequence_number,
-                        data_file=entry.data_file,
-                    )
-                )
-        return writer.to_manifest_file()
-
-    def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
-        data = [m for m in manifests if m.content == ManifestContent.DATA]
-        deletes = [m for m in manifests if m.content == ManifestContent.DELETES]
-        return self._merge.merge_manifests(data) + deletes
 
 
 def live_data_files(index: ManifestIndex) -> list[DataFile]:

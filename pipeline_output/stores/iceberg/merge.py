@@ -1,40 +1,39 @@
-"""The file-level copy-on-write merges behind replace (windowed), append_new, upsert and sync:
-file statistics prune the candidate files, the key columns verify them, and only files that
-really change are rewritten.
+"""The file-level merges behind replace (windowed), append_new, upsert and sync: file statistics
+prune the candidate files, the key columns verify them, and only files that really change are
+touched — each either rewritten (copy-on-write) or kept with a positional delete file and its
+replaced rows written anew (merge-on-read), as `merge_policy.MergePolicy` decides per file.
+
+Candidate files are read one at a time with a bounded number in flight (`file_reads.FileReader`),
+and rewritten rows are written out as they come (`rewrite_sink.RewriteSink`), so memory follows
+the batch and the largest file, not the number of files a merge touches.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import polars as pl
-from pyiceberg.conversions import from_bytes
-from pyiceberg.expressions import (
-    AlwaysTrue,
-)
-from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.manifest import DataFileContent
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, Transaction
-from pyiceberg.types import NestedField, PrimitiveType
 
-from pipeline_output.errors import (
-    BadInput,
-)
-from pipeline_output.frames import from_arrow, refuse_duplicate_matches
+from pipeline_output.errors import BadInput
+from pipeline_output.frames import refuse_duplicate_matches
 from pipeline_output.plan import WritePlan
 from pipeline_output.spec import DatasetSpec
-from pipeline_output.stores.iceberg.expressions import _physical, _window_relation
+from pipeline_output.stores.iceberg.deletes import deleted_positions, own_delete_files
+from pipeline_output.stores.iceberg.expressions import _window_relation
+from pipeline_output.stores.iceberg.file_reads import FileReader
+from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output.stores.iceberg.manifests import ManifestIndex
-from pipeline_output.stores.iceberg.partitions import key_partition_values
+from pipeline_output.stores.iceberg.merge_policy import MIN_ROWS, MergePolicy
 from pipeline_output.stores.iceberg.prewrite import _Changes
-from pipeline_output.stores.iceberg.properties import _NEW, _POS, _READ_THREADS
+from pipeline_output.stores.iceberg.properties import _FILEPOS, _NEW, _POS
+from pipeline_output.stores.iceberg.pruning import KeySlices, prune_by_keys
+from pipeline_output.stores.iceberg.rewrite_sink import RewriteSink
 from pipeline_output.stores.iceberg.rows import (
-    _align,
     _differs,
-    _read_local,
     _replace_rows,
     _schema_names,
     _sorted,
@@ -42,7 +41,7 @@ from pipeline_output.stores.iceberg.rows import (
 )
 from pipeline_output.windows import Window
 
-# -- the merges ------------------------------------------------------------------------------
+_HIT = "__po_hit__"
 
 
 @dataclass
@@ -55,6 +54,14 @@ class _Merge:
     frame: pl.DataFrame
     schema: Schema
     index: ManifestIndex
+    # rewritten rows are written to data files through it as they come (None: kept in memory)
+    writer: DataFileWriter | None = None
+    policy: MergePolicy | None = None  # None: resolved from the spec and the table
+    reader: FileReader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reader = FileReader(self.table, self.schema)
+        self._sink = RewriteSink(self.writer, self.spec)
 
     def run(self, plan: WritePlan) -> _Changes:
         handlers: dict[str, Callable[[WritePlan], _Changes]] = {
@@ -66,6 +73,11 @@ class _Merge:
         }
         return handlers[plan.write_mode](plan)
 
+    def _policy(self, plan: WritePlan) -> MergePolicy:
+        if self.policy is None:
+            self.policy = MergePolicy.resolve(self.spec, self.tx.table_metadata, plan.write_mode)
+        return self.policy
+
     # -- simple modes
 
     def _append(self, plan: WritePlan) -> _Changes:
@@ -73,9 +85,9 @@ class _Merge:
         return _Changes(new_frames=[self.frame], inserted=self.frame.height, preserved=total)
 
     def _replace(self, plan: WritePlan) -> _Changes:
-        tasks = self._tasks()
+        tasks = self.index.tasks()
         if plan.delete_scope == "all" or plan.window is None:
-            deleted = sum(t.file.record_count for t in tasks)
+            deleted = sum(_live_rows(t) for t in tasks)
             return _Changes(
                 deleted_files=[t.file for t in tasks],
                 new_frames=[self.frame],
@@ -85,6 +97,7 @@ class _Merge:
         # Rows inside the window are replaced. For a keyed dataset a computed key that exists
         # outside the window (its row moved into this window) is replaced too: keys stay unique.
         window, wm = plan.window, self._watermark()
+        policy = self._policy(plan)
         pk = list(self.spec.primary_key)
         by_key = {id(t) for t in self._prune_by_keys(tasks)} if pk else set()
         changes = _Changes(new_frames=[self.frame], inserted=self.frame.height)
@@ -92,33 +105,41 @@ class _Merge:
         for task in tasks:
             relation = _window_relation(task, self.schema, wm, window)
             if relation == "outside" and id(task) not in by_key:
-                changes.preserved += task.file.record_count
+                changes.preserved += _live_rows(task)
             elif relation == "inside" and not task.delete_files:
                 changes.deleted_files.append(task.file)
                 changes.deleted += task.file.record_count
             else:
                 straddling.append(task)
-        keys = self.frame.select(pk).with_columns(pl.lit(True).alias("__po_hit__")) if pk else None
-        for task, rows in zip(straddling, self._read(straddling), strict=True):
+        keys = self.frame.select(pk).with_columns(pl.lit(True).alias(_HIT)) if pk else None
+        policy = policy.within_budget(sum(t.file.file_size_in_bytes for t in straddling))
+        for task, rows in self.reader.stream(straddling):
             drop = rows.select(window.contains(wm, rows.schema[wm]).fill_null(False)).to_series()
             if keys is not None:
                 hit = rows.select(pk).join(keys, on=pk, how="left", nulls_equal=True)
-                drop = drop | hit.get_column("__po_hit__").is_not_null()
+                drop = drop | hit.get_column(_HIT).is_not_null()
             n_drop = int(drop.sum())
             if n_drop == 0:
                 changes.preserved += rows.height
                 continue
-            kept = rows.filter(~drop)
-            changes.deleted_files.append(task.file)
             changes.deleted += n_drop
-            changes.preserved += kept.height
-            changes.new_frames.append(_sorted(kept, self.spec))
+            changes.preserved += rows.height - n_drop
+            if policy.merge_on_read(
+                file_rows=task.file.record_count,
+                deleted_before=task.file.record_count - rows.height,
+                deleting=n_drop,
+            ):
+                self._delete_by_position(changes, task, rows.filter(drop).get_column(_FILEPOS))
+            else:
+                self._rewrite(changes, task, rows.filter(~drop))
+        changes.written = self._sink.files
+        changes.new_frames = [self.frame, *self._sink.rest()]
         return changes
 
     def _append_new(self, plan: WritePlan) -> _Changes:
         pk = list(self.spec.primary_key)
-        candidates = self._prune_by_keys(self._tasks())
-        existing = self._read(candidates, columns=pk)
+        candidates = self._prune_by_keys(self.index.tasks())
+        existing = [keys.select(pk) for _, keys in self.reader.stream(candidates, columns=pk)]
         keys = pl.concat(existing) if existing else self.frame.head(0).select(pk)
         fresh = self.frame.join(keys, on=pk, how="anti", nulls_equal=True)
         skipped = self.frame.height - fresh.height
@@ -129,15 +150,16 @@ class _Merge:
             new_frames=[fresh], inserted=fresh.height, skipped=skipped, preserved=total - skipped
         )
 
-    # -- the copy-on-write merge behind upsert and sync
+    # -- the merge behind upsert and sync
 
     def _upsert_or_sync(self, plan: WritePlan) -> _Changes:
         spec, frame = self.spec, self.frame
+        policy = self._policy(plan)
         pk = list(spec.primary_key)
         scope = plan.delete_scope  # none | absent_keys | absent_keys_in_window
         window = plan.window if scope == "absent_keys_in_window" else None
         wm = self._watermark() if window is not None else None
-        tasks = self._tasks()
+        tasks = self.index.tasks()
         if scope == "absent_keys":
             candidates = tasks
         elif window is not None and wm is not None:
@@ -151,30 +173,36 @@ class _Merge:
             candidates = self._prune_by_keys(tasks)
         changes = _Changes()
         chosen = {id(t) for t in candidates}
-        changes.preserved += sum(t.file.record_count for t in tasks if id(t) not in chosen)
+        changes.preserved += sum(_live_rows(t) for t in tasks if id(t) not in chosen)
         # each file is joined only with the compute's rows its key bounds admit
-        slices = _KeySlices(frame, pk[0], self.table.schema())
+        slices = KeySlices(frame, pk[0], self.table.schema())
+        slices.prepare(candidates)
 
         # Key pass: with several candidates, read only keys (+ watermark) to find files that change.
         if len(candidates) > 1:
             cols = pk + ([wm] if wm else [])
-            key_frames = self._read(candidates, columns=cols)
             relevant = []
-            for task, keys in zip(candidates, key_frames, strict=True):
+            for task, keys in self.reader.stream(candidates, columns=cols):
                 batch = slices.of(task).select(pk)
                 matched = keys.join(batch, on=pk, how="semi", nulls_equal=True).height
-                absent = self._absent(keys, batch, scope, window, wm)
-                if matched or absent:
+                absent = self._absent_mask(keys, batch, scope, window, wm)
+                if matched or (absent is not None and absent.any()):
                     relevant.append(task)
                 else:
                     changes.preserved += keys.height
             candidates = relevant
+        policy = policy.within_budget(sum(t.file.file_size_in_bytes for t in candidates))
 
         matched_keys: list[pl.DataFrame] = []
+        # matched keys whose compute row is NOT written as a new row: unchanged, or its new
+        # version is in a rewritten file's rows (copy-on-write)
+        settled_keys: list[pl.DataFrame] = []
+        merged_on_read = False
+        touched: set[int] = set()
         value_cols = [c for c in _schema_names(self.schema) if c not in pk]
         # the compute's value columns under reserved names: no user column can collide with them
         renamed = {c: _NEW + c for c in frame.columns if c not in pk}
-        for task, rows in zip(candidates, self._read(candidates), strict=True):
+        for task, rows in self.reader.stream(candidates):
             rows = rows.with_row_index(_POS)
             batch = slices.of(task)
             joined = rows.join(batch.rename(renamed), on=pk, how="inner", nulls_equal=True)
@@ -184,27 +212,49 @@ class _Merge:
             absent_mask = self._absent_mask(rows, batch.select(pk), scope, window, wm)
             n_absent = int(absent_mask.sum()) if absent_mask is not None else 0
             if changed.height == 0 and n_absent == 0:
+                settled_keys.append(joined.select(pk))
                 changes.unchanged += joined.height
                 changes.preserved += rows.height - joined.height
                 continue
-            content = _replace_rows(rows, changed, value_cols, pk)
-            if absent_mask is not None:
-                content = content.filter(~absent_mask)
-            content = content.drop(_POS)
-            changes.deleted_files.append(task.file)
-            changes.new_frames.append(content)
+            touched.add(id(task))
             changes.updated += changed.height
             changes.unchanged += joined.height - changed.height
             changes.deleted += n_absent
             changes.preserved += rows.height - joined.height - n_absent
+            if policy.merge_on_read(
+                file_rows=task.file.record_count,
+                deleted_before=task.file.record_count - rows.height,
+                deleting=changed.height + n_absent,
+            ):
+                gone = [changed.get_column(_FILEPOS)]
+                if absent_mask is not None and n_absent:
+                    gone.append(rows.filter(absent_mask).get_column(_FILEPOS))
+                self._delete_by_position(changes, task, pl.concat(gone))
+                merged_on_read = True
+                if changed.height < joined.height:  # the changed rows are written anew
+                    settled_keys.append(joined.filter(~_differs(joined, value_cols)).select(pk))
+                continue
+            settled_keys.append(joined.select(pk))
+            content = _replace_rows(rows.drop(_FILEPOS), changed, value_cols, pk)
+            if absent_mask is not None:
+                content = content.filter(~absent_mask)
+            self._rewrite(changes, task, content.drop(_POS))
 
         all_matched = pl.concat(matched_keys) if matched_keys else frame.head(0).select(pk)
         refuse_duplicate_matches(spec, all_matched)  # before anything is committed
-        inserts = frame.join(all_matched, on=pk, how="anti", nulls_equal=True)
-        if inserts.height:
-            changes.new_frames.append(inserts)
-            changes.inserted = inserts.height
-        changes.new_frames = _coalesced(changes.new_frames, self.spec)
+        changes.inserted = frame.height - all_matched.height
+        # inserts, and the new versions of rows deleted by position: one pass, the frame's order
+        settled = pl.concat(settled_keys) if settled_keys else None
+        new_rows = [
+            frame
+            if settled is None
+            else frame.join(settled, on=pk, how="anti", nulls_equal=True, maintain_order="left")
+        ]
+        if merged_on_read and not self._sink.rest_height():
+            # the new versions of kept files' rows need a file: fold a small one in
+            self._absorb_small_file(changes, tasks, touched)
+        changes.written = self._sink.files
+        changes.new_frames = _coalesced([*self._sink.rest(), *new_rows], spec)
         return changes
 
     def _absent_mask(
@@ -223,11 +273,11 @@ class _Merge:
         absent = (
             rows.select(pk)
             .join(
-                batch.select(pk).with_columns(pl.lit(True).alias("__po_hit__")),
+                batch.select(pk).with_columns(pl.lit(True).alias(_HIT)),
                 on=pk,
                 how="left",
                 nulls_equal=True,
-            )["__po_hit__"]
+            )[_HIT]
             .is_null()
         )
         if window is not None and wm is not None:
@@ -237,21 +287,50 @@ class _Merge:
             )
         return absent
 
-    def _absent(
-        self,
-        keys: pl.DataFrame,
-        batch: pl.DataFrame,
-        scope: str,
-        window: Window | None,
-        wm: str | None,
-    ) -> int:
-        mask = self._absent_mask(keys, batch, scope, window, wm)
-        return int(mask.sum()) if mask is not None else 0
+    # -- what happens to a file that changes
 
-    # -- file planning and reading
+    def _rewrite(self, changes: _Changes, task: FileScanTask, content: pl.DataFrame) -> None:
+        """Copy-on-write: the file goes (with its own delete files), `content` is written anew."""
+        changes.deleted_files.append(task.file)
+        self._sink.add(content.drop(_FILEPOS, strict=False))
 
-    def _tasks(self) -> list[FileScanTask]:
-        return self.index.tasks()
+    def _delete_by_position(
+        self, changes: _Changes, task: FileScanTask, positions: pl.Series
+    ) -> None:
+        """Merge-on-read: the file stays; one delete file of ours holds every position it lost
+        (the ones its own delete files held, which go, and `positions`)."""
+        own = own_delete_files(task)
+        if own:
+            earlier = deleted_positions(self.table.io, task, files=own)
+            positions = pl.concat([earlier, positions.cast(pl.Int64)])
+            changes.deleted_files.extend(own)
+        changes.positional.append((task.file, positions.cast(pl.Int64).unique().sort()))
+
+    def _absorb_small_file(
+        self, changes: _Changes, tasks: Sequence[FileScanTask], touched: set[int]
+    ) -> None:
+        """Fold the smallest small, untouched data file of the current partition spec into this
+        write's new file. A merge-on-read write adds a file for the new versions of the rows it
+        deletes by position; without this, a table fed by small upserts would gain one small file
+        per write, each spanning the whole key range (so every later upsert would read them all).
+        Its rows are preserved, only moved. Copy-on-write writes need none: their new rows join
+        the rewritten files' rows."""
+        spec_id = self.table.metadata.default_spec_id
+        small = [
+            t
+            for t in tasks
+            if id(t) not in touched
+            and not t.delete_files
+            and t.file.content == DataFileContent.DATA
+            and t.file.spec_id == spec_id
+            and t.file.record_count < MIN_ROWS
+        ]
+        if not small:
+            return
+        task = min(small, key=lambda t: t.file.record_count)
+        self._rewrite(changes, task, self.reader.read(task))
+
+    # -- planning
 
     def _watermark(self) -> str:
         wm = self.spec.watermark
@@ -264,128 +343,23 @@ class _Merge:
         return wm
 
     def _prune_by_keys(self, tasks: list[FileScanTask]) -> list[FileScanTask]:
-        """Files whose partition (when the table is partitioned by a key column) and key
-        statistics admit at least one of the compute's keys: a matching row has every key
-        column inside the file's bounds, so each key column prunes (composite keys too)."""
-        if not tasks or self.frame.height == 0:
-            return []
-        tasks = self._prune_by_partition(tasks)
-        schema = self.table.schema()
-        columns = []
-        for name in self.spec.primary_key:
-            field = schema.find_field(name)
-            if isinstance(field.field_type, PrimitiveType):
-                values = _physical(self.frame.get_column(name), field.field_type)
-                columns.append((field, values.unique().sort()))
-        admitted = [True] * len(tasks)
-        for field, keys in columns:
-            admitted = [
-                a and b for a, b in zip(admitted, _admits_all(tasks, field, keys), strict=True)
-            ]
-        return [t for t, ok in zip(tasks, admitted, strict=True) if ok]
+        return prune_by_keys(self.table, self.spec, self.frame, tasks)
 
-    def _prune_by_partition(self, tasks: list[FileScanTask]) -> list[FileScanTask]:
-        """Drop files of the current spec whose partition no key of the compute falls in."""
-        metadata = self.table.metadata
-        wanted = key_partition_values(self.spec, metadata, self.frame)
-        if wanted is None:
-            return tasks
-        current = metadata.default_spec_id
-        return [
-            t
-            for t in tasks
-            if t.file.spec_id != current
-            or all(t.file.partition[i] in values for i, values in wanted.items())
-        ]
 
-    def _read(
-        self, tasks: list[FileScanTask], *, columns: Sequence[str] | None = None
-    ) -> list[pl.DataFrame]:
-        """Read each task into its own frame (all columns of the current schema, or `columns`)."""
-        if not tasks:
-            return []
-        read_schema = self.table.schema()
-        if columns is not None:
-            read_schema = read_schema.select(*columns)
-
-        def one(task: FileScanTask) -> pl.DataFrame:
-            fast = _read_local(task, read_schema)
-            if fast is None:
-                scan = ArrowScan(self.table.metadata, self.table.io, read_schema, AlwaysTrue())
-                fast = from_arrow(scan.to_table([task]))
-            return _align(fast, self.schema, only=columns)
-
-        if len(tasks) == 1:
-            return [one(tasks[0])]
-        with ThreadPoolExecutor(max_workers=min(_READ_THREADS, len(tasks))) as pool:
-            return list(pool.map(one, tasks))
+def _live_rows(task: FileScanTask) -> int:
+    """The file's rows its delete files leave (exact with our file-scoped delete files, which
+    never repeat a position; another engine's shared delete files are not counted)."""
+    return int(task.file.record_count) - sum(d.record_count for d in own_delete_files(task))
 
 
 def _coalesced(frames: list[pl.DataFrame], spec: DatasetSpec) -> list[pl.DataFrame]:
-    """The rewritten files' contents and the inserted rows as ONE frame sorted by the key: the
-    writer cuts it into files near the table's target size (and one per partition), so an upsert
-    that rewrites k files adds about max(1, touched bytes / target) files instead of k + 1, and a
+    """The rewritten files' contents and the new rows as ONE frame sorted by the key: the writer
+    cuts it into files near the table's target size (and one per partition), so an upsert that
+    rewrites k files adds about max(1, touched bytes / target) files instead of k + 1, and a
     table fed by small upserts does not gain a file per write."""
     kept = [f for f in frames if f.height]
     if len(kept) <= 1:
         return kept
-    frames.clear()
     # rechunked: a frame of many chunks is written as as many row groups, and a file rewritten
     # by every small upsert would gain a row group per write
     return [_sorted(pl.concat(kept, how="vertical", rechunk=True), spec)]
-
-
-def _decoded_bounds(task: FileScanTask, field: NestedField) -> tuple[Any, Any] | None:
-    """The file's (lower, upper) bounds of `field`, decoded; None when it has none."""
-    lo_b = task.file.lower_bounds.get(field.field_id) if task.file.lower_bounds else None
-    hi_b = task.file.upper_bounds.get(field.field_id) if task.file.upper_bounds else None
-    if lo_b is None or hi_b is None:
-        return None
-    return (
-        from_bytes(field.field_type, lo_b),  # type: ignore[arg-type]
-        from_bytes(field.field_type, hi_b),  # type: ignore[arg-type]
-    )
-
-
-def _admits_all(tasks: list[FileScanTask], field: NestedField, keys: pl.Series) -> list[bool]:
-    """For each file: whether one of the sorted `keys` lies within its bounds of `field` (True when
-    the file has no bounds for it, or they cannot be compared). One vectorised search over every
-    file's bounds: the cost stays small when the table has thousands of files."""
-    bounds = [_decoded_bounds(task, field) for task in tasks]
-    try:
-        lo = pl.Series([b[0] if b else None for b in bounds], dtype=keys.dtype, strict=True)
-        hi = pl.Series([b[1] if b else None for b in bounds], dtype=keys.dtype, strict=True)
-        i = keys.search_sorted(lo, side="left")
-        j = keys.search_sorted(hi, side="right")
-    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
-        return [True] * len(tasks)
-    missing = lo.is_null() | hi.is_null()
-    return (missing | (j > i)).to_list()
-
-
-class _KeySlices:
-    """The compute's rows a file's bounds of the first key column admit (a row of the file can
-    only match those): each file is joined with its slice instead of the whole batch, so a merge
-    over many files costs about files + batch rows, not files x batch rows."""
-
-    def __init__(self, frame: pl.DataFrame, column: str, schema: Schema) -> None:
-        self.frame = frame
-        self.field = schema.find_field(column)
-        self.sorted: pl.Series | None = None
-        if isinstance(self.field.field_type, PrimitiveType) and frame.height > 1:
-            values = _physical(frame.get_column(column), self.field.field_type)
-            self.order = values.arg_sort()
-            self.sorted = values.gather(self.order)
-
-    def of(self, task: FileScanTask) -> pl.DataFrame:
-        bounds = _decoded_bounds(task, self.field)
-        if self.sorted is None or bounds is None:
-            return self.frame
-        try:
-            i = int(self.sorted.search_sorted(bounds[0], side="left"))
-            j = int(self.sorted.search_sorted(bounds[1], side="right"))
-        except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
-            return self.frame
-        if i == 0 and j == self.frame.height:
-            return self.frame
-        return self.frame[self.order.slice(i, max(j - i, 0))]

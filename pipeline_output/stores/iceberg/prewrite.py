@@ -52,10 +52,18 @@ class _Changes(RowCounts):
 
     deleted_files: list[DataFile] = field(default_factory=list)
     new_frames: list[pl.DataFrame] = field(default_factory=list)
+    # merge-on-read: (data file, physical positions it no longer holds: old and new deletes)
+    positional: list[tuple[DataFile, pl.Series]] = field(default_factory=list)
+    written: list[DataFile] = field(default_factory=list)  # rewritten rows already in files
 
     @property
     def noop(self) -> bool:
-        return not self.deleted_files and not any(f.height for f in self.new_frames)
+        return (
+            not self.deleted_files
+            and not self.positional
+            and not self.written
+            and not any(f.height for f in self.new_frames)
+        )
 
 
 _AS_IS_MODES = ("append", "replace", "append_new")

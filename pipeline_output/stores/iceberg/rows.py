@@ -100,7 +100,11 @@ def _total_records(table: Table) -> int:
     snap = table.current_snapshot()
     if snap is None or snap.summary is None:
         return 0
-    return int(snap.summary.get("total-records", "0") or 0)
+    summary = snap.summary
+    # rows deleted by position are still counted in their data files' records
+    return int(summary.get("total-records", "0") or 0) - int(
+        summary.get("total-position-deletes", "0") or 0
+    )
 
 
 def _schema_names(schema: Schema) -> list[str]:

@@ -18,6 +18,7 @@ then, and committed inside it if the table's schema, partition spec and location
 from __future__ import annotations
 
 import time
+import uuid
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -31,6 +32,7 @@ from pyiceberg.expressions import (
     AlwaysTrue,
     BooleanExpression,
 )
+from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table
 
 from pipeline_output.errors import (
@@ -44,10 +46,11 @@ from pipeline_output.locks import AdvisoryLock, LockStats, iceberg_table
 from pipeline_output.plan import TargetState, WritePlan, plan_write
 from pipeline_output.result import RowCounts, WriteResult
 from pipeline_output.spec import Arm, DatasetSpec, window_column
-from pipeline_output.stores.iceberg.commit import _commit
+from pipeline_output.stores.iceberg.commit import _commit, _delete_quietly
 from pipeline_output.stores.iceberg.compaction import compact as _compact
 from pipeline_output.stores.iceberg.expiry import expire_snapshots as _expire_snapshots
 from pipeline_output.stores.iceberg.expressions import aligned_to_field, window_filter
+from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output.stores.iceberg.manifests import (
     FlatTransaction,
     read_index,
@@ -322,21 +325,36 @@ class IcebergStore:
             frame = _sorted(_align(frame, schema), spec)
         total_before = _total_records(table)
         index = read_index(table)
-        merge = _Merge(table=table, tx=tx, spec=spec, frame=frame, schema=schema, index=index)
-        changes = merge.run(plan)
-        if frame.height == 0 and changes.deleted and not spec.allow_empty:
-            raise EmptyComputeRefused(
-                f"dataset {spec.name!r}: the compute returned no rows and a {plan.write_mode} would "
-                f"delete {changes.deleted} target row(s); set allow_empty=True to allow it "
-                "(nothing was written)"
+        # rows the merge rewrites go to data files as they come (deleted again unless committed)
+        rewrites = DataFileWriter(tx.table_metadata, table.io, write_id=uuid.uuid4())
+        try:
+            merge = _Merge(
+                table=table,
+                tx=tx,
+                spec=spec,
+                frame=frame,
+                schema=schema,
+                index=index,
+                writer=rewrites,
             )
+            changes = merge.run(plan)
+            if frame.height == 0 and changes.deleted and not spec.allow_empty:
+                raise EmptyComputeRefused(
+                    f"dataset {spec.name!r}: the compute returned no rows and a "
+                    f"{plan.write_mode} would delete {changes.deleted} target row(s); set "
+                    "allow_empty=True to allow it (nothing was written)"
+                )
+        except BaseException:
+            for path in rewrites.written:
+                _delete_quietly(table.io, path)
+            raise
         force = plan.first_deploy
         snapshot_id: int | None = None
         if not changes.noop or force:
-            frames, ready = changes.new_frames, []
+            frames, ready = changes.new_frames, list(changes.written)
             if pre is not None and frames and frames[0] is frame:
                 # the merge writes the computed frame as it is: its files are the pre-written ones
-                frames, ready = frames[1:], pre.files
+                frames, ready = frames[1:], [*pre.files, *ready]
                 pre.handed_to_commit = True
             new_table = _commit(
                 tx,
@@ -349,6 +367,7 @@ class IcebergStore:
                 fence=fence,
                 blind_retry=plan.write_mode == "append" and not changes.deleted_files,
                 index=index,
+                positional=changes.positional,
             )
             snap = new_table.current_snapshot()
             snapshot_id = snap.snapshot_id if snap else None
@@ -371,6 +390,9 @@ class IcebergStore:
             total_before=total_before,
             arm="iceberg",
             snapshot_id=snapshot_id,
-            files_rewritten=len(changes.deleted_files),
-            files_added=sum(1 for f in changes.new_frames if f.height),
+            files_rewritten=sum(
+                1 for f in changes.deleted_files if f.content == DataFileContent.DATA
+            ),
+            files_added=len(changes.written) + sum(1 for f in changes.new_frames if f.height),
+            files_merged_on_read=len(changes.positional),
         )
