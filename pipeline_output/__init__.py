@@ -2,8 +2,9 @@
 
 The public Python API, loaded on first use so `import pipeline_output` (and the CLI) stays fast and
 the pure core never imports Dagster: specs and planning (`DatasetSpec`, `Delta`, `Window`,
-`plan_write`), the arms (`IcebergStore`, `PostgresStore`), table maintenance (`compact`,
-`expire_snapshots`, `remove_orphans`, `maintain`), results and errors, and the Dagster layer
+`plan_write`), the arms (`IcebergStore`, `PostgresStore`), results and errors, write-audit-publish,
+rollback and time travel (`publish_audit`, `drop_stale_audit_branches`, `rollback`, `history`), table
+maintenance (`compact`, `expire_snapshots`, `remove_orphans`, `maintain`), and the Dagster layer
 (`dataset`, `postgres_source`, `iceberg_source`, `model_node`, `build_definitions`,
 `DatasetIOManager`).
 """
@@ -17,6 +18,9 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     # errors
+    "AuditConflict": "pipeline_output.errors",
+    "AuditFailed": "pipeline_output.errors",
+    "RollbackRefused": "pipeline_output.errors",
     "BadInput": "pipeline_output.errors",
     "DuplicateKeys": "pipeline_output.errors",
     "EmptyComputeRefused": "pipeline_output.errors",
@@ -41,6 +45,12 @@ _EXPORTS = {
     "WriteResult": "pipeline_output.result",
     "IcebergStore": "pipeline_output.stores.iceberg",
     "PostgresStore": "pipeline_output.stores.postgres",
+    "Publisher": "pipeline_output.publish",
+    # write-audit-publish, rollback, time travel
+    "publish_audit": "pipeline_output.audit",
+    "drop_stale_audit_branches": "pipeline_output.audit_maintenance",
+    "rollback": "pipeline_output.time_travel",
+    "history": "pipeline_output.time_travel",
     # table maintenance (functions of (store, spec); also IcebergStore methods)
     "compact": "pipeline_output.stores.iceberg.compaction",
     "expire_snapshots": "pipeline_output.stores.iceberg.expiry",
@@ -58,6 +68,8 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "AuditConflict",
+    "AuditFailed",
     "BadInput",
     "DatasetIOManager",
     "DatasetSpec",
@@ -74,6 +86,8 @@ __all__ = [
     "NullKey",
     "PipelineOutputError",
     "PostgresStore",
+    "Publisher",
+    "RollbackRefused",
     "RowsOutsideWindow",
     "SchemaMismatch",
     "SettingsError",
@@ -87,13 +101,17 @@ __all__ = [
     "build_definitions",
     "compact",
     "dataset",
+    "drop_stale_audit_branches",
     "expire_snapshots",
+    "history",
     "iceberg_source",
     "maintain",
     "model_node",
     "plan_write",
     "postgres_source",
+    "publish_audit",
     "remove_orphans",
+    "rollback",
 ]
 
 
@@ -108,12 +126,16 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
+    from pipeline_output.audit import publish_audit
+    from pipeline_output.audit_maintenance import drop_stale_audit_branches
     from pipeline_output.dagster_layer.build import build_definitions
     from pipeline_output.dagster_layer.dataset import dataset
     from pipeline_output.dagster_layer.io_manager import DatasetIOManager
     from pipeline_output.dagster_layer.model_node import model_node
     from pipeline_output.dagster_layer.source_assets import iceberg_source, postgres_source
     from pipeline_output.errors import (
+        AuditConflict,
+        AuditFailed,
         BadInput,
         DuplicateKeys,
         EmptyComputeRefused,
@@ -123,6 +145,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         MissingKeyColumn,
         NullKey,
         PipelineOutputError,
+        RollbackRefused,
         RowsOutsideWindow,
         SchemaMismatch,
         SettingsError,
@@ -131,6 +154,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     )
     from pipeline_output.maintenance import MaintenanceOptions, maintain
     from pipeline_output.plan import TargetState, WritePlan, plan_write
+    from pipeline_output.publish import Publisher
     from pipeline_output.result import WriteResult
     from pipeline_output.spec import DatasetSpec, Delta
     from pipeline_output.stores.iceberg import IcebergStore
@@ -139,4 +163,5 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from pipeline_output.stores.iceberg.health import HealthThresholds
     from pipeline_output.stores.iceberg.orphans import remove_orphans
     from pipeline_output.stores.postgres import PostgresStore
+    from pipeline_output.time_travel import history, rollback
     from pipeline_output.windows import Window

@@ -91,6 +91,7 @@ def drain(publisher: Publisher, spec: DatasetSpec) -> int:
             f"mode until it passes (pipeline-output parity {spec.name})"
         )
     removed: int = publisher.postgres.drain(spec)
+    publisher.ledger.record_drain(spec.name, rows=removed)  # a rollback past it is refused
     return removed
 
 

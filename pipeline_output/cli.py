@@ -48,6 +48,7 @@ def main() -> None:
 
 def _register() -> None:
     from pipeline_output.commands import (
+        audit_cmd,
         canary_cmd,
         demo_cmd,
         dev_cmd,
@@ -57,6 +58,7 @@ def _register() -> None:
         materialize_cmd,
         pg_cmd,
         plan_cmd,
+        time_travel_cmd,
         windows_cmd,
     )
 
@@ -73,6 +75,9 @@ def _register() -> None:
         canary_cmd.parity,
         canary_cmd.drain,
         doctor_cmd.doctor,
+        audit_cmd.audit,
+        time_travel_cmd.history,
+        time_travel_cmd.rollback,
         maintain_cmd.maintain,
     ):
         main.add_command(command)

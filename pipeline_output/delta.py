@@ -79,7 +79,7 @@ class WindowOutcome:
     """What happened to one window."""
 
     window: Window
-    action: str  # applied | skipped | repaired
+    action: str  # applied | staged (on the run's audit branch) | skipped | repaired
     row: WindowRow
     result: PublishResult | None = None
 
@@ -92,6 +92,8 @@ class WindowOutcome:
             )
         if self.action == "repaired":
             return f"window {self.window}: previous attempt had committed; ledger repaired, nothing written"
+        if self.action == "staged":
+            return f"window {self.window} staged on the audit branch (applied when published)"
         return f"window {self.window} applied"
 
 
@@ -120,8 +122,10 @@ def apply_window(
     restate: bool = False,
     write_window: Window | None = None,
     on_written: Callable[[], None] | None = None,
+    audit: bool = False,
 ) -> WindowOutcome:
-    """Apply one window exactly once (see the module docstring).
+    """Apply one window exactly once (see the module docstring). With `audit` the write is
+    staged on the run's audit branch: the window is `staged`, applied when the audit publishes.
 
     The compute runs before the apply lock is taken, and so do the input checks and, where the
     strategy writes the frame as it is, the Iceberg data files (`Publisher.prepare`); under the
@@ -162,6 +166,7 @@ def apply_window(
             run_id=run_id,
             restate=restate,
             on_written=on_written,
+            audit=audit,
         )
     finally:
         if prepared is not None:
@@ -183,6 +188,7 @@ def _apply_locked(
     run_id: str | None,
     restate: bool,
     on_written: Callable[[], None] | None,
+    audit: bool = False,
 ) -> WindowOutcome:
     key = window.to_key()
     with ledger.apply_lock(spec.name):
@@ -211,6 +217,7 @@ def _apply_locked(
                 run_id=run_id,
                 summary={ATTEMPT_MARKER: row.marker},
                 prepared=prepared,
+                audit=audit,
             )
         except BaseException as exc:
             committed = _committed(publisher, spec, mode, row)
@@ -224,6 +231,9 @@ def _apply_locked(
         if on_written is not None:
             on_written()  # fault-injection hook (tests): between the commit and the ledger update
         ice = result.results.get("iceberg")
+        if result.staged:
+            ledger.mark_staged(row, iceberg_snapshot_id=ice.snapshot_id if ice else None)
+            return WindowOutcome(window, "staged", row, result)
         pg = result.results.get("pg")
         primary = result.primary
         ledger.mark_applied(

@@ -116,6 +116,15 @@ class DrainRefused(TerminalError):
     """`drain` is only allowed for a dataset flipped to iceberg whose last parity check passed."""
 
 
+class AuditFailed(TerminalError):
+    """An audited write did not pass its audit (a blocking check or parity failed, or the audit
+    was already decided): main was not moved, the audit branch is kept for inspection."""
+
+
+class RollbackRefused(TerminalError):
+    """A rollback would break the canary or names no snapshot of main's history; nothing moved."""
+
+
 class EmbeddedPostgresError(TerminalError):
     """The embedded Postgres server could not be started, inspected or stopped."""
 
@@ -134,6 +143,11 @@ class EmptyWindowRead(RetryableError):
 
 class WriteConflict(RetryableError):
     """A concurrent commit made this write invalid and retries were exhausted; nothing was written."""
+
+
+class AuditConflict(WriteConflict):
+    """Main moved after an audit branched from it (another writer published first): the audited
+    snapshot was not published over it; the branch is kept. Run the write again."""
 
 
 class LockLost(WriteConflict):

@@ -103,9 +103,14 @@ def _iceberg_term(term: Term) -> BooleanExpression:
     return out
 
 
-def scan_table(table: Table, *, name: str | None = None) -> pl.LazyFrame:
-    """`table` as a LazyFrame pinned to its current snapshot (projection and filter pushed down)."""
-    snapshot = table.current_snapshot()
+def scan_table(
+    table: Table, *, name: str | None = None, snapshot_id: int | None = None
+) -> pl.LazyFrame:
+    """`table` as a LazyFrame pinned to its current snapshot, or to `snapshot_id` (projection and
+    filter pushed down)."""
+    snapshot = (
+        table.snapshot_by_id(snapshot_id) if snapshot_id is not None else table.current_snapshot()
+    )
     schema = table.schema()
     if snapshot is not None and snapshot.schema_id is not None:
         schema = table.schemas().get(snapshot.schema_id, schema)
@@ -140,12 +145,15 @@ def scan_iceberg_dataset(
     *,
     window: Window | None = None,
     watermark: str | None = None,
+    as_of: int | datetime | None = None,
 ) -> pl.LazyFrame:
-    """A dataset's Iceberg table as a LazyFrame pinned to its current snapshot."""
+    """A dataset's Iceberg table as a LazyFrame pinned to its current snapshot, or to the one
+    `as_of` names (a snapshot id, or the snapshot main pointed at at an aware time)."""
     table = store.load(spec)
     if table is None:
         raise DatasetNotWritten(f"dataset {store.table_name(spec)!r} has no Iceberg table yet")
-    frame = scan_table(table, name=store.table_name(spec))
+    snapshot_id = store.snapshot_as_of(spec, as_of, table=table) if as_of is not None else None
+    frame = scan_table(table, name=store.table_name(spec), snapshot_id=snapshot_id)
     return _in_window(frame, spec, window, watermark)
 
 

@@ -10,6 +10,7 @@ unchanged. Pure core: no Dagster.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Unpack
 
 import polars as pl
@@ -22,6 +23,7 @@ from pipeline_output.errors import (
     UnsupportedWrite,
 )
 from pipeline_output.frames import CheckedInput, checked_input
+from pipeline_output.ledger.audit_log import AuditRecord
 from pipeline_output.plan import WritePlan
 from pipeline_output.result import WriteResult
 from pipeline_output.spec import MODES, Arm, DatasetSpec, Mode
@@ -89,6 +91,12 @@ class PublishResult:
     mode: ResolvedMode
     results: dict[str, WriteResult] = field(default_factory=dict)
     window: Window | None = None
+    audit: AuditRecord | None = None  # an audited write: staged on this audit's branch
+
+    @property
+    def staged(self) -> bool:
+        """Whether the write is staged on an audit branch (main moves at the publish)."""
+        return self.audit is not None
 
     @property
     def plans(self) -> dict[str, WritePlan]:
@@ -193,13 +201,16 @@ class Publisher:
         *,
         mode: ResolvedMode,
         prepared: Prepared | None = None,
+        audit: bool = False,
         **options: Unpack[WriteOptions],
     ) -> PublishResult:
         """Write `data` to every arm of `mode`; Postgres (when dual) commits last.
 
         `summary` adds `pipeline-output.*` properties to the write (a window attempt's marker,
         found again by `Store.find_marker`); `prepared` (from `prepare`, same spec and window) is
-        used instead of `data`.
+        used instead of `data`. With `audit` (and a mode that writes the Iceberg arm) the write
+        is staged on the run's audit branch instead (`audit.stage_write`): main, the legacy arm
+        and the deploy log change only at `audit.publish_audit`.
         """
         stores = self._stores(spec, mode)
         window = options.get("window")
@@ -210,6 +221,18 @@ class Publisher:
         prep = prepared or self.prepare(spec, data, mode=mode, window=window)
         out = PublishResult(dataset=spec.name, mode=mode, window=window)
         try:
+            if audit and "iceberg" in mode.arms:
+                from pipeline_output.audit import stage_write
+
+                out.results["iceberg"], out.audit = stage_write(
+                    self,
+                    spec,
+                    prep.checked,
+                    mode=mode.mode,
+                    prepared=prep.arms["iceberg"],
+                    options=options,
+                )
+                return out
             if mode.mode == "dual":
                 return self._publish_dual(spec, prep, out=out, options=options)
             (arm,) = mode.arms
@@ -314,14 +337,27 @@ class Publisher:
         mode: ResolvedMode,
         window: Window | None = None,
         watermark: str | None = None,
+        as_of: int | datetime | None = None,
     ) -> pl.LazyFrame:
         """A lazy read of the authoritative arm (the arm `read` uses), see `lazy_reads`.
 
         Only the columns the query selects are read, and its filters (`window` among them:
         `low < watermark <= high`, `watermark` defaulting to the spec's own) are pushed down: as a
         pyiceberg row filter on a scan pinned to the table's current snapshot, or as SQL
-        parameters of the legacy arm's SELECT.
+        parameters of the legacy arm's SELECT. `as_of` (a snapshot id or an aware time) reads a
+        past version of the Iceberg table — in any mode that writes it (the legacy arm keeps no
+        history: refused in `pg`).
         """
+        if as_of is not None:
+            if mode.mode == "pg":
+                raise InvalidArgument(
+                    f"dataset {spec.name!r}: as_of reads a past version of the Iceberg table, "
+                    f"but the dataset's mode is 'pg' (from {mode.source}) and the legacy arm "
+                    "keeps no history"
+                )
+            return lazy_reads.scan_iceberg_dataset(
+                self.iceberg, spec, window=window, watermark=watermark, as_of=as_of
+            )
         if self._reads_legacy(spec, mode):
             assert self.postgres is not None
             return lazy_reads.scan_postgres_dataset(

@@ -113,6 +113,8 @@ class DatasetSpec:
     allow_empty: bool = False
     description: str | None = None
     write_strategy_hint: WriteStrategyHint = "auto"
+    # write-audit-publish: native writes go to a branch of the run, main moves after the checks
+    audit: bool = False
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -162,6 +164,8 @@ class DatasetSpec:
             raise InvalidSpec(
                 f"dataset {name!r}: unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}"
             )
+        if not isinstance(self.audit, bool):
+            raise InvalidSpec(f"dataset {name!r}: audit must be True or False, got {self.audit!r}")
         if self.dedupe_by is not None:
             check_identifier(self.dedupe_by, what="dedupe_by column", dataset=name)
             if not pk:
@@ -223,6 +227,7 @@ def spec_to_dict(spec: DatasetSpec) -> dict[str, object]:
         "allow_empty": spec.allow_empty,
         "description": spec.description,
         "write_strategy_hint": spec.write_strategy_hint,
+        "audit": spec.audit,
     }
 
 
@@ -256,4 +261,5 @@ def spec_from_dict(data: dict[str, object]) -> DatasetSpec:
         allow_empty=bool(data.get("allow_empty", False)),
         description=data.get("description"),  # type: ignore[arg-type]
         write_strategy_hint=data.get("write_strategy_hint", "auto"),  # type: ignore[arg-type]
+        audit=bool(data.get("audit", False)),
     )

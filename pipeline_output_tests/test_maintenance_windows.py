@@ -74,9 +74,10 @@ def test_expiry_keeps_what_window_repair_needs_and_repair_still_works(runtime: R
     # expire everything that is not current: the crashed window's snapshot must stay
     result = store.expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
 
-    assert result.kept_for_repair == 1
+    # kept: the marked snapshot and main's history from the head down to it (repair walks it)
+    assert result.kept_for_repair == 2 and result.snapshots_expired == 3
     left = {s.snapshot_id for s in store.load(SPEC).snapshots()}
-    assert marked in left and len(left) == 2  # the current snapshot and the one repair needs
+    assert marked in left and len(left) == 3  # compaction (current), window 4, window 3
     assert apply(runtime, WINDOWS[3]) == "repaired"  # found by its marker: not written twice
     assert apply(runtime, WINDOWS[1]) == "skipped"  # its snapshot expired; still applied once
     assert apply(runtime, WINDOWS[5]) == "applied"

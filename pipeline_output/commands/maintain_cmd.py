@@ -11,6 +11,7 @@ from datetime import timedelta
 import click
 
 from pipeline_output.commands.loading import code_location_options, dataset_specs, spec_named
+from pipeline_output.commands.table_output import echo_table
 from pipeline_output.errors import InvalidArgument
 from pipeline_output.maintenance import MaintenanceOptions, TableMaintenance
 
@@ -135,6 +136,4 @@ def _table(reports: list[TableMaintenance], *, dry_run: bool) -> None:
             new = getattr(after, name) if after is not None else "(dry run)"
             cells.append(f"{old} -> {new}")
         body.append(tuple(cells))
-    widths = [max(len(x) for x in col) for col in zip(header, *body, strict=False)]
-    for row in [header, *body]:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)).rstrip())
+    echo_table(header, body)

@@ -12,6 +12,7 @@ from typing import Any
 
 import dagster as dg
 
+from pipeline_output.dagster_layer.audit_hooks import with_audit_hooks
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.delta_assets import (
     DEFAULT_SENSOR_INTERVAL_S,
@@ -83,6 +84,18 @@ def build_definitions(
         spec = spec_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
         if spec is not None and with_parity_checks:
             all_checks.append(parity_check(spec, asset.key))
+    # write-audit-publish: the dataset steps and the checks on them publish (`audit_hooks`)
+    by_key = {
+        key: spec
+        for a in [*datasets, *assets]
+        if isinstance(a, dg.AssetsDefinition) and (spec := spec_of(a)) is not None
+        for key in a.keys
+    }
+    datasets = [with_audit_hooks(a, by_key) for a in datasets]
+    assets = [
+        with_audit_hooks(a, by_key) if isinstance(a, dg.AssetsDefinition) else a for a in assets
+    ]
+    all_checks = [with_audit_hooks(c, by_key) for c in all_checks]  # type: ignore[misc]
     all_jobs = list(jobs)
     all_schedules = list(schedules)
     window_checks: dict[dg.AssetKey, list[dg.AssetCheckKey]] | None = None

@@ -3,8 +3,10 @@
 The function's parameters name its upstream assets (sources or other datasets), loaded as polars
 LazyFrames. Options map 1:1 onto `DatasetSpec` (validated when the code location loads, with the
 dataset's name in the message) plus Dagster's own (`group`, `description`, `owners`, `tags`,
-`deps`). Every dataset asset takes run config `mode` (override the dataset's mode for this run) and
-`dry_run` (plan only: report what would be written, write nothing, record no materialisation).
+`deps`). Every dataset asset takes run config `mode` (override the dataset's mode for this run),
+`dry_run` (plan only: report what would be written, write nothing, record no materialisation),
+`restate`, `audit` (write-audit-publish for this run: `audit_hooks.py`) and `as_of` (read the
+upstream datasets as they were at a time, or at a snapshot: a reproducible re-run).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import dagster as dg
 import polars as pl
 
 from pipeline_output.dagster_layer.keys import (
+    AUDIT_OVERRIDE_KEY,
     DELTA_INPUT_KEY,
     IO_MANAGER_KEY,
     MODE_OVERRIDE_KEY,
@@ -43,6 +46,10 @@ class DatasetRunConfig(dg.Config):
     mode: str | None = None
     dry_run: bool = False
     restate: bool = False
+    # write-audit-publish for this run (None: the dataset's own `audit`)
+    audit: bool | None = None
+    # read upstream datasets as they were: an ISO-8601 time with a zone, or a snapshot id
+    as_of: str | None = None
 
 
 def spec_of(asset: dg.AssetsDefinition) -> DatasetSpec | None:
@@ -74,6 +81,7 @@ def dataset(
     dedupe_by: str | None = None,
     allow_empty: bool = False,
     write_strategy_hint: WriteStrategyHint = "auto",
+    audit: bool = False,
     group: str | None = None,
     description: str | None = None,
     owners: Sequence[str] | None = None,
@@ -98,6 +106,7 @@ def dataset(
                 allow_empty=allow_empty,
                 description=doc,
                 write_strategy_hint=write_strategy_hint,
+                audit=audit,
             )
         except InvalidSpec as exc:
             raise InvalidSpec(f"@dataset {ds_name!r} ({fn.__module__}): {exc}") from exc
@@ -151,8 +160,7 @@ def build_dataset_asset(
         lazy = {k: (v.lazy() if isinstance(v, pl.DataFrame) else v) for k, v in inputs.items()}
         out = fn(**lazy)
         _check_output(spec, out)
-        meta = {MODE_OVERRIDE_KEY: config.mode} if config.mode else {}
-        yield dg.Output(out, metadata=meta)
+        yield dg.Output(out, metadata=_overrides(config))
 
     sig_params = [
         inspect.Parameter(
@@ -245,8 +253,17 @@ def _windowed_output(
             return out
 
         items.append((window, thunk, write_window))
-    meta = {MODE_OVERRIDE_KEY: config.mode} if config.mode else {}
-    return dg.Output(WindowedOutput(tuple(items), restate=config.restate), metadata=meta)
+    return dg.Output(
+        WindowedOutput(tuple(items), restate=config.restate), metadata=_overrides(config)
+    )
+
+
+def _overrides(config: DatasetRunConfig) -> dict[str, Any]:
+    """This run's overrides, handed to the IO manager as output metadata."""
+    meta: dict[str, Any] = {MODE_OVERRIDE_KEY: config.mode} if config.mode else {}
+    if config.audit is not None:
+        meta[AUDIT_OVERRIDE_KEY] = config.audit
+    return meta
 
 
 def _check_output(spec: DatasetSpec, out: Any) -> None:

@@ -4,14 +4,17 @@ authoritative arm (datasets) or the source database (sources), as polars LazyFra
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Any
 
 import dagster as dg
 import polars as pl
 
+from pipeline_output.dagster_layer.audit_hooks import audited_snapshot, gating_checks, step_of
 from pipeline_output.dagster_layer.dataset import spec_from_metadata
 from pipeline_output.dagster_layer.delta_assets import WindowedOutput, WindowReader
 from pipeline_output.dagster_layer.keys import (
+    AUDIT_OVERRIDE_KEY,
     DELTA_INPUT_KEY,
     MODE_OVERRIDE_KEY,
     SOURCE_METADATA_KEY,
@@ -26,6 +29,7 @@ from pipeline_output.lazy_reads import within
 from pipeline_output.publish import PublishResult, ResolvedMode
 from pipeline_output.sources import SourceSpec
 from pipeline_output.spec import DatasetSpec
+from pipeline_output.time_travel import parse_as_of
 from pipeline_output.windows import Window
 
 
@@ -70,12 +74,15 @@ class DatasetIOManager(dg.ConfigurableIOManager):
                 f"asset {context.asset_key.to_user_string()} is not a pipeline-output dataset"
             )
         spec = spec_from_metadata(raw_spec)
-        override = _meta_value((context.output_metadata or {}).get(MODE_OVERRIDE_KEY))
+        output_meta = context.output_metadata or {}
+        override = _meta_value(output_meta.get(MODE_OVERRIDE_KEY))
         runtime = get_runtime()
         publisher = runtime.publisher
         mode = publisher.resolve(spec, override=override)
+        wanted = _meta_value(output_meta.get(AUDIT_OVERRIDE_KEY))
+        audit = (spec.audit if wanted is None else bool(wanted)) and "iceberg" in mode.arms
         if isinstance(obj, WindowedOutput):
-            self._apply_windows(context, spec, obj, mode)
+            self._apply_windows(context, spec, obj, mode, audit=audit)
             return
         windows: list[Window | None] = [*windows_of(context, spec)] or [None]
         frame = to_polars(spec, obj)
@@ -89,7 +96,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
                 and len(windows) > 1
             ):
                 part = frame.filter(window.contains(spec.watermark, frame.schema[spec.watermark]))
-            result = publisher.publish(spec, part, mode=mode, window=window, run_id=context.run_id)
+            result = publisher.publish(
+                spec, part, mode=mode, window=window, run_id=context.run_id, audit=audit
+            )
             primary = result.primary
             why = primary.plan.reason if primary.plan is not None else "re-deploy"
             context.log.info(
@@ -102,9 +111,29 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         if "iceberg" in result.results:
             meta.update(table_files_metadata(runtime.iceberg.load(spec)))
         context.add_output_metadata(meta)
+        if audit:
+            self._gate(context, spec)
+
+    def _gate(self, context: dg.OutputContext, spec: DatasetSpec) -> None:
+        """Record which blocking checks of this run gate the audit's publish (`audit_hooks`)."""
+        audit = get_runtime().ledger.audit(spec.name, context.run_id)
+        if audit is None:
+            return
+        gating = gating_checks(context.step_context, context.asset_key)
+        get_runtime().ledger.set_gating_checks(audit.id, gating)
+        context.log.info(
+            f"{spec.name}: staged on branch {audit.branch}; main moves when "
+            + (f"the blocking checks pass ({', '.join(gating)})" if gating else "this step ends")
+        )
 
     def _apply_windows(
-        self, context: dg.OutputContext, spec: DatasetSpec, out: WindowedOutput, mode: ResolvedMode
+        self,
+        context: dg.OutputContext,
+        spec: DatasetSpec,
+        out: WindowedOutput,
+        mode: ResolvedMode,
+        *,
+        audit: bool = False,
     ) -> None:
         """Apply each window in order, exactly once (the ledger protocol in `delta.apply_window`)."""
         runtime = get_runtime()
@@ -122,6 +151,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
                 restate=out.restate,
                 write_window=write_window,
                 on_written=_fault_hook(),
+                audit=audit,
             )
             context.log.info(f"{spec.name}: {outcome.message}")
             outcomes.append(outcome)
@@ -134,6 +164,8 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             "windows_skipped": sum(o.action == "skipped" for o in outcomes),
             "windows_repaired": sum(o.action == "repaired" for o in outcomes),
         }
+        if audit:
+            meta["windows_staged"] = sum(o.action == "staged" for o in outcomes)
         if last is not None:
             table = runtime.iceberg.load(spec)
             schema = polars_schema(table.schema().as_arrow()) if table is not None else None
@@ -144,6 +176,8 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             meta["note"] = "no-op: every window was already applied; nothing written"
             meta["mode"] = f"{mode.mode} (from {mode.source})"
         context.add_output_metadata(meta)
+        if audit:
+            self._gate(context, spec)
 
     def load_input(self, context: dg.InputContext) -> Any:
         upstream = context.upstream_output
@@ -155,8 +189,8 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             spec = spec_from_metadata(meta[SPEC_METADATA_KEY])
             mode = runtime.publisher.resolve(spec)
             # lazy: the compute's projection and filters are pushed to the arm at collect time;
-            # an Iceberg read is pinned to the snapshot current now
-            return runtime.publisher.scan(spec, mode=mode)
+            # an Iceberg read is pinned to the snapshot current now (or `as_of`'s)
+            return runtime.publisher.scan(spec, mode=mode, as_of=self._as_of(context, spec))
         if SOURCE_METADATA_KEY in meta:
             source = source_from_metadata(meta[SOURCE_METADATA_KEY])
             from pipeline_output.dagster_layer.source_assets import scan_source
@@ -164,6 +198,18 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             return scan_source(source, window=None)
         key = context.asset_key.to_user_string() if context.has_asset_key else "?"
         raise dg.Failure(f"input {key} is neither a pipeline-output dataset nor a source")
+
+    def _as_of(self, context: dg.InputContext, spec: DatasetSpec) -> int | datetime | None:
+        """Which version of the upstream dataset `spec` this input reads: in the run that staged
+        an audit of it, the audited snapshot (published first when every blocking check passed:
+        `audit_hooks`); else the reading asset's `as_of` config; else None (the current one)."""
+        audited = audited_snapshot(context, spec)
+        if audited is not None:
+            return audited
+        step = step_of(context)
+        config = step.op_config if step is not None else None
+        raw = config.get("as_of") if isinstance(config, dict) else None
+        return parse_as_of(raw) if raw else None
 
     def _window_reader(self, context: dg.InputContext, meta: Any) -> WindowReader:
         """The delta source of a delta dataset: a reader the compute scans window by window."""
@@ -201,7 +247,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             # one lazy scan per run (Iceberg: pinned to the upstream snapshot current at load);
             # each window is a predicate on it, pushed down to the arm (pyiceberg prunes files
             # by the watermark's column stats; the legacy arm gets it as SQL parameters)
-            base = runtime.publisher.scan(up, mode=mode)
+            base = runtime.publisher.scan(up, mode=mode, as_of=self._as_of(context, up))
 
             def scan(window: Window | None) -> pl.LazyFrame:
                 return base if window is None else within(base, window, watermark)

@@ -63,6 +63,14 @@ def publish_metadata(result: PublishResult, *, schema: pl.Schema | None) -> dict
             meta[f"{arm}/deploy_or_snapshot_id"] = (
                 str(res.snapshot_id) if res.snapshot_id else "no-op"
             )
+    if result.audit is not None:
+        audit = result.audit
+        meta["audit"] = (
+            f"staged on branch {audit.branch}; main moves when the blocking checks pass"
+            + (" (the legacy arm is written then)" if audit.mode == "dual" else "")
+        )
+        meta["audit_branch"] = audit.branch
+        meta["arms"] = "iceberg, pg" if audit.mode == "dual" else "iceberg"
     if schema is not None:
         meta["dagster/column_schema"] = column_schema(schema)
     return meta

@@ -7,6 +7,7 @@ unpartitioned datasets in one run; returns one summary row per materialised asse
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -113,7 +114,8 @@ def materialize(
             if not keys:
                 continue
             ordered = sorted(keys)
-            result = job.execute_in_process(
+            result = _execute(
+                job,
                 instance=instance,
                 asset_selection=[key],
                 run_config=run_config,
@@ -121,18 +123,57 @@ def materialize(
                     "dagster/asset_partition_range_start": ordered[0],
                     "dagster/asset_partition_range_end": ordered[-1],
                 },
-                raise_on_error=True,
             )
             summaries.extend(_summaries(result))
     if unpartitioned:
-        result = job.execute_in_process(
-            instance=instance,
-            asset_selection=unpartitioned,
-            run_config=run_config,
-            raise_on_error=True,
+        result = _execute(
+            job, instance=instance, asset_selection=unpartitioned, run_config=run_config
         )
         summaries.extend(_summaries(result))
     return summaries
+
+
+def _execute(job: Any, **kwargs: Any) -> dg.ExecuteInProcessResult:
+    """One run in this process, raising its first step failure; afterwards every audit the run
+    staged is settled: published, or — the run stopped before the publish (a blocking check
+    failed and raised here, before the step's hooks) — failed, main untouched."""
+    run_id = str(uuid.uuid4())
+    try:
+        result = job.execute_in_process(run_id=run_id, raise_on_error=True, **kwargs)
+    except Exception as exc:
+        _fail_staged_audits(run_id, reason=f"run failed: {' '.join(str(exc).split())[:300]}")
+        raise
+    _check_audits(run_id)
+    return result  # type: ignore[no-any-return]
+
+
+def _fail_staged_audits(run_id: str, *, reason: str) -> None:
+    from pipeline_output.audit import fail_audit
+    from pipeline_output.dagster_layer.runtime import get_runtime
+
+    runtime = get_runtime()
+    for audit in runtime.ledger.audits_of_run(run_id):
+        fail_audit(
+            runtime.publisher, audit.dataset, run_id=run_id, reason=reason, windows=runtime.windows
+        )
+
+
+def _check_audits(run_id: str) -> None:
+    """Every audit the run staged must have published (a publish refused in a hook — main moved
+    meanwhile — does not fail the run itself: `audit_hooks`)."""
+    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.errors import AuditConflict, AuditFailed
+
+    for audit in get_runtime().ledger.audits_of_run(run_id):
+        if audit.state == "published":
+            continue
+        error = AuditConflict if "main moved" in (audit.reason or "") else AuditFailed
+        raise error(
+            f"dataset {audit.dataset!r}: the audit of run {run_id} was not published "
+            f"({audit.state}: {audit.reason or 'its blocking checks did not all pass'}); main "
+            f"was not moved, branch {audit.branch} is kept (pipeline-output audit show "
+            f"{audit.dataset})"
+        )
 
 
 def format_table(rows: Sequence[MaterialisedAsset]) -> str:

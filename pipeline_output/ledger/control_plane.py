@@ -24,6 +24,7 @@ from pipeline_output import locks, pgsession
 from pipeline_output.errors import InvalidArgument
 from pipeline_output.errors import UnknownMode as UnknownMode
 from pipeline_output.ledger import migrations
+from pipeline_output.ledger.audit_log import AuditLog
 from pipeline_output.ledger.deploys import DeployLog
 from pipeline_output.ledger.records import (  # re-exported: ARMS, DEPLOY_STATUSES, the records
     _FLIP_COLUMNS,
@@ -39,8 +40,9 @@ from pipeline_output.spec import MODES, check_identifier
 from pipeline_output.windows import Window
 
 
-class Ledger(DeployLog):
-    """The control plane on one Postgres database (`url`); schema `pipeline_output`."""
+class Ledger(DeployLog, AuditLog):
+    """The control plane on one Postgres database (`url`); schema `pipeline_output` (deploys:
+    `DeployLog`; audits, rollbacks and drains: `AuditLog`)."""
 
     def __init__(self, url: str) -> None:
         self.url = url

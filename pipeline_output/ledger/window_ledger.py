@@ -9,6 +9,11 @@ dataset's windows contiguous and non-overlapping) and the exactly-once protocol 
    ledger update: the caller finds its marker in the write history and calls `mark_applied`).
 2. the caller writes, carrying the attempt marker `<window id>:<attempt>` in the snapshot summary;
 3. `mark_applied(...)` / `mark_failed(...)`.
+
+An audited run's write lands on its audit branch first: the window is `staged` (`mark_staged`) and
+becomes `applied` only when the audit publishes (`publish_staged`), or `failed` when it does not
+(`fail_staged`). A rollback puts windows applied after its target back to `planned`
+(`reset_to_planned`), so the sensor re-applies them (they are never planned twice).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from pipeline_output import locks, pgsession
 from pipeline_output.errors import WindowLedgerError
 from pipeline_output.windows import Window
 
-State = Literal["planned", "applying", "applied", "failed"]
+State = Literal["planned", "applying", "staged", "applied", "failed"]
 Action = Literal["apply", "skip", "repair"]
 
 
@@ -199,7 +204,9 @@ class WindowLedger:
             )
         if row.state == "applied" and not restate:
             return Ticket("skip", row)
-        if row.state == "applying":
+        if row.state == "staged" and row.run_id == run_id and run_id is not None:
+            return Ticket("skip", row)  # already on this run's audit branch
+        if row.state in ("applying", "staged"):
             return Ticket("repair", row)
         rec = self._start_attempt(row, run_id=run_id, from_state=None)
         assert rec is not None
@@ -207,7 +214,7 @@ class WindowLedger:
 
     def retry_after_lost_attempt(self, row: WindowRow, *, run_id: str | None) -> WindowRow:
         """A crashed attempt left no write: start the next attempt."""
-        rec = self._start_attempt(row, run_id=run_id, from_state="applying")
+        rec = self._start_attempt(row, run_id=run_id, from_state=row.state)
         if rec is None:
             raise WindowLedgerError(f"window {row.partition_key!r} changed state concurrently")
         return _row(rec)
@@ -246,6 +253,81 @@ class WindowLedger:
                 ).format(_T),
                 (iceberg_snapshot_id, pg_deploy_id, rows_read, rows_written, row.id),
             )
+
+    def mark_staged(self, row: WindowRow, *, iceberg_snapshot_id: int | None) -> None:
+        """The window's write is on its run's audit branch; applied only at the publish."""
+        with self._connect() as conn:
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET state = 'staged', iceberg_snapshot_id = %s, "
+                    "updated_at = clock_timestamp(), error = NULL WHERE id = %s"
+                ).format(_T),
+                (iceberg_snapshot_id, row.id),
+            )
+
+    def publish_staged(
+        self,
+        window_id: int,
+        attempts: int,
+        *,
+        iceberg_snapshot_id: int | None,
+        pg_deploy_id: int | None = None,
+        rows_read: int | None = None,
+        rows_written: int | None = None,
+    ) -> bool:
+        """A staged window's audit published: applied. False (nothing changed) when the window
+        is no longer staged by that attempt (another run re-attempted it)."""
+        with self._connect() as conn:
+            cur = conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET state = 'applied', iceberg_snapshot_id = %s, pg_deploy_id = %s, "
+                    "rows_read = %s, rows_written = %s, applied_at = clock_timestamp(), "
+                    "updated_at = clock_timestamp(), error = NULL "
+                    "WHERE id = %s AND attempts = %s AND state = 'staged'"
+                ).format(_T),
+                (iceberg_snapshot_id, pg_deploy_id, rows_read, rows_written, window_id, attempts),
+            )
+            return cur.rowcount == 1
+
+    def is_staged(self, window_id: int, attempts: int) -> bool:
+        """Whether the window is still staged by that attempt."""
+        query = sql.SQL("SELECT 1 FROM {} WHERE id = %s AND attempts = %s AND state = 'staged'")
+        with self._connect() as conn:
+            return conn.execute(query.format(_T), (window_id, attempts)).fetchone() is not None
+
+    def fail_staged(self, window_id: int, attempts: int, *, error: str) -> None:
+        """A staged window's audit did not publish: failed (the sensor re-requests it)."""
+        with self._connect() as conn:
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET state = 'failed', error = %s, updated_at = clock_timestamp() "
+                    "WHERE id = %s AND attempts = %s AND state = 'staged'"
+                ).format(_T),
+                (error[:2000], window_id, attempts),
+            )
+
+    def reset_to_planned(
+        self,
+        dataset: str,
+        *,
+        snapshot_ids: set[int],
+        applied_after: datetime | None,
+        reason: str,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> int:
+        """Applied windows whose snapshot is in `snapshot_ids` (rolled back off main), or that
+        committed nothing after `applied_after`, go back to `planned`; returns how many."""
+        query = sql.SQL(
+            "UPDATE {} SET state = 'planned', iceberg_snapshot_id = NULL, pg_deploy_id = NULL, "
+            "applied_at = NULL, error = %s, updated_at = clock_timestamp() "
+            "WHERE dataset = %s AND state = 'applied' AND (iceberg_snapshot_id = ANY(%s) OR "
+            "(iceberg_snapshot_id IS NULL AND %s::timestamptz IS NOT NULL AND applied_at > %s))"
+        ).format(_T)
+        params = (reason[:2000], dataset, list(snapshot_ids), applied_after, applied_after)
+        if conn is not None:
+            return conn.execute(query, params).rowcount
+        with self._connect() as own:
+            return own.execute(query, params).rowcount
 
     def mark_failed(self, row: WindowRow, *, error: str) -> None:
         """The attempt failed before committing anything."""

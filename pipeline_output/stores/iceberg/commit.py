@@ -13,6 +13,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.update.snapshot import _SnapshotProducer
 
 from pipeline_output.errors import (
@@ -42,6 +43,7 @@ def _commit(
     blind_retry: bool = False,
     index: ManifestIndex | None = None,
     positional: Sequence[tuple[DataFile, pl.Series]] = (),
+    branch: str = MAIN_BRANCH,
 ) -> Table:
     """Write `frames` as data files and commit them and the `ready` (already written) files with
     `deleted` removed: exactly one snapshot.
@@ -57,15 +59,18 @@ def _commit(
     `index` (the manifests the write was planned from) spares the producer re-reading every
     manifest; manifests are merged on commit as the table's properties say (`overwrite.py`).
     `positional` (merge-on-read) pairs a kept data file with every position it no longer holds:
-    one file-scoped delete file each, written here and committed in the same snapshot.
+    one file-scoped delete file each, written here and committed in the same snapshot. `branch`
+    is the ref the snapshot is committed to (an audited write: its run's branch).
     """
     from pyiceberg.exceptions import CommitFailedException, ValidationException
 
     producer: _SnapshotProducer[Any]
     if deleted or force or positional:
-        producer = IndexedOverwrite(tx, tx._table.io, index=index, snapshot_properties=props)
+        producer = IndexedOverwrite(
+            tx, tx._table.io, index=index, snapshot_properties=props, branch=branch
+        )
     else:  # an append: pyiceberg's merge-append honours the same manifest-merge properties
-        producer = tx.update_snapshot(snapshot_properties=props).merge_append()
+        producer = tx.update_snapshot(snapshot_properties=props, branch=branch).merge_append()
     for data_file in ready:
         producer.append_data_file(data_file)
     writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)

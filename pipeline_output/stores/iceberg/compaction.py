@@ -17,6 +17,9 @@ If a concurrent writer removed or changed an input (or the commit lost a race), 
 are deleted and the compaction starts over from a fresh plan, at most `max_attempts` times; then
 it raises `MaintenanceConflict`. Nothing is ever committed from a stale plan, so no writer's row is
 lost or duplicated. The rows are the same multiset before and after (deletes applied).
+
+A table with an audit staged on a branch that can still publish (write-audit-publish
+fast-forwards main to it, so main must not move meanwhile) is skipped, saying so.
 """
 
 from __future__ import annotations
@@ -35,18 +38,18 @@ from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.io.pyarrow import ArrowScan, _read_deletes
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
-from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.sorting import NullOrder, SortDirection
 
 from pipeline_output import __version__
 from pipeline_output.errors import DatasetNotWritten, InvalidArgument, MaintenanceConflict
 from pipeline_output.spec import DatasetSpec
+from pipeline_output.stores.iceberg.branches import AUDIT_PREFIX, ancestor_ids, head
 from pipeline_output.stores.iceberg.commit import _delete_quietly
 from pipeline_output.stores.iceberg.compaction_plan import (
     DEFAULT_MIN_INPUT_FILES,
     Bin,
     CompactionPlan,
     plan_bins,
+    sort_keys,
 )
 from pipeline_output.stores.iceberg.files import DEFAULT_TARGET_BYTES, DataFileWriter
 from pipeline_output.stores.iceberg.manifests import FlatTransaction, read_index
@@ -80,6 +83,7 @@ class CompactionResult:
     snapshot_id: int | None
     attempts: int
     duration_s: float
+    skipped: str | None = None  # why nothing was planned, when it is not "nothing to rewrite"
 
     @property
     def noop(self) -> bool:
@@ -87,6 +91,8 @@ class CompactionResult:
 
     def describe(self) -> str:
         """One line for logs and the CLI."""
+        if self.skipped:
+            return f"compact: skipped ({self.skipped})"
         if self.noop:
             return "compact: nothing to rewrite"
         verb = "would rewrite" if self.dry_run else "rewrote"
@@ -126,6 +132,13 @@ def compact(
         table = store.load(spec)
         if table is None:
             raise DatasetNotWritten(f"dataset {spec.name!r} has no Iceberg table to compact")
+        audit = publishable_audit(table)
+        if audit is not None:  # committing on main now would make that audit's publish fail
+            empty = CompactionPlan(snapshot_id=None, target_bytes=0, data_files=0)
+            skipped = f"an audit is staged on branch {audit}; compact after it is published"
+            return _result(
+                store, spec, empty, dry_run, [], 0, None, attempt, started, skipped=skipped
+            )
         plan = _plan(table, spec, target_file_size, min_input_files, where)
         if dry_run or not plan.bins:
             return _result(store, spec, plan, dry_run, [], 0, None, attempt, started)
@@ -163,23 +176,6 @@ def _plan(
     )
 
 
-def sort_keys(metadata: TableMetadata, spec: DatasetSpec) -> list[tuple[str, bool, bool]]:
-    """(column, descending, nulls last) of the table's sort order, else the spec's sort columns."""
-    schema = metadata.schema()
-    names = {f.name for f in schema.fields}
-    keys = []
-    for sf in metadata.sort_order().fields:
-        if str(sf.transform) != "identity":
-            continue
-        name = schema.find_field(sf.source_id).name
-        keys.append(
-            (name, sf.direction == SortDirection.DESC, sf.null_order == NullOrder.NULLS_LAST)
-        )
-    if keys:
-        return keys
-    return [(c, False, False) for c in spec.sort_columns if c in names]
-
-
 def _rewrite(
     store: IcebergStore,
     spec: DatasetSpec,
@@ -210,6 +206,11 @@ def _rewrite(
                 raise MaintenanceConflict(f"dataset {spec.name!r}: the table was dropped")
             index = read_index(current)
             _check_unchanged(spec, table, current, plan, index.tasks())
+            audit = publishable_audit(current)
+            if audit is not None:
+                raise MaintenanceConflict(
+                    f"dataset {spec.name!r}: an audit was staged on branch {audit} meanwhile"
+                )
             tx = FlatTransaction(current)
             when = datetime.now(UTC).isoformat(timespec="seconds")
             tx.set_properties(
@@ -252,6 +253,18 @@ def _rewrite(
         started,
         rows=rows,
     )
+
+
+def publishable_audit(table: Table) -> str | None:
+    """An audit branch that can still publish — its history contains main's current snapshot,
+    and publishing fast-forwards main there (`audit.publish_audit`) — if there is one."""
+    main = head(table)
+    if main is None:
+        return None
+    for name, ref in sorted(table.metadata.refs.items()):
+        if name.startswith(AUDIT_PREFIX) and main in ancestor_ids(table, ref.snapshot_id):
+            return name
+    return None
 
 
 def _read_bin(table: Table, bin_: Bin, spec: DatasetSpec) -> pl.DataFrame:
@@ -346,6 +359,7 @@ def _result(
     started: float,
     *,
     rows: int | None = None,
+    skipped: str | None = None,
 ) -> CompactionResult:
     return CompactionResult(
         dataset=spec.name,
@@ -362,4 +376,5 @@ def _result(
         snapshot_id=snapshot_id,
         attempts=attempts,
         duration_s=time.perf_counter() - started,
+        skipped=skipped,
     )

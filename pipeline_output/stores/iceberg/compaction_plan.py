@@ -11,8 +11,8 @@ Owns the rule (Spark's `rewrite_data_files` bin-pack, simplified), decided on on
   add up to more than the target size, or one of them has delete files;
 - its candidates, ordered by the lower bound of the first sort column (adjacent key ranges end up
   in the same output file), are packed greedily into bins of at most the target size; each bin
-  becomes one output file (sorted by the table's sort key). A bin of one file without deletes
-  would only copy it, and is dropped.
+  becomes one output file (sorted by the table's sort order, `sort_keys`). A bin of one file
+  without deletes would only copy it, and is dropped.
 """
 
 from __future__ import annotations
@@ -25,8 +25,12 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.sorting import NullOrder, SortDirection
 from pyiceberg.typedef import Record
 from pyiceberg.types import PrimitiveType
+
+from pipeline_output.spec import DatasetSpec
 
 DEFAULT_MIN_INPUT_FILES = 5
 SMALL_FRACTION = 0.75  # Spark's default min-file-size-bytes: 75 % of the target
@@ -129,6 +133,23 @@ def plan_bins(
         data_files=len(live),
         live_paths=frozenset(t.file.file_path for t in live),
     )
+
+
+def sort_keys(metadata: TableMetadata, spec: DatasetSpec) -> list[tuple[str, bool, bool]]:
+    """(column, descending, nulls last) of the table's sort order, else the spec's sort columns."""
+    schema = metadata.schema()
+    names = {f.name for f in schema.fields}
+    keys = []
+    for sf in metadata.sort_order().fields:
+        if str(sf.transform) != "identity":
+            continue
+        name = schema.find_field(sf.source_id).name
+        keys.append(
+            (name, sf.direction == SortDirection.DESC, sf.null_order == NullOrder.NULLS_LAST)
+        )
+    if keys:
+        return keys
+    return [(c, False, False) for c in spec.sort_columns if c in names]
 
 
 def _lower_bound_of(schema: Schema, sort_columns: tuple[str, ...]) -> Any:

@@ -3,12 +3,15 @@ referenced deleted (pyiceberg's own `expire_snapshots` deletes no file).
 
 Owns which snapshots go and the cleanup after:
 
-- kept: the `retain_last` newest snapshots, every snapshot younger than `older_than`, the head of
-  every branch and tag, and every snapshot whose window-attempt marker
-  (`pipeline-output.window-attempt`) belongs to a window the window ledger does not record as
-  applied — exactly-once repair (`delta.apply_window`) looks for that marker to complete a
-  window whose commit landed but whose ledger update did not. Without a ledger every snapshot
-  carrying a marker is kept. The decision is taken under the dataset's window apply lock and the
+- kept: the `retain_last` newest snapshots, every snapshot younger than `older_than`, the head
+  of every branch and tag, the history of every other branch back to where it left main's (an
+  audit's publish checks that main is an ancestor of its branch head), and every snapshot whose
+  window-attempt marker (`pipeline-output.window-attempt`) belongs to a window the window ledger
+  does not record as applied — exactly-once repair (`delta.apply_window`) looks for that marker
+  to complete a window whose commit landed but whose ledger update did not; without a ledger,
+  every snapshot carrying a marker. Repair looks along main's history from its head
+  (`find_marker`), so main's history down to the oldest such snapshot is kept too (expiring one
+  in between would cut it). The decision is taken under the dataset's window apply lock and the
   table's writer lock, so no window is being applied meanwhile;
 - the removal is one metadata commit (no new snapshot), fenced to the current snapshot; it also
   records `pipeline-output.last-expiry` (a table property: durable, unlike snapshot summaries)
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotsUpdate
 
@@ -93,18 +97,53 @@ def plan_expiry(
 ) -> ExpiryPlan:
     """The expiry decision (module docstring); `unapplied_windows` None: no ledger to ask."""
     snapshots = sorted(metadata.snapshots, key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
+    main = _ancestry(metadata, _head(metadata, MAIN_BRANCH))  # newest first
     keep = {ref.snapshot_id for ref in metadata.refs.values()}
+    keep |= _branch_histories(metadata, set(main))
     keep.update(s.snapshot_id for s in snapshots[-retain_last:])
     keep.update(s.snapshot_id for s in snapshots if s.timestamp_ms >= older_than_ms)
-    expire, repair = [], []
-    for snap in snapshots:
-        if snap.snapshot_id in keep:
+    repair = {
+        s.snapshot_id
+        for s in snapshots
+        if s.snapshot_id not in keep and _needed_for_repair(s, unapplied_windows)
+    }
+    # repair looks for a marker along main's history from its head (`find_marker`): keep that
+    # history unbroken down to the oldest snapshot a repair may look for
+    deepest = max((i for i, sid in enumerate(main) if sid in repair), default=-1)
+    repair |= {sid for sid in main[: deepest + 1] if sid not in keep}
+    return ExpiryPlan(
+        expire=[s.snapshot_id for s in snapshots if s.snapshot_id not in keep | repair],
+        kept_for_repair=[s.snapshot_id for s in snapshots if s.snapshot_id in repair],
+    )
+
+
+def _head(metadata: TableMetadata, ref: str) -> int | None:
+    found = metadata.refs.get(ref)
+    return found.snapshot_id if found is not None else None
+
+
+def _ancestry(metadata: TableMetadata, snapshot_id: int | None) -> list[int]:
+    """`snapshot_id` and its ancestors, newest first (stops where history was expired)."""
+    by_id = {s.snapshot_id: s for s in metadata.snapshots}
+    out: list[int] = []
+    while snapshot_id is not None and snapshot_id in by_id and snapshot_id not in out:
+        out.append(snapshot_id)
+        snapshot_id = by_id[snapshot_id].parent_snapshot_id
+    return out
+
+
+def _branch_histories(metadata: TableMetadata, on_main: set[int]) -> set[int]:
+    """Snapshots of every branch other than main, from its head back to where it left main's
+    history (included): an audit branch's publish checks that main is an ancestor of its head."""
+    keep: set[int] = set()
+    for name, ref in metadata.refs.items():
+        if name == MAIN_BRANCH or ref.snapshot_ref_type != SnapshotRefType.BRANCH:
             continue
-        if _needed_for_repair(snap, unapplied_windows):
-            repair.append(snap.snapshot_id)
-        else:
-            expire.append(snap.snapshot_id)
-    return ExpiryPlan(expire=expire, kept_for_repair=repair)
+        for snapshot_id in _ancestry(metadata, ref.snapshot_id):
+            keep.add(snapshot_id)
+            if snapshot_id in on_main:
+                break
+    return keep
 
 
 def _needed_for_repair(snapshot: Snapshot, unapplied: set[int] | None) -> bool:

@@ -36,6 +36,7 @@ from pyiceberg.manifest import (
     ManifestWriterV2,
 )
 from pyiceberg.table import TableProperties, Transaction
+from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
 from pyiceberg.utils.properties import property_as_bool, property_as_int
@@ -67,6 +68,7 @@ class IndexedOverwrite(_OverwriteFiles):
         index: ManifestIndex | None,
         snapshot_properties: dict[str, str],
         commit_uuid: uuid.UUID | None = None,
+        branch: str = MAIN_BRANCH,
     ) -> None:
         has_parent = transaction.table_metadata.current_snapshot() is not None
         super().__init__(
@@ -75,6 +77,7 @@ class IndexedOverwrite(_OverwriteFiles):
             io=io,
             commit_uuid=commit_uuid,
             snapshot_properties=snapshot_properties,
+            branch=branch,
         )
         self._index = index
         props = transaction.table_metadata.properties

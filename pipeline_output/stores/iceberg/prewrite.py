@@ -46,6 +46,16 @@ def summary_properties(
     return props
 
 
+def row_properties(counts: RowCounts) -> dict[str, str]:
+    """The row counters of a write, kept in its snapshot summary (`pipeline-output history`
+    shows them: Iceberg's own added/deleted records count rewritten files' rows too)."""
+    return {
+        f"{PROPERTY_PREFIX}rows-inserted": str(counts.inserted),
+        f"{PROPERTY_PREFIX}rows-updated": str(counts.updated),
+        f"{PROPERTY_PREFIX}rows-deleted": str(counts.deleted),
+    }
+
+
 @dataclass
 class _Changes(RowCounts):
     """What a merge decided: files to drop, frames to write as new files, and the row counts."""

@@ -28,28 +28,26 @@ from typing import Any, Unpack
 import polars as pl
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
-from pyiceberg.expressions import (
-    AlwaysTrue,
-    BooleanExpression,
-)
 from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table
+from pyiceberg.table.refs import MAIN_BRANCH
 
 from pipeline_output.errors import (
-    DatasetNotWritten,
     EmptyComputeRefused,
     InvalidArgument,
     WriteConflict,
 )
-from pipeline_output.frames import check_in_window, checked_frame, from_arrow
+from pipeline_output.frames import check_in_window, checked_frame
 from pipeline_output.locks import AdvisoryLock, LockStats, iceberg_table
 from pipeline_output.plan import TargetState, WritePlan, plan_write
 from pipeline_output.result import RowCounts, WriteResult
-from pipeline_output.spec import Arm, DatasetSpec, window_column
+from pipeline_output.spec import Arm, DatasetSpec
+from pipeline_output.stores.iceberg.branch_writes import branch_view
+from pipeline_output.stores.iceberg.branches import head, stage_branch
 from pipeline_output.stores.iceberg.commit import _commit, _delete_quietly
 from pipeline_output.stores.iceberg.compaction import compact as _compact
 from pipeline_output.stores.iceberg.expiry import expire_snapshots as _expire_snapshots
-from pipeline_output.stores.iceberg.expressions import aligned_to_field, window_filter
+from pipeline_output.stores.iceberg.expressions import aligned_to_field
 from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output.stores.iceberg.manifests import (
     FlatTransaction,
@@ -64,14 +62,15 @@ from pipeline_output.stores.iceberg.prewrite import (
     PreparedWrite,
     _Prewritten,
     prewrite,
+    row_properties,
     summary_properties,
 )
 from pipeline_output.stores.iceberg.properties import (
     _DEFAULT_LOCK,
     ICEBERG_CAPABILITIES,
-    PROPERTY_PREFIX,
     TABLE_PROPERTIES,
 )
+from pipeline_output.stores.iceberg.reads import IcebergReads
 from pipeline_output.stores.iceberg.rows import (
     _align,
     _evolve,
@@ -81,9 +80,7 @@ from pipeline_output.stores.iceberg.rows import (
 )
 from pipeline_output.stores.iceberg.streaming import replace_streaming as _replace_streaming
 from pipeline_output.stores.protocol import (
-    ATTEMPT_MARKER,
     Capabilities,
-    ReadOptions,
     WriteOptions,
     options_of,
 )
@@ -91,7 +88,7 @@ from pipeline_output.stores.schema import check_required, initial_schema, plan_e
 from pipeline_output.windows import Window
 
 
-class IcebergStore:
+class IcebergStore(IcebergReads):
     """Writes and reads datasets as Iceberg tables `<namespace>.<dataset name>` of one catalog.
 
     Same-table writers are serialized with a Postgres advisory lock (default: on the control-plane
@@ -134,34 +131,6 @@ class IcebergStore:
         """The write plan a write would follow now (dry run: reads table metadata only)."""
         return plan_write(spec, self.target_state(spec), window)
 
-    # -- reading -----------------------------------------------------------------------------
-
-    def read(self, spec: DatasetSpec | str, **options: Unpack[ReadOptions]) -> pl.DataFrame:
-        """The table's rows (optionally only a window, only some columns) as polars."""
-        window, columns = options.get("window"), options.get("columns")
-        table = self.load(spec)
-        if table is None:
-            raise DatasetNotWritten(f"dataset {self.table_name(spec)!r} has no Iceberg table yet")
-        row_filter: BooleanExpression = AlwaysTrue()
-        if window is not None:
-            wm = window_column(spec, options.get("watermark"))
-            row_filter = window_filter(wm, window, schema=table.schema())
-        scan = table.scan(
-            row_filter=row_filter, selected_fields=tuple(columns) if columns else ("*",)
-        )
-        return from_arrow(scan.to_arrow())
-
-    def find_marker(self, spec: DatasetSpec | str, marker: str) -> int | None:
-        """The snapshot whose summary carries the window attempt `marker`, if any."""
-        table = self.load(spec)
-        if table is None:
-            return None
-        key = f"{PROPERTY_PREFIX}{ATTEMPT_MARKER}"
-        for snap in reversed(table.snapshots()):
-            if snap.summary is not None and snap.summary.get(key) == marker:
-                return snap.snapshot_id
-        return None
-
     # -- writing -----------------------------------------------------------------------------
 
     def prepare(
@@ -189,12 +158,15 @@ class IcebergStore:
         data: Any,
         *,
         prepared: PreparedWrite | None = None,
+        branch: str | None = None,
         **options: Unpack[WriteOptions],
     ) -> WriteResult:
         """Probe, plan and write `data` for `spec` in one commit (none when nothing changes).
 
         With `prepared` (from `prepare` with the same spec and window) its checked frame and
-        pre-written files are used instead of `data`.
+        pre-written files are used instead of `data`. With `branch` the commit goes to that
+        branch (created at main's head in the same commit when missing), planned against the
+        branch's head; `main` does not move (write-audit-publish, `audit.py`).
         """
         started = time.perf_counter()
         window, run_id, summary = options_of(options)
@@ -207,6 +179,8 @@ class IcebergStore:
         try:
             with self._hold(spec) as stats:
                 table = self.load(spec)
+                if branch is not None:
+                    table = branch_view(self, spec, table, frame, branch)
                 if window is not None and table is not None and spec.watermark:
                     window = aligned_to_field(window, table.schema(), spec.watermark)
                 plan = plan_write(spec, _state_of(table), window)
@@ -218,7 +192,14 @@ class IcebergStore:
                 else:
                     usable = pre if pre is not None and pre.fits(table) else None
                     result = self._write_existing(
-                        spec, plan, table, frame, props, pre=usable, fence=stats.verify
+                        spec,
+                        plan,
+                        table,
+                        frame,
+                        props,
+                        pre=usable,
+                        fence=stats.verify,
+                        branch=branch or MAIN_BRANCH,
                     )
         finally:
             prep.discard()
@@ -280,6 +261,7 @@ class IcebergStore:
             properties=TABLE_PROPERTIES,
         )
         data = _sorted(frame, spec)
+        props = {**props, **row_properties(RowCounts(inserted=frame.height))}
         try:
             table = _commit(
                 tx, props, deleted=[], frames=[data], dataset=spec.name, force=True, fence=fence
@@ -310,8 +292,11 @@ class IcebergStore:
         *,
         pre: _Prewritten | None = None,
         fence: Callable[[], None] | None = None,
+        branch: str = MAIN_BRANCH,
     ) -> WriteResult:
         tx = FlatTransaction(table)
+        if branch != MAIN_BRANCH:
+            stage_branch(tx, branch)
         upgrade_properties(tx)
         evolution = plan_evolution(spec, table.schema(), frame)
         _evolve(tx, evolution)
@@ -350,6 +335,7 @@ class IcebergStore:
             raise
         force = plan.first_deploy
         snapshot_id: int | None = None
+        props = {**props, **row_properties(changes)}
         if not changes.noop or force:
             frames, ready = changes.new_frames, list(changes.written)
             if pre is not None and frames and frames[0] is frame:
@@ -368,9 +354,9 @@ class IcebergStore:
                 blind_retry=plan.write_mode == "append" and not changes.deleted_files,
                 index=index,
                 positional=changes.positional,
+                branch=branch,
             )
-            snap = new_table.current_snapshot()
-            snapshot_id = snap.snapshot_id if snap else None
+            snapshot_id = head(new_table, branch)
         elif not evolution.empty:
             if fence is not None:
                 fence()

@@ -34,7 +34,7 @@ from pipeline_output.stores.iceberg.manifests import (
 )
 from pipeline_output.stores.iceberg.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.partitions import needs_evolution, partition_spec
-from pipeline_output.stores.iceberg.prewrite import _Prewritten, summary_properties
+from pipeline_output.stores.iceberg.prewrite import _Prewritten, row_properties, summary_properties
 from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX, TABLE_PROPERTIES
 from pipeline_output.stores.iceberg.rows import _evolve, _state_of, _total_records
 from pipeline_output.stores.schema import initial_schema, plan_evolution
@@ -127,6 +127,7 @@ def replace_streaming(
             raise
         if finalize_summary is not None:
             props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in finalize_summary().items()})
+        props.update(row_properties(RowCounts(inserted=rows, deleted=total_before)))
         new_table = _commit(
             tx,
             props,
@@ -191,6 +192,7 @@ def _replace_streaming_unlocked(
             index = read_index(table)
             deleted = live_data_files(index)
             total_before = _total_records(table)
+            props.update(row_properties(RowCounts(inserted=rows, deleted=total_before)))
             pre.handed_to_commit = True
             tx = FlatTransaction(table)
             upgrade_properties(tx)

@@ -1,10 +1,12 @@
-"""A legacy write stopped before its commit (`PendingWrite`) and the counters a write collects."""
+"""A legacy write stopped before its commit (`PendingWrite`), reading rows inside its transaction
+(`rows_as_frame`), and the counters a write collects."""
 
 from __future__ import annotations
 
 from types import TracebackType
 from typing import Any
 
+import polars as pl
 import psycopg
 
 from pipeline_output.errors import (
@@ -26,6 +28,18 @@ class PendingWrite:
     def __init__(self, conn: psycopg.Connection[Any], result: WriteResult) -> None:
         self._conn: psycopg.Connection[Any] | None = conn
         self.result = result
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        """The open transaction's connection (to read what a commit would make visible)."""
+        if self._conn is None:
+            raise WriteAlreadyFinished(f"the write of {self.result.dataset!r} was already finished")
+        return self._conn
+
+    def handover(self) -> psycopg.Connection[Any]:
+        """Give the open transaction to the next write of a chain (this one is then finished:
+        only the last write of the chain commits or rolls back)."""
+        return self._take()
 
     @property
     def open(self) -> bool:
@@ -75,6 +89,31 @@ class PendingWrite:
         tb: TracebackType | None,
     ) -> None:
         self.rollback()
+
+
+def rows_as_frame(
+    conn: psycopg.Connection[Any], query: Any, target: dict[str, pl.DataType]
+) -> pl.DataFrame:
+    """Run `query` on `conn` (inside its transaction) and type its rows by `target` — the same
+    casts `PostgresStore.read` applies to its Arrow result."""
+    cur = conn.execute(query)
+    names = [d.name for d in cur.description or []]
+    rows = cur.fetchall()
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in names]
+    series = []
+    for name, values in zip(names, columns, strict=True):
+        dtype = target.get(name)
+        raw = pl.Series(
+            name, list(values), dtype=pl.String if _as_text(dtype) else None, strict=False
+        )
+        series.append(raw)
+    frame = pl.DataFrame(series) if series else pl.DataFrame()
+    return frame.select([pl.col(c).cast(t) for c, t in target.items()])
+
+
+def _as_text(dtype: pl.DataType | None) -> bool:
+    """Decimals arrive as text (exact digits), cast by polars like the Arrow read does."""
+    return isinstance(dtype, pl.Decimal)
 
 
 _Counts = RowCounts  # the legacy write's counters, filled by `staging.apply_plan`

@@ -73,7 +73,7 @@ from pipeline_output.stores.postgres.fragments import (
     _typed_value,
     _window_condition,
 )
-from pipeline_output.stores.postgres.pending import PendingWrite
+from pipeline_output.stores.postgres.pending import PendingWrite, rows_as_frame
 from pipeline_output.stores.postgres.staging import apply_plan, rekey, stage
 from pipeline_output.stores.postgres.types import (
     LEGACY_CAPABILITIES,
@@ -131,12 +131,16 @@ class PostgresStore:
         )
 
     @contextmanager
-    def _transaction(self) -> Iterator[psycopg.Connection[Any]]:
-        """A connection in an open transaction (UTC session); committed by the caller."""
+    def _transaction(
+        self, conn: psycopg.Connection[Any] | None = None
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """A connection in an open transaction (UTC session), or `conn`'s continued; committed
+        by the caller, rolled back and closed on an error."""
         self.ensure_schema()
-        conn = pgsession.connect(self.url)
-        try:
+        if conn is None:
+            conn = pgsession.connect(self.url)
             conn.execute("SET LOCAL TimeZone = 'UTC'")
+        try:
             yield conn
         except BaseException:
             conn.rollback()
@@ -234,19 +238,22 @@ class PostgresStore:
         data: Any,
         *,
         prepared: CheckedInput | None = None,
+        after: PendingWrite | None = None,
         **options: Unpack[WriteOptions],
     ) -> PendingWrite:
         """Do the whole write but leave its transaction open; commit or roll back the result.
 
         `summary` carries the attempt's properties (a window attempt's marker is recorded on the
         deploy); `prepared` (from `prepare`) is the already checked input, used instead of `data`.
+        `after` continues that pending write's transaction (it hands its connection over): a
+        publish replays several writes and commits them together.
         """
         started = time.perf_counter()
         started_at = datetime.now(UTC)
         window, run_id, summary = options_of(options)
         # to_polars refuses the reserved `__po_` prefix (both arms share that check)
         frame = (prepared if prepared is not None else self.prepare(spec, data)).frame
-        with self._transaction() as conn:
+        with self._transaction(after.handover() if after is not None else None) as conn:
             lock_wait = self._lock(conn, spec.name)
             state = self._state(conn, spec.name)
             plan = plan_write(spec, state, window)
@@ -317,9 +324,30 @@ class PostgresStore:
 
     def read(self, spec: DatasetSpec | str, **options: Unpack[ReadOptions]) -> pl.DataFrame:
         """The dataset's rows in `row_index` order, typed by its registered schema."""
+        name = spec if isinstance(spec, str) else spec.name
+        query, target, wanted = self._read_query(spec, self.schema(name), options)
+        table = self._fetch_arrow(query.as_string(None))
+        frame = from_arrow(table.replace_schema_metadata(None))
+        if not wanted:
+            return frame.select([])
+        return frame.select([pl.col(c).cast(target[c]) for c in wanted])
+
+    def read_pending(self, pending: PendingWrite, spec: DatasetSpec | str) -> pl.DataFrame:
+        """The dataset's rows as the still-open transaction of `pending` sees them (its own
+        uncommitted write included): what a commit would make every reader see."""
+        name = spec if isinstance(spec, str) else spec.name
+        conn = pending.connection
+        arrow = self.ledger.dataset_schema(name, conn=conn)
+        query, target, wanted = self._read_query(spec, arrow, {})
+        return rows_as_frame(conn, query, {c: target[c] for c in wanted})
+
+    def _read_query(
+        self, spec: DatasetSpec | str, arrow: pa.Schema | None, options: ReadOptions
+    ) -> tuple[sql.Composed, dict[str, pl.DataType], list[str]]:
+        """The SELECT of `read` (typed values, decimals as text), the registered polars schema
+        and the columns selected."""
         window, columns = options.get("window"), options.get("columns")
         name = spec if isinstance(spec, str) else spec.name
-        arrow = self.schema(name)
         if arrow is None:
             raise DatasetNotWritten(f"dataset {name!r} has no rows in the legacy Postgres arm yet")
         target = _polars_schema(arrow)
@@ -349,11 +377,7 @@ class PostgresStore:
         query = sql.SQL("SELECT {} FROM {} AS r WHERE {} ORDER BY r.row_index").format(
             sql.SQL(", ").join(selects) if selects else sql.SQL("1 AS __po_none__"), _ROWS, where
         )
-        table = self._fetch_arrow(query.as_string(None))
-        frame = from_arrow(table.replace_schema_metadata(None))
-        if not wanted:
-            return frame.select([])
-        return frame.select([pl.col(c).cast(target[c]) for c in wanted])
+        return query, dict(target), wanted
 
     def _fetch_arrow(self, query: str) -> pa.Table:
         """Run a read-only query and stream its result as Arrow (ADBC's COPY BINARY reader)."""

@@ -1,0 +1,320 @@
+"""The audit log: audited runs and the writes they staged (`audits`, `audit_writes`), rollbacks
+(`rollbacks`) and drains of the legacy arm (`drains`) — migration 020. Mixed into `Ledger`, whose
+connections it uses; `audit.py` and `time_travel.py` decide, this module only records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from pipeline_output.errors import InvalidArgument
+from pipeline_output.ledger.records import _columns, _t
+
+AuditState = Literal["staged", "published", "failed", "dropped"]
+AUDIT_STATES: tuple[str, ...] = get_args(AuditState)
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One audited run of one dataset."""
+
+    id: int
+    dataset: str
+    run_id: str
+    branch: str
+    mode: str
+    state: AuditState
+    base_snapshot_id: int | None  # main's snapshot the branch started from
+    snapshot_id: int | None  # the branch head: what a publish makes main
+    gating_checks: list[str]
+    reason: str | None
+    staged_at: datetime
+    decided_at: datetime | None
+
+
+@dataclass(frozen=True)
+class AuditWrite:
+    """One write an audit staged (in order)."""
+
+    seq: int
+    snapshot_id: int | None  # None: the write changed nothing
+    strategy: str  # the strategy it was written with (a restatement: replace)
+    window_key: str | None = None  # the window it was written for (its write window)
+    marker: str | None = None  # the window attempt, or the audit item's own marker
+    result: dict[str, Any] = field(default_factory=dict)
+    frame: bytes | None = None  # dual: the checked frame (Arrow IPC), replayed on the legacy arm
+
+
+@dataclass(frozen=True)
+class RollbackRecord:
+    """One rollback of a dataset's native table."""
+
+    id: int
+    dataset: str
+    from_snapshot_id: int | None
+    to_snapshot_id: int
+    who: str
+    run_id: str | None
+    reason: str | None
+    windows_reset: int
+    at: datetime
+
+
+_AUDIT_COLUMNS = [
+    "id",
+    "dataset",
+    "run_id",
+    "branch",
+    "mode",
+    "state",
+    "base_snapshot_id",
+    "snapshot_id",
+    "gating_checks",
+    "reason",
+    "staged_at",
+    "decided_at",
+]
+_WRITE_COLUMNS = ["seq", "snapshot_id", "strategy", "window_key", "marker"]
+_ROLLBACK_COLUMNS = [
+    "id",
+    "dataset",
+    "from_snapshot_id",
+    "to_snapshot_id",
+    "who",
+    "run_id",
+    "reason",
+    "windows_reset",
+    "at",
+]
+
+
+def _audit(row: Sequence[Any]) -> AuditRecord:
+    values = dict(zip(_AUDIT_COLUMNS, row, strict=True))
+    values["gating_checks"] = list(values["gating_checks"] or [])
+    return AuditRecord(**values)
+
+
+class AuditLog:
+    """The audit, rollback and drain records (see the module docstring)."""
+
+    if TYPE_CHECKING:
+
+        def _tx(
+            self, conn: psycopg.Connection[Any] | None
+        ) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+
+    # -- audits --------------------------------------------------------------------------------
+
+    def stage_write(
+        self,
+        dataset: str,
+        *,
+        run_id: str,
+        branch: str,
+        mode: str,
+        base_snapshot_id: int | None,
+        write: AuditWrite,
+    ) -> AuditRecord:
+        """Record one staged write of `run_id`'s audit of `dataset` (the audit row is created by
+        its first write; the branch head moves to the write's snapshot when it made one, and the
+        base — main's snapshot the branch started from — is the parent of the first one)."""
+        with self._tx(None) as conn:
+            row = conn.execute(
+                sql.SQL(
+                    "INSERT INTO {t} (dataset, run_id, branch, mode, base_snapshot_id, "
+                    "snapshot_id) VALUES (%s, %s, %s, %s, %s, %s) "
+                    "ON CONFLICT (dataset, run_id) DO UPDATE SET "
+                    "snapshot_id = coalesce(EXCLUDED.snapshot_id, {t}.snapshot_id), "
+                    "base_snapshot_id = CASE WHEN {t}.snapshot_id IS NULL "
+                    "THEN EXCLUDED.base_snapshot_id ELSE {t}.base_snapshot_id END "
+                    "RETURNING {cols}"
+                ).format(t=_t("audits"), cols=_columns(_AUDIT_COLUMNS)),
+                (dataset, run_id, branch, mode, base_snapshot_id, write.snapshot_id),
+            ).fetchone()
+            assert row is not None
+            record = _audit(row)
+            if record.state != "staged":
+                raise InvalidArgument(
+                    f"dataset {dataset!r}: the audit of run {run_id} is already {record.state}; "
+                    "a decided audit takes no more writes"
+                )
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (audit_id, seq, snapshot_id, strategy, window_key, "
+                    "marker, result, frame) SELECT %s, coalesce(max(seq), 0) + 1, "
+                    "%s, %s, %s, %s, %s, %s FROM {} WHERE audit_id = %s"
+                ).format(_t("audit_writes"), _t("audit_writes")),
+                (
+                    record.id,
+                    write.snapshot_id,
+                    write.strategy,
+                    write.window_key,
+                    write.marker,
+                    Jsonb(write.result),
+                    write.frame,
+                    record.id,
+                ),
+            )
+        return record
+
+    def set_gating_checks(self, audit_id: int, checks: Sequence[str]) -> None:
+        """The blocking checks that must pass before the audit publishes."""
+        with self._tx(None) as conn:
+            conn.execute(
+                sql.SQL("UPDATE {} SET gating_checks = %s WHERE id = %s").format(_t("audits")),
+                (sorted(set(checks)), audit_id),
+            )
+
+    def audit(self, dataset: str, run_id: str) -> AuditRecord | None:
+        """The audit of `run_id`'s writes to `dataset`, if that run staged any."""
+        with self._tx(None) as conn:
+            row = conn.execute(
+                sql.SQL("SELECT {} FROM {} WHERE dataset = %s AND run_id = %s").format(
+                    _columns(_AUDIT_COLUMNS), _t("audits")
+                ),
+                (dataset, run_id),
+            ).fetchone()
+        return _audit(row) if row else None
+
+    def audits(
+        self, dataset: str | None = None, *, states: Sequence[str] | None = None
+    ) -> list[AuditRecord]:
+        """Audits, newest first (optionally of one dataset, only in some states)."""
+        where: list[sql.Composable] = []
+        params: list[Any] = []
+        if dataset is not None:
+            where.append(sql.SQL("dataset = %s"))
+            params.append(dataset)
+        if states is not None:
+            where.append(sql.SQL("state = ANY(%s)"))
+            params.append(list(states))
+        clause = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL("")
+        with self._tx(None) as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT {} FROM {}{} ORDER BY id DESC").format(
+                    _columns(_AUDIT_COLUMNS), _t("audits"), clause
+                ),
+                params,
+            ).fetchall()
+        return [_audit(r) for r in rows]
+
+    def audits_of_run(self, run_id: str) -> list[AuditRecord]:
+        """Every audit a run staged (one per dataset)."""
+        with self._tx(None) as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT {} FROM {} WHERE run_id = %s ORDER BY id").format(
+                    _columns(_AUDIT_COLUMNS), _t("audits")
+                ),
+                (run_id,),
+            ).fetchall()
+        return [_audit(r) for r in rows]
+
+    def audit_writes(self, audit_id: int, *, frames: bool = False) -> list[AuditWrite]:
+        """The writes an audit staged, in order (with the dual frames when `frames`)."""
+        names = [*_WRITE_COLUMNS, "result", *(["frame"] if frames else [])]
+        with self._tx(None) as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT {} FROM {} WHERE audit_id = %s ORDER BY seq").format(
+                    _columns(names), _t("audit_writes")
+                ),
+                (audit_id,),
+            ).fetchall()
+        out = []
+        for row in rows:
+            values = dict(zip(names, row, strict=True))
+            if values.get("frame") is not None:
+                values["frame"] = bytes(values["frame"])
+            out.append(AuditWrite(**values))
+        return out
+
+    def decide_audit(
+        self,
+        audit_id: int,
+        state: AuditState,
+        *,
+        reason: str | None = None,
+        from_states: Sequence[str] = ("staged",),
+    ) -> bool:
+        """Move an audit to `state` (only from `from_states`); False when it was not in one.
+        Frames are no longer needed once decided and are dropped."""
+        if state not in AUDIT_STATES:
+            raise InvalidArgument(f"unknown audit state {state!r}; valid: {AUDIT_STATES}")
+        with self._tx(None) as conn:
+            row = conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET state = %s, reason = coalesce(%s, reason), "
+                    "decided_at = clock_timestamp() WHERE id = %s AND state = ANY(%s) "
+                    "RETURNING id"
+                ).format(_t("audits")),
+                (state, reason[:2000] if reason else None, audit_id, list(from_states)),
+            ).fetchone()
+            if row is not None:
+                conn.execute(
+                    sql.SQL("UPDATE {} SET frame = NULL WHERE audit_id = %s").format(
+                        _t("audit_writes")
+                    ),
+                    (audit_id,),
+                )
+        return row is not None
+
+    # -- rollbacks and drains ------------------------------------------------------------------
+
+    def record_rollback(
+        self,
+        dataset: str,
+        *,
+        from_snapshot_id: int | None,
+        to_snapshot_id: int,
+        who: str,
+        run_id: str | None,
+        reason: str | None,
+        windows_reset: int,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> RollbackRecord:
+        """Record a rollback (who, when, why, from, to, windows reset)."""
+        with self._tx(conn) as c:
+            row = c.execute(
+                sql.SQL(
+                    "INSERT INTO {} (dataset, from_snapshot_id, to_snapshot_id, who, run_id, "
+                    "reason, windows_reset) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING {}"
+                ).format(_t("rollbacks"), _columns(_ROLLBACK_COLUMNS)),
+                (dataset, from_snapshot_id, to_snapshot_id, who, run_id, reason, windows_reset),
+            ).fetchone()
+        assert row is not None
+        return RollbackRecord(*row)
+
+    def rollbacks(self, dataset: str) -> list[RollbackRecord]:
+        """A dataset's rollbacks, oldest first."""
+        with self._tx(None) as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT {} FROM {} WHERE dataset = %s ORDER BY id").format(
+                    _columns(_ROLLBACK_COLUMNS), _t("rollbacks")
+                ),
+                (dataset,),
+            ).fetchall()
+        return [RollbackRecord(*r) for r in rows]
+
+    def record_drain(self, dataset: str, *, rows: int) -> None:
+        """Record that the legacy rows of `dataset` were deleted."""
+        with self._tx(None) as conn:
+            conn.execute(
+                sql.SQL("INSERT INTO {} (dataset, rows) VALUES (%s, %s)").format(_t("drains")),
+                (dataset, rows),
+            )
+
+    def last_drain(self, dataset: str) -> datetime | None:
+        """When the legacy rows of `dataset` were last drained (None: never, since 020)."""
+        with self._tx(None) as conn:
+            row = conn.execute(
+                sql.SQL("SELECT max(at) FROM {} WHERE dataset = %s").format(_t("drains")),
+                (dataset,),
+            ).fetchone()
+        return row[0] if row else None

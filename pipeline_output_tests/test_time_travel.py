@@ -1,0 +1,171 @@
+"""Rollback and time travel (issue 15): `rollback` moves main back in one commit and records
+who/when/why; it is refused where it would break the canary; `history` lists main's snapshots
+with their run, strategy, write mode and row counters; a downstream asset reads an upstream as it
+was (`as_of` asset config: a snapshot id or an aware time) for a reproducible re-run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from pipeline_output import DatasetSpec, history, rollback
+from pipeline_output.canary import check_parity, drain, flip
+from pipeline_output.errors import InvalidArgument, RollbackRefused
+from pipeline_output.publish import Publisher
+from pipeline_output.settings import Settings
+from pipeline_output.stores.iceberg.branches import head
+from pipeline_output.time_travel import parse_as_of
+from pipeline_output_tests.iceberg_harness import customers
+from pipeline_output_tests.oracle import assert_same_multiset
+from pipeline_output_tests.test_canary import make_publisher, mode, run_assets
+
+SPEC = DatasetSpec(name="items", primary_key=("id",), strategy="snapshot_replace")
+
+
+@pytest.fixture
+def pub(pg_db_url: str, catalog: Any) -> Publisher:
+    return make_publisher(pg_db_url, catalog)
+
+
+def write(pub: Publisher, rows: pl.DataFrame, run_id: str, spec: DatasetSpec = SPEC) -> int:
+    result = pub.publish(spec, rows, mode=mode("iceberg"), run_id=run_id)
+    snapshot = result.primary.snapshot_id
+    assert snapshot is not None
+    return snapshot
+
+
+def main_of(pub: Publisher, spec: DatasetSpec = SPEC) -> int | None:
+    return head(pub.iceberg.load(spec))
+
+
+def test_rollback_moves_main_back_in_one_commit_and_records_who_when_why(pub):
+    s1 = write(pub, customers(range(1, 6)), "r1")
+    time.sleep(0.01)
+    between = datetime.now(UTC)
+    time.sleep(0.01)
+    s2 = write(pub, customers(range(4, 9), version=1), "r2")
+    s3 = write(pub, customers([20]), "r3")
+    versions = len(pub.iceberg.load(SPEC).metadata.metadata_log)
+
+    record = rollback(pub, SPEC, before_run="r3", reason="bad load", who="alice")
+    assert (record.from_snapshot_id, record.to_snapshot_id) == (s3, s2)
+    assert len(pub.iceberg.load(SPEC).metadata.metadata_log) == versions + 1, "one commit"
+    assert main_of(pub) == s2 and 20 not in pub.iceberg.read(SPEC)["id"].to_list()
+    [recorded] = pub.ledger.rollbacks("items")
+    assert (recorded.who, recorded.reason, recorded.to_snapshot_id) == ("alice", "bad load", s2)
+
+    rollback(pub, SPEC, to_time=between, reason="to the first load")
+    assert main_of(pub) == s1
+    assert_same_multiset(pub.iceberg.read(SPEC), customers(range(1, 6)))
+    with pytest.raises(RollbackRefused, match="not in main's history"):
+        rollback(pub, SPEC, to_snapshot=s3)  # rolled back off main: not an ancestor any more
+    with pytest.raises(RollbackRefused, match="already points"):
+        rollback(pub, SPEC, to_snapshot=s1)
+    with pytest.raises(RollbackRefused, match="first snapshot"):
+        rollback(pub, SPEC, before_run="r1")
+    with pytest.raises(InvalidArgument, match="exactly one"):
+        rollback(pub, SPEC, to_snapshot=s1, before_run="r1")
+
+
+def test_rollback_is_refused_for_a_dual_dataset_and_past_a_drain_of_the_legacy_arm(pub):
+    specs = {"items": SPEC}
+    flip(pub, specs, "items", "dual", who="t")
+    pub.publish(SPEC, customers(range(1, 6)), mode=pub.resolve(SPEC), run_id="r1")
+    first = main_of(pub)
+    pub.publish(SPEC, customers(range(6, 9)), mode=pub.resolve(SPEC), run_id="r2")
+    with pytest.raises(RollbackRefused, match="dual"):
+        rollback(pub, SPEC, to_snapshot=first)
+    assert check_parity(pub, SPEC).passed
+    flip(pub, specs, "items", "iceberg", who="t")
+    drain(pub, SPEC)
+    with pytest.raises(RollbackRefused, match="drained"):
+        rollback(pub, SPEC, to_snapshot=first)
+    assert main_of(pub) != first
+
+
+def test_history_lists_mains_snapshots_newest_first_with_runs_and_row_counters(pub):
+    write(pub, customers(range(1, 6)), "r1")
+    write(pub, customers(range(4, 9), version=1), "r2")
+    rows = history(pub.iceberg, SPEC)
+    assert [r.run_id for r in rows] == ["r2", "r1"] and rows[0].current
+    assert (rows[0].write_mode, rows[0].inserted, rows[0].updated, rows[0].deleted) == (
+        "upsert",
+        3,
+        2,
+        0,
+    )
+    assert (rows[1].write_mode, rows[1].inserted, rows[1].total) == ("replace", 5, 5)
+    assert rows[0].strategy == "snapshot_replace" and rows[0].committed_at.tzinfo is not None
+
+
+def test_parse_as_of_takes_snapshot_ids_and_aware_times_and_refuses_naive_ones():
+    assert parse_as_of("123") == 123
+    assert parse_as_of("2026-12-01T09:30:00Z") == datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
+    with pytest.raises(InvalidArgument, match="time zone"):
+        parse_as_of("2026-12-01T09:30:00")
+    with pytest.raises(InvalidArgument, match="neither"):
+        parse_as_of("yesterday")
+
+
+# --- as_of in Dagster: a reproducible re-run of a downstream asset -------------------------------
+
+UP: dict[str, pl.DataFrame] = {}
+
+
+@pytest.fixture
+def runtime_env(settings_env: Settings) -> Iterator[Settings]:
+    from pipeline_output.dagster_layer.runtime import reset_runtime
+
+    reset_runtime()
+    yield settings_env
+    reset_runtime()
+
+
+def two_step_defs() -> dg.Definitions:
+    from pipeline_output.dagster_layer.build import build_definitions
+    from pipeline_output.dagster_layer.dataset import dataset
+
+    @dataset("up", primary_key="id", mode="iceberg")
+    def up() -> pl.DataFrame:
+        return UP["up"]
+
+    @dataset("down", primary_key="id", strategy="replace", mode="iceberg")
+    def down(up: pl.LazyFrame) -> pl.LazyFrame:
+        return up.select("id", "name")
+
+    return build_definitions(datasets=[up, down])
+
+
+def test_asset_config_as_of_reads_the_upstream_as_it_was(runtime_env):
+    from pipeline_output.dagster_layer.runtime import get_runtime
+
+    defs = two_step_defs()
+    instance = dg.DagsterInstance.ephemeral()
+    UP["up"] = customers(range(1, 4))
+    run_assets(defs, instance, ["up"])
+    first = head(get_runtime().iceberg.load("up"))
+    time.sleep(0.01)
+    between = datetime.now(UTC).isoformat()
+    time.sleep(0.01)
+    UP["up"] = customers(range(3, 7), version=1)
+    run_assets(defs, instance, ["up"])
+
+    def down_names(as_of: str) -> list[str]:
+        config = {"ops": {"down": {"config": {"as_of": as_of}}}}
+        assert run_assets(defs, instance, ["down"], run_config=config).success
+        return sorted(get_runtime().iceberg.read("down")["name"].to_list())
+
+    assert down_names(str(first)) == sorted(f"c{i}-v0" for i in range(1, 4))
+    assert down_names(between) == sorted(f"c{i}-v0" for i in range(1, 4))
+    assert run_assets(defs, instance, ["down"]).success
+    now = sorted(get_runtime().iceberg.read("down")["name"].to_list())
+    assert now == ["c1-v0", "c2-v0", "c3-v1", "c4-v1", "c5-v1", "c6-v1"]
+    naive = {"ops": {"down": {"config": {"as_of": "2026-01-01T00:00:00"}}}}
+    bad = run_assets(defs, instance, ["down"], run_config=naive, raise_on_error=False)
+    assert not bad.success
