@@ -3,9 +3,10 @@
 The public Python API, loaded on first use so `import pipeline_output` (and the CLI) stays fast and
 the pure core never imports Dagster: specs and planning (`DatasetSpec`, `Delta`, `Window`,
 `plan_write`), the arms (`IcebergStore`, `PostgresStore`), results and errors, write-audit-publish,
-rollback and time travel (`publish_audit`, `drop_stale_audit_branches`, `rollback`, `history`), and
-the Dagster layer (`dataset`, `postgres_source`, `iceberg_source`, `model_node`,
-`build_definitions`, `DatasetIOManager`).
+rollback and time travel (`publish_audit`, `drop_stale_audit_branches`, `rollback`, `history`), table
+maintenance (`compact`, `expire_snapshots`, `remove_orphans`, `maintain`), and the Dagster layer
+(`dataset`, `postgres_source`, `iceberg_source`, `model_node`, `build_definitions`,
+`DatasetIOManager`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ _EXPORTS = {
     "EmptyComputeRefused": "pipeline_output.errors",
     "InvalidSpec": "pipeline_output.errors",
     "LockUnavailable": "pipeline_output.errors",
+    "MaintenanceConflict": "pipeline_output.errors",
     "MissingKeyColumn": "pipeline_output.errors",
     "NullKey": "pipeline_output.errors",
     "PipelineOutputError": "pipeline_output.errors",
@@ -49,6 +51,13 @@ _EXPORTS = {
     "drop_stale_audit_branches": "pipeline_output.audit_maintenance",
     "rollback": "pipeline_output.time_travel",
     "history": "pipeline_output.time_travel",
+    # table maintenance (functions of (store, spec); also IcebergStore methods)
+    "compact": "pipeline_output.stores.iceberg.compaction",
+    "expire_snapshots": "pipeline_output.stores.iceberg.expiry",
+    "remove_orphans": "pipeline_output.stores.iceberg.orphans",
+    "maintain": "pipeline_output.maintenance",
+    "MaintenanceOptions": "pipeline_output.maintenance",
+    "HealthThresholds": "pipeline_output.stores.iceberg.health",
     # Dagster layer
     "dataset": "pipeline_output.dagster_layer.dataset",
     "postgres_source": "pipeline_output.dagster_layer.source_assets",
@@ -67,9 +76,12 @@ __all__ = [
     "Delta",
     "DuplicateKeys",
     "EmptyComputeRefused",
+    "HealthThresholds",
     "IcebergStore",
     "InvalidSpec",
     "LockUnavailable",
+    "MaintenanceConflict",
+    "MaintenanceOptions",
     "MissingKeyColumn",
     "NullKey",
     "PipelineOutputError",
@@ -87,14 +99,18 @@ __all__ = [
     "WriteResult",
     "__version__",
     "build_definitions",
+    "compact",
     "dataset",
     "drop_stale_audit_branches",
+    "expire_snapshots",
     "history",
     "iceberg_source",
+    "maintain",
     "model_node",
     "plan_write",
     "postgres_source",
     "publish_audit",
+    "remove_orphans",
     "rollback",
 ]
 
@@ -125,6 +141,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         EmptyComputeRefused,
         InvalidSpec,
         LockUnavailable,
+        MaintenanceConflict,
         MissingKeyColumn,
         NullKey,
         PipelineOutputError,
@@ -135,11 +152,16 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         UnsupportedWrite,
         WriteConflict,
     )
+    from pipeline_output.maintenance import MaintenanceOptions, maintain
     from pipeline_output.plan import TargetState, WritePlan, plan_write
     from pipeline_output.publish import Publisher
     from pipeline_output.result import WriteResult
     from pipeline_output.spec import DatasetSpec, Delta
     from pipeline_output.stores.iceberg import IcebergStore
+    from pipeline_output.stores.iceberg.compaction import compact
+    from pipeline_output.stores.iceberg.expiry import expire_snapshots
+    from pipeline_output.stores.iceberg.health import HealthThresholds
+    from pipeline_output.stores.iceberg.orphans import remove_orphans
     from pipeline_output.stores.postgres import PostgresStore
     from pipeline_output.time_travel import history, rollback
     from pipeline_output.windows import Window

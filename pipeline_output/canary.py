@@ -11,6 +11,7 @@ from pipeline_output.errors import DrainRefused, PipelineOutputError
 from pipeline_output.parity import ParityReport, compare
 from pipeline_output.publish import Publisher
 from pipeline_output.spec import MODES, DatasetSpec
+from pipeline_output.stores.iceberg.health import file_counts
 
 
 def _read_or_empty(store: Any, spec: DatasetSpec) -> Any:
@@ -106,10 +107,13 @@ class StatusRow:
     pg_rows: int | None
     iceberg_rows: int | None
     last_parity: str
+    iceberg_files: str = "-"  # "<data files>/<delete files>" of the Iceberg table
+    last_maintenance: str = "-"  # the later of the last compaction and the last expiry
 
 
 def status(publisher: Publisher, specs: dict[str, DatasetSpec]) -> list[StatusRow]:
-    """Every dataset: mode and where it came from, last deploy per arm, rows per arm, parity."""
+    """Every dataset: mode and where it came from, last deploy per arm, rows per arm, the
+    Iceberg table's files and last maintenance, parity."""
     assert publisher.ledger is not None and publisher.postgres is not None
     rows = []
     for name in sorted(specs):
@@ -124,6 +128,8 @@ def status(publisher: Publisher, specs: dict[str, DatasetSpec]) -> list[StatusRo
                 else "-"
             )
         state = publisher.iceberg.target_state(spec)
+        table = publisher.iceberg.load(spec) if state.exists else None
+        counts = file_counts(table) if table is not None else None
         parity = publisher.ledger.last_parity(name)
         rows.append(
             StatusRow(
@@ -139,6 +145,18 @@ def status(publisher: Publisher, specs: dict[str, DatasetSpec]) -> list[StatusRo
                     if parity is None
                     else f"{'PASS' if parity.passed else 'FAIL'} {parity.at:%Y-%m-%d %H:%M:%S}"
                 ),
+                iceberg_files=(
+                    f"{counts.data_files}/{counts.delete_files}" if counts is not None else "-"
+                ),
+                last_maintenance=_when(counts.last_maintenance if counts else None),
             )
         )
     return rows
+
+
+def _when(last: str | None) -> str:
+    """`2026-03-01T03:00:00+00:00 rewrote 9 file(s) into 1` -> `2026-03-01 03:00:00 UTC`."""
+    if not last:
+        return "-"
+    stamp = last.split(" ", 1)[0]
+    return stamp.replace("T", " ").replace("+00:00", " UTC")

@@ -54,6 +54,7 @@ def _register() -> None:
         dev_cmd,
         doctor_cmd,
         env_cmd,
+        maintain_cmd,
         materialize_cmd,
         pg_cmd,
         plan_cmd,
@@ -77,6 +78,7 @@ def _register() -> None:
         audit_cmd.audit,
         time_travel_cmd.history,
         time_travel_cmd.rollback,
+        maintain_cmd.maintain,
     ):
         main.add_command(command)
 

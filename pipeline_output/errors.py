@@ -155,6 +155,12 @@ class LockLost(WriteConflict):
     writer may hold it, so the write was abandoned and nothing was committed."""
 
 
+class MaintenanceConflict(WriteConflict):
+    """A concurrent write removed or changed files a table-maintenance operation (compaction)
+    planned to rewrite, and its retries ran out; nothing was committed and no writer's row was
+    lost. Running it again re-plans on the table as it is then."""
+
+
 class LockUnavailable(RetryableError):
     """The table's advisory lock could not be taken on the control-plane Postgres."""
 

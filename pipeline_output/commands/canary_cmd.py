@@ -41,7 +41,8 @@ def flip(dataset: str, mode: str, reason: str | None, who: str | None) -> None:
 @click.command()
 @code_location_options
 def status() -> None:
-    """Every dataset: mode and its source, last deploy per arm, rows per arm, last parity."""
+    """Every dataset: mode and its source, last deploy per arm, rows per arm, Iceberg files,
+    last maintenance, last parity."""
     from pipeline_output.canary import status as board
     from pipeline_output.dagster_layer.runtime import get_runtime
 
@@ -54,6 +55,8 @@ def status() -> None:
         "last iceberg deploy",
         "pg rows",
         "iceberg rows",
+        "iceberg files (data/delete)",
+        "last maintenance",
         "parity",
     )
     body = [
@@ -65,6 +68,8 @@ def status() -> None:
             r.last_iceberg_deploy,
             "-" if r.pg_rows is None else str(r.pg_rows),
             "-" if r.iceberg_rows is None else str(r.iceberg_rows),
+            r.iceberg_files,
+            r.last_maintenance,
             r.last_parity,
         )
         for r in rows

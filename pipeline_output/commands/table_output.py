@@ -1,4 +1,4 @@
-"""Plain-text tables for the commands that print one (`history`, `audit show`)."""
+"""Plain-text tables for the commands that print one (`history`, `audit show`, `maintain`)."""
 
 from __future__ import annotations
 

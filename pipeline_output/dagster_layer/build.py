@@ -1,7 +1,8 @@
 """`build_definitions`: a user's whole `definitions.py` in a few lines.
 
-Wires the IO manager, the datasets and sources, one job over every dataset, and whatever sensors,
-schedules, checks and extra resources are passed.
+Wires the IO manager, the datasets and sources, one job over every dataset, table maintenance (a
+`table_health` check per dataset, the `table_maintenance` job and its schedule, the
+`table_health` job), and whatever sensors, schedules, checks and extra resources are passed.
 """
 
 from __future__ import annotations
@@ -17,10 +18,18 @@ from pipeline_output.dagster_layer.delta_assets import (
     DEFAULT_SENSOR_INTERVAL_S,
     build_window_sensor,
 )
+from pipeline_output.dagster_layer.health_checks import table_health_check
 from pipeline_output.dagster_layer.io_manager import DatasetIOManager
-from pipeline_output.dagster_layer.keys import ALL_DATASETS_JOB, IO_MANAGER_KEY
+from pipeline_output.dagster_layer.keys import ALL_DATASETS_JOB, HEALTH_JOB, IO_MANAGER_KEY
+from pipeline_output.dagster_layer.maintenance_job import (
+    DEFAULT_CRON,
+    build_maintenance_job,
+    maintenance_schedule,
+)
 from pipeline_output.dagster_layer.parity_checks import parity_check
 from pipeline_output.dagster_layer.source_assets import source_spec_of
+from pipeline_output.maintenance import MaintenanceOptions
+from pipeline_output.stores.iceberg.health import HealthThresholds
 from pipeline_output.stores.iceberg.properties import ICEBERG_CAPABILITIES
 from pipeline_output.stores.postgres.types import LEGACY_CAPABILITIES
 from pipeline_output.stores.protocol import check_specs
@@ -39,6 +48,11 @@ def build_definitions(
     executor: Any = None,
     sensor_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S,
     with_parity_checks: bool = True,
+    with_maintenance: bool = True,
+    maintenance: MaintenanceOptions | None = None,
+    maintenance_schedule_cron: str = DEFAULT_CRON,
+    maintenance_schedule_running: bool = False,
+    health_thresholds: HealthThresholds | None = None,
 ) -> dg.Definitions:
     """Definitions for pipeline-output datasets and their sources.
 
@@ -46,6 +60,13 @@ def build_definitions(
     `sensor_interval_seconds`); `all_datasets` is a job over the unpartitioned datasets. Each
     dataset is checked against the declared capabilities of every arm it may be written to
     (`stores.protocol.check_specs`): a name the legacy arm cannot hold fails here, at load.
+
+    With `with_maintenance` (default), every dataset gets a `table_health` check (warns past
+    `health_thresholds`), the location gets the `table_maintenance` job (defaults from
+    `maintenance`), its schedule `table_maintenance_schedule` (`maintenance_schedule_cron`,
+    stopped unless `maintenance_schedule_running`) and the `table_health` job (every check).
+    `table_health` runs in that job, after each maintenance run (reported by the maintenance op)
+    and with unpartitioned materialisations, but not in window runs (one step process less each).
     """
     all_resources: dict[str, Any] = {IO_MANAGER_KEY: DatasetIOManager()}
     all_resources.update(resources or {})
@@ -75,6 +96,35 @@ def build_definitions(
         with_audit_hooks(a, by_key) if isinstance(a, dg.AssetsDefinition) else a for a in assets
     ]
     all_checks = [with_audit_hooks(c, by_key) for c in all_checks]  # type: ignore[misc]
+    all_jobs = list(jobs)
+    all_schedules = list(schedules)
+    window_checks: dict[dg.AssetKey, list[dg.AssetCheckKey]] | None = None
+    if with_maintenance and specs:
+        # window runs (the high-frequency path) leave `table_health` out: one more step process
+        # per run; the maintenance job and the `table_health` job report it
+        window_checks = {}
+        for check in all_checks:
+            for key in check.check_keys:
+                window_checks.setdefault(key.asset_key, []).append(key)
+        maintained = [
+            (s, a.key)
+            for a in [*datasets, *assets]
+            if isinstance(a, dg.AssetsDefinition) and (s := spec_of(a)) is not None
+        ]
+        thresholds = health_thresholds or HealthThresholds()
+        health = [table_health_check(s, key, thresholds) for s, key in maintained]
+        all_checks.extend(health)
+        job = build_maintenance_job(
+            maintained, options=maintenance or MaintenanceOptions(), thresholds=thresholds
+        )
+        all_jobs.extend(
+            [job, dg.define_asset_job(HEALTH_JOB, selection=dg.AssetSelection.checks(*health))]
+        )
+        all_schedules.append(
+            maintenance_schedule(
+                job, cron=maintenance_schedule_cron, running=maintenance_schedule_running
+            )
+        )
     for asset in datasets:
         spec = spec_of(asset)
         if spec is None or spec.delta is None:
@@ -89,9 +139,11 @@ def build_definitions(
                 source=up,
                 asset_key=asset.key,
                 minimum_interval_seconds=sensor_interval_seconds,
+                asset_check_keys=(
+                    window_checks.get(asset.key, []) if window_checks is not None else None
+                ),
             )
         )
-    all_jobs = list(jobs)
     if dataset_keys:
         all_jobs.append(
             dg.define_asset_job(ALL_DATASETS_JOB, selection=dg.AssetSelection.assets(*dataset_keys))
@@ -100,7 +152,7 @@ def build_definitions(
         assets=[*sources, *datasets, *assets],
         asset_checks=all_checks,
         sensors=all_sensors,
-        schedules=list(schedules),
+        schedules=all_schedules,
         jobs=all_jobs,
         resources=all_resources,
         executor=executor,

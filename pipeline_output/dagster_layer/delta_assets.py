@@ -9,7 +9,7 @@ crash between planning and adding) are added on the next tick.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,8 +100,11 @@ def build_window_sensor(
     source: Any,
     asset_key: dg.AssetKey,
     minimum_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S,
+    asset_check_keys: Sequence[dg.AssetCheckKey] | None = None,
 ) -> dg.SensorDefinition:
-    """The sensor that plans `spec`'s windows from `source`'s high-water mark."""
+    """The sensor that plans `spec`'s windows from `source`'s high-water mark.
+
+    `asset_check_keys`: the checks each window run executes (None: every check of the asset)."""
     assert spec.delta is not None
     delta = spec.delta
     partitions = window_partitions(spec)
@@ -153,6 +156,7 @@ def build_window_sensor(
                 partition_key=w.partition_key,
                 run_key=f"{spec.name}:{w.partition_key}:{w.attempts}",
                 asset_selection=[asset_key],
+                asset_check_keys=list(asset_check_keys) if asset_check_keys is not None else None,
                 # lets a deployment's QueuedRunCoordinator limit runs per dataset (deploy/)
                 tags={"pipeline-output/dataset": spec.name},
             )

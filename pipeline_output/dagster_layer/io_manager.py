@@ -20,7 +20,7 @@ from pipeline_output.dagster_layer.keys import (
     SOURCE_METADATA_KEY,
     SPEC_METADATA_KEY,
 )
-from pipeline_output.dagster_layer.metadata import publish_metadata
+from pipeline_output.dagster_layer.metadata import publish_metadata, table_files_metadata
 from pipeline_output.dagster_layer.runtime import get_runtime
 from pipeline_output.dagster_layer.windows_context import windows_of
 from pipeline_output.delta import apply_window
@@ -107,7 +107,10 @@ class DatasetIOManager(dg.ConfigurableIOManager):
                 f"+{primary.rows_inserted} ~{primary.rows_updated} -{primary.rows_deleted}"
             )
         assert result is not None
-        context.add_output_metadata(publish_metadata(result, schema=frame.schema))
+        meta = publish_metadata(result, schema=frame.schema)
+        if "iceberg" in result.results:
+            meta.update(table_files_metadata(runtime.iceberg.load(spec)))
+        context.add_output_metadata(meta)
         if audit:
             self._gate(context, spec)
 
@@ -167,6 +170,8 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             table = runtime.iceberg.load(spec)
             schema = polars_schema(table.schema().as_arrow()) if table is not None else None
             meta.update(publish_metadata(last, schema=schema))
+            if "iceberg" in last.results:
+                meta.update(table_files_metadata(table))
         else:
             meta["note"] = "no-op: every window was already applied; nothing written"
             meta["mode"] = f"{mode.mode} (from {mode.source})"

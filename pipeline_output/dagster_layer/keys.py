@@ -7,3 +7,7 @@ MODE_OVERRIDE_KEY = "pipeline_output/mode_override"
 ALL_DATASETS_JOB = "all_datasets"
 DELTA_INPUT_KEY = "pipeline_output/delta_input"
 AUDIT_OVERRIDE_KEY = "pipeline_output/audit_override"
+MAINTENANCE_JOB = "table_maintenance"  # compaction, snapshot expiry, orphan removal
+MAINTENANCE_SCHEDULE = "table_maintenance_schedule"
+HEALTH_JOB = "table_health"  # runs every dataset's `table_health` check
+HEALTH_CHECK = "table_health"

@@ -6,8 +6,10 @@ from typing import Any
 
 import dagster as dg
 import polars as pl
+from pyiceberg.table import Table
 
 from pipeline_output.publish import PublishResult
+from pipeline_output.stores.iceberg.health import file_counts
 
 
 def column_schema(schema: pl.Schema) -> dg.TableSchema:
@@ -72,3 +74,17 @@ def publish_metadata(result: PublishResult, *, schema: pl.Schema | None) -> dict
     if schema is not None:
         meta["dagster/column_schema"] = column_schema(schema)
     return meta
+
+
+def table_files_metadata(table: Table | None) -> dict[str, Any]:
+    """The Iceberg table's file counts and last maintenance (snapshot summary and table
+    properties only: no manifest is read)."""
+    if table is None:
+        return {}
+    counts = file_counts(table)
+    return {
+        "data_files": counts.data_files,
+        "delete_files": counts.delete_files,
+        "snapshots": counts.snapshots,
+        "last_maintenance": counts.last_maintenance or "never",
+    }

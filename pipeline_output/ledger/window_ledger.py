@@ -340,6 +340,13 @@ class WindowLedger:
                 (error[:2000], row.id),
             )
 
+    def unapplied_ids(self, dataset: str) -> set[int]:
+        """Ids of the dataset's windows not applied (yet): a snapshot carrying one of their
+        attempt markers may be what a repair looks for, so snapshot expiry keeps it."""
+        query = sql.SQL("SELECT id FROM {} WHERE dataset = %s AND state <> 'applied'").format(_T)
+        with self._connect() as conn:
+            return {int(r["id"]) for r in conn.execute(query, (dataset,)).fetchall()}
+
     def pending(self, dataset: str) -> list[WindowRow]:
         """Windows that need a run: planned or failed."""
         return [w for w in self.windows(dataset) if w.state in ("planned", "failed")]

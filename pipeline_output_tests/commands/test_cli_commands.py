@@ -1,5 +1,5 @@
 """The README's other commands as real processes on one database: demo seed/tick, materialize,
-plan, windows, windows restate, doctor, status."""
+plan, windows, windows restate, doctor, maintain, status."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def cli(pg_db_url: str, tmp_path: Path) -> Run:
     return runner(env=isolated_env(tmp_path, pg_db_url), cwd=tmp_path)
 
 
-def test_demo_plan_windows_restate_doctor_and_status_commands(cli, pg_db_url: str) -> None:
+def test_demo_plan_windows_restate_doctor_maintain_and_status_commands(cli, pg_db_url: str) -> None:
     seeded = cli("demo", "seed")
     assert seeded.returncode == 0, seeded.stderr
     assert "raw_customers=400" in seeded.stdout
@@ -59,6 +59,14 @@ def test_demo_plan_windows_restate_doctor_and_status_commands(cli, pg_db_url: st
     doctor = cli("doctor", "--grace", "0")
     assert doctor.returncode == 0, doctor.stderr
     assert "no orphan data files" in doctor.stdout
+
+    maintained = cli(
+        "maintain", "--compact", "--expire", "0s", "--orphans", "--min-input-files", "2"
+    )
+    assert maintained.returncode == 0, maintained.stderr
+    assert "customers: compact: rewrote" in maintained.stdout, maintained.stdout
+    assert "customers: expire: expired 3 of 4 snapshot(s)" in maintained.stdout, maintained.stdout
+    assert "customers: orphans: removed 0 file(s)" in maintained.stdout, maintained.stdout
 
     status = cli("status")
     assert status.returncode == 0, status.stderr

@@ -3,7 +3,9 @@
 `store.IcebergStore` owns the order of a write (its docstring); `prewrite` the files written
 before the lock, `merge` the file-level copy-on-write merges, `streaming` the model node's
 streaming replace, `commit` the single commit, `expressions` windows as pyiceberg filters,
-`rows` frame and table helpers, `properties` the names they share.
+`rows` frame and table helpers, `properties` the names they share. Table maintenance:
+`compaction` (+ `compaction_plan`, `rewrite`: the `replace` producer), `expiry`, `orphans`
+(what a table references; shared with `pipeline-output doctor`), `health`.
 """
 
 from __future__ import annotations

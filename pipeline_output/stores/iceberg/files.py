@@ -5,8 +5,8 @@ with `PARQUET:field_id` metadata (so files carry Iceberg field ids and required-
 the bytes go out through the table's own `FileIO` (local, S3, ... alike) and the Iceberg
 `DataFile` (statistics, bounds, partition) is built from the Parquet footer with pyiceberg's own
 helpers. Partitioned tables get one file per partition (`partitions.py` computes each row's
-values); frames above the target size
-are split. Files are not part of any snapshot until the caller commits them.
+values); frames above the target size (the table's, or the writer's `target_bytes`: compaction
+writes each bin as one file) are split. Files are not part of any snapshot until the caller commits them.
 """
 
 from __future__ import annotations
@@ -83,12 +83,21 @@ class TableFileWriter:
 class DataFileWriter(TableFileWriter):
     """Writes frames as data files of one table (one write id, numbered files)."""
 
-    def __init__(self, metadata: TableMetadata, file_io: FileIO, *, write_id: uuid.UUID) -> None:
+    def __init__(
+        self,
+        metadata: TableMetadata,
+        file_io: FileIO,
+        *,
+        write_id: uuid.UUID,
+        target_bytes: int | None = None,
+    ) -> None:
         super().__init__(metadata, file_io, write_id=write_id, schema=metadata.schema())
         self._schema = metadata.schema()
         self._arrow_schema = schema_to_pyarrow(self._schema, include_field_ids=True)
         props = metadata.properties
-        self._target = int(props.get("write.target-file-size-bytes", DEFAULT_TARGET_BYTES))
+        self._target = target_bytes or int(
+            props.get("write.target-file-size-bytes", DEFAULT_TARGET_BYTES)
+        )
         self._partitioned = bool(metadata.spec().fields)
 
     def write(self, frame: pl.DataFrame) -> list[DataFile]:

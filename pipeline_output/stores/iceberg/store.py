@@ -45,6 +45,8 @@ from pipeline_output.spec import Arm, DatasetSpec
 from pipeline_output.stores.iceberg.branch_writes import branch_view
 from pipeline_output.stores.iceberg.branches import head, stage_branch
 from pipeline_output.stores.iceberg.commit import _commit, _delete_quietly
+from pipeline_output.stores.iceberg.compaction import compact as _compact
+from pipeline_output.stores.iceberg.expiry import expire_snapshots as _expire_snapshots
 from pipeline_output.stores.iceberg.expressions import aligned_to_field
 from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output.stores.iceberg.manifests import (
@@ -53,6 +55,7 @@ from pipeline_output.stores.iceberg.manifests import (
     upgrade_properties,
 )
 from pipeline_output.stores.iceberg.merge import _Merge
+from pipeline_output.stores.iceberg.orphans import remove_orphans as _remove_orphans
 from pipeline_output.stores.iceberg.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.partitions import partition_spec
 from pipeline_output.stores.iceberg.prewrite import (
@@ -211,6 +214,12 @@ class IcebergStore(IcebergReads):
     # Replace the whole table with batches written to data files as they arrive (one batch in
     # memory, one snapshot at the end): `streaming.replace_streaming`, as a method.
     replace_streaming = _replace_streaming
+
+    # Table maintenance (docs/concepts.md, "Maintenance"), as methods: `compaction.compact`,
+    # `expiry.expire_snapshots`, `orphans.remove_orphans`.
+    compact = _compact
+    expire_snapshots = _expire_snapshots
+    remove_orphans = _remove_orphans
 
     def _hold(self, spec: DatasetSpec) -> AbstractContextManager[LockStats]:
         lock = self._lock

@@ -1,0 +1,147 @@
+"""The `table_maintenance` job and its schedule, built by `build_definitions` for a code location.
+
+One op, `maintain_tables`, runs the core's maintenance (`pipeline_output/maintenance.py`:
+compaction, snapshot expiry, orphan removal) over the location's datasets one after another,
+logs what each step did, and records each table's health after maintenance as an asset
+observation of the dataset (data files, delete files, snapshots, metadata bytes, last
+maintenance, with the values before) and its `table_health` check evaluation. Run config (`MaintenanceConfig`) picks datasets and
+operations; its defaults come from `build_definitions(maintenance=...)`. A dataset whose
+maintenance fails does not stop the others; the run fails at the end, naming them.
+"""
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import dagster as dg
+
+from pipeline_output.dagster_layer.health_checks import health_evaluation
+from pipeline_output.dagster_layer.keys import MAINTENANCE_JOB, MAINTENANCE_SCHEDULE
+from pipeline_output.maintenance import MaintenanceOptions
+from pipeline_output.spec import DatasetSpec
+from pipeline_output.stores.iceberg.health import HealthThresholds
+
+OP_NAME = "maintain_tables"
+DEFAULT_CRON = "0 3 * * *"  # daily at 03:00 (the schedule is stopped unless turned on)
+
+
+class MaintenanceConfig(dg.Config):
+    """Which datasets (none: all) and operations; sizes in bytes, ages in hours/seconds."""
+
+    datasets: list[str] = []
+    compact: bool = True
+    expire: bool = True
+    orphans: bool = True
+    dry_run: bool = False
+    target_file_size: int | None = None
+    min_input_files: int = 5
+    older_than_hours: float = 120.0
+    retain_last: int = 1
+    grace_seconds: float = 3600.0
+
+    @classmethod
+    def of(cls, options: MaintenanceOptions) -> "MaintenanceConfig":
+        """The run config equivalent to core `options` (the job's defaults)."""
+        return cls(
+            compact=options.compact,
+            expire=options.expire,
+            orphans=options.orphans,
+            dry_run=options.dry_run,
+            target_file_size=options.target_file_size,
+            min_input_files=options.min_input_files,
+            older_than_hours=options.older_than.total_seconds() / 3600,
+            retain_last=options.retain_last,
+            grace_seconds=options.grace_s,
+        )
+
+    def options(self) -> MaintenanceOptions:
+        """The core options this run config asks for."""
+        return MaintenanceOptions(
+            compact=self.compact,
+            expire=self.expire,
+            orphans=self.orphans,
+            dry_run=self.dry_run,
+            target_file_size=self.target_file_size,
+            min_input_files=self.min_input_files,
+            older_than=timedelta(hours=self.older_than_hours),
+            retain_last=self.retain_last,
+            grace_s=self.grace_seconds,
+        )
+
+
+def build_maintenance_job(
+    datasets: Sequence[tuple[DatasetSpec, dg.AssetKey]],
+    *,
+    options: MaintenanceOptions,
+    thresholds: HealthThresholds | None = None,
+) -> dg.JobDefinition:
+    """The `table_maintenance` job over `datasets` (spec and asset key of each); with
+    `thresholds` it also reports each dataset's `table_health` check after maintenance."""
+    by_name = {spec.name: (spec, key) for spec, key in datasets}
+
+    @dg.op(name=OP_NAME, description="Compact, expire snapshots and remove orphan files")
+    def maintain_tables(context: dg.OpExecutionContext, config: MaintenanceConfig) -> None:
+        from pipeline_output.dagster_layer.runtime import get_runtime
+        from pipeline_output.maintenance import maintain
+
+        unknown = sorted(set(config.datasets) - set(by_name))
+        if unknown:
+            raise dg.Failure(
+                f"unknown dataset(s) {', '.join(unknown)}; known: {', '.join(sorted(by_name))}"
+            )
+        chosen = [by_name[name] for name in (config.datasets or sorted(by_name))]
+        runtime = get_runtime()
+        reports = maintain(
+            runtime.iceberg,
+            [spec for spec, _ in chosen],
+            options=config.options(),
+            ledger=runtime.windows,
+            run_id=context.run_id,
+            on_step=lambda dataset, step: context.log.info(f"{dataset}: {step} ..."),
+        )
+        for report, (_, key) in zip(reports, chosen, strict=True):
+            for line in report.lines():
+                context.log.info(line)
+            if report.after is None:
+                continue
+            meta: dict[str, Any] = dict(report.after.as_dict())
+            if report.before is not None:
+                for name in ("data_files", "delete_files", "snapshots", "metadata_bytes"):
+                    meta[f"{name}_before"] = report.before.as_dict()[name]
+            meta["maintenance"] = "; ".join(report.lines())
+            meta["dry_run"] = config.dry_run
+            context.log_event(dg.AssetObservation(asset_key=key, metadata=meta))
+            if thresholds is not None:
+                # recorded in the check's history like its own run (typed narrower than it is)
+                context.log_event(health_evaluation(key, report.after, thresholds))  # type: ignore[arg-type]
+        failed = [r for r in reports if r.errors]
+        if failed:
+            raise dg.Failure(
+                description="maintenance failed for "
+                + ", ".join(f"{r.dataset} ({'; '.join(r.errors)})" for r in failed)
+            )
+
+    @dg.job(
+        name=MAINTENANCE_JOB,
+        description="Table maintenance of every dataset: compaction, snapshot expiry, orphans",
+        config=dg.RunConfig(ops={OP_NAME: MaintenanceConfig.of(options)}),
+    )
+    def table_maintenance() -> None:
+        maintain_tables()
+
+    return table_maintenance
+
+
+def maintenance_schedule(
+    job: dg.JobDefinition, *, cron: str = DEFAULT_CRON, running: bool = False
+) -> dg.ScheduleDefinition:
+    """The schedule of the maintenance job (stopped unless `running`)."""
+    return dg.ScheduleDefinition(
+        name=MAINTENANCE_SCHEDULE,
+        job=job,
+        cron_schedule=cron,
+        default_status=(
+            dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED
+        ),
+        description=f"Table maintenance ({cron})",
+    )

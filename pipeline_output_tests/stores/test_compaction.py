@@ -1,0 +1,282 @@
+"""Compaction on real parts (Postgres SQL catalog, local warehouse): small files bin-packed into
+files near the target size, partition by partition, sorted by the key, with positional deletes
+folded in — one `replace` snapshot, the same rows as a multiset (the polars oracle), and a re-run
+that finds nothing to do. Races with writers in the same process are here too; with real writer
+processes in `test_compaction_concurrency.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+import pytest
+
+from pipeline_output import DatasetSpec, Window
+from pipeline_output.errors import MaintenanceConflict
+from pipeline_output.stores.iceberg.orphans import table_orphans
+from pipeline_output_tests.iceberg_harness import NS, Harness
+from pipeline_output_tests.oracle import assert_same_multiset
+from pipeline_output_tests.stores.positional_deletes import delete_positions
+
+PROP = "pipeline-output."
+
+
+def rows(ids: range | list[int], *, version: int = 0, region: str | None = None) -> pl.DataFrame:
+    ids = list(ids)
+    frame = pl.DataFrame(
+        {
+            "id": pl.Series(ids, dtype=pl.Int64),
+            "v": [f"r{i}-v{version}" for i in ids],
+            "seq": pl.Series(ids, dtype=pl.Int64),
+        }
+    )
+    if region is not None:
+        frame = frame.with_columns(region=pl.lit(region))
+    return frame
+
+
+def windowed(name: str = "events", **extra: Any) -> DatasetSpec:
+    """A keyed dataset fed by windows of `seq` (each window adds one data file)."""
+    from pipeline_output import Delta
+
+    return DatasetSpec(
+        name=name,
+        primary_key=("id",),
+        strategy="snapshot_replace",
+        delta=Delta(source="raw", watermark="seq"),
+        **extra,
+    )
+
+
+def feed_windows(h: Harness, spec: DatasetSpec, n: int, size: int = 20) -> pl.DataFrame:
+    """`n` window writes of `size` new keys, in shuffled key order; returns everything written."""
+    written = []
+    for w in range(n):
+        frame = rows(range(w * size + 1, (w + 1) * size + 1)).sample(fraction=1.0, seed=w)
+        h.store().write(spec, frame, window=Window(low=w * size, high=(w + 1) * size))
+        written.append(frame)
+    return pl.concat(written)
+
+
+def read_file(data_file: Any) -> pl.DataFrame:
+    """A data file's rows in file order (positions), read straight from the local warehouse."""
+    return pl.read_parquet(data_file.file_path.removeprefix("file://"))
+
+
+def data_files(h: Harness, spec: DatasetSpec) -> list[Any]:
+    return [t.file for t in h.table(spec).scan().plan_files()]
+
+
+def test_compaction_bin_packs_window_files_into_one_sorted_file_with_the_same_rows(h: Harness):
+    spec = windowed()
+    expected = feed_windows(h, spec, 12)
+    before_ids = h.snapshot_ids(spec)
+    assert len(data_files(h, spec)) == 12
+
+    result = h.store().compact(spec)
+
+    assert (result.files_rewritten, result.files_added, result.bins) == (12, 1, 1)
+    assert result.rows == expected.height and not result.noop
+    after = h.contents(spec)
+    assert after is not None
+    assert_same_multiset(after, expected)
+    files = data_files(h, spec)
+    assert len(files) == 1
+    stored = read_file(files[0])
+    assert stored["id"].is_sorted()  # sorted by the primary key (the table's sort order)
+    table = h.table(spec)
+    snap = table.current_snapshot()
+    assert h.snapshot_ids(spec) == [*before_ids, result.snapshot_id]  # exactly one snapshot
+    assert snap.summary.operation.value == "replace"
+    assert snap.summary[PROP + "maintenance"] == "compact"
+    assert snap.summary["total-records"] == str(expected.height)
+    assert table.properties[PROP + "last-compaction"].endswith("rewrote 12 file(s) into 1")
+
+    again = h.store().compact(spec)  # a re-run finds nothing to do and commits nothing
+    assert again.noop and again.snapshot_id is None
+    assert h.snapshot_ids(spec) == [*before_ids, result.snapshot_id]
+    assert_same_multiset(h.contents(spec), expected)
+
+
+def test_compaction_packs_bins_up_to_the_target_size_and_leaves_few_files_alone(h: Harness):
+    spec = windowed()
+    expected = feed_windows(h, spec, 9)
+    sizes = [f.file_size_in_bytes for f in data_files(h, spec)]
+    assert h.store().compact(spec, min_input_files=10).noop  # 9 small files < 10, < target
+
+    result = h.store().compact(spec, target_file_size=3 * max(sizes) + 1)
+
+    assert result.files_rewritten == 9
+    assert result.bins == result.files_added == 3  # three files per bin
+    assert_same_multiset(h.contents(spec), expected)
+    assert len(data_files(h, spec)) == 3
+
+
+def test_compaction_never_mixes_partitions(h: Harness):
+    spec = windowed(partition_by=("region",))
+    expected = []
+    for w in range(6):
+        frame = pl.concat(
+            [
+                rows(range(w * 30 + r * 10 + 1, w * 30 + r * 10 + 11), region=g)
+                for r, g in enumerate(("eu", "us", "ap"))
+            ]
+        )
+        h.store().write(spec, frame, window=Window(low=w * 30, high=(w + 1) * 30))
+        expected.append(frame)
+    assert len(data_files(h, spec)) == 18
+
+    result = h.store().compact(spec)
+
+    assert (result.files_rewritten, result.files_added) == (18, 3)
+    assert_same_multiset(h.contents(spec), pl.concat(expected))
+    for f in data_files(h, spec):  # one partition per file, as every write keeps it
+        regions = read_file(f)["region"].unique()
+        assert regions.to_list() == [f.partition[0]]
+
+
+def test_compaction_folds_positional_deletes_and_drops_the_delete_files(h: Harness):
+    spec = windowed()
+    written = feed_windows(h, spec, 3)
+    files = sorted(data_files(h, spec), key=lambda f: f.file_path)
+    first = read_file(files[0])
+    second = read_file(files[1])
+    delete_positions(h.table(spec), {files[0].file_path: [0, 3], files[1].file_path: [5]})
+    gone = {first["id"][0], first["id"][3], second["id"][5]}
+    expected = written.filter(~pl.col("id").is_in(list(gone)))
+    assert_same_multiset(h.contents(spec), expected)  # pyiceberg applies the deletes on read
+
+    # 3 files < min_input_files, but files with delete files are always rewritten
+    result = h.store().compact(spec)
+
+    assert (result.files_rewritten, result.delete_files_removed, result.rows) == (
+        3,
+        2,
+        expected.height,
+    )
+    assert_same_multiset(h.contents(spec), expected)
+    tasks = list(h.table(spec).scan().plan_files())
+    assert len(tasks) == 1 and not tasks[0].delete_files
+    summary = h.table(spec).current_snapshot().summary
+    assert summary["total-delete-files"] == "0"
+    assert summary["removed-position-deletes"] == "3"
+
+
+def test_compaction_folds_the_stores_own_merge_on_read_deletes(h: Harness):
+    """Upserts written merge-on-read (issue 13) leave file-scoped positional delete files and new
+    row versions; compaction rewrites those files with the deletes applied, and the delete files
+    go in the same `replace` commit."""
+    from dataclasses import replace as with_
+
+    spec = with_(windowed(), write_strategy_hint="merge-on-read")
+    written = feed_windows(h, spec, 4, size=50)
+    update = pl.concat([rows([3, 60], version=1), rows([1000], version=1)])  # 2 updated, 1 new
+    h.store().write(spec, update)
+    expected = pl.concat([written.filter(~pl.col("id").is_in([3, 60])), update])
+    assert_same_multiset(h.contents(spec), expected)
+    tasks = list(h.table(spec).scan().plan_files())
+    assert sum(len(t.delete_files) for t in tasks) == 2  # one per data file it deleted from
+
+    result = h.store().compact(spec)
+
+    assert result.delete_files_removed == 2 and result.files_added == 1
+    assert_same_multiset(h.contents(spec), expected)
+    tasks = list(h.table(spec).scan().plan_files())
+    assert len(tasks) == 1 and not tasks[0].delete_files
+    assert h.table(spec).current_snapshot().summary["total-delete-files"] == "0"
+
+
+def test_a_large_file_with_deletes_is_rewritten_alone(h: Harness):
+    spec = windowed()
+    written = feed_windows(h, spec, 2, size=50)
+    big = max(data_files(h, spec), key=lambda f: f.file_size_in_bytes)
+    delete_positions(h.table(spec), {big.file_path: [1]})
+    dropped = read_file(big)["id"][1]
+
+    # a target so small that no file is "small": only the file with deletes is an input
+    result = h.store().compact(spec, target_file_size=10)
+
+    assert (result.files_rewritten, result.files_added, result.delete_files_removed) == (1, 1, 1)
+    assert_same_multiset(h.contents(spec), written.filter(pl.col("id") != dropped))
+
+
+def test_where_limits_the_rewrite_and_keeps_delete_files_other_files_need(h: Harness):
+    spec = windowed()
+    written = feed_windows(h, spec, 8)  # ids 1..160, one file per 20
+    files = sorted(data_files(h, spec), key=lambda f: read_file(f)["id"].min())
+    # one delete file spanning a file inside the where (ids 1..20) and one outside (141..160)
+    delete_positions(
+        h.table(spec), {files[0].file_path: [0], files[-1].file_path: [0]}, scoped=False
+    )
+    doomed = [read_file(f)["id"][0] for f in files[::7]]
+    expected = written.filter(~pl.col("id").is_in(doomed))
+
+    result = h.store().compact(spec, where="id <= 100", min_input_files=2)
+
+    assert result.files_rewritten == 5  # the files of ids 1..100
+    assert result.delete_files_removed == 0  # still needed by the file of ids 141..160
+    assert_same_multiset(h.contents(spec), expected)
+    assert len(data_files(h, spec)) == 4
+    again = h.store().compact(spec)  # now every file: the delete file goes too
+    assert again.delete_files_removed == 1
+    assert_same_multiset(h.contents(spec), expected)
+
+
+def test_dry_run_plans_and_writes_nothing(h: Harness):
+    spec = windowed()
+    feed_windows(h, spec, 6)
+    before = h.snapshot_ids(spec)
+    plan = h.store().compact(spec, dry_run=True)
+    assert plan.dry_run and plan.files_rewritten == 6 and plan.bins == 1
+    assert h.snapshot_ids(spec) == before
+    assert table_orphans(h.table(spec), grace_s=0) == []
+
+
+def test_a_compaction_that_loses_a_race_replans_and_keeps_the_writers_rows(h: Harness):
+    """A writer commits an upsert that rewrites a file the compaction is rewriting (between its
+    plan and its commit): the compaction's first attempt is refused and its files deleted; the
+    second attempt plans on the writer's snapshot. The writer's rows survive."""
+    spec = windowed()
+    written = feed_windows(h, spec, 6)
+    update = rows([3, 4], version=1)
+    raced = []
+
+    def writer_in_between(done: int, planned: int) -> None:
+        if not raced:
+            raced.append(h.store().write(spec, update, window=Window(low=0, high=20)))
+
+    result = h.store().compact(spec, progress=writer_in_between)
+
+    assert result.attempts == 2
+    expected = pl.concat([written.filter(~pl.col("id").is_in([3, 4])), update])
+    assert_same_multiset(h.contents(spec), expected)
+    assert len(data_files(h, spec)) == 1
+    assert table_orphans(h.table(spec), grace_s=0) == []  # the lost attempt's files are gone
+
+
+def test_a_compaction_out_of_attempts_fails_cleanly_and_commits_nothing(h: Harness):
+    spec = windowed()
+    written = feed_windows(h, spec, 5)
+    versions = iter(range(1, 100))
+
+    def always_race(done: int, planned: int) -> None:
+        h.store().write(spec, rows([7], version=next(versions)), window=Window(low=0, high=20))
+
+    with pytest.raises(MaintenanceConflict, match="removed"):
+        h.store().compact(spec, progress=always_race, max_attempts=2)
+
+    expected = pl.concat([written.filter(pl.col("id") != 7), rows([7], version=2)])
+    assert_same_multiset(h.contents(spec), expected)
+    ops = {s.summary.operation.value for s in h.table(spec).snapshots()}
+    assert "replace" not in ops
+    assert table_orphans(h.table(spec), grace_s=0) == []
+
+
+def test_compacting_a_missing_table_says_so(h: Harness):
+    from pipeline_output.errors import DatasetNotWritten
+
+    with pytest.raises(DatasetNotWritten, match="no Iceberg table"):
+        h.store().compact(windowed("nothing_here"))
+    assert not h.exists("nothing_here")
+    assert NS == "datasets"

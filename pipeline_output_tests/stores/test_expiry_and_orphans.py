@@ -1,0 +1,151 @@
+"""Snapshot expiry and orphan removal on real parts: expired snapshots' files are deleted (pyiceberg
+deletes none), every remaining snapshot still reads what it read before, nothing under the table
+location is left unreferenced except files younger than the grace period, and re-runs change
+nothing. Window repair across expiry is in `pipeline_output_tests/test_maintenance_windows.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pytest
+
+from pipeline_output import DatasetSpec
+from pipeline_output.errors import InvalidArgument
+from pipeline_output.stores.iceberg.files import DataFileWriter
+from pipeline_output.stores.iceberg.orphans import norm, referenced
+from pipeline_output_tests.iceberg_harness import Harness
+from pipeline_output_tests.oracle import assert_same_multiset
+
+SPEC = DatasetSpec(name="accounts", primary_key=("id",), strategy="snapshot_replace")
+
+
+def frame(ids: range | list[int], version: int) -> pl.DataFrame:
+    ids = list(ids)
+    return pl.DataFrame({"id": pl.Series(ids, dtype=pl.Int64), "v": [version] * len(ids)})
+
+
+def history(h: Harness) -> dict[int, pl.DataFrame]:
+    """Upserts that rewrite files (new keys and updated keys), then a compaction: snapshot id ->
+    what that snapshot reads, recorded before anything expires."""
+    for n in range(8):
+        h.store().write(SPEC, frame(range(n * 10, n * 10 + 15), n))  # 5 keys updated per write
+        h.store().write(SPEC, frame(range(1000 + n * 10, 1000 + n * 10 + 10), n))  # new file
+    h.store().compact(SPEC, min_input_files=2)
+    table = h.table(SPEC)
+    return {
+        s.snapshot_id: pl.from_arrow(table.scan(snapshot_id=s.snapshot_id).to_arrow())
+        for s in table.snapshots()
+    }
+
+
+def files_under(table: Any) -> list[str]:
+    root = Path(table.location().removeprefix("file://"))
+    return [str(p) for p in root.rglob("*") if p.is_file()]
+
+
+def unreferenced(table: Any) -> list[str]:
+    known = referenced(table)
+    return [p for p in files_under(table) if norm(p) not in known]
+
+
+def test_expiry_deletes_what_only_expired_snapshots_referenced_and_the_rest_still_reads(
+    h: Harness,
+):
+    reads = history(h)
+    table = h.table(SPEC)
+    snaps = sorted(table.snapshots(), key=lambda s: s.timestamp_ms)
+    keep_from = snaps[-5]  # expire everything older than the fifth newest snapshot
+    cutoff = datetime.fromtimestamp(keep_from.timestamp_ms / 1000, tz=UTC)
+    files_before = len(files_under(table))
+
+    result = h.store().expire_snapshots(SPEC, older_than=cutoff, retain_last=1, ledger=None)
+
+    table = h.table(SPEC)
+    remaining = [s.snapshot_id for s in table.snapshots()]
+    assert sorted(remaining) == sorted(s.snapshot_id for s in snaps[-5:])
+    assert result.snapshots_expired == len(snaps) - 5 and result.files_deleted > 0
+    assert len(files_under(table)) < files_before
+    for snapshot_id in remaining:  # every remaining snapshot still reads, the same rows
+        got = pl.from_arrow(table.scan(snapshot_id=snapshot_id).to_arrow())
+        assert_same_multiset(got, reads[snapshot_id])
+    assert unreferenced(table) == []  # nothing under the location is left unreferenced
+    assert table.properties["pipeline-output.last-expiry"].endswith(
+        f"expired {result.snapshots_expired} snapshot(s)"
+    )
+
+    again = h.store().expire_snapshots(SPEC, older_than=cutoff, ledger=None)  # re-run: no-op
+    assert (again.snapshots_expired, again.files_deleted) == (0, 0)
+    assert sorted(s.snapshot_id for s in h.table(SPEC).snapshots()) == sorted(remaining)
+
+
+def test_expire_everything_but_the_last_keeps_the_current_table_whole(h: Harness):
+    reads = history(h)
+    current = h.table(SPEC).current_snapshot().snapshot_id
+    dry = h.store().expire_snapshots(SPEC, older_than=timedelta(0), ledger=None, dry_run=True)
+    assert dry.dry_run and dry.snapshots_expired == len(reads) - 1
+    assert len(h.table(SPEC).snapshots()) == len(reads)  # the dry run changed nothing
+
+    result = h.store().expire_snapshots(SPEC, older_than=timedelta(0), ledger=None)
+
+    assert result.files_deleted == dry.files_deleted
+    table = h.table(SPEC)
+    assert [s.snapshot_id for s in table.snapshots()] == [current]
+    assert_same_multiset(h.contents(SPEC), reads[current])
+    assert unreferenced(table) == []
+    assert len(list(table.scan().plan_files())) == 1  # the compacted file only
+
+
+def test_expiry_keeps_young_snapshots_and_refuses_retaining_none(h: Harness):
+    reads = history(h)
+    result = h.store().expire_snapshots(SPEC, ledger=None)  # default: older than 5 days
+    assert result.snapshots_expired == 0
+    assert len(h.table(SPEC).snapshots()) == len(reads)
+    with pytest.raises(InvalidArgument, match="retain_last"):
+        h.store().expire_snapshots(SPEC, retain_last=0, ledger=None)
+
+
+def _orphan_data_file(h: Harness) -> list[str]:
+    """What a writer killed between writing its data file and its commit leaves behind."""
+    table = h.table(SPEC)
+    writer = DataFileWriter(table.metadata, table.io, write_id=uuid.uuid4())
+    writer.write(frame([999_999], 0))
+    return [p.removeprefix("file://") for p in writer.written]
+
+
+def _age(paths: list[str], seconds: float) -> None:
+    past = time.time() - seconds
+    for path in paths:
+        os.utime(path, (past, past))
+
+
+def test_orphan_removal_deletes_old_unreferenced_files_and_never_young_ones(h: Harness):
+    history(h)
+    h.store().expire_snapshots(SPEC, older_than=timedelta(0), ledger=None)
+    old, young = _orphan_data_file(h), _orphan_data_file(h)
+    meta_dir = Path(h.table(SPEC).location().removeprefix("file://")) / "metadata"
+    stray = meta_dir / f"{uuid.uuid4()}-m0.avro"  # a manifest of a commit that never landed
+    stray.write_bytes(b"not referenced")
+    _age([*old, str(stray)], 7200)
+
+    found = h.store().remove_orphans(SPEC, dry_run=True)  # default grace: one hour
+    assert (found.files, found.dry_run) == (2, True)
+    assert all(Path(p).exists() for p in [*old, str(stray)])
+
+    removed = h.store().remove_orphans(SPEC)
+
+    assert removed.files == 2
+    assert not any(Path(p).exists() for p in [*old, str(stray)])
+    assert all(Path(p).exists() for p in young)  # younger than the grace period: kept
+    table = h.table(SPEC)
+    assert sorted(unreferenced(table)) == sorted(young)
+    assert h.store().remove_orphans(SPEC).files == 0  # re-run: nothing more
+    assert h.store().remove_orphans(SPEC, grace_s=0).files == 1
+    assert unreferenced(h.table(SPEC)) == []
+    assert h.contents(SPEC) is not None  # every referenced file is still there
