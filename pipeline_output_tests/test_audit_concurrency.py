@@ -7,7 +7,6 @@ published writes applied in that order by a polars oracle."""
 from __future__ import annotations
 
 import multiprocessing as mp
-import queue
 from typing import Any
 
 import polars as pl
@@ -15,6 +14,7 @@ import polars as pl
 from pipeline_output import DatasetSpec
 from pipeline_output.stores.iceberg.branches import ancestry, head
 from pipeline_output_tests.oracle import assert_same_multiset
+from pipeline_output_tests.processes import run_workers
 from pipeline_output_tests.test_canary import make_publisher
 
 SPEC = DatasetSpec(name="shared", primary_key=("id",), strategy="snapshot_replace")
@@ -78,24 +78,9 @@ def test_two_concurrent_audited_writers_publish_in_turn_or_fail_clearly_and_lose
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(2), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(w, props, pg_db_url, barrier, out)) for w in (0, 1)]
-    for p in procs:
-        p.start()
-    results: dict[int, list[Any]] = {}
-    errors = []
-    try:
-        for _ in procs:
-            writer, outcomes, error = out.get(timeout=300)
-            results[writer] = outcomes
-            if error:
-                errors.append(f"writer {writer}: {error}")
-    except queue.Empty:
-        errors.append("a writer did not report in time")
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    assert not errors, errors
+    results: dict[int, list[Any]] = {
+        writer: outcomes for writer, outcomes, _ in run_workers(procs, out, timeout=300)
+    }
 
     outcomes = {run: (state, detail) for rs in results.values() for run, state, detail in rs}
     for n, (_, _, together) in enumerate(ROUNDS):

@@ -13,13 +13,13 @@ by wrapping the catalog's `commit_table` in each writer) and lock waits (`WriteR
 from __future__ import annotations
 
 import multiprocessing as mp
-import queue
 import time
 from typing import Any
 
 import polars as pl
 import pytest
 
+from pipeline_output_tests.processes import run_workers
 from pipeline_output_tests.reliability_report import record
 
 NS = "datasets"
@@ -92,27 +92,12 @@ def _run(catalog: Any, url: str, job: str) -> tuple[list[dict[str, Any]], dict[s
     procs = [
         ctx.Process(target=_worker, args=(w, props, url, job, barrier, out)) for w in range(WRITERS)
     ]
-    for p in procs:
-        p.start()
     results: list[dict[str, Any]] = []
     totals = {"attempts": 0, "failed": 0}
-    errors = []
-    try:
-        for _ in procs:
-            w, res, stats, err = out.get(timeout=300)
-            results += res
-            for k in totals:
-                totals[k] += stats.get(k, 0)
-            if err:
-                errors.append(f"writer {w}: {err}")
-    except queue.Empty:
-        errors.append("a writer did not report in time")
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    assert not errors, errors
+    for _, res, stats, _ in run_workers(procs, out, timeout=300):
+        results += res
+        for k in totals:
+            totals[k] += stats.get(k, 0)
     return results, totals
 
 

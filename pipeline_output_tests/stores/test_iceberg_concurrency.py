@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import queue
 import warnings
 from typing import Any
 
@@ -17,6 +16,7 @@ import pytest
 
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.locks import AdvisoryLock
+from pipeline_output_tests.processes import run_workers
 
 NS = "datasets"
 TABLE = "shared"
@@ -83,25 +83,7 @@ def _run_two_writers(
         )
         for w, rounds in ((0, rounds_a), (1, rounds_b))
     ]
-    for p in procs:
-        p.start()
-    results: dict[int, list[dict]] = {}
-    errors = []
-    try:
-        for _ in procs:
-            writer, res, err = out.get(timeout=240)
-            results[writer] = res
-            if err:
-                errors.append(f"writer {writer}: {err}")
-    except queue.Empty:
-        errors.append("a writer process did not report in time")
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    assert not errors, errors
-    return results
+    return {writer: res for writer, res, _ in run_workers(procs, out, timeout=240)}
 
 
 def _rounds() -> tuple[list[list[int]], list[list[int]]]:
