@@ -1,6 +1,8 @@
 """Maintenance of write-audit-publish: audit branches do not pile up (`audit.py`).
 
-`drop_stale_audit_branches` is meant to run from the maintenance job: it removes the branches of
+`drop_stale_audit_branches` runs first in table maintenance (`maintenance.maintain`, the
+`table_maintenance` job, `pipeline-output maintain`) and alone as `pipeline-output audit
+drop-stale`: it removes the branches of
 audits still undecided or failed after a retention period (default 7 days; their staged windows
 become failed, so the sensor re-requests them), and the branch a crash left behind after a
 publish. Pure core: no Dagster.
@@ -8,6 +10,7 @@ publish. Pure core: no Dagster.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -28,16 +31,22 @@ def drop_stale_audit_branches(
     windows: WindowLedger | None = None,
     older_than: timedelta = DEFAULT_RETENTION,
     now: datetime | None = None,
+    datasets: Collection[str] | None = None,
+    dry_run: bool = False,
 ) -> list[AuditRecord]:
     """Maintenance: drop the branches of audits still undecided or failed `older_than` after
     they were staged (state `dropped`; their staged windows become failed). An undecided audit
     whose snapshot is already in main's history (a publish that crashed after moving main) is
-    completed instead. Returns the audits handled."""
+    completed instead. Returns the audits handled (with `dry_run`: the ones it would handle,
+    nothing changed). `datasets`: only audits of these (default: every dataset)."""
     ledger = audit_ledger(publisher)
     cutoff = (now or datetime.now(UTC)) - older_than
     done = []
     for audit in ledger.audits(states=("staged", "failed")):
-        if audit.staged_at >= cutoff:
+        if audit.staged_at >= cutoff or (datasets is not None and audit.dataset not in datasets):
+            continue
+        if dry_run:
+            done.append(audit)
             continue
         published = False
         if publisher.iceberg.load(audit.dataset) is not None:

@@ -1,9 +1,11 @@
-"""Table maintenance of a code location's datasets: compaction, snapshot expiry and orphan removal,
-one dataset after another, with the table's health measured before and after.
+"""Table maintenance of a code location's datasets: stale audit branches, compaction, snapshot
+expiry and orphan removal, one dataset after another, with the table's health measured before and
+after.
 
-Owns the order (compact, then expire, then remove orphans: compaction's replaced files become
-unreferenced once the snapshots before it expire, and what a crash of either leaves behind is an
-orphan for the last step) and the per-dataset report the Dagster job and `pipeline-output
+Owns the order (drop the branches of stale audits first: a staged audit holds compaction off and
+pins its snapshots against expiry; then compact, then expire, then remove orphans: compaction's
+replaced files become unreferenced once the snapshots before it expire, and what a crash of
+either leaves behind is an orphan for the last step) and the per-dataset report the Dagster job and `pipeline-output
 maintain` print. Each operation is the Iceberg store's (`IcebergStore.compact`,
 `.expire_snapshots`, `.remove_orphans`; `docs/concepts.md`, "Maintenance"). Datasets with no
 Iceberg table (the legacy arm has nothing to maintain) are skipped, saying so. A dataset whose
@@ -15,9 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from pipeline_output.audit import DEFAULT_RETENTION
+from pipeline_output.audit_maintenance import drop_stale_audit_branches
 from pipeline_output.errors import PipelineOutputError, from_third_party
+from pipeline_output.ledger.audit_log import AuditRecord
+from pipeline_output.ledger.window_ledger import WindowLedger
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg import IcebergStore
 from pipeline_output.stores.iceberg.compaction import CompactionResult
@@ -31,6 +37,9 @@ from pipeline_output.stores.iceberg.health import TableHealth, table_health
 from pipeline_output.stores.iceberg.orphans import DEFAULT_GRACE_S, OrphanResult
 from pipeline_output.stores.iceberg.properties import _DEFAULT_LOCK
 
+if TYPE_CHECKING:
+    from pipeline_output.publish import Publisher
+
 Step = Callable[[str, str], None]  # (dataset, what is starting): progress reporting
 BinProgress = Callable[[int, int], None]  # (compaction bins done, planned)
 
@@ -39,6 +48,7 @@ BinProgress = Callable[[int, int], None]  # (compaction bins done, planned)
 class MaintenanceOptions:
     """Which operations run and their settings (the defaults are the documented ones)."""
 
+    audits: bool = True  # drop the branches of audits undecided or failed past audit_retention
     compact: bool = True
     expire: bool = True
     orphans: bool = True
@@ -47,6 +57,7 @@ class MaintenanceOptions:
     older_than: timedelta = DEFAULT_OLDER_THAN
     retain_last: int = DEFAULT_RETAIN_LAST
     grace_s: float = DEFAULT_GRACE_S
+    audit_retention: timedelta = DEFAULT_RETENTION
     dry_run: bool = False
 
 
@@ -61,6 +72,8 @@ class TableMaintenance:
     compaction: CompactionResult | None = None
     expiry: ExpiryResult | None = None
     orphans: OrphanResult | None = None
+    stale_audits: list[AuditRecord] | None = None  # handled by the audits step (None: not run)
+    dry_run: bool = False
     skipped: str | None = None
     errors: list[str] = field(default_factory=list)
 
@@ -68,7 +81,15 @@ class TableMaintenance:
         """One line per operation (and per error)."""
         if self.skipped:
             return [f"{self.dataset}: skipped ({self.skipped})"]
-        out = [
+        out = []
+        if self.stale_audits is not None:
+            verb = "would drop" if self.dry_run else "dropped"
+            branches = ", ".join(a.branch for a in self.stale_audits)
+            out.append(
+                f"{self.dataset}: audits: {verb} {len(self.stale_audits)} stale audit "
+                f"branch(es){': ' + branches if branches else ''}"
+            )
+        out += [
             f"{self.dataset}: {op.describe()}"
             for op in (self.compaction, self.expiry, self.orphans)
             if op is not None
@@ -85,10 +106,13 @@ def maintain(
     run_id: str | None = None,
     on_step: Step | None = None,
     on_bins: BinProgress | None = None,
+    publisher: Publisher | None = None,
 ) -> list[TableMaintenance]:
     """Maintain every dataset in `specs` (module docstring); one report per dataset.
 
-    `ledger`: the window ledger expiry asks (default: the one on the store's control plane).
+    `ledger`: the window ledger expiry asks (default: the one on the store's control plane), and
+    the one whose windows a dropped audit had staged become failed in. `publisher`: the audits
+    step's ledger (None: the audits step is skipped).
     `on_step(dataset, step)` is called before each operation, `on_bins(done, planned)` as a
     compaction writes its bins (progress bars)."""
     reports = []
@@ -100,9 +124,11 @@ def maintain(
             report.skipped = "no Iceberg table"
             continue
         report.before = table_health(table)
+        report.dry_run = options.dry_run
         steps = [
             name
             for name, wanted in (
+                ("audits", options.audits and publisher is not None),
                 ("compact", options.compact),
                 ("expire", options.expire),
                 ("orphans", options.orphans),
@@ -113,7 +139,17 @@ def maintain(
             if on_step is not None:
                 on_step(spec.name, name)
             try:
-                _run(name, store, spec, report, options, ledger, run_id, on_bins)
+                if name == "audits":
+                    assert publisher is not None
+                    report.stale_audits = drop_stale_audit_branches(
+                        publisher,
+                        windows=ledger if isinstance(ledger, WindowLedger) else None,
+                        older_than=options.audit_retention,
+                        datasets=[spec.name],
+                        dry_run=options.dry_run,
+                    )
+                else:
+                    _run(name, store, spec, report, options, ledger, run_id, on_bins)
             except Exception as exc:
                 error = exc if isinstance(exc, PipelineOutputError) else from_third_party(exc)
                 if error is None:

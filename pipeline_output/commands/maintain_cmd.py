@@ -1,5 +1,5 @@
-"""`pipeline-output maintain [DATASET...] [--compact] [--expire [AGE]] [--orphans] [--dry-run]`:
-table maintenance of the code location's datasets, with a progress bar (stderr) and a
+"""`pipeline-output maintain [DATASET...] [--audits [AGE]] [--compact] [--expire [AGE]] [--orphans]
+[--dry-run]`: table maintenance of the code location's datasets, with a progress bar (stderr) and a
 before/after table (stdout)."""
 
 from __future__ import annotations
@@ -18,19 +18,30 @@ from pipeline_output.maintenance import MaintenanceOptions, TableMaintenance
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 DEFAULT_EXPIRE = "5d"
+DEFAULT_AUDITS = "7d"
 
 
-def parse_age(text: str) -> timedelta:
+def parse_age(text: str, *, option: str = "--expire") -> timedelta:
     """`90s`, `30m`, `12h`, `5d`, `2w` (a bare number is seconds) as a timedelta."""
     found = _AGE.match(text)
     if found is None:
-        raise InvalidArgument(f"--expire {text!r}: an age like 90s, 30m, 12h, 5d or 2w")
+        raise InvalidArgument(f"{option} {text!r}: an age like 90s, 30m, 12h, 5d or 2w")
     return timedelta(seconds=float(found.group(1)) * _UNITS[found.group(2)])
 
 
 @click.command()
 @code_location_options
 @click.argument("datasets", nargs=-1)
+@click.option(
+    "--audits",
+    "audits",
+    is_flag=False,
+    flag_value=DEFAULT_AUDITS,
+    default=None,
+    metavar="[AGE]",
+    help=f"Drop branches of audits undecided or failed for longer than AGE (default "
+    f"{DEFAULT_AUDITS}).",
+)
 @click.option("--compact", "do_compact", is_flag=True, help="Bin-pack small files.")
 @click.option(
     "--expire",
@@ -56,6 +67,7 @@ def parse_age(text: str) -> timedelta:
 @click.option("--min-input-files", type=int, default=5, show_default=True)
 def maintain(
     datasets: tuple[str, ...],
+    audits: str | None,
     do_compact: bool,
     expire: str | None,
     do_orphans: bool,
@@ -65,15 +77,18 @@ def maintain(
     target_file_size: int | None,
     min_input_files: int,
 ) -> None:
-    """Compact, expire snapshots and remove orphan files (all three unless some are chosen)."""
+    """Drop stale audit branches, compact, expire snapshots and remove orphan files (all four
+    unless some are chosen)."""
     from pipeline_output.dagster_layer.runtime import get_runtime
     from pipeline_output.maintenance import maintain as run
 
     specs = dataset_specs()
     for name in datasets:
         spec_named(name)  # an unknown one fails naming the code location and the known ones
-    everything = not (do_compact or expire is not None or do_orphans)
+    everything = not (audits is not None or do_compact or expire is not None or do_orphans)
     options = MaintenanceOptions(
+        audits=audits is not None or everything,
+        audit_retention=parse_age(audits or DEFAULT_AUDITS, option="--audits"),
         compact=do_compact or everything,
         expire=expire is not None or everything,
         orphans=do_orphans or everything,
@@ -85,7 +100,7 @@ def maintain(
         dry_run=dry_run,
     )
     chosen = [specs[name] for name in (datasets or sorted(specs))]
-    steps = len(chosen) * sum((options.compact, options.expire, options.orphans))
+    steps = len(chosen) * sum((options.audits, options.compact, options.expire, options.orphans))
     runtime = get_runtime()
     with click.progressbar(
         length=steps,
@@ -110,6 +125,7 @@ def maintain(
             ledger=runtime.windows,
             on_step=step,
             on_bins=bins,
+            publisher=runtime.publisher,
         )
     _table(reports, dry_run=dry_run)
     for report in reports:

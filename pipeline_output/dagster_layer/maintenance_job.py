@@ -1,7 +1,7 @@
 """The `table_maintenance` job and its schedule, built by `build_definitions` for a code location.
 
 One op, `maintain_tables`, runs the core's maintenance (`pipeline_output/maintenance.py`:
-compaction, snapshot expiry, orphan removal) over the location's datasets one after another,
+stale audit branches, compaction, snapshot expiry, orphan removal) over the location's datasets one after another,
 logs what each step did, and records each table's health after maintenance as an asset
 observation of the dataset (data files, delete files, snapshots, metadata bytes, last
 maintenance, with the values before) and its `table_health` check evaluation. Run config (`MaintenanceConfig`) picks datasets and
@@ -29,6 +29,7 @@ class MaintenanceConfig(dg.Config):
     """Which datasets (none: all) and operations; sizes in bytes, ages in hours/seconds."""
 
     datasets: list[str] = []
+    audits: bool = True
     compact: bool = True
     expire: bool = True
     orphans: bool = True
@@ -38,11 +39,13 @@ class MaintenanceConfig(dg.Config):
     older_than_hours: float = 120.0
     retain_last: int = 1
     grace_seconds: float = 3600.0
+    audit_retention_hours: float = 168.0
 
     @classmethod
     def of(cls, options: MaintenanceOptions) -> "MaintenanceConfig":
         """The run config equivalent to core `options` (the job's defaults)."""
         return cls(
+            audits=options.audits,
             compact=options.compact,
             expire=options.expire,
             orphans=options.orphans,
@@ -52,11 +55,13 @@ class MaintenanceConfig(dg.Config):
             older_than_hours=options.older_than.total_seconds() / 3600,
             retain_last=options.retain_last,
             grace_seconds=options.grace_s,
+            audit_retention_hours=options.audit_retention.total_seconds() / 3600,
         )
 
     def options(self) -> MaintenanceOptions:
         """The core options this run config asks for."""
         return MaintenanceOptions(
+            audits=self.audits,
             compact=self.compact,
             expire=self.expire,
             orphans=self.orphans,
@@ -66,6 +71,7 @@ class MaintenanceConfig(dg.Config):
             older_than=timedelta(hours=self.older_than_hours),
             retain_last=self.retain_last,
             grace_s=self.grace_seconds,
+            audit_retention=timedelta(hours=self.audit_retention_hours),
         )
 
 
@@ -79,7 +85,10 @@ def build_maintenance_job(
     `thresholds` it also reports each dataset's `table_health` check after maintenance."""
     by_name = {spec.name: (spec, key) for spec, key in datasets}
 
-    @dg.op(name=OP_NAME, description="Compact, expire snapshots and remove orphan files")
+    @dg.op(
+        name=OP_NAME,
+        description="Drop stale audit branches, compact, expire snapshots, remove orphan files",
+    )
     def maintain_tables(context: dg.OpExecutionContext, config: MaintenanceConfig) -> None:
         from pipeline_output.dagster_layer.runtime import get_runtime
         from pipeline_output.maintenance import maintain
@@ -98,6 +107,7 @@ def build_maintenance_job(
             ledger=runtime.windows,
             run_id=context.run_id,
             on_step=lambda dataset, step: context.log.info(f"{dataset}: {step} ..."),
+            publisher=runtime.publisher,
         )
         for report, (_, key) in zip(reports, chosen, strict=True):
             for line in report.lines():

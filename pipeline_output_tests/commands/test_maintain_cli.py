@@ -58,13 +58,14 @@ def test_maintain_dry_run_then_compact_then_expire_with_a_before_after_table(cli
         _row(dry.stdout, "customers")[4],
     ]
     assert "customers: compact: would rewrite 8 data file(s) into 1 bin(s)" in dry.stdout
+    assert "customers: audits: would drop 0 stale audit branch(es)" in dry.stdout
     assert "maintenance (dry run)" in dry.stderr  # the progress bar's label, on stderr
     assert len(runtime.iceberg.load(spec).snapshots()) == 8  # nothing changed
 
     compacted = cli("maintain", "customers", "--compact")
     assert compacted.returncode == 0, compacted.stderr
     assert _row(compacted.stdout, "customers")[1:4] == ["8 -> 1", "0 -> 0", "8 -> 9"]
-    assert "expire:" not in compacted.stdout  # only the operation asked for
+    assert "expire:" not in compacted.stdout and "audits:" not in compacted.stdout  # only it
 
     expired = cli("maintain", "customers", "--expire", "0s", "--orphans", "--grace", "0")
     assert expired.returncode == 0, expired.stderr
@@ -89,3 +90,5 @@ def test_maintain_skips_datasets_without_a_table_and_refuses_unknown_names_and_a
     assert unknown.returncode == 2 and "unknown dataset 'nope'" in unknown.stderr
     bad_age = cli("maintain", "orders", "--expire", "soon")
     assert bad_age.returncode == 2 and "--expire 'soon'" in bad_age.stderr
+    bad_retention = cli("maintain", "orders", "--audits", "later")
+    assert bad_retention.returncode == 2 and "--audits 'later'" in bad_retention.stderr

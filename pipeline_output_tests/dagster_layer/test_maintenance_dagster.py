@@ -178,3 +178,49 @@ def test_window_runs_run_the_parity_check_but_leave_table_health_out(env, instan
     assert run.success
     assert [e.check_name for e in run.get_asset_check_evaluations()] == ["parity"]
     assert get_runtime().iceberg.read(spec_of(ev_copy)).height == 3
+
+
+def test_maintenance_drops_stale_audit_branches_so_they_no_longer_hold_compaction_off(
+    env, instance
+):
+    from pipeline_output.publish import ResolvedMode
+
+    defs = _defs()
+    assert dg.materialize([ledgerless], instance=instance, resources=defs.resources).success
+    spec = spec_of(ledgerless)
+    assert spec is not None
+    runtime = get_runtime()
+    written = [SEED]
+    for w in range(1, 9):
+        rows = pl.DataFrame({"id": [w * 100 + i for i in range(5)], "v": [f"w{w}"] * 5})
+        runtime.iceberg.write(spec, rows)
+        written.append(rows)
+    staged = pl.DataFrame({"id": [999], "v": ["never published"]})
+    runtime.publisher.publish(
+        spec, staged, mode=ResolvedMode("iceberg", "run config"), run_id="abandoned", audit=True
+    )
+    assert "audit-abandoned" in runtime.iceberg.load(spec).metadata.refs
+
+    def maintain(**config: Any) -> str:
+        run = defs.get_job_def("table_maintenance").execute_in_process(
+            instance=instance, run_config={"ops": {"maintain_tables": {"config": config}}}
+        )
+        assert run.success
+        observed = instance.fetch_observations(dg.AssetKey("ledgerless"), limit=1).records
+        return str(_meta(observed[0].asset_observation)["maintenance"])
+
+    # within the retention (and with the step off) the audit stays and holds compaction off
+    kept = maintain(older_than_hours=0)
+    assert "audits: dropped 0 stale audit branch(es)" in kept
+    assert "compact: skipped (an audit is staged on branch audit-abandoned" in kept
+    off = maintain(audits=False, audit_retention_hours=0, expire=False, orphans=False)
+    assert "audits:" not in off and "compact: skipped" in off
+    assert runtime.publisher.ledger.audit("ledgerless", "abandoned").state == "staged"
+
+    done = maintain(audit_retention_hours=0, older_than_hours=0)
+    assert "audits: dropped 1 stale audit branch(es): audit-abandoned" in done
+    assert "rewrote 9 data file(s) into 1 file(s)" in done
+    table = runtime.iceberg.load(spec)
+    assert "audit-abandoned" not in table.metadata.refs and len(table.snapshots()) == 1
+    assert runtime.publisher.ledger.audit("ledgerless", "abandoned").state == "dropped"
+    assert_same_multiset(runtime.iceberg.read(spec), pl.concat(written))  # never published
