@@ -111,6 +111,7 @@ def table_health(table: Table) -> TableHealth:
     target = int(props.get("write.target-file-size-bytes", DEFAULT_TARGET_BYTES))
     small = int(target * SMALL_FRACTION)
     index = read_index(table)
+    index.live.load(index.manifests)
     data = [
         e.data_file
         for entries in index.live.values()

@@ -2,8 +2,9 @@
 
 Owns the manifest side of a native write:
 
-- `ManifestIndex`: the current snapshot's manifests and their live entries, read ONCE per write
-  (in parallel). The merge plans its candidate files from it (`tasks`), and the commit's
+- `ManifestIndex`: the current snapshot's manifests and their live entries, each manifest read
+  at most ONCE per write (in parallel), and only the manifests a write plans from: a keyed write
+  on a partitioned table skips the manifests whose partition summaries rule its keys out. The merge plans its candidate files from it (`tasks`), and the commit's
   producer uses it again instead of re-reading every manifest twice (pyiceberg's overwrite reads
   all manifests once to find the deleted entries and once more to rewrite them).
   (`overwrite.IndexedOverwrite`, the commit's producer, is built on it.)
@@ -17,15 +18,19 @@ Owns the manifest side of a native write:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from threading import Lock
 from typing import Any
 
 from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import (
     DataFile,
     DataFileContent,
+    ManifestContent,
     ManifestEntry,
     ManifestFile,
 )
@@ -46,43 +51,102 @@ from pipeline_output.stores.iceberg.properties import _READ_THREADS, MAINTENANCE
 _INITIAL_SEQUENCE_NUMBER = 0
 
 
+class LiveEntries(Mapping[str, list[ManifestEntry]]):
+    """The live entries of a snapshot's manifests (manifest path -> entries), each manifest read
+    on first access and kept: a write reads only the manifests it plans from and rewrites."""
+
+    def __init__(self, manifests: list[ManifestFile], io: FileIO) -> None:
+        self._manifests = {m.manifest_path: m for m in manifests}
+        self._io = io
+        self._read: dict[str, list[ManifestEntry]] = {}
+        self._lock = Lock()
+
+    def __getitem__(self, path: str) -> list[ManifestEntry]:
+        entries = self._read.get(path)
+        if entries is None:
+            entries = self._fetch(self._manifests[path])
+            with self._lock:
+                entries = self._read.setdefault(path, entries)
+        return entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._manifests)
+
+    def __len__(self) -> int:
+        return len(self._manifests)
+
+    def is_read(self, path: str) -> bool:
+        return path in self._read
+
+    def load(self, manifests: list[ManifestFile]) -> None:
+        """Read the entries of those `manifests` not read yet, in parallel."""
+        todo = [m for m in manifests if m.manifest_path not in self._read]
+        if len(todo) > 1:
+            with ThreadPoolExecutor(max_workers=min(_READ_THREADS, len(todo))) as pool:
+                read = list(pool.map(self._fetch, todo))
+        else:
+            read = [self._fetch(m) for m in todo]
+        with self._lock:
+            for manifest, entries in zip(todo, read, strict=True):
+                self._read.setdefault(manifest.manifest_path, entries)
+
+    def _fetch(self, manifest: ManifestFile) -> list[ManifestEntry]:
+        return manifest.fetch_manifest_entry(self._io, discard_deleted=True)
+
+
 @dataclass
 class ManifestIndex:
-    """The manifests of one snapshot with their live entries (data and delete files)."""
+    """The manifests of one snapshot with their live entries (data and delete files).
+
+    Reading it reads the manifest list only; a manifest's entries are read when first needed
+    (`tasks` reads the ones it plans from, in parallel). A write whose candidates lie in a few
+    partitions plans with `admit` (the manifests whose partition summaries can hold them) and
+    never reads the others: the commit carries them forward untouched."""
 
     snapshot_id: int | None
     table_name: str = ""
     manifests: list[ManifestFile] = field(default_factory=list)
-    live: dict[str, list[ManifestEntry]] = field(default_factory=dict)
+    live: LiveEntries = field(default_factory=lambda: LiveEntries([], PyArrowFileIO()))
 
     @classmethod
     def read(cls, metadata: TableMetadata, io: FileIO, *, table_name: str = "") -> ManifestIndex:
-        """Read the current snapshot's manifest list and every manifest's live entries."""
+        """Read the current snapshot's manifest list (entries are read as they are needed)."""
         snapshot = metadata.current_snapshot()
         if snapshot is None:
             return cls(snapshot_id=None, table_name=table_name)
         manifests = list(snapshot.manifests(io))
-
-        def entries(manifest: ManifestFile) -> list[ManifestEntry]:
-            return manifest.fetch_manifest_entry(io, discard_deleted=True)
-
-        if len(manifests) > 1:
-            with ThreadPoolExecutor(max_workers=min(_READ_THREADS, len(manifests))) as pool:
-                read = list(pool.map(entries, manifests))
-        else:
-            read = [entries(m) for m in manifests]
-        live = {m.manifest_path: e for m, e in zip(manifests, read, strict=True)}
         return cls(
-            snapshot_id=snapshot.snapshot_id, table_name=table_name, manifests=manifests, live=live
+            snapshot_id=snapshot.snapshot_id,
+            table_name=table_name,
+            manifests=manifests,
+            live=LiveEntries(manifests, io),
         )
 
-    def tasks(self) -> list[FileScanTask]:
+    def read_manifests(self) -> list[ManifestFile]:
+        """The manifests whose entries have been read."""
+        return [m for m in self.manifests if self.live.is_read(m.manifest_path)]
+
+    def unread_live_rows(self) -> int:
+        """The live rows of the data files in manifests not read (their rows minus the rows the
+        unread delete manifests delete, from the manifest list's counts: nothing is opened)."""
+        rows = 0
+        for m in self.manifests:
+            if self.live.is_read(m.manifest_path):
+                continue
+            count = (m.added_rows_count or 0) + (m.existing_rows_count or 0)
+            rows += count if m.content == ManifestContent.DATA else -count
+        return rows
+
+    def tasks(self, *, admit: Callable[[ManifestFile], bool] | None = None) -> list[FileScanTask]:
         """One scan task per live data file, with the positional delete files that apply to it
         (the same association as pyiceberg's `plan_files`; equality deletes are refused there
-        and here)."""
+        and here). With `admit`, only the manifests (data and delete) it admits are read: it
+        must admit by partition, so a data file's delete files are admitted with it."""
+        chosen = self.manifests if admit is None else [m for m in self.manifests if admit(m)]
+        self.live.load(chosen)
         data: list[ManifestEntry] = []
         deletes = DeleteFileIndex()
-        for manifest in self.manifests:
+        for manifest in chosen:
             for entry in self.live[manifest.manifest_path]:
                 content = entry.data_file.content
                 if content == DataFileContent.DATA:
@@ -173,6 +237,7 @@ def upgrade_properties(tx: Transaction) -> None:
 
 def live_data_files(index: ManifestIndex) -> list[DataFile]:
     """Every live data file of the index's snapshot (a full replace deletes them all)."""
+    index.live.load(index.manifests)
     return [
         e.data_file
         for m in index.manifests

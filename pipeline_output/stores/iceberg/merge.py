@@ -30,7 +30,7 @@ from pipeline_output.stores.iceberg.manifests import ManifestIndex
 from pipeline_output.stores.iceberg.merge_policy import MIN_ROWS, MergePolicy
 from pipeline_output.stores.iceberg.prewrite import _Changes
 from pipeline_output.stores.iceberg.properties import _FILEPOS, _NEW, _POS
-from pipeline_output.stores.iceberg.pruning import KeySlices, prune_by_keys
+from pipeline_output.stores.iceberg.pruning import KeySlices, manifest_admission, prune_by_keys
 from pipeline_output.stores.iceberg.rewrite_sink import RewriteSink
 from pipeline_output.stores.iceberg.rows import (
     _differs,
@@ -138,7 +138,7 @@ class _Merge:
 
     def _append_new(self, plan: WritePlan) -> _Changes:
         pk = list(self.spec.primary_key)
-        candidates = self._prune_by_keys(self.index.tasks())
+        candidates = self._prune_by_keys(self._keyed_tasks())
         existing = [keys.select(pk) for _, keys in self.reader.stream(candidates, columns=pk)]
         keys = pl.concat(existing) if existing else self.frame.head(0).select(pk)
         fresh = self.frame.join(keys, on=pk, how="anti", nulls_equal=True)
@@ -159,10 +159,10 @@ class _Merge:
         scope = plan.delete_scope  # none | absent_keys | absent_keys_in_window
         window = plan.window if scope == "absent_keys_in_window" else None
         wm = self._watermark() if window is not None else None
-        tasks = self.index.tasks()
         if scope == "absent_keys":
-            candidates = tasks
+            tasks = candidates = self.index.tasks()
         elif window is not None and wm is not None:
+            tasks = self.index.tasks()
             by_key = {id(t) for t in self._prune_by_keys(tasks)}
             candidates = [
                 t
@@ -170,10 +170,12 @@ class _Merge:
                 if id(t) in by_key or _window_relation(t, self.schema, wm, window) != "outside"
             ]
         else:
+            tasks = self._keyed_tasks()
             candidates = self._prune_by_keys(tasks)
         changes = _Changes()
         chosen = {id(t) for t in candidates}
         changes.preserved += sum(_live_rows(t) for t in tasks if id(t) not in chosen)
+        changes.preserved += self.index.unread_live_rows()
         # each file is joined only with the compute's rows its key bounds admit
         slices = KeySlices(frame, pk[0], self.table.schema())
         slices.prepare(candidates)
@@ -341,6 +343,12 @@ class _Merge:
                 f"{wm!r} in the table"
             )
         return wm
+
+    def _keyed_tasks(self) -> list[FileScanTask]:
+        """The files of the manifests whose partition summaries admit one of the compute's keys
+        (every file when the table is not partitioned by a key column)."""
+        admit = manifest_admission(self.table.metadata, self.spec, self.frame)
+        return self.index.tasks(admit=admit)
 
     def _prune_by_keys(self, tasks: list[FileScanTask]) -> list[FileScanTask]:
         return prune_by_keys(self.table, self.spec, self.frame, tasks)

@@ -3,8 +3,8 @@
 pyiceberg's overwrite producer, planned from a `manifests.ManifestIndex` (read once per write)
 instead of re-reading every manifest twice, and aware of delete files:
 
-- it rewrites only the manifests that hold a removed file and drops manifests with no live file
-  left (pyiceberg carries the DELETED-only manifest of every overwrite forward for ever);
+- it rewrites only the manifests that hold a removed file (a manifest the write did not plan
+  from is carried forward unread) and drops manifests with no live file left (pyiceberg carries the DELETED-only manifest of every overwrite forward for ever);
 - it merges small data manifests on commit with Iceberg's `commit.manifest-merge.enabled`,
   `commit.manifest.min-count-to-merge` and `commit.manifest.target-size-bytes` semantics (the same
   merge manager as pyiceberg's merge-append), and folds the delete manifests earlier writes left
@@ -125,7 +125,9 @@ class IndexedOverwrite(_OverwriteFiles):
         gone = {f.file_path for f in self._deleted_data_files if f.content == DataFileContent.DATA}
         if not gone:
             return
-        for manifest in index.manifests:
+        # a data file's delete files share its partition: the write planned from (read) the
+        # delete manifests of every partition it removes a file from
+        for manifest in index.read_manifests():
             if manifest.content != ManifestContent.DELETES:
                 continue
             for entry in index.live[manifest.manifest_path]:
@@ -137,9 +139,11 @@ class IndexedOverwrite(_OverwriteFiles):
         if index is None:
             return super()._deleted_entries()
         deleted = self._deleted_data_files
+        # the removed files are in the manifests the write planned from (read); a file found in
+        # none fails the commit (`_validate_required_deletes`) instead of outliving its removal
         entries = [
             _restamped(entry, ManifestEntryStatus.DELETED, self._snapshot_id)
-            for manifest in index.manifests
+            for manifest in index.read_manifests()
             for entry in index.live[manifest.manifest_path]
             if entry.data_file in deleted
         ]
@@ -191,6 +195,9 @@ class IndexedOverwrite(_OverwriteFiles):
         else:
             kept = []
             for manifest in index.manifests:
+                if not index.live.is_read(manifest.manifest_path):
+                    kept.append(manifest)  # not planned from: nothing of it is removed
+                    continue
                 live = index.live[manifest.manifest_path]
                 remaining = [e for e in live if e.data_file not in self._deleted_data_files]
                 if len(remaining) == len(live) and live:

@@ -2,19 +2,24 @@
 any file is opened, which files can hold a row the compute's keys match, and which of the
 compute's rows each file can match.
 
-Owns `prune_by_keys` (files whose partition and every key column's bounds admit a key of the
-compute) and `KeySlices` (the compute's rows a file's bounds of the first key column admit: each
+Owns `manifest_admission` (manifests whose partition summaries admit a key of the compute: the
+others are never read), `prune_by_keys` (files whose partition and every key column's bounds
+admit a key of the compute) and `KeySlices` (the compute's rows a file's bounds of the first key column admit: each
 file is joined with its slice, not the whole batch).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Callable
 from typing import Any
 
 import polars as pl
 from pyiceberg.conversions import from_bytes
+from pyiceberg.manifest import ManifestFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import NestedField, PrimitiveType
 
 from pipeline_output.spec import DatasetSpec
@@ -42,6 +47,54 @@ def prune_by_keys(
     for field, keys in columns:
         admitted = [a and b for a, b in zip(admitted, _admits_all(tasks, field, keys), strict=True)]
     return [t for t, ok in zip(tasks, admitted, strict=True) if ok]
+
+
+def manifest_admission(
+    metadata: TableMetadata, spec: DatasetSpec, frame: pl.DataFrame
+) -> Callable[[ManifestFile], bool] | None:
+    """Which manifests can hold a row with one of the compute's keys, from the manifest list's
+    partition summaries alone (no manifest is opened): a manifest of the current spec whose
+    range of a key-sourced partition field holds none of the batch's partition values of that
+    field holds no candidate (nor a delete file of one). None: nothing to prune by (an
+    unpartitioned table, or no partition field sourced from a key column)."""
+    wanted = key_partition_values(spec, metadata, frame)
+    if wanted is None:
+        return None
+    current = metadata.spec()
+    schema = metadata.schema()
+    fields = []
+    for i, values in wanted.items():
+        pfield = current.fields[i]
+        result_type = pfield.transform.result_type(schema.find_field(pfield.source_id).field_type)
+        if not isinstance(result_type, PrimitiveType):
+            continue
+        present: list[Any] = sorted(v for v in values if v is not None)
+        fields.append((i, result_type, present, None in values))
+
+    def admits(manifest: ManifestFile) -> bool:
+        summaries = manifest.partitions
+        if manifest.partition_spec_id != current.spec_id or not summaries:
+            return True
+        for i, result_type, present, null_wanted in fields:
+            if i >= len(summaries):
+                return True
+            summary = summaries[i]
+            if null_wanted and summary.contains_null:
+                continue
+            if summary.lower_bound is None or summary.upper_bound is None:
+                # only nulls in this field and no null wanted: no candidate; no bounds: read it
+                return not (summary.contains_null and summary.lower_bound is None)
+            try:
+                lo = from_bytes(result_type, summary.lower_bound)
+                hi = from_bytes(result_type, summary.upper_bound)
+                at = bisect_left(present, lo)
+                if at == len(present) or present[at] > hi:
+                    return False
+            except (TypeError, ValueError):
+                return True  # bounds not comparable with the values: read it
+        return True
+
+    return admits
 
 
 def _prune_by_partition(

@@ -1,0 +1,155 @@
+"""Manifest pruning by partition summaries (issue 18): on a table partitioned by a key column
+whose manifests each cover a few partitions (a table another engine clustered, or one bigger than
+the manifest target size), a keyed write reads only the manifests whose partition summaries can
+hold its keys. The others are carried forward unread, and every write mode still matches the
+polars oracle, run twice, with delete files in the skipped and in the read manifests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+import pytest
+from pyiceberg.manifest import ManifestContent
+
+from pipeline_output import DatasetSpec, IcebergStore
+from pipeline_output.locks import AdvisoryLock
+from pipeline_output.stores.iceberg.manifests import read_index
+from pipeline_output.stores.iceberg.pruning import manifest_admission
+from pipeline_output_tests.oracle import assert_same_multiset, expect
+
+NS = "datasets"
+REGIONS = [f"r{i}" for i in range(6)]
+PER_REGION = 200
+
+
+def _rows(region: str, ids: range, *, version: int = 0) -> pl.DataFrame:
+    return pl.DataFrame(
+        {"region": [region] * len(ids), "id": list(ids), "v": [i * 10 + version for i in ids]},
+        schema={"region": pl.String, "id": pl.Int64, "v": pl.Int64},
+    )
+
+
+def _clustered_table(store: IcebergStore, name: str) -> pl.DataFrame:
+    """One region per append, manifest merging off: one data manifest per region. Region r2
+    carries a positional delete file (its own delete manifest) from a merge-on-read upsert."""
+    spec = DatasetSpec(
+        name=name, primary_key=("region", "id"), strategy="append_always", partition_by=("region",)
+    )
+    store.write(spec, _rows(REGIONS[0], range(PER_REGION)))
+    table = store.load(spec)
+    assert table is not None
+    with table.transaction() as tx:
+        tx.set_properties({"commit.manifest-merge.enabled": "false"})
+    for region in REGIONS[1:]:
+        store.write(spec, _rows(region, range(PER_REGION)))
+    mor = DatasetSpec(
+        name=name,
+        primary_key=("region", "id"),
+        partition_by=("region",),
+        write_strategy_hint="merge-on-read",
+    )
+    changed = _rows("r2", range(0, 10), version=1)
+    result = store.write(mor, changed)
+    assert result.files_merged_on_read == 1
+    base = pl.concat([_rows(r, range(PER_REGION)) for r in REGIONS])
+    return expect("snapshot_replace", base, changed, ["region", "id"]).table
+
+
+def _spec(name: str, strategy: str, hint: str) -> DatasetSpec:
+    return DatasetSpec(
+        name=name,
+        primary_key=("region", "id"),
+        strategy=strategy,  # type: ignore[arg-type]
+        partition_by=("region",),
+        write_strategy_hint=hint,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def store(catalog: Any, pg_db_url: str) -> IcebergStore:
+    return IcebergStore(catalog, NS, lock=AdvisoryLock(pg_db_url))
+
+
+def test_a_keyed_write_reads_only_the_manifests_whose_partitions_hold_its_keys(
+    store: IcebergStore,
+) -> None:
+    _clustered_table(store, "clustered_plan")
+    spec = _spec("clustered_plan", "snapshot_replace", "auto")
+    table = store.load(spec)
+    assert table is not None
+    index = read_index(table)
+    data_manifests = [m for m in index.manifests if m.content == ManifestContent.DATA]
+    assert len(data_manifests) >= len(REGIONS)  # one per region at least (merging is off)
+
+    batch = _rows("r4", range(5))
+    admit = manifest_admission(table.metadata, spec, batch)
+    assert admit is not None
+    tasks = index.tasks(admit=admit)
+    assert {t.file.partition[0] for t in tasks} == {"r4"}
+    read = index.read_manifests()
+    assert 1 <= len(read) < len(index.manifests) / 2
+    assert all(m.partitions and m.partitions[0].lower_bound is not None for m in read)
+    # the unread manifests' rows, from the manifest list's counts, complete the table
+    assert (
+        sum(t.file.record_count for t in tasks) + index.unread_live_rows()
+        == len(REGIONS) * PER_REGION
+        == store.read(spec).height
+    )
+
+    # r2's delete manifest is read with r2's data manifest, and applies to it
+    index = read_index(table)
+    r2 = index.tasks(admit=manifest_admission(table.metadata, spec, _rows("r2", range(3))))
+    assert [len(t.delete_files) for t in r2 if t.file.record_count == PER_REGION] == [1]
+    assert any(m.content == ManifestContent.DELETES for m in index.read_manifests())
+
+    # a table not partitioned by a key column has nothing to prune by
+    unkeyed = DatasetSpec(name="clustered_plan", primary_key=("id",), partition_by=("region",))
+    assert manifest_admission(table.metadata, unkeyed, batch) is None
+
+
+@pytest.mark.parametrize(
+    ("strategy", "hint"),
+    [
+        ("snapshot_replace", "copy-on-write"),
+        ("snapshot_replace", "merge-on-read"),
+        ("append_new", "auto"),
+        ("sync", "merge-on-read"),
+    ],
+)
+def test_writes_into_a_table_with_clustered_manifests_match_the_oracle_twice(
+    store: IcebergStore, strategy: str, hint: str
+) -> None:
+    name = f"clustered_{strategy}_{hint.replace('-', '_')}"
+    before = _clustered_table(store, name)
+    spec = _spec(name, strategy, hint)
+    # r2 (with its delete file) and r4 change; a key of a new region arrives
+    batch = pl.concat(
+        [
+            _rows("r2", range(5, 15), version=2),
+            _rows("r4", range(190, 210), version=2),
+            _rows("r9", range(3), version=2),
+        ]
+    )
+    table = store.load(spec)
+    assert table is not None
+    untouched = {
+        m.manifest_path
+        for m in read_index(table).manifests
+        if m.partitions and m.partitions[0].lower_bound in (b"r1", b"r3", b"r5")
+    }
+    expected = expect(strategy, before, batch, ["region", "id"])
+    for rerun in range(2):
+        result = store.write(spec, batch)
+        assert_same_multiset(store.read(spec), expected.table)
+        assert result.rows_total_after == expected.table.height
+        if not rerun:
+            for key, value in expected.counters.items():
+                assert getattr(result, key) == value, (key, getattr(result, key), value)
+    table = store.load(spec)
+    assert table is not None
+    kept = {m.manifest_path for m in read_index(table).manifests}
+    if strategy != "sync":  # sync reads every file (absent keys anywhere are deleted)
+        assert untouched and untouched <= kept  # carried forward as they were
+    # another reader sees the same rows
+    assert_same_multiset(pl.from_arrow(table.scan().to_arrow()), expected.table)  # type: ignore[arg-type]
