@@ -369,6 +369,31 @@ class DeployMachine(RuleBasedStateMachine):
         self.arms.reader.catalog.engine.dispose()
 
 
+class MergeOnReadMachine(DeployMachine):
+    """The same sequences over datasets whose merges keep files and write delete files: the
+    strategies that merge (upsert, sync, windowed replace) forced to merge-on-read, so every
+    later deploy, read and check runs on tables that carry positional delete files."""
+
+    @initialize(
+        strategies=st.lists(
+            st.sampled_from(["snapshot_replace", "sync", "replace"]), min_size=1, max_size=2
+        ),
+        kinds=st.lists(st.sampled_from(WATERMARK_KINDS), min_size=2, max_size=2),
+        zone=st.sampled_from(SERVER_ZONES),
+        partitions=st.lists(st.sampled_from(PARTITIONINGS), min_size=2, max_size=2),
+        hints=st.just(["merge-on-read", "merge-on-read"]),
+    )
+    def create(
+        self,
+        strategies: list[str],
+        kinds: list[str],
+        zone: str,
+        partitions: list[tuple[str, ...]],
+        hints: list[str],
+    ) -> None:
+        super().create(strategies, kinds, zone, partitions, hints)
+
+
 def _arms_factory(catalog: Any, fresh_catalog: Any, pg_db_url: str) -> Any:
     postgres = PostgresStore(pg_db_url)
 
@@ -387,8 +412,16 @@ def make_arms(catalog: Any, fresh_catalog: Any, pg_db_url: str) -> Any:
     return _arms_factory(catalog, fresh_catalog, pg_db_url)
 
 
+@pytest.mark.parametrize(
+    ("machine", "scenario"),
+    [
+        (DeployMachine, "model-based: random deploy sequences, both arms vs polars model"),
+        (MergeOnReadMachine, "model-based: merge-on-read deploy sequences, both arms vs model"),
+    ],
+    ids=["every-strategy", "merge-on-read"],
+)
 def test_random_deploy_sequences_both_arms_match_the_model(
-    make_arms: Any, set_server_zone: Any
+    make_arms: Any, set_server_zone: Any, machine: type[DeployMachine], scenario: str
 ) -> None:
     _CTX.clear()
     _CTX.update(
@@ -404,9 +437,9 @@ def test_random_deploy_sequences_both_arms_match_the_model(
         hints=set(),
     )
     started = time.perf_counter()
-    run_state_machine_as_test(DeployMachine, settings=_settings())
+    run_state_machine_as_test(machine, settings=_settings())
     record(
-        "model-based: random deploy sequences, both arms vs polars model",
+        scenario,
         examples=_CTX["examples"],
         deploys=_CTX["steps"],
         refused_empty=_CTX["refused"],
