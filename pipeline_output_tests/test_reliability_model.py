@@ -269,6 +269,18 @@ def check(arms: Arms, ds: DatasetModel) -> None:
 _CTX: dict[str, Any] = {}
 
 
+def _datasets_st(strategies: list[str], hints: st.SearchStrategy[list[str]]) -> dict[str, Any]:
+    """The draws of a machine's datasets (up to two): strategy, watermark kind, server zone,
+    partitioning and merge mode."""
+    return {
+        "strategies": st.lists(st.sampled_from(strategies), min_size=1, max_size=2),
+        "kinds": st.lists(st.sampled_from(WATERMARK_KINDS), min_size=2, max_size=2),
+        "zone": st.sampled_from(SERVER_ZONES),
+        "partitions": st.lists(st.sampled_from(PARTITIONINGS), min_size=2, max_size=2),
+        "hints": hints,
+    }
+
+
 class DeployMachine(RuleBasedStateMachine):
     """Random deploy sequences over up to two datasets with random strategies."""
 
@@ -278,11 +290,7 @@ class DeployMachine(RuleBasedStateMachine):
         self.datasets: list[DatasetModel] = []
 
     @initialize(
-        strategies=st.lists(st.sampled_from(STRATEGIES), min_size=1, max_size=2),
-        kinds=st.lists(st.sampled_from(WATERMARK_KINDS), min_size=2, max_size=2),
-        zone=st.sampled_from(SERVER_ZONES),
-        partitions=st.lists(st.sampled_from(PARTITIONINGS), min_size=2, max_size=2),
-        hints=st.lists(st.sampled_from(HINTS), min_size=2, max_size=2),
+        **_datasets_st(STRATEGIES, st.lists(st.sampled_from(HINTS), min_size=2, max_size=2))
     )
     def create(
         self,
@@ -375,23 +383,12 @@ class MergeOnReadMachine(DeployMachine):
     later deploy, read and check runs on tables that carry positional delete files."""
 
     @initialize(
-        strategies=st.lists(
-            st.sampled_from(["snapshot_replace", "sync", "replace"]), min_size=1, max_size=2
-        ),
-        kinds=st.lists(st.sampled_from(WATERMARK_KINDS), min_size=2, max_size=2),
-        zone=st.sampled_from(SERVER_ZONES),
-        partitions=st.lists(st.sampled_from(PARTITIONINGS), min_size=2, max_size=2),
-        hints=st.just(["merge-on-read", "merge-on-read"]),
+        **_datasets_st(
+            ["snapshot_replace", "sync", "replace"], st.just(["merge-on-read", "merge-on-read"])
+        )
     )
-    def create(
-        self,
-        strategies: list[str],
-        kinds: list[str],
-        zone: str,
-        partitions: list[tuple[str, ...]],
-        hints: list[str],
-    ) -> None:
-        super().create(strategies, kinds, zone, partitions, hints)
+    def create(self, **drawn: Any) -> None:
+        super().create(**drawn)
 
 
 def _arms_factory(catalog: Any, fresh_catalog: Any, pg_db_url: str) -> Any:
@@ -472,12 +469,34 @@ def _rows(ids: list[int], version: int = 0, **kw: Any) -> list[Row]:
     ]
 
 
-def _replay(make_arms: Any, strategy: str, steps: list[Any], *, wm_kind: str = "int") -> None:
+def _replay(
+    make_arms: Any,
+    strategy: str,
+    steps: list[Any],
+    *,
+    wm_kind: str = "int",
+    partition_by: tuple[str, ...] = (),
+    hint: str = "auto",
+) -> None:
     arms = make_arms()
-    ds = new_dataset(strategy, wm_kind)
+    ds = new_dataset(strategy, wm_kind, partition_by, hint)
     for step in steps:
         if step[0] == "deploy":
             deploy(arms, ds, step[1], step[2])
+        elif step[0] == "move":  # move_stored_keys_to_other_windows(window, version)
+            assert ds.table is not None
+            stored = ds.table.unique(subset=["id"], keep="first").select("id", "seq").rows()
+            rows = [
+                Row(
+                    id=k,
+                    version=step[2],
+                    v_null=False,
+                    f_kind=0,
+                    moved=seq == watermark_value(k, wm_kind),
+                )
+                for k, seq in stored
+            ]
+            deploy(arms, ds, rows, step[1])
         elif step[0] == "add":
             ds.extras[step[1]] = step[2]
             ds.ever_extras[step[1]] = step[2]
@@ -563,3 +582,34 @@ def test_regression_zoned_watermark_windows_under_a_non_utc_server_on_both_arms(
             ],
             wm_kind=wm_kind,
         )
+
+
+def _row(i: int, version: int = 0, *, null: bool = False) -> Row:
+    return Row(id=i, version=version, v_null=null, f_kind=0, moved=False)
+
+
+def test_regression_merge_on_read_upsert_of_moved_keys_into_a_truncate_partitioned_table(
+    make_arms: Any,
+) -> None:
+    """Found by the deep profile of the merge-on-read machine."""
+    first = [_row(1, 2), _row(21, null=True), _row(29, 2, null=True), _row(18, null=True)]
+    first += [_row(0, null=True), _row(3), _row(25, null=True)]
+    second = [_row(19), _row(29, null=True), _row(27, null=True)]
+    _replay(
+        make_arms,
+        "snapshot_replace",
+        [
+            ("deploy", [_row(0), _row(1), _row(26), _row(2)], (None, 6)),
+            ("deploy", first, None),
+            ("deploy", first, None),
+            ("deploy", second, None),
+            ("deploy", second, None),
+            ("add", "x0_float", "float"),
+            ("deploy", [], None),
+            ("deploy", [], None),
+            ("drop", "x0_float"),
+            ("move", (None, 8), 0),
+        ],
+        partition_by=("truncate(8, id)",),
+        hint="merge-on-read",
+    )

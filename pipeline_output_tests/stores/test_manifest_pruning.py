@@ -15,6 +15,7 @@ from pyiceberg.manifest import ManifestContent
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.locks import AdvisoryLock
 from pipeline_output.stores.iceberg.manifests import read_index
+from pipeline_output.stores.iceberg.merge_policy import MIN_ROWS
 from pipeline_output.stores.iceberg.pruning import manifest_admission
 from pipeline_output_tests.oracle import assert_same_multiset, expect
 
@@ -88,20 +89,14 @@ def test_a_keyed_write_reads_only_the_manifests_whose_partitions_hold_its_keys(
     tasks = index.tasks(admit=admit)
     assert {t.file.partition[0] for t in tasks} == {"r4"}
     read = index.read_manifests()
-    assert 1 <= len(read) < len(index.manifests) / 2
-    assert all(m.partitions and m.partitions[0].lower_bound is not None for m in read)
-    # the unread manifests' rows, from the manifest list's counts, complete the table
-    assert (
-        sum(t.file.record_count for t in tasks) + index.unread_live_rows()
-        == len(REGIONS) * PER_REGION
-        == store.read(spec).height
+    data_read = [m for m in read if m.content == ManifestContent.DATA]
+    assert len(data_read) == 1 and len(read) < len(index.manifests) / 2
+    # every delete manifest is read: each task carries all its delete files
+    assert all(
+        index.live.is_read(m.manifest_path) for m in index.manifests if m not in data_manifests
     )
-
-    # r2's delete manifest is read with r2's data manifest, and applies to it
-    index = read_index(table)
-    r2 = index.tasks(admit=manifest_admission(table.metadata, spec, _rows("r2", range(3))))
-    assert [len(t.delete_files) for t in r2 if t.file.record_count == PER_REGION] == [1]
-    assert any(m.content == ManifestContent.DELETES for m in index.read_manifests())
+    # the manifest list's counts give the table's live rows without reading the rest
+    assert index.live_rows() == len(REGIONS) * PER_REGION == store.read(spec).height
 
     # a table not partitioned by a key column has nothing to prune by
     unkeyed = DatasetSpec(name="clustered_plan", primary_key=("id",), partition_by=("region",))
@@ -152,4 +147,37 @@ def test_writes_into_a_table_with_clustered_manifests_match_the_oracle_twice(
     if strategy != "sync":  # sync reads every file (absent keys anywhere are deleted)
         assert untouched and untouched <= kept  # carried forward as they were
     # another reader sees the same rows
+    assert_same_multiset(pl.from_arrow(table.scan().to_arrow()), expected.table)  # type: ignore[arg-type]
+
+
+def test_a_manifest_admitted_for_one_partition_keeps_the_deletes_of_its_other_partitions(
+    store: IcebergStore,
+) -> None:
+    """One manifest holds r0's and r1's files; r1's file has a delete file in a delete manifest
+    of r1 alone. A merge-on-read upsert into r0 reads that manifest (for r0) and folds the
+    smallest untouched small file without delete files into its new file: r1's file must come
+    with its deletes (and so stay), or the rows they delete come back."""
+    name = "mixed_manifest"
+    spec = _spec(name, "snapshot_replace", "merge-on-read")
+    # r0's file is not small (merge_policy.MIN_ROWS): only r1's can be folded into a new file
+    both = pl.concat([_rows("r0", range(MIN_ROWS)), _rows("r1", range(40))])
+    store.write(spec, both)  # one manifest, two partitions
+    table = store.load(spec)
+    assert table is not None
+    with table.transaction() as tx:
+        tx.set_properties({"commit.manifest-merge.enabled": "false"})
+    changed_r1 = _rows("r1", range(5), version=1)
+    assert store.write(spec, changed_r1).files_merged_on_read == 1
+    expected = expect("snapshot_replace", both, changed_r1, ["region", "id"]).table
+    batch = _rows("r0", range(10), version=2)
+    expected = expect("snapshot_replace", expected, batch, ["region", "id"])
+    for rerun in range(2):
+        result = store.write(spec, batch)
+        assert_same_multiset(store.read(spec), expected.table)
+        if not rerun:
+            assert result.files_merged_on_read == 1
+            for key, value in expected.counters.items():
+                assert getattr(result, key) == value, (key, getattr(result, key), value)
+    table = store.load(spec)
+    assert table is not None
     assert_same_multiset(pl.from_arrow(table.scan().to_arrow()), expected.table)  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ Owns the manifest side of a native write:
 
 - `ManifestIndex`: the current snapshot's manifests and their live entries, each manifest read
   at most ONCE per write (in parallel), and only the manifests a write plans from: a keyed write
-  on a partitioned table skips the manifests whose partition summaries rule its keys out. The merge plans its candidate files from it (`tasks`), and the commit's
+  on a partitioned table skips the data manifests whose partition summaries rule its keys out. The merge plans its candidate files from it (`tasks`), and the commit's
   producer uses it again instead of re-reading every manifest twice (pyiceberg's overwrite reads
   all manifests once to find the deleted entries and once more to rewrite them).
   (`overwrite.IndexedOverwrite`, the commit's producer, is built on it.)
@@ -100,8 +100,8 @@ class ManifestIndex:
 
     Reading it reads the manifest list only; a manifest's entries are read when first needed
     (`tasks` reads the ones it plans from, in parallel). A write whose candidates lie in a few
-    partitions plans with `admit` (the manifests whose partition summaries can hold them) and
-    never reads the others: the commit carries them forward untouched."""
+    partitions plans with `admit` (the data manifests whose partition summaries can hold them)
+    and never reads the other data manifests: the commit carries them forward untouched."""
 
     snapshot_id: int | None
     table_name: str = ""
@@ -126,23 +126,32 @@ class ManifestIndex:
         """The manifests whose entries have been read."""
         return [m for m in self.manifests if self.live.is_read(m.manifest_path)]
 
-    def unread_live_rows(self) -> int:
-        """The live rows of the data files in manifests not read (their rows minus the rows the
-        unread delete manifests delete, from the manifest list's counts: nothing is opened)."""
+    def fully_read(self) -> bool:
+        """Whether every manifest's entries have been read."""
+        return all(self.live.is_read(m.manifest_path) for m in self.manifests)
+
+    def live_rows(self) -> int | None:
+        """The snapshot's live rows from the manifest list alone (data files' rows minus the
+        positions delete files delete); None when a manifest does not record its counts (v1)."""
         rows = 0
         for m in self.manifests:
-            if self.live.is_read(m.manifest_path):
-                continue
-            count = (m.added_rows_count or 0) + (m.existing_rows_count or 0)
+            if m.added_rows_count is None or m.existing_rows_count is None:
+                return None
+            count = m.added_rows_count + m.existing_rows_count
             rows += count if m.content == ManifestContent.DATA else -count
         return rows
 
     def tasks(self, *, admit: Callable[[ManifestFile], bool] | None = None) -> list[FileScanTask]:
         """One scan task per live data file, with the positional delete files that apply to it
         (the same association as pyiceberg's `plan_files`; equality deletes are refused there
-        and here). With `admit`, only the manifests (data and delete) it admits are read: it
-        must admit by partition, so a data file's delete files are admitted with it."""
-        chosen = self.manifests if admit is None else [m for m in self.manifests if admit(m)]
+        and here). With `admit`, only the data manifests it admits are read (and every delete
+        manifest: an admitted manifest may hold files of partitions the predicate rules out,
+        and each task must carry all its delete files)."""
+        chosen = [
+            m
+            for m in self.manifests
+            if admit is None or m.content != ManifestContent.DATA or admit(m)
+        ]
         self.live.load(chosen)
         data: list[ManifestEntry] = []
         deletes = DeleteFileIndex()

@@ -175,7 +175,7 @@ class _Merge:
         changes = _Changes()
         chosen = {id(t) for t in candidates}
         changes.preserved += sum(_live_rows(t) for t in tasks if id(t) not in chosen)
-        changes.preserved += self.index.unread_live_rows()
+        changes.preserved += self._unread_rows(tasks)
         # each file is joined only with the compute's rows its key bounds admit
         slices = KeySlices(frame, pk[0], self.table.schema())
         slices.prepare(candidates)
@@ -345,10 +345,21 @@ class _Merge:
         return wm
 
     def _keyed_tasks(self) -> list[FileScanTask]:
-        """The files of the manifests whose partition summaries admit one of the compute's keys
-        (every file when the table is not partitioned by a key column)."""
+        """The files of the data manifests whose partition summaries admit one of the compute's
+        keys (every file when the table is not partitioned by a key column, or its manifest
+        list does not count rows: the unread files' rows could not be counted)."""
         admit = manifest_admission(self.table.metadata, self.spec, self.frame)
+        if self.index.live_rows() is None:
+            admit = None
         return self.index.tasks(admit=admit)
+
+    def _unread_rows(self, tasks: list[FileScanTask]) -> int:
+        """The live rows of the data files in manifests `_keyed_tasks` did not read: the
+        snapshot's live rows (manifest list) minus the live rows of the files it read."""
+        total = self.index.live_rows()
+        if self.index.fully_read() or total is None:
+            return 0
+        return total - sum(_live_rows(t) for t in tasks)
 
     def _prune_by_keys(self, tasks: list[FileScanTask]) -> list[FileScanTask]:
         return prune_by_keys(self.table, self.spec, self.frame, tasks)

@@ -125,8 +125,7 @@ class IndexedOverwrite(_OverwriteFiles):
         gone = {f.file_path for f in self._deleted_data_files if f.content == DataFileContent.DATA}
         if not gone:
             return
-        # a data file's delete files share its partition: the write planned from (read) the
-        # delete manifests of every partition it removes a file from
+        # a write that plans from the index reads every delete manifest (`ManifestIndex.tasks`)
         for manifest in index.read_manifests():
             if manifest.content != ManifestContent.DELETES:
                 continue

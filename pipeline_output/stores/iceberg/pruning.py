@@ -52,11 +52,11 @@ def prune_by_keys(
 def manifest_admission(
     metadata: TableMetadata, spec: DatasetSpec, frame: pl.DataFrame
 ) -> Callable[[ManifestFile], bool] | None:
-    """Which manifests can hold a row with one of the compute's keys, from the manifest list's
-    partition summaries alone (no manifest is opened): a manifest of the current spec whose
-    range of a key-sourced partition field holds none of the batch's partition values of that
-    field holds no candidate (nor a delete file of one). None: nothing to prune by (an
-    unpartitioned table, or no partition field sourced from a key column)."""
+    """Which data manifests can hold a row with one of the compute's keys, from the manifest
+    list's partition summaries alone (no manifest is opened): a manifest of the current spec
+    whose range of a key-sourced partition field holds none of the batch's partition values of
+    that field holds no candidate. None: nothing to prune by (an unpartitioned table, or no
+    partition field sourced from a key column)."""
     wanted = key_partition_values(spec, metadata, frame)
     if wanted is None:
         return None
