@@ -3,8 +3,9 @@
 pyiceberg's overwrite producer, planned from a `manifests.ManifestIndex` (read once per write)
 instead of re-reading every manifest twice, and aware of delete files:
 
-- it rewrites only the manifests that hold a removed file (a manifest the write did not plan
-  from is carried forward unread) and drops manifests with no live file left (pyiceberg carries the DELETED-only manifest of every overwrite forward for ever);
+- it rewrites only the manifests that hold a removed file (a data manifest the write did not
+  plan from is carried forward unread) and drops manifests with no live file left (pyiceberg
+  carries the DELETED-only manifest of every overwrite forward for ever);
 - it merges small data manifests on commit with Iceberg's `commit.manifest-merge.enabled`,
   `commit.manifest.min-count-to-merge` and `commit.manifest.target-size-bytes` semantics (the same
   merge manager as pyiceberg's merge-append), and folds the delete manifests earlier writes left
@@ -125,10 +126,9 @@ class IndexedOverwrite(_OverwriteFiles):
         gone = {f.file_path for f in self._deleted_data_files if f.content == DataFileContent.DATA}
         if not gone:
             return
-        # a write that plans from the index reads every delete manifest (`ManifestIndex.tasks`)
-        for manifest in index.read_manifests():
-            if manifest.content != ManifestContent.DELETES:
-                continue
+        deletes = [m for m in index.manifests if m.content == ManifestContent.DELETES]
+        index.live.load(deletes)  # already read when the write planned with `tasks`
+        for manifest in deletes:
             for entry in index.live[manifest.manifest_path]:
                 if referenced_path(entry.data_file) in gone:
                     self._deleted_data_files.add(entry.data_file)
