@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_iceberg_arm import _rows, start_postgres
+from bench_iceberg_arm import _rows, dir_stats, start_postgres
 
 WORK = Path(__file__).resolve().parent / ".work" / "history"
 
@@ -47,11 +47,6 @@ def _batch(i: int, rows: int, size: int, next_id: int) -> Any:
     frame = pl.concat([_rows(matched, changed=True), _rows(new, changed=False)])
     # a distinct change per write, so a matched row really changes every time it is drawn
     return frame.with_columns(v_int=pl.col("v_int") + i)
-
-
-def _dir_stats(path: Path) -> tuple[int, int]:
-    files = [p for p in path.rglob("*") if p.is_file()]
-    return len(files), sum(p.stat().st_size for p in files)
 
 
 def main() -> int:
@@ -117,7 +112,7 @@ def main() -> int:
         table = store.load(spec)
         assert table is not None
         location = Path(table.metadata.location.removeprefix("file://"))
-        meta_files, meta_bytes = _dir_stats(location / "metadata")
+        meta_files, meta_bytes = dir_stats(location / "metadata")
         kinds = {
             "metadata.json": sum(
                 p.stat().st_size for p in (location / "metadata").glob("*.metadata.json")

@@ -452,6 +452,12 @@ def spawn(payload: dict[str, Any], tag: str, workdir: Path, timeout_s: float) ->
     return json.loads(out.read_text())
 
 
+def dir_stats(path: Path) -> tuple[int, int]:
+    """Files under `path` and their total bytes."""
+    files = [p for p in path.rglob("*") if p.is_file()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
 def start_postgres(workdir: Path) -> tuple[Any, str, str]:
     import warnings
 

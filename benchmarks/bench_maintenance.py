@@ -45,7 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_iceberg_arm import _rows, machine, start_postgres
+from bench_iceberg_arm import _rows, dir_stats, machine, start_postgres
 
 WORK = Path(__file__).resolve().parent / ".work" / "maintenance"
 
@@ -57,11 +57,6 @@ def _median(fn: Callable[[int], Any], n: int = 3) -> float:
         fn(i)
         times.append(time.perf_counter() - started)
     return statistics.median(times)
-
-
-def _dir(path: Path) -> tuple[int, int]:
-    files = [p for p in path.rglob("*") if p.is_file()]
-    return len(files), sum(p.stat().st_size for p in files)
 
 
 def main() -> int:
@@ -134,8 +129,8 @@ def main() -> int:
             assert table is not None
             health = table_health(table)
             location = Path(table.location().removeprefix("file://"))
-            meta_files, meta_bytes = _dir(location / "metadata")
-            all_files, _ = _dir(location)
+            meta_files, meta_bytes = dir_stats(location / "metadata")
+            all_files, _ = dir_stats(location)
             return {
                 "phase": label,
                 "data files": health.data_files,

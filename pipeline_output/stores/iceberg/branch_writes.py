@@ -18,9 +18,6 @@ from pipeline_output.errors import WriteConflict
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.branches import anchor, at_branch, needs_anchor
 from pipeline_output.stores.iceberg.manifests import FlatTransaction
-from pipeline_output.stores.iceberg.partitions import partition_spec
-from pipeline_output.stores.iceberg.properties import TABLE_PROPERTIES
-from pipeline_output.stores.schema import initial_schema
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.store import IcebergStore
@@ -32,19 +29,9 @@ def branch_view(
     """The table a write to `branch` plans against (see the module docstring); call it under the
     table's writer lock."""
     if needs_anchor(table):
-        tx: Transaction
-        if table is None:
-            store._ensure_namespace()
-            schema, order = initial_schema(spec, frame)
-            tx = store.catalog.create_table_transaction(
-                store.identifier(spec),
-                schema=schema,
-                partition_spec=partition_spec(spec, schema),
-                sort_order=order,
-                properties=TABLE_PROPERTIES,
-            )
-        else:
-            tx = FlatTransaction(table)
+        tx: Transaction = (
+            store._create_transaction(spec, frame) if table is None else FlatTransaction(table)
+        )
         try:
             table = anchor(tx)
         except TableAlreadyExistsError as exc:

@@ -29,7 +29,7 @@ import polars as pl
 from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.manifest import DataFileContent
-from pyiceberg.table import Table
+from pyiceberg.table import Table, Transaction
 from pyiceberg.table.refs import MAIN_BRANCH
 
 from pipeline_output.errors import (
@@ -241,6 +241,19 @@ class IcebergStore(IcebergReads):
             self.catalog.create_namespace_if_not_exists(self.namespace)
             self._namespace_checked = True
 
+    def _create_transaction(self, spec: DatasetSpec, frame: pl.DataFrame) -> Transaction:
+        """The transaction that creates `spec`'s table for `frame` (schema, partition spec, sort
+        order and table properties), committed with the table's first write."""
+        self._ensure_namespace()
+        schema, order = initial_schema(spec, frame)
+        return self.catalog.create_table_transaction(
+            self.identifier(spec),
+            schema=schema,
+            partition_spec=partition_spec(spec, schema),
+            sort_order=order,
+            properties=TABLE_PROPERTIES,
+        )
+
     def _create(
         self,
         spec: DatasetSpec,
@@ -251,15 +264,7 @@ class IcebergStore(IcebergReads):
         fence: Callable[[], None] | None = None,
     ) -> WriteResult:
         """First deploy of a missing table: create it and write its first snapshot in one commit."""
-        self._ensure_namespace()
-        schema, order = initial_schema(spec, frame)
-        tx = self.catalog.create_table_transaction(
-            self.identifier(spec),
-            schema=schema,
-            partition_spec=partition_spec(spec, schema),
-            sort_order=order,
-            properties=TABLE_PROPERTIES,
-        )
+        tx = self._create_transaction(spec, frame)
         data = _sorted(frame, spec)
         props = {**props, **row_properties(RowCounts(inserted=frame.height))}
         try:
