@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -15,27 +13,8 @@ import psycopg
 import pytest
 
 from pipeline_output.ledger import Ledger
-from pipeline_output.settings import Settings
-from pipeline_output_tests.commands.cli_runner import BIN, Run, runner
 
 DEMO = ["active_products", "customer_churn", "customers", "daily_revenue", "order_events", "orders"]
-
-
-@pytest.fixture
-def cli(settings_env: Settings, tmp_path: Path) -> Run:
-    """Run the console script with PIPELINE_OUTPUT_PG_URL/HOME of the test database."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_")}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    return runner(env=env, cwd=tmp_path, timeout_s=120)
-
-
-@pytest.fixture
-def runtime(settings_env: Settings) -> Any:
-    from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
-
-    reset_runtime()
-    yield get_runtime()
-    reset_runtime()
 
 
 def products(ids: range, version: int = 0) -> pl.DataFrame:

@@ -3,32 +3,9 @@ database: the demo code location, one of its datasets fed many small files throu
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Any
-
 import polars as pl
-import pytest
 
-from pipeline_output.settings import Settings
-from pipeline_output_tests.commands.cli_runner import BIN, Run, runner
 from pipeline_output_tests.oracle import assert_same_multiset
-
-
-@pytest.fixture
-def cli(settings_env: Settings, tmp_path: Path) -> Run:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_")}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    return runner(env=env, cwd=tmp_path, timeout_s=180)
-
-
-@pytest.fixture
-def runtime(settings_env: Settings) -> Any:
-    from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
-
-    reset_runtime()
-    yield get_runtime()
-    reset_runtime()
 
 
 def _row(stdout: str, dataset: str) -> list[str]:
