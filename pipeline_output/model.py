@@ -3,10 +3,12 @@
 Owns the deterministic read of the source — the ledger's applied windows in order for a delta
 source (each window read from the source table with `low < watermark <= high`), else fixed-size
 batches in primary-key order (only the key columns are read to cut the batches, then each batch by a
-key-range filter) — the `predict` contract (one prediction row per input row, same order, a polars
-DataFrame or Series; anything else fails naming the model node), and the output shape: every row
-carries `__source_row_index__` (its 0-based position in that read order) and the source's
-primary-key columns. The Iceberg arm streams predictions to data files batch by batch and commits
+key-range filter) — the `predict` contract (`_attach`: a polars DataFrame or Series; a prediction
+carrying the source's key columns or `__source_row_index__` is joined to the input rows on them,
+one to one; one carrying neither has one row per input row, in input order; anything else fails
+naming the model node, nothing written), and the output shape: every row carries
+`__source_row_index__` (its 0-based position in that read order) and the source's primary-key
+columns. The Iceberg arm streams predictions to data files batch by batch and commits
 them once: exactly one replace snapshot, whose summary records the source snapshot and the windows
 read. Pure core: no Dagster.
 """
@@ -140,20 +142,28 @@ def predictions(
     features: Sequence[str] | None,
     run: ModelRun,
 ) -> Iterator[pl.DataFrame]:
-    """Apply `predict` batch by batch; each output carries the row index and the source key."""
+    """Apply `predict` batch by batch; each output carries the row index and the source key.
+
+    `predict` sees the `features` columns (`__source_row_index__` among them when named there),
+    else every source column; its rows are matched to the input rows by `_attach`."""
     offset = 0
     for label, frame in batches:
         run.batches.append(label)
         if frame.height == 0:
             continue
+        index = pl.int_range(offset, offset + frame.height, dtype=pl.Int64, eager=True).alias(
+            ROW_INDEX
+        )
+        keys = pl.concat([index.to_frame(), frame.select(list(source_pk))], how="horizontal")
         inputs = frame
         if features is not None:
-            missing = [f for f in features if f not in frame.columns]
+            indexed = frame.with_columns(index) if ROW_INDEX in features else frame
+            missing = [f for f in features if f not in indexed.columns]
             if missing:
                 raise BadInput(
                     f"model node {name!r}: feature column(s) {missing} not in the source"
                 )
-            inputs = frame.select(list(features))
+            inputs = indexed.select(list(features))
         try:
             out = predict(inputs)
         except BadInput:
@@ -170,20 +180,74 @@ def predictions(
                 f"model node {name!r}: predict returned {type(out).__name__} on {label}; expected a "
                 "polars DataFrame or Series with one row per input row (nothing was written)"
             )
-        if out.height != frame.height:
-            raise BadInput(
-                f"model node {name!r}: predict returned {out.height} rows for {frame.height} input "
-                f"rows on {label}; it must return one row per input row (nothing was written)"
-            )
-        clash = [c for c in out.columns if c == ROW_INDEX or c in source_pk]
-        if clash:
-            out = out.drop(clash)
-        index = pl.int_range(offset, offset + frame.height, dtype=pl.Int64, eager=True).alias(
-            ROW_INDEX
-        )
-        yield pl.concat([index.to_frame(), frame.select(list(source_pk)), out], how="horizontal")
+        yield _attach(name=name, label=label, keys=keys, out=out, source_pk=source_pk)
         offset += frame.height
         run.rows_scored += frame.height
+
+
+def _attach(
+    *, name: str, label: str, keys: pl.DataFrame, out: pl.DataFrame, source_pk: Sequence[str]
+) -> pl.DataFrame:
+    """The prediction rows `out` matched to the input rows `keys` (`__source_row_index__` and the
+    source's key columns, in input order). Joined on the key columns `out` carries
+    (`__source_row_index__`, or the source's whole key), which must match the input one to one;
+    by position when it carries neither (then one row per input row). Anything else: `BadInput`."""
+    where = f"model node {name!r}: predict's output on {label}"
+    carried = [c for c in keys.columns if c in out.columns]
+    keyed = ROW_INDEX in carried or (bool(source_pk) and all(c in carried for c in source_pk))
+    if not keyed:
+        if carried:
+            raise BadInput(
+                f"{where} carries key column(s) {carried} but neither the whole key "
+                f"{list(source_pk)} nor {ROW_INDEX}: its rows cannot be matched to the input "
+                "(nothing was written)"
+            )
+        if out.height != keys.height:
+            raise BadInput(
+                f"{where} has {out.height} rows for {keys.height} input rows; without the key "
+                f"columns {list(source_pk)} or {ROW_INDEX} it must return one row per input row, "
+                "in input order (nothing was written)"
+            )
+        return pl.concat([keys, out], how="horizontal")
+    rule = (
+        f"rows carrying {carried} are joined to the input on them, one to one (nothing was written)"
+    )
+    try:
+        out = out.with_columns([pl.col(c).cast(keys.schema[c], strict=True) for c in carried])
+    except pl.exceptions.PolarsError as exc:
+        raise BadInput(
+            f"{where}: key column(s) {carried} do not cast to the input's types "
+            f"({' '.join(str(exc).split())[:200]}); {rule}"
+        ) from exc
+    returned = out.select(carried)
+    nulls = returned.filter(pl.any_horizontal(pl.all().is_null())).height
+    if nulls:
+        raise BadInput(f"{where} has {nulls} row(s) with a null key; {rule}")
+    duplicated = returned.filter(returned.is_duplicated())
+    if duplicated.height:
+        raise BadInput(
+            f"{where} returns the key {duplicated.row(0, named=True)} more than once "
+            f"({duplicated.height} rows share a key); {rule}"
+        )
+    wanted = keys.select(carried)
+    if wanted.is_duplicated().any():
+        raise BadInput(
+            f"{where}: the source's key {carried} is not unique in this batch; return "
+            f"{ROW_INDEX} (name it in `features`) to match predictions (nothing was written)"
+        )
+    extra = returned.join(wanted, on=carried, how="anti")
+    if extra.height:
+        raise BadInput(
+            f"{where} has {extra.height} row(s) whose key is no input row's, e.g. "
+            f"{extra.row(0, named=True)}; {rule}"
+        )
+    missing = wanted.join(returned, on=carried, how="anti")
+    if missing.height:
+        raise BadInput(
+            f"{where} has no row for {missing.height} input row(s), e.g. "
+            f"{missing.row(0, named=True)}; {rule}"
+        )
+    return keys.join(out, on=carried, how="left", maintain_order="left")
 
 
 def score(

@@ -35,7 +35,13 @@ def model_node(
     description: str | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
 ) -> dg.AssetsDefinition:
-    """Score `source` (a `@dataset` asset) with `predict`; output rows carry `__source_row_index__`."""
+    """Score `source` (a `@dataset` asset) with `predict`; output rows carry `__source_row_index__`.
+
+    `predict` receives the `features` columns (name `__source_row_index__` among them to receive
+    each row's index), else every source column. Its rows are matched to the input rows: joined on
+    the source's key columns or `__source_row_index__` when it returns them (one to one), else by
+    position (one row per input row, in input order); anything else fails the run, nothing written.
+    """
     check_identifier(name, what="model node name")
     if not isinstance(source, dg.AssetsDefinition):
         raise InvalidSpec(

@@ -224,7 +224,12 @@ def make_people(url: str, n: int = 50) -> None:
 
 
 def people_defs(
-    scorer: Scorer, *, delta: bool = True, batch_rows: int = 100_000
+    scorer: Any,
+    *,
+    delta: bool = True,
+    batch_rows: int = 100_000,
+    features: list[str] | None = None,
+    mode: Any = "iceberg",
 ) -> tuple[dg.Definitions, str]:
     raw = postgres_source("people", table="people", watermark="seq")
 
@@ -242,8 +247,8 @@ def people_defs(
         "people_score",
         source=people_copy,
         predict=scorer,
-        features=["x", "bump"],
-        mode="iceberg",
+        features=features or ["x", "bump"],
+        mode=mode,
         batch_rows=batch_rows,
     )
     return build_definitions(datasets=[people_copy], sources=[raw], assets=[node]), "people_score"
@@ -430,3 +435,181 @@ def test_a_source_carrying_delete_files_is_scored_without_its_deleted_rows(env, 
     joined = preds.join(kept, on="id", how="inner")
     assert joined.height == 25
     assert (joined["score"] == joined["x"] * 2 + joined["bump"]).all()
+
+
+# --- predictions matched to their input rows by key, both arms (issue 30, item 2) -----------------
+
+ARMS = ["iceberg", "pg"]
+
+
+def by_score(frame: pl.DataFrame) -> pl.DataFrame:
+    """A model that returns its rows sorted by score, keeping the key column."""
+    scored = frame.select("id", (pl.col("x") * 2 + pl.col("bump")).alias("score"))
+    return scored.sort("score", descending=True)
+
+
+def shuffled_by_index(frame: pl.DataFrame) -> pl.DataFrame:
+    """A model that returns `__source_row_index__` (asked for in `features`) in shuffled order."""
+    scored = frame.select(ROW_INDEX, (pl.col("x") * 2 + pl.col("bump")).alias("score"))
+    return scored.sample(fraction=1.0, shuffle=True, seed=7)
+
+
+def _missing_key(frame: pl.DataFrame) -> pl.DataFrame:
+    return by_score(frame).head(frame.height - 1)
+
+
+def _extra_key(frame: pl.DataFrame) -> pl.DataFrame:
+    out = by_score(frame)
+    return pl.concat([out, out.head(1).with_columns(id=pl.lit(10_000, dtype=pl.Int64))])
+
+
+def _duplicate_key(frame: pl.DataFrame) -> pl.DataFrame:
+    """Right row count, but the last row repeats the first row's key (one input row unmatched)."""
+    out = by_score(frame)
+    first = out["id"][0]
+    return out.with_columns(
+        id=pl.when(pl.int_range(pl.len()) == pl.len() - 1).then(first).otherwise(pl.col("id"))
+    )
+
+
+def _foreign_key(frame: pl.DataFrame) -> pl.DataFrame:
+    """Right row count, one key that is no input row's."""
+    out = by_score(frame)
+    return out.with_columns(
+        id=pl.when(pl.int_range(pl.len()) == 0).then(10_000).otherwise(pl.col("id"))
+    )
+
+
+def _null_key(frame: pl.DataFrame) -> pl.DataFrame:
+    out = by_score(frame)
+    return out.with_columns(
+        id=pl.when(pl.int_range(pl.len()) == 0).then(None).otherwise(pl.col("id"))
+    )
+
+
+def _no_key_short(frame: pl.DataFrame) -> pl.DataFrame:
+    return frame.select((pl.col("x") * 2 + pl.col("bump")).alias("score")).head(frame.height - 1)
+
+
+BAD_KEYED = {
+    "missing key": (_missing_key, "no row for 1 input row"),
+    "extra key": (_extra_key, "whose key is no input row's"),
+    "duplicate key": (_duplicate_key, "more than once"),
+    "foreign key": (_foreign_key, "whose key is no input row's"),
+    "null key": (_null_key, "null key"),
+    "no key, wrong row count": (_no_key_short, "must return one row per input row"),
+}
+
+
+def output_rows(node: str, arm: str) -> pl.DataFrame | None:
+    """The model node's output on `arm` (None when nothing was ever written there)."""
+    runtime = get_runtime()
+    if arm == "iceberg":
+        table = output_table(node)
+        if table is None:
+            return None
+        frame = pl.from_arrow(table.scan().to_arrow())
+        assert isinstance(frame, pl.DataFrame)
+        return frame
+    if runtime.ledger.last_deploy(node, "pg") is None:
+        return None
+    return runtime.postgres.read(node)
+
+
+def output_version(node: str, arm: str) -> Any:
+    """What changes with every write of the output: Iceberg snapshots, else the deploy record."""
+    if arm == "iceberg":
+        table = output_table(node)
+        return None if table is None else (table.current_snapshot().snapshot_id, table.snapshots())
+    last = get_runtime().ledger.last_deploy(node, "pg")
+    return None if last is None else last.id
+
+
+def assert_scores_belong_to_their_rows(preds: pl.DataFrame) -> None:
+    """Oracle: the source re-read with plain polars in the node's documented order; every
+    prediction row's key, index and score agree with the source row they name."""
+    assert_dense_unique_index(preds)
+    source = get_runtime().iceberg.read("people_copy")
+    assert preds.height == source.height == 50
+    expected = source.select("id", (pl.col("x") * 2 + pl.col("bump")).alias("expected"))
+    by_pk = preds.join(expected, on="id", how="inner")
+    assert by_pk.height == 50
+    assert (by_pk["score"] == by_pk["expected"]).all(), "a score attached to another row's key"
+    snap = get_runtime().iceberg.load("people_copy").current_snapshot().snapshot_id
+    reread = node_order("people_copy", "seq", ["id"], snap)
+    by_index = preds.join(reread, on=ROW_INDEX, suffix="_src")
+    assert (by_index["id"] == by_index["id_src"]).all()
+    assert (by_index["score"] == by_index["x"] * 2 + by_index["bump"]).all()
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_predict_sorting_its_output_by_score_with_the_key_is_joined_on_the_key(env, instance, arm):
+    """It used to drop the returned key and re-attach the input keys by position: 50 of 50 rows
+    carried another row's score, and the run succeeded."""
+    make_people(env)
+    defs, node = people_defs(by_score, features=["id", "x", "bump"], mode=arm)
+    apply_windows(defs, instance, "people_copy", tick(defs, instance, "people_copy"))
+    assert materialise(defs, instance, node).success
+    preds = output_rows(node, arm)
+    assert preds is not None and set(preds.columns) == {ROW_INDEX, "id", "score"}
+    assert_scores_belong_to_their_rows(preds)
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_predict_returning_the_row_index_shuffled_is_joined_on_the_index(env, instance, arm):
+    make_people(env)
+    defs, node = people_defs(shuffled_by_index, features=[ROW_INDEX, "x", "bump"], mode=arm)
+    apply_windows(defs, instance, "people_copy", tick(defs, instance, "people_copy"))
+    assert materialise(defs, instance, node).success
+    preds = output_rows(node, arm)
+    assert preds is not None and set(preds.columns) == {ROW_INDEX, "id", "score"}
+    assert_scores_belong_to_their_rows(preds)
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_predictions_whose_keys_do_not_match_the_input_one_to_one_fail_and_write_nothing(
+    env, instance, arm
+):
+    make_people(env)
+    current: dict[str, Any] = {"predict": by_score}
+    defs, node = people_defs(
+        lambda frame: current["predict"](frame), features=["id", "x", "bump"], mode=arm
+    )
+    apply_windows(defs, instance, "people_copy", tick(defs, instance, "people_copy"))
+
+    # on a fresh output: nothing is created
+    for case, (predict, why) in BAD_KEYED.items():
+        current["predict"] = predict
+        result = materialise(defs, instance, node, raise_on_error=False)
+        assert not result.success, case
+        text = failure_text(result)
+        assert "BadInput" in text and "model node 'people_score'" in text and why in text, (
+            case,
+            text[-1500:],
+        )
+        assert output_version(node, arm) is None, f"{case}: nothing was written"
+
+    # over a previous output: it stays exactly as it was
+    current["predict"] = by_score
+    assert materialise(defs, instance, node).success
+    before_version, before_rows = output_version(node, arm), output_rows(node, arm)
+    for case, (predict, why) in BAD_KEYED.items():
+        current["predict"] = predict
+        result = materialise(defs, instance, node, raise_on_error=False)
+        assert not result.success and why in failure_text(result), case
+        assert output_version(node, arm) == before_version, f"{case}: output changed"
+        assert_same_multiset(output_rows(node, arm), before_rows)
+
+
+@pytest.mark.parametrize("arm", ARMS)
+def test_predictions_without_key_columns_and_one_row_per_input_row_attach_by_position(
+    env, instance, arm
+):
+    make_people(env)
+    scorer = Scorer()
+    defs, node = people_defs(scorer, mode=arm)
+    apply_windows(defs, instance, "people_copy", tick(defs, instance, "people_copy"))
+    assert materialise(defs, instance, node).success
+    preds = output_rows(node, arm)
+    assert preds is not None
+    assert_scores_belong_to_their_rows(preds)
