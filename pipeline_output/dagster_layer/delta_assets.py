@@ -17,7 +17,12 @@ import dagster as dg
 import polars as pl
 
 from pipeline_output.delta import cut_points_of, next_windows
-from pipeline_output.errors import EmptyWindowRead
+from pipeline_output.errors import (
+    EmptyWindowRead,
+    MissingKeyColumn,
+    RowsOutsideWindow,
+    UnsupportedWrite,
+)
 from pipeline_output.lazy_reads import projected_source
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.windows import Window
@@ -41,6 +46,39 @@ class WindowedOutput:
 
     items: tuple[tuple[Window, Any, Window], ...]  # (window, compute thunk, write window)
     restate: bool = False
+
+
+def windowed_frame(spec: DatasetSpec, frame: pl.DataFrame, windows: list[Window]) -> WindowedOutput:
+    """A delta dataset's output computed outside `@dataset` (a plain frame for the run's window
+    partitions), as a `WindowedOutput`: each window's rows applied exactly once through the ledger
+    like any other. Refused before any I/O when the run has no window partition (a whole-table
+    write would bypass the ledger), or when a range's rows cannot be split by window."""
+    assert spec.delta is not None
+    if not windows:
+        raise UnsupportedWrite(
+            f"dataset {spec.name!r} is a delta dataset: its output is written per window "
+            f"partition ({partitions_name(spec.name)}, planned by its sensor) through the window "
+            "ledger; this run has no partition, so nothing was written"
+        )
+    if len(windows) == 1:
+        parts = [frame]
+    else:
+        watermark = spec.delta.watermark
+        if watermark not in frame.columns:
+            raise MissingKeyColumn(
+                f"dataset {spec.name!r}: the output of {len(windows)} windows has no watermark "
+                f"column {watermark!r} to split it by window; nothing was written"
+            )
+        dtype = frame.schema[watermark]
+        parts = [frame.filter(w.contains(watermark, dtype).fill_null(False)) for w in windows]
+        outside = frame.height - sum(part.height for part in parts)
+        if outside:
+            raise RowsOutsideWindow(
+                f"dataset {spec.name!r}: {outside} row(s) have {watermark} outside the windows "
+                f"{windows[0]} .. {windows[-1]} of this run; nothing was written"
+            )
+    items = tuple((w, (lambda part=part: part), w) for w, part in zip(windows, parts, strict=True))
+    return WindowedOutput(items)
 
 
 class WindowReader:

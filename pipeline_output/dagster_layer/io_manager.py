@@ -12,7 +12,11 @@ import polars as pl
 
 from pipeline_output.dagster_layer.audit_hooks import audited_snapshot, gating_checks, step_of
 from pipeline_output.dagster_layer.dataset import spec_from_metadata
-from pipeline_output.dagster_layer.delta_assets import WindowedOutput, WindowReader
+from pipeline_output.dagster_layer.delta_assets import (
+    WindowedOutput,
+    WindowReader,
+    windowed_frame,
+)
 from pipeline_output.dagster_layer.keys import (
     AUDIT_OVERRIDE_KEY,
     DELTA_INPUT_KEY,
@@ -81,32 +85,22 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         mode = publisher.resolve(spec, override=override)
         wanted = _meta_value(output_meta.get(AUDIT_OVERRIDE_KEY))
         audit = (spec.audit if wanted is None else bool(wanted)) and "iceberg" in mode.arms
+        if spec.delta is not None and not isinstance(obj, WindowedOutput):
+            # a delta dataset's output computed by other code than `@dataset` (an asset or op of
+            # the user's own): the same exactly-once apply per window, or refused before any I/O
+            obj = windowed_frame(spec, to_polars(spec, obj), windows_of(context, spec))
         if isinstance(obj, WindowedOutput):
             self._apply_windows(context, spec, obj, mode, audit=audit)
             return
-        windows: list[Window | None] = [*windows_of(context, spec)] or [None]
         frame = to_polars(spec, obj)
-        result: PublishResult | None = None
-        for window in windows:
-            part = frame
-            if (
-                window is not None
-                and spec.watermark
-                and spec.watermark in frame.columns
-                and len(windows) > 1
-            ):
-                part = frame.filter(window.contains(spec.watermark, frame.schema[spec.watermark]))
-            result = publisher.publish(
-                spec, part, mode=mode, window=window, run_id=context.run_id, audit=audit
-            )
-            primary = result.primary
-            why = primary.plan.reason if primary.plan is not None else "re-deploy"
-            context.log.info(
-                f"{spec.name}: {primary.write_mode} ({why}) -> "
-                f"{'no-op' if primary.noop else f'snapshot {primary.snapshot_id}'}; "
-                f"+{primary.rows_inserted} ~{primary.rows_updated} -{primary.rows_deleted}"
-            )
-        assert result is not None
+        result = publisher.publish(spec, frame, mode=mode, run_id=context.run_id, audit=audit)
+        primary = result.primary
+        why = primary.plan.reason if primary.plan is not None else "re-deploy"
+        context.log.info(
+            f"{spec.name}: {primary.write_mode} ({why}) -> "
+            f"{'no-op' if primary.noop else f'snapshot {primary.snapshot_id}'}; "
+            f"+{primary.rows_inserted} ~{primary.rows_updated} -{primary.rows_deleted}"
+        )
         meta = publish_metadata(result, schema=frame.schema)
         if "iceberg" in result.results:
             meta.update(table_files_metadata(runtime.iceberg.load(spec)))
