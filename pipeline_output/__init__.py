@@ -1,7 +1,8 @@
 """pipeline-output: materialise produced datasets into Apache Iceberg with dbt-grade write strategies.
 
 The public Python API, loaded on first use so `import pipeline_output` (and the CLI) stays fast and
-the pure core never imports Dagster: specs and planning (`DatasetSpec`, `Delta`, `Window`,
+the pure core never imports Dagster: the runtime for a control plane and a catalog (`connect` ->
+`Runtime`: stores, ledgers, `Publisher`), specs and planning (`DatasetSpec`, `Delta`, `Window`,
 `plan_write`), the arms (`IcebergStore`, `PostgresStore`), results and errors, write-audit-publish,
 rollback and time travel (`publish_audit`, `drop_stale_audit_branches`, `rollback`, `history`), table
 maintenance (`compact`, `expire_snapshots`, `remove_orphans`, `maintain`), and the Dagster layer
@@ -46,6 +47,8 @@ _EXPORTS = {
     "IcebergStore": "pipeline_output.stores.iceberg",
     "PostgresStore": "pipeline_output.stores.postgres",
     "Publisher": "pipeline_output.publish",
+    "connect": "pipeline_output.core_runtime",
+    "Runtime": "pipeline_output.core_runtime",
     # write-audit-publish, rollback, time travel
     "publish_audit": "pipeline_output.audit",
     "drop_stale_audit_branches": "pipeline_output.audit_maintenance",
@@ -89,6 +92,7 @@ __all__ = [
     "Publisher",
     "RollbackRefused",
     "RowsOutsideWindow",
+    "Runtime",
     "SchemaMismatch",
     "SettingsError",
     "TargetState",
@@ -100,6 +104,7 @@ __all__ = [
     "__version__",
     "build_definitions",
     "compact",
+    "connect",
     "dataset",
     "drop_stale_audit_branches",
     "expire_snapshots",
@@ -128,6 +133,7 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from pipeline_output.audit import publish_audit
     from pipeline_output.audit_maintenance import drop_stale_audit_branches
+    from pipeline_output.core_runtime import Runtime, connect
     from pipeline_output.dagster_layer.build import build_definitions
     from pipeline_output.dagster_layer.dataset import dataset
     from pipeline_output.dagster_layer.io_manager import DatasetIOManager

@@ -3,21 +3,28 @@
 Owns reading the catalog's config the way `pyiceberg.utils.config.Config()` does (the first
 `.pyiceberg.yaml` in `$PYICEBERG_HOME`, `~`, the working directory; `PYICEBERG_CATALOG__<NAME>__`
 variables on top) but from the environment mapping `settings` passes in — this module never reads
-`os.environ` itself — and refusing a malformed config with an error naming the setting.
+`os.environ` itself — and refusing a malformed config with an error naming the setting; then
+building the catalog from it (`load_catalog_from`) and creating the datasets' namespace
+(`ensure_namespace`), for `settings` and for `core_runtime.connect` alike.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline_output.errors import SettingsError
 from pipeline_output.pg_urls import mask_url, one_line
 
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
 _CATALOG_TYPES = ("rest", "hive", "glue", "dynamodb", "sql", "in-memory", "bigquery")
 _PYICEBERG_YAML = ".pyiceberg.yaml"
+_NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 def catalog_env_prefix(catalog_name: str) -> str:
@@ -57,7 +64,9 @@ def read_catalog_config(env: Mapping[str, str], catalog_name: str) -> Mapping[st
             origin[key] = var
     if not config:
         return None
-    _validate_catalog_config(catalog_name, config, origin)
+    validate_catalog_properties(
+        catalog_name, config, where=lambda key: origin.get(key, env_name(catalog_name, key))
+    )
     return config
 
 
@@ -97,12 +106,11 @@ def _yaml_catalog(env: Mapping[str, str], catalog_name: str) -> tuple[str, dict[
     return "", {}
 
 
-def _validate_catalog_config(
-    name: str, config: Mapping[str, str], origin: Mapping[str, str]
+def validate_catalog_properties(
+    name: str, config: Mapping[str, str], *, where: Callable[[str], str]
 ) -> None:
-    def where(key: str) -> str:
-        return origin.get(key, env_name(name, key))
-
+    """Refuse a malformed catalog config before anything connects (`SettingsError` naming
+    `where(key)`, the setting a key came from)."""
     catalog_type = config.get("type")
     impl = config.get("py-catalog-impl")
     uri = config.get("uri")
@@ -145,3 +153,44 @@ def _validate_catalog_config(
             raise SettingsError(where("uri"), f"not a SQLAlchemy URL: {mask_url(uri)}") from exc
     if catalog_type == "rest" and uri and not re.match(r"^https?://[^/\s]+", uri):
         raise SettingsError(where("uri"), f"not an http(s) URL: {mask_url(uri)}")
+
+
+def load_catalog_from(
+    name: str, config: Mapping[str, str], *, where: Callable[[str], str]
+) -> Catalog:
+    """The pyiceberg catalog `config` describes. A SQL catalog is the project's `FlatSqlCatalog`
+    (pyiceberg's SqlCatalog without per-commit work that grows with a table's history), built
+    directly (`load_catalog` would merge a `PYICEBERG_*` `type` back in); a Postgres one gets
+    `pool_pre_ping` (a connection the server dropped is replaced before use)."""
+    from pyiceberg.catalog import load_catalog
+
+    props = dict(config)
+    if props.get("type") == "sql" or str(props.get("uri", "")).startswith("postgresql"):
+        props.setdefault("pool_pre_ping", "true")
+    try:
+        if props.get("type") == "sql" and "py-catalog-impl" not in props:
+            from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
+
+            props.pop("type")
+            return FlatSqlCatalog(name, **props)
+        return load_catalog(name, **props)
+    except ValueError as exc:
+        raise SettingsError(where("type"), one_line(exc)) from exc
+
+
+def check_namespace(namespace: object, *, setting: str) -> str:
+    """`namespace` if it is a valid Iceberg namespace (dotted identifiers), else `SettingsError`."""
+    if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
+        raise SettingsError(
+            setting, f"{namespace!r} is not a valid namespace (letters, digits, _ and .)"
+        )
+    return namespace
+
+
+def ensure_namespace(catalog: Catalog, namespace: str) -> None:
+    """Create `namespace` unless it exists; a concurrent creator winning the race is fine."""
+    try:
+        catalog.create_namespace_if_not_exists(namespace)
+    except Exception:
+        if not catalog.namespace_exists(namespace):
+            raise

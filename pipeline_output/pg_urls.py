@@ -56,6 +56,25 @@ def with_database(url: str, *, database: str) -> str:
     )
 
 
+def check_libpq_url(url: str, *, setting: str = PG_URL) -> str:
+    """`url` if it is a well-formed libpq URI (`postgresql://`), else `SettingsError` naming
+    `setting` (the password masked). Parses only: no connection."""
+    import psycopg.conninfo
+
+    scheme = url.partition("://")[0] if isinstance(url, str) else ""
+    if scheme not in ("postgresql", "postgres"):
+        shown = mask_url(url) if isinstance(url, str) else type(url).__name__
+        raise SettingsError(
+            setting,
+            f"expected a libpq URI postgresql://user:password@host:port/dbname, got {shown}",
+        )
+    try:
+        psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise SettingsError(setting, f"malformed URI {mask_url(url)}: {one_line(exc)}") from exc
+    return url
+
+
 def one_line(exc: BaseException) -> str:
     """An exception's message on one line (its class name when it has none)."""
     return " ".join(str(exc).split()) or type(exc).__name__

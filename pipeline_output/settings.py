@@ -32,9 +32,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline_output.catalog_config import catalog_env_prefix, env_name, read_catalog_config
+from pipeline_output.catalog_config import (
+    catalog_env_prefix,
+    check_namespace,
+    ensure_namespace,
+    env_name,
+    load_catalog_from,
+    read_catalog_config,
+)
 from pipeline_output.errors import SettingsError
-from pipeline_output.pg_urls import has_password, mask_url, to_sqlalchemy_url, with_database
+from pipeline_output.pg_urls import (
+    check_libpq_url,
+    has_password,
+    mask_url,
+    to_sqlalchemy_url,
+    with_database,
+)
 from pipeline_output.pg_urls import one_line as _one_line
 
 if TYPE_CHECKING:
@@ -48,7 +61,6 @@ DAGSTER_PG_URL = "PIPELINE_OUTPUT_DAGSTER_PG_URL"
 """Read by dagster.yaml: the control plane as a `postgresql+psycopg2://` SQLAlchemy URL."""
 
 _CATALOG_NAME = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-_NAMESPACE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 @dataclass(frozen=True)
@@ -96,29 +108,16 @@ class Settings:
         """The Iceberg catalog (pyiceberg config if any, else SQL catalog on the control plane)."""
         catalog: Catalog
         if self.catalog_config is not None:
-            from pyiceberg.catalog import load_catalog
-
-            config = dict(self.catalog_config)
-            if config.get("type") == "sql" or str(config.get("uri", "")).startswith("postgresql"):
-                config.setdefault("pool_pre_ping", "true")  # see _sql_catalog
-            try:
-                if config.get("type") == "sql" and "py-catalog-impl" not in config:
-                    # the same catalog without per-commit work that grows with a table's history;
-                    # built directly: load_catalog would merge PYICEBERG_* `type` back in
-                    from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
-
-                    config.pop("type")
-                    catalog = FlatSqlCatalog(self.catalog_name, **config)
-                else:
-                    catalog = load_catalog(self.catalog_name, **config)
-            except ValueError as exc:
-                raise SettingsError(env_name(self.catalog_name, "type"), _one_line(exc)) from exc
+            name = self.catalog_name
+            catalog = load_catalog_from(
+                name, self.catalog_config, where=lambda key: env_name(name, key)
+            )
         else:
             from pipeline_output.pgsession import session_conninfo
 
             uri = to_sqlalchemy_url(session_conninfo(self.control_plane_url()), driver="psycopg")
             catalog = _sql_catalog(self.catalog_name, uri=uri, warehouse=self.warehouse)
-        _ensure_namespace(catalog, self.namespace)
+        ensure_namespace(catalog, self.namespace)
         return catalog
 
 
@@ -133,7 +132,7 @@ def get_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
     pg_url = env.get(PG_URL) or None
     if pg_url is not None:
-        _validate_libpq_url(pg_url)
+        check_libpq_url(pg_url, setting=PG_URL)
 
     catalog_name = env.get(CATALOG) or "default"
     if not _CATALOG_NAME.match(catalog_name):
@@ -143,11 +142,7 @@ def get_settings(environ: Mapping[str, str] | None = None) -> Settings:
             "(pyiceberg turns '_' in PYICEBERG_CATALOG__<NAME>__ variables into '-')",
         )
 
-    namespace = env.get(NAMESPACE) or "datasets"
-    if not _NAMESPACE.match(namespace):
-        raise SettingsError(
-            NAMESPACE, f"{namespace!r} is not a valid namespace (letters, digits, _ and .)"
-        )
+    namespace = check_namespace(env.get(NAMESPACE) or "datasets", setting=NAMESPACE)
 
     catalog_config = read_catalog_config(env, catalog_name)
     return Settings(
@@ -160,15 +155,6 @@ def get_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 # --- internals -------------------------------------------------------------------------------
-
-
-def _ensure_namespace(catalog: Catalog, namespace: str) -> None:
-    """Create `namespace` unless it exists; a concurrent creator winning the race is fine."""
-    try:
-        catalog.create_namespace_if_not_exists(namespace)
-    except Exception:
-        if not catalog.namespace_exists(namespace):
-            raise
 
 
 def _sql_catalog(name: str, *, uri: str, warehouse: str) -> Catalog:
@@ -187,21 +173,6 @@ def _sql_catalog(name: str, *, uri: str, warehouse: str) -> Catalog:
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
-
-
-def _validate_libpq_url(url: str) -> None:
-    import psycopg.conninfo
-
-    scheme = url.partition("://")[0]
-    if scheme not in ("postgresql", "postgres"):
-        raise SettingsError(
-            PG_URL,
-            f"expected a libpq URI postgresql://user:password@host:port/dbname, got {mask_url(url)}",
-        )
-    try:
-        psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.ProgrammingError as exc:
-        raise SettingsError(PG_URL, f"malformed URI {mask_url(url)}: {_one_line(exc)}") from exc
 
 
 def _check_reachable(url: str) -> None:

@@ -22,7 +22,7 @@ def doctor(fix: bool, grace_s: float) -> None:
     from pipeline_output.dagster_layer.runtime import get_runtime
 
     runtime = get_runtime()
-    orphans = find_orphans(runtime.catalog, runtime.settings.namespace, grace_s=grace_s)
+    orphans = find_orphans(runtime.catalog, runtime.namespace, grace_s=grace_s)
     for orphan in orphans:
         click.echo(
             f"orphan {orphan.table}: {orphan.path} ({orphan.size} bytes, {orphan.age_s:.0f}s old)"
