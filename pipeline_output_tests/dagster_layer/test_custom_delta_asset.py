@@ -78,7 +78,7 @@ def user_defs(url: str, *, partitioned: bool = True) -> dg.Definitions:
         io_manager_key=IO_MANAGER_KEY,
         metadata={SPEC_METADATA_KEY: json.dumps(spec_to_dict(SPEC))},
     )
-    def ev_custom(context) -> pl.DataFrame:  # `context` unannotated: Dagster rejects a string
+    def ev_custom(context) -> pl.DataFrame:  # unannotated: Dagster refuses a string annotation
         if not context.has_partition_key_range and not context.has_partition_key:
             return source_rows(url, None)
         keys = context.partition_key_range
