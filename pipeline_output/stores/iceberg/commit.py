@@ -93,6 +93,7 @@ def _commit(
             producer.commit()  # registers the producer: pyiceberg rebuilds it on a new head
         else:
             tx._apply(*producer._commit())  # staged without retry registration: fenced
+        _fault_injection("in_commit")  # manifests and manifest list written too
         if fence is not None:
             fence()
         return tx.commit_transaction()
@@ -148,11 +149,24 @@ def _delete_quietly(file_io: FileIO, path: str) -> None:
 
 
 def _fault_injection(point: str) -> None:
-    """Tests only: with PIPELINE_OUTPUT_FAULT=<point> the process kills itself here (SIGKILL)."""
-    from pipeline_output.settings import fault_point
+    """Tests only: with PIPELINE_OUTPUT_FAULT=<point> the process kills itself here (SIGKILL);
+    with `<point>:pause:<path>` it creates `<path>.paused` and waits (at most 10 minutes) until
+    `<path>` exists, so a test can act while this write is exactly here."""
+    from pipeline_output.settings import fault_pause, fault_point
 
-    if fault_point() == point:
+    if fault_point() != point:
+        return
+    gate = fault_pause()
+    if gate is None:
         import os
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+        return
+    import time
+    from pathlib import Path
+
+    Path(f"{gate}.paused").touch()
+    deadline = time.monotonic() + 600
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)

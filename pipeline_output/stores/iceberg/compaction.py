@@ -43,7 +43,7 @@ from pipeline_output import __version__
 from pipeline_output.errors import DatasetNotWritten, InvalidArgument, MaintenanceConflict
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.branches import AUDIT_PREFIX, ancestor_ids, head
-from pipeline_output.stores.iceberg.commit import _delete_quietly
+from pipeline_output.stores.iceberg.commit import _delete_quietly, _fault_injection
 from pipeline_output.stores.iceberg.compaction_plan import (
     DEFAULT_MIN_INPUT_FILES,
     Bin,
@@ -226,6 +226,7 @@ def _rewrite(
                 producer.delete_data_file(data_file)
             try:
                 tx._apply(*producer._commit())
+                _fault_injection("in_commit")
                 stats.verify()
                 handed = True  # from here a failure may leave the commit's outcome unknown
                 new_table = tx.commit_transaction()
