@@ -24,6 +24,7 @@ from pipeline_output.frames import check_keys, to_polars
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.deletes import DeleteFileWriter
 from pipeline_output.stores.iceberg.files import DataFileWriter
+from pipeline_output.stores.iceberg.inflight import verify_written
 from pipeline_output.stores.iceberg.manifests import ManifestIndex
 from pipeline_output.stores.iceberg.overwrite import IndexedOverwrite
 from pipeline_output.stores.iceberg.rows import _align
@@ -54,7 +55,8 @@ def _commit(
     head — pyiceberg's retry re-applies a fast append without re-checking keys, which duplicated
     keys when a writer outside the lock committed in between. The commit then fails as
     `WriteConflict` and nothing is committed. `fence` (the writer lock's `verify`) runs right
-    before the catalog swap: a writer whose lock ended fails with `LockLost`.
+    before the catalog swap: a writer whose lock ended fails with `LockLost`; then every file the
+    snapshot adds must still exist (`inflight.verify_written`), else `FilesRemoved`.
 
     `index` (the manifests the write was planned from) spares the producer re-reading every
     manifest; manifests are merged on commit as the table's properties say (`overwrite.py`).
@@ -96,6 +98,12 @@ def _commit(
         _fault_injection("in_commit")  # manifests and manifest list written too
         if fence is not None:
             fence()
+        verify_written(  # none of its files removed meanwhile (`inflight.py`)
+            tx._table.io,
+            producer,
+            [*writer.written, *deletes.written, *(f.file_path for f in ready)],
+            dataset=dataset,
+        )
         return tx.commit_transaction()
     except (CommitFailedException, ValidationException, WriteConflict) as exc:
         # certain: the catalog did not swap, so the files written for this commit are garbage
