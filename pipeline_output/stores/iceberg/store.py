@@ -140,10 +140,11 @@ class IcebergStore(IcebergReads):
     ) -> PreparedWrite:
         """Check `data` and, where the strategy writes it as it is, write its data files now.
 
-        Takes no lock: callers that serialize writes themselves (the window apply lock) prepare
-        before their own critical section and pass the result to `write(prepared=...)`, which
-        re-validates the files under the table's lock. `PreparedWrite.discard()` deletes files a
-        write did not commit and ends its registration as a write in flight (`write` does both).
+        Takes no writer lock (it only registers as a write in flight: the table's files lock,
+        shared, `inflight.py`): callers that serialize writes themselves (the window apply lock)
+        prepare before their own critical section and pass the result to `write(prepared=...)`,
+        which re-validates the files under the table's lock. `PreparedWrite.discard()` deletes
+        files a write did not commit and ends the registration (`write` does both).
         """
         return prepare_write(self, spec, data, window=window)
 
