@@ -155,6 +155,12 @@ class LockLost(WriteConflict):
     writer may hold it, so the write was abandoned and nothing was committed."""
 
 
+class FilesRemoved(WriteConflict):
+    """Files a write had written were gone right before its commit (an orphan removal ran while
+    the write was outside the table's locks: `lock=None`, or its lock's session ended); the
+    write was abandoned and nothing was committed. Run it again."""
+
+
 class MaintenanceConflict(WriteConflict):
     """A concurrent write removed or changed files a table-maintenance operation (compaction)
     planned to rewrite, and its retries ran out; nothing was committed and no writer's row was

@@ -17,7 +17,7 @@ Environment:
 | `PIPELINE_OUTPUT_DEFAULT_MODE` | `pg` | mode of a dataset declared without `mode=` |
 | `PIPELINE_OUTPUT_DUAL_READS_FROM` | `pg` | the arm downstream reads of a `dual` dataset use |
 | `PIPELINE_OUTPUT_DEFINITIONS` | (pyproject, else the demo) | the CLI's code location |
-| `PIPELINE_OUTPUT_FAULT` | | test-only fault injection point |
+| `PIPELINE_OUTPUT_FAULT` | | test-only fault injection point (`<point>` or `<point>:pause:<path>`) |
 
 Catalog config parsing lives in `catalog_config` and URL helpers in `pg_urls` (both handed the
 values, neither reads the environment); `settings` re-exports the URL helpers.
@@ -187,23 +187,37 @@ def _check_reachable(url: str) -> None:
         raise SettingsError(PG_URL, f"cannot connect to {mask_url(url)}: {_one_line(exc)}") from exc
 
 
-FAULT_POINTS = ("before_commit", "after_commit")
+FAULT_POINTS = ("before_commit", "in_commit", "after_commit")
+_PAUSE = ":pause:"
 
 
 def fault_point(environ: Mapping[str, str] | None = None) -> str | None:
-    """`PIPELINE_OUTPUT_FAULT`: a test-only fault-injection point (the process SIGKILLs itself).
+    """`PIPELINE_OUTPUT_FAULT`: a test-only fault-injection point.
 
-    `before_commit`: after the window's data files are written, before the Iceberg commit;
-    `after_commit`: after the commit, before the ledger records it. Unset in normal use.
+    `before_commit`: after the write's data files are written, before its manifests and the
+    Iceberg commit; `in_commit`: its manifests written too, right before the commit's last checks
+    and the catalog swap; `after_commit`: after the commit, before the ledger records it. The
+    process SIGKILLs itself there, or with `<point>:pause:<path>` pauses there instead
+    (`fault_pause`). Unset in normal use.
     """
     env = os.environ if environ is None else environ
     value = env.get("PIPELINE_OUTPUT_FAULT") or None
-    if value is not None and value not in FAULT_POINTS:
+    point = value.split(_PAUSE, 1)[0] if value is not None else None
+    if point is not None and point not in FAULT_POINTS:
         raise SettingsError(
             "PIPELINE_OUTPUT_FAULT",
-            f"unknown fault point {value!r}; valid: {', '.join(FAULT_POINTS)}",
+            f"unknown fault point {point!r}; valid: {', '.join(FAULT_POINTS)} "
+            "(optionally followed by :pause:<path>)",
         )
-    return value
+    return point
+
+
+def fault_pause(environ: Mapping[str, str] | None = None) -> str | None:
+    """The `<path>` of `PIPELINE_OUTPUT_FAULT=<point>:pause:<path>`: at the point the process
+    creates `<path>.paused` and waits until `<path>` exists, then goes on (None: it SIGKILLs)."""
+    env = os.environ if environ is None else environ
+    value = env.get("PIPELINE_OUTPUT_FAULT") or ""
+    return value.split(_PAUSE, 1)[1] if _PAUSE in value else None
 
 
 def default_mode(environ: Mapping[str, str] | None = None) -> str:
@@ -251,6 +265,7 @@ __all__ = [
     "default_mode",
     "definitions_target",
     "dual_read_arm",
+    "fault_pause",
     "fault_point",
     "get_settings",
     "has_password",

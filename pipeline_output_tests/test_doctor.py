@@ -50,7 +50,7 @@ def test_files_of_a_writer_killed_before_its_commit_are_found_then_fixed(
     written = sorted(p.removeprefix("file://") for p in writer.written)
     assert sorted(o.path.removeprefix("file://") for o in orphans) == written
     assert all(o.table == "datasets.scores" for o in orphans)
-    assert remove_orphans(orphans) == 3
+    assert remove_orphans(orphans, store=store) == 3
     assert find_orphans(catalog, "datasets", grace_s=0) == []
     again = fresh_catalog().load_table(("datasets", "scores"))
     assert pl.from_arrow(again.scan().to_arrow()).height == 50  # referenced files untouched

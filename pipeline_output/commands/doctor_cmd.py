@@ -15,7 +15,8 @@ from pipeline_output.doctor import DEFAULT_GRACE_S, find_orphans, remove_orphans
     type=float,
     default=DEFAULT_GRACE_S,
     show_default=True,
-    help="Only files older than this many seconds (a write in progress is never touched).",
+    help="Only files older than this many seconds (a write in progress is never touched, "
+    "whatever the grace).",
 )
 def doctor(fix: bool, grace_s: float) -> None:
     """List data files no snapshot references (and remove them with --fix)."""
@@ -31,7 +32,7 @@ def doctor(fix: bool, grace_s: float) -> None:
         click.echo("no orphan data files")
         return
     if fix:
-        removed = remove_orphans(orphans)
+        removed = remove_orphans(orphans, store=runtime.iceberg)
         click.echo(f"removed {removed} orphan file(s)")
     else:
         click.echo(f"{len(orphans)} orphan file(s); run with --fix to remove them")

@@ -254,7 +254,7 @@ def test_doctor_finds_and_removes_orphan_objects_on_s3(
     assert "s3.secret-access-key" not in repr(orphans[0])
     live = {task.file.file_path for task in h.table(spec).scan().plan_files()}
     assert not live & {o.path for o in orphans}
-    assert remove_orphans(orphans) == 3
+    assert remove_orphans(orphans, store=store) == 3
     assert find_orphans(cat, NS, grace_s=0) == []
     remaining = {
         f"s3://{BUCKET}/{k}" for k in list_objects(s3_endpoint, warehouse_prefix) if "/data/" in k

@@ -5,7 +5,8 @@ before the lock, `merge` the file-level copy-on-write merges, `streaming` the mo
 streaming replace, `commit` the single commit, `expressions` windows as pyiceberg filters,
 `rows` frame and table helpers, `properties` the names they share. Table maintenance:
 `compaction` (+ `compaction_plan`, `rewrite`: the `replace` producer), `expiry`, `orphans`
-(what a table references; shared with `pipeline-output doctor`), `health`.
+(what a table references; shared with `pipeline-output doctor`), `inflight` (no sweep deletes
+the files of a write in flight), `health`.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from pipeline_output.frames import check_keys, to_polars
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.deletes import DeleteFileWriter
 from pipeline_output.stores.iceberg.files import DataFileWriter
+from pipeline_output.stores.iceberg.inflight import verify_written
 from pipeline_output.stores.iceberg.manifests import ManifestIndex
 from pipeline_output.stores.iceberg.overwrite import IndexedOverwrite
 from pipeline_output.stores.iceberg.rows import _align
@@ -54,7 +55,8 @@ def _commit(
     head — pyiceberg's retry re-applies a fast append without re-checking keys, which duplicated
     keys when a writer outside the lock committed in between. The commit then fails as
     `WriteConflict` and nothing is committed. `fence` (the writer lock's `verify`) runs right
-    before the catalog swap: a writer whose lock ended fails with `LockLost`.
+    before the catalog swap: a writer whose lock ended fails with `LockLost`; then every file the
+    snapshot adds must still exist (`inflight.verify_written`), else `FilesRemoved`.
 
     `index` (the manifests the write was planned from) spares the producer re-reading every
     manifest; manifests are merged on commit as the table's properties say (`overwrite.py`).
@@ -93,8 +95,15 @@ def _commit(
             producer.commit()  # registers the producer: pyiceberg rebuilds it on a new head
         else:
             tx._apply(*producer._commit())  # staged without retry registration: fenced
+        _fault_injection("in_commit")  # manifests and manifest list written too
         if fence is not None:
             fence()
+        verify_written(  # none of its files removed meanwhile (`inflight.py`)
+            tx._table.io,
+            producer,
+            [*writer.written, *deletes.written, *(f.file_path for f in ready)],
+            dataset=dataset,
+        )
         return tx.commit_transaction()
     except (CommitFailedException, ValidationException, WriteConflict) as exc:
         # certain: the catalog did not swap, so the files written for this commit are garbage
@@ -148,11 +157,24 @@ def _delete_quietly(file_io: FileIO, path: str) -> None:
 
 
 def _fault_injection(point: str) -> None:
-    """Tests only: with PIPELINE_OUTPUT_FAULT=<point> the process kills itself here (SIGKILL)."""
-    from pipeline_output.settings import fault_point
+    """Tests only: with PIPELINE_OUTPUT_FAULT=<point> the process kills itself here (SIGKILL);
+    with `<point>:pause:<path>` it creates `<path>.paused` and waits (at most 10 minutes) until
+    `<path>` exists, so a test can act while this write is exactly here."""
+    from pipeline_output.settings import fault_pause, fault_point
 
-    if fault_point() == point:
+    if fault_point() != point:
+        return
+    gate = fault_pause()
+    if gate is None:
         import os
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+        return
+    import time
+    from pathlib import Path
+
+    Path(f"{gate}.paused").touch()
+    deadline = time.monotonic() + 600
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.02)

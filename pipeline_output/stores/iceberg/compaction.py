@@ -6,7 +6,8 @@ Owns the order of a compaction:
 1. plan on the current snapshot (`compaction_plan.plan_bins`), without the table lock;
 2. read each bin's files — with their positional deletes applied — sort the rows by the table's
    sort order (the primary key by default) and write each bin as one data file, still without the
-   lock (writers keep writing meanwhile);
+   lock (writers keep writing meanwhile), registered as a write in flight (`inflight.py`: no
+   orphan removal deletes the bins before the commit);
 3. under the per-table writer lock: reload the table and check that every input data file is
    still live, with exactly the delete files it was read with, and that the schema and partition
    spec the files were written against are unchanged; then commit one `replace` snapshot that
@@ -40,10 +41,15 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
 from pipeline_output import __version__
-from pipeline_output.errors import DatasetNotWritten, InvalidArgument, MaintenanceConflict
+from pipeline_output.errors import (
+    DatasetNotWritten,
+    FilesRemoved,
+    InvalidArgument,
+    MaintenanceConflict,
+)
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.branches import AUDIT_PREFIX, ancestor_ids, head
-from pipeline_output.stores.iceberg.commit import _delete_quietly
+from pipeline_output.stores.iceberg.commit import _delete_quietly, _fault_injection
 from pipeline_output.stores.iceberg.compaction_plan import (
     DEFAULT_MIN_INPUT_FILES,
     Bin,
@@ -52,6 +58,7 @@ from pipeline_output.stores.iceberg.compaction_plan import (
     sort_keys,
 )
 from pipeline_output.stores.iceberg.files import DEFAULT_TARGET_BYTES, DataFileWriter
+from pipeline_output.stores.iceberg.inflight import verify_written, writing
 from pipeline_output.stores.iceberg.manifests import FlatTransaction, read_index
 from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX
 from pipeline_output.stores.iceberg.rewrite import ReplaceFiles
@@ -189,57 +196,61 @@ def _rewrite(
     writer = DataFileWriter(
         table.metadata, table.io, write_id=uuid.uuid4(), target_bytes=2**62
     )  # one output file per bin (and partition of the current spec)
-    added: list[DataFile] = []
-    handed = False
-    try:
-        rows = 0
-        for done, bin_ in enumerate(plan.bins, start=1):
-            frame = _read_bin(table, bin_, spec)
-            rows += frame.height
-            added.extend(writer.write(frame))
-            if progress is not None:
-                progress(done, len(plan.bins))
-        removable = _removable_deletes(table, plan)
-        with store._hold(spec) as stats:
-            current = store.load(spec)
-            if current is None:
-                raise MaintenanceConflict(f"dataset {spec.name!r}: the table was dropped")
-            index = read_index(current)
-            _check_unchanged(spec, table, current, plan, index.tasks())
-            audit = publishable_audit(current)
-            if audit is not None:
-                raise MaintenanceConflict(
-                    f"dataset {spec.name!r}: an audit was staged on branch {audit} meanwhile"
+    # a write in flight from its first file until its commit (`inflight.py`)
+    with writing(store, store.table_name(spec)) as held:
+        added: list[DataFile] = []
+        handed = False
+        try:
+            rows = 0
+            for done, bin_ in enumerate(plan.bins, start=1):
+                frame = _read_bin(table, bin_, spec)
+                rows += frame.height
+                added.extend(writer.write(frame))
+                if progress is not None:
+                    progress(done, len(plan.bins))
+            removable = _removable_deletes(table, plan)
+            with store._hold(spec, on=held) as stats:
+                current = store.load(spec)
+                if current is None:
+                    raise MaintenanceConflict(f"dataset {spec.name!r}: the table was dropped")
+                index = read_index(current)
+                _check_unchanged(spec, table, current, plan, index.tasks())
+                audit = publishable_audit(current)
+                if audit is not None:
+                    raise MaintenanceConflict(
+                        f"dataset {spec.name!r}: an audit was staged on branch {audit} meanwhile"
+                    )
+                tx = FlatTransaction(current)
+                when = datetime.now(UTC).isoformat(timespec="seconds")
+                tx.set_properties(
+                    {
+                        LAST_COMPACTION: f"{when} rewrote {len(plan.input_files)} file(s) into "
+                        f"{len(added)}"
+                    }
                 )
-            tx = FlatTransaction(current)
-            when = datetime.now(UTC).isoformat(timespec="seconds")
-            tx.set_properties(
-                {
-                    LAST_COMPACTION: f"{when} rewrote {len(plan.input_files)} file(s) into "
-                    f"{len(added)}"
-                }
-            )
-            producer = ReplaceFiles(tx, index=index, snapshot_properties=_props(spec, run_id))
-            for data_file in added:
-                producer.append_data_file(data_file)
-            for data_file in [*plan.input_files, *removable]:
-                producer.delete_data_file(data_file)
-            try:
-                tx._apply(*producer._commit())
-                stats.verify()
-                handed = True  # from here a failure may leave the commit's outcome unknown
-                new_table = tx.commit_transaction()
-            except (CommitFailedException, ValidationException) as exc:
-                handed = False  # certain: the catalog did not swap
-                with suppress(Exception):
-                    producer._clean_all_uncommitted()
-                raise MaintenanceConflict(
-                    f"dataset {spec.name!r}: the compaction's commit lost a race ({exc})"
-                ) from exc
-    finally:
-        if not handed:  # never delete files a commit of unknown outcome may reference
-            for path in writer.written:
-                _delete_quietly(table.io, path)
+                producer = ReplaceFiles(tx, index=index, snapshot_properties=_props(spec, run_id))
+                for data_file in added:
+                    producer.append_data_file(data_file)
+                for data_file in [*plan.input_files, *removable]:
+                    producer.delete_data_file(data_file)
+                try:
+                    tx._apply(*producer._commit())
+                    _fault_injection("in_commit")
+                    stats.verify()
+                    verify_written(table.io, producer, writer.written, dataset=spec.name)
+                    handed = True  # from here a failure may leave the commit's outcome unknown
+                    new_table = tx.commit_transaction()
+                except (CommitFailedException, ValidationException, FilesRemoved) as exc:
+                    handed = False  # certain: the catalog did not swap
+                    with suppress(Exception):
+                        producer._clean_all_uncommitted()
+                    raise MaintenanceConflict(
+                        f"dataset {spec.name!r}: the compaction's commit lost a race ({exc})"
+                    ) from exc
+        finally:
+            if not handed:  # never delete files a commit of unknown outcome may reference
+                for path in writer.written:
+                    _delete_quietly(table.io, path)
     snap = new_table.current_snapshot()
     return _result(
         store,

@@ -10,11 +10,14 @@ table's location is *referenced* when it is
 
 Everything else under the location is an *orphan* once it is older than the grace period: files
 of failed or killed writes, files expired snapshots referenced. A file younger than the grace
-period is never touched — a writer in progress writes its files before its commit.
+period is never touched, nor a `metadata.json` whose version is above the table's current one (a
+commit under way). `remove_orphans` deletes only what is still unreferenced once no write of the
+project is in flight (`inflight.py`): a write in progress, however long, keeps all its files.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +33,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from pipeline_output.spec import DatasetSpec
+from pipeline_output.stores.iceberg.inflight import DEFAULT_WAIT_S, quiesced
 from pipeline_output.stores.iceberg.properties import _READ_THREADS
 
 if TYPE_CHECKING:
@@ -48,6 +52,7 @@ class OrphanResult:
     files: int
     bytes: int
     duration_s: float
+    wait_s: float = 0.0  # waiting for the writes in flight to end (and the writer lock)
 
     def describe(self) -> str:
         """One line for logs and the CLI."""
@@ -147,11 +152,17 @@ def filesystem(
 
 
 def table_orphans(
-    table: Table, *, grace_s: float = DEFAULT_GRACE_S, data_only: bool = False
+    table: Table,
+    *,
+    grace_s: float = DEFAULT_GRACE_S,
+    data_only: bool = False,
+    reader: ManifestReader | None = None,
 ) -> list[Orphan]:
-    """Unreferenced files under the table's location older than `grace_s` seconds.
+    """Unreferenced files under the table's location older than `grace_s` seconds (as listed now:
+    `still_orphans` re-checks them once no write is in flight).
 
-    `data_only`: only Parquet files under `data/` (what `pipeline-output doctor` looks at)."""
+    `data_only`: only Parquet files under `data/` (what `pipeline-output doctor` looks at).
+    `reader`: manifests already read (kept for the re-check)."""
     now = time.time()
     props = dict(table.io.properties)
     location = table.location().rstrip("/")
@@ -162,14 +173,15 @@ def table_orphans(
         infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
     except OSError:
         return []
-    known = referenced(table)
+    known = referenced(table, reader)
+    version = metadata_version(table.metadata_location)
     out = []
     for info in infos:
         if info.type != pafs.FileType.File:
             continue
         if data_only and not info.path.endswith(".parquet"):
             continue
-        if norm(info.path) in known:
+        if norm(info.path) in known or _committing(info.path, version):
             continue
         age = now - (info.mtime.timestamp() if info.mtime is not None else now)
         if age < grace_s:
@@ -193,25 +205,90 @@ def remove_orphans(
     *,
     grace_s: float = DEFAULT_GRACE_S,
     dry_run: bool = False,
+    wait_s: float = DEFAULT_WAIT_S,
 ) -> OrphanResult:
     """Delete every unreferenced file under the dataset's table location (data and metadata)
-    older than `grace_s` seconds; `dry_run`: only count them."""
+    older than `grace_s` seconds; `dry_run`: only count them (as listed: the count may include
+    files of writes in progress).
+
+    The files of a write in progress are never deleted, whatever `grace_s`: the table is listed
+    first, then the files still unreferenced once no write of the project is in flight are
+    deleted (`inflight.quiesced`). Waits at most `wait_s` for the writes in flight to end, else
+    `LockUnavailable` and nothing is deleted."""
     from pipeline_output.errors import DatasetNotWritten
 
     started = time.perf_counter()
     table = store.load(spec)
     if table is None:
         raise DatasetNotWritten(f"dataset {spec.name!r} has no Iceberg table to sweep")
-    found = table_orphans(table, grace_s=grace_s)
-    removed = found if dry_run else found[: delete_orphans(found)]
+    reader = ManifestReader(table.io)
+    found = table_orphans(table, grace_s=grace_s, reader=reader)
+    waited = 0.0
+    if found and not dry_run:
+        found, waited = sweep_table(
+            store, store.table_name(spec), found, dataset=spec.name, wait_s=wait_s, reader=reader
+        )
     return OrphanResult(
         dataset=spec.name,
         table=store.table_name(spec),
         dry_run=dry_run,
-        files=len(removed),
-        bytes=sum(o.size for o in removed),
+        files=len(found),
+        bytes=sum(o.size for o in found),
         duration_s=time.perf_counter() - started,
+        wait_s=waited,
     )
+
+
+def sweep_table(
+    store: IcebergStore,
+    table: str,
+    found: list[Orphan],
+    *,
+    dataset: str,
+    wait_s: float = DEFAULT_WAIT_S,
+    reader: ManifestReader | None = None,
+) -> tuple[list[Orphan], float]:
+    """Delete those of `found` (listed earlier under `table`, `namespace.name`) that are still
+    orphans once no write is in flight; the ones deleted, and the seconds waited."""
+    with quiesced(store, table, dataset=dataset, wait_s=wait_s) as waited:
+        current = _load(store, table)
+        still = still_orphans(current, found, reader) if current is not None else []
+    # Deleted after the locks: a write starting now writes new files or references files the
+    # table already references, so none of `still` can become referenced (inflight.py).
+    return still[: delete_orphans(still)], waited
+
+
+def still_orphans(
+    table: Table, found: Iterable[Orphan], reader: ManifestReader | None = None
+) -> list[Orphan]:
+    """Those of `found` that `table`, as it is now, does not reference."""
+    known = referenced(table, reader)
+    version = metadata_version(table.metadata_location)
+    return [o for o in found if norm(o.path) not in known and not _committing(o.path, version)]
+
+
+def _load(store: IcebergStore, table: str) -> Table | None:
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        return store.catalog.load_table(table)
+    except NoSuchTableError:
+        return None
+
+
+_METADATA_FILE = re.compile(r"(?:^|/)(\d+)-[^/]*\.metadata\.json$")
+
+
+def metadata_version(location: str) -> int:
+    """The version of a `<version>-<uuid>[.gz].metadata.json` file (-1: not such a name)."""
+    match = _METADATA_FILE.search(location)
+    return int(match.group(1)) if match else -1
+
+
+def _committing(path: str, current: int) -> bool:
+    """A metadata file newer than the table's current one: a commit under way (never an orphan;
+    once a later commit reaches its version it is an orphan like any other)."""
+    return metadata_version(path) > current >= 0
 
 
 def delete_orphans(orphans: Iterable[Orphan]) -> int:

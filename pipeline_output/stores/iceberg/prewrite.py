@@ -1,11 +1,14 @@
 """Writes prepared before the lock: data files pre-written against the metadata read then
-(`_Prewritten`, `PreparedWrite`), the snapshot summary properties, the changes a merge computes.
+(`_Prewritten`, `PreparedWrite`, registered as a write in flight until `discard()`:
+`inflight.py`), the snapshot summary properties, the changes a merge computes.
 """
 
 from __future__ import annotations
 
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from pyiceberg.io import FileIO
@@ -13,17 +16,22 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from pipeline_output import __version__
-from pipeline_output.frames import check_in_window
+from pipeline_output.frames import check_in_window, checked_frame
+from pipeline_output.locks import HeldLock
 from pipeline_output.plan import WritePlan, plan_write
 from pipeline_output.result import RowCounts
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.commit import _delete_quietly
 from pipeline_output.stores.iceberg.files import DataFileWriter
+from pipeline_output.stores.iceberg.inflight import writing
 from pipeline_output.stores.iceberg.partitions import needs_evolution
 from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX
 from pipeline_output.stores.iceberg.rows import _align, _sorted, _state_of
-from pipeline_output.stores.schema import plan_evolution
+from pipeline_output.stores.schema import check_required, plan_evolution
 from pipeline_output.windows import Window
+
+if TYPE_CHECKING:
+    from pipeline_output.stores.iceberg.store import IcebergStore
 
 
 def summary_properties(
@@ -130,12 +138,18 @@ class _Prewritten:
 
 @dataclass
 class PreparedWrite:
-    """A checked frame and, when the strategy allows, its data files written ahead of the lock."""
+    """A checked frame and, when the strategy allows, its data files written ahead of the lock.
+
+    `held`: the write's registration as a write in flight (the table's files lock, shared:
+    `inflight.writing`), held from before the files are written until `discard()`; the write
+    takes the writer lock on its session."""
 
     spec: DatasetSpec
     window: Window | None
     frame: pl.DataFrame
     pre: _Prewritten | None
+    held: HeldLock | None = None
+    _registration: ExitStack | None = field(default=None, repr=False, compare=False)
 
     @property
     def files_ready(self) -> int:
@@ -143,9 +157,39 @@ class PreparedWrite:
         return len(self.pre.files) if self.pre is not None else 0
 
     def discard(self) -> None:
-        """Delete the pre-written files unless a commit was attempted with them."""
-        if self.pre is not None:
-            self.pre.discard()
+        """Delete the pre-written files unless a commit was attempted with them, and end the
+        registration (after the commit: its files are referenced or garbage by then)."""
+        try:
+            if self.pre is not None:
+                self.pre.discard()
+        finally:
+            self.held = None
+            if self._registration is not None:
+                self._registration.close()
+                self._registration = None
+
+
+def prepare_write(
+    store: IcebergStore, spec: DatasetSpec, data: Any, *, window: Window | None
+) -> PreparedWrite:
+    """`IcebergStore.prepare`: check `data`, register the write (when the table exists: its
+    files may be written now, before the lock) and pre-write its files."""
+    frame = checked_frame(spec, data)
+    store.capabilities.check_frame(spec, frame)  # before any I/O (float or nested keys...)
+    table = store.load(spec)
+    if table is None:  # a first deploy writes its files under the writer lock
+        return PreparedWrite(spec=spec, window=window, frame=frame, pre=None)
+    check_required(spec, frame, table.schema())  # a table made elsewhere may have NOT NULLs
+    registration = ExitStack()
+    try:
+        held = registration.enter_context(writing(store, store.table_name(spec)))
+        pre = prewrite(table, spec, frame, window)
+    except BaseException:
+        registration.close()
+        raise
+    return PreparedWrite(
+        spec=spec, window=window, frame=frame, pre=pre, held=held, _registration=registration
+    )
 
 
 def prewrite(

@@ -12,7 +12,9 @@ Where the strategy writes the computed frame as it is (append, replace, append_n
 already present) its data files are written *before* the lock, against the table metadata read
 then, and committed inside it if the table's schema, partition spec and location are unchanged
 (otherwise they are deleted and the frame is written again inside the lock). `replace_streaming`
-(the model node) streams every batch to files before the lock the same way.
+(the model node) streams every batch to files before the lock the same way. A write registers as
+a write in flight from before its first file until its commit (`inflight.py`), so orphan removal
+never deletes its files, and takes the writer lock on that registration's session.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from pipeline_output.errors import (
     InvalidArgument,
     WriteConflict,
 )
-from pipeline_output.frames import check_in_window, checked_frame
-from pipeline_output.locks import AdvisoryLock, LockStats, iceberg_table
+from pipeline_output.frames import check_in_window
+from pipeline_output.locks import AdvisoryLock, HeldLock, LockStats, iceberg_table
 from pipeline_output.plan import TargetState, WritePlan, plan_write
 from pipeline_output.result import RowCounts, WriteResult
 from pipeline_output.spec import Arm, DatasetSpec
@@ -61,7 +63,7 @@ from pipeline_output.stores.iceberg.partitions import partition_spec
 from pipeline_output.stores.iceberg.prewrite import (
     PreparedWrite,
     _Prewritten,
-    prewrite,
+    prepare_write,
     row_properties,
     summary_properties,
 )
@@ -138,19 +140,13 @@ class IcebergStore(IcebergReads):
     ) -> PreparedWrite:
         """Check `data` and, where the strategy writes it as it is, write its data files now.
 
-        Takes no lock: callers that serialize writes themselves (the window apply lock) prepare
-        before their own critical section and pass the result to `write(prepared=...)`, which
-        re-validates the files under the table's lock. `PreparedWrite.discard()` deletes files a
-        write did not commit (`write` does it itself).
+        Takes no writer lock (it only registers as a write in flight: the table's files lock,
+        shared, `inflight.py`): callers that serialize writes themselves (the window apply lock)
+        prepare before their own critical section and pass the result to `write(prepared=...)`,
+        which re-validates the files under the table's lock. `PreparedWrite.discard()` deletes
+        files a write did not commit and ends the registration (`write` does both).
         """
-        frame = checked_frame(spec, data)
-        self.capabilities.check_frame(spec, frame)  # before any I/O (float or nested keys...)
-        table = self.load(spec)
-        if table is not None:  # a table made outside the project may have NOT NULL columns
-            check_required(spec, frame, table.schema())
-        return PreparedWrite(
-            spec=spec, window=window, frame=frame, pre=prewrite(table, spec, frame, window)
-        )
+        return prepare_write(self, spec, data, window=window)
 
     def write(
         self,
@@ -177,7 +173,7 @@ class IcebergStore(IcebergReads):
         prep = prepared if prepared is not None else self.prepare(spec, data, window=window)
         frame, pre = prep.frame, prep.pre
         try:
-            with self._hold(spec) as stats:
+            with self._hold(spec, on=prep.held) as stats:
                 table = self.load(spec)
                 if branch is not None:
                     table = branch_view(self, spec, table, frame, branch)
@@ -221,12 +217,19 @@ class IcebergStore(IcebergReads):
     expire_snapshots = _expire_snapshots
     remove_orphans = _remove_orphans
 
-    def _hold(self, spec: DatasetSpec) -> AbstractContextManager[LockStats]:
-        lock = self._lock
-        if lock is _DEFAULT_LOCK:
+    def _advisory(self) -> AdvisoryLock | Any | None:
+        """The writer lock (the default one on the control plane resolved on first use)."""
+        if self._lock is _DEFAULT_LOCK:
             from pipeline_output.settings import get_settings
 
-            lock = self._lock = AdvisoryLock(get_settings().control_plane_url())
+            self._lock = AdvisoryLock(get_settings().control_plane_url())
+        return self._lock
+
+    def _hold(
+        self, spec: DatasetSpec, *, on: HeldLock | None = None
+    ) -> AbstractContextManager[LockStats]:
+        """The table's writer lock (on the session of `on`, the write's files lock, if given)."""
+        lock = self._advisory()
         if lock is None:
             warnings.warn(
                 f"dataset {spec.name!r}: IcebergStore(lock=None) — concurrent writers of "
@@ -234,6 +237,8 @@ class IcebergStore(IcebergReads):
                 stacklevel=3,
             )
             return nullcontext(LockStats(key=self.table_name(spec)))
+        if on is not None and isinstance(lock, AdvisoryLock):
+            return lock.hold(iceberg_table(self.table_name(spec)), on=on)
         return lock.hold(iceberg_table(self.table_name(spec)))  # type: ignore[no-any-return,unused-ignore]
 
     def _ensure_namespace(self) -> None:

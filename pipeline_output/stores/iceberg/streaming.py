@@ -1,5 +1,5 @@
-"""`replace_streaming` (the model node): every batch streamed to data files before the lock,
-committed as one replace inside it.
+"""`replace_streaming` (the model node): every batch streamed to data files before the lock
+(registered as a write in flight: `inflight.py`), committed as one replace inside it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pipeline_output.result import RowCounts, WriteResult
 from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.commit import _commit, _delete_quietly, _stream_batches
 from pipeline_output.stores.iceberg.files import DataFileWriter
+from pipeline_output.stores.iceberg.inflight import writing
 from pipeline_output.stores.iceberg.manifests import (
     FlatTransaction,
     ManifestIndex,
@@ -169,47 +170,49 @@ def _replace_streaming_unlocked(
     """`replace_streaming` into an existing table: batches to files first, then lock + commit."""
     pre = _Prewritten.of(current, first.head(0), [])
     writer = DataFileWriter(current.metadata, current.io, write_id=uuid.uuid4())
-    try:
+    # a write in flight from its first file until its commit (`inflight.py`)
+    with writing(store, store.table_name(spec)) as held:
         try:
-            rows = _stream_batches(spec, first, rest, writer, current.schema(), sink=pre.files)
-        except BaseException:
-            for path in writer.written:
-                _delete_quietly(current.io, path)
-            pre.files = []
-            raise
-        extra = finalize_summary() if finalize_summary is not None else {}
-        with store._hold(spec) as stats:
-            table = store.load(spec)
-            if table is None or not pre.fits(table):
-                raise WriteConflict(
-                    f"dataset {spec.name!r}: {store.table_name(spec)} was dropped, recreated or "
-                    "changed its schema or partitioning while the batches were written; "
-                    "nothing was committed — run it again"
+            try:
+                rows = _stream_batches(spec, first, rest, writer, current.schema(), sink=pre.files)
+            except BaseException:
+                for path in writer.written:
+                    _delete_quietly(current.io, path)
+                pre.files = []
+                raise
+            extra = finalize_summary() if finalize_summary is not None else {}
+            with store._hold(spec, on=held) as stats:
+                table = store.load(spec)
+                if table is None or not pre.fits(table):
+                    raise WriteConflict(
+                        f"dataset {spec.name!r}: {store.table_name(spec)} was dropped, recreated or "
+                        "changed its schema or partitioning while the batches were written; "
+                        "nothing was committed — run it again"
+                    )
+                plan = plan_write(replace(spec, strategy="replace"), _state_of(table), None)
+                props = summary_properties(spec, plan, run_id, summary)
+                props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in extra.items()})
+                index = read_index(table)
+                deleted = live_data_files(index)
+                total_before = _total_records(table)
+                props.update(row_properties(RowCounts(inserted=rows, deleted=total_before)))
+                pre.handed_to_commit = True
+                tx = FlatTransaction(table)
+                upgrade_properties(tx)
+                new_table = _commit(
+                    tx,
+                    props,
+                    deleted,
+                    [],
+                    dataset=spec.name,
+                    force=True,
+                    ready=pre.files,
+                    fence=stats.verify,
+                    index=index,
                 )
-            plan = plan_write(replace(spec, strategy="replace"), _state_of(table), None)
-            props = summary_properties(spec, plan, run_id, summary)
-            props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in extra.items()})
-            index = read_index(table)
-            deleted = live_data_files(index)
-            total_before = _total_records(table)
-            props.update(row_properties(RowCounts(inserted=rows, deleted=total_before)))
-            pre.handed_to_commit = True
-            tx = FlatTransaction(table)
-            upgrade_properties(tx)
-            new_table = _commit(
-                tx,
-                props,
-                deleted,
-                [],
-                dataset=spec.name,
-                force=True,
-                ready=pre.files,
-                fence=stats.verify,
-                index=index,
-            )
-            snap = new_table.current_snapshot()
-    finally:
-        pre.discard()
+                snap = new_table.current_snapshot()
+        finally:
+            pre.discard()
     return _replaced(
         store, spec, plan, rows, total_before, snap, len(deleted), len(pre.files), started, stats
     )
