@@ -2,7 +2,8 @@
 
 - `parse_as_of` reads the `as_of` of an asset config or a command line: a snapshot id, or an
   ISO-8601 time with a zone (`Z` or an offset; a naive time names no instant and is refused).
-  Reading a past version is `IcebergStore.read(as_of=...)` / `Publisher.scan(as_of=...)`.
+  Reading a past version is `IcebergStore.read(as_of=...)` / `Publisher.scan(as_of=...)`; a
+  time whose version snapshot expiry removed is refused (`SnapshotExpired`, `snapshot_log`).
 - `history`: main's snapshots, newest first, with the `pipeline-output.*` summary of each (run,
   strategy, write mode, window, rows inserted/updated/deleted) — `pipeline-output history`.
 - `rollback`: main back to an earlier snapshot of its history in one catalog commit, recorded in
