@@ -163,6 +163,8 @@ def test_as_of_a_time_whose_snapshot_expired_is_refused_never_answered_with_anot
     assert_same_multiset(pub.iceberg.read(SPEC, as_of=at_s3), now)
     assert_same_multiset(pub.iceberg.read(SPEC, as_of=datetime.fromisoformat(earliest)), now)
     assert_same_multiset(pub.iceberg.read(SPEC, as_of=s1), first)  # the tag still reads
+    with pytest.raises(InvalidArgument, match=r"dataset 'items'.*keeps no history"):
+        pub.scan(SPEC, mode=mode("pg"), as_of=at_s3)  # the legacy arm: no time travel at all
 
 
 def test_rollback_to_a_time_whose_snapshot_expired_is_refused_and_moves_nothing(pub):
