@@ -53,6 +53,12 @@ class InvalidArgument(TerminalError, ValueError):
     required argument (who flips)."""
 
 
+class SnapshotExpired(InvalidArgument, LookupError):
+    """A read or rollback names a version of a table that snapshot expiry removed: a time whose
+    version of main is no longer known (the message names the earliest time that can still be
+    answered), or a snapshot a lazy read was pinned to. Nothing was read or moved."""
+
+
 class UnknownMode(InvalidArgument):
     """A flip names a mode that does not exist."""
 

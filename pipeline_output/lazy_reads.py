@@ -104,10 +104,15 @@ def _iceberg_term(term: Term) -> BooleanExpression:
 
 
 def scan_table(
-    table: Table, *, name: str | None = None, snapshot_id: int | None = None
+    table: Table,
+    *,
+    name: str | None = None,
+    snapshot_id: int | None = None,
+    dataset: str | None = None,
 ) -> pl.LazyFrame:
     """`table` as a LazyFrame pinned to its current snapshot, or to `snapshot_id` (projection and
-    filter pushed down)."""
+    filter pushed down). Collected after expiry removed that snapshot: `SnapshotExpired` naming
+    `dataset` (or the table) and the snapshot."""
     snapshot = (
         table.snapshot_by_id(snapshot_id) if snapshot_id is not None else table.current_snapshot()
     )
@@ -120,9 +125,22 @@ def scan_table(
 
     def read(
         columns: list[str], needed: list[str], predicate: pl.Expr | None, n_rows: int | None
-    ) -> Iterable[pl.DataFrame]:
+    ) -> Iterator[pl.DataFrame]:
         if snapshot_id is None:  # no committed snapshot: empty, and stays so for this frame
-            return []
+            return
+        try:
+            yield from batches(needed, predicate, n_rows, snapshot_id)
+        except FileNotFoundError as exc:  # expiry removed the snapshot (and files) since?
+            from pipeline_output.stores.iceberg.snapshot_log import pinned_snapshot_gone
+
+            gone = pinned_snapshot_gone(table, snapshot_id, dataset=dataset or label)
+            if gone is None:
+                raise
+            raise gone from exc
+
+    def batches(
+        needed: list[str], predicate: pl.Expr | None, n_rows: int | None, snapshot_id: int
+    ) -> Iterable[pl.DataFrame]:
         row_filter = iceberg_filter(pushable_terms(predicate, target), schema)
         limit = n_rows if predicate is None else None
         if not needed:
@@ -153,7 +171,8 @@ def scan_iceberg_dataset(
     if table is None:
         raise DatasetNotWritten(f"dataset {store.table_name(spec)!r} has no Iceberg table yet")
     snapshot_id = store.snapshot_as_of(spec, as_of, table=table) if as_of is not None else None
-    frame = scan_table(table, name=store.table_name(spec), snapshot_id=snapshot_id)
+    name = spec if isinstance(spec, str) else spec.name
+    frame = scan_table(table, name=store.table_name(spec), snapshot_id=snapshot_id, dataset=name)
     return _in_window(frame, spec, window, watermark)
 
 

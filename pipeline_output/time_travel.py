@@ -2,7 +2,8 @@
 
 - `parse_as_of` reads the `as_of` of an asset config or a command line: a snapshot id, or an
   ISO-8601 time with a zone (`Z` or an offset; a naive time names no instant and is refused).
-  Reading a past version is `IcebergStore.read(as_of=...)` / `Publisher.scan(as_of=...)`.
+  Reading a past version is `IcebergStore.read(as_of=...)` / `Publisher.scan(as_of=...)`; a
+  time whose version snapshot expiry removed is refused (`SnapshotExpired`, `snapshot_log`).
 - `history`: main's snapshots, newest first, with the `pipeline-output.*` summary of each (run,
   strategy, write mode, window, rows inserted/updated/deleted) — `pipeline-output history`.
 - `rollback`: main back to an earlier snapshot of its history in one catalog commit, recorded in
@@ -15,7 +16,6 @@ Pure core: no Dagster.
 from __future__ import annotations
 
 import getpass
-from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,14 +24,9 @@ from typing import TYPE_CHECKING, Any
 from pipeline_output.errors import DatasetNotWritten, InvalidArgument, RollbackRefused
 from pipeline_output.ledger.audit_log import RollbackRecord
 from pipeline_output.spec import DatasetSpec
-from pipeline_output.stores.iceberg.branches import (
-    ancestry,
-    head,
-    main_since,
-    move_main,
-    to_millis,
-)
+from pipeline_output.stores.iceberg.branches import ancestry, head, main_since, move_main
 from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.snapshot_log import snapshot_at
 
 if TYPE_CHECKING:
     from pipeline_output.ledger.window_ledger import WindowLedger
@@ -39,23 +34,27 @@ if TYPE_CHECKING:
     from pipeline_output.stores.iceberg import IcebergStore
 
 
-def parse_as_of(text: str | int) -> int | datetime:
-    """A snapshot id (digits) or a timezone-aware time (ISO-8601 with `Z` or an offset)."""
+def parse_as_of(
+    text: str | int, *, dataset: str | None = None, what: str = "as_of"
+) -> int | datetime:
+    """A snapshot id (digits) or a timezone-aware time (ISO-8601 with `Z` or an offset);
+    refusals name `dataset` when given."""
     if isinstance(text, int) and not isinstance(text, bool):
         return text
     raw = str(text).strip()
     if raw.lstrip("-").isdigit():
         return int(raw)
+    label = f"dataset {dataset!r}: {what}" if dataset else what
     try:
         moment = datetime.fromisoformat(raw)
     except ValueError as exc:
         raise InvalidArgument(
-            f"as_of {raw!r} is neither a snapshot id nor an ISO-8601 time "
+            f"{label} {raw!r} is neither a snapshot id nor an ISO-8601 time "
             "(e.g. 2026-12-01T09:30:00Z)"
         ) from exc
     if moment.tzinfo is None:
         raise InvalidArgument(
-            f"as_of {raw!r} has no time zone; add Z (UTC) or an offset such as +01:00"
+            f"{label} {raw!r} has no time zone; add Z (UTC) or an offset such as +01:00"
         )
     return moment
 
@@ -142,7 +141,8 @@ def rollback(
     """Point the dataset's main back at an earlier snapshot of its history, in one catalog
     commit, and record it (who, when, why, from, to). Exactly one target: `to_snapshot`, the
     snapshot before `before_run`'s first write, or the snapshot main pointed at at `to_time`
-    (timezone-aware).
+    (timezone-aware; `SnapshotExpired` when expiry removed the version main had then, and
+    refused when a rollback took that version off main's history).
 
     Windows applied after the target go back to `planned` (the sensor re-applies them; none is
     planned twice). Refused (`RollbackRefused`, nothing moved) when it would break the canary: the
@@ -247,11 +247,12 @@ def _target(
         found = ids[parent]
     else:
         assert to_time is not None
-        moment = snapshot_at_in(table, to_time, ids)
-        if moment is None:
+        # refused when expiry removed the version main had then (`snapshot_log`): never another
+        moment = snapshot_at(table, to_time, dataset=spec.name, what="--to-time")
+        if moment not in ids:
             raise RollbackRefused(
-                f"dataset {spec.name!r}: main had no snapshot of its current history at "
-                f"{to_time.isoformat()} {where}"
+                f"dataset {spec.name!r}: at {to_time.isoformat()} main pointed at snapshot "
+                f"{moment}, which is no longer in main's history (a rollback took it off) {where}"
             )
         found = ids[moment]
     if found.snapshot_id == lineage[0].snapshot_id:
@@ -260,12 +261,3 @@ def _target(
             "nothing to roll back"
         )
     return found
-
-
-def snapshot_at_in(table: Any, moment: datetime, ids: Mapping[int, Any]) -> int | None:
-    """The snapshot of `ids` main pointed at, at `moment` (the snapshot log, newest first)."""
-    millis = to_millis(moment, what="--to-time")
-    for entry in reversed(table.metadata.snapshot_log):
-        if entry.timestamp_ms <= millis and entry.snapshot_id in ids:
-            return int(entry.snapshot_id)
-    return None

@@ -43,6 +43,7 @@ from pipeline_output import DatasetSpec, Delta, IcebergStore, Window
 from pipeline_output.errors import EmptyComputeRefused
 from pipeline_output.locks import AdvisoryLock
 from pipeline_output.stores.postgres import PostgresStore
+from pipeline_output_tests.model_time_travel import TimeTravelRules, travel_figures
 from pipeline_output_tests.oracle import assert_same_multiset, expect, in_window
 from pipeline_output_tests.reliability_report import profile, record
 
@@ -281,8 +282,9 @@ def _datasets_st(strategies: list[str], hints: st.SearchStrategy[list[str]]) -> 
     }
 
 
-class DeployMachine(RuleBasedStateMachine):
-    """Random deploy sequences over up to two datasets with random strategies."""
+class DeployMachine(TimeTravelRules, RuleBasedStateMachine):
+    """Random deploy sequences over up to two datasets with random strategies, with snapshot
+    expiry between time-travel reads of the Iceberg arm (`TimeTravelRules`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -450,6 +452,64 @@ def test_random_deploy_sequences_both_arms_match_the_model(
         windowed_replaces_of_moved_keys=_CTX.get("moved_replaces", 0),
         seconds=round(time.perf_counter() - started, 1),
         rows_lost=0,
+        **travel_figures(),
+    )
+
+
+# -- snapshot expiry between time-travel reads (issue 30): a machine that draws them often -------
+
+
+class TimeTravelMachine(TimeTravelRules, RuleBasedStateMachine):
+    """One dataset (any strategy, partitioning, merge mode), deploys, and the expiry / time-travel
+    rules of `TimeTravelRules` — the deploy machines draw them too, among many more rules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arms: Arms = _CTX["make_arms"]()
+        self.datasets: list[DatasetModel] = []
+
+    @initialize(
+        strategy=st.sampled_from(STRATEGIES),
+        partition=st.sampled_from(PARTITIONINGS),
+        hint=st.sampled_from(HINTS),
+        first=st.lists(rows_st, min_size=2, max_size=4),
+    )
+    def create(
+        self, strategy: str, partition: tuple[str, ...], hint: str, first: list[list[Row]]
+    ) -> None:
+        """The dataset, and a few versions of it to travel between."""
+        self.datasets = [new_dataset(strategy, "int", partition, hint)]
+        for rows in first:
+            deploy(self.arms, self.datasets[0], rows, None)
+            self.record_versions_and_log()
+
+    @rule(rows=rows_st, window=windows_st)
+    def deploy(self, rows: list[Row], window: tuple[int | None, int] | None) -> None:
+        deploy(self.arms, self.datasets[0], rows, window)
+
+    @invariant()
+    def arms_equal_model(self) -> None:
+        check(self.arms, self.datasets[0])
+
+    def teardown(self) -> None:
+        DeployMachine.teardown(self)  # type: ignore[arg-type]
+
+
+def test_snapshot_expiry_between_time_travel_reads_never_answers_another_version(
+    make_arms: Any,
+) -> None:
+    _CTX.clear()
+    _CTX.update(make_arms=make_arms, steps=0, refused=0, rows=0, examples=0)
+    started = time.perf_counter()
+    run_state_machine_as_test(TimeTravelMachine, settings=_settings())
+    record(
+        "model-based: snapshot expiry between time-travel reads (Iceberg arm) vs the model",
+        examples=_CTX["examples"],
+        deploys=_CTX["steps"],
+        rows_written=_CTX["rows"],
+        seconds=round(time.perf_counter() - started, 1),
+        rows_lost=0,
+        **travel_figures(),
     )
 
 

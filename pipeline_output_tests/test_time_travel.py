@@ -5,9 +5,10 @@ was (`as_of` asset config: a snapshot id or an aware time) for a reproducible re
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import dagster as dg
@@ -16,7 +17,7 @@ import pytest
 
 from pipeline_output import DatasetSpec, history, rollback
 from pipeline_output.canary import check_parity, drain, flip
-from pipeline_output.errors import InvalidArgument, RollbackRefused
+from pipeline_output.errors import InvalidArgument, RollbackRefused, SnapshotExpired
 from pipeline_output.publish import Publisher
 from pipeline_output.settings import Settings
 from pipeline_output.stores.iceberg.branches import head
@@ -109,8 +110,95 @@ def test_parse_as_of_takes_snapshot_ids_and_aware_times_and_refuses_naive_ones()
     assert parse_as_of("2026-12-01T09:30:00Z") == datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
     with pytest.raises(InvalidArgument, match="time zone"):
         parse_as_of("2026-12-01T09:30:00")
+    with pytest.raises(InvalidArgument, match=r"dataset 'items': as_of .* has no time zone"):
+        parse_as_of("2026-12-01T09:30:00", dataset="items")
     with pytest.raises(InvalidArgument, match="neither"):
         parse_as_of("yesterday")
+
+
+# --- time travel across snapshot expiry (issue 30, items 1 and 6) --------------------------------
+
+
+def tick() -> datetime:
+    """A time strictly between the commits before and after it (snapshot-log times are in ms)."""
+    time.sleep(0.01)
+    moment = datetime.now(UTC)
+    time.sleep(0.01)
+    return moment
+
+
+def tag_by_another_tool(pub: Publisher, snapshot_id: int, name: str = "kept") -> None:
+    """What another engine does: a tag on an old snapshot, so expiry keeps it."""
+    pub.iceberg.load(SPEC).manage_snapshots().create_tag(snapshot_id, name).commit()
+
+
+def log_time(pub: Publisher, snapshot_id: int) -> str:
+    """The (last) time main started pointing at `snapshot_id`, as the error names it."""
+    entries = pub.iceberg.load(SPEC).metadata.snapshot_log
+    millis = [e.timestamp_ms for e in entries if e.snapshot_id == snapshot_id][-1]
+    return datetime.fromtimestamp(millis / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def test_as_of_a_time_whose_snapshot_expired_is_refused_never_answered_with_another_version(pub):
+    """S1, S2, S3 on main, another tool tags S1, expiry removes S2: a time when main pointed at S2
+    is refused (before: S1's rows), naming the dataset and the earliest answerable time."""
+    first = customers(range(1, 6))
+    s1 = write(pub, first, "r1")
+    at_s1 = tick()
+    write(pub, customers(range(4, 9), version=1), "r2")
+    at_s2 = tick()
+    s3 = write(pub, customers([20]), "r3")
+    at_s3 = tick()
+    now = pub.iceberg.read(SPEC)
+    tag_by_another_tool(pub, s1)
+    result = pub.iceberg.expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
+    assert result.snapshots_expired == 1  # S2; S1 kept for the tag
+
+    earliest = log_time(pub, s3)
+    for moment in (at_s2, at_s1):  # S1's time lies before the first gap: refused too
+        with pytest.raises(SnapshotExpired, match=f"dataset 'items'.*{re.escape(earliest)}"):
+            pub.iceberg.read(SPEC, as_of=moment)
+        with pytest.raises(SnapshotExpired, match="dataset 'items'"):
+            pub.scan(SPEC, mode=mode("iceberg"), as_of=moment)
+    assert_same_multiset(pub.iceberg.read(SPEC, as_of=at_s3), now)
+    assert_same_multiset(pub.iceberg.read(SPEC, as_of=datetime.fromisoformat(earliest)), now)
+    assert_same_multiset(pub.iceberg.read(SPEC, as_of=s1), first)  # the tag still reads
+    with pytest.raises(InvalidArgument, match=r"dataset 'items'.*keeps no history"):
+        pub.scan(SPEC, mode=mode("pg"), as_of=at_s3)  # the legacy arm: no time travel at all
+
+
+def test_rollback_to_a_time_whose_snapshot_expired_is_refused_and_moves_nothing(pub):
+    """S1, S2, rollback to S1, S3 (a child of S1); S1 tagged, S2 expired: rolling back to a time
+    when main pointed at S2 is refused (before: main went to S1, a version it never had then)."""
+    s1 = write(pub, customers(range(1, 6)), "r1")
+    write(pub, customers(range(4, 9), version=1), "r2")
+    at_s2 = tick()
+    rollback(pub, SPEC, to_snapshot=s1, reason="bad load")
+    at_s1_again = tick()
+    s3 = write(pub, customers([20]), "r3")
+    tag_by_another_tool(pub, s1)
+    pub.iceberg.expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
+
+    with pytest.raises(SnapshotExpired, match=f"'items'.*{re.escape(log_time(pub, s1))}"):
+        rollback(pub, SPEC, to_time=at_s2, reason="to S2's time")
+    assert main_of(pub) == s3 and len(pub.ledger.rollbacks("items")) == 1
+    rollback(pub, SPEC, to_time=at_s1_again, reason="answerable: after the gap")
+    assert main_of(pub) == s1
+
+
+def test_a_lazy_read_pinned_to_a_snapshot_expiry_removed_names_dataset_and_snapshot(pub):
+    """A LazyFrame (a downstream input) pinned to S1, collected after expiry removed S1 and its
+    files: a project error naming the dataset and the snapshot (before: a raw FileNotFoundError)."""
+    s1 = write(pub, customers(range(1, 6)), "r1")
+    pinned = pub.scan(SPEC, mode=mode("iceberg"))
+    by_id = pub.scan(SPEC, mode=mode("iceberg"), as_of=s1)
+    write(pub, customers(range(6, 9)), "r2")
+    pub.iceberg.expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
+    for frame in (pinned, by_id):
+        with pytest.raises(SnapshotExpired, match=f"dataset 'items'.*snapshot {s1}"):
+            frame.collect()
+        with pytest.raises(SnapshotExpired, match=f"snapshot {s1}"):
+            frame.select(pl.len()).collect()
 
 
 # --- as_of in Dagster: a reproducible re-run of a downstream asset -------------------------------
@@ -168,4 +256,30 @@ def test_asset_config_as_of_reads_the_upstream_as_it_was(runtime_env):
     assert now == ["c1-v0", "c2-v0", "c3-v1", "c4-v1", "c5-v1", "c6-v1"]
     naive = {"ops": {"down": {"config": {"as_of": "2026-01-01T00:00:00"}}}}
     bad = run_assets(defs, instance, ["down"], run_config=naive, raise_on_error=False)
-    assert not bad.success
+    assert not bad.success and "dataset 'up': as_of '2026-01-01T00:00:00'" in failure(bad)
+
+    # a third version of up, its first tagged by another tool, the second expired: `between`
+    # lies before the first gap of main's log: refused, naming up and the earliest answerable time
+    UP["up"] = customers([9], version=2)
+    run_assets(defs, instance, ["up"])
+    table = get_runtime().iceberg.load("up")
+    table.manage_snapshots().create_tag(first, "kept").commit()
+    get_runtime().iceberg.expire_snapshots(up_spec(), older_than=timedelta(0), retain_last=1)
+    config = {"ops": {"down": {"config": {"as_of": between}}}}
+    gone = run_assets(defs, instance, ["down"], run_config=config, raise_on_error=False)
+    assert not gone.success
+    assert "SnapshotExpired" in failure(gone) and "dataset 'up'" in failure(gone)
+    assert "earliest time that can be answered" in failure(gone)
+
+
+def up_spec() -> DatasetSpec:
+    return DatasetSpec(name="up", primary_key=("id",))
+
+
+def failure(result: dg.ExecuteInProcessResult) -> str:
+    """The step failures of a run, with their causes."""
+    return " ".join(
+        e.event_specific_data.error.to_string()  # type: ignore[union-attr]
+        for e in result.all_events
+        if e.is_step_failure
+    )

@@ -74,9 +74,13 @@ def rollback(
 
     if sum(x is not None for x in (to_snapshot, before_run, to_time)) != 1:
         raise InvalidArgument("rollback needs exactly one of --to, --before-run, --to-time")
-    moment = parse_as_of(to_time) if to_time is not None else None
+    moment = (
+        parse_as_of(to_time, dataset=dataset, what="--to-time") if to_time is not None else None
+    )
     if moment is not None and not isinstance(moment, datetime):
-        raise InvalidArgument(f"--to-time {to_time!r} is not a time; use --to for a snapshot id")
+        raise InvalidArgument(
+            f"dataset {dataset!r}: --to-time {to_time!r} is not a time; use --to for a snapshot id"
+        )
     spec = spec_named(dataset)
     runtime = get_runtime()
     record = do_rollback(

@@ -198,7 +198,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         step = step_of(context)
         config = step.op_config if step is not None else None
         raw = config.get("as_of") if isinstance(config, dict) else None
-        return parse_as_of(raw) if raw else None
+        return parse_as_of(raw, dataset=spec.name) if raw else None
 
     def _window_reader(self, context: dg.InputContext, meta: Any) -> WindowReader:
         """The delta source of a delta dataset: a reader the compute scans window by window."""

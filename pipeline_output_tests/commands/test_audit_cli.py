@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,7 @@ def test_audit_fail_publish_history_and_rollback_of_a_delta_dataset_through_the_
     insert(pg_db_url, [(7, 7, 70)])
     ok(cli("materialize"))
     second, main_2 = table(tmp_path, pg_db_url)
+    at_2 = datetime.now(UTC).isoformat()  # main points at main_2 until the next materialize
     assert_same_multiset(second, source(pg_db_url))
     assert [state for _, state, _ in windows(pg_db_url)] == ["applied", "applied"]
 
@@ -161,7 +163,7 @@ def test_audit_fail_publish_history_and_rollback_of_a_delta_dataset_through_the_
 
     # the next materialize re-applies it, planning no window twice
     ok(cli("materialize"))
-    final, _ = table(tmp_path, pg_db_url)
+    final, table_main = table(tmp_path, pg_db_url)
     assert_same_multiset(final, source(pg_db_url))
     again = windows(pg_db_url)
     assert [k for k, _, _ in again] == [k for k, _, _ in planned], "no window planned twice"
@@ -172,6 +174,14 @@ def test_audit_fail_publish_history_and_rollback_of_a_delta_dataset_through_the_
         ).fetchone()  # type: ignore[misc]
     assert reason == "bad load" and who
 
+    # expiry removes main_2; rolling back to a time when main pointed at it is refused, naming
+    # the dataset and the earliest time that can be answered — never another version (issue 30)
+    ok(cli("maintain", "events", "--expire", "0s"))
+    gone = cli("rollback", "events", "--to-time", at_2)
+    assert gone.returncode == 2 and "dataset 'events': --to-time" in gone.stderr, gone.stderr
+    assert "earliest time that can be answered" in gone.stderr
+    assert table(tmp_path, pg_db_url)[1] == table_main, "nothing moved"
+
 
 def test_rollback_refuses_without_exactly_one_target_and_for_a_snapshot_not_on_main(cli, pg_db_url):
     insert(pg_db_url, [(1, 1, 10)])
@@ -181,4 +191,5 @@ def test_rollback_refuses_without_exactly_one_target_and_for_a_snapshot_not_on_m
     unknown = cli("rollback", "events", "--to", "12345")
     assert unknown.returncode == 2 and "not in main's history" in unknown.stderr
     naive = cli("rollback", "events", "--to-time", "2026-01-01T00:00:00")
-    assert naive.returncode == 2 and "time zone" in naive.stderr
+    assert naive.returncode == 2 and "dataset 'events': --to-time" in naive.stderr
+    assert "time zone" in naive.stderr

@@ -7,6 +7,7 @@ nothing. Window repair across expiry is in `pipeline_output_tests/test_maintenan
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -17,7 +18,7 @@ import polars as pl
 import pytest
 
 from pipeline_output import DatasetSpec
-from pipeline_output.errors import InvalidArgument
+from pipeline_output.errors import InvalidArgument, SnapshotExpired
 from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output.stores.iceberg.orphans import norm, referenced
 from pipeline_output_tests.iceberg_harness import Harness
@@ -149,3 +150,87 @@ def test_orphan_removal_deletes_old_unreferenced_files_and_never_young_ones(h: H
     assert h.store().remove_orphans(SPEC, grace_s=0).files == 1
     assert unreferenced(h.table(SPEC)) == []
     assert h.contents(SPEC) is not None  # every referenced file is still there
+
+
+# -- time travel across expiry (issue 30, item 1) -------------------------------------------------
+
+
+def _versions(h: Harness, n: int) -> list[tuple[int, datetime, pl.DataFrame]]:
+    """`n` writes to main, each with a time strictly inside its stay as main and its rows."""
+    out = []
+    for i in range(n):
+        snapshot = h.store().write(SPEC, frame(range(i * 3, i * 3 + 4), i)).snapshot_id
+        time.sleep(0.01)
+        out.append((snapshot, datetime.now(UTC), h.contents(SPEC)))
+        time.sleep(0.01)
+    return out
+
+
+def test_expiry_of_mains_oldest_versions_makes_their_times_unanswerable_and_records_why(
+    h: Harness,
+):
+    (s1, at1, _), (s2, at2, rows2), (_, at3, rows3) = _versions(h, 3)
+    store = h.store()
+    h.table(SPEC).manage_snapshots().create_tag(s2, "other-tool").commit()  # kept, like S3
+    store.expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1, ledger=None)
+
+    table = h.table(SPEC)
+    assert table.snapshot_by_id(s1) is None
+    earliest = table.properties["pipeline-output.time-travel-from"]
+    s2_since = next(e.timestamp_ms for e in table.metadata.snapshot_log if e.snapshot_id == s2)
+    assert datetime.fromisoformat(earliest).timestamp() * 1000 == s2_since
+    with pytest.raises(SnapshotExpired, match=f"dataset 'accounts'.*{re.escape(earliest)}"):
+        store.read(SPEC, as_of=at1)
+    assert_same_multiset(store.read(SPEC, as_of=at2), rows2)  # S2's time follows the gap
+    assert_same_multiset(store.read(SPEC, as_of=at3), rows3)
+    with pytest.raises(SnapshotExpired, match="earliest time"):  # long before: refused too
+        store.read(SPEC, as_of=at1.replace(year=2000))
+
+
+def test_as_of_after_another_tools_expiry_is_refused_from_the_snapshot_log_alone(h: Harness):
+    """pyiceberg's own `expire_snapshots` records no boundary: the log shows the gap (S3 was
+    committed onto S2, whose entry is gone; before: S1's rows at S2's time)."""
+    (s1, at1, rows1), (s2, at2, _), (_, at3, rows3) = _versions(h, 3)
+    table = h.table(SPEC)
+    table.manage_snapshots().create_tag(s1, "other-tool").commit()
+    table.maintenance.expire_snapshots().by_id(s2).commit()
+
+    assert "pipeline-output.time-travel-from" not in h.table(SPEC).properties
+    for moment in (at2, at1):
+        with pytest.raises(SnapshotExpired, match=r"dataset 'accounts'.*earliest time"):
+            h.store().read(SPEC, as_of=moment)
+    assert_same_multiset(h.store().read(SPEC, as_of=at3), rows3)
+    assert_same_multiset(h.store().read(SPEC, as_of=s1), rows1)
+
+
+def test_main_moving_back_to_a_snapshot_shows_the_gap_an_expiry_left(h: Harness):
+    """S1, S2, main back to S1 (another tool), S3 onto S1, then S2 expired by another tool: two
+    entries of S1 in a row; a time when main pointed at S2 is refused (before: S1's rows)."""
+    from pipeline_output.stores.iceberg.branches import head, move_main
+
+    (s1, _, _), (s2, at2, _) = _versions(h, 2)
+    move_main(h.table(SPEC), s1, expected=s2)
+    time.sleep(0.01)
+    at_back = datetime.now(UTC)
+    back_rows = h.contents(SPEC)
+    ((_, at3, rows3),) = _versions(h, 1)
+    h.table(SPEC).maintenance.expire_snapshots().by_id(s2).commit()
+
+    with pytest.raises(SnapshotExpired, match="dataset 'accounts'"):
+        h.store().read(SPEC, as_of=at2)
+    assert_same_multiset(h.store().read(SPEC, as_of=at_back), back_rows)
+    assert_same_multiset(h.store().read(SPEC, as_of=at3), rows3)
+    assert head(h.table(SPEC)) is not None
+
+
+def test_without_expiry_every_time_since_the_first_snapshot_answers_after_moves_of_main(
+    h: Harness,
+):
+    """No false refusal: rollbacks and re-commits leave no gap while nothing expired."""
+    from pipeline_output.stores.iceberg.branches import move_main
+
+    (s1, at1, rows1), (s2, at2, rows2) = _versions(h, 2)
+    move_main(h.table(SPEC), s1, expected=s2)
+    ((_, at3, rows3),) = _versions(h, 1)
+    for moment, rows in ((at1, rows1), (at2, rows2), (at3, rows3)):
+        assert_same_multiset(h.store().read(SPEC, as_of=moment), rows)

@@ -11,8 +11,8 @@ time travel need from Iceberg.
 - `move_main` moves `main` to a snapshot in one catalog commit, asserting where it pointed before
   (publish: a fast-forward to the audited snapshot, dropping the audit branch in the same commit;
   rollback: back to an ancestor).
-- `ancestry`, `snapshot_at` and `main_history` answer "which snapshots did readers of main see,
-  and when".
+- `ancestry` and `main_since` answer "which snapshots did readers of main see, and when" (which
+  snapshot main pointed at at a given time is `snapshot_log`'s: it knows what expiry removed).
 """
 
 from __future__ import annotations
@@ -165,40 +165,6 @@ def to_millis(moment: datetime, *, what: str) -> int:
             f"{moment.isoformat()}+00:00 or ...Z for UTC)"
         )
     return int(moment.timestamp() * 1000)
-
-
-def snapshot_at(table: Table, moment: datetime) -> int | None:
-    """The snapshot `main` pointed at, at `moment` (from the table's snapshot log: a published
-    audit counts from its publish, not from when it was staged); None before the first."""
-    millis = to_millis(moment, what="as_of")
-    found: int | None = None
-    for entry in table.metadata.snapshot_log:
-        if entry.timestamp_ms <= millis:
-            found = entry.snapshot_id
-        else:
-            break
-    return found
-
-
-def resolve_as_of(table: Table, as_of: int | datetime, *, dataset: str) -> int:
-    """The snapshot id `as_of` names: a snapshot id of `table`, or the snapshot main pointed at at
-    a timezone-aware time (`snapshot_at`); anything else is `InvalidArgument`."""
-    where = f"(see pipeline-output history {dataset})"
-    if isinstance(as_of, datetime):
-        found = snapshot_at(table, as_of)
-        if found is None:
-            raise InvalidArgument(
-                f"dataset {dataset!r}: main had no snapshot at {as_of.isoformat()} {where}"
-            )
-        return found
-    if isinstance(as_of, bool) or not isinstance(as_of, int):
-        raise InvalidArgument(
-            f"dataset {dataset!r}: as_of must be a snapshot id or a timezone-aware datetime, "
-            f"got {as_of!r}"
-        )
-    if table.snapshot_by_id(as_of) is None:
-        raise InvalidArgument(f"dataset {dataset!r} has no snapshot {as_of} {where}")
-    return as_of
 
 
 def main_since(table: Table) -> dict[int, int]:

@@ -14,8 +14,10 @@ Owns which snapshots go and the cleanup after:
   in between would cut it). The decision is taken under the dataset's window apply lock and the
   table's writer lock, so no window is being applied meanwhile;
 - the removal is one metadata commit (no new snapshot), fenced to the current snapshot; it also
-  records `pipeline-output.last-expiry` (a table property: durable, unlike snapshot summaries)
-  and adds the bounded `metadata.json` history defaults, so old metadata files go on commit;
+  records `pipeline-output.last-expiry` (a table property: durable, unlike snapshot summaries),
+  `pipeline-output.time-travel-from` when it removes entries of main's snapshot log (time
+  lookups before it are refused from then on: `snapshot_log`), and adds the bounded
+  `metadata.json` history defaults, so old metadata files go on commit;
 - after the commit (without locks) the manifest lists, manifests, data and delete files that the
   expired snapshots referenced and no remaining snapshot references are deleted. A file a writer
   is still writing was never referenced by a snapshot, so it is never among them; what a crash
@@ -45,6 +47,7 @@ from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.iceberg.manifests import FlatTransaction, upgrade_properties
 from pipeline_output.stores.iceberg.orphans import ManifestReader, delete_paths
 from pipeline_output.stores.iceberg.properties import _DEFAULT_LOCK, PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.snapshot_log import TRAVEL_FROM, expiry_boundary, stamp
 from pipeline_output.stores.protocol import ATTEMPT_MARKER
 
 if TYPE_CHECKING:
@@ -227,7 +230,11 @@ def _commit(table: Table, plan: ExpiryPlan, verify: Callable[[], None]) -> Table
     tx = FlatTransaction(table)
     upgrade_properties(tx)
     when = datetime.now(UTC).isoformat(timespec="seconds")
-    tx.set_properties({LAST_EXPIRY: f"{when} expired {len(plan.expire)} snapshot(s)"})
+    recorded = {LAST_EXPIRY: f"{when} expired {len(plan.expire)} snapshot(s)"}
+    boundary = expiry_boundary(table.metadata, set(plan.expire))
+    if boundary is not None:  # times before it lose their answer (`snapshot_log`)
+        recorded[TRAVEL_FROM] = stamp(boundary)
+    tx.set_properties(recorded)
     tx._apply(
         (RemoveSnapshotsUpdate(snapshot_ids=plan.expire),),  # type: ignore[call-arg]
         (

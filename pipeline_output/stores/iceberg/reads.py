@@ -17,9 +17,10 @@ from pyiceberg.table.refs import MAIN_BRANCH
 from pipeline_output.errors import DatasetNotWritten
 from pipeline_output.frames import from_arrow
 from pipeline_output.spec import DatasetSpec, window_column
-from pipeline_output.stores.iceberg.branches import ancestry, head, resolve_as_of
+from pipeline_output.stores.iceberg.branches import ancestry, head
 from pipeline_output.stores.iceberg.expressions import window_filter
 from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.snapshot_log import resolve_as_of
 from pipeline_output.stores.protocol import ATTEMPT_MARKER, ReadOptions
 
 
@@ -44,7 +45,8 @@ class IcebergReads:
         """The table's rows (optionally only a window, only some columns) as polars.
 
         `as_of` reads a past version (time travel): a snapshot id, or a timezone-aware datetime
-        — the snapshot `main` pointed at then (a naive datetime is refused)."""
+        — the snapshot `main` pointed at then (a naive datetime is refused, and so is a time
+        whose version expiry removed: `SnapshotExpired`, see `snapshot_log`)."""
         window, columns = options.get("window"), options.get("columns")
         table = self.load(spec)
         if table is None:
@@ -68,7 +70,8 @@ class IcebergReads:
         self, spec: DatasetSpec | str, as_of: int | datetime, *, table: Table | None = None
     ) -> int:
         """The snapshot id `as_of` names in the dataset's table: a snapshot id of the table, or
-        the snapshot main pointed at at a timezone-aware time (`InvalidArgument` otherwise)."""
+        the snapshot main pointed at at a timezone-aware time (`InvalidArgument` otherwise;
+        `SnapshotExpired` for a time expiry made unanswerable)."""
         table = table if table is not None else self.load(spec)
         if table is None:
             raise DatasetNotWritten(f"dataset {self.table_name(spec)!r} has no Iceberg table yet")
