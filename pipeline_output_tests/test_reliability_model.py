@@ -722,3 +722,52 @@ def test_regression_merge_on_read_upsert_of_moved_keys_into_a_truncate_partition
         partition_by=("truncate(8, id)",),
         hint="merge-on-read",
     )
+
+
+def _deploys_across_partition_specs(make_arms: Any, hint: str, steps: list[Any]) -> None:
+    """Replay `("partition_by", terms)` and `("deploy", rows, window)` steps on one dataset,
+    checking both arms against the model after each."""
+    arms = make_arms()
+    ds = new_dataset("snapshot_replace", "int", (), hint)
+    for step in steps:
+        if step[0] == "partition_by":
+            ds.spec = dataclasses.replace(ds.spec, partition_by=step[1])
+        else:
+            deploy(arms, ds, step[1], step[2])
+        check(arms, ds)
+    arms.reader.catalog.engine.dispose()
+
+
+def test_regression_a_changed_bucket_count_between_deploys(make_arms: Any) -> None:
+    """Found by the ci profile of the every-strategy machine (issue 30, item 4b): pyiceberg's
+    duplicate partition field name `id_bucket`."""
+    _deploys_across_partition_specs(
+        make_arms,
+        "merge-on-read",
+        [
+            ("partition_by", ("bucket(1, id)",)),
+            ("deploy", [], None),
+            ("partition_by", ("bucket(2, id)",)),
+            ("deploy", [], None),
+            ("deploy", [_row(3), _row(4)], None),
+        ],
+    )
+
+
+def test_regression_merge_on_read_window_after_fields_were_added_to_the_partition_spec(
+    make_arms: Any,
+) -> None:
+    """Found by the deep profile of the merge-on-read machine (issue 30, item 4a): a delete file
+    for a data file of the earlier spec failed pyiceberg's snapshot summary (`IndexError`)."""
+    rows = [_row(26), _row(0), _row(24, null=True), _row(1)]
+    _deploys_across_partition_specs(
+        make_arms,
+        "merge-on-read",
+        [
+            ("partition_by", ("bucket(1, id)",)),
+            ("deploy", rows, None),
+            ("deploy", rows, None),
+            ("partition_by", ("bucket(4, id)", "s")),
+            ("deploy", [_row(0, 1)], (None, 1)),
+        ],
+    )
