@@ -107,7 +107,8 @@ class DatasetSpec:
     strategy: Strategy = "snapshot_replace"
     delta: Delta | None = None
     mode: Mode | None = None
-    partition_by: tuple[str, ...] = ()
+    # None: not said (a table that exists keeps its partition spec); (): unpartitioned
+    partition_by: tuple[str, ...] | None = None
     sort_by: tuple[str, ...] = ()
     dedupe_by: str | None = None
     allow_empty: bool = False
@@ -135,6 +136,8 @@ class DatasetSpec:
 
         for attr in ("partition_by", "sort_by"):
             cols = getattr(self, attr)
+            if cols is None and attr == "partition_by":
+                continue  # not said: the table's own layout is kept
             cols = (cols,) if isinstance(cols, str) else tuple(cols)
             named = (
                 [t.column for t in parse_terms(cols, dataset=name)]
@@ -188,8 +191,9 @@ class DatasetSpec:
 
     @property
     def partition_terms(self) -> tuple[PartitionTerm, ...]:
-        """`partition_by` parsed: identity columns and Iceberg transforms (`partitioning.py`)."""
-        return parse_terms(self.partition_by, dataset=self.name)
+        """`partition_by` parsed: identity columns and Iceberg transforms (`partitioning.py`);
+        none when it is not said (`partition_by=None`) or says unpartitioned (`()`)."""
+        return parse_terms(self.partition_by or (), dataset=self.name)
 
     @property
     def sort_columns(self) -> tuple[str, ...]:
@@ -221,7 +225,7 @@ def spec_to_dict(spec: DatasetSpec) -> dict[str, object]:
         "strategy": spec.strategy,
         "delta": delta,
         "mode": spec.mode,
-        "partition_by": list(spec.partition_by),
+        "partition_by": None if spec.partition_by is None else list(spec.partition_by),
         "sort_by": list(spec.sort_by),
         "dedupe_by": spec.dedupe_by,
         "allow_empty": spec.allow_empty,
@@ -255,7 +259,7 @@ def spec_from_dict(data: dict[str, object]) -> DatasetSpec:
         strategy=data.get("strategy", "snapshot_replace"),  # type: ignore[arg-type]
         delta=delta,
         mode=data.get("mode"),  # type: ignore[arg-type]
-        partition_by=tuple(data.get("partition_by") or ()),  # type: ignore[arg-type]
+        partition_by=_partition_by(data.get("partition_by")),
         sort_by=tuple(data.get("sort_by") or ()),  # type: ignore[arg-type]
         dedupe_by=data.get("dedupe_by"),  # type: ignore[arg-type]
         allow_empty=bool(data.get("allow_empty", False)),
@@ -263,3 +267,10 @@ def spec_from_dict(data: dict[str, object]) -> DatasetSpec:
         write_strategy_hint=data.get("write_strategy_hint", "auto"),  # type: ignore[arg-type]
         audit=bool(data.get("audit", False)),
     )
+
+
+def _partition_by(raw: object) -> tuple[str, ...] | None:
+    """`partition_by` as `spec_to_dict` stored it: None (not said) stays None."""
+    if raw is None:
+        return None
+    return tuple(raw)  # type: ignore[arg-type]

@@ -19,8 +19,10 @@ plain regression tests (`test_regression_*`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -265,6 +267,102 @@ def check(arms: Arms, ds: DatasetModel) -> None:
     assert_same_multiset(ice, pg)
 
 
+# -- partition-spec changes between writes (issue 30, item 4) -------------------------------
+
+# partition_by drawn again between deploys: a transform's parameter changed (bucket(4, id) ->
+# bucket(8, id), truncate widths), fields added (or removed), back to unpartitioned (`()`), and
+# not said (None: the table keeps its spec)
+SPEC_CHANGES: list[tuple[str, ...] | None] = [
+    ("bucket(4, id)",),
+    ("bucket(8, id)",),
+    ("bucket(16, id)",),
+    ("truncate(3, id)",),
+    ("truncate(5, id)",),
+    ("truncate(8, id)",),
+    ("s", "bucket(4, id)"),
+    ("s", "bucket(8, id)"),
+    ("bucket(4, id)", "s"),
+    ("s", "truncate(5, id)"),
+    ("s",),
+    (),
+    None,
+]
+
+
+def spec_change_kind(before: tuple[str, ...], after: tuple[str, ...] | None) -> str:
+    """What a drawn change does to the terms last said: `parameter` (the same transforms of the
+    same columns, a size changed), `added` / `removed` fields, `unpartitioned`, `not said`,
+    `same` or `other`."""
+    if after is None:
+        return "not said"
+    if after == before:
+        return "same"
+    if after == ():
+        return "unpartitioned"
+
+    def shape(terms: tuple[str, ...]) -> list[str]:
+        return [t.split("(")[0] + ("" if "(" not in t else t.split(",")[-1]) for t in terms]
+
+    if shape(after) == shape(before):
+        return "parameter"
+    if set(shape(before)) < set(shape(after)):
+        return "added"
+    if set(shape(after)) < set(shape(before)):
+        return "removed"
+    return "other"
+
+
+class PartitionSpecChanges:
+    """Mixed into every deploy machine: `partition_by` changes between deploys (so later merges,
+    merge-on-read ones included, delete rows of files written under an earlier spec); after a
+    change, the table's specs and its delete files on earlier specs are counted."""
+
+    datasets: list[DatasetModel]
+    arms: Arms
+
+    @rule(which=st.integers(0, 1), terms=st.sampled_from(SPEC_CHANGES))
+    def change_partition_by(self, which: int, terms: tuple[str, ...] | None) -> None:
+        ds = self.datasets[which % len(self.datasets)]
+        said = _CTX.setdefault("said", {})
+        before = said.get(ds.spec.name, ds.spec.partition_by or ())
+        kind = spec_change_kind(before, terms)
+        changes = _CTX.setdefault("spec_changes", {})
+        changes[kind] = changes.get(kind, 0) + 1
+        if terms is not None:
+            said[ds.spec.name] = terms
+        _CTX.setdefault("changed", set()).add(ds.spec.name)
+        ds.spec = dataclasses.replace(ds.spec, partition_by=terms)
+
+    @rule(which=st.integers(0, 1), size=st.sampled_from([1, 2, 3, 4, 8, 16]))
+    def change_a_partition_parameter(self, which: int, size: int) -> None:
+        """Every bucket count and truncate width of the terms last said becomes `size` (none
+        said: `bucket(size, id)` is added)."""
+        ds = self.datasets[which % len(self.datasets)]
+        said = _CTX.setdefault("said", {}).get(ds.spec.name, ds.spec.partition_by or ())
+        if any("(" in t for t in said):
+            self.change_partition_by(which, tuple(re.sub(r"\(\d+,", f"({size},", t) for t in said))
+        else:
+            self.change_partition_by(which, (*said, f"bucket({size}, id)"))
+
+    @invariant()
+    def count_specs_and_old_spec_delete_files(self) -> None:
+        for ds in self.datasets:
+            if ds.table is None or ds.spec.name not in _CTX.get("changed", ()):
+                continue
+            table = self.arms.reader.load(ds.spec)
+            if table is None:
+                continue
+            current = table.metadata.default_spec_id
+            old = sum(
+                1
+                for task in table.scan().plan_files()
+                for d in task.delete_files
+                if d.spec_id != current
+            )
+            _CTX["max_specs"] = max(_CTX.get("max_specs", 0), len(table.metadata.specs()))
+            _CTX["old_spec_delete_files"] = max(_CTX.get("old_spec_delete_files", 0), old)
+
+
 # -- the state machine ------------------------------------------------------------------------
 
 _CTX: dict[str, Any] = {}
@@ -282,9 +380,10 @@ def _datasets_st(strategies: list[str], hints: st.SearchStrategy[list[str]]) -> 
     }
 
 
-class DeployMachine(TimeTravelRules, RuleBasedStateMachine):
+class DeployMachine(TimeTravelRules, PartitionSpecChanges, RuleBasedStateMachine):
     """Random deploy sequences over up to two datasets with random strategies, with snapshot
-    expiry between time-travel reads of the Iceberg arm (`TimeTravelRules`)."""
+    expiry between time-travel reads of the Iceberg arm (`TimeTravelRules`) and partition-spec
+    changes between writes (`PartitionSpecChanges`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -453,6 +552,7 @@ def test_random_deploy_sequences_both_arms_match_the_model(
         seconds=round(time.perf_counter() - started, 1),
         rows_lost=0,
         **travel_figures(),
+        **partition_spec_figures(),
     )
 
 
@@ -511,6 +611,16 @@ def test_snapshot_expiry_between_time_travel_reads_never_answers_another_version
         rows_lost=0,
         **travel_figures(),
     )
+
+
+def partition_spec_figures() -> dict[str, Any]:
+    """The partition-spec changes drawn (by kind), the most specs one table had, and the most
+    live delete files one table had on an earlier spec than its current one."""
+    return {
+        "spec_changes": _CTX.get("spec_changes", {}),
+        "max_specs_per_table": _CTX.get("max_specs", 1),
+        "max_delete_files_on_earlier_specs": _CTX.get("old_spec_delete_files", 0),
+    }
 
 
 # -- regressions: shrunk sequences, replayed as plain tests ------------------------------------
@@ -672,4 +782,53 @@ def test_regression_merge_on_read_upsert_of_moved_keys_into_a_truncate_partition
         ],
         partition_by=("truncate(8, id)",),
         hint="merge-on-read",
+    )
+
+
+def _deploys_across_partition_specs(make_arms: Any, hint: str, steps: list[Any]) -> None:
+    """Replay `("partition_by", terms)` and `("deploy", rows, window)` steps on one dataset,
+    checking both arms against the model after each."""
+    arms = make_arms()
+    ds = new_dataset("snapshot_replace", "int", (), hint)
+    for step in steps:
+        if step[0] == "partition_by":
+            ds.spec = dataclasses.replace(ds.spec, partition_by=step[1])
+        else:
+            deploy(arms, ds, step[1], step[2])
+        check(arms, ds)
+    arms.reader.catalog.engine.dispose()
+
+
+def test_regression_a_changed_bucket_count_between_deploys(make_arms: Any) -> None:
+    """Found by the ci profile of the every-strategy machine (issue 30, item 4b): pyiceberg's
+    duplicate partition field name `id_bucket`."""
+    _deploys_across_partition_specs(
+        make_arms,
+        "merge-on-read",
+        [
+            ("partition_by", ("bucket(1, id)",)),
+            ("deploy", [], None),
+            ("partition_by", ("bucket(2, id)",)),
+            ("deploy", [], None),
+            ("deploy", [_row(3), _row(4)], None),
+        ],
+    )
+
+
+def test_regression_merge_on_read_window_after_fields_were_added_to_the_partition_spec(
+    make_arms: Any,
+) -> None:
+    """Found by the deep profile of the merge-on-read machine (issue 30, item 4a): a delete file
+    for a data file of the earlier spec failed pyiceberg's snapshot summary (`IndexError`)."""
+    rows = [_row(26), _row(0), _row(24, null=True), _row(1)]
+    _deploys_across_partition_specs(
+        make_arms,
+        "merge-on-read",
+        [
+            ("partition_by", ("bucket(1, id)",)),
+            ("deploy", rows, None),
+            ("deploy", rows, None),
+            ("partition_by", ("bucket(4, id)", "s")),
+            ("deploy", [_row(0, 1)], (None, 1)),
+        ],
     )

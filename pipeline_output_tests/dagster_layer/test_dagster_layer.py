@@ -691,6 +691,16 @@ def test_bad_dataset_spec_fails_at_definition_time_naming_the_dataset(
     assert f"'{name}'" in str(info.value) and cause in str(info.value)
 
 
+def test_dataset_partition_by_defaults_to_not_said_and_keeps_an_empty_one() -> None:
+    from pipeline_output import dataset
+    from pipeline_output.dagster_layer.dataset import spec_of
+
+    said_nothing = spec_of(dataset("plain", primary_key="id")(_compute))
+    unpartitioned = spec_of(dataset("flat", primary_key="id", partition_by=())(_compute))
+    assert said_nothing is not None and said_nothing.partition_by is None
+    assert unpartitioned is not None and unpartitioned.partition_by == ()
+
+
 def test_delta_over_a_source_the_compute_does_not_take_fails_at_definition_time() -> None:
     from pipeline_output import dataset
     from pipeline_output.errors import InvalidSpec

@@ -156,10 +156,16 @@ def test_changing_partition_by_evolves_the_spec_keeping_old_files_as_they_are(
     assert specs == [0, table.spec().spec_id]  # the old file keeps spec 0
     want = pl.concat([_frame(range(10)), _frame(range(10, 20)), _frame(range(10, 20))])
     assert_same_multiset(ice.read(bucketed), want)
-    ice.write(plain, _frame(range(20, 22)))  # and back to unpartitioned
+    ice.write(plain, _frame(range(20, 22)))  # saying nothing keeps the table's spec
+    table = ice.load(plain)
+    assert table is not None and [f.name for f in table.spec().fields] == ["id_bucket"]
+    unpartitioned = DatasetSpec(
+        name="evolving", primary_key=("id",), strategy="append_always", partition_by=()
+    )
+    ice.write(unpartitioned, _frame(range(22, 24)))  # and back to unpartitioned, said so
     table = ice.load(plain)
     assert table is not None and table.spec().fields == ()
-    assert ice.read(plain).height == 32
+    assert ice.read(plain).height == 34
 
 
 def test_partition_by_a_column_the_compute_lacks_is_refused_and_nothing_is_written(

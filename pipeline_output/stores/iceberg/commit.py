@@ -14,6 +14,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.refs import MAIN_BRANCH
+from pyiceberg.table.snapshots import Operation
 from pyiceberg.table.update.snapshot import _SnapshotProducer
 
 from pipeline_output.errors import (
@@ -26,7 +27,7 @@ from pipeline_output.stores.iceberg.deletes import DeleteFileWriter
 from pipeline_output.stores.iceberg.files import DataFileWriter
 from pipeline_output.stores.iceberg.inflight import verify_written
 from pipeline_output.stores.iceberg.manifests import ManifestIndex
-from pipeline_output.stores.iceberg.overwrite import IndexedOverwrite
+from pipeline_output.stores.iceberg.overwrite import IndexedOverwrite, MergeAppend
 from pipeline_output.stores.iceberg.rows import _align
 from pipeline_output.stores.schema import check_required
 
@@ -72,7 +73,13 @@ def _commit(
             tx, tx._table.io, index=index, snapshot_properties=props, branch=branch
         )
     else:  # an append: pyiceberg's merge-append honours the same manifest-merge properties
-        producer = tx.update_snapshot(snapshot_properties=props, branch=branch).merge_append()
+        producer = MergeAppend(
+            operation=Operation.APPEND,
+            transaction=tx,
+            io=tx._table.io,
+            branch=branch,
+            snapshot_properties=props,
+        )
     for data_file in ready:
         producer.append_data_file(data_file)
     writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)

@@ -168,7 +168,7 @@ class DataFileWriter(TableFileWriter):
             record if record is not None else stats.partition(self.metadata.spec(), self._schema)
         )
         path = self._put(data)
-        return DataFile.from_args(
+        data_file = DataFile.from_args(
             content=DataFileContent.DATA,
             file_path=path,
             file_format=FileFormat.PARQUET,
@@ -180,3 +180,5 @@ class DataFileWriter(TableFileWriter):
             key_metadata=None,
             **stats.to_serialized_dict(),
         )
+        data_file.spec_id = self.metadata.default_spec_id  # (from_args does not set it)
+        return data_file

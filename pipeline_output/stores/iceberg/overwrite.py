@@ -36,10 +36,24 @@ from pyiceberg.manifest import (
     ManifestWriter,
     ManifestWriterV2,
 )
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
 from pyiceberg.table import TableProperties, Transaction
 from pyiceberg.table.refs import MAIN_BRANCH
-from pyiceberg.table.snapshots import Operation
-from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
+from pyiceberg.table.snapshots import (
+    Operation,
+    SnapshotSummaryCollector,
+    Summary,
+    update_snapshot_summaries,
+)
+from pyiceberg.table.update.snapshot import (
+    _ManifestMergeManager,
+    _MergeAppendFiles,
+    _OverwriteFiles,
+)
+from pyiceberg.transforms import VoidTransform
+from pyiceberg.typedef import EMPTY_DICT
+from pyiceberg.types import NestedField, StructType
 from pyiceberg.utils.properties import property_as_bool, property_as_int
 
 from pipeline_output.errors import UnsupportedWrite
@@ -56,6 +70,34 @@ class _DeleteManifestWriter(ManifestWriterV2):
     @property
     def _meta(self) -> dict[str, str]:
         return {**super()._meta, "content": "deletes"}
+
+
+class _NullablePartitions(PartitionSpec):
+    """A partition spec whose partition struct has optional fields only, as Iceberg's spec (and
+    Java) has it. pyiceberg 0.12 makes a field required when its source column is, so a v1
+    table's `void` field (always null, what removing a field leaves in a v1 spec) on a required
+    column, such as a bucket of the key, could not be written to a manifest."""
+
+    def partition_type(self, schema: Schema) -> StructType:
+        struct = super().partition_type(schema)
+        return StructType(
+            *(NestedField(f.field_id, f.name, f.field_type, required=False) for f in struct.fields)
+        )
+
+
+def manifest_spec(spec: PartitionSpec) -> PartitionSpec:
+    """The spec a manifest of `spec`'s files is written with (`_NullablePartitions` where a
+    field is `void`; `spec` itself otherwise)."""
+    if not any(isinstance(f.transform, VoidTransform) for f in spec.fields):
+        return spec
+    return _NullablePartitions(*spec.fields, spec_id=spec.spec_id)  # type: ignore[call-arg]
+
+
+class MergeAppend(_MergeAppendFiles):
+    """pyiceberg's merge-append (a write that only adds files), with `manifest_spec`."""
+
+    def spec(self, spec_id: int) -> PartitionSpec:
+        return manifest_spec(super().spec(spec_id))
 
 
 class IndexedOverwrite(_OverwriteFiles):
@@ -102,6 +144,9 @@ class IndexedOverwrite(_OverwriteFiles):
             merge_enabled=self._merge_enabled,
             snapshot_producer=self,
         )
+
+    def spec(self, spec_id: int) -> PartitionSpec:
+        return manifest_spec(super().spec(spec_id))
 
     # -- what the commit removes
 
@@ -164,10 +209,8 @@ class IndexedOverwrite(_OverwriteFiles):
         # one manifest per (content, partition spec) for this snapshot's added AND removed files
         # (pyiceberg writes them apart: one more manifest file per write, kept by every snapshot)
         groups: dict[tuple[ManifestContent, int], list[ManifestEntry]] = defaultdict(list)
-        default_spec = self._transaction.table_metadata.default_spec_id
         for data_file in self._added_data_files:
-            data = data_file.content == DataFileContent.DATA
-            key = (_content_of(data_file), default_spec if data else data_file.spec_id)
+            key = (_content_of(data_file), self._added_spec_id(data_file))
             groups[key].append(
                 ManifestEntry.from_args(
                     status=ManifestEntryStatus.ADDED,
@@ -186,6 +229,41 @@ class IndexedOverwrite(_OverwriteFiles):
                     writer.add_entry(entry)
             new.append(writer.to_manifest_file())
         return self._process_manifests(new + self._existing_manifests())
+
+    def _added_spec_id(self, data_file: DataFile) -> int:
+        """The partition spec an added file is recorded under: a new data file is written by
+        the table's current spec; a delete file carries the spec of the data file it deletes
+        from (which may be an older one)."""
+        if data_file.content == DataFileContent.DATA:
+            return self._transaction.table_metadata.default_spec_id
+        return data_file.spec_id
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        """pyiceberg's summary, with each file's partition summarised by its own spec.
+
+        pyiceberg summarises every added file by the current spec: a delete file for a data file
+        written under an older spec (fewer fields, or others) failed with a raw `IndexError`, or
+        was summarised under the wrong partition path."""
+        metadata = self._transaction.table_metadata
+        schema, specs = metadata.schema(), metadata.specs()
+        limit = property_as_int(
+            metadata.properties,
+            TableProperties.WRITE_PARTITION_SUMMARY_LIMIT,
+            TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT,
+        )
+        collector = SnapshotSummaryCollector(partition_summary_limit=limit or 0)
+        for data_file in self._added_data_files:
+            spec = specs[self._added_spec_id(data_file)]
+            collector.add_file(data_file=data_file, partition_spec=spec, schema=schema)
+        for data_file in self._deleted_data_files:
+            spec = specs[data_file.spec_id]
+            collector.remove_file(data_file=data_file, partition_spec=spec, schema=schema)
+        parent = self._parent_snapshot_id
+        previous = metadata.snapshot_by_id(parent) if parent is not None else None
+        return update_snapshot_summaries(
+            summary=Summary(operation=self._operation, **collector.build(), **snapshot_properties),
+            previous_summary=previous.summary if previous is not None else None,
+        )
 
     def _existing_manifests(self) -> list[ManifestFile]:
         index = self._indexed()

@@ -4,7 +4,9 @@ extra, so bucket and truncate match every other Iceberg engine), spec evolution 
 change, and the partition values a batch of keys can be in (pruning).
 
 Evolution follows Iceberg: the table's spec is updated in the write's own transaction, files
-written from then on are partitioned by the new spec, files written before keep theirs.
+written from then on are partitioned by the new spec, files written before keep theirs. A dataset
+that says nothing about partitioning (`partition_by=None`) keeps the table's spec, whoever made
+it; `partition_by=()` says unpartitioned.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pyiceberg.transforms import (
     MonthTransform,
     Transform,
     TruncateTransform,
+    VoidTransform,
     YearTransform,
 )
 from pyiceberg.types import IntegerType, LongType, StringType
@@ -86,29 +89,99 @@ def partition_spec(spec: DatasetSpec, schema: Schema) -> PartitionSpec:
     )
 
 
+def _live(pspec: PartitionSpec) -> list[PartitionField]:
+    """The fields of `pspec` that partition (a v1 table keeps removed fields as `void`)."""
+    return [f for f in pspec.fields if not isinstance(f.transform, VoidTransform)]
+
+
 def _current(metadata: TableMetadata) -> list[tuple[int, str]]:
-    return [(f.source_id, str(f.transform)) for f in metadata.spec().fields]
+    return [(f.source_id, str(f.transform)) for f in _live(metadata.spec())]
 
 
 def needs_evolution(spec: DatasetSpec, metadata: TableMetadata) -> bool:
-    """Whether the table's current spec differs from what `spec` declares."""
+    """Whether the table's current spec differs from what `spec` declares (a spec that says
+    nothing about partitioning, `partition_by=None`, keeps the table's spec as it is)."""
+    if spec.partition_by is None:
+        return False
     wanted = [(sid, str(t)) for sid, t, _ in _fields(spec, metadata.schema())]
     return wanted != _current(metadata)
 
 
 def evolve(tx: Transaction, spec: DatasetSpec) -> bool:
-    """Make the table's current partition spec the declared one, in `tx`; True when it changed."""
+    """Make the table's current partition spec the declared one, in `tx`; True when it changed.
+
+    As Iceberg evolves a spec, in one update: the fields the declaration keeps in place stay
+    (same field id and name), the others are removed (a v1 table keeps them as `void`), and the
+    declared fields from the first difference on are added. An added field whose usual name
+    (`id_bucket`) named another field of the table, in any spec, gets a fresh one (`id_bucket_8`):
+    a partition field name always means one transform of one column."""
     metadata = tx.table_metadata
     if not needs_evolution(spec, metadata):
         return False
-    wanted = _fields(spec, metadata.schema())
     schema = metadata.schema()
+    wanted = _fields(spec, schema)
+    current = _live(metadata.spec())
+    keep = 0
+    while (
+        keep < min(len(current), len(wanted))
+        and current[keep].source_id == wanted[keep][0]
+        and str(current[keep].transform) == str(wanted[keep][1])
+    ):
+        keep += 1
+    removed = current[keep:]
+    gone = {f.field_id for f in removed} if metadata.format_version >= 2 else set()
+    taken = {f.name for f in metadata.spec().fields if f.field_id not in gone}
     with tx.update_spec() as update:
-        for field in metadata.spec().fields:
-            update.remove_field(field.name)
-        for sid, transform, name in wanted:
+        for old in removed:
+            update.remove_field(old.name)
+        for sid, transform, usual in wanted[keep:]:
+            name = _field_name(metadata, sid, transform, usual, taken=taken)
+            taken.add(name)
             update.add_field(schema.find_field(sid).name, transform, name)
     return True
+
+
+def _field_name(
+    metadata: TableMetadata,
+    source_id: int,
+    transform: Transform,  # type: ignore[type-arg]
+    usual: str,
+    *,
+    taken: set[str],
+) -> str:
+    """The name of an added partition field: the one the table's history gave this transform of
+    this column (Iceberg then reuses its field id), else the usual one, else a fresh one; never a
+    name of another field of the new spec, of another transform in an earlier spec, or of a
+    column (only an identity field may carry its own column's name)."""
+    meaning: dict[str, tuple[int, str]] = {}
+    for pspec in metadata.specs().values():
+        for f in pspec.fields:
+            if not isinstance(f.transform, VoidTransform):
+                meaning.setdefault(f.name, (f.source_id, str(f.transform)))
+    this = (source_id, str(transform))
+    schema = metadata.schema()
+
+    def free(name: str) -> bool:
+        if name in taken or meaning.get(name, this) != this:
+            return False
+        column = next((f for f in schema.fields if f.name == name), None)
+        return column is None or (
+            isinstance(transform, IdentityTransform) and column.field_id == source_id
+        )
+
+    for spec_id in sorted(metadata.specs(), reverse=True):
+        for f in metadata.specs()[spec_id].fields:
+            if (f.source_id, str(f.transform)) == this and free(f.name):
+                return f.name
+    size = getattr(transform, "num_buckets", None) or getattr(transform, "width", None)
+    first = [usual, f"{usual}_{size}"] if size is not None else [usual]
+    for name in first:
+        if free(name):
+            return name
+    n = 2
+    while not free(f"{first[-1]}_{n}"):
+        n += 1
+    return f"{first[-1]}_{n}"
 
 
 def partition_columns(frame: pl.DataFrame, metadata: TableMetadata) -> list[pl.Series]:

@@ -34,11 +34,11 @@ from pipeline_output.stores.iceberg.manifests import (
     upgrade_properties,
 )
 from pipeline_output.stores.iceberg.partitions import evolve as evolve_partitioning
-from pipeline_output.stores.iceberg.partitions import needs_evolution, partition_spec
+from pipeline_output.stores.iceberg.partitions import needs_evolution
 from pipeline_output.stores.iceberg.prewrite import _Prewritten, row_properties, summary_properties
-from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX, TABLE_PROPERTIES
+from pipeline_output.stores.iceberg.properties import PROPERTY_PREFIX
 from pipeline_output.stores.iceberg.rows import _evolve, _state_of, _total_records
-from pipeline_output.stores.schema import initial_schema, plan_evolution
+from pipeline_output.stores.schema import plan_evolution
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.store import IcebergStore
@@ -96,15 +96,7 @@ def replace_streaming(
         plan = plan_write(replace(spec, strategy="replace"), _state_of(table), None)
         props = summary_properties(spec, plan, run_id, summary)
         if table is None:
-            store._ensure_namespace()
-            schema, order = initial_schema(spec, first)
-            tx: Transaction = store.catalog.create_table_transaction(
-                store.identifier(spec),
-                schema=schema,
-                partition_spec=partition_spec(spec, schema),
-                sort_order=order,
-                properties=TABLE_PROPERTIES,
-            )
+            tx: Transaction = store._create_transaction(spec, first)
             deleted: list[DataFile] = []
             index: ManifestIndex | None = None
             total_before = 0
