@@ -90,10 +90,10 @@ def make_stores(url: str, warehouse: Path) -> dict[str, Any]:
     import psycopg
     from pyiceberg.catalog.sql import SqlCatalog
 
+    from pipeline_output.infra.locks import AdvisoryLock
+    from pipeline_output.infra.settings import to_sqlalchemy_url
     from pipeline_output.ledger import Ledger
     from pipeline_output.ledger.migrations import migrate
-    from pipeline_output.locks import AdvisoryLock
-    from pipeline_output.settings import to_sqlalchemy_url
     from pipeline_output.stores.iceberg import IcebergStore
     from pipeline_output.stores.postgres import PostgresStore
 
@@ -110,7 +110,8 @@ def make_stores(url: str, warehouse: Path) -> dict[str, Any]:
 
 
 def run(rows: int, base_factor: int, reps: int, arms: list[str]) -> list[Timing]:
-    from pipeline_output import DatasetSpec, embedded_pg
+    from pipeline_output import DatasetSpec
+    from pipeline_output.infra import embedded_pg
 
     n_base = rows * base_factor
     print(f"generating inputs: base {n_base:,} rows, batch {rows:,} rows (50% matched) ...")

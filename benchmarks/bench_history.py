@@ -62,8 +62,8 @@ def main() -> int:
     from deltalake import DeltaTable, write_deltalake
 
     from pipeline_output import DatasetSpec, IcebergStore
-    from pipeline_output.locks import AdvisoryLock
-    from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
+    from pipeline_output.infra.locks import AdvisoryLock
+    from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
 
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)

@@ -240,7 +240,7 @@ def ours_spec(name: str, case: Case, strategy: str) -> Any:
 
 def ours_store(cfg: dict[str, Any], catalog: Any) -> Any:
     from pipeline_output import IcebergStore
-    from pipeline_output.locks import AdvisoryLock
+    from pipeline_output.infra.locks import AdvisoryLock
 
     return IcebergStore(catalog, NAMESPACE, lock=AdvisoryLock(cfg["libpq_uri"]))
 

@@ -69,9 +69,9 @@ def main() -> int:
     import polars as pl
 
     from pipeline_output import DatasetSpec, Delta, IcebergStore, Window
-    from pipeline_output.locks import AdvisoryLock
-    from pipeline_output.stores.iceberg.health import table_health
-    from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
+    from pipeline_output.infra.locks import AdvisoryLock
+    from pipeline_output.stores.iceberg.maintenance.health import table_health
+    from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
 
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)

@@ -80,10 +80,10 @@ def main() -> int:
     import polars as pl
 
     from pipeline_output import DatasetSpec, IcebergStore
-    from pipeline_output.locks import AdvisoryLock
-    from pipeline_output.stores.iceberg import merge
-    from pipeline_output.stores.iceberg.manifests import read_index
-    from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
+    from pipeline_output.infra.locks import AdvisoryLock
+    from pipeline_output.stores.iceberg.snapshot.manifests import read_index
+    from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
+    from pipeline_output.stores.iceberg.write import merge
 
     pruning = merge.manifest_admission
 

@@ -36,8 +36,8 @@ def _setup(pg_url: str, rows: int) -> None:
     from pyiceberg.catalog.sql import SqlCatalog
 
     from pipeline_output import DatasetSpec, IcebergStore
-    from pipeline_output.locks import AdvisoryLock
-    from pipeline_output.settings import to_sqlalchemy_url
+    from pipeline_output.infra.locks import AdvisoryLock
+    from pipeline_output.infra.settings import to_sqlalchemy_url
 
     catalog = SqlCatalog(
         "default", uri=to_sqlalchemy_url(pg_url, driver="psycopg"), warehouse=f"file://{WORK}/wh"
@@ -59,12 +59,12 @@ def _case(pg_url: str, batch: int, name: str) -> dict[str, float]:
     from pyiceberg.catalog.sql import SqlCatalog
 
     from pipeline_output import DatasetSpec, IcebergStore
+    from pipeline_output.infra.locks import AdvisoryLock
+    from pipeline_output.infra.settings import to_sqlalchemy_url
     from pipeline_output.ledger.migrations import migrate
     from pipeline_output.ledger.window_ledger import WindowLedger
-    from pipeline_output.locks import AdvisoryLock
-    from pipeline_output.model import score
-    from pipeline_output.publish import Publisher, ResolvedMode
-    from pipeline_output.settings import to_sqlalchemy_url
+    from pipeline_output.services.model import score
+    from pipeline_output.services.publish import Publisher, ResolvedMode
 
     with psycopg.connect(pg_url) as conn:
         migrate(conn)
@@ -110,7 +110,7 @@ def main() -> None:
         print(json.dumps(_case(args.url, args.batch, args.name)))
         return
 
-    from pipeline_output import embedded_pg
+    from pipeline_output.infra import embedded_pg
 
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)

@@ -141,7 +141,7 @@ def __getattr__(name: str) -> Any:  # `__main__.CountingFileIO`, built on first 
 
 
 def _env(url: str, *, counting: bool) -> dict[str, str]:
-    from pipeline_output.settings import to_sqlalchemy_url
+    from pipeline_output.infra.settings import to_sqlalchemy_url
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYICEBERG_", "PIPELINE_"))}
     env.update(
@@ -181,7 +181,7 @@ def _upstream_spec() -> Any:
 
 
 def _setup(rows: int, files: int) -> dict[str, Any]:
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
 
     per_file = rows // files
     store = get_runtime().iceberg
@@ -208,9 +208,9 @@ def _windows(rows: int, files: int, windows: int) -> list[Any]:
 
 
 def _child(case: str, args: argparse.Namespace) -> dict[str, Any]:
-    from pipeline_output.dagster_layer.runtime import get_runtime
-    from pipeline_output.lazy_reads import within
-    from pipeline_output.publish import ResolvedMode
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.services.publish import ResolvedMode
+    from pipeline_output.services.reads import within
 
     counting = sys.modules["__main__"].CountingFileIO
     runtime = get_runtime()
@@ -266,7 +266,7 @@ def _apply(args: argparse.Namespace, windows: list[Any]) -> dict[str, Any]:
     import polars as pl
 
     from pipeline_output import Delta, build_definitions, dataset
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
 
     logging.getLogger("dagster").setLevel(logging.WARNING)
     name = f"copy_{args.rep}"
@@ -390,7 +390,7 @@ def main() -> int:
     if args.rows % args.files or args.rows % args.windows:
         parser.error("--rows must be a multiple of --files and of --windows")
 
-    from pipeline_output import embedded_pg
+    from pipeline_output.infra import embedded_pg
 
     wanted = [c for c in CASES if not args.only or any(s in c for s in args.only.split(","))]
     shutil.rmtree(WORK, ignore_errors=True)

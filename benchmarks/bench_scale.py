@@ -111,7 +111,7 @@ def pg_server() -> tuple[str, Any]:
     """(libpq URL, stop callable): PIPELINE_OUTPUT_PG_URL if set, else an embedded server."""
     if os.environ.get("PIPELINE_OUTPUT_PG_URL"):
         return os.environ["PIPELINE_OUTPUT_PG_URL"], lambda: None
-    from pipeline_output import embedded_pg
+    from pipeline_output.infra import embedded_pg
 
     data = WORK / "pg"
     url = embedded_pg.start(data_dir=data)
@@ -122,7 +122,7 @@ def fresh_database(server_url: str) -> str:
     import psycopg
     from psycopg import sql
 
-    from pipeline_output.settings import with_database
+    from pipeline_output.infra.settings import with_database
 
     name = f"bench_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(with_database(server_url, database="postgres"), autocommit=True) as c:
@@ -134,7 +134,7 @@ def drop_database(server_url: str, url: str) -> None:
     import psycopg
     from psycopg import sql
 
-    from pipeline_output.settings import with_database
+    from pipeline_output.infra.settings import with_database
 
     name = unquote(urlsplit(url).path.lstrip("/"))  # not rsplit("/"): ?host=/socket/dir
     with psycopg.connect(with_database(server_url, database="postgres"), autocommit=True) as c:
@@ -153,7 +153,7 @@ def make_source(url: str, rows: int) -> None:
 
 def count_retries(names: list[str]) -> tuple[int, int]:
     """(metadata files written, commits kept) over the given tables."""
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
 
     written = kept = 0
     for name in names:
@@ -171,7 +171,7 @@ def exactly_once(names: list[str], source_rows: int) -> dict[str, tuple[int, int
     (rows, distinct ids); empty when all are right."""
     import pyarrow.compute as pc
 
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
 
     wrong = {}
     for name in names:
@@ -469,8 +469,8 @@ def trial(
 ) -> dict[str, Any]:
     import dagster as dg
 
-    from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
-    from pipeline_output.settings import to_sqlalchemy_url
+    from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+    from pipeline_output.infra.settings import to_sqlalchemy_url
 
     load0 = os.getloadavg()[0]
     names = ["one"] if workload == "one-dataset" else [f"ds{i}" for i in range(m)]

@@ -80,8 +80,8 @@ def table_name(case: Case, rep: int) -> str:
 
 def ours_store(cfg: dict[str, Any]) -> Any:
     from pipeline_output import IcebergStore
-    from pipeline_output.locks import AdvisoryLock
-    from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
+    from pipeline_output.infra.locks import AdvisoryLock
+    from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
 
     catalog = FlatSqlCatalog(CATALOG_NAME, uri=cfg["sqlalchemy_uri"], warehouse=cfg["warehouse"])
     return IcebergStore(catalog, NAMESPACE, lock=AdvisoryLock(cfg["libpq_uri"]))

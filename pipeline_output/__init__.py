@@ -37,30 +37,30 @@ _EXPORTS = {
     "UnsupportedWrite": "pipeline_output.errors",
     "WriteConflict": "pipeline_output.errors",
     # core
-    "DatasetSpec": "pipeline_output.spec",
-    "Delta": "pipeline_output.spec",
-    "Window": "pipeline_output.windows",
-    "TargetState": "pipeline_output.plan",
-    "WritePlan": "pipeline_output.plan",
-    "plan_write": "pipeline_output.plan",
-    "WriteResult": "pipeline_output.result",
+    "DatasetSpec": "pipeline_output.contract.spec",
+    "Delta": "pipeline_output.contract.spec",
+    "Window": "pipeline_output.contract.windows",
+    "TargetState": "pipeline_output.contract.plan",
+    "WritePlan": "pipeline_output.contract.plan",
+    "plan_write": "pipeline_output.contract.plan",
+    "WriteResult": "pipeline_output.contract.result",
     "IcebergStore": "pipeline_output.stores.iceberg",
     "PostgresStore": "pipeline_output.stores.postgres",
-    "Publisher": "pipeline_output.publish",
-    "connect": "pipeline_output.core_runtime",
-    "Runtime": "pipeline_output.core_runtime",
+    "Publisher": "pipeline_output.services.publish",
+    "connect": "pipeline_output.services.runtime",
+    "Runtime": "pipeline_output.services.runtime",
     # write-audit-publish, rollback, time travel
-    "publish_audit": "pipeline_output.audit",
-    "drop_stale_audit_branches": "pipeline_output.audit_maintenance",
-    "rollback": "pipeline_output.time_travel",
-    "history": "pipeline_output.time_travel",
+    "publish_audit": "pipeline_output.services.audit",
+    "drop_stale_audit_branches": "pipeline_output.services.audit_cleanup",
+    "rollback": "pipeline_output.services.time_travel",
+    "history": "pipeline_output.services.time_travel",
     # table maintenance (functions of (store, spec); also IcebergStore methods)
-    "compact": "pipeline_output.stores.iceberg.compaction",
-    "expire_snapshots": "pipeline_output.stores.iceberg.expiry",
-    "remove_orphans": "pipeline_output.stores.iceberg.orphans",
-    "maintain": "pipeline_output.maintenance",
-    "MaintenanceOptions": "pipeline_output.maintenance",
-    "HealthThresholds": "pipeline_output.stores.iceberg.health",
+    "compact": "pipeline_output.stores.iceberg.maintenance.compaction",
+    "expire_snapshots": "pipeline_output.stores.iceberg.maintenance.expiry",
+    "remove_orphans": "pipeline_output.stores.iceberg.maintenance.orphans",
+    "maintain": "pipeline_output.services.maintenance",
+    "MaintenanceOptions": "pipeline_output.services.maintenance",
+    "HealthThresholds": "pipeline_output.stores.iceberg.maintenance.health",
     # Dagster layer
     "dataset": "pipeline_output.dagster_layer.dataset",
     "postgres_source": "pipeline_output.dagster_layer.source_assets",
@@ -131,9 +131,10 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from pipeline_output.audit import publish_audit
-    from pipeline_output.audit_maintenance import drop_stale_audit_branches
-    from pipeline_output.core_runtime import Runtime, connect
+    from pipeline_output.contract.plan import TargetState, WritePlan, plan_write
+    from pipeline_output.contract.result import WriteResult
+    from pipeline_output.contract.spec import DatasetSpec, Delta
+    from pipeline_output.contract.windows import Window
     from pipeline_output.dagster_layer.build import build_definitions
     from pipeline_output.dagster_layer.dataset import dataset
     from pipeline_output.dagster_layer.io_manager import DatasetIOManager
@@ -158,16 +159,15 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
         UnsupportedWrite,
         WriteConflict,
     )
-    from pipeline_output.maintenance import MaintenanceOptions, maintain
-    from pipeline_output.plan import TargetState, WritePlan, plan_write
-    from pipeline_output.publish import Publisher
-    from pipeline_output.result import WriteResult
-    from pipeline_output.spec import DatasetSpec, Delta
+    from pipeline_output.services.audit import publish_audit
+    from pipeline_output.services.audit_cleanup import drop_stale_audit_branches
+    from pipeline_output.services.maintenance import MaintenanceOptions, maintain
+    from pipeline_output.services.publish import Publisher
+    from pipeline_output.services.runtime import Runtime, connect
+    from pipeline_output.services.time_travel import history, rollback
     from pipeline_output.stores.iceberg import IcebergStore
-    from pipeline_output.stores.iceberg.compaction import compact
-    from pipeline_output.stores.iceberg.expiry import expire_snapshots
-    from pipeline_output.stores.iceberg.health import HealthThresholds
-    from pipeline_output.stores.iceberg.orphans import remove_orphans
+    from pipeline_output.stores.iceberg.maintenance.compaction import compact
+    from pipeline_output.stores.iceberg.maintenance.expiry import expire_snapshots
+    from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
+    from pipeline_output.stores.iceberg.maintenance.orphans import remove_orphans
     from pipeline_output.stores.postgres import PostgresStore
-    from pipeline_output.time_travel import history, rollback
-    from pipeline_output.windows import Window

@@ -18,8 +18,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pipeline_output import embedded_pg
-from pipeline_output.settings import Settings, get_settings, to_sqlalchemy_url, with_database
+from pipeline_output.infra import embedded_pg
+from pipeline_output.infra.settings import Settings, get_settings, to_sqlalchemy_url, with_database
 
 if TYPE_CHECKING:
     from pipeline_output_tests.iceberg_harness import Harness
@@ -93,7 +93,7 @@ def fresh_catalog(
     """Zero-arg factory of NEW SQL catalog handles on the test database (same properties): the
     project's default `FlatSqlCatalog` (pyiceberg's SqlCatalog with parsed metadata kept per
     file location), so every handle sees other handles' commits through the database."""
-    from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
+    from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
 
     handles: list[Any] = []
 

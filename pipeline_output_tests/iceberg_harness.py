@@ -17,7 +17,7 @@ import pyarrow as pa
 
 import pipeline_output
 from pipeline_output import DatasetSpec, Delta, IcebergStore, Window, WriteResult
-from pipeline_output.locks import AdvisoryLock
+from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output_tests.oracle import (
     Expected,
     assert_counters,

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
 from pipeline_output.errors import InvalidArgument, SnapshotExpired
-from pipeline_output.lazy_reads import scan_iceberg_dataset
+from pipeline_output.services.reads import scan_iceberg_dataset
 from pipeline_output_tests.oracle import assert_same_multiset
 
 _tags = itertools.count()

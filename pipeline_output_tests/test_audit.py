@@ -13,13 +13,13 @@ import polars as pl
 import pytest
 
 from pipeline_output import DatasetSpec, Delta, Window
-from pipeline_output.audit import audit_parity, fail_audit, publish_audit
-from pipeline_output.audit_maintenance import drop_stale_audit_branches
-from pipeline_output.delta import apply_window
 from pipeline_output.errors import AuditConflict, AuditFailed, InvalidArgument
 from pipeline_output.ledger.window_ledger import WindowLedger
-from pipeline_output.publish import Publisher
-from pipeline_output.stores.iceberg.branches import head
+from pipeline_output.services.audit import audit_parity, fail_audit, publish_audit
+from pipeline_output.services.audit_cleanup import drop_stale_audit_branches
+from pipeline_output.services.publish import Publisher
+from pipeline_output.services.window_apply import apply_window
+from pipeline_output.stores.iceberg.table.refs import head
 from pipeline_output_tests.iceberg_harness import customers
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.test_canary import corrupt_pg_row, make_publisher, mode, pg_docs

@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 
 from pipeline_output import DatasetSpec
-from pipeline_output.stores.iceberg.branches import ancestry, head
+from pipeline_output.stores.iceberg.table.refs import ancestry, head
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.processes import run_workers
 from pipeline_output_tests.test_canary import make_publisher
@@ -37,10 +37,10 @@ def frame(ids: list[int], writer: int, round_no: int) -> pl.DataFrame:
 
 def _worker(writer: int, catalog_props: dict[str, str], url: str, barrier: Any, out: Any) -> None:
     try:
-        from pipeline_output.audit import publish_audit
         from pipeline_output.errors import AuditConflict
-        from pipeline_output.publish import ResolvedMode
-        from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
+        from pipeline_output.services.audit import publish_audit
+        from pipeline_output.services.publish import ResolvedMode
+        from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
 
         pub = make_publisher(url, FlatSqlCatalog("default", **catalog_props))
         outcomes = []

@@ -21,12 +21,12 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from pipeline_output import DatasetSpec, Delta, IcebergStore, Window
-from pipeline_output.canary import DrainRefused, check_parity, drain, flip, status
 from pipeline_output.errors import PipelineOutputError
+from pipeline_output.infra.locks import AdvisoryLock
+from pipeline_output.infra.settings import Settings
 from pipeline_output.ledger import Ledger
-from pipeline_output.locks import AdvisoryLock
-from pipeline_output.publish import Publisher, ResolvedMode
-from pipeline_output.settings import Settings
+from pipeline_output.services.canary import DrainRefused, check_parity, drain, flip, status
+from pipeline_output.services.publish import Publisher, ResolvedMode
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.iceberg_harness import customers
 from pipeline_output_tests.oracle import assert_same_multiset, expect
@@ -478,7 +478,7 @@ ROWS: dict[str, pl.DataFrame] = {}
 
 @pytest.fixture
 def runtime_env(settings_env: Settings) -> Iterator[Settings]:
-    from pipeline_output.dagster_layer.runtime import reset_runtime
+    from pipeline_output.dagster_layer.process_runtime import reset_runtime
 
     reset_runtime()
     yield settings_env
@@ -541,7 +541,7 @@ def check_evals(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
 
 
 def test_run_config_mode_overrides_the_flip_for_that_run_only(runtime_env, pg_db_url):
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
 
     ROWS["up"] = customers(range(1, 11))
     defs = small_defs(with_down=False)
@@ -569,7 +569,7 @@ def test_run_config_mode_overrides_the_flip_for_that_run_only(runtime_env, pg_db
 def test_dual_run_parity_check_passes_then_a_preserved_corrupt_row_fails_it_and_blocks_downstream(
     runtime_env, pg_db_url
 ):
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
 
     ROWS["up"] = customers(range(1, 21))
     defs = small_defs()
@@ -612,7 +612,7 @@ def test_dual_run_parity_check_passes_then_a_preserved_corrupt_row_fails_it_and_
 def test_downstream_reads_the_authoritative_arm_of_an_upstream_whose_arms_differ(
     runtime_env, pg_db_url, monkeypatch, flipped, dual_reads_from, expected_arm
 ):
-    from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
 
     if dual_reads_from:
         monkeypatch.setenv("PIPELINE_OUTPUT_DUAL_READS_FROM", dual_reads_from)
@@ -672,8 +672,8 @@ DEMO = ["customers", "orders", "order_events", "daily_revenue", "active_products
 def test_demo_every_dataset_in_dual_passes_parity_and_a_corrupted_row_fails_it(
     runtime_env, pg_db_url
 ):
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
     from pipeline_output.dagster_layer.runner import materialize
-    from pipeline_output.dagster_layer.runtime import get_runtime
     from pipeline_output.demo import shop_data
     from pipeline_output.demo.code_location import defs
 

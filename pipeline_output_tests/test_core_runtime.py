@@ -21,7 +21,7 @@ import polars as pl
 import psycopg
 import pytest
 
-from pipeline_output.settings import to_sqlalchemy_url
+from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output_tests.oracle import assert_same_multiset
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql
 
 from pipeline_output import Delta, Window, build_definitions, dataset, postgres_source
-from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
+from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
 from pipeline_output.errors import InvalidSpec
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -330,7 +330,7 @@ def test_max_rows_keeps_rows_sharing_a_watermark_value_in_one_window(env, instan
 
 
 _INSERT = (
-    "INSERT INTO pipeline_output.windows "
+    "INSERT INTO pipeline_output.contract.windows "
     "(dataset, seq, low_key, high_key, prev_high_key, partition_key) "
     "VALUES (%s, %s, %s, %s, %s, %s)"
 )
@@ -355,7 +355,9 @@ def chain(env: str) -> str:
 def test_ledger_accepts_a_contiguous_window_inserted_with_sql(chain):
     _insert(chain, 3, 20, 30, 20)
     with psycopg.connect(chain) as conn:
-        n = conn.execute("SELECT count(*) FROM pipeline_output.windows WHERE dataset = 'd'")
+        n = conn.execute(
+            "SELECT count(*) FROM pipeline_output.contract.windows WHERE dataset = 'd'"
+        )
         assert n.fetchone()[0] == 3
 
 
@@ -412,7 +414,9 @@ def test_ledger_rejects_an_overlapping_window_inserted_with_sql(
     if constraint is not None:
         assert info.value.diag.constraint_name == constraint
     with psycopg.connect(chain) as conn:
-        n = conn.execute("SELECT count(*) FROM pipeline_output.windows WHERE dataset = 'd'")
+        n = conn.execute(
+            "SELECT count(*) FROM pipeline_output.contract.windows WHERE dataset = 'd'"
+        )
         assert n.fetchone()[0] == 2
 
 
@@ -514,7 +518,7 @@ def test_sensor_reconciles_a_crash_between_planning_and_adding_partitions(env, i
 @pytest.mark.slow
 def test_sensor_with_a_postgres_backed_instance(env, tmp_path):
     """The same planning against a Dagster instance on the real Postgres (run storage, partitions)."""
-    from pipeline_output.settings import to_sqlalchemy_url
+    from pipeline_output.infra.settings import to_sqlalchemy_url
 
     url = to_sqlalchemy_url(env, driver="psycopg2")
     home = tmp_path / "dagster_home"

@@ -13,7 +13,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from pipeline_output.settings import to_sqlalchemy_url
+from pipeline_output.infra.settings import to_sqlalchemy_url
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "dagster.yaml"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pipeline_output import embedded_pg
+from pipeline_output.infra import embedded_pg
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.errors import BadInput, InvalidSpec
-from pipeline_output.locks import AdvisoryLock
+from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.reliability_report import record

@@ -35,8 +35,8 @@ from pyiceberg.io import InputFile
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from pipeline_output import Delta, Window, build_definitions, dataset
-from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
-from pipeline_output.settings import to_sqlalchemy_url, with_database
+from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+from pipeline_output.infra.settings import to_sqlalchemy_url, with_database
 from pipeline_output_tests.oracle import assert_same_multiset
 
 # --- measuring Iceberg reads: a FileIO that counts bytes read from Parquet data files -------------
@@ -468,7 +468,7 @@ def timezone_plus(hours: int) -> Any:
 
 @pytest.fixture
 def stores(env: str) -> Any:
-    from pipeline_output.spec import DatasetSpec
+    from pipeline_output.contract.spec import DatasetSpec
 
     runtime = get_runtime()
     spec = DatasetSpec(name="tricky", strategy="replace")
@@ -480,7 +480,7 @@ def stores(env: str) -> Any:
 @pytest.mark.parametrize("arm", ["iceberg", "pg"])
 @pytest.mark.parametrize("make", PREDICATES, ids=[str(p()) for p in PREDICATES])
 def test_pushed_filters_return_what_polars_returns(stores, arm, make):
-    from pipeline_output.publish import ResolvedMode
+    from pipeline_output.services.publish import ResolvedMode
 
     runtime, spec = stores
     frame = runtime.publisher.scan(spec, mode=ResolvedMode(arm, "run config"))  # type: ignore[arg-type]
@@ -490,7 +490,7 @@ def test_pushed_filters_return_what_polars_returns(stores, arm, make):
 
 
 def test_translation_pushes_the_documented_forms_only():
-    from pipeline_output.lazy_predicates import AnyOf, Compare, InList, Nullness, pushable_terms
+    from pipeline_output.contract.predicates import AnyOf, Compare, InList, Nullness, pushable_terms
 
     schema = TRICKY.schema
 
@@ -524,7 +524,7 @@ def test_translation_pushes_the_documented_forms_only():
 
 @pytest.mark.parametrize("arm", ["iceberg", "pg"])
 def test_scan_is_lazy_counts_limits_and_keeps_types(stores, arm):
-    from pipeline_output.publish import ResolvedMode
+    from pipeline_output.services.publish import ResolvedMode
 
     runtime, spec = stores
     frame = runtime.publisher.scan(spec, mode=ResolvedMode(arm, "run config"))  # type: ignore[arg-type]
@@ -551,7 +551,7 @@ def test_scan_is_lazy_counts_limits_and_keeps_types(stores, arm):
 
 
 def test_an_iceberg_scan_is_pinned_to_the_snapshot_current_when_it_was_built(stores):
-    from pipeline_output.publish import ResolvedMode
+    from pipeline_output.services.publish import ResolvedMode
 
     runtime, spec = stores
     frame = runtime.publisher.scan(spec, mode=ResolvedMode("iceberg", "run config"))
@@ -564,7 +564,7 @@ def test_an_iceberg_scan_is_pinned_to_the_snapshot_current_when_it_was_built(sto
 
 @pytest.mark.parametrize("reads_from", ["iceberg", "pg"])
 def test_dual_mode_scans_the_arm_dual_reads_from_names(stores, reads_from):
-    from pipeline_output.publish import Publisher, ResolvedMode
+    from pipeline_output.services.publish import Publisher, ResolvedMode
 
     runtime, spec = stores
     runtime.iceberg.write(spec, TRICKY.head(3))  # the arms now differ: 3 vs 8 rows

@@ -22,9 +22,9 @@ import psycopg
 import pytest
 
 from pipeline_output import DatasetSpec, Delta, IcebergStore, WriteConflict
-from pipeline_output.doctor import find_orphans
-from pipeline_output.locks import AdvisoryLock, lock_key
-from pipeline_output.result import WriteResult
+from pipeline_output.contract.result import WriteResult
+from pipeline_output.infra.locks import AdvisoryLock, lock_key
+from pipeline_output.services.doctor import find_orphans
 from pipeline_output_tests.oracle import assert_same_multiset
 
 NS = "datasets"
@@ -231,7 +231,7 @@ def test_streaming_replace_refuses_when_the_schema_changed_meanwhile_and_cleans_
 def _window_setup(pg_db_url: str, catalog: Any) -> tuple[Any, Any, DatasetSpec]:
     from pipeline_output.ledger import Ledger
     from pipeline_output.ledger.window_ledger import WindowLedger
-    from pipeline_output.publish import Publisher
+    from pipeline_output.services.publish import Publisher
 
     Ledger(pg_db_url).migrate()
     ledger = WindowLedger(pg_db_url)
@@ -253,8 +253,8 @@ def test_racing_runs_of_one_window_write_files_before_the_apply_lock_and_the_los
     catalog: Any, fresh_catalog: Any, pg_db_url: str, tmp_path: Path
 ) -> None:
     from pipeline_output import Window
-    from pipeline_output.delta import apply_window
-    from pipeline_output.publish import ResolvedMode
+    from pipeline_output.services.publish import ResolvedMode
+    from pipeline_output.services.window_apply import apply_window
 
     publisher, ledger, spec = _window_setup(pg_db_url, catalog)
     mode = ResolvedMode("iceberg", "run config")

@@ -12,10 +12,10 @@ import polars as pl
 import pytest
 
 from pipeline_output import DatasetSpec
-from pipeline_output.audit import publish_audit
 from pipeline_output.errors import MaintenanceConflict
-from pipeline_output.publish import Publisher
-from pipeline_output.stores.iceberg.orphans import table_orphans
+from pipeline_output.services.audit import publish_audit
+from pipeline_output.services.publish import Publisher
+from pipeline_output.stores.iceberg.maintenance.orphans import table_orphans
 from pipeline_output_tests.iceberg_harness import customers
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.test_canary import make_publisher, mode

@@ -32,7 +32,7 @@ def _worker(w: int, props: dict[str, str], url: str, job: str, barrier: Any, out
         from pyiceberg.catalog.sql import SqlCatalog
 
         from pipeline_output import DatasetSpec, IcebergStore
-        from pipeline_output.locks import AdvisoryLock
+        from pipeline_output.infra.locks import AdvisoryLock
         from pipeline_output.stores.postgres import PostgresStore
 
         catalog = SqlCatalog("default", **props)

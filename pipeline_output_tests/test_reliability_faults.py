@@ -22,10 +22,11 @@ import polars as pl
 import psycopg
 import pytest
 
-from pipeline_output import DatasetSpec, IcebergStore, embedded_pg
+from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.errors import LockUnavailable
-from pipeline_output.locks import AdvisoryLock
-from pipeline_output.settings import Settings
+from pipeline_output.infra import embedded_pg
+from pipeline_output.infra.locks import AdvisoryLock
+from pipeline_output.infra.settings import Settings
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.reliability_report import record
@@ -37,8 +38,8 @@ import json, sys
 import polars as pl
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.ledger import Ledger
-from pipeline_output.publish import Publisher, ResolvedMode
-from pipeline_output.settings import get_settings
+from pipeline_output.services.publish import Publisher, ResolvedMode
+from pipeline_output.infra.settings import get_settings
 from pipeline_output.stores.postgres import PostgresStore
 
 name, lo, hi, ver, mode, extra = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
@@ -201,7 +202,7 @@ def test_sigkill_in_dual_before_iceberg_commit_leaves_both_arms_unchanged(
 
 HOLDER = r"""
 import sys, time
-from pipeline_output.locks import AdvisoryLock
+from pipeline_output.infra.locks import AdvisoryLock
 with AdvisoryLock(sys.argv[1]).hold(sys.argv[2]):
     print("locked", flush=True)
     time.sleep(600)
@@ -254,7 +255,7 @@ LOOP = r"""
 import json, sys, time
 import polars as pl
 from pipeline_output import DatasetSpec, IcebergStore
-from pipeline_output.settings import get_settings
+from pipeline_output.infra.settings import get_settings
 from pipeline_output.stores.postgres import PostgresStore
 
 batches = int(sys.argv[1])
@@ -311,7 +312,7 @@ def test_postgres_server_restarted_mid_run_next_attempts_converge(
         want = expected(*[(b * 10, b * 10 + 20, b) for b in range(batches)])
         from pyiceberg.catalog.sql import SqlCatalog
 
-        from pipeline_output.settings import to_sqlalchemy_url
+        from pipeline_output.infra.settings import to_sqlalchemy_url
 
         cat = SqlCatalog(
             "default",
@@ -414,7 +415,7 @@ _BIG_WRITE = r"""
 import os
 import polars as pl
 from pipeline_output import DatasetSpec, IcebergStore
-from pipeline_output.settings import get_settings
+from pipeline_output.infra.settings import get_settings
 s = get_settings()
 ids = list(range(1000, 1400))
 frame = pl.DataFrame({"id": pl.Series(ids, dtype=pl.Int64), "v": [os.urandom(4000).hex() for _ in ids]})

@@ -43,7 +43,7 @@ from hypothesis.stateful import (
 
 from pipeline_output import DatasetSpec, Delta, IcebergStore, Window
 from pipeline_output.errors import EmptyComputeRefused
-from pipeline_output.locks import AdvisoryLock
+from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.model_time_travel import TimeTravelRules, travel_figures
 from pipeline_output_tests.oracle import assert_same_multiset, expect, in_window

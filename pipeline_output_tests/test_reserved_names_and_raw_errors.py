@@ -23,8 +23,8 @@ import pytest
 
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.errors import BadInput, DuplicateKeys
-from pipeline_output.locks import AdvisoryLock
-from pipeline_output.publish import Publisher, ResolvedMode
+from pipeline_output.infra.locks import AdvisoryLock
+from pipeline_output.services.publish import Publisher, ResolvedMode
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.oracle import assert_same_multiset
 

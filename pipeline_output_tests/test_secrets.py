@@ -23,8 +23,8 @@ import psycopg
 import pytest
 
 from pipeline_output import DatasetSpec, IcebergStore
-from pipeline_output.publish import Publisher, ResolvedMode
-from pipeline_output.settings import Settings, get_settings
+from pipeline_output.infra.settings import Settings, get_settings
+from pipeline_output.services.publish import Publisher, ResolvedMode
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.reliability_report import record
 
@@ -106,7 +106,7 @@ def test_password_absent_from_connection_errors(settings_env: Settings, tmp_path
     with pytest.raises(Exception) as store_error:
         PostgresStore(bad).write(DatasetSpec(name="x"), pl.DataFrame({"a": [1]}))
     failures.append(store_error.value)
-    from pipeline_output.locks import AdvisoryLock
+    from pipeline_output.infra.locks import AdvisoryLock
 
     with pytest.raises(Exception) as lock_error, AdvisoryLock(bad).hold("iceberg:x"):
         pass

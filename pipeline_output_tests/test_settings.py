@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from pipeline_output.errors import SettingsError
-from pipeline_output.settings import (
+from pipeline_output.infra.settings import (
     Settings,
     get_settings,
     has_password,

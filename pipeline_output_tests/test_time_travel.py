@@ -16,12 +16,12 @@ import polars as pl
 import pytest
 
 from pipeline_output import DatasetSpec, history, rollback
-from pipeline_output.canary import check_parity, drain, flip
 from pipeline_output.errors import InvalidArgument, RollbackRefused, SnapshotExpired
-from pipeline_output.publish import Publisher
-from pipeline_output.settings import Settings
-from pipeline_output.stores.iceberg.branches import head
-from pipeline_output.time_travel import parse_as_of
+from pipeline_output.infra.settings import Settings
+from pipeline_output.services.canary import check_parity, drain, flip
+from pipeline_output.services.publish import Publisher
+from pipeline_output.services.time_travel import parse_as_of
+from pipeline_output.stores.iceberg.table.refs import head
 from pipeline_output_tests.iceberg_harness import customers
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.test_canary import make_publisher, mode, run_assets
@@ -208,7 +208,7 @@ UP: dict[str, pl.DataFrame] = {}
 
 @pytest.fixture
 def runtime_env(settings_env: Settings) -> Iterator[Settings]:
-    from pipeline_output.dagster_layer.runtime import reset_runtime
+    from pipeline_output.dagster_layer.process_runtime import reset_runtime
 
     reset_runtime()
     yield settings_env
@@ -231,7 +231,7 @@ def two_step_defs() -> dg.Definitions:
 
 
 def test_asset_config_as_of_reads_the_upstream_as_it_was(runtime_env):
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
 
     defs = two_step_defs()
     instance = dg.DagsterInstance.ephemeral()

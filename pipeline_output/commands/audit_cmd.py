@@ -24,7 +24,7 @@ def audit() -> None:
 @code_location_options
 def show(dataset: str) -> None:
     """DATASET's audits, newest first (a failed one's branch is kept for inspection)."""
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
 
     spec_named(dataset)
     runtime = get_runtime()
@@ -64,8 +64,8 @@ def drop_stale(older_than_hours: float) -> None:
     """Drop the branches of audits undecided or failed for longer than the retention."""
     from datetime import timedelta
 
-    from pipeline_output.audit_maintenance import drop_stale_audit_branches
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.services.audit_cleanup import drop_stale_audit_branches
 
     runtime = get_runtime()
     dropped = drop_stale_audit_branches(

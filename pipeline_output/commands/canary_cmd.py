@@ -17,9 +17,9 @@ from pipeline_output.commands.loading import code_location_options, dataset_spec
 @click.option("--who", default=None, help="Who flips (default: the OS user).")
 def flip(dataset: str, mode: str, reason: str | None, who: str | None) -> None:
     """Persist DATASET's mode: pg, iceberg or dual (history: who, when, from, to)."""
-    from pipeline_output.canary import flip as do_flip
-    from pipeline_output.canary import validate_flip
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.services.canary import flip as do_flip
+    from pipeline_output.services.canary import validate_flip
 
     spec_named(dataset)  # unknown: names the code location
     specs = dataset_specs()
@@ -43,8 +43,8 @@ def flip(dataset: str, mode: str, reason: str | None, who: str | None) -> None:
 def status() -> None:
     """Every dataset: mode and its source, last deploy per arm, rows per arm, Iceberg files,
     last maintenance, last parity."""
-    from pipeline_output.canary import status as board
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.services.canary import status as board
 
     rows = board(get_runtime().publisher, dataset_specs())
     header = (
@@ -84,8 +84,8 @@ def status() -> None:
 @click.argument("dataset")
 def parity(dataset: str) -> None:
     """Compare DATASET's two arms now (exit code 1 on a mismatch) and record the result."""
-    from pipeline_output.canary import check_parity
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.services.canary import check_parity
 
     report = check_parity(get_runtime().publisher, spec_named(dataset))
     click.echo(report.summary())
@@ -102,8 +102,8 @@ def parity(dataset: str) -> None:
 @click.argument("dataset")
 def drain(dataset: str) -> None:
     """Delete DATASET's legacy rows (only when flipped to iceberg and parity last passed)."""
-    from pipeline_output.canary import drain as do_drain
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.services.canary import drain as do_drain
 
     removed = do_drain(get_runtime().publisher, spec_named(dataset))
     click.echo(f"{dataset}: drained {removed} legacy row(s); native re-deploys are unaffected")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline_output.settings import get_settings
+from pipeline_output.infra.settings import get_settings
 
 
 @click.group()

@@ -7,9 +7,9 @@ import shutil
 
 import click
 
-from pipeline_output import dagster_home
 from pipeline_output.errors import PipelineOutputError
-from pipeline_output.settings import get_settings
+from pipeline_output.infra import dagster_home
+from pipeline_output.infra.settings import get_settings
 
 
 @click.command(context_settings={"ignore_unknown_options": True})

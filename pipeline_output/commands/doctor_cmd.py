@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline_output.doctor import DEFAULT_GRACE_S, find_orphans, remove_orphans
+from pipeline_output.services.doctor import DEFAULT_GRACE_S, find_orphans, remove_orphans
 
 
 @click.command()
@@ -20,7 +20,7 @@ from pipeline_output.doctor import DEFAULT_GRACE_S, find_orphans, remove_orphans
 )
 def doctor(fix: bool, grace_s: float) -> None:
     """List data files no snapshot references (and remove them with --fix)."""
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
 
     runtime = get_runtime()
     orphans = find_orphans(runtime.catalog, runtime.namespace, grace_s=grace_s)

@@ -11,8 +11,8 @@ import shlex
 
 import click
 
-from pipeline_output import dagster_home
-from pipeline_output.settings import (
+from pipeline_output.infra import dagster_home
+from pipeline_output.infra.settings import (
     DAGSTER_PG_URL,
     PG_URL,
     catalog_env_prefix,

@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 
 import click
 
+from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import InvalidArgument, UnknownDataset
-from pipeline_output.spec import DatasetSpec
 
 DEFINITIONS = "pipeline_output.definitions:defs"
 _DEMO_MODULE = "pipeline_output.definitions"
@@ -126,7 +126,7 @@ def resolve_locations(
     cwd: Path | None = None,
 ) -> tuple[CodeLocation, ...]:
     """The code locations a command serves, by the precedence in the module docstring."""
-    from pipeline_output.settings import definitions_target
+    from pipeline_output.infra.settings import definitions_target
 
     here = (cwd or Path.cwd()).resolve()
     chosen = [o for o, v in (("-m", module), ("-f", python_file), ("-w", workspace)) if v]

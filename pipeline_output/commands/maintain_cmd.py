@@ -13,7 +13,7 @@ import click
 from pipeline_output.commands.loading import code_location_options, dataset_specs, spec_named
 from pipeline_output.commands.table_output import echo_table
 from pipeline_output.errors import InvalidArgument
-from pipeline_output.maintenance import MaintenanceOptions, TableMaintenance
+from pipeline_output.services.maintenance import MaintenanceOptions, TableMaintenance
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -79,8 +79,8 @@ def maintain(
 ) -> None:
     """Drop stale audit branches, compact, expire snapshots and remove orphan files (all four
     unless some are chosen)."""
-    from pipeline_output.dagster_layer.runtime import get_runtime
-    from pipeline_output.maintenance import maintain as run
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.services.maintenance import maintain as run
 
     specs = dataset_specs()
     for name in datasets:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import click
 
-from pipeline_output import dagster_home
 from pipeline_output.commands.loading import code_location_options, load_definitions, runs_demo
 from pipeline_output.errors import (
     PipelineOutputError,
@@ -18,7 +17,8 @@ from pipeline_output.errors import (
     TerminalError,
     from_third_party,
 )
-from pipeline_output.settings import get_settings
+from pipeline_output.infra import dagster_home
+from pipeline_output.infra.settings import get_settings
 
 
 @click.command()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from pipeline_output import embedded_pg
-from pipeline_output.settings import get_settings
+from pipeline_output.infra import embedded_pg
+from pipeline_output.infra.settings import get_settings
 
 
 @click.group()

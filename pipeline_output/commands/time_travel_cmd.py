@@ -17,8 +17,8 @@ from pipeline_output.errors import InvalidArgument
 def history(dataset: str, limit: int | None) -> None:
     """Main's snapshots of DATASET, newest first: time, run, strategy, write mode, window, rows
     inserted (+), updated (~), deleted (-)."""
-    from pipeline_output.dagster_layer.runtime import get_runtime
-    from pipeline_output.time_travel import history as snapshots
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.services.time_travel import history as snapshots
 
     spec = spec_named(dataset)
     rows = snapshots(get_runtime().iceberg, spec)[:limit]
@@ -68,9 +68,9 @@ def rollback(
     windows applied after it go back to planned and are re-applied by the sensor."""
     from datetime import datetime
 
-    from pipeline_output.dagster_layer.runtime import get_runtime
-    from pipeline_output.time_travel import parse_as_of
-    from pipeline_output.time_travel import rollback as do_rollback
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.services.time_travel import parse_as_of
+    from pipeline_output.services.time_travel import rollback as do_rollback
 
     if sum(x is not None for x in (to_snapshot, before_run, to_time)) != 1:
         raise InvalidArgument("rollback needs exactly one of --to, --before-run, --to-time")

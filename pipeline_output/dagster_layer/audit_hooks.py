@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import dagster as dg
 
-from pipeline_output.spec import DatasetSpec
+from pipeline_output.contract.spec import DatasetSpec
 
 Gate = Literal["ready", "waiting", "failed"]
 
@@ -98,8 +98,8 @@ def try_publish(
 ) -> Any:
     """Publish the run's audit of `spec` when its gate is open; fail it when a gating check
     failed. Returns the `Published` outcome (None: nothing to publish yet, or nothing staged)."""
-    from pipeline_output.audit import fail_audit, publish_audit
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.services.audit import fail_audit, publish_audit
 
     runtime = get_runtime()
     audit = runtime.ledger.audit(spec.name, run_id)
@@ -122,7 +122,7 @@ def audited_snapshot(context: dg.InputContext, spec: DatasetSpec) -> int | None:
     """In the run that staged an audit of `spec`: the snapshot its inputs read — the audited one
     (published first when the gate is open: a downstream asset never reads unpublished rows that
     cannot be published). None outside such a run (or when the audit staged no snapshot)."""
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
 
     step = step_of(context)
     if step is None:  # an input context built outside a run (a user's unit test): no audit
@@ -152,8 +152,8 @@ def step_of(context: dg.InputContext) -> Any:
 
 
 def _fail_on_step_failure(context: dg.HookContext, spec: DatasetSpec, check: str | None) -> None:
-    from pipeline_output.audit import fail_audit
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.services.audit import fail_audit
 
     runtime = get_runtime()
     audit = runtime.ledger.audit(spec.name, context.run_id)

@@ -12,6 +12,7 @@ from typing import Any
 
 import dagster as dg
 
+from pipeline_output.contract.store_protocol import check_specs
 from pipeline_output.dagster_layer.audit_hooks import with_audit_hooks
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.delta_assets import (
@@ -28,11 +29,10 @@ from pipeline_output.dagster_layer.maintenance_job import (
 )
 from pipeline_output.dagster_layer.parity_checks import parity_check
 from pipeline_output.dagster_layer.source_assets import source_spec_of
-from pipeline_output.maintenance import MaintenanceOptions
-from pipeline_output.stores.iceberg.health import HealthThresholds
-from pipeline_output.stores.iceberg.properties import ICEBERG_CAPABILITIES
+from pipeline_output.services.maintenance import MaintenanceOptions
+from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
+from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES
 from pipeline_output.stores.postgres.types import LEGACY_CAPABILITIES
-from pipeline_output.stores.protocol import check_specs
 
 
 def build_definitions(

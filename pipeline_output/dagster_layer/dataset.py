@@ -19,16 +19,8 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from pipeline_output.dagster_layer.keys import (
-    AUDIT_OVERRIDE_KEY,
-    DELTA_INPUT_KEY,
-    IO_MANAGER_KEY,
-    MODE_OVERRIDE_KEY,
-    SPEC_METADATA_KEY,
-)
-from pipeline_output.errors import BadInput, InvalidSpec
-from pipeline_output.frames import collect_frame
-from pipeline_output.spec import (
+from pipeline_output.contract.checked_input import collect_frame
+from pipeline_output.contract.spec import (
     DatasetSpec,
     Delta,
     Mode,
@@ -37,7 +29,15 @@ from pipeline_output.spec import (
     spec_from_dict,
     spec_to_dict,
 )
-from pipeline_output.windows import Window
+from pipeline_output.contract.windows import Window
+from pipeline_output.dagster_layer.keys import (
+    AUDIT_OVERRIDE_KEY,
+    DELTA_INPUT_KEY,
+    IO_MANAGER_KEY,
+    MODE_OVERRIDE_KEY,
+    SPEC_METADATA_KEY,
+)
+from pipeline_output.errors import BadInput, InvalidSpec
 
 
 class DatasetRunConfig(dg.Config):
@@ -217,7 +217,7 @@ def _windowed_output(
 ) -> dg.Output[Any]:
     """Per window: a thunk computing that window's rows from the windowed source read."""
     from pipeline_output.dagster_layer.delta_assets import WindowedOutput
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
     from pipeline_output.dagster_layer.windows_context import windows_of
 
     assert spec.delta is not None
@@ -284,7 +284,7 @@ def _dry_run(
     context: dg.AssetExecutionContext, spec: DatasetSpec, config: DatasetRunConfig
 ) -> Iterator[Any]:
     """Plan only: log and observe what a write would do; no output, so no materialisation."""
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
     from pipeline_output.dagster_layer.windows_context import windows_of
 
     publisher = get_runtime().publisher

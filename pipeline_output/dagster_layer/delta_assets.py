@@ -16,16 +16,16 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from pipeline_output.delta import cut_points_of, next_windows
+from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.windows import Window
 from pipeline_output.errors import (
     EmptyWindowRead,
     MissingKeyColumn,
     RowsOutsideWindow,
     UnsupportedWrite,
 )
-from pipeline_output.lazy_reads import projected_source
-from pipeline_output.spec import DatasetSpec
-from pipeline_output.windows import Window
+from pipeline_output.services.reads import projected_source
+from pipeline_output.services.window_apply import cut_points_of, next_windows
 
 DEFAULT_SENSOR_INTERVAL_S = 30
 
@@ -155,7 +155,7 @@ def build_window_sensor(
         description=f"Plans delta windows of {spec.name} over {delta.source}.{delta.watermark}",
     )
     def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        from pipeline_output.dagster_layer.runtime import get_runtime
+        from pipeline_output.dagster_layer.process_runtime import get_runtime
         from pipeline_output.dagster_layer.source_assets import source_stats
 
         runtime = get_runtime()

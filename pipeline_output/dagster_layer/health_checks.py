@@ -12,9 +12,9 @@ from typing import Any
 
 import dagster as dg
 
+from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.dagster_layer.keys import HEALTH_CHECK
-from pipeline_output.spec import DatasetSpec
-from pipeline_output.stores.iceberg.health import HealthThresholds, TableHealth
+from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds, TableHealth
 
 
 def table_health_check(
@@ -32,8 +32,8 @@ def table_health_check(
         ),
     )
     def _table_health(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        from pipeline_output.dagster_layer.runtime import get_runtime
-        from pipeline_output.stores.iceberg.health import table_health
+        from pipeline_output.dagster_layer.process_runtime import get_runtime
+        from pipeline_output.stores.iceberg.maintenance.health import table_health
 
         table = get_runtime().iceberg.load(spec)
         if table is None or table.current_snapshot() is None:

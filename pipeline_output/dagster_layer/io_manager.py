@@ -10,6 +10,9 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
+from pipeline_output.contract.checked_input import polars_schema, to_polars
+from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.audit_hooks import audited_snapshot, gating_checks, step_of
 from pipeline_output.dagster_layer.dataset import spec_from_metadata
 from pipeline_output.dagster_layer.delta_assets import (
@@ -25,16 +28,13 @@ from pipeline_output.dagster_layer.keys import (
     SPEC_METADATA_KEY,
 )
 from pipeline_output.dagster_layer.metadata import publish_metadata, table_files_metadata
-from pipeline_output.dagster_layer.runtime import get_runtime
+from pipeline_output.dagster_layer.process_runtime import get_runtime
 from pipeline_output.dagster_layer.windows_context import windows_of
-from pipeline_output.delta import apply_window
-from pipeline_output.frames import polars_schema, to_polars
-from pipeline_output.lazy_reads import within
-from pipeline_output.publish import PublishResult, ResolvedMode
-from pipeline_output.sources import SourceSpec
-from pipeline_output.spec import DatasetSpec
-from pipeline_output.time_travel import parse_as_of
-from pipeline_output.windows import Window
+from pipeline_output.services.publish import PublishResult, ResolvedMode
+from pipeline_output.services.reads import within
+from pipeline_output.services.sources import SourceSpec
+from pipeline_output.services.time_travel import parse_as_of
+from pipeline_output.services.window_apply import apply_window
 
 
 def _meta_value(raw: Any) -> Any:
@@ -53,8 +53,8 @@ def _fault_hook() -> Any:
     """Test-only fault injection: PIPELINE_OUTPUT_FAULT=after_commit kills the process between the
     write's commit and the ledger update (read through settings, not at import time); with
     `after_commit:pause:<path>` it pauses there (`stores/iceberg/commit.py`, `_fault_injection`)."""
-    from pipeline_output.settings import fault_point
-    from pipeline_output.stores.iceberg.commit import _fault_injection
+    from pipeline_output.infra.settings import fault_point
+    from pipeline_output.stores.iceberg.snapshot.commit import _fault_injection
 
     if fault_point() != "after_commit":
         return None
@@ -208,7 +208,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         if SOURCE_METADATA_KEY in meta:
             source = source_from_metadata(meta[SOURCE_METADATA_KEY])
             if source.kind == "postgres":
-                from pipeline_output.sources import (
+                from pipeline_output.services.sources import (
                     postgres_shape,
                     postgres_window_count,
                     scan_postgres,

@@ -1,7 +1,7 @@
 """Names shared by the Dagster layer: resource keys and metadata keys."""
 
 IO_MANAGER_KEY = "pipeline_output_io"
-SPEC_METADATA_KEY = "pipeline_output/spec"
+SPEC_METADATA_KEY = "pipeline_output/contract/spec"
 SOURCE_METADATA_KEY = "pipeline_output/source"
 MODE_OVERRIDE_KEY = "pipeline_output/mode_override"
 ALL_DATASETS_JOB = "all_datasets"

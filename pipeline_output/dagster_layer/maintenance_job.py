@@ -1,6 +1,6 @@
 """The `table_maintenance` job and its schedule, built by `build_definitions` for a code location.
 
-One op, `maintain_tables`, runs the core's maintenance (`pipeline_output/maintenance.py`:
+One op, `maintain_tables`, runs the core's maintenance (`pipeline_output/services/maintenance.py`:
 stale audit branches, compaction, snapshot expiry, orphan removal) over the location's datasets one after another,
 logs what each step did, and records each table's health after maintenance as an asset
 observation of the dataset (data files, delete files, snapshots, metadata bytes, last
@@ -15,11 +15,11 @@ from typing import Any
 
 import dagster as dg
 
+from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.dagster_layer.health_checks import health_evaluation
 from pipeline_output.dagster_layer.keys import MAINTENANCE_JOB, MAINTENANCE_SCHEDULE
-from pipeline_output.maintenance import MaintenanceOptions
-from pipeline_output.spec import DatasetSpec
-from pipeline_output.stores.iceberg.health import HealthThresholds
+from pipeline_output.services.maintenance import MaintenanceOptions
+from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
 
 OP_NAME = "maintain_tables"
 DEFAULT_CRON = "0 3 * * *"  # daily at 03:00 (the schedule is stopped unless turned on)
@@ -90,8 +90,8 @@ def build_maintenance_job(
         description="Drop stale audit branches, compact, expire snapshots, remove orphan files",
     )
     def maintain_tables(context: dg.OpExecutionContext, config: MaintenanceConfig) -> None:
-        from pipeline_output.dagster_layer.runtime import get_runtime
-        from pipeline_output.maintenance import maintain
+        from pipeline_output.dagster_layer.process_runtime import get_runtime
+        from pipeline_output.services.maintenance import maintain
 
         unknown = sorted(set(config.datasets) - set(by_name))
         if unknown:

@@ -8,8 +8,8 @@ import dagster as dg
 import polars as pl
 from pyiceberg.table import Table
 
-from pipeline_output.publish import PublishResult
-from pipeline_output.stores.iceberg.health import file_counts
+from pipeline_output.services.publish import PublishResult
+from pipeline_output.stores.iceberg.maintenance.health import file_counts
 
 
 def column_schema(schema: pl.Schema) -> dg.TableSchema:

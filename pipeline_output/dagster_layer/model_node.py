@@ -1,6 +1,6 @@
 """`model_node`: a downstream asset that scores a dataset window by window and writes one replace.
 
-The heavy lifting is `pipeline_output.model.score`; this module only maps Dagster's context (run
+The heavy lifting is `pipeline_output.services.model.score`; this module only maps Dagster's context (run
 id, run config `mode`) onto it and reports metadata: windows/batches read, rows scored, snapshot
 id, duration and throughput.
 """
@@ -11,11 +11,11 @@ from typing import Any
 
 import dagster as dg
 
+from pipeline_output.contract.spec import Mode, check_identifier, spec_to_dict
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY, SPEC_METADATA_KEY
 from pipeline_output.errors import InvalidSpec
-from pipeline_output.model import DEFAULT_BATCH_ROWS, Predict, output_spec, score
-from pipeline_output.spec import Mode, check_identifier, spec_to_dict
+from pipeline_output.services.model import DEFAULT_BATCH_ROWS, Predict, output_spec, score
 
 
 class ModelRunConfig(dg.Config):
@@ -74,7 +74,7 @@ def model_node(
     def _model(
         context: dg.AssetExecutionContext, config: ModelRunConfig
     ) -> dg.MaterializeResult[Any]:
-        from pipeline_output.dagster_layer.runtime import get_runtime
+        from pipeline_output.dagster_layer.process_runtime import get_runtime
 
         runtime = get_runtime()
         resolved = runtime.publisher.resolve(out_spec, override=config.mode)

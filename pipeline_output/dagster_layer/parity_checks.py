@@ -13,8 +13,8 @@ from typing import Any
 
 import dagster as dg
 
-from pipeline_output.parity import ParityReport
-from pipeline_output.spec import DatasetSpec
+from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.services.parity import ParityReport
 
 
 def parity_check(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetChecksDefinition:
@@ -27,9 +27,9 @@ def parity_check(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetChecksDef
         description=f"Legacy (Postgres) and native (Iceberg) arms of {spec.name} hold the same rows",
     )
     def _parity(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        from pipeline_output.audit import audit_parity
-        from pipeline_output.canary import check_parity
-        from pipeline_output.dagster_layer.runtime import get_runtime
+        from pipeline_output.dagster_layer.process_runtime import get_runtime
+        from pipeline_output.services.audit import audit_parity
+        from pipeline_output.services.canary import check_parity
 
         run_id = context.op_execution_context.run_id
         staged = audit_parity(get_runtime().publisher, spec, run_id=run_id)

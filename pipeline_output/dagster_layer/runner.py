@@ -148,8 +148,8 @@ def _execute(job: Any, **kwargs: Any) -> dg.ExecuteInProcessResult:
 
 
 def _fail_staged_audits(run_id: str, *, reason: str) -> None:
-    from pipeline_output.audit import fail_audit
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.services.audit import fail_audit
 
     runtime = get_runtime()
     for audit in runtime.ledger.audits_of_run(run_id):
@@ -161,7 +161,7 @@ def _fail_staged_audits(run_id: str, *, reason: str) -> None:
 def _check_audits(run_id: str) -> None:
     """Every audit the run staged must have published (a publish refused in a hook — main moved
     meanwhile — does not fail the run itself: `audit_hooks`)."""
-    from pipeline_output.dagster_layer.runtime import get_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
     from pipeline_output.errors import AuditConflict, AuditFailed
 
     for audit in get_runtime().ledger.audits_of_run(run_id):

@@ -9,12 +9,12 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
+from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY, SOURCE_METADATA_KEY
-from pipeline_output.dagster_layer.runtime import get_runtime
+from pipeline_output.dagster_layer.process_runtime import get_runtime
 from pipeline_output.errors import BadInput
-from pipeline_output.lazy_reads import scan_table, within
-from pipeline_output.sources import SourceSpec, postgres_stats, scan_postgres
-from pipeline_output.windows import Window
+from pipeline_output.services.reads import scan_table, within
+from pipeline_output.services.sources import SourceSpec, postgres_stats, scan_postgres
 
 
 def _url_for(source: SourceSpec) -> str:

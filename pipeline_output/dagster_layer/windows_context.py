@@ -6,8 +6,8 @@ from typing import Any
 
 import dagster as dg
 
-from pipeline_output.spec import DatasetSpec
-from pipeline_output.windows import Window
+from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.windows import Window
 
 
 def windows_of(context: Any, spec: DatasetSpec) -> list[Window]:

@@ -12,12 +12,12 @@ from typing import Any
 
 import dagster as dg
 
+from pipeline_output.contract.spec import Delta
 from pipeline_output.dagster_layer.build import build_definitions
 from pipeline_output.dagster_layer.dataset import dataset
 from pipeline_output.dagster_layer.model_node import model_node
 from pipeline_output.dagster_layer.source_assets import postgres_source
 from pipeline_output.demo.computes import CHURN_FEATURES, DATASETS, SOURCES, churn_score
-from pipeline_output.spec import Delta
 
 SOURCE_GROUP = "shop_sources"
 DATASET_GROUP = "shop"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from pipeline_output.contract.spec import DatasetSpec, Strategy
 from pipeline_output.demo.shop_data import (
     CUSTOMERS,
     ORDER_EVENTS,
@@ -34,7 +35,6 @@ from pipeline_output.demo.shop_data import (
     WATERMARKS,
 )
 from pipeline_output.errors import UnknownDataset
-from pipeline_output.spec import DatasetSpec, Strategy
 
 MONEY = pl.Decimal(12, 2)
 PRICE = pl.Decimal(10, 2)

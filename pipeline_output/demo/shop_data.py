@@ -31,7 +31,6 @@ import polars as pl
 import psycopg
 from psycopg import sql
 
-from pipeline_output import pgsession
 from pipeline_output.demo.shop_rows import (  # re-exported: the shop's one public module
     EVENT_TYPES,
     ORDER_STATUSES,
@@ -69,6 +68,7 @@ from pipeline_output.demo.shop_tables import (  # re-exported too
     WATERMARKS,
 )
 from pipeline_output.errors import InvalidArgument, ShopNotSeeded
+from pipeline_output.infra import pgsession
 
 _LOCK_KEY = 0x5E0D_0DE0_5409  # pg_advisory_xact_lock key serialising seed/tick on one database
 

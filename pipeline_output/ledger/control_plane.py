@@ -20,9 +20,11 @@ import pyarrow as pa
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pipeline_output import locks, pgsession
+from pipeline_output.contract.spec import MODES, check_identifier
+from pipeline_output.contract.windows import Window
 from pipeline_output.errors import InvalidArgument
 from pipeline_output.errors import UnknownMode as UnknownMode
+from pipeline_output.infra import locks, pgsession
 from pipeline_output.ledger import migrations
 from pipeline_output.ledger.audit_log import AuditLog
 from pipeline_output.ledger.deploys import DeployLog
@@ -36,8 +38,6 @@ from pipeline_output.ledger.records import (  # re-exported: ARMS, DEPLOY_STATUS
     _columns,
     _t,
 )
-from pipeline_output.spec import MODES, check_identifier
-from pipeline_output.windows import Window
 
 
 class Ledger(DeployLog, AuditLog):

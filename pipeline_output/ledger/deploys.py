@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING, Any, Unpack
 import psycopg
 from psycopg import sql
 
+from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.store_protocol import ATTEMPT_MARKER, WriteOptions, options_of
+from pipeline_output.contract.windows import Window
 from pipeline_output.errors import InvalidArgument
 from pipeline_output.ledger.records import (
     _COUNTERS,
@@ -23,10 +27,6 @@ from pipeline_output.ledger.records import (
     _columns,
     _t,
 )
-from pipeline_output.result import WriteResult
-from pipeline_output.spec import DatasetSpec
-from pipeline_output.stores.protocol import ATTEMPT_MARKER, WriteOptions, options_of
-from pipeline_output.windows import Window
 
 
 class DeployLog:

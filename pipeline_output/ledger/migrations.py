@@ -20,8 +20,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pipeline_output import locks
 from pipeline_output.errors import MigrationError as MigrationError
+from pipeline_output.infra import locks
 
 SCHEMA = "pipeline_output"
 MIGRATIONS_TABLE = "schema_migrations"

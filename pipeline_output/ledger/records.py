@@ -14,9 +14,9 @@ from typing import Any, Literal, get_args
 import pyarrow as pa
 from psycopg import sql
 
+from pipeline_output.contract.spec import ARMS as ARMS
+from pipeline_output.contract.spec import Arm as Arm
 from pipeline_output.ledger import migrations
-from pipeline_output.spec import ARMS as ARMS
-from pipeline_output.spec import Arm as Arm
 
 DeployStatus = Literal["succeeded", "failed", "diverged"]
 DEPLOY_STATUSES: tuple[str, ...] = get_args(DeployStatus)

@@ -31,8 +31,8 @@ from pyiceberg.types import (
     StructType,
 )
 
+from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import BadInput, SchemaMismatch
-from pipeline_output.spec import DatasetSpec
 
 
 def arrow_schema_of(frame: pl.DataFrame) -> pa.Schema:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pipeline_output.settings import Settings
+from pipeline_output.infra.settings import Settings
 from pipeline_output_tests.commands.cli_runner import BIN, Run, runner
 
 
@@ -26,7 +26,7 @@ def cli(settings_env: Settings, tmp_path: Path) -> Run:
 @pytest.fixture
 def runtime(settings_env: Settings) -> Iterator[Any]:
     """This process's runtime on the test database (reset before and after)."""
-    from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
 
     reset_runtime()
     yield get_runtime()

@@ -17,7 +17,7 @@ import polars as pl
 import psycopg
 import pytest
 
-from pipeline_output.settings import to_sqlalchemy_url
+from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output_tests.commands.cli_runner import Run, isolated_env, runner
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -110,7 +110,7 @@ def ok(proc: subprocess.CompletedProcess[str]) -> str:
 def windows(url: str) -> list[tuple[str, str, int]]:
     with psycopg.connect(url) as conn:
         rows: list[Any] = conn.execute(
-            "SELECT partition_key, state, attempts FROM pipeline_output.windows "
+            "SELECT partition_key, state, attempts FROM pipeline_output.contract.windows "
             "WHERE dataset = 'events' ORDER BY seq"
         ).fetchall()
     return [(r[0], r[1], r[2]) for r in rows]

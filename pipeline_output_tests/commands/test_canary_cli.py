@@ -35,7 +35,7 @@ def demo_spec(name: str) -> Any:
 
 
 def write_dual(runtime: Any, name: str, frame: pl.DataFrame) -> None:
-    from pipeline_output.publish import ResolvedMode
+    from pipeline_output.services.publish import ResolvedMode
 
     runtime.publisher.publish(demo_spec(name), frame, mode=ResolvedMode("dual", "run config"))
 
@@ -110,7 +110,7 @@ def test_parity_command_passes_then_exits_1_naming_a_corrupted_key(cli, runtime,
 
 
 def test_drain_command_refuses_clearly_then_drains_after_flip_and_parity(cli, runtime, pg_db_url):
-    from pipeline_output.canary import check_parity
+    from pipeline_output.services.canary import check_parity
 
     write_dual(runtime, "active_products", products(range(1, 11)))
     runtime.ledger.flip("active_products", "dual", who="t")
@@ -137,7 +137,7 @@ def test_drain_command_refuses_clearly_then_drains_after_flip_and_parity(cli, ru
     assert runtime.postgres.count("active_products") == 0
 
     # the native arm keeps working as a re-deploy after the drain
-    from pipeline_output.publish import ResolvedMode
+    from pipeline_output.services.publish import ResolvedMode
 
     out = runtime.publisher.publish(
         demo_spec("active_products"),
@@ -153,7 +153,7 @@ def test_drain_command_refuses_clearly_then_drains_after_flip_and_parity(cli, ru
 def test_status_lists_every_dataset_with_mode_source_deploys_rows_and_parity(
     cli, runtime, pg_db_url
 ):
-    from pipeline_output.canary import check_parity
+    from pipeline_output.services.canary import check_parity
 
     write_dual(runtime, "active_products", products(range(1, 8)))
     runtime.ledger.flip("active_products", "dual", who="t")

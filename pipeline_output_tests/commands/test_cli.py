@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pipeline_output import embedded_pg
+from pipeline_output.infra import embedded_pg
 
 BIN = Path(sys.executable).parent
 CLI = str(BIN / "pipeline-output")

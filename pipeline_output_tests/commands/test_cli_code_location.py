@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from polars.testing import assert_frame_equal
 
-from pipeline_output.windows import Window
+from pipeline_output.contract.windows import Window
 from pipeline_output_tests.commands.cli_runner import Run, isolated_env, runner
 
 USER_DEFS = """
@@ -121,7 +121,7 @@ def test_every_command_serves_a_user_module_given_with_dash_m(
     # the tables hold what plain polars computes from the source
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from pipeline_output.settings import to_sqlalchemy_url
+    from pipeline_output.infra.settings import to_sqlalchemy_url
 
     catalog = SqlCatalog(
         "default",

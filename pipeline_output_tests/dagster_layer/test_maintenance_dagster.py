@@ -20,8 +20,8 @@ import pytest
 
 from pipeline_output import Delta, build_definitions, dataset, postgres_source
 from pipeline_output.dagster_layer.dataset import spec_of
-from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
-from pipeline_output.stores.iceberg.health import HealthThresholds
+from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
 from pipeline_output_tests.oracle import assert_same_multiset
 
 SEED = pl.DataFrame({"id": list(range(1, 11)), "v": [f"v{i}" for i in range(1, 11)]})
@@ -183,7 +183,7 @@ def test_window_runs_run_the_parity_check_but_leave_table_health_out(env, instan
 def test_maintenance_drops_stale_audit_branches_so_they_no_longer_hold_compaction_off(
     env, instance
 ):
-    from pipeline_output.publish import ResolvedMode
+    from pipeline_output.services.publish import ResolvedMode
 
     defs = _defs()
     assert dg.materialize([ledgerless], instance=instance, resources=defs.resources).success

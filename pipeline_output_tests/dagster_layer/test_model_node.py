@@ -15,7 +15,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from pipeline_output import Delta, build_definitions, dataset, model_node, postgres_source
-from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
+from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
 from pipeline_output_tests.oracle import assert_same_multiset
 
 ROW_INDEX = "__source_row_index__"
@@ -370,8 +370,8 @@ def test_a_source_given_by_name_or_key_fails_at_load_naming_the_model_node(sourc
 
 def test_model_node_in_iceberg_mode_records_its_deploy_and_status_shows_it(env, instance):
     """The node used to write through `replace_streaming` directly: no deploy row, `status` '-'."""
-    from pipeline_output.canary import status
     from pipeline_output.dagster_layer.dataset import spec_of
+    from pipeline_output.services.canary import status
 
     make_people(env, n=12)
     defs, node = people_defs(Scorer(), delta=False, batch_rows=5)

@@ -21,7 +21,7 @@ import polars as pl
 import psycopg
 import pytest
 
-from pipeline_output.settings import Settings, to_sqlalchemy_url
+from pipeline_output.infra.settings import Settings, to_sqlalchemy_url
 
 REPO = Path(__file__).resolve().parents[2]
 WEBSERVER = Path(sys.executable).parent / "dagster-webserver"

@@ -14,9 +14,9 @@ import psycopg
 import pytest
 from polars.testing import assert_frame_equal
 
+from pipeline_output.contract.spec import STRATEGIES
 from pipeline_output.demo import computes, shop_data
 from pipeline_output.demo.shop_data import CUSTOMERS, ORDER_EVENTS, ORDERS, PRODUCTS, TABLES
-from pipeline_output.spec import STRATEGIES
 
 pytestmark = pytest.mark.integration
 

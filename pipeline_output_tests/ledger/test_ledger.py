@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 from pipeline_output import Window
+from pipeline_output.contract.result import WriteResult
 from pipeline_output.ledger import Ledger, MigrationError, UnknownMode, migrations
-from pipeline_output.result import WriteResult
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
 
-from pipeline_output.stores.iceberg.manifests import FlatTransaction, read_index
-from pipeline_output.stores.iceberg.overwrite import IndexedOverwrite
+from pipeline_output.stores.iceberg.snapshot.indexed_overwrite import IndexedOverwrite
+from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction, read_index
 
 FILE_PATH_ID = 2147483546
 POS_ID = 2147483545

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline_output import DatasetSpec, Window
 from pipeline_output.errors import MaintenanceConflict
-from pipeline_output.stores.iceberg.orphans import table_orphans
+from pipeline_output.stores.iceberg.maintenance.orphans import table_orphans
 from pipeline_output_tests.iceberg_harness import NS, Harness
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.stores.positional_deletes import delete_positions

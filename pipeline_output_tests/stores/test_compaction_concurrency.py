@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 
 from pipeline_output import DatasetSpec, IcebergStore
-from pipeline_output.locks import AdvisoryLock
+from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output_tests.oracle import assert_same_multiset
 
 NS = "datasets"

@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 
 from pipeline_output import DatasetSpec, IcebergStore
-from pipeline_output.locks import AdvisoryLock
+from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output_tests.processes import run_workers
 
 NS = "datasets"

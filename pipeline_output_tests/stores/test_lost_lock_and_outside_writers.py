@@ -26,7 +26,7 @@ import pytest
 
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.errors import LockLost
-from pipeline_output.locks import AdvisoryLock, lock_key
+from pipeline_output.infra.locks import AdvisoryLock, lock_key
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -52,7 +52,7 @@ def _paused_writer(
     try:
         from pyiceberg.catalog.sql import SqlCatalog
 
-        import pipeline_output.stores.iceberg.commit as iceberg_module
+        import pipeline_output.stores.iceberg.snapshot.commit as iceberg_module
 
         def pause(point: str) -> None:
             if point == "before_commit":
@@ -238,7 +238,7 @@ def test_the_project_catalog_survives_a_dropped_control_plane_connection(
 ) -> None:
     """pool_pre_ping: after the server drops the catalog's pooled connections the next write
     works (it used to fail once with a raw sqlalchemy OperationalError)."""
-    from pipeline_output.dagster_layer.runtime import get_runtime, reset_runtime
+    from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
 
     reset_runtime()
     try:

@@ -21,8 +21,8 @@ from pyiceberg.manifest import DataFileContent, ManifestContent
 
 from pipeline_output import DatasetSpec
 from pipeline_output.errors import UnsupportedWrite
-from pipeline_output.lazy_reads import scan_table
-from pipeline_output.settings import to_sqlalchemy_url
+from pipeline_output.infra.settings import to_sqlalchemy_url
+from pipeline_output.services.reads import scan_table
 from pipeline_output_tests.iceberg_harness import (
     NS,
     WINDOW,
@@ -255,7 +255,7 @@ def test_every_reader_sees_the_same_rows_of_a_table_with_delete_files(
 def test_parity_holds_between_the_legacy_arm_and_a_table_carrying_delete_files(
     h: Any, pg_db_url: str
 ) -> None:
-    from pipeline_output.parity import compare
+    from pipeline_output.services.parity import compare
     from pipeline_output.stores.postgres import PostgresStore
 
     legacy = PostgresStore(pg_db_url)

@@ -27,11 +27,17 @@ import polars as pl
 import psycopg
 import pytest
 
-from pipeline_output import DatasetSpec, IcebergStore, doctor
+from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.errors import LockUnavailable
-from pipeline_output.locks import AdvisoryLock
-from pipeline_output.stores.iceberg.files import DataFileWriter
-from pipeline_output.stores.iceberg.orphans import DEFAULT_GRACE_S, norm, referenced, table_orphans
+from pipeline_output.infra.locks import AdvisoryLock
+from pipeline_output.services import doctor
+from pipeline_output.stores.iceberg.maintenance.orphans import (
+    DEFAULT_GRACE_S,
+    norm,
+    referenced,
+    table_orphans,
+)
+from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.reliability_report import record
 
@@ -103,7 +109,7 @@ def _writer(
     try:
         import warnings
 
-        from pipeline_output.stores.iceberg.sql_catalog import FlatSqlCatalog
+        from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
 
         lock = AdvisoryLock(url) if guard == "lock" else None
         store = IcebergStore(FlatSqlCatalog(catalog_name, **props), NS, lock=lock)

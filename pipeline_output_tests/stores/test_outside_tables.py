@@ -23,7 +23,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DateType, DoubleType, LongType, NestedField, StringType
 
 from pipeline_output import DatasetSpec
-from pipeline_output.spec import spec_from_dict, spec_to_dict
+from pipeline_output.contract.spec import spec_from_dict, spec_to_dict
 from pipeline_output_tests.iceberg_harness import (
     NS,
     Harness,

@@ -16,8 +16,8 @@ import pytest
 from pyiceberg.partitioning import partition_record_value
 
 from pipeline_output import DatasetSpec, IcebergStore, InvalidSpec, PostgresStore
+from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.ledger import Ledger
-from pipeline_output.locks import AdvisoryLock
 from pipeline_output_tests.oracle import assert_same_multiset, expect
 
 NS = "datasets"

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline_output import DatasetSpec, DuplicateKeys, IcebergStore, PostgresStore, Window
+from pipeline_output.contract.spec import Delta
+from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.ledger import Ledger
-from pipeline_output.locks import AdvisoryLock
-from pipeline_output.spec import Delta
 from pipeline_output_tests.oracle import assert_same_multiset
 
 NS = "datasets"

@@ -21,9 +21,9 @@ import polars as pl
 import pytest
 
 from pipeline_output import DatasetSpec
-from pipeline_output.doctor import find_orphans, remove_orphans
-from pipeline_output.settings import catalog_env_prefix, get_settings, to_sqlalchemy_url
-from pipeline_output.stores.iceberg.files import DataFileWriter
+from pipeline_output.infra.settings import catalog_env_prefix, get_settings, to_sqlalchemy_url
+from pipeline_output.services.doctor import find_orphans, remove_orphans
+from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output_tests.iceberg_harness import (
     NS,
     WINDOW,
@@ -216,7 +216,7 @@ def test_s3_warehouse_configured_through_pyiceberg_env_vars_only(
     cat = settings.catalog()
     try:
         from pipeline_output import IcebergStore
-        from pipeline_output.locks import AdvisoryLock
+        from pipeline_output.infra.locks import AdvisoryLock
 
         store = IcebergStore(cat, settings.namespace, lock=AdvisoryLock(pg_db_url))
         spec = spec_for("snapshot_replace", name="c_snapshot_replace")

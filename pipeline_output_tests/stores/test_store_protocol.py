@@ -20,13 +20,13 @@ from pipeline_output import (
     build_definitions,
     dataset,
 )
-from pipeline_output.delta import apply_window
+from pipeline_output.contract.spec import Delta
+from pipeline_output.contract.store_protocol import ATTEMPT_MARKER, Store
+from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.ledger import Ledger
 from pipeline_output.ledger.window_ledger import WindowLedger
-from pipeline_output.locks import AdvisoryLock
-from pipeline_output.publish import Publisher, ResolvedMode
-from pipeline_output.spec import Delta
-from pipeline_output.stores.protocol import ATTEMPT_MARKER, Store
+from pipeline_output.services.publish import Publisher, ResolvedMode
+from pipeline_output.services.window_apply import apply_window
 from pipeline_output_tests.oracle import assert_same_multiset
 
 NS = "datasets"

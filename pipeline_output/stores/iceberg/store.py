@@ -34,60 +34,60 @@ from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.refs import MAIN_BRANCH
 
+from pipeline_output.contract.checked_input import check_in_window
+from pipeline_output.contract.plan import TargetState, WritePlan, plan_write
+from pipeline_output.contract.result import RowCounts, WriteResult
+from pipeline_output.contract.spec import Arm, DatasetSpec
+from pipeline_output.contract.store_protocol import (
+    Capabilities,
+    WriteOptions,
+    options_of,
+)
+from pipeline_output.contract.windows import Window
 from pipeline_output.errors import (
     EmptyComputeRefused,
     InvalidArgument,
     WriteConflict,
 )
-from pipeline_output.frames import check_in_window
-from pipeline_output.locks import AdvisoryLock, HeldLock, LockStats, iceberg_table
-from pipeline_output.plan import TargetState, WritePlan, plan_write
-from pipeline_output.result import RowCounts, WriteResult
-from pipeline_output.spec import Arm, DatasetSpec
-from pipeline_output.stores.iceberg.branch_writes import branch_view
-from pipeline_output.stores.iceberg.branches import head, stage_branch
-from pipeline_output.stores.iceberg.commit import _commit, _delete_quietly
-from pipeline_output.stores.iceberg.compaction import compact as _compact
-from pipeline_output.stores.iceberg.expiry import expire_snapshots as _expire_snapshots
-from pipeline_output.stores.iceberg.expressions import aligned_to_field
-from pipeline_output.stores.iceberg.files import DataFileWriter
-from pipeline_output.stores.iceberg.manifests import (
+from pipeline_output.infra.locks import AdvisoryLock, HeldLock, LockStats, iceberg_table
+from pipeline_output.stores.iceberg.maintenance.compaction import compact as _compact
+from pipeline_output.stores.iceberg.maintenance.expiry import expire_snapshots as _expire_snapshots
+from pipeline_output.stores.iceberg.maintenance.orphans import remove_orphans as _remove_orphans
+from pipeline_output.stores.iceberg.snapshot.commit import _commit, _delete_quietly
+from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
+from pipeline_output.stores.iceberg.snapshot.manifests import (
     FlatTransaction,
     read_index,
     upgrade_properties,
 )
-from pipeline_output.stores.iceberg.merge import _Merge
-from pipeline_output.stores.iceberg.orphans import remove_orphans as _remove_orphans
-from pipeline_output.stores.iceberg.partitions import evolve as evolve_partitioning
-from pipeline_output.stores.iceberg.partitions import partition_spec
-from pipeline_output.stores.iceberg.prewrite import (
-    PreparedWrite,
-    _Prewritten,
-    prepare_write,
-    row_properties,
-    summary_properties,
-)
-from pipeline_output.stores.iceberg.properties import (
+from pipeline_output.stores.iceberg.table.expressions import aligned_to_field
+from pipeline_output.stores.iceberg.table.partitions import evolve as evolve_partitioning
+from pipeline_output.stores.iceberg.table.partitions import partition_spec
+from pipeline_output.stores.iceberg.table.properties import (
     _DEFAULT_LOCK,
     ICEBERG_CAPABILITIES,
     TABLE_PROPERTIES,
 )
-from pipeline_output.stores.iceberg.reads import IcebergReads
-from pipeline_output.stores.iceberg.rows import (
+from pipeline_output.stores.iceberg.table.reads import IcebergReads
+from pipeline_output.stores.iceberg.table.refs import head, stage_branch
+from pipeline_output.stores.iceberg.write.branch_target import branch_view
+from pipeline_output.stores.iceberg.write.frame_rows import (
     _align,
     _evolve,
     _sorted,
     _state_of,
     _total_records,
 )
-from pipeline_output.stores.iceberg.streaming import replace_streaming as _replace_streaming
-from pipeline_output.stores.protocol import (
-    Capabilities,
-    WriteOptions,
-    options_of,
+from pipeline_output.stores.iceberg.write.merge import _Merge
+from pipeline_output.stores.iceberg.write.prepare import (
+    PreparedWrite,
+    _Prewritten,
+    prepare_write,
+    row_properties,
+    summary_properties,
 )
+from pipeline_output.stores.iceberg.write.streaming import replace_streaming as _replace_streaming
 from pipeline_output.stores.schema import check_required, initial_schema, plan_evolution
-from pipeline_output.windows import Window
 
 
 class IcebergStore(IcebergReads):
@@ -220,7 +220,7 @@ class IcebergStore(IcebergReads):
     def _advisory(self) -> AdvisoryLock | Any | None:
         """The writer lock (the default one on the control plane resolved on first use)."""
         if self._lock is _DEFAULT_LOCK:
-            from pipeline_output.settings import get_settings
+            from pipeline_output.infra.settings import get_settings
 
             self._lock = AdvisoryLock(get_settings().control_plane_url())
         return self._lock

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from psycopg import sql
 
+from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.windows import Window
 from pipeline_output.ledger.migrations import SCHEMA
-from pipeline_output.spec import DatasetSpec
-from pipeline_output.windows import Window
 
 ROWS_TABLE = "dataset_rows"
 _ROWS = sql.Identifier(SCHEMA, ROWS_TABLE)

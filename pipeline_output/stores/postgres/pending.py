@@ -9,11 +9,11 @@ from typing import Any
 import polars as pl
 import psycopg
 
+from pipeline_output.contract.result import RowCounts, WriteResult
 from pipeline_output.errors import (
     LockLost,
     WriteAlreadyFinished,
 )
-from pipeline_output.result import RowCounts, WriteResult
 
 # -- pending writes ---------------------------------------------------------------------------
 

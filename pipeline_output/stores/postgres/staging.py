@@ -11,12 +11,12 @@ import polars as pl
 import psycopg
 from psycopg import sql
 
+from pipeline_output.contract.checked_input import MAX_EXAMPLES, duplicate_target_keys
+from pipeline_output.contract.plan import WritePlan
+from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import (
     BadInput,
 )
-from pipeline_output.frames import MAX_EXAMPLES, duplicate_target_keys
-from pipeline_output.plan import WritePlan
-from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.postgres.fragments import (
     _BATCH,
     _CSV_SLICE,

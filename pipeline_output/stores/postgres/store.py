@@ -54,19 +54,31 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from pipeline_output import locks, pgsession
+from pipeline_output.contract.checked_input import (
+    CheckedInput,
+    check_in_window,
+    checked_input,
+    from_arrow,
+)
+from pipeline_output.contract.plan import TargetState, WritePlan, plan_write
+from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.spec import Arm, DatasetSpec, check_identifier, window_column
+from pipeline_output.contract.store_protocol import (
+    Capabilities,
+    ReadOptions,
+    WriteOptions,
+    options_of,
+)
+from pipeline_output.contract.windows import Window
 from pipeline_output.errors import (
     BadInput,
     DatasetNotWritten,
     EmptyComputeRefused,
     InvalidArgument,
 )
-from pipeline_output.frames import CheckedInput, check_in_window, checked_input, from_arrow
+from pipeline_output.infra import locks, pgsession
 from pipeline_output.ledger import Ledger
 from pipeline_output.ledger.migrations import SCHEMA
-from pipeline_output.plan import TargetState, WritePlan, plan_write
-from pipeline_output.result import WriteResult
-from pipeline_output.spec import Arm, DatasetSpec, check_identifier, window_column
 from pipeline_output.stores.postgres.fragments import (
     _ROWS,
     ROWS_TABLE,
@@ -84,8 +96,6 @@ from pipeline_output.stores.postgres.types import (
     evolve_schema,
     staged_type,
 )
-from pipeline_output.stores.protocol import Capabilities, ReadOptions, WriteOptions, options_of
-from pipeline_output.windows import Window
 
 # -- the store --------------------------------------------------------------------------------
 

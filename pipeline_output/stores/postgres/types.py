@@ -12,14 +12,14 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.types import NestedField
 
+from pipeline_output.contract.checked_input import polars_schema
+from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.store_protocol import KEY_TYPES, Capabilities
 from pipeline_output.errors import (
     BadInput,
     SchemaMismatch,
 )
-from pipeline_output.frames import polars_schema
-from pipeline_output.spec import DatasetSpec
 from pipeline_output.stores.postgres.fragments import _BTREE_MAX_BYTES
-from pipeline_output.stores.protocol import KEY_TYPES, Capabilities
 from pipeline_output.stores.schema import arrow_schema_of, plan_evolution
 
 # -- types ------------------------------------------------------------------------------------

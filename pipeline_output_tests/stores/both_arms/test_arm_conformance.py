@@ -21,7 +21,7 @@ from polars.testing import assert_frame_equal
 
 from pipeline_output import DatasetSpec, Delta, IcebergStore, Window
 from pipeline_output.errors import SchemaMismatch
-from pipeline_output.locks import AdvisoryLock
+from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.iceberg_harness import (
     WINDOW,

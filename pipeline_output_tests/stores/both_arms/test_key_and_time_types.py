@@ -33,11 +33,11 @@ from pyiceberg.types import LongType, NestedField, StringType, TimeType
 
 from pipeline_output import DatasetSpec, IcebergStore, PostgresStore
 from pipeline_output.errors import BadInput
+from pipeline_output.infra.locks import AdvisoryLock
+from pipeline_output.infra.settings import to_sqlalchemy_url, with_database
 from pipeline_output.ledger import Ledger
-from pipeline_output.locks import AdvisoryLock
-from pipeline_output.publish import Publisher, ResolvedMode
-from pipeline_output.settings import to_sqlalchemy_url, with_database
-from pipeline_output.stores.iceberg.properties import ICEBERG_CAPABILITIES
+from pipeline_output.services.publish import Publisher, ResolvedMode
+from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES
 from pipeline_output.stores.postgres.types import LEGACY_CAPABILITIES, staged_type
 from pipeline_output_tests.iceberg_harness import NS, Harness
 from pipeline_output_tests.oracle import assert_same_multiset
@@ -62,7 +62,7 @@ BAD_KEYS: dict[str, tuple[pl.Series, str]] = {
 
 
 def test_both_arms_declare_the_same_key_types_and_no_float_or_nested_one() -> None:
-    from pipeline_output.stores.protocol import KEY_TYPES
+    from pipeline_output.contract.store_protocol import KEY_TYPES
 
     assert ICEBERG_CAPABILITIES.key_types == LEGACY_CAPABILITIES.key_types == KEY_TYPES
     for dtype in (pl.Float32(), pl.Float64(), pl.Struct({"a": pl.Int64}), pl.List(pl.Int64)):

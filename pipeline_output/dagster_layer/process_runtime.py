@@ -1,0 +1,44 @@
+"""The per-process runtime of the Dagster layer and the CLI: `core_runtime.connect` over the
+settings (control plane, catalog, namespace, default mode, the arm `dual` reads from).
+
+Built lazily on first use (never at import time) and cached per settings value, so Dagster's run
+workers, the CLI and tests each resolve the environment when they actually run.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from pipeline_output.infra.settings import Settings, default_mode, dual_read_arm, get_settings
+from pipeline_output.services.runtime import Runtime, connect
+
+_lock = threading.Lock()
+_cache: dict[str, Runtime] = {}
+
+
+def get_runtime(settings: Settings | None = None) -> Runtime:
+    """The runtime for `settings` (default: the environment now), built once per process."""
+    settings = settings or get_settings()
+    with _lock:
+        cached = _cache.get(repr(settings))
+        if cached is not None:
+            return cached
+        runtime = connect(
+            pg_url=settings.control_plane_url(),
+            catalog=settings.catalog(),
+            namespace=settings.namespace,
+            catalog_name=settings.catalog_name,
+            default_mode=default_mode(),  # type: ignore[arg-type]
+            dual_reads_from=dual_read_arm(),  # type: ignore[arg-type]
+        )
+        _cache[repr(settings)] = runtime
+        return runtime
+
+
+def reset_runtime() -> None:
+    """Forget cached runtimes (tests that change the environment call this)."""
+    with _lock:
+        _cache.clear()
+
+
+__all__ = ["Runtime", "get_runtime", "reset_runtime"]

@@ -1,0 +1,255 @@
+"""Every lock the project takes, named in one place, and same-table writer serialization: a
+Postgres session advisory lock keyed by the table identifier (`AdvisoryLock`).
+
+The lock lives on a dedicated connection to the control-plane Postgres and is released when the
+`with` block exits or the process dies (the server drops session locks of a closed connection), so a
+crashed writer never leaves a table locked.
+
+The same property means a writer can lose the lock while it works: an idle-session killer, a pooler
+or a failover ends its backend and a second writer takes the lock at once. `LockStats.verify()` asks
+the lock's own connection whether it still holds the lock; writers call it right before they commit
+and fail with `LockLost` (nothing committed) when it does not. The commit itself is additionally
+fenced by the table's snapshot (see `stores/iceberg/commit.py`), which closes the gap between the check and
+the catalog's swap.
+
+A lock can also be taken *shared* (`AdvisoryLock.share`: any number of holders at once) or *alone*
+without queueing (`AdvisoryLock.alone`: polls, so waiting for it never delays the shared holders);
+`hold(..., on=held)` takes a lock on the connection of one already held (one session per write).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from pipeline_output.errors import LockLost, LockUnavailable
+from pipeline_output.infra import pgsession
+
+# -- every lock the project takes, by name (its Postgres advisory key is `lock_key(name)`) ---------
+
+MIGRATIONS = "pipeline_output:migrations"  # control-plane migrations (transaction scope)
+
+
+def iceberg_table(table: str) -> str:
+    """Writers of one Iceberg table `namespace.name` (session scope, `AdvisoryLock.hold`)."""
+    return f"iceberg:{table}"
+
+
+def iceberg_files(table: str) -> str:
+    """Writes of one Iceberg table whose files are not committed yet (session scope): every
+    writer shares it from its first file to its commit; orphan removal takes it alone
+    (`stores/iceberg/inflight.py`)."""
+    return f"iceberg-files:{table}"
+
+
+def legacy_dataset(dataset: str) -> str:
+    """Writers of one dataset in the legacy row store (transaction scope, with its rows)."""
+    return f"pg:{dataset}"
+
+
+def window_plan(dataset: str) -> str:
+    """Planners of a dataset's delta windows (transaction scope)."""
+    return f"windows:plan:{dataset}"
+
+
+def window_apply(dataset: str) -> str:
+    """Appliers of a dataset's delta windows: the exactly-once decision (session scope)."""
+    return f"windows:apply:{dataset}"
+
+
+def mode_flip(dataset: str) -> str:
+    """Flips of a dataset's mode (transaction scope)."""
+    return f"flip:{dataset}"
+
+
+def acquire(
+    conn: psycopg.Connection[Any],
+    name: str,
+    *,
+    transaction: bool,
+    timeout_s: float | None = None,
+    what: str | None = None,
+    shared: bool = False,
+) -> float:
+    """Take the advisory lock `name` on `conn` — until the transaction ends (`transaction=True`)
+    or the session does; `shared`: beside other shared holders — waiting at most `timeout_s`
+    (None: as long as it takes). Returns the seconds waited; `LockUnavailable` (naming `what`,
+    default the lock) on timeout."""
+    started = time.perf_counter()
+    if timeout_s is not None:
+        conn.execute(
+            "SELECT set_config('lock_timeout', %s, %s)", (f"{int(timeout_s * 1000)}ms", transaction)
+        )
+    take = _TAKE[(transaction, shared)]
+    try:
+        conn.execute(take, (lock_key(name),))
+    except psycopg.errors.LockNotAvailable as exc:
+        raise LockUnavailable(
+            f"timed out after {timeout_s}s waiting for {what or f'the lock on {name}'}"
+        ) from exc
+    if timeout_s is not None:
+        conn.execute("SELECT set_config('lock_timeout', '0', %s)", (transaction,))
+    return time.perf_counter() - started
+
+
+_TAKE = {  # (transaction scope, shared) -> the statement taking the lock
+    (False, False): "SELECT pg_advisory_lock(%s)",
+    (False, True): "SELECT pg_advisory_lock_shared(%s)",
+    (True, False): "SELECT pg_advisory_xact_lock(%s)",
+    (True, True): "SELECT pg_advisory_xact_lock_shared(%s)",
+}
+
+
+def lock_key(name: str) -> int:
+    """A stable signed 64-bit key for `name` (same in every process and Python version)."""
+    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+def _advisory_ids(key: int) -> tuple[int, int]:
+    """`pg_locks` (classid, objid) of a bigint advisory lock key (high and low 32 bits)."""
+    unsigned = key & 0xFFFFFFFFFFFFFFFF
+    return unsigned >> 32, unsigned & 0xFFFFFFFF
+
+
+@dataclass
+class LockStats:
+    """How long the lock took to get, (once released) how long it was held, and `verify()`."""
+
+    key: str
+    wait_s: float = 0.0
+    held_s: float = 0.0
+    _verify: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+
+    def verify(self) -> None:
+        """Raise `LockLost` unless the lock is still held by this writer (no-op without a lock)."""
+        if self._verify is not None:
+            self._verify()
+
+
+@dataclass(frozen=True)
+class HeldLock:
+    """A lock held on its own session (`share`, `alone`): `hold(..., on=it)` takes another lock
+    on the same connection."""
+
+    name: str
+    conn: psycopg.Connection[Any] = field(repr=False, compare=False)
+    wait_s: float = 0.0
+
+
+class AdvisoryLock:
+    """Serialize writers of one table across processes and machines sharing a Postgres."""
+
+    def __init__(self, url: str, *, timeout_s: float | None = None) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+
+    def _connect(self, name: str) -> psycopg.Connection[Any]:
+        try:
+            return pgsession.connect(self.url, autocommit=True)
+        except psycopg.Error as exc:
+            raise LockUnavailable(
+                f"cannot reach the control-plane Postgres for the lock on {name}: "
+                f"{type(exc).__name__}"
+            ) from exc
+
+    @contextmanager
+    def hold(self, name: str, *, on: HeldLock | None = None) -> Iterator[LockStats]:
+        """Hold the advisory lock for `name` for the duration of the block (on the session of
+        `on` when given: released then, that session goes on)."""
+        stats = LockStats(key=name)
+        conn = on.conn if on is not None else self._connect(name)
+        try:
+            try:
+                stats.wait_s = acquire(
+                    conn,
+                    name,
+                    transaction=False,
+                    timeout_s=self.timeout_s,
+                    what=f"the writer lock on {name}",
+                )
+            except psycopg.OperationalError as exc:
+                if on is None:
+                    raise
+                raise LockLost(
+                    f"the session holding {on.name} ended before the writer lock on {name} was "
+                    f"taken ({type(exc).__name__}); nothing was committed"
+                ) from exc
+            stats._verify = lambda: _verify_held(conn, name)
+            acquired = time.perf_counter()
+            try:
+                yield stats
+            finally:
+                stats.held_s = time.perf_counter() - acquired
+                stats._verify = None
+                if on is not None:
+                    with suppress(psycopg.Error):
+                        conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(name),))
+        finally:
+            if on is None:
+                conn.close()
+
+    @contextmanager
+    def share(self, name: str) -> Iterator[HeldLock]:
+        """Hold `name` shared (beside any other shared holder) on a session of its own; waits
+        only while someone holds it alone."""
+        conn = self._connect(name)
+        try:
+            waited = acquire(conn, name, transaction=False, timeout_s=self.timeout_s, shared=True)
+            yield HeldLock(name=name, conn=conn, wait_s=waited)
+        finally:
+            conn.close()
+
+    @contextmanager
+    def alone(self, name: str, *, wait_s: float, what: str | None = None) -> Iterator[HeldLock]:
+        """Hold `name` alone, on a session of its own. Never queues (a queued request would make
+        every new shared holder wait behind it): tries every 50-500 ms for at most `wait_s`
+        seconds, then `LockUnavailable` naming `what`."""
+        conn = self._connect(name)
+        try:
+            started = time.perf_counter()
+            pause = 0.05
+            while not _try(conn, name):
+                waited = time.perf_counter() - started
+                if waited >= wait_s:
+                    raise LockUnavailable(
+                        f"timed out after {wait_s:g}s waiting for {what or f'the lock on {name}'}"
+                    )
+                time.sleep(min(pause, wait_s - waited))
+                pause = min(pause * 2, 0.5)
+            yield HeldLock(name=name, conn=conn, wait_s=time.perf_counter() - started)
+        finally:
+            conn.close()
+
+
+def _try(conn: psycopg.Connection[Any], name: str) -> bool:
+    """Take the session advisory lock `name` alone if nobody holds it (never waits)."""
+    row = conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_key(name),)).fetchone()
+    return bool(row and row[0])
+
+
+def _verify_held(conn: psycopg.Connection[tuple[object, ...]], name: str) -> None:
+    """Ask the lock's connection whether its backend still holds the advisory lock for `name`."""
+    classid, objid = _advisory_ids(lock_key(name))
+    try:
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND pid = pg_backend_pid() AND classid = %s::oid AND objid = %s::oid "
+            "AND objsubid = 1)",
+            (classid, objid),
+        ).fetchone()
+    except psycopg.Error as exc:
+        raise LockLost(
+            f"the writer lock on {name} was lost before the commit (its Postgres session ended: "
+            f"{type(exc).__name__}); another writer may hold it now, so nothing was committed"
+        ) from exc
+    if not row or not row[0]:
+        raise LockLost(
+            f"the writer lock on {name} is no longer held by this writer; nothing was committed"
+        )

@@ -1,0 +1,246 @@
+"""Delta windows end to end: planning the next windows from a high-water mark, and applying one
+window exactly once.
+
+Planning: the next window starts where the ledger's last one ends (or open at the bottom / at
+`Delta.start` for the first) and ends at the source's high-water mark; with `max_rows` the range is
+cut at watermark values so that no window holds more than `max_rows` source rows (a single watermark
+value shared by more rows stays whole).
+
+Applying (`apply_window`): the compute, the input checks and (where the strategy allows) the Iceberg
+data files come first; then, under the dataset's apply lock, the ledger decides `apply`, `skip`
+(already applied — a retry or re-materialisation is a no-op that says so) or `repair` (a crash after
+the write committed but before the ledger update: the attempt marker is found in the Iceberg
+snapshot summaries / the legacy arm's deploy records, by equality, and the ledger is completed without a second write).
+Pure core: no Dagster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import polars as pl
+
+from pipeline_output.contract.spec import DatasetSpec, WatermarkValue
+from pipeline_output.contract.store_protocol import ATTEMPT_MARKER
+from pipeline_output.contract.windows import Window
+from pipeline_output.ledger.window_ledger import WindowLedger, WindowRow
+from pipeline_output.services.publish import Prepared, Publisher, PublishResult, ResolvedMode
+
+MAX_WINDOWS_PER_PLAN = 1000
+
+
+def next_windows(
+    *,
+    last_high: WatermarkValue | None,
+    first: bool,
+    start: WatermarkValue | None,
+    high_water_mark: WatermarkValue | None,
+    cut_points: Callable[[WatermarkValue | None, WatermarkValue], list[WatermarkValue]]
+    | None = None,
+) -> list[Window]:
+    """The windows to plan now (empty when the source has not moved past the last window)."""
+    if high_water_mark is None:
+        return []
+    low = start if first else last_high
+    if isinstance(high_water_mark, datetime) and isinstance(low, datetime):
+        # A `timestamptz` source reports an aware high-water mark; a ledger key written before
+        # keys carried their zone (or a naive `Delta.start`) is naive: both are UTC.
+        low = Window(low=None, high=low).aligned(aware=high_water_mark.tzinfo is not None).high
+    if low is not None and not high_water_mark > low:  # type: ignore[operator]
+        return []
+    cuts = cut_points(low, high_water_mark) if cut_points is not None else []
+    bounds = [c for c in cuts if (low is None or c > low) and c < high_water_mark]  # type: ignore[operator]
+    bounds = [*sorted(set(bounds))[: MAX_WINDOWS_PER_PLAN - 1], high_water_mark]
+    out = []
+    for high in bounds:
+        out.append(Window(low=low, high=high))
+        low = high
+    return out
+
+
+def cut_points_of(values: pl.Series, *, low: WatermarkValue | None, max_rows: int) -> list[Any]:
+    """Cut points for `values` (the source watermark column within the range) every `max_rows`."""
+    ordered = values.drop_nulls().sort()
+    cuts = []
+    i = max_rows - 1
+    while i < ordered.len() - 1:
+        cut = ordered[i]
+        cuts.append(cut)
+        # skip past every row with this same watermark value
+        i = int(ordered.search_sorted(cut, side="right")) - 1 + max_rows
+    return cuts
+
+
+@dataclass(frozen=True)
+class WindowOutcome:
+    """What happened to one window."""
+
+    window: Window
+    action: str  # applied | staged (on the run's audit branch) | skipped | repaired
+    row: WindowRow
+    result: PublishResult | None = None
+
+    @property
+    def message(self) -> str:
+        if self.action == "skipped":
+            where = self.row.iceberg_snapshot_id or self.row.pg_deploy_id
+            return (
+                f"window {self.window} already applied (snapshot/deploy {where}); nothing written"
+            )
+        if self.action == "repaired":
+            return f"window {self.window}: previous attempt had committed; ledger repaired, nothing written"
+        if self.action == "staged":
+            return f"window {self.window} staged on the audit branch (applied when published)"
+        return f"window {self.window} applied"
+
+
+def _committed(
+    publisher: Publisher, spec: DatasetSpec, mode: ResolvedMode, row: WindowRow
+) -> tuple[int | None, int | None] | None:
+    """Where a crashed attempt's write landed, per arm (None when it did not commit anywhere):
+    each arm's `find_marker` looks for the attempt's exact marker (an Iceberg snapshot summary
+    property; the legacy arm's deploy record, written in the transaction of its rows)."""
+    found = {arm: publisher.store(arm).find_marker(spec, row.marker) for arm in mode.arms}
+    ice, pg = found.get("iceberg"), found.get("pg")
+    if ice is None and pg is None:
+        return None
+    return ice, pg
+
+
+def apply_window(
+    *,
+    publisher: Publisher,
+    ledger: WindowLedger,
+    spec: DatasetSpec,
+    window: Window,
+    compute: Callable[[], Any],
+    mode: ResolvedMode,
+    run_id: str | None,
+    restate: bool = False,
+    write_window: Window | None = None,
+    on_written: Callable[[], None] | None = None,
+    audit: bool = False,
+) -> WindowOutcome:
+    """Apply one window exactly once (see the module docstring). With `audit` the write is
+    staged on the run's audit branch: the window is `staged`, applied when the audit publishes.
+
+    The compute runs before the apply lock is taken, and so do the input checks and, where the
+    strategy writes the frame as it is, the Iceberg data files (`Publisher.prepare`); under the
+    lock remain the ledger decision, the probe, key reads and merges, the commit and the ledger
+    update. Skipped windows delete their pre-written files. A compute (or input check) that fails
+    is recorded as a failed attempt so the sensor re-requests the window.
+    """
+    key = window.to_key()
+    target = write_window or window
+    write_spec = replace(spec, strategy="replace") if restate else spec
+    peek = ledger.get(spec.name, key)
+    frame: Any = None
+    prepared: Prepared | None = None
+    if peek is None or peek.state != "applied" or restate:
+        try:
+            frame = compute()
+            if isinstance(frame, pl.LazyFrame):
+                frame = frame.collect()
+            prepared = publisher.prepare(write_spec, frame, mode=mode, window=target)
+        except BaseException as exc:
+            with ledger.apply_lock(spec.name):
+                ticket = ledger.begin(spec.name, key, run_id=run_id, restate=restate)
+                if ticket.action == "apply":
+                    ledger.mark_failed(ticket.row, error=f"{type(exc).__name__}: {exc}")
+            raise
+    try:
+        return _apply_locked(
+            publisher=publisher,
+            ledger=ledger,
+            spec=spec,
+            write_spec=write_spec,
+            window=window,
+            target=target,
+            compute=compute,
+            frame=frame,
+            prepared=prepared,
+            mode=mode,
+            run_id=run_id,
+            restate=restate,
+            on_written=on_written,
+            audit=audit,
+        )
+    finally:
+        if prepared is not None:
+            prepared.discard()  # no-op when its files went into a commit
+
+
+def _apply_locked(
+    *,
+    publisher: Publisher,
+    ledger: WindowLedger,
+    spec: DatasetSpec,
+    write_spec: DatasetSpec,
+    window: Window,
+    target: Window,
+    compute: Callable[[], Any],
+    frame: Any,
+    prepared: Prepared | None,
+    mode: ResolvedMode,
+    run_id: str | None,
+    restate: bool,
+    on_written: Callable[[], None] | None,
+    audit: bool = False,
+) -> WindowOutcome:
+    key = window.to_key()
+    with ledger.apply_lock(spec.name):
+        ticket = ledger.begin(spec.name, key, run_id=run_id, restate=restate)
+        row = ticket.row
+        if ticket.action == "skip":
+            return WindowOutcome(window, "skipped", row)
+        if ticket.action == "repair":
+            committed = _committed(publisher, spec, mode, row)
+            if committed is not None:
+                ledger.mark_applied(
+                    row, iceberg_snapshot_id=committed[0], pg_deploy_id=committed[1]
+                )
+                return WindowOutcome(window, "repaired", row)
+            row = ledger.retry_after_lost_attempt(row, run_id=run_id)
+        try:
+            if frame is None:  # the ledger changed under us (e.g. a restatement elsewhere)
+                frame = compute()
+                if isinstance(frame, pl.LazyFrame):
+                    frame = frame.collect()
+            result = publisher.publish(
+                write_spec,
+                frame,
+                mode=mode,
+                window=target,
+                run_id=run_id,
+                summary={ATTEMPT_MARKER: row.marker},
+                prepared=prepared,
+                audit=audit,
+            )
+        except BaseException as exc:
+            committed = _committed(publisher, spec, mode, row)
+            if committed is not None:
+                ledger.mark_applied(
+                    row, iceberg_snapshot_id=committed[0], pg_deploy_id=committed[1]
+                )
+            else:
+                ledger.mark_failed(row, error=f"{type(exc).__name__}: {exc}")
+            raise
+        if on_written is not None:
+            on_written()  # fault-injection hook (tests): between the commit and the ledger update
+        ice = result.results.get("iceberg")
+        if result.staged:
+            ledger.mark_staged(row, iceberg_snapshot_id=ice.snapshot_id if ice else None)
+            return WindowOutcome(window, "staged", row, result)
+        pg = result.results.get("pg")
+        primary = result.primary
+        ledger.mark_applied(
+            row,
+            iceberg_snapshot_id=ice.snapshot_id if ice else None,
+            pg_deploy_id=pg.snapshot_id if pg else None,
+            rows_read=primary.rows_in,
+            rows_written=primary.rows_inserted + primary.rows_updated,
+        )
+        return WindowOutcome(window, "applied", row, result)

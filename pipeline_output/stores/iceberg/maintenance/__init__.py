@@ -1,0 +1,1 @@
+"""Maintenance of a native table: compaction, snapshot expiry, orphan removal and health."""

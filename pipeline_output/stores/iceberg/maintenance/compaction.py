@@ -1,0 +1,391 @@
+"""`compact`: small files (and files with delete files) rewritten into files near the target size,
+in one `replace` commit, safe beside concurrent writers.
+
+Owns the order of a compaction:
+
+1. plan on the current snapshot (`compaction_plan.plan_bins`), without the table lock;
+2. read each bin's files — with their positional deletes applied — sort the rows by the table's
+   sort order (the primary key by default) and write each bin as one data file, still without the
+   lock (writers keep writing meanwhile), registered as a write in flight (`inflight.py`: no
+   orphan removal deletes the bins before the commit);
+3. under the per-table writer lock: reload the table and check that every input data file is
+   still live, with exactly the delete files it was read with, and that the schema and partition
+   spec the files were written against are unchanged; then commit one `replace` snapshot that
+   removes the inputs and the delete files applying only to them and adds the new files. Files
+   other writers committed after the plan are not touched.
+
+If a concurrent writer removed or changed an input (or the commit lost a race), the written files
+are deleted and the compaction starts over from a fresh plan, at most `max_attempts` times; then
+it raises `MaintenanceConflict`. Nothing is ever committed from a stale plan, so no writer's row is
+lost or duplicated. The rows are the same multiset before and after (deletes applied).
+
+A table with an audit staged on a branch that can still publish (write-audit-publish
+fast-forwards main to it, so main must not move meanwhile) is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+from pyiceberg.exceptions import CommitFailedException, ValidationException
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.io.pyarrow import ArrowScan, _read_deletes
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import FileScanTask, Table
+
+from pipeline_output import __version__
+from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.errors import (
+    DatasetNotWritten,
+    FilesRemoved,
+    InvalidArgument,
+    MaintenanceConflict,
+)
+from pipeline_output.stores.iceberg.maintenance.compaction_plan import (
+    DEFAULT_MIN_INPUT_FILES,
+    Bin,
+    CompactionPlan,
+    plan_bins,
+    sort_keys,
+)
+from pipeline_output.stores.iceberg.snapshot.commit import _delete_quietly, _fault_injection
+from pipeline_output.stores.iceberg.snapshot.data_files import DEFAULT_TARGET_BYTES, DataFileWriter
+from pipeline_output.stores.iceberg.snapshot.inflight import verify_written, writing
+from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction, read_index
+from pipeline_output.stores.iceberg.snapshot.replace_files import ReplaceFiles
+from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.table.refs import AUDIT_PREFIX, ancestor_ids, head
+from pipeline_output.stores.iceberg.write.frame_rows import _align
+
+if TYPE_CHECKING:
+    from pipeline_output.stores.iceberg.store import IcebergStore
+
+LAST_COMPACTION = f"{PROPERTY_PREFIX}last-compaction"  # table property: when, and what it did
+DEFAULT_MAX_ATTEMPTS = 3
+Progress = Callable[[int, int], None]  # (bins done, bins planned)
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    """What a compaction did (or, with `dry_run`, would do)."""
+
+    dataset: str
+    table: str
+    dry_run: bool
+    files_before: int  # live data files of the snapshot it was planned on
+    bins: int
+    files_rewritten: int
+    delete_files_removed: int
+    files_added: int
+    rows: int
+    bytes_rewritten: int
+    bytes_added: int
+    snapshot_id: int | None
+    attempts: int
+    duration_s: float
+    skipped: str | None = None  # why nothing was planned, when it is not "nothing to rewrite"
+
+    @property
+    def noop(self) -> bool:
+        return self.bins == 0
+
+    def describe(self) -> str:
+        """One line for logs and the CLI."""
+        if self.skipped:
+            return f"compact: skipped ({self.skipped})"
+        if self.noop:
+            return "compact: nothing to rewrite"
+        verb = "would rewrite" if self.dry_run else "rewrote"
+        deletes = (
+            f" and {self.delete_files_removed} delete file(s)" if self.delete_files_removed else ""
+        )
+        into = f"{self.bins} bin(s)" if self.dry_run else f"{self.files_added} file(s)"
+        return f"compact: {verb} {self.files_rewritten} data file(s){deletes} into {into}"
+
+
+def compact(
+    store: IcebergStore,
+    spec: DatasetSpec,
+    *,
+    target_file_size: int | None = None,
+    min_input_files: int = DEFAULT_MIN_INPUT_FILES,
+    where: str | BooleanExpression | None = None,
+    dry_run: bool = False,
+    run_id: str | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    progress: Progress | None = None,
+) -> CompactionResult:
+    """Bin-pack the table's small files (and files with delete files) into files near
+    `target_file_size` bytes (default: the table's `write.target-file-size-bytes`), partition by
+    partition, sorted by the table's sort order; one `replace` commit (module docstring).
+
+    `min_input_files`: a partition with fewer small files (and no deletes, and less than a target
+    size of them) is left alone. `where`: only files that may hold rows matching this filter (a
+    pyiceberg expression or its string form) are rewritten. `dry_run`: plan only.
+    """
+    if min_input_files < 1 or max_attempts < 1:
+        raise InvalidArgument("compact: min_input_files and max_attempts must be at least 1")
+    if target_file_size is not None and target_file_size < 1:
+        raise InvalidArgument("compact: target_file_size must be a positive number of bytes")
+    started = time.perf_counter()
+    for attempt in range(1, max_attempts + 1):
+        table = store.load(spec)
+        if table is None:
+            raise DatasetNotWritten(f"dataset {spec.name!r} has no Iceberg table to compact")
+        audit = publishable_audit(table)
+        if audit is not None:  # committing on main now would make that audit's publish fail
+            empty = CompactionPlan(snapshot_id=None, target_bytes=0, data_files=0)
+            skipped = f"an audit is staged on branch {audit}; compact after it is published"
+            return _result(
+                store, spec, empty, dry_run, [], 0, None, attempt, started, skipped=skipped
+            )
+        plan = _plan(table, spec, target_file_size, min_input_files, where)
+        if dry_run or not plan.bins:
+            return _result(store, spec, plan, dry_run, [], 0, None, attempt, started)
+        try:
+            return _rewrite(store, spec, table, plan, run_id, attempt, started, progress)
+        except MaintenanceConflict:
+            if attempt == max_attempts:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _plan(
+    table: Table,
+    spec: DatasetSpec,
+    target: int | None,
+    min_input_files: int,
+    where: str | BooleanExpression | None,
+) -> CompactionPlan:
+    index = read_index(table)
+    tasks = live = index.tasks()
+    if where is not None and index.snapshot_id is not None:
+        scan = table.scan(row_filter=where, snapshot_id=index.snapshot_id)
+        wanted = {t.file.file_path for t in scan.plan_files()}
+        tasks = [t for t in tasks if t.file.file_path in wanted]
+    props = table.metadata.properties
+    target_bytes = target or int(props.get("write.target-file-size-bytes", DEFAULT_TARGET_BYTES))
+    return plan_bins(
+        tasks,
+        live=live,
+        schema=table.schema(),
+        sort_columns=tuple(name for name, _, _ in sort_keys(table.metadata, spec)),
+        target_bytes=target_bytes,
+        min_input_files=min_input_files,
+        snapshot_id=index.snapshot_id,
+    )
+
+
+def _rewrite(
+    store: IcebergStore,
+    spec: DatasetSpec,
+    table: Table,
+    plan: CompactionPlan,
+    run_id: str | None,
+    attempt: int,
+    started: float,
+    progress: Progress | None,
+) -> CompactionResult:
+    writer = DataFileWriter(
+        table.metadata, table.io, write_id=uuid.uuid4(), target_bytes=2**62
+    )  # one output file per bin (and partition of the current spec)
+    # a write in flight from its first file until its commit (`inflight.py`)
+    with writing(store, store.table_name(spec)) as held:
+        added: list[DataFile] = []
+        handed = False
+        try:
+            rows = 0
+            for done, bin_ in enumerate(plan.bins, start=1):
+                frame = _read_bin(table, bin_, spec)
+                rows += frame.height
+                added.extend(writer.write(frame))
+                if progress is not None:
+                    progress(done, len(plan.bins))
+            removable = _removable_deletes(table, plan)
+            with store._hold(spec, on=held) as stats:
+                current = store.load(spec)
+                if current is None:
+                    raise MaintenanceConflict(f"dataset {spec.name!r}: the table was dropped")
+                index = read_index(current)
+                _check_unchanged(spec, table, current, plan, index.tasks())
+                audit = publishable_audit(current)
+                if audit is not None:
+                    raise MaintenanceConflict(
+                        f"dataset {spec.name!r}: an audit was staged on branch {audit} meanwhile"
+                    )
+                tx = FlatTransaction(current)
+                when = datetime.now(UTC).isoformat(timespec="seconds")
+                tx.set_properties(
+                    {
+                        LAST_COMPACTION: f"{when} rewrote {len(plan.input_files)} file(s) into "
+                        f"{len(added)}"
+                    }
+                )
+                producer = ReplaceFiles(tx, index=index, snapshot_properties=_props(spec, run_id))
+                for data_file in added:
+                    producer.append_data_file(data_file)
+                for data_file in [*plan.input_files, *removable]:
+                    producer.delete_data_file(data_file)
+                try:
+                    tx._apply(*producer._commit())
+                    _fault_injection("in_commit")
+                    stats.verify()
+                    verify_written(table.io, producer, writer.written, dataset=spec.name)
+                    handed = True  # from here a failure may leave the commit's outcome unknown
+                    new_table = tx.commit_transaction()
+                except (CommitFailedException, ValidationException, FilesRemoved) as exc:
+                    handed = False  # certain: the catalog did not swap
+                    with suppress(Exception):
+                        producer._clean_all_uncommitted()
+                    raise MaintenanceConflict(
+                        f"dataset {spec.name!r}: the compaction's commit lost a race ({exc})"
+                    ) from exc
+        finally:
+            if not handed:  # never delete files a commit of unknown outcome may reference
+                for path in writer.written:
+                    _delete_quietly(table.io, path)
+    snap = new_table.current_snapshot()
+    return _result(
+        store,
+        spec,
+        plan,
+        False,
+        added,
+        len(removable),
+        snap.snapshot_id if snap else None,
+        attempt,
+        started,
+        rows=rows,
+    )
+
+
+def publishable_audit(table: Table) -> str | None:
+    """An audit branch that can still publish — its history contains main's current snapshot,
+    and publishing fast-forwards main there (`audit.publish_audit`) — if there is one."""
+    main = head(table)
+    if main is None:
+        return None
+    for name, ref in sorted(table.metadata.refs.items()):
+        if name.startswith(AUDIT_PREFIX) and main in ancestor_ids(table, ref.snapshot_id):
+            return name
+    return None
+
+
+def _read_bin(table: Table, bin_: Bin, spec: DatasetSpec) -> pl.DataFrame:
+    """The bin's rows, deletes applied, aligned to the table schema and sorted.
+
+    pyiceberg's `ArrowScan` reads the files in parallel, applies their positional deletes and
+    projects each file (whatever schema it was written with) onto the table's schema."""
+    schema = table.schema()
+    try:
+        arrow = ArrowScan(table.metadata, table.io, schema, AlwaysTrue()).to_table(bin_.tasks)
+    except OSError as exc:  # an input removed by a concurrent expiry
+        raise MaintenanceConflict(
+            f"dataset {spec.name!r}: an input file of the compaction vanished: {exc}"
+        ) from exc
+    frame = pl.from_arrow(arrow)
+    assert isinstance(frame, pl.DataFrame)
+    rows = _align(frame, schema)
+    keys = sort_keys(table.metadata, spec)
+    if keys and rows.height > 1:
+        rows = rows.sort(
+            [k for k, _, _ in keys],
+            descending=[d for _, d, _ in keys],
+            nulls_last=[n for _, _, n in keys],
+            maintain_order=True,
+        )
+    return rows
+
+
+def _removable_deletes(table: Table, plan: CompactionPlan) -> list[DataFile]:
+    """Delete files that apply to no live data file other than the rewritten ones."""
+    inputs = {f.file_path for f in plan.input_files}
+    others = plan.live_paths - inputs
+    out = []
+    for delete_file in plan.delete_files:
+        referenced = getattr(delete_file, "referenced_data_file", None)
+        paths = {referenced} if referenced else set(_read_deletes(table.io, delete_file))
+        if not paths & others:
+            out.append(delete_file)
+    return out
+
+
+def _check_unchanged(
+    spec: DatasetSpec, planned: Table, current: Table, plan: CompactionPlan, tasks: Any
+) -> None:
+    """Every input still live with the same delete files; same schema and partition spec."""
+    before, now = planned.metadata, current.metadata
+    if (
+        before.table_uuid != now.table_uuid
+        or before.current_schema_id != now.current_schema_id
+        or before.default_spec_id != now.default_spec_id
+    ):
+        raise MaintenanceConflict(
+            f"dataset {spec.name!r}: the table was recreated or its schema or partitioning "
+            "changed while compacting"
+        )
+    live: dict[str, FileScanTask] = {t.file.file_path: t for t in tasks}
+    for bin_ in plan.bins:
+        for task in bin_.tasks:
+            found = live.get(task.file.file_path)
+            if found is None:
+                raise MaintenanceConflict(
+                    f"dataset {spec.name!r}: a concurrent write removed {task.file.file_path}, "
+                    "which the compaction rewrote"
+                )
+            if {d.file_path for d in found.delete_files} != {
+                d.file_path for d in task.delete_files
+            }:
+                raise MaintenanceConflict(
+                    f"dataset {spec.name!r}: a concurrent write deleted rows of "
+                    f"{task.file.file_path}, which the compaction rewrote"
+                )
+
+
+def _props(spec: DatasetSpec, run_id: str | None) -> dict[str, str]:
+    return {
+        f"{PROPERTY_PREFIX}dataset": spec.name,
+        f"{PROPERTY_PREFIX}maintenance": "compact",
+        f"{PROPERTY_PREFIX}run-id": run_id or "",
+        f"{PROPERTY_PREFIX}version": __version__,
+    }
+
+
+def _result(
+    store: IcebergStore,
+    spec: DatasetSpec,
+    plan: CompactionPlan,
+    dry_run: bool,
+    added: list[DataFile],
+    deletes_removed: int,
+    snapshot_id: int | None,
+    attempts: int,
+    started: float,
+    *,
+    rows: int | None = None,
+    skipped: str | None = None,
+) -> CompactionResult:
+    return CompactionResult(
+        dataset=spec.name,
+        table=store.table_name(spec),
+        dry_run=dry_run,
+        files_before=plan.data_files,
+        bins=len(plan.bins),
+        files_rewritten=len(plan.input_files),
+        delete_files_removed=deletes_removed if not dry_run else len(plan.delete_files),
+        files_added=len(added),
+        rows=rows if rows is not None else sum(b.records for b in plan.bins),
+        bytes_rewritten=plan.input_bytes,
+        bytes_added=sum(f.file_size_in_bytes for f in added),
+        snapshot_id=snapshot_id,
+        attempts=attempts,
+        duration_s=time.perf_counter() - started,
+        skipped=skipped,
+    )

@@ -1,0 +1,175 @@
+"""Which files a compaction rewrites, and into which output files: the bin-packing plan.
+
+Owns the rule (Spark's `rewrite_data_files` bin-pack, simplified), decided on one snapshot's
+`ManifestIndex` without reading any data:
+
+- files are grouped by partition (partition spec and partition value): a bin never mixes
+  partitions;
+- a file is a candidate when it is *small* (below `SMALL_FRACTION` of the target file size) or has
+  positional delete files (whatever its size: rewriting it folds the deletes in);
+- a partition is rewritten when it has at least `min_input_files` candidates, or its candidates
+  add up to more than the target size, or one of them has delete files;
+- its candidates, ordered by the lower bound of the first sort column (adjacent key ranges end up
+  in the same output file), are packed greedily into bins of at most the target size; each bin
+  becomes one output file (sorted by the table's sort order, `sort_keys`). A bin of one file
+  without deletes would only copy it, and is dropped.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyiceberg.conversions import from_bytes
+from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
+from pyiceberg.table import FileScanTask
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.sorting import NullOrder, SortDirection
+from pyiceberg.typedef import Record
+from pyiceberg.types import PrimitiveType
+
+from pipeline_output.contract.spec import DatasetSpec
+
+DEFAULT_MIN_INPUT_FILES = 5
+SMALL_FRACTION = 0.75  # Spark's default min-file-size-bytes: 75 % of the target
+
+
+@dataclass(frozen=True)
+class Bin:
+    """Input files (with their delete files) that become one output file."""
+
+    spec_id: int
+    partition: Record | None
+    tasks: tuple[FileScanTask, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.file.file_size_in_bytes for t in self.tasks)
+
+    @property
+    def records(self) -> int:
+        """Rows stored in the input files (before their deletes are applied)."""
+        return sum(t.file.record_count for t in self.tasks)
+
+    @property
+    def delete_files(self) -> list[DataFile]:
+        seen: dict[str, DataFile] = {}
+        for task in self.tasks:
+            for d in task.delete_files:
+                seen.setdefault(d.file_path, d)
+        return list(seen.values())
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    """The bins of one snapshot (empty: nothing worth rewriting)."""
+
+    snapshot_id: int | None
+    target_bytes: int
+    bins: list[Bin] = field(default_factory=list)
+    data_files: int = 0  # live data files of the snapshot
+    live_paths: frozenset[str] = frozenset()  # their paths
+
+    @property
+    def input_files(self) -> list[DataFile]:
+        return [t.file for b in self.bins for t in b.tasks]
+
+    @property
+    def delete_files(self) -> list[DataFile]:
+        """Every delete file applying to an input (removable only if it applies to no other)."""
+        seen: dict[str, DataFile] = {}
+        for b in self.bins:
+            for d in b.delete_files:
+                seen.setdefault(d.file_path, d)
+        return list(seen.values())
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(b.bytes for b in self.bins)
+
+
+def plan_bins(
+    tasks: list[FileScanTask],
+    *,
+    live: list[FileScanTask],
+    schema: Schema,
+    sort_columns: tuple[str, ...],
+    target_bytes: int,
+    min_input_files: int,
+    snapshot_id: int | None,
+) -> CompactionPlan:
+    """Bin-pack `tasks` (a scan task per data file that may be rewritten; `live`: one per live
+    data file of the snapshot) as the module docstring says."""
+    small = int(target_bytes * SMALL_FRACTION)
+    groups: dict[tuple[int, Any], list[FileScanTask]] = defaultdict(list)
+    for task in tasks:
+        if task.delete_files or task.file.file_size_in_bytes < small:
+            groups[(task.file.spec_id, task.file.partition)].append(task)
+    order = _lower_bound_of(schema, sort_columns)
+    bins: list[Bin] = []
+    for (spec_id, partition), candidates in groups.items():
+        with_deletes = any(t.delete_files for t in candidates)
+        total = sum(t.file.file_size_in_bytes for t in candidates)
+        if len(candidates) < min_input_files and total <= target_bytes and not with_deletes:
+            continue
+        candidates.sort(key=lambda t: (order(t.file), t.file.file_path))
+        current: list[FileScanTask] = []
+        size = 0
+        for task in candidates:
+            if current and size + task.file.file_size_in_bytes > target_bytes:
+                bins.append(Bin(spec_id, partition, tuple(current)))
+                current, size = [], 0
+            current.append(task)
+            size += task.file.file_size_in_bytes
+        if current:
+            bins.append(Bin(spec_id, partition, tuple(current)))
+    bins = [b for b in bins if len(b.tasks) > 1 or b.tasks[0].delete_files]
+    return CompactionPlan(
+        snapshot_id=snapshot_id,
+        target_bytes=target_bytes,
+        bins=bins,
+        data_files=len(live),
+        live_paths=frozenset(t.file.file_path for t in live),
+    )
+
+
+def sort_keys(metadata: TableMetadata, spec: DatasetSpec) -> list[tuple[str, bool, bool]]:
+    """(column, descending, nulls last) of the table's sort order, else the spec's sort columns."""
+    schema = metadata.schema()
+    names = {f.name for f in schema.fields}
+    keys = []
+    for sf in metadata.sort_order().fields:
+        if str(sf.transform) != "identity":
+            continue
+        name = schema.find_field(sf.source_id).name
+        keys.append(
+            (name, sf.direction == SortDirection.DESC, sf.null_order == NullOrder.NULLS_LAST)
+        )
+    if keys:
+        return keys
+    return [(c, False, False) for c in spec.sort_columns if c in names]
+
+
+def _lower_bound_of(schema: Schema, sort_columns: tuple[str, ...]) -> Any:
+    """A sort key per data file: (no bound?, lower bound of the first sort column)."""
+    field_ = next((schema.find_field(c) for c in sort_columns[:1] if c in _names(schema)), None)
+    if field_ is None or not isinstance(field_.field_type, PrimitiveType):
+        return lambda _file: (True, 0)
+    field_id, field_type = field_.field_id, field_.field_type
+
+    def key(data_file: DataFile) -> tuple[bool, Any]:
+        raw = (data_file.lower_bounds or {}).get(field_id)
+        if raw is None:
+            return (True, 0)
+        try:
+            return (False, from_bytes(field_type, raw))
+        except (ValueError, TypeError):  # a bound we cannot decode orders last
+            return (True, 0)
+
+    return key
+
+
+def _names(schema: Schema) -> set[str]:
+    return {f.name for f in schema.fields}

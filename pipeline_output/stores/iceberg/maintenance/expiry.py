@@ -1,0 +1,271 @@
+"""`expire_snapshots`: old snapshots removed from the table's metadata, and the files only they
+referenced deleted (pyiceberg's own `expire_snapshots` deletes no file).
+
+Owns which snapshots go and the cleanup after:
+
+- kept: the `retain_last` newest snapshots, every snapshot younger than `older_than`, the head
+  of every branch and tag, the history of every other branch back to where it left main's (an
+  audit's publish checks that main is an ancestor of its branch head), and every snapshot whose
+  window-attempt marker (`pipeline-output.window-attempt`) belongs to a window the window ledger
+  does not record as applied — exactly-once repair (`delta.apply_window`) looks for that marker
+  to complete a window whose commit landed but whose ledger update did not; without a ledger,
+  every snapshot carrying a marker. Repair looks along main's history from its head
+  (`find_marker`), so main's history down to the oldest such snapshot is kept too (expiring one
+  in between would cut it). The decision is taken under the dataset's window apply lock and the
+  table's writer lock, so no window is being applied meanwhile;
+- the removal is one metadata commit (no new snapshot), fenced to the current snapshot; it also
+  records `pipeline-output.last-expiry` (a table property: durable, unlike snapshot summaries),
+  `pipeline-output.time-travel-from` when it removes entries of main's snapshot log (time
+  lookups before it are refused from then on: `snapshot_log`), and adds the bounded
+  `metadata.json` history defaults, so old metadata files go on commit;
+- after the commit (without locks) the manifest lists, manifests, data and delete files that the
+  expired snapshots referenced and no remaining snapshot references are deleted. A file a writer
+  is still writing was never referenced by a snapshot, so it is never among them; what a crash
+  leaves behind here is an orphan for `remove_orphans`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotsUpdate
+
+from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.store_protocol import ATTEMPT_MARKER
+from pipeline_output.errors import DatasetNotWritten, InvalidArgument
+from pipeline_output.infra.locks import AdvisoryLock, LockStats
+from pipeline_output.ledger.window_ledger import WindowLedger
+from pipeline_output.stores.iceberg.maintenance.orphans import ManifestReader, delete_paths
+from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction, upgrade_properties
+from pipeline_output.stores.iceberg.table.properties import _DEFAULT_LOCK, PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.table.snapshot_log import TRAVEL_FROM, expiry_boundary, stamp
+
+if TYPE_CHECKING:
+    from pipeline_output.stores.iceberg.store import IcebergStore
+
+DEFAULT_OLDER_THAN = timedelta(days=5)
+DEFAULT_RETAIN_LAST = 1
+LAST_EXPIRY = f"{PROPERTY_PREFIX}last-expiry"  # table property: when, and what it did
+_MARKER = f"{PROPERTY_PREFIX}{ATTEMPT_MARKER}"
+
+
+@dataclass(frozen=True)
+class ExpiryPlan:
+    """Snapshots to expire, and those kept only because a window repair may need them."""
+
+    expire: list[int] = field(default_factory=list)
+    kept_for_repair: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ExpiryResult:
+    """What an expiry did (or, with `dry_run`, would do)."""
+
+    dataset: str
+    table: str
+    dry_run: bool
+    snapshots_before: int
+    snapshots_expired: int
+    kept_for_repair: int
+    files_deleted: int  # manifest lists, manifests, data and delete files
+    duration_s: float
+
+    def describe(self) -> str:
+        """One line for logs and the CLI."""
+        verb = "would expire" if self.dry_run else "expired"
+        files = "would delete" if self.dry_run else "deleted"
+        kept = f", kept {self.kept_for_repair} for window repair" if self.kept_for_repair else ""
+        return (
+            f"expire: {verb} {self.snapshots_expired} of {self.snapshots_before} snapshot(s)"
+            f"{kept}; {files} {self.files_deleted} file(s)"
+        )
+
+
+def plan_expiry(
+    metadata: TableMetadata,
+    *,
+    older_than_ms: int,
+    retain_last: int,
+    unapplied_windows: set[int] | None,
+) -> ExpiryPlan:
+    """The expiry decision (module docstring); `unapplied_windows` None: no ledger to ask."""
+    snapshots = sorted(metadata.snapshots, key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
+    main = _ancestry(metadata, _head(metadata, MAIN_BRANCH))  # newest first
+    keep = {ref.snapshot_id for ref in metadata.refs.values()}
+    keep |= _branch_histories(metadata, set(main))
+    keep.update(s.snapshot_id for s in snapshots[-retain_last:])
+    keep.update(s.snapshot_id for s in snapshots if s.timestamp_ms >= older_than_ms)
+    repair = {
+        s.snapshot_id
+        for s in snapshots
+        if s.snapshot_id not in keep and _needed_for_repair(s, unapplied_windows)
+    }
+    # repair looks for a marker along main's history from its head (`find_marker`): keep that
+    # history unbroken down to the oldest snapshot a repair may look for
+    deepest = max((i for i, sid in enumerate(main) if sid in repair), default=-1)
+    repair |= {sid for sid in main[: deepest + 1] if sid not in keep}
+    return ExpiryPlan(
+        expire=[s.snapshot_id for s in snapshots if s.snapshot_id not in keep | repair],
+        kept_for_repair=[s.snapshot_id for s in snapshots if s.snapshot_id in repair],
+    )
+
+
+def _head(metadata: TableMetadata, ref: str) -> int | None:
+    found = metadata.refs.get(ref)
+    return found.snapshot_id if found is not None else None
+
+
+def _ancestry(metadata: TableMetadata, snapshot_id: int | None) -> list[int]:
+    """`snapshot_id` and its ancestors, newest first (stops where history was expired)."""
+    by_id = {s.snapshot_id: s for s in metadata.snapshots}
+    out: list[int] = []
+    while snapshot_id is not None and snapshot_id in by_id and snapshot_id not in out:
+        out.append(snapshot_id)
+        snapshot_id = by_id[snapshot_id].parent_snapshot_id
+    return out
+
+
+def _branch_histories(metadata: TableMetadata, on_main: set[int]) -> set[int]:
+    """Snapshots of every branch other than main, from its head back to where it left main's
+    history (included): an audit branch's publish checks that main is an ancestor of its head."""
+    keep: set[int] = set()
+    for name, ref in metadata.refs.items():
+        if name == MAIN_BRANCH or ref.snapshot_ref_type != SnapshotRefType.BRANCH:
+            continue
+        for snapshot_id in _ancestry(metadata, ref.snapshot_id):
+            keep.add(snapshot_id)
+            if snapshot_id in on_main:
+                break
+    return keep
+
+
+def _needed_for_repair(snapshot: Snapshot, unapplied: set[int] | None) -> bool:
+    marker = snapshot.summary.get(_MARKER) if snapshot.summary is not None else None
+    if not marker:
+        return False
+    if unapplied is None:
+        return True
+    window_id, _, _ = str(marker).partition(":")
+    return not window_id.isdigit() or int(window_id) in unapplied
+
+
+def expire_snapshots(
+    store: IcebergStore,
+    spec: DatasetSpec,
+    *,
+    older_than: datetime | timedelta = DEFAULT_OLDER_THAN,
+    retain_last: int = DEFAULT_RETAIN_LAST,
+    ledger: WindowLedger | Any | None = _DEFAULT_LOCK,
+    dry_run: bool = False,
+) -> ExpiryResult:
+    """Expire snapshots older than `older_than` (an age, or an instant) beyond the `retain_last`
+    newest, keep what window repair needs (asking `ledger`: by default the window ledger on the
+    control plane the store's lock uses), and delete the files only the expired snapshots
+    referenced (module docstring). `dry_run`: decide and count, change nothing.
+    """
+    if ledger is _DEFAULT_LOCK:
+        ledger = _default_ledger(store)
+    if retain_last < 1:
+        raise InvalidArgument("expire_snapshots: retain_last must be at least 1")
+    started = time.perf_counter()
+    cutoff = datetime.now(UTC) - older_than if isinstance(older_than, timedelta) else older_than
+    if cutoff.tzinfo is None:
+        cutoff = cutoff.replace(tzinfo=UTC)
+    cutoff_ms = int(cutoff.timestamp() * 1000)
+    with ExitStack() as locks:
+        stats = LockStats(key=store.table_name(spec))  # a dry run takes no lock
+        if not dry_run:
+            locks.enter_context(_apply_lock(ledger, spec))
+            stats = locks.enter_context(store._hold(spec))
+        before = store.load(spec)
+        if before is None:
+            raise DatasetNotWritten(f"dataset {spec.name!r} has no Iceberg table to expire")
+        plan = plan_expiry(
+            before.metadata,
+            older_than_ms=cutoff_ms,
+            retain_last=retain_last,
+            unapplied_windows=_unapplied(ledger, spec),
+        )
+        snapshots = list(before.metadata.snapshots)  # the commit updates `before` in place
+        if plan.expire and not dry_run:
+            _commit(before, plan, stats.verify)
+    gone = set(plan.expire)
+    reader = ManifestReader(before.io)
+    doomed: set[str] = set()
+    if gone:
+        expired_files = reader.files_of(s for s in snapshots if s.snapshot_id in gone)
+        remaining = [s for s in snapshots if s.snapshot_id not in gone]
+        if not dry_run:  # the table now (commits after ours reference only live files)
+            now = store.load(spec)
+            remaining = list(now.metadata.snapshots) if now is not None else remaining
+        doomed = expired_files - reader.files_of(remaining)
+    deleted = len(doomed)
+    if doomed and not dry_run:
+        deleted = delete_paths(before.io, (reader.locations[p] for p in doomed))
+    return ExpiryResult(
+        dataset=spec.name,
+        table=store.table_name(spec),
+        dry_run=dry_run,
+        snapshots_before=len(snapshots),
+        snapshots_expired=len(plan.expire),
+        kept_for_repair=len(plan.kept_for_repair),
+        files_deleted=deleted,
+        duration_s=time.perf_counter() - started,
+    )
+
+
+def _commit(table: Table, plan: ExpiryPlan, verify: Callable[[], None]) -> Table:
+    """Remove the snapshots in one metadata commit fenced to the current snapshot."""
+    current = table.current_snapshot()
+    tx = FlatTransaction(table)
+    upgrade_properties(tx)
+    when = datetime.now(UTC).isoformat(timespec="seconds")
+    recorded = {LAST_EXPIRY: f"{when} expired {len(plan.expire)} snapshot(s)"}
+    boundary = expiry_boundary(table.metadata, set(plan.expire))
+    if boundary is not None:  # times before it lose their answer (`snapshot_log`)
+        recorded[TRAVEL_FROM] = stamp(boundary)
+    tx.set_properties(recorded)
+    tx._apply(
+        (RemoveSnapshotsUpdate(snapshot_ids=plan.expire),),  # type: ignore[call-arg]
+        (
+            AssertRefSnapshotId(  # type: ignore[call-arg]
+                snapshot_id=current.snapshot_id if current else None, ref="main"
+            ),
+        ),
+    )
+    verify()
+    return tx.commit_transaction()
+
+
+def _apply_lock(ledger: WindowLedger | None, spec: DatasetSpec) -> AbstractContextManager[Any]:
+    """The dataset's window apply lock (no window is applied while expiry decides)."""
+    return ledger.apply_lock(spec.name) if ledger is not None else nullcontext()
+
+
+def _default_ledger(store: IcebergStore) -> WindowLedger | None:
+    """The window ledger of the control plane the store's lock is on (None: no lock)."""
+    lock = store._lock
+    if lock is _DEFAULT_LOCK:
+        from pipeline_output.infra.settings import get_settings
+
+        return WindowLedger(get_settings().control_plane_url())
+    return WindowLedger(lock.url) if isinstance(lock, AdvisoryLock) else None
+
+
+def _unapplied(ledger: WindowLedger | None, spec: DatasetSpec) -> set[int] | None:
+    if ledger is None:
+        return None
+    try:
+        return ledger.unapplied_ids(spec.name)
+    except psycopg.errors.UndefinedTable:
+        return None  # a control plane without the window ledger: keep every marked snapshot

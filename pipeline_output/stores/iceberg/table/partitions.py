@@ -1,0 +1,226 @@
+"""The native arm's partitioning: a dataset's `partition_by` terms as an Iceberg partition spec,
+each row's partition values (pyiceberg's own vectorised transforms, from the `pyiceberg-core`
+extra, so bucket and truncate match every other Iceberg engine), spec evolution when the terms
+change, and the partition values a batch of keys can be in (pruning).
+
+Evolution follows Iceberg: the table's spec is updated in the write's own transaction, files
+written from then on are partitioned by the new spec, files written before keep theirs. A dataset
+that says nothing about partitioning (`partition_by=None`) keeps the table's spec, whoever made
+it; `partition_by=()` says unpartitioned.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+import pyarrow as pa
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Transaction
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    VoidTransform,
+    YearTransform,
+)
+from pyiceberg.types import IntegerType, LongType, StringType
+
+from pipeline_output.contract.partitioning import PartitionTerm
+from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.errors import InvalidSpec
+
+_FIRST_FIELD_ID = 1000  # Iceberg's partition field ids start here
+_PRUNABLE = (IdentityTransform, BucketTransform, TruncateTransform)
+
+
+def transform_of(term: PartitionTerm) -> Transform:  # type: ignore[type-arg]
+    """The pyiceberg transform of a term."""
+    if term.transform == "bucket":
+        assert term.size is not None
+        return BucketTransform(term.size)
+    if term.transform == "truncate":
+        assert term.size is not None
+        return TruncateTransform(term.size)
+    unary: dict[str, Transform] = {  # type: ignore[type-arg]
+        "identity": IdentityTransform(),
+        "year": YearTransform(),
+        "month": MonthTransform(),
+        "day": DayTransform(),
+        "hour": HourTransform(),
+    }
+    return unary[term.transform]
+
+
+def _fields(spec: DatasetSpec, schema: Schema) -> list[tuple[int, Transform, str]]:  # type: ignore[type-arg]
+    """(source field id, transform, name) per term, refused where Iceberg cannot apply it."""
+    out = []
+    for term in spec.partition_terms:
+        field = next((f for f in schema.fields if f.name == term.column), None)
+        if field is None:
+            raise InvalidSpec(
+                f"dataset {spec.name!r}: partition_by {str(term)!r} names column "
+                f"{term.column!r}, which the computed data does not have"
+            )
+        transform = transform_of(term)
+        if not transform.can_transform(field.field_type):
+            raise InvalidSpec(
+                f"dataset {spec.name!r}: partition_by {str(term)!r} cannot apply "
+                f"{term.transform} to column {term.column!r} of type {field.field_type}"
+            )
+        out.append((field.field_id, transform, term.field_name))
+    return out
+
+
+def partition_spec(spec: DatasetSpec, schema: Schema) -> PartitionSpec:
+    """The create-time partition spec of `spec` over `schema` (unpartitioned without terms)."""
+    fields = _fields(spec, schema)
+    if not fields:
+        return UNPARTITIONED_PARTITION_SPEC
+    return PartitionSpec(
+        *(
+            PartitionField(source_id=sid, field_id=_FIRST_FIELD_ID + i, transform=t, name=name)
+            for i, (sid, t, name) in enumerate(fields)
+        )
+    )
+
+
+def _live(pspec: PartitionSpec) -> list[PartitionField]:
+    """The fields of `pspec` that partition (a v1 table keeps removed fields as `void`)."""
+    return [f for f in pspec.fields if not isinstance(f.transform, VoidTransform)]
+
+
+def _current(metadata: TableMetadata) -> list[tuple[int, str]]:
+    return [(f.source_id, str(f.transform)) for f in _live(metadata.spec())]
+
+
+def needs_evolution(spec: DatasetSpec, metadata: TableMetadata) -> bool:
+    """Whether the table's current spec differs from what `spec` declares (a spec that says
+    nothing about partitioning, `partition_by=None`, keeps the table's spec as it is)."""
+    if spec.partition_by is None:
+        return False
+    wanted = [(sid, str(t)) for sid, t, _ in _fields(spec, metadata.schema())]
+    return wanted != _current(metadata)
+
+
+def evolve(tx: Transaction, spec: DatasetSpec) -> bool:
+    """Make the table's current partition spec the declared one, in `tx`; True when it changed.
+
+    As Iceberg evolves a spec, in one update: the fields the declaration keeps in place stay
+    (same field id and name), the others are removed (a v1 table keeps them as `void`), and the
+    declared fields from the first difference on are added. An added field whose usual name
+    (`id_bucket`) named another field of the table, in any spec, gets a fresh one (`id_bucket_8`):
+    a partition field name always means one transform of one column."""
+    metadata = tx.table_metadata
+    if not needs_evolution(spec, metadata):
+        return False
+    schema = metadata.schema()
+    wanted = _fields(spec, schema)
+    current = _live(metadata.spec())
+    keep = 0
+    while (
+        keep < min(len(current), len(wanted))
+        and current[keep].source_id == wanted[keep][0]
+        and str(current[keep].transform) == str(wanted[keep][1])
+    ):
+        keep += 1
+    removed = current[keep:]
+    gone = {f.field_id for f in removed} if metadata.format_version >= 2 else set()
+    taken = {f.name for f in metadata.spec().fields if f.field_id not in gone}
+    with tx.update_spec() as update:
+        for old in removed:
+            update.remove_field(old.name)
+        for sid, transform, usual in wanted[keep:]:
+            name = _field_name(metadata, sid, transform, usual, taken=taken)
+            taken.add(name)
+            update.add_field(schema.find_field(sid).name, transform, name)
+    return True
+
+
+def _field_name(
+    metadata: TableMetadata,
+    source_id: int,
+    transform: Transform,  # type: ignore[type-arg]
+    usual: str,
+    *,
+    taken: set[str],
+) -> str:
+    """The name of an added partition field: the one the table's history gave this transform of
+    this column (Iceberg then reuses its field id), else the usual one, else a fresh one; never a
+    name of another field of the new spec, of another transform in an earlier spec, or of a
+    column (only an identity field may carry its own column's name)."""
+    meaning: dict[str, tuple[int, str]] = {}
+    for pspec in metadata.specs().values():
+        for f in pspec.fields:
+            if not isinstance(f.transform, VoidTransform):
+                meaning.setdefault(f.name, (f.source_id, str(f.transform)))
+    this = (source_id, str(transform))
+    schema = metadata.schema()
+
+    def free(name: str) -> bool:
+        if name in taken or meaning.get(name, this) != this:
+            return False
+        column = next((f for f in schema.fields if f.name == name), None)
+        return column is None or (
+            isinstance(transform, IdentityTransform) and column.field_id == source_id
+        )
+
+    for spec_id in sorted(metadata.specs(), reverse=True):
+        for f in metadata.specs()[spec_id].fields:
+            if (f.source_id, str(f.transform)) == this and free(f.name):
+                return f.name
+    size = getattr(transform, "num_buckets", None) or getattr(transform, "width", None)
+    first = [usual, f"{usual}_{size}"] if size is not None else [usual]
+    for name in first:
+        if free(name):
+            return name
+    n = 2
+    while not free(f"{first[-1]}_{n}"):
+        n += 1
+    return f"{first[-1]}_{n}"
+
+
+def partition_columns(frame: pl.DataFrame, metadata: TableMetadata) -> list[pl.Series]:
+    """Each row's value of every field of the table's current spec (named `__po_part_<i>`)."""
+    schema = metadata.schema()
+    out = []
+    for i, field in enumerate(metadata.spec().fields):
+        source = schema.find_field(field.source_id)
+        values = frame.get_column(source.name).to_arrow()
+        transformed = field.transform.pyarrow_transform(source.field_type)(values)
+        out.append(_series(f"__po_part_{i}", transformed))
+    return out
+
+
+def _series(name: str, values: pa.Array | pa.ChunkedArray) -> pl.Series:
+    series = pl.from_arrow(values)
+    assert isinstance(series, pl.Series)
+    return series.alias(name)
+
+
+def key_partition_values(
+    spec: DatasetSpec, metadata: TableMetadata, frame: pl.DataFrame
+) -> dict[int, set[object]] | None:
+    """For the fields of the current spec whose source is a primary-key column: the partition
+    values the batch's keys fall in (field position -> values). A target row with one of the
+    batch's keys lies in a file whose partition holds these values. None: no such field."""
+    schema = metadata.schema()
+    pk = set(spec.primary_key)
+    values: dict[int, set[object]] = {}
+    for i, field in enumerate(metadata.spec().fields):
+        source = schema.find_field(field.source_id)
+        if source.name not in pk or source.name not in frame.columns:
+            continue
+        # only where the partition record holds the transform's value as polars reads it back
+        if not isinstance(field.transform, _PRUNABLE) or not isinstance(
+            source.field_type, (IntegerType, LongType, StringType)
+        ):
+            continue
+        column = frame.get_column(source.name).to_arrow()
+        transformed = field.transform.pyarrow_transform(source.field_type)(column)
+        values[i] = set(_series("v", transformed).unique().to_list())
+    return values or None

@@ -1,0 +1,223 @@
+"""Writes prepared before the lock: data files pre-written against the metadata read then
+(`_Prewritten`, `PreparedWrite`, registered as a write in flight until `discard()`:
+`inflight.py`), the snapshot summary properties, the changes a merge computes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table
+
+from pipeline_output import __version__
+from pipeline_output.contract.checked_input import check_in_window, checked_frame
+from pipeline_output.contract.plan import WritePlan, plan_write
+from pipeline_output.contract.result import RowCounts
+from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.windows import Window
+from pipeline_output.infra.locks import HeldLock
+from pipeline_output.stores.iceberg.snapshot.commit import _delete_quietly
+from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
+from pipeline_output.stores.iceberg.snapshot.inflight import writing
+from pipeline_output.stores.iceberg.table.partitions import needs_evolution
+from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.write.frame_rows import _align, _sorted, _state_of
+from pipeline_output.stores.schema import check_required, plan_evolution
+
+if TYPE_CHECKING:
+    from pipeline_output.stores.iceberg.store import IcebergStore
+
+
+def summary_properties(
+    spec: DatasetSpec, plan: WritePlan, run_id: str | None, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The namespaced properties every snapshot of ours carries."""
+    props = {
+        f"{PROPERTY_PREFIX}dataset": spec.name,
+        f"{PROPERTY_PREFIX}strategy": spec.strategy,
+        f"{PROPERTY_PREFIX}write-mode": plan.write_mode,
+        f"{PROPERTY_PREFIX}first-deploy": str(plan.first_deploy).lower(),
+        f"{PROPERTY_PREFIX}run-id": run_id or "",
+        f"{PROPERTY_PREFIX}version": __version__,
+    }
+    if plan.window is not None:
+        props[f"{PROPERTY_PREFIX}window"] = str(plan.window)
+        props[f"{PROPERTY_PREFIX}window-key"] = plan.window.to_key()
+    for key, value in (extra or {}).items():
+        props[f"{PROPERTY_PREFIX}{key}"] = value
+    return props
+
+
+def row_properties(counts: RowCounts) -> dict[str, str]:
+    """The row counters of a write, kept in its snapshot summary (`pipeline-output history`
+    shows them: Iceberg's own added/deleted records count rewritten files' rows too)."""
+    return {
+        f"{PROPERTY_PREFIX}rows-inserted": str(counts.inserted),
+        f"{PROPERTY_PREFIX}rows-updated": str(counts.updated),
+        f"{PROPERTY_PREFIX}rows-deleted": str(counts.deleted),
+    }
+
+
+@dataclass
+class _Changes(RowCounts):
+    """What a merge decided: files to drop, frames to write as new files, and the row counts."""
+
+    deleted_files: list[DataFile] = field(default_factory=list)
+    new_frames: list[pl.DataFrame] = field(default_factory=list)
+    # merge-on-read: (data file, physical positions it no longer holds: old and new deletes)
+    positional: list[tuple[DataFile, pl.Series]] = field(default_factory=list)
+    written: list[DataFile] = field(default_factory=list)  # rewritten rows already in files
+
+    @property
+    def noop(self) -> bool:
+        return (
+            not self.deleted_files
+            and not self.positional
+            and not self.written
+            and not any(f.height for f in self.new_frames)
+        )
+
+
+_AS_IS_MODES = ("append", "replace", "append_new")
+
+
+@dataclass
+class _Prewritten:
+    """Data files of the computed frame, written before the lock against the metadata read then."""
+
+    frame: pl.DataFrame  # the frame as written: aligned to the table schema and sorted
+    files: list[DataFile]
+    io: FileIO
+    table_uuid: str
+    location: str
+    schema_id: int
+    spec_id: int
+    handed_to_commit: bool = False
+
+    @classmethod
+    def of(cls, table: Table, frame: pl.DataFrame, files: list[DataFile]) -> _Prewritten:
+        meta = table.metadata
+        return cls(
+            frame=frame,
+            files=files,
+            io=table.io,
+            table_uuid=str(meta.table_uuid),
+            location=meta.location,
+            schema_id=meta.current_schema_id,
+            spec_id=meta.default_spec_id,
+        )
+
+    def fits(self, table: Table) -> bool:
+        """Are the files valid for `table` as it is now (same table, schema and partitioning)?"""
+        meta = table.metadata
+        return (
+            str(meta.table_uuid) == self.table_uuid
+            and meta.location == self.location
+            and meta.current_schema_id == self.schema_id
+            and meta.default_spec_id == self.spec_id
+        )
+
+    def discard(self) -> None:
+        """Delete the files unless a commit was attempted with them (best effort).
+
+        After a commit attempt the outcome may be unknown (an error after the catalog swap), so
+        the files are left: `pipeline-output doctor` removes them only if no snapshot has them.
+        """
+        if self.handed_to_commit:
+            return
+        for data_file in self.files:
+            _delete_quietly(self.io, data_file.file_path)
+        self.files = []
+
+
+@dataclass
+class PreparedWrite:
+    """A checked frame and, when the strategy allows, its data files written ahead of the lock.
+
+    `held`: the write's registration as a write in flight (the table's files lock, shared:
+    `inflight.writing`), held from before the files are written until `discard()`; the write
+    takes the writer lock on its session."""
+
+    spec: DatasetSpec
+    window: Window | None
+    frame: pl.DataFrame
+    pre: _Prewritten | None
+    held: HeldLock | None = None
+    _registration: ExitStack | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def files_ready(self) -> int:
+        """How many data files were written ahead."""
+        return len(self.pre.files) if self.pre is not None else 0
+
+    def discard(self) -> None:
+        """Delete the pre-written files unless a commit was attempted with them, and end the
+        registration (after the commit: its files are referenced or garbage by then)."""
+        try:
+            if self.pre is not None:
+                self.pre.discard()
+        finally:
+            self.held = None
+            if self._registration is not None:
+                self._registration.close()
+                self._registration = None
+
+
+def prepare_write(
+    store: IcebergStore, spec: DatasetSpec, data: Any, *, window: Window | None
+) -> PreparedWrite:
+    """`IcebergStore.prepare`: check `data`, register the write (when the table exists: its
+    files may be written now, before the lock) and pre-write its files."""
+    frame = checked_frame(spec, data)
+    store.capabilities.check_frame(spec, frame)  # before any I/O (float or nested keys...)
+    table = store.load(spec)
+    if table is None:  # a first deploy writes its files under the writer lock
+        return PreparedWrite(spec=spec, window=window, frame=frame, pre=None)
+    check_required(spec, frame, table.schema())  # a table made elsewhere may have NOT NULLs
+    registration = ExitStack()
+    try:
+        held = registration.enter_context(writing(store, store.table_name(spec)))
+        pre = prewrite(table, spec, frame, window)
+    except BaseException:
+        registration.close()
+        raise
+    return PreparedWrite(
+        spec=spec, window=window, frame=frame, pre=pre, held=held, _registration=registration
+    )
+
+
+def prewrite(
+    table: Table | None, spec: DatasetSpec, frame: pl.DataFrame, window: Window | None
+) -> _Prewritten | None:
+    """Write the frame's data files before the lock when the strategy writes it as it is.
+
+    Decided on the table as it is now; re-checked inside the lock (`_Prewritten.fits`). Input
+    checks that depend on the plan run here too, so bad input still writes nothing.
+    """
+    if frame.height == 0 or table is None:
+        return None
+    plan = plan_write(spec, _state_of(table), window)
+    if plan.write_mode not in _AS_IS_MODES:
+        return None
+    if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
+        check_in_window(spec, frame, window)
+    if not plan_evolution(spec, table.schema(), frame).empty or needs_evolution(
+        spec, table.metadata
+    ):
+        return None  # the schema or partitioning changes: written in the lock, after evolution
+    aligned = _sorted(_align(frame, table.schema()), spec)
+    pre = _Prewritten.of(table, aligned, [])
+    writer = DataFileWriter(table.metadata, table.io, write_id=uuid.uuid4())
+    try:
+        pre.files = writer.write(aligned)
+    except BaseException:
+        for path in writer.written:
+            _delete_quietly(table.io, path)
+        raise
+    return pre

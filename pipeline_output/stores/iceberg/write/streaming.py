@@ -1,0 +1,243 @@
+"""`replace_streaming` (the model node): every batch streamed to data files before the lock
+(registered as a write in flight: `inflight.py`), committed as one replace inside it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table, Transaction
+
+from pipeline_output.contract.checked_input import check_keys, to_polars
+from pipeline_output.contract.plan import WritePlan, plan_write
+from pipeline_output.contract.result import RowCounts, WriteResult
+from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.errors import (
+    EmptyComputeRefused,
+    WriteConflict,
+)
+from pipeline_output.infra.locks import LockStats
+from pipeline_output.stores.iceberg.snapshot.commit import _commit, _delete_quietly, _stream_batches
+from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
+from pipeline_output.stores.iceberg.snapshot.inflight import writing
+from pipeline_output.stores.iceberg.snapshot.manifests import (
+    FlatTransaction,
+    ManifestIndex,
+    live_data_files,
+    read_index,
+    upgrade_properties,
+)
+from pipeline_output.stores.iceberg.table.partitions import evolve as evolve_partitioning
+from pipeline_output.stores.iceberg.table.partitions import needs_evolution
+from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.write.frame_rows import _evolve, _state_of, _total_records
+from pipeline_output.stores.iceberg.write.prepare import (
+    _Prewritten,
+    row_properties,
+    summary_properties,
+)
+from pipeline_output.stores.schema import plan_evolution
+
+if TYPE_CHECKING:
+    from pipeline_output.stores.iceberg.store import IcebergStore
+
+
+def replace_streaming(
+    store: IcebergStore,
+    spec: DatasetSpec,
+    batches: Iterable[pl.DataFrame],
+    *,
+    run_id: str | None = None,
+    summary: dict[str, str] | None = None,
+    finalize_summary: Callable[[], dict[str, str]] | None = None,
+) -> WriteResult:
+    """Replace the whole table with `batches`, written to data files as they arrive.
+
+    `finalize_summary` adds `pipeline-output.*` summary properties known only after the last
+    batch (e.g. the windows read).
+
+    Memory holds one batch at a time; nothing is visible until the single commit at the end
+    (one snapshot). When the table exists and the first batch fits its schema, the batches are
+    produced and written before the table's writer lock is taken, and the lock covers only the
+    commit. If producing a batch raises, nothing is committed, the table is exactly as it was
+    and the files already written are deleted (best effort; `pipeline-output doctor` lists
+    any left behind).
+    """
+    started = time.perf_counter()
+    iterator = iter(batches)
+    first = next(iterator, None)
+    if first is None:
+        raise EmptyComputeRefused(
+            f"dataset {spec.name!r}: no rows to write; the previous output is kept"
+        )
+    first = check_keys(spec, to_polars(spec, first))
+    store.capabilities.check_frame(spec, first)  # before any I/O (float or nested keys...)
+    current = store.load(spec)
+    if (
+        current is not None
+        and plan_evolution(spec, current.schema(), first).empty
+        and not needs_evolution(spec, current.metadata)
+    ):
+        return _replace_streaming_unlocked(
+            store,
+            spec,
+            current,
+            first,
+            iterator,
+            run_id=run_id,
+            summary=summary,
+            finalize_summary=finalize_summary,
+            started=started,
+        )
+    with store._hold(spec) as stats:
+        table = store.load(spec)
+        plan = plan_write(replace(spec, strategy="replace"), _state_of(table), None)
+        props = summary_properties(spec, plan, run_id, summary)
+        if table is None:
+            tx: Transaction = store._create_transaction(spec, first)
+            deleted: list[DataFile] = []
+            index: ManifestIndex | None = None
+            total_before = 0
+        else:
+            tx = FlatTransaction(table)
+            upgrade_properties(tx)
+            _evolve(tx, plan_evolution(spec, table.schema(), first))
+            evolve_partitioning(tx, spec)
+            index = read_index(table)
+            deleted = live_data_files(index)
+            total_before = _total_records(table)
+        writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=uuid.uuid4())
+        written: list[DataFile] = []
+        try:
+            rows = _stream_batches(
+                spec, first, iterator, writer, tx.table_metadata.schema(), sink=written
+            )
+        except BaseException:
+            for path in writer.written:
+                _delete_quietly(tx._table.io, path)
+            raise
+        if finalize_summary is not None:
+            props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in finalize_summary().items()})
+        props.update(row_properties(RowCounts(inserted=rows, deleted=total_before)))
+        new_table = _commit(
+            tx,
+            props,
+            deleted,
+            [],
+            dataset=spec.name,
+            force=True,
+            ready=written,
+            fence=stats.verify,
+            index=index,
+        )
+        snap = new_table.current_snapshot()
+    return _replaced(
+        store,
+        spec,
+        plan,
+        rows,
+        total_before,
+        snap,
+        len(deleted),
+        len(writer.written),
+        started,
+        stats,
+    )
+
+
+def _replace_streaming_unlocked(
+    store: IcebergStore,
+    spec: DatasetSpec,
+    current: Table,
+    first: pl.DataFrame,
+    rest: Iterator[pl.DataFrame],
+    *,
+    run_id: str | None,
+    summary: dict[str, str] | None,
+    finalize_summary: Callable[[], dict[str, str]] | None,
+    started: float,
+) -> WriteResult:
+    """`replace_streaming` into an existing table: batches to files first, then lock + commit."""
+    pre = _Prewritten.of(current, first.head(0), [])
+    writer = DataFileWriter(current.metadata, current.io, write_id=uuid.uuid4())
+    # a write in flight from its first file until its commit (`inflight.py`)
+    with writing(store, store.table_name(spec)) as held:
+        try:
+            try:
+                rows = _stream_batches(spec, first, rest, writer, current.schema(), sink=pre.files)
+            except BaseException:
+                for path in writer.written:
+                    _delete_quietly(current.io, path)
+                pre.files = []
+                raise
+            extra = finalize_summary() if finalize_summary is not None else {}
+            with store._hold(spec, on=held) as stats:
+                table = store.load(spec)
+                if table is None or not pre.fits(table):
+                    raise WriteConflict(
+                        f"dataset {spec.name!r}: {store.table_name(spec)} was dropped, recreated or "
+                        "changed its schema or partitioning while the batches were written; "
+                        "nothing was committed — run it again"
+                    )
+                plan = plan_write(replace(spec, strategy="replace"), _state_of(table), None)
+                props = summary_properties(spec, plan, run_id, summary)
+                props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in extra.items()})
+                index = read_index(table)
+                deleted = live_data_files(index)
+                total_before = _total_records(table)
+                props.update(row_properties(RowCounts(inserted=rows, deleted=total_before)))
+                pre.handed_to_commit = True
+                tx = FlatTransaction(table)
+                upgrade_properties(tx)
+                new_table = _commit(
+                    tx,
+                    props,
+                    deleted,
+                    [],
+                    dataset=spec.name,
+                    force=True,
+                    ready=pre.files,
+                    fence=stats.verify,
+                    index=index,
+                )
+                snap = new_table.current_snapshot()
+        finally:
+            pre.discard()
+    return _replaced(
+        store, spec, plan, rows, total_before, snap, len(deleted), len(pre.files), started, stats
+    )
+
+
+def _replaced(
+    store: IcebergStore,
+    spec: DatasetSpec,
+    plan: WritePlan,
+    rows: int,
+    total_before: int,
+    snap: Any,
+    files_rewritten: int,
+    files_added: int,
+    started: float,
+    stats: LockStats,
+) -> WriteResult:
+    """The result of a streaming replace."""
+    return WriteResult.of(
+        plan,
+        RowCounts(inserted=rows, deleted=total_before),
+        rows_in=rows,
+        total_before=total_before,
+        arm="iceberg",
+        snapshot_id=snap.snapshot_id if snap else None,
+        files_rewritten=files_rewritten,
+        files_added=files_added,
+        duration_s=time.perf_counter() - started,
+        lock_wait_s=stats.wait_s,
+        lock_held_s=stats.held_s,
+        table=store.table_name(spec),
+    )
