@@ -330,7 +330,7 @@ def test_max_rows_keeps_rows_sharing_a_watermark_value_in_one_window(env, instan
 
 
 _INSERT = (
-    "INSERT INTO pipeline_output.contract.windows "
+    "INSERT INTO pipeline_output.windows "
     "(dataset, seq, low_key, high_key, prev_high_key, partition_key) "
     "VALUES (%s, %s, %s, %s, %s, %s)"
 )
@@ -356,7 +356,7 @@ def test_ledger_accepts_a_contiguous_window_inserted_with_sql(chain):
     _insert(chain, 3, 20, 30, 20)
     with psycopg.connect(chain) as conn:
         n = conn.execute(
-            "SELECT count(*) FROM pipeline_output.contract.windows WHERE dataset = 'd'"
+            "SELECT count(*) FROM pipeline_output.windows WHERE dataset = 'd'"
         )
         assert n.fetchone()[0] == 3
 
@@ -415,7 +415,7 @@ def test_ledger_rejects_an_overlapping_window_inserted_with_sql(
         assert info.value.diag.constraint_name == constraint
     with psycopg.connect(chain) as conn:
         n = conn.execute(
-            "SELECT count(*) FROM pipeline_output.contract.windows WHERE dataset = 'd'"
+            "SELECT count(*) FROM pipeline_output.windows WHERE dataset = 'd'"
         )
         assert n.fetchone()[0] == 2
 

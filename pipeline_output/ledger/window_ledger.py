@@ -1,6 +1,6 @@
 """The watermark ledger: planned/applied delta windows per dataset, and the apply protocol.
 
-Owns the `pipeline_output.contract.windows` table (see `sql/010_windows.sql`: the database keeps each
+Owns the `pipeline_output.windows` table (see `sql/010_windows.sql`: the database keeps each
 dataset's windows contiguous and non-overlapping) and the exactly-once protocol around applying one:
 
 1. `begin(dataset, key, run_id)` — under a per-dataset advisory lock held for the whole apply —
@@ -28,7 +28,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from pipeline_output.contract.windows import Window
+from pipeline_output.windows import Window
 from pipeline_output.errors import WindowLedgerError
 from pipeline_output.infra import locks, pgsession
 
@@ -89,7 +89,7 @@ _COLUMN_NAMES = (
     "applied_at",
 )
 _COLS = sql.SQL(", ").join(sql.Identifier(c) for c in _COLUMN_NAMES)
-_T = sql.SQL("pipeline_output.contract.windows")
+_T = sql.SQL("pipeline_output.windows")
 
 
 def _row(rec: dict[str, Any]) -> WindowRow:

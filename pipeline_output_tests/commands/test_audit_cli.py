@@ -110,7 +110,7 @@ def ok(proc: subprocess.CompletedProcess[str]) -> str:
 def windows(url: str) -> list[tuple[str, str, int]]:
     with psycopg.connect(url) as conn:
         rows: list[Any] = conn.execute(
-            "SELECT partition_key, state, attempts FROM pipeline_output.contract.windows "
+            "SELECT partition_key, state, attempts FROM pipeline_output.windows "
             "WHERE dataset = 'events' ORDER BY seq"
         ).fetchall()
     return [(r[0], r[1], r[2]) for r in rows]

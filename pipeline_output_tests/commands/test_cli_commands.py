@@ -74,6 +74,6 @@ def test_demo_plan_windows_restate_doctor_maintain_and_status_commands(cli, pg_d
         assert any(line.startswith(name) for line in status.stdout.splitlines()), status.stdout
     with psycopg.connect(pg_db_url) as conn:
         states = conn.execute(
-            "SELECT state, count(*) FROM pipeline_output.contract.windows WHERE dataset = 'customers' GROUP BY 1"
+            "SELECT state, count(*) FROM pipeline_output.windows WHERE dataset = 'customers' GROUP BY 1"
         ).fetchall()
     assert dict(states) == {"applied": 2}
