@@ -1,9 +1,12 @@
-"""The package's shape, enforced: the pure core imports no Dagster, no basename is shared across
-layers, and no module grows past 400 lines.
+"""The package's shape, enforced: folders by role with imports only going down, no import cycle,
+no reach into another module's private names, a pure core that imports no Dagster, a short top
+level, no basename shared across layers, and no module past 400 lines.
 
-The Dagster layer is `dagster_layer/`, the CLI (`cli.py`, `commands/`) and the two modules that
-build a code location's `Definitions` (`definitions.py`, `demo/code_location.py`). Everything else is
-the core: specs, planning, windows, the stores, the ledger, publish, reads.
+Layers, lowest first (a module may import its own layer and the ones below, never above):
+`errors` → `contract/` → `infra/` → `ledger/` → `stores/` → `services/` → `dagster_layer/` →
+`demo/` → `commands/` → the entry points (`cli.py`, `definitions.py`, the `__init__` facade).
+The Dagster layer is `dagster_layer/`, `commands/`, `cli.py`, `definitions.py` and
+`demo/code_location.py`; everything else is the core.
 """
 
 from __future__ import annotations
@@ -19,6 +22,21 @@ import pipeline_output
 PACKAGE = Path(pipeline_output.__file__).parent
 DAGSTER_LAYER = ("dagster_layer/", "commands/", "cli.py", "definitions.py", "demo/code_location.py")
 MAX_LINES = 400
+MAX_TOP_LEVEL_MODULES = 12
+LAYERS = (
+    "errors",
+    "contract",
+    "infra",
+    "ledger",
+    "stores",
+    "services",
+    "dagster_layer",
+    "demo",
+    "commands",
+    "cli",
+    "definitions",
+    "__init__",
+)
 
 
 def _modules() -> list[Path]:
@@ -27,6 +45,11 @@ def _modules() -> list[Path]:
 
 def _relative(path: Path) -> str:
     return path.relative_to(PACKAGE).as_posix()
+
+
+def _dotted(path: Path) -> str:
+    rel = _relative(path).removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    return "pipeline_output" if rel == "__init__" else f"pipeline_output.{rel}"
 
 
 def _is_dagster_layer(relative: str) -> bool:
@@ -50,6 +73,39 @@ def _imported_modules(path: Path) -> set[str]:
     return names
 
 
+_MODULES = {_dotted(p): p for p in _modules()}
+
+
+def _project_imports(path: Path) -> list[tuple[str, str]]:
+    """(module, name) for every `from pipeline_output... import name` and `import pipeline_output...`
+    in `path`, type-only imports included; `name` is "" for a plain import. A `from package import
+    module` counts as an import of the module."""
+    found: list[tuple[str, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, "") for a in node.names if a.name.startswith("pipeline_output")]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] != "pipeline_output":
+                continue
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.append((submodule, "") if submodule in _MODULES else (node.module, alias.name))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    return {
+        name: {m for m, _ in _project_imports(path) if m in _MODULES and m != name}
+        for name, path in _MODULES.items()
+    }
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    head = parts[1] if len(parts) > 1 else "__init__"
+    return LAYERS.index(head)
+
+
 def test_no_core_module_imports_dagster_or_the_dagster_layer() -> None:
     offenders = {}
     for path in _core_modules():
@@ -68,12 +124,7 @@ def test_no_core_module_imports_dagster_or_the_dagster_layer() -> None:
 
 
 def test_importing_every_core_module_loads_no_dagster() -> None:
-    names = [
-        "pipeline_output."
-        + _relative(p).removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-        for p in _core_modules()
-        if _relative(p) != "__init__.py"
-    ]
+    names = [_dotted(p) for p in _core_modules() if _relative(p) != "__init__.py"]
     script = (
         "import importlib, sys\n"
         f"for name in {names!r}:\n"
@@ -88,10 +139,78 @@ def test_importing_every_core_module_loads_no_dagster() -> None:
     assert len(names) > 40  # the walk found the package, not an empty directory
 
 
+def test_every_module_sits_in_a_known_layer() -> None:
+    unknown = [m for m in _MODULES if m.split(".")[1:2] and m.split(".")[1] not in LAYERS]
+    assert unknown == [], f"modules outside the layers {LAYERS}: {unknown}"
+
+
+def test_imports_only_go_down_the_layers() -> None:
+    upward = {
+        module: sorted(t for t in targets if _layer(t) > _layer(module))
+        for module, targets in _graph().items()
+        if module != "pipeline_output"  # the facade sits on top and re-exports every layer
+    }
+    upward = {m: ts for m, ts in upward.items() if ts}
+    assert upward == {}, f"imports that go up the layers: {upward}"
+
+
+def test_no_import_cycle_between_modules_type_only_imports_included() -> None:
+    graph = _graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert cycles == [], f"import cycles: {cycles}"
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    reaches = sorted(
+        f"{_relative(path)}: {module}.{name}"
+        for path in _modules()
+        for module, name in _project_imports(path)
+        if name.startswith("_") and not name.startswith("__")
+    )
+    assert reaches == [], f"imports of private names: {reaches}"
+
+
+def test_the_top_level_holds_at_most_twelve_modules() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} top-level modules: {top}"
+
+
 def test_no_basename_is_shared_across_layers() -> None:
     """A name like `delta.py` in both the core and the Dagster layer misleads readers and grep.
-    The two arms' parallel modules (`stores/iceberg/store.py`, `stores/postgres/store.py`) are the
-    one deliberate exception: the same role in each arm."""
+    Inside one arm (`stores/iceberg/`, `stores/postgres/`) a name is the arm's own; the two arms'
+    parallel modules (`store.py`) are the one deliberate exception between them."""
     homes: defaultdict[str, list[str]] = defaultdict(list)
     for path in _modules():
         relative = _relative(path)

@@ -28,7 +28,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from pipeline_output.windows import Window
+from pipeline_output.contract.windows import Window
 from pipeline_output.errors import WindowLedgerError
 from pipeline_output.infra import locks, pgsession
 
