@@ -355,9 +355,7 @@ def chain(env: str) -> str:
 def test_ledger_accepts_a_contiguous_window_inserted_with_sql(chain):
     _insert(chain, 3, 20, 30, 20)
     with psycopg.connect(chain) as conn:
-        n = conn.execute(
-            "SELECT count(*) FROM pipeline_output.windows WHERE dataset = 'd'"
-        )
+        n = conn.execute("SELECT count(*) FROM pipeline_output.windows WHERE dataset = 'd'")
         assert n.fetchone()[0] == 3
 
 
@@ -414,9 +412,7 @@ def test_ledger_rejects_an_overlapping_window_inserted_with_sql(
     if constraint is not None:
         assert info.value.diag.constraint_name == constraint
     with psycopg.connect(chain) as conn:
-        n = conn.execute(
-            "SELECT count(*) FROM pipeline_output.windows WHERE dataset = 'd'"
-        )
+        n = conn.execute("SELECT count(*) FROM pipeline_output.windows WHERE dataset = 'd'")
         assert n.fetchone()[0] == 2
 
 

@@ -89,7 +89,9 @@ def _project_imports(path: Path) -> list[tuple[str, str]]:
                 continue
             for alias in node.names:
                 submodule = f"{node.module}.{alias.name}"
-                found.append((submodule, "") if submodule in _MODULES else (node.module, alias.name))
+                found.append(
+                    (submodule, "") if submodule in _MODULES else (node.module, alias.name)
+                )
     return found
 
 

@@ -16,7 +16,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pipeline_output.errors import InvalidArgument
-from pipeline_output.ledger.records import _columns, _t
+from pipeline_output.ledger.records import column_list, ledger_table
 
 AuditState = Literal["staged", "published", "failed", "dropped"]
 AUDIT_STATES: tuple[str, ...] = get_args(AuditState)
@@ -136,7 +136,7 @@ class AuditLog:
                     "base_snapshot_id = CASE WHEN {t}.snapshot_id IS NULL "
                     "THEN EXCLUDED.base_snapshot_id ELSE {t}.base_snapshot_id END "
                     "RETURNING {cols}"
-                ).format(t=_t("audits"), cols=_columns(_AUDIT_COLUMNS)),
+                ).format(t=ledger_table("audits"), cols=column_list(_AUDIT_COLUMNS)),
                 (dataset, run_id, branch, mode, base_snapshot_id, write.snapshot_id),
             ).fetchone()
             assert row is not None
@@ -151,7 +151,7 @@ class AuditLog:
                     "INSERT INTO {} (audit_id, seq, snapshot_id, strategy, window_key, "
                     "marker, result, frame) SELECT %s, coalesce(max(seq), 0) + 1, "
                     "%s, %s, %s, %s, %s, %s FROM {} WHERE audit_id = %s"
-                ).format(_t("audit_writes"), _t("audit_writes")),
+                ).format(ledger_table("audit_writes"), ledger_table("audit_writes")),
                 (
                     record.id,
                     write.snapshot_id,
@@ -169,7 +169,9 @@ class AuditLog:
         """The blocking checks that must pass before the audit publishes."""
         with self._tx(None) as conn:
             conn.execute(
-                sql.SQL("UPDATE {} SET gating_checks = %s WHERE id = %s").format(_t("audits")),
+                sql.SQL("UPDATE {} SET gating_checks = %s WHERE id = %s").format(
+                    ledger_table("audits")
+                ),
                 (sorted(set(checks)), audit_id),
             )
 
@@ -178,7 +180,7 @@ class AuditLog:
         with self._tx(None) as conn:
             row = conn.execute(
                 sql.SQL("SELECT {} FROM {} WHERE dataset = %s AND run_id = %s").format(
-                    _columns(_AUDIT_COLUMNS), _t("audits")
+                    column_list(_AUDIT_COLUMNS), ledger_table("audits")
                 ),
                 (dataset, run_id),
             ).fetchone()
@@ -200,7 +202,7 @@ class AuditLog:
         with self._tx(None) as conn:
             rows = conn.execute(
                 sql.SQL("SELECT {} FROM {}{} ORDER BY id DESC").format(
-                    _columns(_AUDIT_COLUMNS), _t("audits"), clause
+                    column_list(_AUDIT_COLUMNS), ledger_table("audits"), clause
                 ),
                 params,
             ).fetchall()
@@ -211,7 +213,7 @@ class AuditLog:
         with self._tx(None) as conn:
             rows = conn.execute(
                 sql.SQL("SELECT {} FROM {} WHERE run_id = %s ORDER BY id").format(
-                    _columns(_AUDIT_COLUMNS), _t("audits")
+                    column_list(_AUDIT_COLUMNS), ledger_table("audits")
                 ),
                 (run_id,),
             ).fetchall()
@@ -223,7 +225,7 @@ class AuditLog:
         with self._tx(None) as conn:
             rows = conn.execute(
                 sql.SQL("SELECT {} FROM {} WHERE audit_id = %s ORDER BY seq").format(
-                    _columns(names), _t("audit_writes")
+                    column_list(names), ledger_table("audit_writes")
                 ),
                 (audit_id,),
             ).fetchall()
@@ -253,13 +255,13 @@ class AuditLog:
                     "UPDATE {} SET state = %s, reason = coalesce(%s, reason), "
                     "decided_at = clock_timestamp() WHERE id = %s AND state = ANY(%s) "
                     "RETURNING id"
-                ).format(_t("audits")),
+                ).format(ledger_table("audits")),
                 (state, reason[:2000] if reason else None, audit_id, list(from_states)),
             ).fetchone()
             if row is not None:
                 conn.execute(
                     sql.SQL("UPDATE {} SET frame = NULL WHERE audit_id = %s").format(
-                        _t("audit_writes")
+                        ledger_table("audit_writes")
                     ),
                     (audit_id,),
                 )
@@ -285,7 +287,7 @@ class AuditLog:
                 sql.SQL(
                     "INSERT INTO {} (dataset, from_snapshot_id, to_snapshot_id, who, run_id, "
                     "reason, windows_reset) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING {}"
-                ).format(_t("rollbacks"), _columns(_ROLLBACK_COLUMNS)),
+                ).format(ledger_table("rollbacks"), column_list(_ROLLBACK_COLUMNS)),
                 (dataset, from_snapshot_id, to_snapshot_id, who, run_id, reason, windows_reset),
             ).fetchone()
         assert row is not None
@@ -296,7 +298,7 @@ class AuditLog:
         with self._tx(None) as conn:
             rows = conn.execute(
                 sql.SQL("SELECT {} FROM {} WHERE dataset = %s ORDER BY id").format(
-                    _columns(_ROLLBACK_COLUMNS), _t("rollbacks")
+                    column_list(_ROLLBACK_COLUMNS), ledger_table("rollbacks")
                 ),
                 (dataset,),
             ).fetchall()
@@ -306,7 +308,9 @@ class AuditLog:
         """Record that the legacy rows of `dataset` were deleted."""
         with self._tx(None) as conn:
             conn.execute(
-                sql.SQL("INSERT INTO {} (dataset, rows) VALUES (%s, %s)").format(_t("drains")),
+                sql.SQL("INSERT INTO {} (dataset, rows) VALUES (%s, %s)").format(
+                    ledger_table("drains")
+                ),
                 (dataset, rows),
             )
 
@@ -314,7 +318,7 @@ class AuditLog:
         """When the legacy rows of `dataset` were last drained (None: never, since 020)."""
         with self._tx(None) as conn:
             row = conn.execute(
-                sql.SQL("SELECT max(at) FROM {} WHERE dataset = %s").format(_t("drains")),
+                sql.SQL("SELECT max(at) FROM {} WHERE dataset = %s").format(ledger_table("drains")),
                 (dataset,),
             ).fetchone()
         return row[0] if row else None

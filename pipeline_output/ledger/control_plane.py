@@ -29,14 +29,14 @@ from pipeline_output.ledger import migrations
 from pipeline_output.ledger.audit_log import AuditLog
 from pipeline_output.ledger.deploys import DeployLog
 from pipeline_output.ledger.records import (  # re-exported: ARMS, DEPLOY_STATUSES, the records
-    _FLIP_COLUMNS,
-    _PARITY_COLUMNS,
+    FLIP_COLUMNS,
+    PARITY_COLUMNS,
     DeployRecord,
     FlipRecord,
     ParityRecord,
     RegisteredDataset,
-    _columns,
-    _t,
+    column_list,
+    ledger_table,
 )
 
 
@@ -95,7 +95,7 @@ class Ledger(DeployLog, AuditLog):
             " arrow_schema = coalesce(EXCLUDED.arrow_schema, d.arrow_schema),"
             " schema_text = coalesce(EXCLUDED.schema_text, d.schema_text),"
             " updated_at = clock_timestamp()"
-        ).format(_t("datasets"))
+        ).format(ledger_table("datasets"))
         with self._tx(conn) as c:
             c.execute(query, (name, list(primary_key), blob, readable))
 
@@ -105,7 +105,7 @@ class Ledger(DeployLog, AuditLog):
         """The registry entry of `name`, or None."""
         query = sql.SQL(
             "SELECT name, primary_key, arrow_schema, created_at, updated_at FROM {} WHERE name = %s"
-        ).format(_t("datasets"))
+        ).format(ledger_table("datasets"))
         with self._tx(conn) as c:
             row = c.execute(query, (name,)).fetchone()
         if row is None:
@@ -125,7 +125,12 @@ class Ledger(DeployLog, AuditLog):
         query = sql.SQL(
             "SELECT name FROM {} UNION SELECT dataset FROM {} UNION SELECT dataset FROM {}"
             " UNION SELECT dataset FROM {} ORDER BY 1"
-        ).format(_t("datasets"), _t("deploys"), _t("mode_flips"), _t("parity_results"))
+        ).format(
+            ledger_table("datasets"),
+            ledger_table("deploys"),
+            ledger_table("mode_flips"),
+            ledger_table("parity_results"),
+        )
         with self._tx(None) as c:
             return [str(r[0]) for r in c.execute(query).fetchall()]
 
@@ -191,7 +196,7 @@ class Ledger(DeployLog, AuditLog):
                 sql.SQL(
                     "INSERT INTO {} (dataset, from_mode, to_mode, who, reason)"
                     " VALUES (%s, %s, %s, %s, %s) RETURNING {}"
-                ).format(_t("mode_flips"), _columns(_FLIP_COLUMNS)),
+                ).format(ledger_table("mode_flips"), column_list(FLIP_COLUMNS)),
                 (dataset, current, mode, who, reason),
             ).fetchone()
             assert row is not None
@@ -201,7 +206,7 @@ class Ledger(DeployLog, AuditLog):
                     "INSERT INTO {} (dataset, mode, flip_id) VALUES (%s, %s, %s)"
                     " ON CONFLICT (dataset) DO UPDATE SET mode = EXCLUDED.mode,"
                     " flip_id = EXCLUDED.flip_id, updated_at = clock_timestamp()"
-                ).format(_t("dataset_modes")),
+                ).format(ledger_table("dataset_modes")),
                 (dataset, mode, record.id),
             )
         return record
@@ -210,21 +215,25 @@ class Ledger(DeployLog, AuditLog):
         self, dataset: str, *, conn: psycopg.Connection[Any] | None = None
     ) -> str | None:
         """The persisted mode of `dataset`, or None when it was never flipped."""
-        query = sql.SQL("SELECT mode FROM {} WHERE dataset = %s").format(_t("dataset_modes"))
+        query = sql.SQL("SELECT mode FROM {} WHERE dataset = %s").format(
+            ledger_table("dataset_modes")
+        )
         with self._tx(conn) as c:
             row = c.execute(query, (dataset,)).fetchone()
         return str(row[0]) if row is not None else None
 
     def flips(self) -> dict[str, str]:
         """Every persisted flip: dataset -> mode."""
-        query = sql.SQL("SELECT dataset, mode FROM {} ORDER BY dataset").format(_t("dataset_modes"))
+        query = sql.SQL("SELECT dataset, mode FROM {} ORDER BY dataset").format(
+            ledger_table("dataset_modes")
+        )
         with self._tx(None) as c:
             return {str(d): str(m) for d, m in c.execute(query).fetchall()}
 
     def flip_history(self, dataset: str) -> list[FlipRecord]:
         """Every flip of `dataset`, oldest first."""
         query = sql.SQL("SELECT {} FROM {} WHERE dataset = %s ORDER BY id").format(
-            _columns(_FLIP_COLUMNS), _t("mode_flips")
+            column_list(FLIP_COLUMNS), ledger_table("mode_flips")
         )
         with self._tx(None) as c:
             return [FlipRecord(*r) for r in c.execute(query, (dataset,)).fetchall()]
@@ -247,7 +256,7 @@ class Ledger(DeployLog, AuditLog):
         query = sql.SQL(
             "INSERT INTO {} (dataset, run_id, passed, pg_count, iceberg_count, differing_keys,"
             " details) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING {}"
-        ).format(_t("parity_results"), _columns(_PARITY_COLUMNS))
+        ).format(ledger_table("parity_results"), column_list(PARITY_COLUMNS))
         params = (
             dataset,
             run_id,
@@ -267,7 +276,7 @@ class Ledger(DeployLog, AuditLog):
     ) -> ParityRecord | None:
         """The most recent parity result of `dataset`, or None."""
         query = sql.SQL("SELECT {} FROM {} WHERE dataset = %s ORDER BY id DESC LIMIT 1").format(
-            _columns(_PARITY_COLUMNS), _t("parity_results")
+            column_list(PARITY_COLUMNS), ledger_table("parity_results")
         )
         with self._tx(conn) as c:
             row = c.execute(query, (dataset,)).fetchone()

@@ -19,13 +19,13 @@ from pipeline_output.contract.store_protocol import ATTEMPT_MARKER, WriteOptions
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import InvalidArgument
 from pipeline_output.ledger.records import (
-    _COUNTERS,
-    _DEPLOY_COLUMNS,
     ARMS,
+    DEPLOY_COLUMNS,
+    DEPLOY_COUNTERS,
     DEPLOY_STATUSES,
     DeployRecord,
-    _columns,
-    _t,
+    column_list,
+    ledger_table,
 )
 
 
@@ -64,13 +64,13 @@ class DeployLog:
             raise InvalidArgument(
                 f"unknown deploy status {status!r}; valid: {', '.join(DEPLOY_STATUSES)}"
             )
-        values: dict[str, Any] = {c: None for c in _COUNTERS}
+        values: dict[str, Any] = {c: None for c in DEPLOY_COUNTERS}
         if result is not None:
-            values.update({c: getattr(result, c) for c in _COUNTERS})
+            values.update({c: getattr(result, c) for c in DEPLOY_COUNTERS})
             write_mode = write_mode or result.write_mode
             first_deploy = result.first_deploy if first_deploy is None else first_deploy
         if counters:
-            values.update({c: counters[c] for c in _COUNTERS if c in counters})
+            values.update({c: counters[c] for c in DEPLOY_COUNTERS if c in counters})
         window_text = str(window) if window is not None else None
         window_key = window.to_key() if isinstance(window, Window) else None
         values.update(
@@ -90,10 +90,10 @@ class DeployLog:
         )
         names = list(values)
         query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) RETURNING {}").format(
-            _t("deploys"),
-            _columns(names),
+            ledger_table("deploys"),
+            column_list(names),
             sql.SQL(", ").join(sql.Placeholder() * len(names)),
-            _columns(_DEPLOY_COLUMNS),
+            column_list(DEPLOY_COLUMNS),
         )
         with self._tx(conn) as c:
             row = c.execute(query, [values[n] for n in names]).fetchone()
@@ -143,7 +143,7 @@ class DeployLog:
         query = sql.SQL(
             "SELECT {} FROM {} WHERE dataset = %s AND arm = %s AND attempt_marker = %s "
             "AND status = 'succeeded' ORDER BY id DESC LIMIT 1"
-        ).format(_columns(_DEPLOY_COLUMNS), _t("deploys"))
+        ).format(column_list(DEPLOY_COLUMNS), ledger_table("deploys"))
         with self._tx(conn) as c:
             row = c.execute(query, (dataset, arm, marker)).fetchone()
         return DeployRecord(*row) if row is not None else None
@@ -163,7 +163,7 @@ class DeployLog:
             where = sql.SQL("{} AND status = %s").format(where)
             params.append(status)
         query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT 1").format(
-            _columns(_DEPLOY_COLUMNS), _t("deploys"), where
+            column_list(DEPLOY_COLUMNS), ledger_table("deploys"), where
         )
         with self._tx(conn) as c:
             row = c.execute(query, params).fetchone()
@@ -186,7 +186,7 @@ class DeployLog:
             params.append(arm)
         params.append(limit)
         query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT %s").format(
-            _columns(_DEPLOY_COLUMNS), _t("deploys"), where
+            column_list(DEPLOY_COLUMNS), ledger_table("deploys"), where
         )
         with self._tx(None) as c:
             return [DeployRecord(*r) for r in c.execute(query, params).fetchall()]

@@ -23,7 +23,7 @@ DEPLOY_STATUSES: tuple[str, ...] = get_args(DeployStatus)
 SCHEMA = migrations.SCHEMA
 
 
-def _t(name: str) -> sql.Identifier:
+def ledger_table(name: str) -> sql.Identifier:
     return sql.Identifier(SCHEMA, name)
 
 
@@ -61,8 +61,8 @@ def _names(record: type) -> list[str]:
     return [f.name for f in fields(record)]
 
 
-_DEPLOY_COLUMNS = _names(DeployRecord)
-_COUNTERS = [c for c in _DEPLOY_COLUMNS if c.startswith("rows_")]
+DEPLOY_COLUMNS = _names(DeployRecord)
+DEPLOY_COUNTERS = [c for c in DEPLOY_COLUMNS if c.startswith("rows_")]
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class FlipRecord:
     reason: str | None
 
 
-_FLIP_COLUMNS = _names(FlipRecord)
+FLIP_COLUMNS = _names(FlipRecord)
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class ParityRecord:
     details: dict[str, Any]
 
 
-_PARITY_COLUMNS = _names(ParityRecord)
+PARITY_COLUMNS = _names(ParityRecord)
 
 
 @dataclass(frozen=True)
@@ -110,5 +110,5 @@ class RegisteredDataset:
     updated_at: datetime
 
 
-def _columns(names: Sequence[str]) -> sql.Composed:
+def column_list(names: Sequence[str]) -> sql.Composed:
     return sql.SQL(", ").join(sql.Identifier(n) for n in names)

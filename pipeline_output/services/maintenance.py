@@ -35,7 +35,7 @@ from pipeline_output.stores.iceberg.maintenance.expiry import (
 )
 from pipeline_output.stores.iceberg.maintenance.health import TableHealth, table_health
 from pipeline_output.stores.iceberg.maintenance.orphans import DEFAULT_GRACE_S, OrphanResult
-from pipeline_output.stores.iceberg.table.properties import _DEFAULT_LOCK
+from pipeline_output.stores.iceberg.table.properties import DEFAULT_LOCK
 
 if TYPE_CHECKING:
     from pipeline_output.services.publish import Publisher
@@ -102,7 +102,7 @@ def maintain(
     specs: Iterable[DatasetSpec],
     *,
     options: MaintenanceOptions = MaintenanceOptions(),  # frozen: safe as a default
-    ledger: Any = _DEFAULT_LOCK,
+    ledger: Any = DEFAULT_LOCK,
     run_id: str | None = None,
     on_step: Step | None = None,
     on_bins: BinProgress | None = None,

@@ -53,7 +53,7 @@ from pipeline_output.infra.locks import AdvisoryLock, HeldLock, LockStats, icebe
 from pipeline_output.stores.iceberg.maintenance.compaction import compact as _compact
 from pipeline_output.stores.iceberg.maintenance.expiry import expire_snapshots as _expire_snapshots
 from pipeline_output.stores.iceberg.maintenance.orphans import remove_orphans as _remove_orphans
-from pipeline_output.stores.iceberg.snapshot.commit import _commit, _delete_quietly
+from pipeline_output.stores.iceberg.snapshot.commit import commit_write, delete_quietly
 from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.manifests import (
     FlatTransaction,
@@ -64,7 +64,7 @@ from pipeline_output.stores.iceberg.table.expressions import aligned_to_field
 from pipeline_output.stores.iceberg.table.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.table.partitions import partition_spec
 from pipeline_output.stores.iceberg.table.properties import (
-    _DEFAULT_LOCK,
+    DEFAULT_LOCK,
     ICEBERG_CAPABILITIES,
     TABLE_PROPERTIES,
 )
@@ -72,16 +72,16 @@ from pipeline_output.stores.iceberg.table.reads import IcebergReads
 from pipeline_output.stores.iceberg.table.refs import head, stage_branch
 from pipeline_output.stores.iceberg.write.branch_target import branch_view
 from pipeline_output.stores.iceberg.write.frame_rows import (
-    _align,
-    _evolve,
-    _sorted,
-    _state_of,
-    _total_records,
+    align_to_schema,
+    apply_evolution,
+    sorted_for_write,
+    state_of,
+    total_records,
 )
-from pipeline_output.stores.iceberg.write.merge import _Merge
+from pipeline_output.stores.iceberg.write.merge import FileMerge
 from pipeline_output.stores.iceberg.write.prepare import (
     PreparedWrite,
-    _Prewritten,
+    Prewritten,
     prepare_write,
     row_properties,
     summary_properties,
@@ -101,7 +101,7 @@ class IcebergStore(IcebergReads):
     arm: Arm = "iceberg"
     capabilities: Capabilities = ICEBERG_CAPABILITIES
 
-    def __init__(self, catalog: Catalog, namespace: str, *, lock: Any = _DEFAULT_LOCK) -> None:
+    def __init__(self, catalog: Catalog, namespace: str, *, lock: Any = DEFAULT_LOCK) -> None:
         self.catalog = catalog
         self.namespace = namespace
         self._lock: AdvisoryLock | Any | None = lock
@@ -127,7 +127,7 @@ class IcebergStore(IcebergReads):
 
     def target_state(self, spec: DatasetSpec | str) -> TargetState:
         """The freshness oracle: does the table exist and has it a committed snapshot?"""
-        return _state_of(self.load(spec))
+        return state_of(self.load(spec))
 
     def plan(self, spec: DatasetSpec, *, window: Window | None = None) -> WritePlan:
         """The write plan a write would follow now (dry run: reads table metadata only)."""
@@ -179,7 +179,7 @@ class IcebergStore(IcebergReads):
                     table = branch_view(self, spec, table, frame, branch)
                 if window is not None and table is not None and spec.watermark:
                     window = aligned_to_field(window, table.schema(), spec.watermark)
-                plan = plan_write(spec, _state_of(table), window)
+                plan = plan_write(spec, state_of(table), window)
                 if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
                     check_in_window(spec, frame, window)
                 props = summary_properties(spec, plan, run_id, summary)
@@ -219,7 +219,7 @@ class IcebergStore(IcebergReads):
 
     def _advisory(self) -> AdvisoryLock | Any | None:
         """The writer lock (the default one on the control plane resolved on first use)."""
-        if self._lock is _DEFAULT_LOCK:
+        if self._lock is DEFAULT_LOCK:
             from pipeline_output.infra.settings import get_settings
 
             self._lock = AdvisoryLock(get_settings().control_plane_url())
@@ -270,10 +270,10 @@ class IcebergStore(IcebergReads):
     ) -> WriteResult:
         """First deploy of a missing table: create it and write its first snapshot in one commit."""
         tx = self._create_transaction(spec, frame)
-        data = _sorted(frame, spec)
+        data = sorted_for_write(frame, spec)
         props = {**props, **row_properties(RowCounts(inserted=frame.height))}
         try:
-            table = _commit(
+            table = commit_write(
                 tx, props, deleted=[], frames=[data], dataset=spec.name, force=True, fence=fence
             )
         except TableAlreadyExistsError as exc:
@@ -300,7 +300,7 @@ class IcebergStore(IcebergReads):
         frame: pl.DataFrame,
         props: dict[str, str],
         *,
-        pre: _Prewritten | None = None,
+        pre: Prewritten | None = None,
         fence: Callable[[], None] | None = None,
         branch: str = MAIN_BRANCH,
     ) -> WriteResult:
@@ -309,7 +309,7 @@ class IcebergStore(IcebergReads):
             stage_branch(tx, branch)
         upgrade_properties(tx)
         evolution = plan_evolution(spec, table.schema(), frame)
-        _evolve(tx, evolution)
+        apply_evolution(tx, evolution)
         repartitioned = evolve_partitioning(tx, spec)  # new files by the new spec, old kept
         schema = tx.table_metadata.schema()
         check_required(spec, frame, schema)  # the table as it is under the lock
@@ -317,13 +317,13 @@ class IcebergStore(IcebergReads):
             frame = pre.frame  # already aligned and sorted, and its files are written
         else:
             pre = None
-            frame = _sorted(_align(frame, schema), spec)
-        total_before = _total_records(table)
+            frame = sorted_for_write(align_to_schema(frame, schema), spec)
+        total_before = total_records(table)
         index = read_index(table)
         # rows the merge rewrites go to data files as they come (deleted again unless committed)
         rewrites = DataFileWriter(tx.table_metadata, table.io, write_id=uuid.uuid4())
         try:
-            merge = _Merge(
+            merge = FileMerge(
                 table=table,
                 tx=tx,
                 spec=spec,
@@ -341,7 +341,7 @@ class IcebergStore(IcebergReads):
                 )
         except BaseException:
             for path in rewrites.written:
-                _delete_quietly(table.io, path)
+                delete_quietly(table.io, path)
             raise
         force = plan.first_deploy
         snapshot_id: int | None = None
@@ -352,7 +352,7 @@ class IcebergStore(IcebergReads):
                 # the merge writes the computed frame as it is: its files are the pre-written ones
                 frames, ready = frames[1:], [*pre.files, *ready]
                 pre.handed_to_commit = True
-            new_table = _commit(
+            new_table = commit_write(
                 tx,
                 props,
                 changes.deleted_files,

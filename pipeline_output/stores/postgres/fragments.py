@@ -9,18 +9,18 @@ from pipeline_output.contract.windows import Window
 from pipeline_output.ledger.migrations import SCHEMA
 
 ROWS_TABLE = "dataset_rows"
-_ROWS = sql.Identifier(SCHEMA, ROWS_TABLE)
-_IN = sql.Identifier("_po_in")
-_BATCH = sql.Identifier("_po_batch")
-_ORD = "__po_ord__"
-_CSV_SLICE = 200_000
-_BTREE_MAX_BYTES = 2704  # Postgres' btree limit on one index entry (8 kB pages, btree version 4)
+ROWS = sql.Identifier(SCHEMA, ROWS_TABLE)
+IN_TABLE = sql.Identifier("_po_in")
+BATCH_TABLE = sql.Identifier("_po_batch")
+ORD_COLUMN = "__po_ord__"
+CSV_SLICE = 200_000
+BTREE_MAX_BYTES = 2704  # Postgres' btree limit on one index entry (8 kB pages, btree version 4)
 
 
 # -- SQL fragments ----------------------------------------------------------------------------
 
 
-def _pk_expr(spec: DatasetSpec, doc: sql.Composable) -> sql.Composable:
+def pk_expr(spec: DatasetSpec, doc: sql.Composable) -> sql.Composable:
     """The canonical key text of a document: `doc->>'k'`, or a JSON array for composite keys."""
     pk = spec.primary_key
     if not pk:
@@ -32,15 +32,15 @@ def _pk_expr(spec: DatasetSpec, doc: sql.Composable) -> sql.Composable:
     )
 
 
-def _typed_value(doc: sql.Composable, column: str, pg_type: sql.Composable) -> sql.Composable:
+def typed_value(doc: sql.Composable, column: str, pg_type: sql.Composable) -> sql.Composable:
     return sql.SQL("(({} ->> {})::{})").format(doc, sql.Literal(column), pg_type)
 
 
-def _window_condition(
+def window_condition(
     doc: sql.Composable, column: str, pg_type: sql.Composable, window: Window
 ) -> sql.Composable:
     """`low < watermark <= high` on a document's typed watermark (nulls are never inside)."""
-    value = _typed_value(doc, column, pg_type)
+    value = typed_value(doc, column, pg_type)
     if pg_type in (sql.SQL("timestamptz"), sql.SQL("timestamp")):
         # the bound's zone follows the column's, never the session's TimeZone
         window = window.aligned(aware=pg_type == sql.SQL("timestamptz"))

@@ -116,4 +116,4 @@ def _as_text(dtype: pl.DataType | None) -> bool:
     return isinstance(dtype, pl.Decimal)
 
 
-_Counts = RowCounts  # the legacy write's counters, filled by `staging.apply_plan`
+LegacyCounts = RowCounts  # the legacy write's counters, filled by `staging.apply_plan`

@@ -18,23 +18,23 @@ from pipeline_output.errors import (
     BadInput,
 )
 from pipeline_output.stores.postgres.fragments import (
-    _BATCH,
-    _CSV_SLICE,
-    _IN,
-    _ORD,
-    _ROWS,
-    _pk_expr,
-    _window_condition,
+    BATCH_TABLE,
+    CSV_SLICE,
+    IN_TABLE,
+    ORD_COLUMN,
+    ROWS,
+    pk_expr,
+    window_condition,
 )
-from pipeline_output.stores.postgres.pending import _Counts
-from pipeline_output.stores.postgres.types import _csv_ready
+from pipeline_output.stores.postgres.pending import LegacyCounts
+from pipeline_output.stores.postgres.types import csv_ready
 
 
 def rekey(conn: psycopg.Connection[Any], spec: DatasetSpec) -> None:
     """The spec's primary key changed: recompute every stored row's canonical key text."""
     conn.execute(
         sql.SQL("UPDATE {} AS r SET pk = {} WHERE r.dataset_id = %s").format(
-            _ROWS, _pk_expr(spec, sql.SQL("r.data"))
+            ROWS, pk_expr(spec, sql.SQL("r.data"))
         ),
         (spec.name,),
     )
@@ -47,37 +47,37 @@ def stage(
     types: dict[str, sql.Composable],
 ) -> None:
     """COPY the batch into `_po_in` (typed), then build `_po_batch (ord, pk, data jsonb)`."""
-    columns = [*types, _ORD]
+    columns = [*types, ORD_COLUMN]
     column_defs = sql.SQL(", ").join(
         [sql.SQL("{} {}").format(sql.Identifier(n), t) for n, t in types.items()]
-        + [sql.SQL("{} bigint").format(sql.Identifier(_ORD))]
+        + [sql.SQL("{} bigint").format(sql.Identifier(ORD_COLUMN))]
     )
-    conn.execute(sql.SQL("CREATE TEMP TABLE {} ({}) ON COMMIT DROP").format(_IN, column_defs))
-    staged = _csv_ready(frame).with_row_index(_ORD).select(columns)
+    conn.execute(sql.SQL("CREATE TEMP TABLE {} ({}) ON COMMIT DROP").format(IN_TABLE, column_defs))
+    staged = csv_ready(frame).with_row_index(ORD_COLUMN).select(columns)
     copy = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
-        _IN, sql.SQL(", ").join(sql.Identifier(c) for c in columns)
+        IN_TABLE, sql.SQL(", ").join(sql.Identifier(c) for c in columns)
     )
     with conn.cursor().copy(copy) as cp:
-        for offset in range(0, staged.height, _CSV_SLICE):
-            chunk = staged.slice(offset, _CSV_SLICE)
+        for offset in range(0, staged.height, CSV_SLICE):
+            chunk = staged.slice(offset, CSV_SLICE)
             cp.write(chunk.write_csv(include_header=False, quote_style="non_numeric"))
-    doc = sql.SQL("(to_jsonb(src.*) - {})").format(sql.Literal(_ORD))
+    doc = sql.SQL("(to_jsonb(src.*) - {})").format(sql.Literal(ORD_COLUMN))
     conn.execute(
         sql.SQL(
             "CREATE TEMP TABLE {batch} ON COMMIT DROP AS"
             " SELECT s.ord, {pk} AS pk, s.data FROM"
             " (SELECT src.{ord} AS ord, {doc} AS data FROM {src} AS src) AS s"
         ).format(
-            batch=_BATCH,
-            pk=_pk_expr(spec, sql.SQL("s.data")),
-            ord=sql.Identifier(_ORD),
+            batch=BATCH_TABLE,
+            pk=pk_expr(spec, sql.SQL("s.data")),
+            ord=sql.Identifier(ORD_COLUMN),
             doc=doc,
-            src=_IN,
+            src=IN_TABLE,
         )
     )
     if spec.primary_key:
-        conn.execute(sql.SQL("CREATE INDEX ON {} (pk)").format(_BATCH))
-    conn.execute(sql.SQL("ANALYZE {}").format(_BATCH))
+        conn.execute(sql.SQL("CREATE INDEX ON {} (pk)").format(BATCH_TABLE))
+    conn.execute(sql.SQL("ANALYZE {}").format(BATCH_TABLE))
 
 
 def apply_plan(
@@ -87,11 +87,11 @@ def apply_plan(
     n_in: int,
     total_before: int,
     types: dict[str, sql.Composable],
-) -> _Counts:
+) -> LegacyCounts:
     """Execute the plan's write mode with set-based SQL over `_po_batch`."""
     name = spec.name
     mode = plan.write_mode
-    counts = _Counts()
+    counts = LegacyCounts()
     window_cond: sql.Composable | None = None
     if plan.window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
         wm = spec.watermark
@@ -100,7 +100,7 @@ def apply_plan(
                 f"dataset {name!r}: a windowed write needs the watermark column {wm!r} in "
                 "the dataset"
             )
-        window_cond = _window_condition(sql.SQL("r.data"), wm, types[wm], plan.window)
+        window_cond = window_condition(sql.SQL("r.data"), wm, types[wm], plan.window)
 
     if mode == "replace":
         if plan.delete_scope == "window" and window_cond is not None:
@@ -108,13 +108,13 @@ def apply_plan(
             # row lies outside the window (its watermark moved) is replaced too: keys stay unique,
             # as on the native arm.
             moved = (
-                sql.SQL(" OR EXISTS (SELECT 1 FROM {} AS b WHERE b.pk = r.pk)").format(_BATCH)
+                sql.SQL(" OR EXISTS (SELECT 1 FROM {} AS b WHERE b.pk = r.pk)").format(BATCH_TABLE)
                 if spec.primary_key
                 else sql.SQL("")
             )
             counts.deleted = conn.execute(
                 sql.SQL("DELETE FROM {} AS r WHERE r.dataset_id = %s AND ({}{})").format(
-                    _ROWS, window_cond, moved
+                    ROWS, window_cond, moved
                 ),
                 (name,),
             ).rowcount
@@ -122,7 +122,7 @@ def apply_plan(
             counts.inserted = _insert(conn, name, base=_next_index(conn, name))
         else:
             counts.deleted = conn.execute(
-                sql.SQL("DELETE FROM {} WHERE dataset_id = %s").format(_ROWS), (name,)
+                sql.SQL("DELETE FROM {} WHERE dataset_id = %s").format(ROWS), (name,)
             ).rowcount
             counts.inserted = _insert(conn, name, base=0)
         return counts
@@ -144,7 +144,7 @@ def apply_plan(
         sql.SQL(
             "SELECT count(*), count(DISTINCT r.pk) FROM {} AS r JOIN {} AS b ON r.pk = b.pk"
             " WHERE r.dataset_id = %s"
-        ).format(_ROWS, _BATCH),
+        ).format(ROWS, BATCH_TABLE),
         (name,),
     ).fetchone()
     matched = int(row[0]) if row else 0
@@ -155,7 +155,7 @@ def apply_plan(
             "UPDATE {} AS r SET data = b.data FROM {} AS b"
             " WHERE r.dataset_id = %s AND r.pk = b.pk"
             " AND jsonb_strip_nulls(r.data) IS DISTINCT FROM jsonb_strip_nulls(b.data)"
-        ).format(_ROWS, _BATCH),
+        ).format(ROWS, BATCH_TABLE),
         (name,),
     ).rowcount
     counts.unchanged = matched - counts.updated
@@ -165,7 +165,7 @@ def apply_plan(
             sql.SQL(
                 "DELETE FROM {} AS r WHERE r.dataset_id = %s"
                 " AND NOT EXISTS (SELECT 1 FROM {} AS b WHERE b.pk = r.pk){}"
-            ).format(_ROWS, _BATCH, scope),
+            ).format(ROWS, BATCH_TABLE, scope),
             (name,),
         ).rowcount
     counts.inserted = _insert(conn, name, base=base, only_new=True)
@@ -179,7 +179,7 @@ def _refuse_duplicate_matches(conn: psycopg.Connection[Any], spec: DatasetSpec) 
     joined = sql.SQL(
         "FROM {} AS r JOIN {} AS b ON r.pk = b.pk WHERE r.dataset_id = %s GROUP BY r.pk "
         "HAVING count(*) > 1"
-    ).format(_ROWS, _BATCH)
+    ).format(ROWS, BATCH_TABLE)
     dupes = conn.execute(
         sql.SQL("SELECT r.pk, count(*) OVER () {} ORDER BY r.pk LIMIT %s").format(joined),
         (spec.name, MAX_EXAMPLES),
@@ -196,7 +196,7 @@ def _key_of(spec: DatasetSpec, pk: str) -> Any:
 def _next_index(conn: psycopg.Connection[Any], dataset: str) -> int:
     row = conn.execute(
         sql.SQL("SELECT coalesce(max(row_index), -1) + 1 FROM {} WHERE dataset_id = %s").format(
-            _ROWS
+            ROWS
         ),
         (dataset,),
     ).fetchone()
@@ -210,7 +210,7 @@ def _insert(
     where = (
         sql.SQL(
             " WHERE NOT EXISTS (SELECT 1 FROM {} AS r WHERE r.dataset_id = %s AND r.pk = b.pk)"
-        ).format(_ROWS)
+        ).format(ROWS)
         if only_new
         else sql.SQL("")
     )
@@ -219,7 +219,7 @@ def _insert(
         sql.SQL(
             "INSERT INTO {} (dataset_id, row_index, pk, data)"
             " SELECT %s, %s + b.ord, b.pk, b.data FROM {} AS b{} ORDER BY b.ord"
-        ).format(_ROWS, _BATCH, where),
+        ).format(ROWS, BATCH_TABLE, where),
         params,
     ).rowcount
 

@@ -80,20 +80,20 @@ from pipeline_output.infra import locks, pgsession
 from pipeline_output.ledger import Ledger
 from pipeline_output.ledger.migrations import SCHEMA
 from pipeline_output.stores.postgres.fragments import (
-    _ROWS,
+    ROWS,
     ROWS_TABLE,
-    _typed_value,
-    _window_condition,
+    typed_value,
+    window_condition,
 )
 from pipeline_output.stores.postgres.pending import PendingWrite, rows_as_frame
 from pipeline_output.stores.postgres.staging import apply_plan, rekey, stage
 from pipeline_output.stores.postgres.types import (
     LEGACY_CAPABILITIES,
-    _align,
-    _check_text,
-    _polars_schema,
-    _raise_if_key_too_long,
+    align_to_types,
+    check_text,
     evolve_schema,
+    legacy_polars_schema,
+    raise_if_key_too_long,
     staged_type,
 )
 
@@ -183,7 +183,7 @@ class PostgresStore:
     @staticmethod
     def _count(conn: psycopg.Connection[Any], dataset: str) -> int:
         row = conn.execute(
-            sql.SQL("SELECT count(*) FROM {} WHERE dataset_id = %s").format(_ROWS), (dataset,)
+            sql.SQL("SELECT count(*) FROM {} WHERE dataset_id = %s").format(ROWS), (dataset,)
         ).fetchone()
         return int(row[0]) if row else 0
 
@@ -203,7 +203,7 @@ class PostgresStore:
         with self._transaction() as conn:
             self._lock(conn, name)
             cur = conn.execute(
-                sql.SQL("DELETE FROM {} WHERE dataset_id = %s").format(_ROWS), (name,)
+                sql.SQL("DELETE FROM {} WHERE dataset_id = %s").format(ROWS), (name,)
             )
             deleted = cur.rowcount
             conn.commit()
@@ -219,7 +219,7 @@ class PostgresStore:
         LEGACY_CAPABILITIES.check_spec(spec)
         checked = checked_input(spec, data)
         LEGACY_CAPABILITIES.check_frame(spec, checked.frame)
-        _check_text(spec, checked.frame)
+        check_text(spec, checked.frame)
         return checked
 
     def write(
@@ -272,7 +272,7 @@ class PostgresStore:
             entry = self.ledger.registered(spec.name, conn=conn)
             registered = entry.arrow_schema if entry is not None else None
             arrow = evolve_schema(spec, registered, frame)
-            target = _polars_schema(arrow)
+            target = legacy_polars_schema(arrow)
             types = {name: staged_type(spec.name, name, dtype) for name, dtype in target.items()}
             key_changed = entry is not None and entry.primary_key != spec.primary_key
             if registered is None or key_changed or not arrow.equals(registered):
@@ -281,12 +281,12 @@ class PostgresStore:
                 )
             if key_changed:
                 rekey(conn, spec)
-            frame = _align(spec, frame, target)
+            frame = align_to_types(spec, frame, target)
             total_before = state.total_rows or 0
             try:
                 stage(conn, spec, frame, types)
             except (psycopg.errors.TooManyColumns, psycopg.errors.ProgramLimitExceeded) as exc:
-                _raise_if_key_too_long(spec, frame, exc)
+                raise_if_key_too_long(spec, frame, exc)
                 raise BadInput(
                     f"dataset {spec.name!r}: the legacy Postgres arm cannot stage {frame.width} "
                     f"columns ({exc.diag.message_primary}); keep it on the iceberg arm "
@@ -295,7 +295,7 @@ class PostgresStore:
             try:
                 counts = apply_plan(conn, spec, plan, frame.height, total_before, types)
             except psycopg.errors.ProgramLimitExceeded as exc:
-                _raise_if_key_too_long(spec, frame, exc)
+                raise_if_key_too_long(spec, frame, exc)
                 raise
             if frame.height == 0 and counts.deleted and not spec.allow_empty:
                 raise EmptyComputeRefused(
@@ -360,7 +360,7 @@ class PostgresStore:
         name = spec if isinstance(spec, str) else spec.name
         if arrow is None:
             raise DatasetNotWritten(f"dataset {name!r} has no rows in the legacy Postgres arm yet")
-        target = _polars_schema(arrow)
+        target = legacy_polars_schema(arrow)
         wanted = list(columns) if columns is not None else list(target)
         for col in wanted:
             check_identifier(col, what="column", dataset=name)
@@ -372,7 +372,7 @@ class PostgresStore:
         doc = sql.SQL("r.data")
         selects = []
         for col in wanted:
-            value = _typed_value(doc, col, types[col])
+            value = typed_value(doc, col, types[col])
             if isinstance(target[col], pl.Decimal):
                 value = sql.SQL("{}::text").format(value)  # exact digits, cast in polars
             selects.append(sql.SQL("{} AS {}").format(value, sql.Identifier(col)))
@@ -381,11 +381,9 @@ class PostgresStore:
             wm = window_column(spec, options.get("watermark"))
             if wm not in target:
                 raise InvalidArgument(f"reading a window of {name!r} needs its watermark column")
-            where = sql.SQL("{} AND {}").format(
-                where, _window_condition(doc, wm, types[wm], window)
-            )
+            where = sql.SQL("{} AND {}").format(where, window_condition(doc, wm, types[wm], window))
         query = sql.SQL("SELECT {} FROM {} AS r WHERE {} ORDER BY r.row_index").format(
-            sql.SQL(", ").join(selects) if selects else sql.SQL("1 AS __po_none__"), _ROWS, where
+            sql.SQL(", ").join(selects) if selects else sql.SQL("1 AS __po_none__"), ROWS, where
         )
         return query, dict(target), wanted
 

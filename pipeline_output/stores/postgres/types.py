@@ -19,7 +19,7 @@ from pipeline_output.errors import (
     BadInput,
     SchemaMismatch,
 )
-from pipeline_output.stores.postgres.fragments import _BTREE_MAX_BYTES
+from pipeline_output.stores.postgres.fragments import BTREE_MAX_BYTES
 from pipeline_output.stores.schema import arrow_schema_of, plan_evolution
 
 # -- types ------------------------------------------------------------------------------------
@@ -73,7 +73,7 @@ def staged_type(spec_name: str, column: str, dtype: pl.DataType) -> sql.Composab
     )
 
 
-def _polars_schema(arrow: pa.Schema) -> dict[str, pl.DataType]:
+def legacy_polars_schema(arrow: pa.Schema) -> dict[str, pl.DataType]:
     return dict(polars_schema(arrow))
 
 
@@ -117,7 +117,9 @@ def evolve_schema(
         raise SchemaMismatch(f"dataset {spec.name!r}: {exc} (nothing was written)") from exc
 
 
-def _align(spec: DatasetSpec, frame: pl.DataFrame, target: dict[str, pl.DataType]) -> pl.DataFrame:
+def align_to_types(
+    spec: DatasetSpec, frame: pl.DataFrame, target: dict[str, pl.DataType]
+) -> pl.DataFrame:
     """`frame` with exactly the registered columns, in order, cast to their types (missing: null)."""
     exprs = []
     for name, dtype in target.items():
@@ -134,7 +136,7 @@ def _align(spec: DatasetSpec, frame: pl.DataFrame, target: dict[str, pl.DataType
         ) from exc
 
 
-def _csv_ready(frame: pl.DataFrame) -> pl.DataFrame:
+def csv_ready(frame: pl.DataFrame) -> pl.DataFrame:
     """Binary columns as Postgres bytea hex text (`\\x...`); everything else as polars writes it."""
     binary = [n for n, t in frame.schema.items() if isinstance(t, pl.Binary)]
     if not binary:
@@ -144,7 +146,7 @@ def _csv_ready(frame: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _check_text(spec: DatasetSpec, frame: pl.DataFrame) -> None:
+def check_text(spec: DatasetSpec, frame: pl.DataFrame) -> None:
     """Refuse NUL characters in string columns: Postgres text (and jsonb) cannot hold U+0000."""
     strings = [n for n, t in frame.schema.items() if isinstance(t, pl.String)]
     if not strings or not frame.height:
@@ -159,7 +161,7 @@ def _check_text(spec: DatasetSpec, frame: pl.DataFrame) -> None:
         )
 
 
-def _raise_if_key_too_long(spec: DatasetSpec, frame: pl.DataFrame, exc: psycopg.Error) -> None:
+def raise_if_key_too_long(spec: DatasetSpec, frame: pl.DataFrame, exc: psycopg.Error) -> None:
     """An index-entry limit hit while writing the key index is the key's length: say so."""
     message = exc.diag.message_primary or ""
     if not spec.primary_key or "index row" not in message:
@@ -176,7 +178,7 @@ def _raise_if_key_too_long(spec: DatasetSpec, frame: pl.DataFrame, exc: psycopg.
     raise BadInput(
         f"dataset {spec.name!r}: a value of primary-key column(s) "
         f"{', '.join(map(repr, spec.primary_key))} is too long for the legacy Postgres arm's key "
-        f"index (Postgres btree entries are limited to {_BTREE_MAX_BYTES} bytes after "
+        f"index (Postgres btree entries are limited to {BTREE_MAX_BYTES} bytes after "
         f"compression{longest}; {message}); shorten or hash the key, or keep the dataset on the "
         "iceberg arm (nothing was written)"
     ) from exc

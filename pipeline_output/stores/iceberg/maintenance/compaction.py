@@ -55,14 +55,14 @@ from pipeline_output.stores.iceberg.maintenance.compaction_plan import (
     plan_bins,
     sort_keys,
 )
-from pipeline_output.stores.iceberg.snapshot.commit import _delete_quietly, _fault_injection
+from pipeline_output.stores.iceberg.snapshot.commit import delete_quietly, fault_injection
 from pipeline_output.stores.iceberg.snapshot.data_files import DEFAULT_TARGET_BYTES, DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.inflight import verify_written, writing
 from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction, read_index
 from pipeline_output.stores.iceberg.snapshot.replace_files import ReplaceFiles
 from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
 from pipeline_output.stores.iceberg.table.refs import AUDIT_PREFIX, ancestor_ids, head
-from pipeline_output.stores.iceberg.write.frame_rows import _align
+from pipeline_output.stores.iceberg.write.frame_rows import align_to_schema
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.store import IcebergStore
@@ -235,7 +235,7 @@ def _rewrite(
                     producer.delete_data_file(data_file)
                 try:
                     tx._apply(*producer._commit())
-                    _fault_injection("in_commit")
+                    fault_injection("in_commit")
                     stats.verify()
                     verify_written(table.io, producer, writer.written, dataset=spec.name)
                     handed = True  # from here a failure may leave the commit's outcome unknown
@@ -250,7 +250,7 @@ def _rewrite(
         finally:
             if not handed:  # never delete files a commit of unknown outcome may reference
                 for path in writer.written:
-                    _delete_quietly(table.io, path)
+                    delete_quietly(table.io, path)
     snap = new_table.current_snapshot()
     return _result(
         store,
@@ -292,7 +292,7 @@ def _read_bin(table: Table, bin_: Bin, spec: DatasetSpec) -> pl.DataFrame:
         ) from exc
     frame = pl.from_arrow(arrow)
     assert isinstance(frame, pl.DataFrame)
-    rows = _align(frame, schema)
+    rows = align_to_schema(frame, schema)
     keys = sort_keys(table.metadata, spec)
     if keys and rows.height > 1:
         rows = rows.sort(

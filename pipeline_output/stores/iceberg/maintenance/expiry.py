@@ -47,7 +47,7 @@ from pipeline_output.infra.locks import AdvisoryLock, LockStats
 from pipeline_output.ledger.window_ledger import WindowLedger
 from pipeline_output.stores.iceberg.maintenance.orphans import ManifestReader, delete_paths
 from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction, upgrade_properties
-from pipeline_output.stores.iceberg.table.properties import _DEFAULT_LOCK, PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.table.properties import DEFAULT_LOCK, PROPERTY_PREFIX
 from pipeline_output.stores.iceberg.table.snapshot_log import TRAVEL_FROM, expiry_boundary, stamp
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def expire_snapshots(
     *,
     older_than: datetime | timedelta = DEFAULT_OLDER_THAN,
     retain_last: int = DEFAULT_RETAIN_LAST,
-    ledger: WindowLedger | Any | None = _DEFAULT_LOCK,
+    ledger: WindowLedger | Any | None = DEFAULT_LOCK,
     dry_run: bool = False,
 ) -> ExpiryResult:
     """Expire snapshots older than `older_than` (an age, or an instant) beyond the `retain_last`
@@ -173,7 +173,7 @@ def expire_snapshots(
     control plane the store's lock uses), and delete the files only the expired snapshots
     referenced (module docstring). `dry_run`: decide and count, change nothing.
     """
-    if ledger is _DEFAULT_LOCK:
+    if ledger is DEFAULT_LOCK:
         ledger = _default_ledger(store)
     if retain_last < 1:
         raise InvalidArgument("expire_snapshots: retain_last must be at least 1")
@@ -255,7 +255,7 @@ def _apply_lock(ledger: WindowLedger | None, spec: DatasetSpec) -> AbstractConte
 def _default_ledger(store: IcebergStore) -> WindowLedger | None:
     """The window ledger of the control plane the store's lock is on (None: no lock)."""
     lock = store._lock
-    if lock is _DEFAULT_LOCK:
+    if lock is DEFAULT_LOCK:
         from pipeline_output.infra.settings import get_settings
 
         return WindowLedger(get_settings().control_plane_url())

@@ -34,7 +34,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.stores.iceberg.snapshot.inflight import DEFAULT_WAIT_S, quiesced
-from pipeline_output.stores.iceberg.table.properties import _READ_THREADS
+from pipeline_output.stores.iceberg.table.properties import READ_THREADS
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.store import IcebergStore
@@ -94,7 +94,7 @@ class ManifestReader:
                 continue  # its manifest list is gone (a concurrent cleanup): nothing to add
         todo = [m for path, m in manifests.items() if path not in self._live]
         if todo:
-            with ThreadPoolExecutor(max_workers=min(_READ_THREADS, len(todo))) as pool:
+            with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(todo))) as pool:
                 for manifest, paths in zip(todo, pool.map(self._read, todo), strict=True):
                     self._live[manifest.manifest_path] = paths
         for path in manifests:
@@ -317,5 +317,5 @@ def delete_paths(io: FileIO, paths: Iterable[str]) -> int:
     todo = list(paths)
     if not todo:
         return 0
-    with ThreadPoolExecutor(max_workers=min(_READ_THREADS, len(todo))) as pool:
+    with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(todo))) as pool:
         return sum(pool.map(one, todo))

@@ -28,11 +28,11 @@ from pipeline_output.stores.iceberg.snapshot.delete_files import DeleteFileWrite
 from pipeline_output.stores.iceberg.snapshot.indexed_overwrite import IndexedOverwrite, MergeAppend
 from pipeline_output.stores.iceberg.snapshot.inflight import verify_written
 from pipeline_output.stores.iceberg.snapshot.manifests import ManifestIndex
-from pipeline_output.stores.iceberg.write.frame_rows import _align
+from pipeline_output.stores.iceberg.write.frame_rows import align_to_schema
 from pipeline_output.stores.schema import check_required
 
 
-def _commit(
+def commit_write(
     tx: Transaction,
     props: dict[str, str],
     deleted: list[DataFile],
@@ -92,17 +92,17 @@ def _commit(
             producer.append_data_file(deletes.write(data_file, positions))
     except BaseException:
         for path in [*writer.written, *deletes.written]:
-            _delete_quietly(tx._table.io, path)
+            delete_quietly(tx._table.io, path)
         raise
     for data_file in deleted:
         producer.delete_data_file(data_file)
-    _fault_injection("before_commit")
+    fault_injection("before_commit")
     try:
         if blind_retry:
             producer.commit()  # registers the producer: pyiceberg rebuilds it on a new head
         else:
             tx._apply(*producer._commit())  # staged without retry registration: fenced
-        _fault_injection("in_commit")  # manifests and manifest list written too
+        fault_injection("in_commit")  # manifests and manifest list written too
         if fence is not None:
             fence()
         verify_written(  # none of its files removed meanwhile (`inflight.py`)
@@ -117,7 +117,7 @@ def _commit(
         with suppress(Exception):
             producer._clean_all_uncommitted()
         for path in [*writer.written, *deletes.written, *(f.file_path for f in ready)]:
-            _delete_quietly(tx._table.io, path)
+            delete_quietly(tx._table.io, path)
         if isinstance(exc, WriteConflict):
             raise
         raise WriteConflict(
@@ -126,7 +126,7 @@ def _commit(
         ) from exc
 
 
-def _stream_batches(
+def stream_batches(
     spec: DatasetSpec,
     first: pl.DataFrame,
     rest: Iterator[pl.DataFrame],
@@ -150,20 +150,20 @@ def _stream_batches(
             )
         batch = check_keys(spec, to_polars(spec, batch))
         check_required(spec, batch, schema)
-        batch = _align(batch, schema)
+        batch = align_to_schema(batch, schema)
         sink.extend(writer.write(batch))
         rows += batch.height
         batch = next(rest, None)
     return rows
 
 
-def _delete_quietly(file_io: FileIO, path: str) -> None:
+def delete_quietly(file_io: FileIO, path: str) -> None:
     """Delete a data file nobody references (best effort: doctor lists what is left)."""
     with suppress(OSError, ValueError):
         file_io.delete(path)
 
 
-def _fault_injection(point: str) -> None:
+def fault_injection(point: str) -> None:
     """Tests only: with PIPELINE_OUTPUT_FAULT=<point> the process kills itself here (SIGKILL);
     with `<point>:pause:<path>` it creates `<path>.paused` and waits (at most 10 minutes) until
     `<path>` exists, so a test can act while this write is exactly here."""

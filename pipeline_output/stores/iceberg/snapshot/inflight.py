@@ -41,7 +41,7 @@ from pyiceberg.table.update.snapshot import _SnapshotProducer
 
 from pipeline_output.errors import FilesRemoved, LockUnavailable
 from pipeline_output.infra.locks import AdvisoryLock, HeldLock, iceberg_files, iceberg_table
-from pipeline_output.stores.iceberg.table.properties import _READ_THREADS
+from pipeline_output.stores.iceberg.table.properties import READ_THREADS
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.store import IcebergStore
@@ -104,5 +104,5 @@ def _missing(io: FileIO, paths: list[str]) -> list[str]:
 
     if len(paths) <= 4:
         return [p for p in paths if gone(p)]
-    with ThreadPoolExecutor(max_workers=min(_READ_THREADS, len(paths))) as pool:
+    with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(paths))) as pool:
         return [p for p, g in zip(paths, pool.map(gone, paths), strict=True) if g]

@@ -47,8 +47,8 @@ from pyiceberg.utils.datetime import datetime_to_millis
 
 from pipeline_output.errors import UnsupportedWrite
 from pipeline_output.stores.iceberg.table.properties import (
-    _READ_THREADS,
     MAINTENANCE_FREE_PROPERTIES,
+    READ_THREADS,
 )
 
 _INITIAL_SEQUENCE_NUMBER = 0
@@ -85,7 +85,7 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
         """Read the entries of those `manifests` not read yet, in parallel."""
         todo = [m for m in manifests if m.manifest_path not in self._read]
         if len(todo) > 1:
-            with ThreadPoolExecutor(max_workers=min(_READ_THREADS, len(todo))) as pool:
+            with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(todo))) as pool:
                 read = list(pool.map(self._fetch, todo))
         else:
             read = [self._fetch(m) for m in todo]

@@ -22,7 +22,7 @@ from pyiceberg.types import DateType, PrimitiveType, TimestampType, TimestamptzT
 from pipeline_output.contract.windows import Window
 
 
-def _physical(series: pl.Series, iceberg_type: PrimitiveType) -> pl.Series:
+def physical(series: pl.Series, iceberg_type: PrimitiveType) -> pl.Series:
     """Key values in the representation Iceberg bounds decode to (micros, days, ...)."""
     if isinstance(iceberg_type, (TimestampType, TimestamptzType)):
         return series.dt.epoch("us")
@@ -39,7 +39,7 @@ def _bound_value(value: Any, iceberg_type: PrimitiveType) -> Any:
     return value
 
 
-def _window_relation(task: FileScanTask, schema: Schema, wm: str, window: Window) -> str:
+def window_relation(task: FileScanTask, schema: Schema, wm: str, window: Window) -> str:
     """`inside`, `outside` or `straddles`: where a file's watermark range lies against a window."""
     field = schema.find_field(wm)
     ftype = field.field_type

@@ -34,11 +34,11 @@ TABLE_PROPERTIES = {
     "commit.retry.min-wait-ms": "50",
     "commit.retry.max-wait-ms": "5000",
 }
-_DEFAULT_LOCK: Any = object()
-_READ_THREADS = 4
-_POS = "__po_pos__"  # every internal column name starts with frames.RESERVED_PREFIX
-_FILEPOS = "__po_filepos__"  # a row's physical position in its data file (merge-on-read)
-_NEW = "__po_new__"  # the compute's value of column `c` in a merge join is `__po_new__c`
+DEFAULT_LOCK: Any = object()
+READ_THREADS = 4
+POS_COLUMN = "__po_pos__"  # every internal column name starts with frames.RESERVED_PREFIX
+FILEPOS_COLUMN = "__po_filepos__"  # a row's physical position in its data file (merge-on-read)
+NEW_PREFIX = "__po_new__"  # the compute's value of column `c` in a merge join is `__po_new__c`
 
 ICEBERG_CAPABILITIES = Capabilities(
     arm="iceberg",

@@ -3,7 +3,7 @@ with a bounded number of files in flight.
 
 Owns `FileReader`: each candidate file is read whole (or only some columns) with the rows its
 positional delete files remove filtered out, and every row keeps its physical position in the file
-(`properties._FILEPOS`), which a merge-on-read write needs to delete it. `stream` yields the files
+(`properties.FILEPOS_COLUMN`), which a merge-on-read write needs to delete it. `stream` yields the files
 in order while at most `in_flight` are read ahead, so a merge over many files holds a bounded
 number of them in memory (peak memory follows the largest file, not the number of files).
 """
@@ -22,34 +22,34 @@ from pyiceberg.table import FileScanTask, Table
 
 from pipeline_output.contract.checked_input import from_arrow
 from pipeline_output.stores.iceberg.snapshot.delete_files import deleted_positions
-from pipeline_output.stores.iceberg.table.properties import _FILEPOS, _READ_THREADS
-from pipeline_output.stores.iceberg.write.frame_rows import _align, _read_local
+from pipeline_output.stores.iceberg.table.properties import FILEPOS_COLUMN, READ_THREADS
+from pipeline_output.stores.iceberg.write.frame_rows import align_to_schema, read_local
 
 
 class FileReader:
     """Reads data files of `table` aligned to `schema` (the schema the write works in)."""
 
-    def __init__(self, table: Table, schema: Schema, *, in_flight: int = _READ_THREADS) -> None:
+    def __init__(self, table: Table, schema: Schema, *, in_flight: int = READ_THREADS) -> None:
         self.table = table
         self.schema = schema
         self.in_flight = max(1, in_flight)
 
     def read(self, task: FileScanTask, *, columns: Sequence[str] | None = None) -> pl.DataFrame:
-        """The file's live rows (`columns` only, if given) and their positions (`_FILEPOS`)."""
+        """The file's live rows (`columns` only, if given) and their positions (`FILEPOS_COLUMN`)."""
         read_schema = self.table.schema()
         if columns is not None:
             read_schema = read_schema.select(*columns)
         bare = FileScanTask(task.file)  # every row, in file order: positions are physical
-        frame = _read_local(bare, read_schema)
+        frame = read_local(bare, read_schema)
         if frame is None:
             scan = ArrowScan(self.table.metadata, self.table.io, read_schema, AlwaysTrue())
             frame = from_arrow(scan.to_table([bare]))
-        frame = _align(frame, self.schema, only=columns).with_row_index(_FILEPOS)
-        frame = frame.with_columns(pl.col(_FILEPOS).cast(pl.Int64))
+        frame = align_to_schema(frame, self.schema, only=columns).with_row_index(FILEPOS_COLUMN)
+        frame = frame.with_columns(pl.col(FILEPOS_COLUMN).cast(pl.Int64))
         if task.delete_files:
             gone = deleted_positions(self.table.io, task)
             if gone.len():
-                frame = frame.filter(~pl.col(_FILEPOS).is_in(gone.implode()))
+                frame = frame.filter(~pl.col(FILEPOS_COLUMN).is_in(gone.implode()))
         return frame
 
     def stream(

@@ -15,34 +15,36 @@ from pyiceberg.table import FileScanTask, Table, Transaction
 from pipeline_output.contract.checked_input import polars_schema
 from pipeline_output.contract.plan import TargetState
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.stores.iceberg.table.properties import _NEW, _POS
+from pipeline_output.stores.iceberg.table.properties import NEW_PREFIX, POS_COLUMN
 from pipeline_output.stores.schema import Evolution
 
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def _replace_rows(
+def replace_rows(
     rows: pl.DataFrame, changed: pl.DataFrame, value_cols: list[str], pk: list[str]
 ) -> pl.DataFrame:
     """`rows` with the `changed` rows' new values put in place (rows keep their file order)."""
     if changed.height == 0 or not value_cols:
         return rows
-    positions = changed.get_column(_POS)
+    positions = changed.get_column(POS_COLUMN)
     try:
         return rows.with_columns(
             [
-                rows.get_column(c).clone().scatter(positions, changed.get_column(_NEW + c))
+                rows.get_column(c).clone().scatter(positions, changed.get_column(NEW_PREFIX + c))
                 for c in value_cols
             ]
         )
     except (pl.exceptions.PolarsError, TypeError):
         # Types scatter cannot take (nested): replace rows by position and restore the order.
         drop = pl.zeros(rows.height, dtype=pl.Boolean, eager=True).scatter(positions, True)
-        updated = changed.select([_POS, *pk, *[pl.col(_NEW + c).alias(c) for c in value_cols]])
-        return pl.concat([rows.filter(~drop), updated.select(rows.columns)]).sort(_POS)
+        updated = changed.select(
+            [POS_COLUMN, *pk, *[pl.col(NEW_PREFIX + c).alias(c) for c in value_cols]]
+        )
+        return pl.concat([rows.filter(~drop), updated.select(rows.columns)]).sort(POS_COLUMN)
 
 
-def _read_local(task: FileScanTask, schema: Schema) -> pl.DataFrame | None:
+def read_local(task: FileScanTask, schema: Schema) -> pl.DataFrame | None:
     """Read a local data file straight with polars when that is provably the same as a scan.
 
     Only for files without delete files whose Parquet field ids name the same columns as the
@@ -73,7 +75,7 @@ def _read_local(task: FileScanTask, schema: Schema) -> pl.DataFrame | None:
     return pl.read_parquet(local, columns=wanted)
 
 
-def _evolve(tx: Transaction, evolution: Evolution) -> None:
+def apply_evolution(tx: Transaction, evolution: Evolution) -> None:
     """Stage the schema changes in the write's own transaction (one commit with the data)."""
     if evolution.empty:
         return
@@ -84,7 +86,7 @@ def _evolve(tx: Transaction, evolution: Evolution) -> None:
             update.update_column(name, field_type=wider)
 
 
-def _state_of(table: Table | None) -> TargetState:
+def state_of(table: Table | None) -> TargetState:
     if table is None:
         return TargetState(exists=False, has_snapshot=False)
     snap = table.current_snapshot()
@@ -92,11 +94,11 @@ def _state_of(table: Table | None) -> TargetState:
         exists=True,
         has_snapshot=snap is not None,
         snapshot_id=snap.snapshot_id if snap else None,
-        total_rows=_total_records(table),
+        total_rows=total_records(table),
     )
 
 
-def _total_records(table: Table) -> int:
+def total_records(table: Table) -> int:
     snap = table.current_snapshot()
     if snap is None or snap.summary is None:
         return 0
@@ -107,11 +109,11 @@ def _total_records(table: Table) -> int:
     )
 
 
-def _schema_names(schema: Schema) -> list[str]:
+def schema_names(schema: Schema) -> list[str]:
     return [f.name for f in schema.fields]
 
 
-def _align(
+def align_to_schema(
     frame: pl.DataFrame, schema: Schema, *, only: Sequence[str] | None = None
 ) -> pl.DataFrame:
     """`frame` with the schema's columns (missing ones null) cast to the schema's polars types."""
@@ -128,7 +130,7 @@ def _align(
     return frame.select(exprs)
 
 
-def _sorted(frame: pl.DataFrame, spec: DatasetSpec) -> pl.DataFrame:
+def sorted_for_write(frame: pl.DataFrame, spec: DatasetSpec) -> pl.DataFrame:
     cols = [c for c in spec.sort_columns if c in frame.columns]
     if not cols or frame.height < 2:
         return frame
@@ -137,7 +139,7 @@ def _sorted(frame: pl.DataFrame, spec: DatasetSpec) -> pl.DataFrame:
     return frame.sort(cols, nulls_last=False, maintain_order=True)
 
 
-def _differs(joined: pl.DataFrame, value_cols: list[str]) -> pl.Expr:
+def differs(joined: pl.DataFrame, value_cols: list[str]) -> pl.Expr:
     """Rows whose values differ between the target (`c`) and the compute (`__po_new__c`).
 
     Nulls equal nulls and NaN equals NaN, so an unchanged row with NaN is never rewritten.
@@ -145,6 +147,10 @@ def _differs(joined: pl.DataFrame, value_cols: list[str]) -> pl.Expr:
     if not value_cols:
         return pl.lit(False)
     return pl.any_horizontal(
-        [~pl.col(c).eq_missing(pl.col(_NEW + c)) for c in value_cols if _NEW + c in joined.columns]
+        [
+            ~pl.col(c).eq_missing(pl.col(NEW_PREFIX + c))
+            for c in value_cols
+            if NEW_PREFIX + c in joined.columns
+        ]
         or [pl.lit(False)]
     )

@@ -26,18 +26,18 @@ from pipeline_output.errors import BadInput
 from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.delete_files import deleted_positions, own_delete_files
 from pipeline_output.stores.iceberg.snapshot.manifests import ManifestIndex
-from pipeline_output.stores.iceberg.table.expressions import _window_relation
-from pipeline_output.stores.iceberg.table.properties import _FILEPOS, _NEW, _POS
+from pipeline_output.stores.iceberg.table.expressions import window_relation
+from pipeline_output.stores.iceberg.table.properties import FILEPOS_COLUMN, NEW_PREFIX, POS_COLUMN
 from pipeline_output.stores.iceberg.write.file_reads import FileReader
 from pipeline_output.stores.iceberg.write.frame_rows import (
-    _differs,
-    _replace_rows,
-    _schema_names,
-    _sorted,
-    _total_records,
+    differs,
+    replace_rows,
+    schema_names,
+    sorted_for_write,
+    total_records,
 )
 from pipeline_output.stores.iceberg.write.merge_policy import MIN_ROWS, MergePolicy
-from pipeline_output.stores.iceberg.write.prepare import _Changes
+from pipeline_output.stores.iceberg.write.prepare import MergeChanges
 from pipeline_output.stores.iceberg.write.pruning import (
     KeySlices,
     manifest_admission,
@@ -49,7 +49,7 @@ _HIT = "__po_hit__"
 
 
 @dataclass
-class _Merge:
+class FileMerge:
     """Decides, file by file, what a write mode changes in an existing table."""
 
     table: Table
@@ -67,8 +67,8 @@ class _Merge:
         self.reader = FileReader(self.table, self.schema)
         self._sink = RewriteSink(self.writer, self.spec)
 
-    def run(self, plan: WritePlan) -> _Changes:
-        handlers: dict[str, Callable[[WritePlan], _Changes]] = {
+    def run(self, plan: WritePlan) -> MergeChanges:
+        handlers: dict[str, Callable[[WritePlan], MergeChanges]] = {
             "replace": self._replace,
             "append": self._append,
             "append_new": self._append_new,
@@ -84,15 +84,15 @@ class _Merge:
 
     # -- simple modes
 
-    def _append(self, plan: WritePlan) -> _Changes:
-        total = _total_records(self.table)
-        return _Changes(new_frames=[self.frame], inserted=self.frame.height, preserved=total)
+    def _append(self, plan: WritePlan) -> MergeChanges:
+        total = total_records(self.table)
+        return MergeChanges(new_frames=[self.frame], inserted=self.frame.height, preserved=total)
 
-    def _replace(self, plan: WritePlan) -> _Changes:
+    def _replace(self, plan: WritePlan) -> MergeChanges:
         tasks = self.index.tasks()
         if plan.delete_scope == "all" or plan.window is None:
             deleted = sum(_live_rows(t) for t in tasks)
-            return _Changes(
+            return MergeChanges(
                 deleted_files=[t.file for t in tasks],
                 new_frames=[self.frame],
                 inserted=self.frame.height,
@@ -104,10 +104,10 @@ class _Merge:
         policy = self._policy(plan)
         pk = list(self.spec.primary_key)
         by_key = {id(t) for t in self._prune_by_keys(tasks)} if pk else set()
-        changes = _Changes(new_frames=[self.frame], inserted=self.frame.height)
+        changes = MergeChanges(new_frames=[self.frame], inserted=self.frame.height)
         straddling: list[FileScanTask] = []
         for task in tasks:
-            relation = _window_relation(task, self.schema, wm, window)
+            relation = window_relation(task, self.schema, wm, window)
             if relation == "outside" and id(task) not in by_key:
                 changes.preserved += _live_rows(task)
             elif relation == "inside" and not task.delete_files:
@@ -133,14 +133,16 @@ class _Merge:
                 deleted_before=task.file.record_count - rows.height,
                 deleting=n_drop,
             ):
-                self._delete_by_position(changes, task, rows.filter(drop).get_column(_FILEPOS))
+                self._delete_by_position(
+                    changes, task, rows.filter(drop).get_column(FILEPOS_COLUMN)
+                )
             else:
                 self._rewrite(changes, task, rows.filter(~drop))
         changes.written = self._sink.files
         changes.new_frames = [self.frame, *self._sink.rest()]
         return changes
 
-    def _append_new(self, plan: WritePlan) -> _Changes:
+    def _append_new(self, plan: WritePlan) -> MergeChanges:
         pk = list(self.spec.primary_key)
         candidates = self._prune_by_keys(self._keyed_tasks())
         existing = [keys.select(pk) for _, keys in self.reader.stream(candidates, columns=pk)]
@@ -149,14 +151,14 @@ class _Merge:
         skipped = self.frame.height - fresh.height
         if skipped == 0:
             fresh = self.frame  # written as it is (its files may already exist: see _Prewritten)
-        total = _total_records(self.table)
-        return _Changes(
+        total = total_records(self.table)
+        return MergeChanges(
             new_frames=[fresh], inserted=fresh.height, skipped=skipped, preserved=total - skipped
         )
 
     # -- the merge behind upsert and sync
 
-    def _upsert_or_sync(self, plan: WritePlan) -> _Changes:
+    def _upsert_or_sync(self, plan: WritePlan) -> MergeChanges:
         spec, frame = self.spec, self.frame
         policy = self._policy(plan)
         pk = list(spec.primary_key)
@@ -171,12 +173,12 @@ class _Merge:
             candidates = [
                 t
                 for t in tasks
-                if id(t) in by_key or _window_relation(t, self.schema, wm, window) != "outside"
+                if id(t) in by_key or window_relation(t, self.schema, wm, window) != "outside"
             ]
         else:
             tasks = self._keyed_tasks()
             candidates = self._prune_by_keys(tasks)
-        changes = _Changes()
+        changes = MergeChanges()
         chosen = {id(t) for t in candidates}
         changes.preserved += sum(_live_rows(t) for t in tasks if id(t) not in chosen)
         changes.preserved += self._unread_rows(tasks)
@@ -205,16 +207,16 @@ class _Merge:
         settled_keys: list[pl.DataFrame] = []
         merged_on_read = False
         touched: set[int] = set()
-        value_cols = [c for c in _schema_names(self.schema) if c not in pk]
+        value_cols = [c for c in schema_names(self.schema) if c not in pk]
         # the compute's value columns under reserved names: no user column can collide with them
-        renamed = {c: _NEW + c for c in frame.columns if c not in pk}
+        renamed = {c: NEW_PREFIX + c for c in frame.columns if c not in pk}
         for task, rows in self.reader.stream(candidates):
-            rows = rows.with_row_index(_POS)
+            rows = rows.with_row_index(POS_COLUMN)
             batch = slices.of(task)
             joined = rows.join(batch.rename(renamed), on=pk, how="inner", nulls_equal=True)
             if joined.height:
                 matched_keys.append(joined.select(pk))
-            changed = joined.filter(_differs(joined, value_cols))
+            changed = joined.filter(differs(joined, value_cols))
             absent_mask = self._absent_mask(rows, batch.select(pk), scope, window, wm)
             n_absent = int(absent_mask.sum()) if absent_mask is not None else 0
             if changed.height == 0 and n_absent == 0:
@@ -232,19 +234,19 @@ class _Merge:
                 deleted_before=task.file.record_count - rows.height,
                 deleting=changed.height + n_absent,
             ):
-                gone = [changed.get_column(_FILEPOS)]
+                gone = [changed.get_column(FILEPOS_COLUMN)]
                 if absent_mask is not None and n_absent:
-                    gone.append(rows.filter(absent_mask).get_column(_FILEPOS))
+                    gone.append(rows.filter(absent_mask).get_column(FILEPOS_COLUMN))
                 self._delete_by_position(changes, task, pl.concat(gone))
                 merged_on_read = True
                 if changed.height < joined.height:  # the changed rows are written anew
-                    settled_keys.append(joined.filter(~_differs(joined, value_cols)).select(pk))
+                    settled_keys.append(joined.filter(~differs(joined, value_cols)).select(pk))
                 continue
             settled_keys.append(joined.select(pk))
-            content = _replace_rows(rows.drop(_FILEPOS), changed, value_cols, pk)
+            content = replace_rows(rows.drop(FILEPOS_COLUMN), changed, value_cols, pk)
             if absent_mask is not None:
                 content = content.filter(~absent_mask)
-            self._rewrite(changes, task, content.drop(_POS))
+            self._rewrite(changes, task, content.drop(POS_COLUMN))
 
         all_matched = pl.concat(matched_keys) if matched_keys else frame.head(0).select(pk)
         refuse_duplicate_matches(spec, all_matched)  # before anything is committed
@@ -295,13 +297,13 @@ class _Merge:
 
     # -- what happens to a file that changes
 
-    def _rewrite(self, changes: _Changes, task: FileScanTask, content: pl.DataFrame) -> None:
+    def _rewrite(self, changes: MergeChanges, task: FileScanTask, content: pl.DataFrame) -> None:
         """Copy-on-write: the file goes (with its own delete files), `content` is written anew."""
         changes.deleted_files.append(task.file)
-        self._sink.add(content.drop(_FILEPOS, strict=False))
+        self._sink.add(content.drop(FILEPOS_COLUMN, strict=False))
 
     def _delete_by_position(
-        self, changes: _Changes, task: FileScanTask, positions: pl.Series
+        self, changes: MergeChanges, task: FileScanTask, positions: pl.Series
     ) -> None:
         """Merge-on-read: the file stays; one delete file of ours holds every position it lost
         (the ones its own delete files held, which go, and `positions`)."""
@@ -313,7 +315,7 @@ class _Merge:
         changes.positional.append((task.file, positions.cast(pl.Int64).unique().sort()))
 
     def _absorb_small_file(
-        self, changes: _Changes, tasks: Sequence[FileScanTask], touched: set[int]
+        self, changes: MergeChanges, tasks: Sequence[FileScanTask], touched: set[int]
     ) -> None:
         """Fold the smallest small, untouched data file of the current partition spec into this
         write's new file. A merge-on-read write adds a file for the new versions of the rows it
@@ -341,7 +343,7 @@ class _Merge:
     def _watermark(self) -> str:
         wm = self.spec.watermark
         # the table as it was before this write (a column added now holds no watermarks yet)
-        if wm is None or wm not in _schema_names(self.table.schema()):
+        if wm is None or wm not in schema_names(self.table.schema()):
             raise BadInput(
                 f"dataset {self.spec.name!r}: a windowed write needs the watermark column "
                 f"{wm!r} in the table"
@@ -385,4 +387,4 @@ def _coalesced(frames: list[pl.DataFrame], spec: DatasetSpec) -> list[pl.DataFra
         return kept
     # rechunked: a frame of many chunks is written as as many row groups, and a file rewritten
     # by every small upsert would gain a row group per write
-    return [_sorted(pl.concat(kept, how="vertical", rechunk=True), spec)]
+    return [sorted_for_write(pl.concat(kept, how="vertical", rechunk=True), spec)]

@@ -1,5 +1,5 @@
 """Writes prepared before the lock: data files pre-written against the metadata read then
-(`_Prewritten`, `PreparedWrite`, registered as a write in flight until `discard()`:
+(`Prewritten`, `PreparedWrite`, registered as a write in flight until `discard()`:
 `inflight.py`), the snapshot summary properties, the changes a merge computes.
 """
 
@@ -22,12 +22,16 @@ from pipeline_output.contract.result import RowCounts
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
 from pipeline_output.infra.locks import HeldLock
-from pipeline_output.stores.iceberg.snapshot.commit import _delete_quietly
+from pipeline_output.stores.iceberg.snapshot.commit import delete_quietly
 from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.inflight import writing
 from pipeline_output.stores.iceberg.table.partitions import needs_evolution
 from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
-from pipeline_output.stores.iceberg.write.frame_rows import _align, _sorted, _state_of
+from pipeline_output.stores.iceberg.write.frame_rows import (
+    align_to_schema,
+    sorted_for_write,
+    state_of,
+)
 from pipeline_output.stores.schema import check_required, plan_evolution
 
 if TYPE_CHECKING:
@@ -65,7 +69,7 @@ def row_properties(counts: RowCounts) -> dict[str, str]:
 
 
 @dataclass
-class _Changes(RowCounts):
+class MergeChanges(RowCounts):
     """What a merge decided: files to drop, frames to write as new files, and the row counts."""
 
     deleted_files: list[DataFile] = field(default_factory=list)
@@ -88,7 +92,7 @@ _AS_IS_MODES = ("append", "replace", "append_new")
 
 
 @dataclass
-class _Prewritten:
+class Prewritten:
     """Data files of the computed frame, written before the lock against the metadata read then."""
 
     frame: pl.DataFrame  # the frame as written: aligned to the table schema and sorted
@@ -101,7 +105,7 @@ class _Prewritten:
     handed_to_commit: bool = False
 
     @classmethod
-    def of(cls, table: Table, frame: pl.DataFrame, files: list[DataFile]) -> _Prewritten:
+    def of(cls, table: Table, frame: pl.DataFrame, files: list[DataFile]) -> Prewritten:
         meta = table.metadata
         return cls(
             frame=frame,
@@ -132,7 +136,7 @@ class _Prewritten:
         if self.handed_to_commit:
             return
         for data_file in self.files:
-            _delete_quietly(self.io, data_file.file_path)
+            delete_quietly(self.io, data_file.file_path)
         self.files = []
 
 
@@ -147,7 +151,7 @@ class PreparedWrite:
     spec: DatasetSpec
     window: Window | None
     frame: pl.DataFrame
-    pre: _Prewritten | None
+    pre: Prewritten | None
     held: HeldLock | None = None
     _registration: ExitStack | None = field(default=None, repr=False, compare=False)
 
@@ -194,15 +198,15 @@ def prepare_write(
 
 def prewrite(
     table: Table | None, spec: DatasetSpec, frame: pl.DataFrame, window: Window | None
-) -> _Prewritten | None:
+) -> Prewritten | None:
     """Write the frame's data files before the lock when the strategy writes it as it is.
 
-    Decided on the table as it is now; re-checked inside the lock (`_Prewritten.fits`). Input
+    Decided on the table as it is now; re-checked inside the lock (`Prewritten.fits`). Input
     checks that depend on the plan run here too, so bad input still writes nothing.
     """
     if frame.height == 0 or table is None:
         return None
-    plan = plan_write(spec, _state_of(table), window)
+    plan = plan_write(spec, state_of(table), window)
     if plan.write_mode not in _AS_IS_MODES:
         return None
     if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
@@ -211,13 +215,13 @@ def prewrite(
         spec, table.metadata
     ):
         return None  # the schema or partitioning changes: written in the lock, after evolution
-    aligned = _sorted(_align(frame, table.schema()), spec)
-    pre = _Prewritten.of(table, aligned, [])
+    aligned = sorted_for_write(align_to_schema(frame, table.schema()), spec)
+    pre = Prewritten.of(table, aligned, [])
     writer = DataFileWriter(table.metadata, table.io, write_id=uuid.uuid4())
     try:
         pre.files = writer.write(aligned)
     except BaseException:
         for path in writer.written:
-            _delete_quietly(table.io, path)
+            delete_quietly(table.io, path)
         raise
     return pre

@@ -23,7 +23,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import NestedField, PrimitiveType
 
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.stores.iceberg.table.expressions import _physical
+from pipeline_output.stores.iceberg.table.expressions import physical
 from pipeline_output.stores.iceberg.table.partitions import key_partition_values
 
 
@@ -41,7 +41,7 @@ def prune_by_keys(
     for name in spec.primary_key:
         field = schema.find_field(name)
         if isinstance(field.field_type, PrimitiveType):
-            values = _physical(frame.get_column(name), field.field_type)
+            values = physical(frame.get_column(name), field.field_type)
             columns.append((field, values.unique().sort()))
     admitted = [True] * len(tasks)
     for field, keys in columns:
@@ -155,7 +155,7 @@ class KeySlices:
         self.sorted: pl.Series | None = None
         self._cache: dict[str, pl.DataFrame] = {}
         if isinstance(self.field.field_type, PrimitiveType) and frame.height > 1:
-            values = _physical(frame.get_column(column), self.field.field_type)
+            values = physical(frame.get_column(column), self.field.field_type)
             if values.is_sorted() and not values.has_nulls():  # a write's frame is, by its key
                 self.sorted, self._by_key = values, frame
             else:

@@ -16,7 +16,7 @@ from pyiceberg.manifest import DataFile
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
-from pipeline_output.stores.iceberg.write.frame_rows import _sorted
+from pipeline_output.stores.iceberg.write.frame_rows import sorted_for_write
 
 FLUSH_BYTES = 128 * 1024 * 1024
 
@@ -59,4 +59,4 @@ class RewriteSink:
     def _flush(self) -> None:
         assert self.writer is not None
         frame = pl.concat(self.rest(), how="vertical", rechunk=True)
-        self.files.extend(self.writer.write(_sorted(frame, self.spec)))
+        self.files.extend(self.writer.write(sorted_for_write(frame, self.spec)))

@@ -23,7 +23,11 @@ from pipeline_output.errors import (
     WriteConflict,
 )
 from pipeline_output.infra.locks import LockStats
-from pipeline_output.stores.iceberg.snapshot.commit import _commit, _delete_quietly, _stream_batches
+from pipeline_output.stores.iceberg.snapshot.commit import (
+    commit_write,
+    delete_quietly,
+    stream_batches,
+)
 from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.inflight import writing
 from pipeline_output.stores.iceberg.snapshot.manifests import (
@@ -36,9 +40,9 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
 from pipeline_output.stores.iceberg.table.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.table.partitions import needs_evolution
 from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
-from pipeline_output.stores.iceberg.write.frame_rows import _evolve, _state_of, _total_records
+from pipeline_output.stores.iceberg.write.frame_rows import apply_evolution, state_of, total_records
 from pipeline_output.stores.iceberg.write.prepare import (
-    _Prewritten,
+    Prewritten,
     row_properties,
     summary_properties,
 )
@@ -97,7 +101,7 @@ def replace_streaming(
         )
     with store._hold(spec) as stats:
         table = store.load(spec)
-        plan = plan_write(replace(spec, strategy="replace"), _state_of(table), None)
+        plan = plan_write(replace(spec, strategy="replace"), state_of(table), None)
         props = summary_properties(spec, plan, run_id, summary)
         if table is None:
             tx: Transaction = store._create_transaction(spec, first)
@@ -107,25 +111,25 @@ def replace_streaming(
         else:
             tx = FlatTransaction(table)
             upgrade_properties(tx)
-            _evolve(tx, plan_evolution(spec, table.schema(), first))
+            apply_evolution(tx, plan_evolution(spec, table.schema(), first))
             evolve_partitioning(tx, spec)
             index = read_index(table)
             deleted = live_data_files(index)
-            total_before = _total_records(table)
+            total_before = total_records(table)
         writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=uuid.uuid4())
         written: list[DataFile] = []
         try:
-            rows = _stream_batches(
+            rows = stream_batches(
                 spec, first, iterator, writer, tx.table_metadata.schema(), sink=written
             )
         except BaseException:
             for path in writer.written:
-                _delete_quietly(tx._table.io, path)
+                delete_quietly(tx._table.io, path)
             raise
         if finalize_summary is not None:
             props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in finalize_summary().items()})
         props.update(row_properties(RowCounts(inserted=rows, deleted=total_before)))
-        new_table = _commit(
+        new_table = commit_write(
             tx,
             props,
             deleted,
@@ -164,16 +168,16 @@ def _replace_streaming_unlocked(
     started: float,
 ) -> WriteResult:
     """`replace_streaming` into an existing table: batches to files first, then lock + commit."""
-    pre = _Prewritten.of(current, first.head(0), [])
+    pre = Prewritten.of(current, first.head(0), [])
     writer = DataFileWriter(current.metadata, current.io, write_id=uuid.uuid4())
     # a write in flight from its first file until its commit (`inflight.py`)
     with writing(store, store.table_name(spec)) as held:
         try:
             try:
-                rows = _stream_batches(spec, first, rest, writer, current.schema(), sink=pre.files)
+                rows = stream_batches(spec, first, rest, writer, current.schema(), sink=pre.files)
             except BaseException:
                 for path in writer.written:
-                    _delete_quietly(current.io, path)
+                    delete_quietly(current.io, path)
                 pre.files = []
                 raise
             extra = finalize_summary() if finalize_summary is not None else {}
@@ -185,17 +189,17 @@ def _replace_streaming_unlocked(
                         "changed its schema or partitioning while the batches were written; "
                         "nothing was committed — run it again"
                     )
-                plan = plan_write(replace(spec, strategy="replace"), _state_of(table), None)
+                plan = plan_write(replace(spec, strategy="replace"), state_of(table), None)
                 props = summary_properties(spec, plan, run_id, summary)
                 props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in extra.items()})
                 index = read_index(table)
                 deleted = live_data_files(index)
-                total_before = _total_records(table)
+                total_before = total_records(table)
                 props.update(row_properties(RowCounts(inserted=rows, deleted=total_before)))
                 pre.handed_to_commit = True
                 tx = FlatTransaction(table)
                 upgrade_properties(tx)
-                new_table = _commit(
+                new_table = commit_write(
                     tx,
                     props,
                     deleted,
