@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from pipeline_output.contract.version import VERSION as __version__
 
 _EXPORTS = {
     # errors

@@ -27,6 +27,7 @@ from pipeline_output.errors import LockUnavailable
 from pipeline_output.infra import embedded_pg
 from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.infra.settings import Settings
+from pipeline_output.services.runtime import settings_catalog
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.reliability_report import record
@@ -40,6 +41,7 @@ from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.ledger import Ledger
 from pipeline_output.services.publish import Publisher, ResolvedMode
 from pipeline_output.infra.settings import get_settings
+from pipeline_output.services.runtime import settings_catalog
 from pipeline_output.stores.postgres import PostgresStore
 
 name, lo, hi, ver, mode, extra = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
@@ -50,7 +52,7 @@ ledger.migrate()
 if extra == "kill_after_commit":  # killed between the Iceberg commit and the ledger update
     import os, signal
     ledger.record_deploy = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
-pub = Publisher(iceberg=IcebergStore(s.catalog(), s.namespace), postgres=PostgresStore(url, ledger=ledger), ledger=ledger)
+pub = Publisher(iceberg=IcebergStore(settings_catalog(s), s.namespace), postgres=PostgresStore(url, ledger=ledger), ledger=ledger)
 spec = DatasetSpec(name=name, primary_key=("id",), strategy="snapshot_replace")
 ids = list(range(lo, hi))
 frame = pl.DataFrame({"id": pl.Series(ids, dtype=pl.Int64), "v": [f"v{ver}-{i}" for i in ids]})
@@ -101,7 +103,7 @@ def doctor(*args: str) -> str:
 
 
 def iceberg_rows(settings: Settings, name: str) -> tuple[pl.DataFrame, int | None]:
-    cat = settings.catalog()
+    cat = settings_catalog(settings)
     table = cat.load_table((settings.namespace, name))
     snap = table.current_snapshot()
     frame = pl.from_arrow(table.scan().to_arrow())
@@ -211,7 +213,9 @@ with AdvisoryLock(sys.argv[1]).hold(sys.argv[2]):
 
 def test_sigkill_while_holding_the_writer_lock_releases_it(settings_env: Settings) -> None:
     url = settings_env.control_plane_url()
-    store = IcebergStore(settings_env.catalog(), settings_env.namespace, lock=AdvisoryLock(url))
+    store = IcebergStore(
+        settings_catalog(settings_env), settings_env.namespace, lock=AdvisoryLock(url)
+    )
     frame = expected((0, 10, 0))
     store.write(spec("kl"), frame)
     holder = subprocess.Popen(
@@ -222,7 +226,9 @@ def test_sigkill_while_holding_the_writer_lock_releases_it(settings_env: Setting
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         blocked = IcebergStore(
-            settings_env.catalog(), settings_env.namespace, lock=AdvisoryLock(url, timeout_s=0.5)
+            settings_catalog(settings_env),
+            settings_env.namespace,
+            lock=AdvisoryLock(url, timeout_s=0.5),
         )
         with pytest.raises(LockUnavailable, match="timed out"):
             blocked.write(spec("kl"), expected((5, 15, 1)))
@@ -232,7 +238,7 @@ def test_sigkill_while_holding_the_writer_lock_releases_it(settings_env: Setting
         if holder.poll() is None:
             holder.kill()
     patient = IcebergStore(
-        settings_env.catalog(), settings_env.namespace, lock=AdvisoryLock(url, timeout_s=20)
+        settings_catalog(settings_env), settings_env.namespace, lock=AdvisoryLock(url, timeout_s=20)
     )
     res = patient.write(spec("kl"), expected((5, 15, 1)))
     assert res.lock_wait_s < 10
@@ -256,6 +262,7 @@ import json, sys, time
 import polars as pl
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.infra.settings import get_settings
+from pipeline_output.services.runtime import settings_catalog
 from pipeline_output.stores.postgres import PostgresStore
 
 batches = int(sys.argv[1])
@@ -269,7 +276,7 @@ for b in range(batches):
             try:
                 s = get_settings()
                 if arm == "iceberg":
-                    IcebergStore(s.catalog(), s.namespace).write(spec, frame, run_id=f"b{b}")
+                    IcebergStore(settings_catalog(s), s.namespace).write(spec, frame, run_id=f"b{b}")
                 else:
                     PostgresStore(s.control_plane_url()).write(spec, frame, run_id=f"b{b}")
                 break
@@ -416,9 +423,10 @@ import os
 import polars as pl
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.infra.settings import get_settings
+from pipeline_output.services.runtime import settings_catalog
 s = get_settings()
 ids = list(range(1000, 1400))
 frame = pl.DataFrame({"id": pl.Series(ids, dtype=pl.Int64), "v": [os.urandom(4000).hex() for _ in ids]})
-IcebergStore(s.catalog(), s.namespace).write(
+IcebergStore(settings_catalog(s), s.namespace).write(
     DatasetSpec(name="full", primary_key=("id",), strategy="snapshot_replace"), frame)
 """

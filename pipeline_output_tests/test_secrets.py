@@ -25,6 +25,7 @@ import pytest
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.infra.settings import Settings, get_settings
 from pipeline_output.services.publish import Publisher, ResolvedMode
+from pipeline_output.services.runtime import settings_catalog
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.reliability_report import record
 
@@ -60,7 +61,7 @@ def test_password_absent_from_logs_metadata_ledger_and_results(
     settings = get_settings()
     url = settings.control_plane_url()
     assert SECRET in url  # the password is really in play
-    ice = IcebergStore(settings.catalog(), settings.namespace)
+    ice = IcebergStore(settings_catalog(settings), settings.namespace)
     pub = Publisher(iceberg=ice, postgres=PostgresStore(url))
     spec = DatasetSpec(name="secretive", primary_key=("id",))
     frame = pl.DataFrame({"id": [1, 2], "v": ["a", "b"]})

@@ -16,6 +16,7 @@ from pipeline_output.infra.settings import (
     to_sqlalchemy_url,
     with_database,
 )
+from pipeline_output.services.runtime import settings_catalog
 
 
 @pytest.fixture
@@ -162,14 +163,14 @@ def test_unreachable_pg_url_is_one_masked_error(clean: Path) -> None:
 def test_settings_env_uses_the_test_database(settings_env: Settings, pg_db_url: str) -> None:
     assert settings_env.control_plane_url() == pg_db_url
     assert settings_env.sqlalchemy_url("psycopg2").startswith("postgresql+psycopg2://")
-    catalog = settings_env.catalog()
+    catalog = settings_catalog(settings_env)
     assert ("datasets",) in catalog.list_namespaces()
     assert catalog.properties["warehouse"] == f"file://{settings_env.home}/warehouse"
     # the catalog tables live in the control-plane database
     with psycopg.connect(pg_db_url) as conn:
         row = conn.execute("SELECT count(*) FROM iceberg_namespace_properties").fetchone()
     assert row is not None and row[0] >= 1
-    settings_env.catalog()  # idempotent: the namespace already exists
+    settings_catalog(settings_env)  # idempotent: the namespace already exists
 
 
 def test_catalog_from_pyiceberg_env_config(
@@ -182,7 +183,7 @@ def test_catalog_from_pyiceberg_env_config(
     monkeypatch.setenv("PYICEBERG_CATALOG__DEFAULT__WAREHOUSE", f"file://{tmp_path}/wh2")
     settings = get_settings()
     assert settings.catalog_config is not None
-    catalog = settings.catalog()
+    catalog = settings_catalog(settings)
     assert type(catalog).__name__ == "SqlCatalog"
     assert ("sales",) in catalog.list_namespaces()
 
@@ -191,5 +192,5 @@ def test_concurrent_first_catalog_calls_do_not_race(settings_env: Settings) -> N
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=4) as pool:
-        catalogs = list(pool.map(lambda _: settings_env.catalog(), range(4)))
+        catalogs = list(pool.map(lambda _: settings_catalog(settings_env), range(4)))
     assert all(("datasets",) in c.list_namespaces() for c in catalogs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 from pipeline_output.infra.settings import Settings, default_mode, dual_read_arm, get_settings
-from pipeline_output.services.runtime import Runtime, connect
+from pipeline_output.services.runtime import Runtime, connect, settings_catalog
 
 _lock = threading.Lock()
 _cache: dict[str, Runtime] = {}
@@ -25,7 +25,7 @@ def get_runtime(settings: Settings | None = None) -> Runtime:
             return cached
         runtime = connect(
             pg_url=settings.control_plane_url(),
-            catalog=settings.catalog(),
+            catalog=settings_catalog(settings),
             namespace=settings.namespace,
             catalog_name=settings.catalog_name,
             default_mode=default_mode(),  # type: ignore[arg-type]

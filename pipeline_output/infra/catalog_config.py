@@ -4,8 +4,8 @@ Owns reading the catalog's config the way `pyiceberg.utils.config.Config()` does
 `.pyiceberg.yaml` in `$PYICEBERG_HOME`, `~`, the working directory; `PYICEBERG_CATALOG__<NAME>__`
 variables on top) but from the environment mapping `settings` passes in — this module never reads
 `os.environ` itself — and refusing a malformed config with an error naming the setting; then
-building the catalog from it (`load_catalog_from`) and creating the datasets' namespace
-(`ensure_namespace`), for `settings` and for `core_runtime.connect` alike.
+its catalog properties (`sql_catalog_properties` for the default SQL catalog) for the store's
+`open_catalog` (stores/iceberg/table/catalog.py), for `settings` and `services.runtime.connect`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,9 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline_output.errors import SettingsError
 from pipeline_output.infra.pg_urls import mask_url, one_line
-
-if TYPE_CHECKING:
-    from pyiceberg.catalog import Catalog
 
 _CATALOG_TYPES = ("rest", "hive", "glue", "dynamodb", "sql", "in-memory", "bigquery")
 _PYICEBERG_YAML = ".pyiceberg.yaml"
@@ -155,29 +151,6 @@ def validate_catalog_properties(
         raise SettingsError(where("uri"), f"not an http(s) URL: {mask_url(uri)}")
 
 
-def load_catalog_from(
-    name: str, config: Mapping[str, str], *, where: Callable[[str], str]
-) -> Catalog:
-    """The pyiceberg catalog `config` describes. A SQL catalog is the project's `FlatSqlCatalog`
-    (pyiceberg's SqlCatalog without per-commit work that grows with a table's history), built
-    directly (`load_catalog` would merge a `PYICEBERG_*` `type` back in); a Postgres one gets
-    `pool_pre_ping` (a connection the server dropped is replaced before use)."""
-    from pyiceberg.catalog import load_catalog
-
-    props = dict(config)
-    if props.get("type") == "sql" or str(props.get("uri", "")).startswith("postgresql"):
-        props.setdefault("pool_pre_ping", "true")
-    try:
-        if props.get("type") == "sql" and "py-catalog-impl" not in props:
-            from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
-
-            props.pop("type")
-            return FlatSqlCatalog(name, **props)
-        return load_catalog(name, **props)
-    except ValueError as exc:
-        raise SettingsError(where("type"), one_line(exc)) from exc
-
-
 def check_namespace(namespace: object, *, setting: str) -> str:
     """`namespace` if it is a valid Iceberg namespace (dotted identifiers), else `SettingsError`."""
     if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
@@ -185,12 +158,3 @@ def check_namespace(namespace: object, *, setting: str) -> str:
             setting, f"{namespace!r} is not a valid namespace (letters, digits, _ and .)"
         )
     return namespace
-
-
-def ensure_namespace(catalog: Catalog, namespace: str) -> None:
-    """Create `namespace` unless it exists; a concurrent creator winning the race is fine."""
-    try:
-        catalog.create_namespace_if_not_exists(namespace)
-    except Exception:
-        if not catalog.namespace_exists(namespace):
-            raise

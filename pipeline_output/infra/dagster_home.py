@@ -28,7 +28,7 @@ def prepare(settings: Settings) -> Path:
     """Create DAGSTER_HOME and (re)write the packaged dagster.yaml and workspace.yaml into it."""
     home = settings.dagster_home
     home.mkdir(parents=True, exist_ok=True)
-    package = resources.files("pipeline_output.instance")
+    package = resources.files("pipeline_output.infra.instance")
     for name in INSTANCE_FILES:
         text = package.joinpath(name).read_text(encoding="utf-8")
         target = home / name

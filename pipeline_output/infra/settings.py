@@ -3,7 +3,7 @@
 `get_settings()` resolves and validates every setting without I/O beyond reading pyiceberg's
 config file; a bad value raises `SettingsError` naming the variable. The `Settings` methods then
 do the I/O: `control_plane_url()` checks the external Postgres or starts/reuses the embedded one,
-`catalog()` loads the Iceberg catalog and makes sure the namespace exists.
+`catalog_properties()` describes the Iceberg catalog (the store opens it).
 
 Environment:
 
@@ -30,15 +30,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline_output.errors import SettingsError
 from pipeline_output.infra.catalog_config import (
     catalog_env_prefix,
     check_namespace,
-    ensure_namespace,
     env_name,
-    load_catalog_from,
     read_catalog_config,
 )
 from pipeline_output.infra.pg_urls import (
@@ -49,9 +46,6 @@ from pipeline_output.infra.pg_urls import (
     with_database,
 )
 from pipeline_output.infra.pg_urls import one_line as _one_line
-
-if TYPE_CHECKING:
-    from pyiceberg.catalog import Catalog
 
 HOME = "PIPELINE_OUTPUT_HOME"
 PG_URL = "PIPELINE_OUTPUT_PG_URL"
@@ -104,21 +98,20 @@ class Settings:
         """The control plane as a SQLAlchemy URL (`postgresql+<driver>://`)."""
         return to_sqlalchemy_url(self.control_plane_url(), driver=driver)
 
-    def catalog(self) -> Catalog:
-        """The Iceberg catalog (pyiceberg config if any, else SQL catalog on the control plane)."""
-        catalog: Catalog
+    def catalog_properties(self) -> dict[str, str]:
+        """The Iceberg catalog's properties: pyiceberg's own config when there is one, else its SQL
+        catalog on the control plane with the warehouse under the home (opened by the store's
+        `open_catalog`)."""
         if self.catalog_config is not None:
-            name = self.catalog_name
-            catalog = load_catalog_from(
-                name, self.catalog_config, where=lambda key: env_name(name, key)
-            )
-        else:
-            from pipeline_output.infra.pgsession import session_conninfo
+            return dict(self.catalog_config)
+        from pipeline_output.infra.pgsession import session_conninfo
 
-            uri = to_sqlalchemy_url(session_conninfo(self.control_plane_url()), driver="psycopg")
-            catalog = _sql_catalog(self.catalog_name, uri=uri, warehouse=self.warehouse)
-        ensure_namespace(catalog, self.namespace)
-        return catalog
+        uri = to_sqlalchemy_url(session_conninfo(self.control_plane_url()), driver="psycopg")
+        return {"type": "sql", "uri": uri, "warehouse": self.warehouse}
+
+    def catalog_setting(self, key: str) -> str:
+        """The environment variable a catalog property `key` comes from (errors name it)."""
+        return env_name(self.catalog_name, key)
 
 
 def get_settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -155,24 +148,6 @@ def get_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
 
 # --- internals -------------------------------------------------------------------------------
-
-
-def _sql_catalog(name: str, *, uri: str, warehouse: str) -> Catalog:
-    """pyiceberg's SqlCatalog (as `FlatSqlCatalog`); retried because two processes creating its
-    tables race."""
-    from sqlalchemy.exc import DBAPIError
-
-    from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
-
-    for attempt in range(3):
-        try:
-            # pool_pre_ping: a pooled connection the server dropped (restart, idle killer,
-            # failover) is replaced before use instead of failing the next write once.
-            return FlatSqlCatalog(name, uri=uri, warehouse=warehouse, pool_pre_ping="true")
-        except DBAPIError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
 
 
 def _check_reachable(url: str) -> None:

@@ -26,19 +26,16 @@ from pipeline_output.errors import (
     from_third_party,
 )
 from pipeline_output.infra import pgsession
-from pipeline_output.infra.catalog_config import (
-    check_namespace,
-    ensure_namespace,
-    load_catalog_from,
-    validate_catalog_properties,
-)
+from pipeline_output.infra.catalog_config import check_namespace, validate_catalog_properties
 from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.infra.pg_urls import check_libpq_url, mask_url, one_line
+from pipeline_output.infra.settings import Settings
 from pipeline_output.ledger.control_plane import Ledger
 from pipeline_output.ledger.migrations import migrate
 from pipeline_output.ledger.window_ledger import WindowLedger
 from pipeline_output.services.publish import Publisher
 from pipeline_output.stores.iceberg import IcebergStore
+from pipeline_output.stores.iceberg.table.catalog import ensure_namespace, open_catalog
 from pipeline_output.stores.postgres import PostgresStore
 
 
@@ -133,7 +130,7 @@ def _catalog(catalog: Catalog | Mapping[str, str], *, catalog_name: str, namespa
                 return f"catalog[{key!r}]"
 
             validate_catalog_properties(catalog_name, props, where=where)
-            loaded = load_catalog_from(catalog_name, props, where=where)
+            loaded = open_catalog(catalog_name, props, where=where)
         else:
             raise InvalidArgument(
                 f"catalog must be a pyiceberg Catalog or a mapping of its properties, got "
@@ -146,3 +143,13 @@ def _catalog(catalog: Catalog | Mapping[str, str], *, catalog_name: str, namespa
             raise
         raise mapped from exc
     return loaded
+
+
+def settings_catalog(settings: Settings) -> Catalog:
+    """The Iceberg catalog `settings` describe, with their namespace created in it."""
+    return open_catalog(
+        settings.catalog_name,
+        settings.catalog_properties(),
+        namespace=settings.namespace,
+        where=settings.catalog_setting,
+    )

@@ -23,6 +23,7 @@ import pytest
 from pipeline_output import DatasetSpec
 from pipeline_output.infra.settings import catalog_env_prefix, get_settings, to_sqlalchemy_url
 from pipeline_output.services.doctor import find_orphans, remove_orphans
+from pipeline_output.services.runtime import settings_catalog
 from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output_tests.iceberg_harness import (
     NS,
@@ -204,7 +205,7 @@ def test_first_deploy_and_read_of_a_window_on_s3(h: Harness) -> None:
 def test_s3_warehouse_configured_through_pyiceberg_env_vars_only(
     settings_env: Any, monkeypatch: pytest.MonkeyPatch, s3_endpoint: str, pg_db_url: str
 ) -> None:
-    """`get_settings().catalog()` from `PYICEBERG_CATALOG__DEFAULT__*` alone writes to S3."""
+    """`settings_catalog(get_settings())` from `PYICEBERG_CATALOG__DEFAULT__*` alone writes to S3."""
     prefix = catalog_env_prefix("default")
     monkeypatch.setenv(prefix + "TYPE", "sql")
     monkeypatch.setenv(prefix + "URI", to_sqlalchemy_url(pg_db_url, driver="psycopg"))
@@ -213,7 +214,7 @@ def test_s3_warehouse_configured_through_pyiceberg_env_vars_only(
     for key, value in s3_properties(s3_endpoint).items():
         monkeypatch.setenv(prefix + key.upper().replace(".", "__").replace("-", "_"), value)
     settings = get_settings()
-    cat = settings.catalog()
+    cat = settings_catalog(settings)
     try:
         from pipeline_output import IcebergStore
         from pipeline_output.infra.locks import AdvisoryLock

@@ -40,7 +40,7 @@ from pyiceberg.io.pyarrow import ArrowScan, _read_deletes
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
-from pipeline_output import __version__
+from pipeline_output.contract.version import VERSION
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import (
     DatasetNotWritten,
@@ -354,7 +354,7 @@ def _props(spec: DatasetSpec, run_id: str | None) -> dict[str, str]:
         f"{PROPERTY_PREFIX}dataset": spec.name,
         f"{PROPERTY_PREFIX}maintenance": "compact",
         f"{PROPERTY_PREFIX}run-id": run_id or "",
-        f"{PROPERTY_PREFIX}version": __version__,
+        f"{PROPERTY_PREFIX}version": VERSION,
     }
 
 

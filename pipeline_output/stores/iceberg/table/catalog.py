@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pyiceberg.catalog import Catalog
@@ -31,6 +32,8 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import Identifier
 
+from pipeline_output.errors import SettingsError
+from pipeline_output.infra.pg_urls import one_line
 from pipeline_output.stores.iceberg.snapshot.manifests import staged_metadata
 
 _CACHED_VERSIONS = 64
@@ -115,3 +118,51 @@ class FlatSqlCatalog(SqlCatalog):
         response = super().commit_table(table, requirements, updates)
         self._po_remember(response.metadata_location, response.metadata)
         return response
+
+
+def open_catalog(
+    name: str,
+    config: Mapping[str, str],
+    *,
+    namespace: str | None = None,
+    where: Callable[[str], str],
+) -> Catalog:
+    """The pyiceberg catalog `config` describes, with `namespace` created in it when given. A SQL
+    catalog is `FlatSqlCatalog`, built directly (`load_catalog` would merge a `PYICEBERG_*` `type`
+    back in) and retried (two processes creating its tables race); a Postgres one gets
+    `pool_pre_ping` (a connection the server dropped is replaced before use). `where(key)` names
+    the setting a bad `key` came from, for the `SettingsError`."""
+    catalog = _load(name, config, where=where)
+    if namespace is not None:
+        ensure_namespace(catalog, namespace)
+    return catalog
+
+
+def _load(name: str, config: Mapping[str, str], *, where: Callable[[str], str]) -> Catalog:
+    from pyiceberg.catalog import load_catalog
+    from sqlalchemy.exc import DBAPIError
+
+    props = dict(config)
+    if props.get("type") == "sql" or str(props.get("uri", "")).startswith("postgresql"):
+        props.setdefault("pool_pre_ping", "true")
+    try:
+        if props.get("type") == "sql" and "py-catalog-impl" not in props:
+            props.pop("type")
+            for attempt in range(3):
+                try:
+                    return FlatSqlCatalog(name, **props)
+                except DBAPIError:
+                    if attempt == 2:
+                        raise
+        return load_catalog(name, **props)
+    except ValueError as exc:
+        raise SettingsError(where("type"), one_line(exc)) from exc
+
+
+def ensure_namespace(catalog: Catalog, namespace: str) -> None:
+    """Create `namespace` unless it exists; a concurrent creator winning the race is fine."""
+    try:
+        catalog.create_namespace_if_not_exists(namespace)
+    except Exception:
+        if not catalog.namespace_exists(namespace):
+            raise

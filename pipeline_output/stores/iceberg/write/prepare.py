@@ -15,7 +15,7 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from pipeline_output import __version__
+from pipeline_output.contract.version import VERSION
 from pipeline_output.contract.checked_input import check_in_window, checked_frame
 from pipeline_output.contract.plan import WritePlan, plan_write
 from pipeline_output.contract.result import RowCounts
@@ -48,7 +48,7 @@ def summary_properties(
         f"{PROPERTY_PREFIX}write-mode": plan.write_mode,
         f"{PROPERTY_PREFIX}first-deploy": str(plan.first_deploy).lower(),
         f"{PROPERTY_PREFIX}run-id": run_id or "",
-        f"{PROPERTY_PREFIX}version": __version__,
+        f"{PROPERTY_PREFIX}version": VERSION,
     }
     if plan.window is not None:
         props[f"{PROPERTY_PREFIX}window"] = str(plan.window)
