@@ -250,7 +250,7 @@ def _move(
     target: int | None,
 ) -> bool:
     """Fast-forward main to `target` under the table lock; False when it already was there."""
-    with publisher.iceberg._hold(spec) as stats:
+    with publisher.iceberg.tables.hold(spec) as stats:
         table = publisher.iceberg.load(spec)
         if table is None:
             _refuse(publisher, windows, audit, writes, "the table was dropped")

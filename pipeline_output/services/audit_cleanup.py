@@ -50,7 +50,7 @@ def drop_stale_audit_branches(
             continue
         published = False
         if publisher.iceberg.load(audit.dataset) is not None:
-            with publisher.iceberg._hold(DatasetSpec(name=audit.dataset, strategy="replace")):
+            with publisher.iceberg.tables.hold(DatasetSpec(name=audit.dataset, strategy="replace")):
                 table = publisher.iceberg.load(audit.dataset)
                 if table is not None:
                     published = audit.state == "staged" and (

@@ -165,7 +165,7 @@ def rollback(
             "iceberg (or pg) first"
         )
     applying = windows.apply_lock(spec.name) if windows is not None else nullcontext()
-    with applying, publisher.iceberg._hold(spec) as stats:
+    with applying, publisher.iceberg.tables.hold(spec) as stats:
         table = publisher.iceberg.load(spec)
         main = head(table) if table is not None else None
         if table is None or main is None:

@@ -202,7 +202,7 @@ def test_a_version_1_table_is_copy_on_write_and_refuses_an_explicit_merge_on_rea
     h: Any,
 ) -> None:
     spec = spec_for("snapshot_replace")
-    h.store()._ensure_namespace()
+    h.store().tables.ensure_namespace()
     h.catalog.create_table(
         (NS, spec.name),
         schema=customers([0]).to_arrow().schema,

@@ -40,8 +40,8 @@ from pyiceberg.io.pyarrow import ArrowScan, _read_deletes
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
-from pipeline_output.contract.version import VERSION
 from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.version import VERSION
 from pipeline_output.errors import (
     DatasetNotWritten,
     FilesRemoved,
@@ -65,7 +65,7 @@ from pipeline_output.stores.iceberg.table.refs import AUDIT_PREFIX, ancestor_ids
 from pipeline_output.stores.iceberg.write.frame_rows import align_to_schema
 
 if TYPE_CHECKING:
-    from pipeline_output.stores.iceberg.store import IcebergStore
+    from pipeline_output.stores.iceberg.table.tables import HasTables
 
 LAST_COMPACTION = f"{PROPERTY_PREFIX}last-compaction"  # table property: when, and what it did
 DEFAULT_MAX_ATTEMPTS = 3
@@ -111,7 +111,7 @@ class CompactionResult:
 
 
 def compact(
-    store: IcebergStore,
+    store: HasTables,
     spec: DatasetSpec,
     *,
     target_file_size: int | None = None,
@@ -136,7 +136,7 @@ def compact(
         raise InvalidArgument("compact: target_file_size must be a positive number of bytes")
     started = time.perf_counter()
     for attempt in range(1, max_attempts + 1):
-        table = store.load(spec)
+        table = store.tables.load(spec)
         if table is None:
             raise DatasetNotWritten(f"dataset {spec.name!r} has no Iceberg table to compact")
         audit = publishable_audit(table)
@@ -184,7 +184,7 @@ def _plan(
 
 
 def _rewrite(
-    store: IcebergStore,
+    store: HasTables,
     spec: DatasetSpec,
     table: Table,
     plan: CompactionPlan,
@@ -197,7 +197,7 @@ def _rewrite(
         table.metadata, table.io, write_id=uuid.uuid4(), target_bytes=2**62
     )  # one output file per bin (and partition of the current spec)
     # a write in flight from its first file until its commit (`inflight.py`)
-    with writing(store, store.table_name(spec)) as held:
+    with writing(store, store.tables.table_name(spec)) as held:
         added: list[DataFile] = []
         handed = False
         try:
@@ -209,8 +209,8 @@ def _rewrite(
                 if progress is not None:
                     progress(done, len(plan.bins))
             removable = _removable_deletes(table, plan)
-            with store._hold(spec, on=held) as stats:
-                current = store.load(spec)
+            with store.tables.hold(spec, on=held) as stats:
+                current = store.tables.load(spec)
                 if current is None:
                     raise MaintenanceConflict(f"dataset {spec.name!r}: the table was dropped")
                 index = read_index(current)
@@ -359,7 +359,7 @@ def _props(spec: DatasetSpec, run_id: str | None) -> dict[str, str]:
 
 
 def _result(
-    store: IcebergStore,
+    store: HasTables,
     spec: DatasetSpec,
     plan: CompactionPlan,
     dry_run: bool,
@@ -374,7 +374,7 @@ def _result(
 ) -> CompactionResult:
     return CompactionResult(
         dataset=spec.name,
-        table=store.table_name(spec),
+        table=store.tables.table_name(spec),
         dry_run=dry_run,
         files_before=plan.data_files,
         bins=len(plan.bins),

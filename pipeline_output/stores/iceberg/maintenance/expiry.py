@@ -51,7 +51,7 @@ from pipeline_output.stores.iceberg.table.properties import DEFAULT_LOCK, PROPER
 from pipeline_output.stores.iceberg.table.snapshot_log import TRAVEL_FROM, expiry_boundary, stamp
 
 if TYPE_CHECKING:
-    from pipeline_output.stores.iceberg.store import IcebergStore
+    from pipeline_output.stores.iceberg.table.tables import HasTables
 
 DEFAULT_OLDER_THAN = timedelta(days=5)
 DEFAULT_RETAIN_LAST = 1
@@ -160,7 +160,7 @@ def _needed_for_repair(snapshot: Snapshot, unapplied: set[int] | None) -> bool:
 
 
 def expire_snapshots(
-    store: IcebergStore,
+    store: HasTables,
     spec: DatasetSpec,
     *,
     older_than: datetime | timedelta = DEFAULT_OLDER_THAN,
@@ -183,11 +183,11 @@ def expire_snapshots(
         cutoff = cutoff.replace(tzinfo=UTC)
     cutoff_ms = int(cutoff.timestamp() * 1000)
     with ExitStack() as locks:
-        stats = LockStats(key=store.table_name(spec))  # a dry run takes no lock
+        stats = LockStats(key=store.tables.table_name(spec))  # a dry run takes no lock
         if not dry_run:
             locks.enter_context(_apply_lock(ledger, spec))
-            stats = locks.enter_context(store._hold(spec))
-        before = store.load(spec)
+            stats = locks.enter_context(store.tables.hold(spec))
+        before = store.tables.load(spec)
         if before is None:
             raise DatasetNotWritten(f"dataset {spec.name!r} has no Iceberg table to expire")
         plan = plan_expiry(
@@ -206,7 +206,7 @@ def expire_snapshots(
         expired_files = reader.files_of(s for s in snapshots if s.snapshot_id in gone)
         remaining = [s for s in snapshots if s.snapshot_id not in gone]
         if not dry_run:  # the table now (commits after ours reference only live files)
-            now = store.load(spec)
+            now = store.tables.load(spec)
             remaining = list(now.metadata.snapshots) if now is not None else remaining
         doomed = expired_files - reader.files_of(remaining)
     deleted = len(doomed)
@@ -214,7 +214,7 @@ def expire_snapshots(
         deleted = delete_paths(before.io, (reader.locations[p] for p in doomed))
     return ExpiryResult(
         dataset=spec.name,
-        table=store.table_name(spec),
+        table=store.tables.table_name(spec),
         dry_run=dry_run,
         snapshots_before=len(snapshots),
         snapshots_expired=len(plan.expire),
@@ -252,13 +252,10 @@ def _apply_lock(ledger: WindowLedger | None, spec: DatasetSpec) -> AbstractConte
     return ledger.apply_lock(spec.name) if ledger is not None else nullcontext()
 
 
-def _default_ledger(store: IcebergStore) -> WindowLedger | None:
-    """The window ledger of the control plane the store's lock is on (None: no lock)."""
-    lock = store._lock
-    if lock is DEFAULT_LOCK:
-        from pipeline_output.infra.settings import get_settings
-
-        return WindowLedger(get_settings().control_plane_url())
+def _default_ledger(store: HasTables) -> WindowLedger | None:
+    """The window ledger of the control plane the store's lock is on (None: no lock); callers
+    that hold one (`services.maintenance`, the runtime) pass it instead."""
+    lock = store.tables.advisory()
     return WindowLedger(lock.url) if isinstance(lock, AdvisoryLock) else None
 
 

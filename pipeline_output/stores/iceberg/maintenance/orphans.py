@@ -37,7 +37,7 @@ from pipeline_output.stores.iceberg.snapshot.inflight import DEFAULT_WAIT_S, qui
 from pipeline_output.stores.iceberg.table.properties import READ_THREADS
 
 if TYPE_CHECKING:
-    from pipeline_output.stores.iceberg.store import IcebergStore
+    from pipeline_output.stores.iceberg.table.tables import HasTables
 
 DEFAULT_GRACE_S = 3600.0
 
@@ -200,7 +200,7 @@ def table_orphans(
 
 
 def remove_orphans(
-    store: IcebergStore,
+    store: HasTables,
     spec: DatasetSpec,
     *,
     grace_s: float = DEFAULT_GRACE_S,
@@ -218,7 +218,7 @@ def remove_orphans(
     from pipeline_output.errors import DatasetNotWritten
 
     started = time.perf_counter()
-    table = store.load(spec)
+    table = store.tables.load(spec)
     if table is None:
         raise DatasetNotWritten(f"dataset {spec.name!r} has no Iceberg table to sweep")
     reader = ManifestReader(table.io)
@@ -226,11 +226,16 @@ def remove_orphans(
     waited = 0.0
     if found and not dry_run:
         found, waited = sweep_table(
-            store, store.table_name(spec), found, dataset=spec.name, wait_s=wait_s, reader=reader
+            store,
+            store.tables.table_name(spec),
+            found,
+            dataset=spec.name,
+            wait_s=wait_s,
+            reader=reader,
         )
     return OrphanResult(
         dataset=spec.name,
-        table=store.table_name(spec),
+        table=store.tables.table_name(spec),
         dry_run=dry_run,
         files=len(found),
         bytes=sum(o.size for o in found),
@@ -240,7 +245,7 @@ def remove_orphans(
 
 
 def sweep_table(
-    store: IcebergStore,
+    store: HasTables,
     table: str,
     found: list[Orphan],
     *,
@@ -267,11 +272,11 @@ def still_orphans(
     return [o for o in found if norm(o.path) not in known and not _committing(o.path, version)]
 
 
-def _load(store: IcebergStore, table: str) -> Table | None:
+def _load(store: HasTables, table: str) -> Table | None:
     from pyiceberg.exceptions import NoSuchTableError
 
     try:
-        return store.catalog.load_table(table)
+        return store.tables.catalog.load_table(table)
     except NoSuchTableError:
         return None
 

@@ -4,8 +4,9 @@ files, deleting files quietly, and the test-only fault injection points.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
@@ -32,23 +33,27 @@ from pipeline_output.stores.iceberg.write.frame_rows import align_to_schema
 from pipeline_output.stores.schema import check_required
 
 
-def commit_write(
-    tx: Transaction,
-    props: dict[str, str],
-    deleted: list[DataFile],
-    frames: list[pl.DataFrame],
-    *,
-    dataset: str,
-    force: bool,
-    ready: Sequence[DataFile] = (),
-    fence: Callable[[], None] | None = None,
-    blind_retry: bool = False,
-    index: ManifestIndex | None = None,
-    positional: Sequence[tuple[DataFile, pl.Series]] = (),
-    branch: str = MAIN_BRANCH,
-) -> Table:
-    """Write `frames` as data files and commit them and the `ready` (already written) files with
-    `deleted` removed: exactly one snapshot.
+@dataclass(frozen=True)
+class CommitRequest:
+    """One native snapshot to commit (`commit`): what it adds and removes, and how it is fenced."""
+
+    tx: Transaction  # the write's transaction (schema and spec changes already staged on it)
+    dataset: str
+    properties: Mapping[str, str]  # the snapshot summary's `pipeline-output.*` properties
+    frames: Sequence[pl.DataFrame] = ()  # rows the commit writes to new data files
+    ready: Sequence[DataFile] = ()  # data files already written (pre-written, merge rewrites)
+    deleted: Sequence[DataFile] = ()  # data files (and their delete files) the snapshot removes
+    positional: Sequence[tuple[DataFile, pl.Series]] = ()  # merge-on-read: positions deleted
+    force: bool = False  # an overwrite snapshot even when it adds and removes nothing
+    blind_retry: bool = False  # plain appends: pyiceberg may retry them on a new head
+    fence: Callable[[], None] | None = None  # the writer lock's `verify`, right before the swap
+    index: ManifestIndex | None = None  # the manifests the write was planned from
+    branch: str = MAIN_BRANCH  # the ref committed to (an audited write: its run's branch)
+
+
+def commit(request: CommitRequest) -> Table:
+    """Write the request's `frames` as data files and commit them and the `ready` (already
+    written) files with `deleted` removed: exactly one snapshot.
 
     The commit is fenced to the snapshot the write was planned against: the snapshot producer
     asserts the branch head it started from, and unless `blind_retry` is set (plain appends, whose
@@ -67,8 +72,16 @@ def commit_write(
     """
     from pyiceberg.exceptions import CommitFailedException, ValidationException
 
+    tx, dataset, props = request.tx, request.dataset, dict(request.properties)
+    deleted, frames, ready, positional = (
+        request.deleted,
+        request.frames,
+        request.ready,
+        request.positional,
+    )
+    index, branch, fence = request.index, request.branch, request.fence
     producer: _SnapshotProducer[Any]
-    if deleted or force or positional:
+    if deleted or request.force or positional:
         producer = IndexedOverwrite(
             tx, tx._table.io, index=index, snapshot_properties=props, branch=branch
         )
@@ -98,7 +111,7 @@ def commit_write(
         producer.delete_data_file(data_file)
     fault_injection("before_commit")
     try:
-        if blind_retry:
+        if request.blind_retry:
             producer.commit()  # registers the producer: pyiceberg rebuilds it on a new head
         else:
             tx._apply(*producer._commit())  # staged without retry registration: fenced

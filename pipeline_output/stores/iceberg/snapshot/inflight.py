@@ -44,27 +44,27 @@ from pipeline_output.infra.locks import AdvisoryLock, HeldLock, iceberg_files, i
 from pipeline_output.stores.iceberg.table.properties import READ_THREADS
 
 if TYPE_CHECKING:
-    from pipeline_output.stores.iceberg.store import IcebergStore
+    from pipeline_output.stores.iceberg.table.tables import HasTables
 
 DEFAULT_WAIT_S = 300.0  # how long orphan removal waits for the writes in flight to end
 
 
-def writing(store: IcebergStore, table: str) -> AbstractContextManager[HeldLock | None]:
+def writing(store: HasTables, table: str) -> AbstractContextManager[HeldLock | None]:
     """Register a write of `table` (`namespace.name`) from before its first file until its commit
-    ended: the files lock held shared. Pass the held lock to `store._hold(..., on=)`. A store
+    ended: the files lock held shared. Pass the held lock to `store.tables.hold(..., on=)`. A store
     without an advisory lock registers nothing."""
-    lock = store._advisory()
+    lock = store.tables.advisory()
     if not isinstance(lock, AdvisoryLock):
         return nullcontext(None)
     return lock.share(iceberg_files(table))
 
 
 @contextmanager
-def quiesced(store: IcebergStore, table: str, *, dataset: str, wait_s: float) -> Iterator[float]:
+def quiesced(store: HasTables, table: str, *, dataset: str, wait_s: float) -> Iterator[float]:
     """No write of `table` between its files and its commit, and no commit, for the block: the
     files lock alone (waiting at most `wait_s` for the writes in flight), then the writer lock.
     Yields the seconds waited. A store without an advisory lock quiesces nothing."""
-    lock = store._advisory()
+    lock = store.tables.advisory()
     if not isinstance(lock, AdvisoryLock):
         yield 0.0
         return

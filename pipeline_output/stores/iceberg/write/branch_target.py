@@ -20,23 +20,25 @@ from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction
 from pipeline_output.stores.iceberg.table.refs import anchor, at_branch, needs_anchor
 
 if TYPE_CHECKING:
-    from pipeline_output.stores.iceberg.store import IcebergStore
+    from pipeline_output.stores.iceberg.table.tables import HasTables
 
 
 def branch_view(
-    store: IcebergStore, spec: DatasetSpec, table: Table | None, frame: pl.DataFrame, branch: str
+    store: HasTables, spec: DatasetSpec, table: Table | None, frame: pl.DataFrame, branch: str
 ) -> Table:
     """The table a write to `branch` plans against (see the module docstring); call it under the
     table's writer lock."""
     if needs_anchor(table):
         tx: Transaction = (
-            store._create_transaction(spec, frame) if table is None else FlatTransaction(table)
+            store.tables.create_transaction(spec, frame)
+            if table is None
+            else FlatTransaction(table)
         )
         try:
             table = anchor(tx)
         except TableAlreadyExistsError as exc:
             raise WriteConflict(
-                f"dataset {spec.name!r}: {store.table_name(spec)} was created by another writer "
+                f"dataset {spec.name!r}: {store.tables.table_name(spec)} was created by another writer "
                 "after this write was planned; nothing was committed — run it again"
             ) from exc
     assert table is not None

@@ -1,4 +1,4 @@
-"""Table and frame helpers of the native arm: reading one data file, aligning a frame to the
+"""Frame and row helpers of a native write: reading one data file, aligning a frame to the
 table schema, sorting, change detection, evolving the schema inside a transaction.
 """
 
@@ -10,10 +10,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.schema import Schema
-from pyiceberg.table import FileScanTask, Table, Transaction
+from pyiceberg.table import FileScanTask, Transaction
 
 from pipeline_output.contract.checked_input import polars_schema
-from pipeline_output.contract.plan import TargetState
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.stores.iceberg.table.properties import NEW_PREFIX, POS_COLUMN
 from pipeline_output.stores.schema import Evolution
@@ -84,29 +83,6 @@ def apply_evolution(tx: Transaction, evolution: Evolution) -> None:
             update.add_column(name, new_type)
         for name, wider in evolution.widen:
             update.update_column(name, field_type=wider)
-
-
-def state_of(table: Table | None) -> TargetState:
-    if table is None:
-        return TargetState(exists=False, has_snapshot=False)
-    snap = table.current_snapshot()
-    return TargetState(
-        exists=True,
-        has_snapshot=snap is not None,
-        snapshot_id=snap.snapshot_id if snap else None,
-        total_rows=total_records(table),
-    )
-
-
-def total_records(table: Table) -> int:
-    snap = table.current_snapshot()
-    if snap is None or snap.summary is None:
-        return 0
-    summary = snap.summary
-    # rows deleted by position are still counted in their data files' records
-    return int(summary.get("total-records", "0") or 0) - int(
-        summary.get("total-position-deletes", "0") or 0
-    )
 
 
 def schema_names(schema: Schema) -> list[str]:

@@ -27,6 +27,7 @@ from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.delete_files import deleted_positions, own_delete_files
 from pipeline_output.stores.iceberg.snapshot.manifests import ManifestIndex
 from pipeline_output.stores.iceberg.table.expressions import window_relation
+from pipeline_output.stores.iceberg.table.freshness import total_records
 from pipeline_output.stores.iceberg.table.properties import FILEPOS_COLUMN, NEW_PREFIX, POS_COLUMN
 from pipeline_output.stores.iceberg.write.file_reads import FileReader
 from pipeline_output.stores.iceberg.write.frame_rows import (
@@ -34,7 +35,6 @@ from pipeline_output.stores.iceberg.write.frame_rows import (
     replace_rows,
     schema_names,
     sorted_for_write,
-    total_records,
 )
 from pipeline_output.stores.iceberg.write.merge_policy import MIN_ROWS, MergePolicy
 from pipeline_output.stores.iceberg.write.prepare import MergeChanges

@@ -15,27 +15,24 @@ from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from pipeline_output.contract.version import VERSION
 from pipeline_output.contract.checked_input import check_in_window, checked_frame
 from pipeline_output.contract.plan import WritePlan, plan_write
 from pipeline_output.contract.result import RowCounts
 from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.version import VERSION
 from pipeline_output.contract.windows import Window
 from pipeline_output.infra.locks import HeldLock
 from pipeline_output.stores.iceberg.snapshot.commit import delete_quietly
 from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.inflight import writing
+from pipeline_output.stores.iceberg.table.freshness import state_of
 from pipeline_output.stores.iceberg.table.partitions import needs_evolution
-from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
-from pipeline_output.stores.iceberg.write.frame_rows import (
-    align_to_schema,
-    sorted_for_write,
-    state_of,
-)
+from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES, PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.write.frame_rows import align_to_schema, sorted_for_write
 from pipeline_output.stores.schema import check_required, plan_evolution
 
 if TYPE_CHECKING:
-    from pipeline_output.stores.iceberg.store import IcebergStore
+    from pipeline_output.stores.iceberg.table.tables import HasTables
 
 
 def summary_properties(
@@ -174,19 +171,19 @@ class PreparedWrite:
 
 
 def prepare_write(
-    store: IcebergStore, spec: DatasetSpec, data: Any, *, window: Window | None
+    store: HasTables, spec: DatasetSpec, data: Any, *, window: Window | None
 ) -> PreparedWrite:
     """`IcebergStore.prepare`: check `data`, register the write (when the table exists: its
     files may be written now, before the lock) and pre-write its files."""
     frame = checked_frame(spec, data)
-    store.capabilities.check_frame(spec, frame)  # before any I/O (float or nested keys...)
-    table = store.load(spec)
+    ICEBERG_CAPABILITIES.check_frame(spec, frame)  # before any I/O (float or nested keys...)
+    table = store.tables.load(spec)
     if table is None:  # a first deploy writes its files under the writer lock
         return PreparedWrite(spec=spec, window=window, frame=frame, pre=None)
     check_required(spec, frame, table.schema())  # a table made elsewhere may have NOT NULLs
     registration = ExitStack()
     try:
-        held = registration.enter_context(writing(store, store.table_name(spec)))
+        held = registration.enter_context(writing(store, store.tables.table_name(spec)))
         pre = prewrite(table, spec, frame, window)
     except BaseException:
         registration.close()

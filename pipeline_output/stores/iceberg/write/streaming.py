@@ -24,7 +24,8 @@ from pipeline_output.errors import (
 )
 from pipeline_output.infra.locks import LockStats
 from pipeline_output.stores.iceberg.snapshot.commit import (
-    commit_write,
+    CommitRequest,
+    commit,
     delete_quietly,
     stream_batches,
 )
@@ -37,10 +38,11 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     read_index,
     upgrade_properties,
 )
+from pipeline_output.stores.iceberg.table.freshness import state_of, total_records
 from pipeline_output.stores.iceberg.table.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.table.partitions import needs_evolution
-from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
-from pipeline_output.stores.iceberg.write.frame_rows import apply_evolution, state_of, total_records
+from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES, PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.write.frame_rows import apply_evolution
 from pipeline_output.stores.iceberg.write.prepare import (
     Prewritten,
     row_properties,
@@ -49,11 +51,11 @@ from pipeline_output.stores.iceberg.write.prepare import (
 from pipeline_output.stores.schema import plan_evolution
 
 if TYPE_CHECKING:
-    from pipeline_output.stores.iceberg.store import IcebergStore
+    from pipeline_output.stores.iceberg.table.tables import HasTables
 
 
 def replace_streaming(
-    store: IcebergStore,
+    store: HasTables,
     spec: DatasetSpec,
     batches: Iterable[pl.DataFrame],
     *,
@@ -81,8 +83,8 @@ def replace_streaming(
             f"dataset {spec.name!r}: no rows to write; the previous output is kept"
         )
     first = check_keys(spec, to_polars(spec, first))
-    store.capabilities.check_frame(spec, first)  # before any I/O (float or nested keys...)
-    current = store.load(spec)
+    ICEBERG_CAPABILITIES.check_frame(spec, first)  # before any I/O (float or nested keys...)
+    current = store.tables.load(spec)
     if (
         current is not None
         and plan_evolution(spec, current.schema(), first).empty
@@ -99,12 +101,12 @@ def replace_streaming(
             finalize_summary=finalize_summary,
             started=started,
         )
-    with store._hold(spec) as stats:
-        table = store.load(spec)
+    with store.tables.hold(spec) as stats:
+        table = store.tables.load(spec)
         plan = plan_write(replace(spec, strategy="replace"), state_of(table), None)
         props = summary_properties(spec, plan, run_id, summary)
         if table is None:
-            tx: Transaction = store._create_transaction(spec, first)
+            tx: Transaction = store.tables.create_transaction(spec, first)
             deleted: list[DataFile] = []
             index: ManifestIndex | None = None
             total_before = 0
@@ -129,16 +131,17 @@ def replace_streaming(
         if finalize_summary is not None:
             props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in finalize_summary().items()})
         props.update(row_properties(RowCounts(inserted=rows, deleted=total_before)))
-        new_table = commit_write(
-            tx,
-            props,
-            deleted,
-            [],
-            dataset=spec.name,
-            force=True,
-            ready=written,
-            fence=stats.verify,
-            index=index,
+        new_table = commit(
+            CommitRequest(
+                tx=tx,
+                dataset=spec.name,
+                properties=props,
+                deleted=deleted,
+                force=True,
+                ready=written,
+                fence=stats.verify,
+                index=index,
+            )
         )
         snap = new_table.current_snapshot()
     return _replaced(
@@ -156,7 +159,7 @@ def replace_streaming(
 
 
 def _replace_streaming_unlocked(
-    store: IcebergStore,
+    store: HasTables,
     spec: DatasetSpec,
     current: Table,
     first: pl.DataFrame,
@@ -171,7 +174,7 @@ def _replace_streaming_unlocked(
     pre = Prewritten.of(current, first.head(0), [])
     writer = DataFileWriter(current.metadata, current.io, write_id=uuid.uuid4())
     # a write in flight from its first file until its commit (`inflight.py`)
-    with writing(store, store.table_name(spec)) as held:
+    with writing(store, store.tables.table_name(spec)) as held:
         try:
             try:
                 rows = stream_batches(spec, first, rest, writer, current.schema(), sink=pre.files)
@@ -181,11 +184,11 @@ def _replace_streaming_unlocked(
                 pre.files = []
                 raise
             extra = finalize_summary() if finalize_summary is not None else {}
-            with store._hold(spec, on=held) as stats:
-                table = store.load(spec)
+            with store.tables.hold(spec, on=held) as stats:
+                table = store.tables.load(spec)
                 if table is None or not pre.fits(table):
                     raise WriteConflict(
-                        f"dataset {spec.name!r}: {store.table_name(spec)} was dropped, recreated or "
+                        f"dataset {spec.name!r}: {store.tables.table_name(spec)} was dropped, recreated or "
                         "changed its schema or partitioning while the batches were written; "
                         "nothing was committed — run it again"
                     )
@@ -199,16 +202,17 @@ def _replace_streaming_unlocked(
                 pre.handed_to_commit = True
                 tx = FlatTransaction(table)
                 upgrade_properties(tx)
-                new_table = commit_write(
-                    tx,
-                    props,
-                    deleted,
-                    [],
-                    dataset=spec.name,
-                    force=True,
-                    ready=pre.files,
-                    fence=stats.verify,
-                    index=index,
+                new_table = commit(
+                    CommitRequest(
+                        tx=tx,
+                        dataset=spec.name,
+                        properties=props,
+                        deleted=deleted,
+                        force=True,
+                        ready=pre.files,
+                        fence=stats.verify,
+                        index=index,
+                    )
                 )
                 snap = new_table.current_snapshot()
         finally:
@@ -219,7 +223,7 @@ def _replace_streaming_unlocked(
 
 
 def _replaced(
-    store: IcebergStore,
+    store: HasTables,
     spec: DatasetSpec,
     plan: WritePlan,
     rows: int,
@@ -243,5 +247,5 @@ def _replaced(
         duration_s=time.perf_counter() - started,
         lock_wait_s=stats.wait_s,
         lock_held_s=stats.held_s,
-        table=store.table_name(spec),
+        table=store.tables.table_name(spec),
     )
