@@ -56,7 +56,7 @@ from pipeline_output.stores.iceberg.table.refs import (
 
 if TYPE_CHECKING:
     from pipeline_output.ledger.window_ledger import WindowLedger
-    from pipeline_output.services.publish import Publisher
+    from pipeline_output.services.arms import Arms
     from pipeline_output.stores.postgres.pending import PendingWrite
 
 DEFAULT_RETENTION = timedelta(days=7)
@@ -73,7 +73,7 @@ __all__ = [
 
 
 def stage_write(
-    publisher: Publisher,
+    publisher: Arms,
     spec: DatasetSpec,
     checked: CheckedInput,
     *,
@@ -137,7 +137,7 @@ class Published:
 
 
 def publish_audit(
-    publisher: Publisher,
+    publisher: Arms,
     spec: DatasetSpec,
     *,
     run_id: str,
@@ -204,7 +204,7 @@ def publish_audit(
 
 
 def fail_audit(
-    publisher: Publisher,
+    publisher: Arms,
     dataset: str,
     *,
     run_id: str,
@@ -221,7 +221,7 @@ def fail_audit(
     return True
 
 
-def audit_parity(publisher: Publisher, spec: DatasetSpec, *, run_id: str) -> ParityReport | None:
+def audit_parity(publisher: Arms, spec: DatasetSpec, *, run_id: str) -> ParityReport | None:
     """Dual audits: the staged writes replayed on the legacy arm in a transaction that is rolled
     back, compared with the audited snapshot — what the publish will check again, before it
     commits. None when the run staged no dual audit of `spec`."""
@@ -242,7 +242,7 @@ def audit_parity(publisher: Publisher, spec: DatasetSpec, *, run_id: str) -> Par
 
 
 def _move(
-    publisher: Publisher,
+    publisher: Arms,
     windows: WindowLedger | None,
     spec: DatasetSpec,
     audit: AuditRecord,
@@ -313,7 +313,7 @@ def apply_windows(
 
 
 def _record_deploy(
-    publisher: Publisher, spec: DatasetSpec, audit: AuditRecord, w: AuditWrite
+    publisher: Arms, spec: DatasetSpec, audit: AuditRecord, w: AuditWrite
 ) -> None:
     """The Iceberg deploy record of a published write (a deploy is what readers can see)."""
     result = w.result
@@ -336,7 +336,7 @@ def _record_deploy(
 
 
 def _refuse(
-    publisher: Publisher,
+    publisher: Arms,
     windows: WindowLedger | None,
     audit: AuditRecord,
     writes: list[AuditWrite],
@@ -347,7 +347,7 @@ def _refuse(
 
 
 def fail(
-    publisher: Publisher,
+    publisher: Arms,
     windows: WindowLedger | None,
     audit: AuditRecord,
     writes: list[AuditWrite],

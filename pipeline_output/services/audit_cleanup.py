@@ -22,11 +22,11 @@ from pipeline_output.stores.iceberg.table.refs import ancestor_ids, drop_branch,
 
 if TYPE_CHECKING:
     from pipeline_output.ledger.window_ledger import WindowLedger
-    from pipeline_output.services.publish import Publisher
+    from pipeline_output.services.arms import Arms
 
 
 def drop_stale_audit_branches(
-    publisher: Publisher,
+    publisher: Arms,
     *,
     windows: WindowLedger | None = None,
     older_than: timedelta = DEFAULT_RETENTION,

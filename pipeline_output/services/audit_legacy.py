@@ -23,12 +23,12 @@ from pipeline_output.ledger.audit_log import AuditRecord, AuditWrite
 from pipeline_output.services.parity import ParityReport, compare
 
 if TYPE_CHECKING:
-    from pipeline_output.services.publish import Publisher
+    from pipeline_output.services.arms import Arms
     from pipeline_output.stores.postgres.pending import PendingWrite
 
 
 def replay_legacy(
-    publisher: Publisher,
+    publisher: Arms,
     spec: DatasetSpec,
     audit: AuditRecord,
     writes: list[AuditWrite],
@@ -73,7 +73,7 @@ def replay_legacy(
 
 
 def commit_legacy(
-    publisher: Publisher,
+    publisher: Arms,
     spec: DatasetSpec,
     audit: AuditRecord,
     pending: PendingWrite,
@@ -124,7 +124,7 @@ def rollback_quietly(pending: PendingWrite | None) -> None:
         pending.rollback()
 
 
-def audit_ledger(publisher: Publisher) -> Any:
+def audit_ledger(publisher: Arms) -> Any:
     if publisher.ledger is None:
         raise InvalidArgument("write-audit-publish needs the control-plane ledger")
     return publisher.ledger

@@ -1,5 +1,26 @@
 """The legacy arm's types: Postgres types of polars columns, schema evolution by the native
 arm's rules, and preparing a frame for COPY (text checks, key length).
+
+The JSON encoding (what makes `read` an exact, typed round trip):
+
+- each document has one key per registered column (missing key == null; older rows may lack a
+  column added later); SQL NULL is JSON `null`;
+- integers and decimals are JSON numbers (jsonb stores them as exact `numeric`; decimals keep
+  their scale, e.g. `1.50`);
+- finite floats are JSON numbers in shortest round-trip form; NaN, +inf and -inf are the strings
+  `"NaN"`, `"Infinity"`, `"-Infinity"` (Postgres' own jsonb rendering of float8 specials). `-0.0`
+  reads back as `0.0` (jsonb numerics have no negative zero);
+- timestamps are ISO-8601 strings: naive ones without offset (`2024-01-01T12:00:00.123456`),
+  tz-aware ones in UTC with `+00:00` (tz-aware columns are UTC, as in the native arm); dates are
+  `YYYY-MM-DD`; booleans are JSON booleans; strings are JSON strings; binary is `"\\x<hex>"`.
+
+`read` restores the registered Arrow schema: each value is cast in SQL from its JSON text to the
+column's Postgres type and streamed back as Arrow (ADBC), then cast to the registered polars type.
+The primary key is stored canonically in `pk`: the key's text for one key column
+(`data->>'id'`), the JSON array of the key values for a composite key (`["a", 2]`), NULL when the
+dataset has no key. Key matching compares `pk`; "unchanged" compares documents with nulls stripped,
+so NaN equals NaN and null equals null (or a missing key), as in the native arm. Nested column
+types (lists, structs) are not stored by this arm yet (`BadInput`).
 """
 
 from __future__ import annotations
