@@ -219,6 +219,7 @@ def _windowed_output(
     from pipeline_output.dagster_layer.delta_assets import WindowedOutput
     from pipeline_output.dagster_layer.process_runtime import get_runtime
     from pipeline_output.dagster_layer.windows_context import windows_of
+    from pipeline_output.services.window_planning import window_scopes
 
     assert spec.delta is not None
     windows = windows_of(context, spec)
@@ -234,16 +235,8 @@ def _windowed_output(
         if k != delta_param
     }
     ledger_rows = get_runtime().windows.windows(spec.name) if spec.delta.lookback else []
-    keys = [w.partition_key for w in ledger_rows]
     items = []
-    for window in windows:
-        read_window = window
-        if spec.delta.lookback and window.to_key() in keys:
-            i = keys.index(window.to_key())
-            first = ledger_rows[max(0, i - spec.delta.lookback)].window
-            read_window = Window(low=first.low, high=window.high)
-        scoped = spec.strategy in ("replace", "sync")
-        write_window = read_window if scoped else window
+    for window, read_window, write_window in window_scopes(spec, windows, ledger_rows):
 
         def thunk(rw: Window = read_window) -> Any:
             out = fn(**{delta_param: reader.scan(rw)}, **others)

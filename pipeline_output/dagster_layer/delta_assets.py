@@ -25,7 +25,7 @@ from pipeline_output.errors import (
     UnsupportedWrite,
 )
 from pipeline_output.services.reads import projected_source
-from pipeline_output.services.window_apply import cut_points_of, next_windows
+from pipeline_output.services.window_planning import cut_points_of, next_windows
 
 DEFAULT_SENSOR_INTERVAL_S = 30
 

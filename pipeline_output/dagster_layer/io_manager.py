@@ -52,9 +52,9 @@ def source_from_metadata(raw: Any) -> SourceSpec:
 def _fault_hook() -> Any:
     """Test-only fault injection: PIPELINE_OUTPUT_FAULT=after_commit kills the process between the
     write's commit and the ledger update (read through settings, not at import time); with
-    `after_commit:pause:<path>` it pauses there (`stores/iceberg/commit.py`, `fault_injection`)."""
+    `after_commit:pause:<path>` it pauses there (`infra/faults.py`)."""
+    from pipeline_output.infra.faults import fault_injection
     from pipeline_output.infra.settings import fault_point
-    from pipeline_output.stores.iceberg.snapshot.commit import fault_injection
 
     if fault_point() != "after_commit":
         return None

@@ -312,9 +312,7 @@ def apply_windows(
     return applied
 
 
-def _record_deploy(
-    publisher: Arms, spec: DatasetSpec, audit: AuditRecord, w: AuditWrite
-) -> None:
+def _record_deploy(publisher: Arms, spec: DatasetSpec, audit: AuditRecord, w: AuditWrite) -> None:
     """The Iceberg deploy record of a published write (a deploy is what readers can see)."""
     result = w.result
     audit_ledger(publisher).record_deploy(

@@ -1,12 +1,6 @@
-"""Delta windows end to end: planning the next windows from a high-water mark, and applying one
-window exactly once.
+"""Applying one delta window exactly once (planning them is `window_planning.py`).
 
-Planning: the next window starts where the ledger's last one ends (or open at the bottom / at
-`Delta.start` for the first) and ends at the source's high-water mark; with `max_rows` the range is
-cut at watermark values so that no window holds more than `max_rows` source rows (a single watermark
-value shared by more rows stays whole).
-
-Applying (`apply_window`): the compute, the input checks and (where the strategy allows) the Iceberg
+`apply_window`: the compute, the input checks and (where the strategy allows) the Iceberg
 data files come first; then, under the dataset's apply lock, the ledger decides `apply`, `skip`
 (already applied — a retry or re-materialisation is a no-op that says so) or `repair` (a crash after
 the write committed but before the ledger update: the attempt marker is found in the Iceberg
@@ -18,60 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime
 from typing import Any
 
 import polars as pl
 
-from pipeline_output.contract.spec import DatasetSpec, WatermarkValue
+from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.store_protocol import ATTEMPT_MARKER
 from pipeline_output.contract.windows import Window
 from pipeline_output.ledger.window_ledger import WindowLedger, WindowRow
 from pipeline_output.services.publish import Prepared, Publisher, PublishResult, ResolvedMode
-
-MAX_WINDOWS_PER_PLAN = 1000
-
-
-def next_windows(
-    *,
-    last_high: WatermarkValue | None,
-    first: bool,
-    start: WatermarkValue | None,
-    high_water_mark: WatermarkValue | None,
-    cut_points: Callable[[WatermarkValue | None, WatermarkValue], list[WatermarkValue]]
-    | None = None,
-) -> list[Window]:
-    """The windows to plan now (empty when the source has not moved past the last window)."""
-    if high_water_mark is None:
-        return []
-    low = start if first else last_high
-    if isinstance(high_water_mark, datetime) and isinstance(low, datetime):
-        # A `timestamptz` source reports an aware high-water mark; a ledger key written before
-        # keys carried their zone (or a naive `Delta.start`) is naive: both are UTC.
-        low = Window(low=None, high=low).aligned(aware=high_water_mark.tzinfo is not None).high
-    if low is not None and not high_water_mark > low:  # type: ignore[operator]
-        return []
-    cuts = cut_points(low, high_water_mark) if cut_points is not None else []
-    bounds = [c for c in cuts if (low is None or c > low) and c < high_water_mark]  # type: ignore[operator]
-    bounds = [*sorted(set(bounds))[: MAX_WINDOWS_PER_PLAN - 1], high_water_mark]
-    out = []
-    for high in bounds:
-        out.append(Window(low=low, high=high))
-        low = high
-    return out
-
-
-def cut_points_of(values: pl.Series, *, low: WatermarkValue | None, max_rows: int) -> list[Any]:
-    """Cut points for `values` (the source watermark column within the range) every `max_rows`."""
-    ordered = values.drop_nulls().sort()
-    cuts = []
-    i = max_rows - 1
-    while i < ordered.len() - 1:
-        cut = ordered[i]
-        cuts.append(cut)
-        # skip past every row with this same watermark value
-        i = int(ordered.search_sorted(cut, side="right")) - 1 + max_rows
-    return cuts
 
 
 @dataclass(frozen=True)

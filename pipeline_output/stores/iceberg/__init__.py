@@ -11,10 +11,11 @@ the files of a write in flight), `health`.
 
 from __future__ import annotations
 
+from pipeline_output.stores.iceberg.snapshot.summary import summary_properties
 from pipeline_output.stores.iceberg.store import IcebergStore
 from pipeline_output.stores.iceberg.table.expressions import aligned_to_field, window_filter
 from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX, TABLE_PROPERTIES
-from pipeline_output.stores.iceberg.write.prepare import PreparedWrite, summary_properties
+from pipeline_output.stores.iceberg.write.prepare import PreparedWrite
 
 __all__ = [
     "PROPERTY_PREFIX",

@@ -45,6 +45,7 @@ from pipeline_output.stores.iceberg.maintenance import TableMaintenance
 from pipeline_output.stores.iceberg.maintenance.compaction import CompactionResult
 from pipeline_output.stores.iceberg.maintenance.expiry import ExpiryResult
 from pipeline_output.stores.iceberg.maintenance.orphans import OrphanResult
+from pipeline_output.stores.iceberg.snapshot.summary import summary_properties
 from pipeline_output.stores.iceberg.table import reads
 from pipeline_output.stores.iceberg.table.expressions import aligned_to_field
 from pipeline_output.stores.iceberg.table.freshness import state_of
@@ -52,11 +53,7 @@ from pipeline_output.stores.iceberg.table.properties import DEFAULT_LOCK, ICEBER
 from pipeline_output.stores.iceberg.table.tables import IcebergTables
 from pipeline_output.stores.iceberg.write.branch_target import branch_view
 from pipeline_output.stores.iceberg.write.existing import create_table, write_existing
-from pipeline_output.stores.iceberg.write.prepare import (
-    PreparedWrite,
-    prepare_write,
-    summary_properties,
-)
+from pipeline_output.stores.iceberg.write.prepare import PreparedWrite, prepare_write
 from pipeline_output.stores.iceberg.write.streaming import replace_streaming
 
 

@@ -48,6 +48,7 @@ from pipeline_output.errors import (
     InvalidArgument,
     MaintenanceConflict,
 )
+from pipeline_output.infra.faults import fault_injection
 from pipeline_output.stores.iceberg.maintenance.compaction_plan import (
     DEFAULT_MIN_INPUT_FILES,
     Bin,
@@ -55,7 +56,7 @@ from pipeline_output.stores.iceberg.maintenance.compaction_plan import (
     plan_bins,
     sort_keys,
 )
-from pipeline_output.stores.iceberg.snapshot.commit import delete_quietly, fault_injection
+from pipeline_output.stores.iceberg.snapshot.commit import delete_quietly
 from pipeline_output.stores.iceberg.snapshot.data_files import DEFAULT_TARGET_BYTES, DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.inflight import verify_written, writing
 from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction, read_index

@@ -24,6 +24,7 @@ from pipeline_output.errors import (
     BadInput,
     WriteConflict,
 )
+from pipeline_output.infra.faults import fault_injection
 from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.delete_files import DeleteFileWriter
 from pipeline_output.stores.iceberg.snapshot.indexed_overwrite import IndexedOverwrite, MergeAppend
@@ -174,27 +175,3 @@ def delete_quietly(file_io: FileIO, path: str) -> None:
     """Delete a data file nobody references (best effort: doctor lists what is left)."""
     with suppress(OSError, ValueError):
         file_io.delete(path)
-
-
-def fault_injection(point: str) -> None:
-    """Tests only: with PIPELINE_OUTPUT_FAULT=<point> the process kills itself here (SIGKILL);
-    with `<point>:pause:<path>` it creates `<path>.paused` and waits (at most 10 minutes) until
-    `<path>` exists, so a test can act while this write is exactly here."""
-    from pipeline_output.infra.settings import fault_pause, fault_point
-
-    if fault_point() != point:
-        return
-    gate = fault_pause()
-    if gate is None:
-        import os
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
-        return
-    import time
-    from pathlib import Path
-
-    Path(f"{gate}.paused").touch()
-    deadline = time.monotonic() + 600
-    while not Path(gate).exists() and time.monotonic() < deadline:
-        time.sleep(0.02)

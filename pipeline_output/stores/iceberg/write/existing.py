@@ -26,6 +26,7 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     read_index,
     upgrade_properties,
 )
+from pipeline_output.stores.iceberg.snapshot.summary import row_properties
 from pipeline_output.stores.iceberg.table.freshness import total_records
 from pipeline_output.stores.iceberg.table.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.table.refs import head, stage_branch
@@ -36,7 +37,7 @@ from pipeline_output.stores.iceberg.write.frame_rows import (
     sorted_for_write,
 )
 from pipeline_output.stores.iceberg.write.merge import FileMerge
-from pipeline_output.stores.iceberg.write.prepare import Prewritten, row_properties
+from pipeline_output.stores.iceberg.write.prepare import Prewritten
 from pipeline_output.stores.schema import check_required, plan_evolution
 
 

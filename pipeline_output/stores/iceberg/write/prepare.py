@@ -1,6 +1,6 @@
 """Writes prepared before the lock: data files pre-written against the metadata read then
 (`Prewritten`, `PreparedWrite`, registered as a write in flight until `discard()`:
-`inflight.py`), the snapshot summary properties, the changes a merge computes.
+`inflight.py`), and the changes a merge computes.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from pipeline_output.contract.checked_input import check_in_window, checked_frame
-from pipeline_output.contract.plan import WritePlan, plan_write
+from pipeline_output.contract.plan import plan_write
 from pipeline_output.contract.result import RowCounts
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.contract.version import VERSION
 from pipeline_output.contract.windows import Window
 from pipeline_output.infra.locks import HeldLock
 from pipeline_output.stores.iceberg.snapshot.commit import delete_quietly
@@ -27,42 +26,12 @@ from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.inflight import writing
 from pipeline_output.stores.iceberg.table.freshness import state_of
 from pipeline_output.stores.iceberg.table.partitions import needs_evolution
-from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES, PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES
 from pipeline_output.stores.iceberg.write.frame_rows import align_to_schema, sorted_for_write
 from pipeline_output.stores.schema import check_required, plan_evolution
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.table.tables import HasTables
-
-
-def summary_properties(
-    spec: DatasetSpec, plan: WritePlan, run_id: str | None, extra: dict[str, str] | None = None
-) -> dict[str, str]:
-    """The namespaced properties every snapshot of ours carries."""
-    props = {
-        f"{PROPERTY_PREFIX}dataset": spec.name,
-        f"{PROPERTY_PREFIX}strategy": spec.strategy,
-        f"{PROPERTY_PREFIX}write-mode": plan.write_mode,
-        f"{PROPERTY_PREFIX}first-deploy": str(plan.first_deploy).lower(),
-        f"{PROPERTY_PREFIX}run-id": run_id or "",
-        f"{PROPERTY_PREFIX}version": VERSION,
-    }
-    if plan.window is not None:
-        props[f"{PROPERTY_PREFIX}window"] = str(plan.window)
-        props[f"{PROPERTY_PREFIX}window-key"] = plan.window.to_key()
-    for key, value in (extra or {}).items():
-        props[f"{PROPERTY_PREFIX}{key}"] = value
-    return props
-
-
-def row_properties(counts: RowCounts) -> dict[str, str]:
-    """The row counters of a write, kept in its snapshot summary (`pipeline-output history`
-    shows them: Iceberg's own added/deleted records count rewritten files' rows too)."""
-    return {
-        f"{PROPERTY_PREFIX}rows-inserted": str(counts.inserted),
-        f"{PROPERTY_PREFIX}rows-updated": str(counts.updated),
-        f"{PROPERTY_PREFIX}rows-deleted": str(counts.deleted),
-    }
 
 
 @dataclass

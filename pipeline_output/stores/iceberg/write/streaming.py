@@ -38,16 +38,13 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     read_index,
     upgrade_properties,
 )
+from pipeline_output.stores.iceberg.snapshot.summary import row_properties, summary_properties
 from pipeline_output.stores.iceberg.table.freshness import state_of, total_records
 from pipeline_output.stores.iceberg.table.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.table.partitions import needs_evolution
 from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES, PROPERTY_PREFIX
 from pipeline_output.stores.iceberg.write.frame_rows import apply_evolution
-from pipeline_output.stores.iceberg.write.prepare import (
-    Prewritten,
-    row_properties,
-    summary_properties,
-)
+from pipeline_output.stores.iceberg.write.prepare import Prewritten
 from pipeline_output.stores.schema import plan_evolution
 
 if TYPE_CHECKING:
