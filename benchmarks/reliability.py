@@ -19,11 +19,11 @@ import tempfile
 from pathlib import Path
 
 FILES = [
-    "pipeline_output_tests/test_reliability_model.py",
-    "pipeline_output_tests/test_reliability_faults.py",
-    "pipeline_output_tests/test_reliability_concurrency.py",
-    "pipeline_output_tests/test_hostile_input.py",
-    "pipeline_output_tests/test_secrets.py",
+    "pipeline_output_tests/reliability/test_reliability_model.py",
+    "pipeline_output_tests/reliability/test_reliability_faults.py",
+    "pipeline_output_tests/reliability/test_reliability_concurrency.py",
+    "pipeline_output_tests/reliability/test_hostile_input.py",
+    "pipeline_output_tests/reliability/test_secrets.py",
 ]
 
 

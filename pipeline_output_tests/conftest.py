@@ -143,6 +143,34 @@ def settings_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, pg_db_url: str
     return get_settings()
 
 
+@pytest.fixture
+def runtime_env(settings_env: Settings) -> Iterator[Settings]:
+    """`settings_env` with the process runtime rebuilt for it (the control plane migrated), and
+    forgotten after the test."""
+    from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+
+    reset_runtime()
+    get_runtime()
+    yield settings_env
+    reset_runtime()
+
+
+@pytest.fixture
+def env(runtime_env: Settings, pg_db_url: str) -> str:
+    """The environment on a fresh database with its runtime; the database's URL (a module that
+    needs more set-up overrides it, building on `runtime_env`)."""
+    return pg_db_url
+
+
+@pytest.fixture
+def instance() -> Iterator[Any]:
+    """An ephemeral Dagster instance (in memory) for the test."""
+    import dagster as dg
+
+    with dg.DagsterInstance.ephemeral() as inst:
+        yield inst
+
+
 def zone_database(url: str, zone: str) -> None:
     """`ALTER DATABASE ... SET timezone`: every new session on the database starts in `zone`."""
     with psycopg.connect(url, autocommit=True) as conn:

@@ -7,8 +7,12 @@ never leaves a process behind.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
+import socket
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -33,3 +37,30 @@ def run_workers(procs: Sequence[Any], out: Any, *, timeout: float) -> list[tuple
                 p.kill()
     assert not errors, errors
     return reports
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def end_leftovers(tmp_path: Path) -> None:
+    """End every process still running in `tmp_path` (a code server Dagster started in a session of
+    its own outlives the webserver's process group), so no test leaves a server behind."""
+    import psutil
+
+    mine = str(tmp_path)
+    leftovers = []
+    for process in psutil.process_iter(["pid", "cwd", "cmdline"]):
+        cwd = process.info.get("cwd") or ""
+        cmdline = " ".join(process.info.get("cmdline") or [])
+        if process.pid != os.getpid() and (cwd.startswith(mine) or mine in cmdline):
+            leftovers.append(process)
+    for process in leftovers:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(leftovers, timeout=10)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()

@@ -15,9 +15,10 @@ import pytest
 
 from pipeline_output.infra.settings import Settings
 from pipeline_output.stores.iceberg.table.refs import head
+from pipeline_output_tests.dagster_runs import run_assets
 from pipeline_output_tests.iceberg_harness import customers
 from pipeline_output_tests.oracle import assert_same_multiset
-from pipeline_output_tests.test_canary import corrupt_pg_row, pg_docs, run_assets
+from pipeline_output_tests.publishers import corrupt_pg_row, pg_docs
 
 ROWS: dict[str, pl.DataFrame] = {}
 SEEN: dict[str, list[int]] = {}

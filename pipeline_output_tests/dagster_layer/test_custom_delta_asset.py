@@ -37,9 +37,7 @@ W1, W2 = Window(low=None, high=5), Window(low=5, high=10)
 
 
 @pytest.fixture
-def env(settings_env: Any, pg_db_url: str) -> Any:
-    reset_runtime()
-    get_runtime()
+def env(runtime_env: Any, pg_db_url: str) -> Any:
     with psycopg.connect(pg_db_url, autocommit=True) as conn, conn.cursor() as cur:
         cur.execute("CREATE TABLE ev (id bigint PRIMARY KEY, v text NOT NULL, seq bigint)")
         cur.executemany(
@@ -47,12 +45,6 @@ def env(settings_env: Any, pg_db_url: str) -> Any:
         )
     yield pg_db_url
     reset_runtime()
-
-
-@pytest.fixture
-def instance() -> Any:
-    with dg.DagsterInstance.ephemeral() as inst:
-        yield inst
 
 
 def source_rows(url: str, window: Window | None) -> pl.DataFrame:

@@ -10,17 +10,15 @@ schedule that is stopped unless turned on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
 import polars as pl
 import psycopg
-import pytest
 
 from pipeline_output import Delta, build_definitions, dataset, postgres_source
 from pipeline_output.dagster_layer.dataset import spec_of
-from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+from pipeline_output.dagster_layer.process_runtime import get_runtime
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -31,20 +29,6 @@ SEED = pl.DataFrame({"id": list(range(1, 11)), "v": [f"v{i}" for i in range(1, 1
 def ledgerless() -> pl.DataFrame:
     """The first 10 rows (later rows arrive through window-sized writes)."""
     return SEED
-
-
-@pytest.fixture
-def env(settings_env: Any) -> Iterator[None]:
-    reset_runtime()
-    get_runtime()  # migrates the control plane
-    yield
-    reset_runtime()
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.DagsterInstance.ephemeral() as inst:
-        yield inst
 
 
 def _defs(**options: Any) -> dg.Definitions:

@@ -15,27 +15,13 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from pipeline_output import Delta, build_definitions, dataset, model_node, postgres_source
-from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+from pipeline_output.dagster_layer.process_runtime import get_runtime
 from pipeline_output_tests.oracle import assert_same_multiset
 
 ROW_INDEX = "__source_row_index__"
 PREFIX = "pipeline-output."
 
 # --- helpers ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def env(settings_env: Any, pg_db_url: str) -> Any:
-    reset_runtime()
-    get_runtime()
-    yield pg_db_url
-    reset_runtime()
-
-
-@pytest.fixture
-def instance() -> Any:
-    with dg.DagsterInstance.ephemeral() as inst:
-        yield inst
 
 
 def tick(defs: dg.Definitions, instance: dg.DagsterInstance, name: str) -> list[str]:

@@ -4,11 +4,9 @@ writes the Iceberg table, and the run's metadata is visible through GraphQL and 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +20,7 @@ import psycopg
 import pytest
 
 from pipeline_output.infra.settings import Settings, to_sqlalchemy_url
+from pipeline_output_tests.processes import end_leftovers, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 WEBSERVER = Path(sys.executable).parent / "dagster-webserver"
@@ -45,12 +44,6 @@ query ($path: [String!]!) {
   }
 }
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _graphql(port: int, query: str, variables: dict[str, Any]) -> dict[str, Any]:
@@ -79,27 +72,6 @@ def _wait_for_server(port: int, proc: subprocess.Popen[bytes], log: Path) -> Non
     pytest.fail(f"dagster-webserver not up after {START_TIMEOUT_S}s:\n{log.read_text()[-3000:]}")
 
 
-def _end_leftovers(tmp_path: Path) -> None:
-    """End every process still running in `tmp_path` (a code server Dagster started in a session of
-    its own outlives the webserver's process group), so no test leaves a server behind."""
-    import psutil
-
-    mine = str(tmp_path)
-    leftovers = []
-    for process in psutil.process_iter(["pid", "cwd", "cmdline"]):
-        cwd = process.info.get("cwd") or ""
-        cmdline = " ".join(process.info.get("cmdline") or [])
-        if process.pid != os.getpid() and (cwd.startswith(mine) or mine in cmdline):
-            leftovers.append(process)
-    for process in leftovers:
-        with contextlib.suppress(psutil.Error):
-            process.terminate()
-    _, alive = psutil.wait_procs(leftovers, timeout=10)
-    for process in alive:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-
-
 def test_materialisation_launched_through_the_webserver_graphql_api_writes_iceberg(
     settings_env: Settings, pg_db_url: str, catalog: Any, tmp_path: Path
 ) -> None:
@@ -125,7 +97,7 @@ def test_materialisation_launched_through_the_webserver_graphql_api_writes_icebe
         f"      working_directory: {json.dumps(str(REPO))}\n"
     )
     env = dict(os.environ, DAGSTER_HOME=str(dagster_home))
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "webserver.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -159,7 +131,7 @@ def test_materialisation_launched_through_the_webserver_graphql_api_writes_icebe
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
-        _end_leftovers(tmp_path)
+        end_leftovers(tmp_path)
 
     with psycopg.connect(pg_db_url) as conn:
         active = conn.execute(

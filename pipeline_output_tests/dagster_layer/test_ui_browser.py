@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from pipeline_output_tests.commands.cli_runner import CLI, isolated_env
-from pipeline_output_tests.dagster_layer.test_ui import _end_leftovers, _free_port
+from pipeline_output_tests.processes import end_leftovers, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -79,7 +79,7 @@ def dev_server(tmp_path: Path, pg_db_url: str) -> Iterator[int]:
     from pipeline_output.demo import shop_data
 
     shop_data.seed(pg_db_url)
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "dev.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -111,7 +111,7 @@ def dev_server(tmp_path: Path, pg_db_url: str) -> Iterator[int]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=15)
-        _end_leftovers(tmp_path)
+        end_leftovers(tmp_path)
         shutil.copy(log, artifacts() / "dev.log")
 
 

@@ -1,7 +1,7 @@
 """Snapshot expiry and orphan removal on real parts: expired snapshots' files are deleted (pyiceberg
 deletes none), every remaining snapshot still reads what it read before, nothing under the table
 location is left unreferenced except files younger than the grace period, and re-runs change
-nothing. Window repair across expiry is in `pipeline_output_tests/test_maintenance_windows.py`.
+nothing. Window repair across expiry is in `pipeline_output_tests/services/test_maintenance_windows.py`.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from pipeline_output.stores.iceberg.maintenance.orphans import (
 )
 from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output_tests.oracle import assert_same_multiset
-from pipeline_output_tests.reliability_report import record
+from pipeline_output_tests.reliability.report import record
 
 NS = "datasets"
 NAME = "busy"

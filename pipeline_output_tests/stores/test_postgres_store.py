@@ -28,7 +28,7 @@ from pipeline_output.errors import (
 )
 from pipeline_output_tests.iceberg_harness import WINDOW, base, customers, redeploy_rows, spec_for
 from pipeline_output_tests.oracle import STRATEGIES
-from pipeline_output_tests.stores.arms import PgHarness, typed_frame  # test_canary imports it here
+from pipeline_output_tests.stores.arms import PgHarness, typed_frame
 
 
 @pytest.fixture

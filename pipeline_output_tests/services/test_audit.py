@@ -22,7 +22,7 @@ from pipeline_output.services.window_apply import apply_window
 from pipeline_output.stores.iceberg.table.refs import head
 from pipeline_output_tests.iceberg_harness import customers
 from pipeline_output_tests.oracle import assert_same_multiset
-from pipeline_output_tests.test_canary import corrupt_pg_row, make_publisher, mode, pg_docs
+from pipeline_output_tests.publishers import corrupt_pg_row, make_publisher, mode, pg_docs
 
 SPEC = DatasetSpec(name="items", primary_key=("id",), strategy="snapshot_replace")
 

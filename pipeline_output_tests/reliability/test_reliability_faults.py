@@ -30,7 +30,7 @@ from pipeline_output.infra.settings import Settings
 from pipeline_output.services.runtime import settings_catalog
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.oracle import assert_same_multiset
-from pipeline_output_tests.reliability_report import record
+from pipeline_output_tests.reliability.report import record
 
 CLI = str(Path(sys.executable).with_name("pipeline-output"))
 
@@ -150,7 +150,7 @@ def test_sigkill_after_data_files_written_before_commit_then_doctor_and_rerun(
         orphans_listed=len(orphans),
         orphans_removed=len(orphans),
         rows_lost=0,
-        command="pytest pipeline_output_tests/test_reliability_faults.py -k before_commit",
+        command="pytest pipeline_output_tests/reliability/test_reliability_faults.py -k before_commit",
     )
 
 
@@ -173,7 +173,7 @@ def test_sigkill_between_iceberg_commit_and_ledger_update_rerun_converges(
         runs=3,
         kills=1,
         rows_lost=0,
-        command="pytest pipeline_output_tests/test_reliability_faults.py -k ledger_update",
+        command="pytest pipeline_output_tests/reliability/test_reliability_faults.py -k ledger_update",
     )
 
 
@@ -198,7 +198,7 @@ def test_sigkill_in_dual_before_iceberg_commit_leaves_both_arms_unchanged(
         runs=3,
         kills=1,
         rows_lost=0,
-        command="pytest pipeline_output_tests/test_reliability_faults.py -k dual",
+        command="pytest pipeline_output_tests/reliability/test_reliability_faults.py -k dual",
     )
 
 
@@ -253,7 +253,7 @@ def test_sigkill_while_holding_the_writer_lock_releases_it(settings_env: Setting
         kills=1,
         lock_wait_s_after_kill=round(res.lock_wait_s, 3),
         rows_lost=0,
-        command="pytest pipeline_output_tests/test_reliability_faults.py -k holding",
+        command="pytest pipeline_output_tests/reliability/test_reliability_faults.py -k holding",
     )
 
 
@@ -336,7 +336,7 @@ def test_postgres_server_restarted_mid_run_next_attempts_converge(
             restarts=restarts,
             failed_attempts_retried=failures,
             rows_lost=0,
-            command="pytest -m slow pipeline_output_tests/test_reliability_faults.py -k restarted",
+            command="pytest -m slow pipeline_output_tests/reliability/test_reliability_faults.py -k restarted",
         )
     finally:
         embedded_pg.stop(data_dir=data_dir)
@@ -373,7 +373,7 @@ def test_read_only_warehouse_fails_cleanly_and_next_run_converges(settings_env: 
         runs=3,
         failed_writes=1,
         rows_lost=0,
-        command="pytest pipeline_output_tests/test_reliability_faults.py -k read_only",
+        command="pytest pipeline_output_tests/reliability/test_reliability_faults.py -k read_only",
     )
 
 
@@ -412,7 +412,7 @@ def test_disk_full_for_data_files_fails_cleanly_doctor_frees_and_rerun_converges
             failed_writes=1,
             orphans_listed=len(orphans),
             rows_lost=0,
-            command="pytest pipeline_output_tests/test_reliability_faults.py -k disk_full",
+            command="pytest pipeline_output_tests/reliability/test_reliability_faults.py -k disk_full",
         )
     finally:
         subprocess.run(["umount", "-l", str(warehouse)], check=False)

@@ -27,7 +27,7 @@ from pipeline_output.infra.settings import Settings, get_settings
 from pipeline_output.services.publish import Publisher, ResolvedMode
 from pipeline_output.services.runtime import settings_catalog
 from pipeline_output.stores.postgres import PostgresStore
-from pipeline_output_tests.reliability_report import record
+from pipeline_output_tests.reliability.report import record
 
 SECRET = "S3cr3t-Pw-d0-not-leak"
 CATALOG_SECRET = "AKIA-catalog-secret-value"
@@ -88,7 +88,7 @@ def test_password_absent_from_logs_metadata_ledger_and_results(
         "secrets: Postgres password through a dual publish",
         places_checked=len(texts),
         leaks=0,
-        command="pytest pipeline_output_tests/test_secrets.py",
+        command="pytest pipeline_output_tests/reliability/test_secrets.py",
     )
 
 

@@ -208,12 +208,6 @@ def statements(env: str, pg_url: str) -> StatementLog:
     return StatementLog(pg_url, env)
 
 
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.DagsterInstance.ephemeral() as inst:
-        yield inst
-
-
 def _materialize(
     defs: dg.Definitions, instance: dg.DagsterInstance, name: str, partition: str | None = None
 ) -> None:

@@ -47,12 +47,6 @@ def zoned_env(
     reset_runtime()
 
 
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.DagsterInstance.ephemeral() as inst:
-        yield inst
-
-
 def _value(kind: str, hours: int) -> datetime:
     """The i-th watermark value: aware for timestamptz, naive (UTC wall clock) for timestamp."""
     at = BASE + timedelta(hours=hours)

@@ -208,9 +208,7 @@ def assert_table_is_source_upto(url: str, high: int) -> None:
 
 
 @pytest.fixture
-def env(settings_env: Any, pg_db_url: str, tmp_path: Path) -> Any:
-    reset_runtime()
-    get_runtime()
+def env(runtime_env: Any, pg_db_url: str, tmp_path: Path) -> Any:
     make_source(pg_db_url, list(range(1, 21)))
     # two windows planned in the ledger: (-inf, 10] and (10, 20]
     get_runtime().windows.plan(NAME, [Window(None, 10), Window(10, 20)])
@@ -218,12 +216,6 @@ def env(settings_env: Any, pg_db_url: str, tmp_path: Path) -> Any:
     script.write_text(CHILD)
     yield pg_db_url, script
     reset_runtime()
-
-
-@pytest.fixture
-def instance() -> Any:
-    with dg.DagsterInstance.ephemeral() as inst:
-        yield inst
 
 
 W1 = Window(None, 10).to_key()

@@ -15,7 +15,7 @@ from pipeline_output import DatasetSpec
 from pipeline_output.stores.iceberg.table.refs import ancestry, head
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.processes import run_workers
-from pipeline_output_tests.test_canary import make_publisher
+from pipeline_output_tests.publishers import make_publisher
 
 SPEC = DatasetSpec(name="shared", primary_key=("id",), strategy="snapshot_replace")
 # (keys of writer 0, keys of writer 1, whether both stage before either publishes)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,14 +16,14 @@ import pytest
 
 from pipeline_output import DatasetSpec, history, rollback
 from pipeline_output.errors import InvalidArgument, RollbackRefused, SnapshotExpired
-from pipeline_output.infra.settings import Settings
 from pipeline_output.services.canary import check_parity, drain, flip
 from pipeline_output.services.publish import Publisher
 from pipeline_output.services.time_travel import parse_as_of
 from pipeline_output.stores.iceberg.table.refs import head
+from pipeline_output_tests.dagster_runs import run_assets
 from pipeline_output_tests.iceberg_harness import customers
 from pipeline_output_tests.oracle import assert_same_multiset
-from pipeline_output_tests.test_canary import make_publisher, mode, run_assets
+from pipeline_output_tests.publishers import make_publisher, mode
 
 SPEC = DatasetSpec(name="items", primary_key=("id",), strategy="snapshot_replace")
 
@@ -204,15 +203,6 @@ def test_a_lazy_read_pinned_to_a_snapshot_expiry_removed_names_dataset_and_snaps
 # --- as_of in Dagster: a reproducible re-run of a downstream asset -------------------------------
 
 UP: dict[str, pl.DataFrame] = {}
-
-
-@pytest.fixture
-def runtime_env(settings_env: Settings) -> Iterator[Settings]:
-    from pipeline_output.dagster_layer.process_runtime import reset_runtime
-
-    reset_runtime()
-    yield settings_env
-    reset_runtime()
 
 
 def two_step_defs() -> dg.Definitions:

@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql
 
 from pipeline_output import Delta, Window, build_definitions, dataset, postgres_source
-from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+from pipeline_output.dagster_layer.process_runtime import get_runtime
 from pipeline_output.errors import InvalidSpec
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -157,21 +157,6 @@ def snapshots(name: str) -> list[Any]:
     table = get_runtime().iceberg.load(name)
     assert table is not None
     return list(table.snapshots())
-
-
-@pytest.fixture
-def env(settings_env: Any, pg_db_url: str) -> str:
-    """The environment pointed at a fresh database; the runtime rebuilt for it."""
-    reset_runtime()
-    get_runtime()  # migrates the control plane
-    yield pg_db_url
-    reset_runtime()
-
-
-@pytest.fixture
-def instance() -> Any:
-    with dg.DagsterInstance.ephemeral() as inst:
-        yield inst
 
 
 # --- the window value object and its keys ---------------------------------------------------------

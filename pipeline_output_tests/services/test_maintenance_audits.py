@@ -18,7 +18,7 @@ from pipeline_output.services.publish import Publisher
 from pipeline_output.stores.iceberg.maintenance.orphans import table_orphans
 from pipeline_output_tests.iceberg_harness import customers
 from pipeline_output_tests.oracle import assert_same_multiset
-from pipeline_output_tests.test_canary import make_publisher, mode
+from pipeline_output_tests.publishers import make_publisher, mode
 
 SPEC = DatasetSpec(name="items", primary_key=("id",), strategy="snapshot_replace")
 

@@ -16,7 +16,7 @@ from pipeline_output.errors import BadInput, InvalidSpec
 from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.oracle import assert_same_multiset
-from pipeline_output_tests.reliability_report import record
+from pipeline_output_tests.reliability.report import record
 
 INJECTION = 'x"; drop table dataset_rows; --'
 HOSTILE_NAMES = [
@@ -134,7 +134,7 @@ def test_wide_rows_of_1000_columns_both_arms(arms: tuple[IcebergStore, PostgresS
         "hostile input: 1000-column rows, both arms",
         columns=1000,
         rows_lost=0,
-        command="pytest pipeline_output_tests/test_hostile_input.py -k wide",
+        command="pytest pipeline_output_tests/reliability/test_hostile_input.py -k wide",
     )
 
 
@@ -168,7 +168,7 @@ def test_huge_strings_both_arms(arms: tuple[IcebergStore, PostgresStore]) -> Non
     record(
         "hostile input: 5M-char and 20M-char strings, both arms",
         rows_lost=0,
-        command="pytest pipeline_output_tests/test_hostile_input.py -k huge",
+        command="pytest pipeline_output_tests/reliability/test_hostile_input.py -k huge",
     )
 
 

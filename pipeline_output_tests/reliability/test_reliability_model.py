@@ -45,9 +45,9 @@ from pipeline_output import DatasetSpec, Delta, IcebergStore, Window
 from pipeline_output.errors import EmptyComputeRefused
 from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.stores.postgres import PostgresStore
-from pipeline_output_tests.model_time_travel import TimeTravelRules, travel_figures
 from pipeline_output_tests.oracle import assert_same_multiset, expect, in_window
-from pipeline_output_tests.reliability_report import profile, record
+from pipeline_output_tests.reliability.model_time_travel import TimeTravelRules, travel_figures
+from pipeline_output_tests.reliability.report import profile, record
 
 NS = "datasets"
 STRATEGIES = ["snapshot_replace", "append_always", "append_new", "replace", "sync"]

@@ -146,9 +146,7 @@ def windows_of(n_windows: int, width: int) -> list[Window]:
 
 
 @pytest.fixture
-def env(settings_env: Any, pg_db_url: str, tmp_path: Path) -> Any:
-    reset_runtime()
-    get_runtime()
+def env(runtime_env: Any, pg_db_url: str, tmp_path: Path) -> Any:
     script = tmp_path / "worker.py"
     script.write_text(CHILD)
     yield pg_db_url, script

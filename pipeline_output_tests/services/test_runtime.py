@@ -24,7 +24,7 @@ import pytest
 from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output_tests.oracle import assert_same_multiset
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "example_python_api.py"
 README = REPO / "README.md"
 

@@ -15,7 +15,7 @@ import pytest
 
 from pipeline_output.infra.settings import to_sqlalchemy_url
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "dagster.yaml"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "dagster.yaml"
 
 
 @pytest.fixture

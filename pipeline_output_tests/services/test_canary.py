@@ -9,8 +9,7 @@ Postgres constraint trigger that raises at COMMIT.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,29 +22,26 @@ from polars.testing import assert_frame_equal
 from pipeline_output import DatasetSpec, Delta, IcebergStore, Window
 from pipeline_output.errors import PipelineOutputError
 from pipeline_output.infra.locks import AdvisoryLock
-from pipeline_output.infra.settings import Settings
 from pipeline_output.ledger import Ledger
 from pipeline_output.services.canary import DrainRefused, check_parity, drain, flip, status
-from pipeline_output.services.publish import Publisher, ResolvedMode
+from pipeline_output.services.publish import Publisher
 from pipeline_output.stores.postgres import PostgresStore
+from pipeline_output_tests.dagster_runs import check_evals, mat_meta, run_assets
 from pipeline_output_tests.iceberg_harness import customers
 from pipeline_output_tests.oracle import assert_same_multiset, expect
+from pipeline_output_tests.publishers import (
+    corrupt_pg_row,
+    make_publisher,
+    mode,
+    pg_deploy_ids,
+    pg_docs,
+)
 
 STRATEGIES = ["snapshot_replace", "append_always", "append_new", "replace", "sync"]
 ARMS = ("pg", "iceberg")
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def make_publisher(url: str, catalog: Any) -> Publisher:
-    ledger = Ledger(url)
-    ledger.migrate()
-    return Publisher(
-        iceberg=IcebergStore(catalog, "datasets", lock=AdvisoryLock(url)),
-        postgres=PostgresStore(url, ledger=ledger),
-        ledger=ledger,
-    )
 
 
 @pytest.fixture
@@ -68,35 +64,6 @@ def reread(pg_db_url: str, fresh_catalog: Callable[[], Any]) -> Callable[[str, D
         return store.read(spec)  # type: ignore[no-any-return]
 
     return read
-
-
-def mode(name: str, source: str = "run config") -> ResolvedMode:
-    return ResolvedMode(name, source)  # type: ignore[arg-type]
-
-
-def pg_docs(url: str, dataset: str) -> list[tuple[int, str | None, str]]:
-    with psycopg.connect(url) as conn:
-        rows = conn.execute(
-            "SELECT row_index, pk, data::text FROM pipeline_output.dataset_rows "
-            "WHERE dataset_id = %s ORDER BY row_index",
-            (dataset,),
-        ).fetchall()
-    return [(int(r[0]), r[1], str(r[2])) for r in rows]
-
-
-def corrupt_pg_row(url: str, dataset: str, pk_text: str, column: str, value: Any) -> None:
-    """Edit one stored document by plain SQL (what a stray UPDATE on the legacy table does)."""
-    with psycopg.connect(url) as conn:
-        cur = conn.execute(
-            "UPDATE pipeline_output.dataset_rows SET data = jsonb_set(data, %s, %s::jsonb) "
-            "WHERE dataset_id = %s AND pk = %s",
-            ([column], json.dumps(value), dataset, pk_text),
-        )
-        assert cur.rowcount == 1, f"no legacy row {dataset}/{pk_text}"
-
-
-def pg_deploy_ids(url: str, dataset: str) -> list[int]:
-    return [d.id for d in Ledger(url).deploys(dataset, arm="pg")]
 
 
 # --- the same scenario suite on both arms -------------------------------------------------------
@@ -191,7 +158,7 @@ def test_scenario_suite_every_arm_ends_equal_to_the_polars_oracle(
 
 
 def test_dual_write_counters_agree_and_parity_passes_on_every_type(pub, reread):
-    from pipeline_output_tests.stores.test_postgres_store import typed_frame
+    from pipeline_output_tests.stores.arms import typed_frame
 
     spec = DatasetSpec(name="typed", primary_key="id")
     out = pub.publish(spec, typed_frame(), mode=mode("dual"))
@@ -476,15 +443,6 @@ def test_flip_history_survives_a_new_ledger_and_records_who_when_from_to(pub, pg
 ROWS: dict[str, pl.DataFrame] = {}
 
 
-@pytest.fixture
-def runtime_env(settings_env: Settings) -> Iterator[Settings]:
-    from pipeline_output.dagster_layer.process_runtime import reset_runtime
-
-    reset_runtime()
-    yield settings_env
-    reset_runtime()
-
-
 def small_defs(*, with_down: bool = True) -> dg.Definitions:
     from pipeline_output.dagster_layer.build import build_definitions
     from pipeline_output.dagster_layer.dataset import dataset
@@ -502,42 +460,6 @@ def small_defs(*, with_down: bool = True) -> dg.Definitions:
 
         datasets.append(down)
     return build_definitions(datasets=datasets)
-
-
-def run_assets(
-    defs: dg.Definitions,
-    instance: dg.DagsterInstance,
-    keys: list[str],
-    *,
-    run_config: dict[str, Any] | None = None,
-    raise_on_error: bool = True,
-) -> dg.ExecuteInProcessResult:
-    job = defs.resolve_implicit_global_asset_job_def()
-    return job.execute_in_process(
-        instance=instance,
-        asset_selection=[dg.AssetKey(k) for k in keys],
-        run_config=run_config or {},
-        raise_on_error=raise_on_error,
-    )
-
-
-def mat_meta(result: dg.ExecuteInProcessResult, key: str) -> dict[str, Any]:
-    for event in result.get_asset_materialization_events():
-        mat = event.event_specific_data.materialization  # type: ignore[union-attr]
-        if mat.asset_key == dg.AssetKey(key):
-            return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
-    raise AssertionError(f"{key} was not materialised")
-
-
-def check_evals(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
-    """The `parity` check evaluation of each asset (each also has a `table_health` check)."""
-    out = {}
-    for event in result.all_events:
-        if event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
-            ev = event.event_specific_data
-            if ev.check_name == "parity":  # type: ignore[union-attr]
-                out[ev.asset_key.to_user_string()] = ev  # type: ignore[union-attr]
-    return out
 
 
 def test_run_config_mode_overrides_the_flip_for_that_run_only(runtime_env, pg_db_url):

@@ -20,7 +20,7 @@ import polars as pl
 import pytest
 
 from pipeline_output_tests.processes import run_workers
-from pipeline_output_tests.reliability_report import record
+from pipeline_output_tests.reliability.report import record
 
 NS = "datasets"
 WRITERS = 8
@@ -122,7 +122,7 @@ def _report(scenario: str, results: list[dict[str, Any]], totals: dict[str, int]
         seconds=round(t, 1),
         rows_lost=0,
         duplicate_keys=0,
-        command="pytest pipeline_output_tests/test_reliability_concurrency.py",
+        command="pytest pipeline_output_tests/reliability/test_reliability_concurrency.py",
     )
 
 

@@ -1,0 +1,1 @@
+"""Tests of the vocabulary (contract/): the decision table."""

@@ -1,0 +1,44 @@
+"""Test harness: materialise assets of a code location in process, and read back what a run
+recorded (materialisation metadata, the parity check's evaluations)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+
+
+def run_assets(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    keys: list[str],
+    *,
+    run_config: dict[str, Any] | None = None,
+    raise_on_error: bool = True,
+) -> dg.ExecuteInProcessResult:
+    job = defs.resolve_implicit_global_asset_job_def()
+    return job.execute_in_process(
+        instance=instance,
+        asset_selection=[dg.AssetKey(k) for k in keys],
+        run_config=run_config or {},
+        raise_on_error=raise_on_error,
+    )
+
+
+def mat_meta(result: dg.ExecuteInProcessResult, key: str) -> dict[str, Any]:
+    for event in result.get_asset_materialization_events():
+        mat = event.event_specific_data.materialization  # type: ignore[union-attr]
+        if mat.asset_key == dg.AssetKey(key):
+            return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+    raise AssertionError(f"{key} was not materialised")
+
+
+def check_evals(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
+    """The `parity` check evaluation of each asset (each also has a `table_health` check)."""
+    out = {}
+    for event in result.all_events:
+        if event.event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION:
+            ev = event.event_specific_data
+            if ev.check_name == "parity":  # type: ignore[union-attr]
+                out[ev.asset_key.to_user_string()] = ev  # type: ignore[union-attr]
+    return out

@@ -1,0 +1,1 @@
+"""Tests of the infrastructure (infra/): settings, the embedded server, the deployed instance files."""
