@@ -117,17 +117,20 @@ def scan_table(
     snapshot_id: int | None = None,
     dataset: str | None = None,
 ) -> pl.LazyFrame:
-    """`table` as a LazyFrame pinned to its current snapshot, or to `snapshot_id` (projection and
-    filter pushed down). Collected after expiry removed that snapshot: `SnapshotExpired` naming
-    `dataset` (or the table) and the snapshot."""
-    snapshot = (
-        table.snapshot_by_id(snapshot_id) if snapshot_id is not None else table.current_snapshot()
+    """`table` as a LazyFrame pinned to its current snapshot, or to `snapshot_id`: polars' native
+    Iceberg scan (`native_scan`), the projection, predicate and row limit pushed into it.
+    Collected after expiry removed that snapshot: `SnapshotExpired` naming `dataset` (or the
+    table) and the snapshot."""
+    from pipeline_output.stores.iceberg.table.native_scan import (
+        quiet,
+        snapshot_scan,
+        snapshot_schema,
+        target_schema,
     )
-    schema = table.schema()
-    if snapshot is not None and snapshot.schema_id is not None:
-        schema = table.schemas().get(snapshot.schema_id, schema)
-    target = polars_schema(schema.as_arrow())
-    snapshot_id = snapshot.snapshot_id if snapshot is not None else None
+
+    if snapshot_id is None and (current := table.current_snapshot()) is not None:
+        snapshot_id = current.snapshot_id
+    target = target_schema(snapshot_schema(table, snapshot_id))
     label = name or ".".join(table.name())
 
     def read(
@@ -136,8 +139,17 @@ def scan_table(
         if snapshot_id is None:  # no committed snapshot: empty, and stays so for this frame
             return
         try:
-            yield from batches(needed, predicate, n_rows, snapshot_id)
-        except FileNotFoundError as exc:  # expiry removed the snapshot (and files) since?
+            frame = snapshot_scan(table, snapshot_id)
+            if predicate is not None:
+                frame = frame.filter(predicate)
+            if n_rows is not None:
+                frame = frame.head(n_rows)
+            with quiet():
+                if not columns:
+                    yield pl.DataFrame(height=frame.select(pl.len()).collect().item())
+                    return
+                yield from frame.select(columns).collect_batches()
+        except Exception as exc:  # expiry removed the snapshot (and its files) since?
             from pipeline_output.stores.iceberg.table.snapshot_log import pinned_snapshot_gone
 
             gone = pinned_snapshot_gone(table, snapshot_id, dataset=dataset or label)
@@ -145,23 +157,7 @@ def scan_table(
                 raise
             raise gone from exc
 
-    def batches(
-        needed: list[str], predicate: pl.Expr | None, n_rows: int | None, snapshot_id: int
-    ) -> Iterable[pl.DataFrame]:
-        row_filter = iceberg_filter(pushable_terms(predicate, target), schema)
-        limit = n_rows if predicate is None else None
-        if not needed:
-            scan = table.scan(row_filter=row_filter, snapshot_id=snapshot_id, limit=limit)
-            return [pl.DataFrame(height=scan.count())]
-        scan = table.scan(
-            row_filter=row_filter,
-            selected_fields=tuple(needed),
-            snapshot_id=snapshot_id,
-            limit=limit,
-        )
-        return (from_arrow(batch) for batch in scan.to_arrow_batch_reader())
-
-    return io_source(read, target, explain=f"iceberg:{label}@{snapshot_id}")
+    return io_source(read, target, explain=f"iceberg:{label}@{snapshot_id}", exact=True)
 
 
 def scan_iceberg_dataset(
@@ -319,13 +315,15 @@ def io_source(
     schema: pl.Schema,
     *,
     explain: str,
+    exact: bool = False,
 ) -> pl.LazyFrame:
     """A LazyFrame over `read(columns, needed, predicate, n_rows)`.
 
     `columns` are the projected columns (every column when polars projects none), `needed` those
     plus the predicate's; `read` pushes down what it can and yields frames of at least `needed`.
     Here the whole predicate is applied to them, the projection and the row limit too: polars
-    trusts an IO source to have done all three.
+    trusts an IO source to have done all three. An `exact` read did all three itself (it yields
+    `columns` only, filtered and limited): only the types are aligned to `schema`.
     """
     from polars.io.plugins import register_io_source
 
@@ -345,15 +343,17 @@ def io_source(
             if remaining is not None and remaining <= 0:
                 break
             part = raw
-            if needed:
-                casts = [
-                    pl.col(c).cast(schema[c]) for c in needed if part.schema.get(c) != schema[c]
-                ]
-                if casts:
-                    part = part.with_columns(casts)
-            if predicate is not None:
+            casts = [
+                pl.col(c).cast(schema[c])
+                for c, dtype in part.schema.items()
+                if c in schema and dtype != schema[c]
+            ]
+            if casts:
+                part = part.with_columns(casts)
+            if predicate is not None and not exact:
                 part = part.filter(predicate)
-            part = part.select(columns) if columns else pl.DataFrame(height=part.height)
+            if not exact:
+                part = part.select(columns) if columns else pl.DataFrame(height=part.height)
             if remaining is not None:
                 part = part.head(remaining)
                 remaining -= part.height

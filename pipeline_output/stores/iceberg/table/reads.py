@@ -10,15 +10,19 @@ from datetime import datetime
 from typing import Unpack
 
 import polars as pl
-from pyiceberg.expressions import AlwaysTrue, BooleanExpression
 from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH
 
-from pipeline_output.contract.checked_input import from_arrow
 from pipeline_output.contract.spec import DatasetSpec, window_column
 from pipeline_output.contract.store_protocol import ATTEMPT_MARKER, ReadOptions
-from pipeline_output.errors import DatasetNotWritten
-from pipeline_output.stores.iceberg.table.expressions import window_filter
+from pipeline_output.errors import DatasetNotWritten, InvalidArgument
+from pipeline_output.stores.iceberg.table.native_scan import (
+    quiet,
+    snapshot_scan,
+    snapshot_schema,
+    target_schema,
+    typed,
+)
 from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
 from pipeline_output.stores.iceberg.table.refs import ancestry, head
 from pipeline_output.stores.iceberg.table.snapshot_log import resolve_as_of
@@ -36,25 +40,38 @@ def read(
 
     `as_of` reads a past version (time travel): a snapshot id, or a timezone-aware datetime
     — the snapshot `main` pointed at then (a naive datetime is refused, and so is a time
-    whose version expiry removed: `SnapshotExpired`, see `snapshot_log`)."""
+    whose version expiry removed: `SnapshotExpired`, see `snapshot_log`).
+
+    Read by polars' native Iceberg scan (`native_scan`): only the selected columns' chunks,
+    the window pushed down to the file statistics and the row groups."""
     window, columns = options.get("window"), options.get("columns")
     table = tables.load(spec)
     if table is None:
         raise DatasetNotWritten(f"dataset {tables.table_name(spec)!r} has no Iceberg table yet")
     snapshot_id = snapshot_as_of(tables, spec, as_of, table=table) if as_of is not None else None
-    schema = table.schema()
-    if snapshot_id is not None:
-        schema = table.schemas().get(table.snapshot_by_id(snapshot_id).schema_id, schema)  # type: ignore[union-attr,arg-type]
-    row_filter: BooleanExpression = AlwaysTrue()
+    if snapshot_id is None and (current := table.current_snapshot()) is not None:
+        snapshot_id = current.snapshot_id
+    target = target_schema(snapshot_schema(table, snapshot_id))
+    names = list(columns) if columns else list(target)
+    unknown = [c for c in names if c not in target]
+    if unknown:
+        raise InvalidArgument(
+            f"dataset {tables.table_name(spec)!r} has no column(s) {unknown} "
+            f"(columns: {list(target)})"
+        )
+    if snapshot_id is None:  # a table without a committed snapshot: no rows
+        return pl.DataFrame(schema={c: target[c] for c in names})
+    frame = snapshot_scan(table, snapshot_id)
     if window is not None:
         wm = window_column(spec, options.get("watermark"))
-        row_filter = window_filter(wm, window, schema=schema)
-    scan = table.scan(
-        row_filter=row_filter,
-        selected_fields=tuple(columns) if columns else ("*",),
-        snapshot_id=snapshot_id,
-    )
-    return from_arrow(scan.to_arrow())
+        if wm not in target:
+            raise InvalidArgument(
+                f"dataset {tables.table_name(spec)!r}: reading window {window} needs the "
+                f"watermark column {wm!r} (columns: {list(target)})"
+            )
+        frame = frame.filter(window.aligned_to(target[wm]).contains(wm, target[wm]))
+    with quiet():
+        return typed(frame.select(names).collect(), target)
 
 
 def snapshot_as_of(

@@ -1,0 +1,77 @@
+"""A snapshot of a native table read by polars' own Iceberg scan: the reads' fast path.
+
+Owns `snapshot_scan`: `pl.scan_iceberg` pinned to one snapshot, given the table's FileIO
+properties (so an object-store warehouse is read with the catalog's endpoint and credentials).
+polars plans the files with pyiceberg (manifest and column-statistics pruning), then reads them
+with its native multithreaded Parquet reader: only the projected column chunks, the predicate
+pushed into the row groups, positional delete files and deletion vectors applied, columns matched
+by field id (renames, added columns read as null, widened types cast). polars itself falls back to
+pyiceberg's reader for what its native reader cannot do (equality deletes, a positional delete
+file shared by several data files, non-Parquet files); the results are the same either way
+(`pipeline_output_tests/stores/test_engine_interop.py` compares it with the oracle and other
+engines on every kind of table this project writes).
+
+`typed` casts a frame read by it to the polars schema the table's Arrow schema reads back as
+(`checked_input.polars_schema`), the types every other read of this project returns.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import polars as pl
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+
+from pipeline_output.contract.checked_input import polars_schema
+
+
+def snapshot_schema(table: Table, snapshot_id: int | None) -> Schema:
+    """The schema of the table as of `snapshot_id` (its current one when None)."""
+    schema = table.schema()
+    if snapshot_id is None:
+        return schema
+    snapshot = table.snapshot_by_id(snapshot_id)
+    if snapshot is None or snapshot.schema_id is None:
+        return schema
+    return table.schemas().get(snapshot.schema_id, schema)
+
+
+def snapshot_scan(table: Table, snapshot_id: int) -> pl.LazyFrame:
+    """The rows of `snapshot_id` as a LazyFrame read by polars' native Iceberg scan."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # polars' "unstable" notes: nothing for the user to do
+        return pl.scan_iceberg(table, snapshot_id=snapshot_id, storage_options=storage(table))
+
+
+def storage(table: Table) -> dict[str, str]:
+    """The table FileIO's storage properties (`s3.endpoint`, ...) polars maps to its own object
+    store's: only dotted keys, as the catalog's others (`uri`, `warehouse`) mean nothing there."""
+    return {k: v for k, v in table.io.properties.items() if "." in k}
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Around a collect of `snapshot_scan`: without polars' note that its optional planning plugin
+    (`polars_iceberg`) is not installed — pyiceberg plans the files instead, as it always has
+    here (the note is a `PerformanceWarning` raised from polars' resolver threads)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*polars_iceberg.*")
+        yield
+
+
+def target_schema(schema: Schema) -> pl.Schema:
+    """The polars schema the project's reads return for an Iceberg schema."""
+    return polars_schema(schema.as_arrow())
+
+
+def typed(frame: pl.DataFrame, target: pl.Schema) -> pl.DataFrame:
+    """`frame` with every column of `target` it has cast to `target`'s type (when it differs)."""
+    casts = [
+        pl.col(c).cast(target[c])
+        for c, dtype in frame.schema.items()
+        if c in target and dtype != target[c]
+    ]
+    return frame.with_columns(casts) if casts else frame
