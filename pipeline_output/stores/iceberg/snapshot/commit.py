@@ -102,8 +102,8 @@ def commit(request: CommitRequest) -> Table:
         for frame in frames:
             for data_file in writer.write(frame):
                 producer.append_data_file(data_file)
-        for data_file, positions in positional:
-            producer.append_data_file(deletes.write(data_file, positions))
+        for delete_file in deletes.write_many(positional):
+            producer.append_data_file(delete_file)
     except BaseException:
         for path in [*writer.written, *deletes.written]:
             delete_quietly(tx._table.io, path)

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import io
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.conversions import to_bytes
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
     _read_deletes,
@@ -53,6 +55,7 @@ _SCHEMA = Schema(
     NestedField(POS_FIELD_ID, "pos", LongType(), required=True),
 )
 _EMPTY = pl.Series("pos", [], dtype=pl.Int64)
+WRITE_THREADS = 4
 
 
 def referenced_path(delete_file: DataFile) -> str | None:
@@ -90,7 +93,11 @@ class DeleteFileWriter(TableFileWriter):
         super().__init__(metadata, file_io, write_id=write_id, schema=_SCHEMA)
 
     def write(self, data_file: DataFile, positions: Iterable[int] | pl.Series) -> DataFile:
-        """One delete file removing `positions` (distinct, any order) of `data_file`."""
+        """One delete file removing `positions` (distinct, any order) of `data_file`.
+
+        Its statistics are known without reading the file back: every row names `data_file`
+        (the whole path is both bounds: readers associate the file with exactly that data
+        file), no value is null, the positions' bounds are their first and last."""
         pos = positions if isinstance(positions, pl.Series) else pl.Series("pos", list(positions))
         pos = pos.cast(pl.Int64).unique().sort()
         path = data_file.file_path
@@ -100,26 +107,56 @@ class DeleteFileWriter(TableFileWriter):
         )
         buffer = io.BytesIO()
         codec = self._codec if self._codec in ("zstd", "snappy", "gzip", "lz4") else "zstd"
-        pq.write_table(table, buffer, compression=codec, compression_level=self._level)
+        footers: list[pq.FileMetaData] = []
+        pq.write_table(
+            table,
+            buffer,
+            compression=codec,
+            compression_level=self._level,
+            metadata_collector=footers,
+        )
         data = buffer.getvalue()
-        stats = self._statistics(data)
-        serialized = stats.to_serialized_dict()
-        # the whole path as both bounds (metrics truncate strings): readers associate the file
-        # with exactly this data file
-        for bounds in ("lower_bounds", "upper_bounds"):
-            serialized[bounds] = {**(serialized.get(bounds) or {}), PATH_FIELD_ID: path.encode()}
+        sizes = {PATH_FIELD_ID: 0, POS_FIELD_ID: 0}
+        offsets = []
+        for footer in footers[:1]:
+            for g in range(footer.num_row_groups):
+                group = footer.row_group(g)
+                first = group.column(0)
+                offsets.append(first.dictionary_page_offset or first.data_page_offset)
+                sizes[PATH_FIELD_ID] += group.column(0).total_compressed_size
+                sizes[POS_FIELD_ID] += group.column(1).total_compressed_size
+        n = len(pos)
         location = self._put(data, suffix="-deletes")
         delete_file = DataFile.from_args(
             content=DataFileContent.POSITION_DELETES,
             file_path=location,
             file_format=FileFormat.PARQUET,
             partition=data_file.partition,
+            record_count=n,
             file_size_in_bytes=len(data),
+            column_sizes=sizes,
+            value_counts={PATH_FIELD_ID: n, POS_FIELD_ID: n},
+            null_value_counts={PATH_FIELD_ID: 0, POS_FIELD_ID: 0},
+            nan_value_counts={},
+            lower_bounds={PATH_FIELD_ID: path.encode(), **_pos_bound(pos, 0)},
+            upper_bounds={PATH_FIELD_ID: path.encode(), **_pos_bound(pos, -1)},
+            split_offsets=sorted(offsets) or None,
             sort_order_id=None,
             spec_id=data_file.spec_id,
             equality_ids=None,
             key_metadata=None,
-            **serialized,
         )
         delete_file.spec_id = data_file.spec_id  # (from_args does not set it)
         return delete_file
+
+    def write_many(self, files: Sequence[tuple[DataFile, pl.Series]]) -> list[DataFile]:
+        """`write` for each (data file, positions), a few at a time (pyarrow writes and the
+        FileIO's puts release the GIL), in order."""
+        if len(files) < 2:
+            return [self.write(f, p) for f, p in files]
+        with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(files))) as pool:
+            return list(pool.map(lambda pair: self.write(*pair), files))
+
+
+def _pos_bound(pos: pl.Series, at: int) -> dict[int, bytes]:
+    return {POS_FIELD_ID: to_bytes(LongType(), int(pos[at]))} if pos.len() else {}

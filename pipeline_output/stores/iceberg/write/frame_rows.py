@@ -14,6 +14,7 @@ from pyiceberg.table import FileScanTask, Transaction
 
 from pipeline_output.contract.checked_input import polars_schema
 from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.windows import Window
 from pipeline_output.stores.iceberg.table.properties import NEW_PREFIX, POS_COLUMN
 from pipeline_output.stores.schema import Evolution
 
@@ -130,3 +131,34 @@ def differs(joined: pl.DataFrame, value_cols: list[str]) -> pl.Expr:
         ]
         or [pl.lit(False)]
     )
+
+
+def absent_mask(
+    rows: pl.DataFrame,
+    batch: pl.DataFrame,
+    pk: list[str],
+    *,
+    scope: str,
+    window: Window | None,
+    wm: str | None,
+) -> pl.Series | None:
+    """Target `rows` a sync deletes: key absent from the compute's keys `batch` (the ones the
+    file's bounds admit: no other key can match its rows), and inside the window. None: the
+    write deletes no absent key (`scope` none)."""
+    if scope == "none":
+        return None
+    hit = "__po_hit__"
+    absent = (
+        rows.select(pk)
+        .join(
+            batch.select(pk).with_columns(pl.lit(True).alias(hit)),
+            on=pk,
+            how="left",
+            nulls_equal=True,
+        )[hit]
+        .is_null()
+    )
+    if window is not None and wm is not None:
+        inside = rows.select(window.contains(wm, rows.schema[wm]).fill_null(False)).to_series()
+        absent = absent & inside
+    return absent

@@ -18,10 +18,9 @@ from pyiceberg.manifest import DataFileContent
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, Transaction
 
-from pipeline_output.contract.checked_input import refuse_duplicate_matches
+from pipeline_output.contract.checked_input import polars_schema, refuse_duplicate_matches
 from pipeline_output.contract.plan import WritePlan
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.contract.windows import Window
 from pipeline_output.errors import BadInput
 from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.delete_files import deleted_positions, own_delete_files
@@ -31,11 +30,12 @@ from pipeline_output.stores.iceberg.table.freshness import total_records
 from pipeline_output.stores.iceberg.table.properties import FILEPOS_COLUMN, NEW_PREFIX, POS_COLUMN
 from pipeline_output.stores.iceberg.write.file_reads import FileReader
 from pipeline_output.stores.iceberg.write.frame_rows import (
+    absent_mask,
     differs,
     replace_rows,
     schema_names,
-    sorted_for_write,
 )
+from pipeline_output.stores.iceberg.write.key_scan import scan_candidates
 from pipeline_output.stores.iceberg.write.merge_policy import MIN_ROWS, MergePolicy
 from pipeline_output.stores.iceberg.write.prepare import MergeChanges
 from pipeline_output.stores.iceberg.write.pruning import (
@@ -43,7 +43,8 @@ from pipeline_output.stores.iceberg.write.pruning import (
     manifest_admission,
     prune_by_keys,
 )
-from pipeline_output.stores.iceberg.write.rewritten_rows import RewriteSink
+from pipeline_output.stores.iceberg.write.rewritten_rows import RewriteSink, coalesced
+from pipeline_output.stores.iceberg.write.scanned_merge import apply_scanned
 
 _HIT = "__po_hit__"
 
@@ -133,9 +134,7 @@ class FileMerge:
                 deleted_before=task.file.record_count - rows.height,
                 deleting=n_drop,
             ):
-                self._delete_by_position(
-                    changes, task, rows.filter(drop).get_column(FILEPOS_COLUMN)
-                )
+                self.delete_by_position(changes, task, rows.filter(drop).get_column(FILEPOS_COLUMN))
             else:
                 self._rewrite(changes, task, rows.filter(~drop))
         changes.written = self._sink.files
@@ -182,6 +181,16 @@ class FileMerge:
         chosen = {id(t) for t in candidates}
         changes.preserved += sum(_live_rows(t) for t in tasks if id(t) not in chosen)
         changes.preserved += self._unread_rows(tasks)
+        # one vectorised pass over every candidate (`key_scan`), when provably the same
+        absent_in = None if scope == "none" else pl.lit(True)
+        if window is not None and wm is not None:
+            dtype = polars_schema(self.schema.as_arrow())[wm]
+            absent_in = window.contains(wm, dtype).fill_null(False)
+        scanned = scan_candidates(
+            self.table, self.schema, frame, candidates, pk=pk, absent_in=absent_in, watermark=wm
+        )
+        if scanned is not None:
+            return apply_scanned(self, changes, scanned, policy, tasks)
         # each file is joined only with the compute's rows its key bounds admit
         slices = KeySlices(frame, pk[0], self.table.schema())
         slices.prepare(candidates)
@@ -193,7 +202,7 @@ class FileMerge:
             for task, keys in self.reader.stream(candidates, columns=cols):
                 batch = slices.of(task).select(pk)
                 matched = keys.join(batch, on=pk, how="semi", nulls_equal=True).height
-                absent = self._absent_mask(keys, batch, scope, window, wm)
+                absent = absent_mask(keys, batch, pk, scope=scope, window=window, wm=wm)
                 if matched or (absent is not None and absent.any()):
                     relevant.append(task)
                 else:
@@ -217,8 +226,8 @@ class FileMerge:
             if joined.height:
                 matched_keys.append(joined.select(pk))
             changed = joined.filter(differs(joined, value_cols))
-            absent_mask = self._absent_mask(rows, batch.select(pk), scope, window, wm)
-            n_absent = int(absent_mask.sum()) if absent_mask is not None else 0
+            gone_rows = absent_mask(rows, batch.select(pk), pk, scope=scope, window=window, wm=wm)
+            n_absent = int(gone_rows.sum()) if gone_rows is not None else 0
             if changed.height == 0 and n_absent == 0:
                 settled_keys.append(joined.select(pk))
                 changes.unchanged += joined.height
@@ -235,17 +244,17 @@ class FileMerge:
                 deleting=changed.height + n_absent,
             ):
                 gone = [changed.get_column(FILEPOS_COLUMN)]
-                if absent_mask is not None and n_absent:
-                    gone.append(rows.filter(absent_mask).get_column(FILEPOS_COLUMN))
-                self._delete_by_position(changes, task, pl.concat(gone))
+                if gone_rows is not None and n_absent:
+                    gone.append(rows.filter(gone_rows).get_column(FILEPOS_COLUMN))
+                self.delete_by_position(changes, task, pl.concat(gone))
                 merged_on_read = True
                 if changed.height < joined.height:  # the changed rows are written anew
                     settled_keys.append(joined.filter(~differs(joined, value_cols)).select(pk))
                 continue
             settled_keys.append(joined.select(pk))
             content = replace_rows(rows.drop(FILEPOS_COLUMN), changed, value_cols, pk)
-            if absent_mask is not None:
-                content = content.filter(~absent_mask)
+            if gone_rows is not None:
+                content = content.filter(~gone_rows)
             self._rewrite(changes, task, content.drop(POS_COLUMN))
 
         all_matched = pl.concat(matched_keys) if matched_keys else frame.head(0).select(pk)
@@ -260,40 +269,20 @@ class FileMerge:
         ]
         if merged_on_read and not self._sink.rest_height():
             # the new versions of kept files' rows need a file: fold a small one in
-            self._absorb_small_file(changes, tasks, touched)
+            self.absorb_small_file(changes, tasks, touched)
+        return self.finish(changes, new_rows)
+
+    def finish(self, changes: MergeChanges, new_rows: list[pl.DataFrame]) -> MergeChanges:
+        """`changes` with the rewritten rows' files and the frames the commit writes: the rows
+        still buffered and `new_rows`, coalesced."""
         changes.written = self._sink.files
-        changes.new_frames = _coalesced([*self._sink.rest(), *new_rows], spec)
+        changes.new_frames = coalesced([*self._sink.rest(), *new_rows], self.spec)
         return changes
 
-    def _absent_mask(
-        self,
-        rows: pl.DataFrame,
-        batch: pl.DataFrame,
-        scope: str,
-        window: Window | None,
-        wm: str | None,
-    ) -> pl.Series | None:
-        """Target rows a sync deletes: key absent from the compute's keys `batch` (the ones the
-        file's bounds admit: no other key can match its rows), and inside the window."""
-        if scope == "none":
-            return None
-        pk = list(self.spec.primary_key)
-        absent = (
-            rows.select(pk)
-            .join(
-                batch.select(pk).with_columns(pl.lit(True).alias(_HIT)),
-                on=pk,
-                how="left",
-                nulls_equal=True,
-            )[_HIT]
-            .is_null()
-        )
-        if window is not None and wm is not None:
-            absent = (
-                absent
-                & rows.select(window.contains(wm, rows.schema[wm]).fill_null(False)).to_series()
-            )
-        return absent
+    @property
+    def sink(self) -> RewriteSink:
+        """Where the rows of rewritten files go."""
+        return self._sink
 
     # -- what happens to a file that changes
 
@@ -302,19 +291,26 @@ class FileMerge:
         changes.deleted_files.append(task.file)
         self._sink.add(content.drop(FILEPOS_COLUMN, strict=False))
 
-    def _delete_by_position(
-        self, changes: MergeChanges, task: FileScanTask, positions: pl.Series
+    def delete_by_position(
+        self,
+        changes: MergeChanges,
+        task: FileScanTask,
+        positions: pl.Series,
+        *,
+        earlier: pl.Series | None = None,
     ) -> None:
         """Merge-on-read: the file stays; one delete file of ours holds every position it lost
-        (the ones its own delete files held, which go, and `positions`)."""
+        (the ones its own delete files held — `earlier` when already read — which go, and
+        `positions`)."""
         own = own_delete_files(task)
         if own:
-            earlier = deleted_positions(self.table.io, task, files=own)
-            positions = pl.concat([earlier, positions.cast(pl.Int64)])
+            if earlier is None:
+                earlier = deleted_positions(self.table.io, task, files=own)
+            positions = pl.concat([earlier.cast(pl.Int64), positions.cast(pl.Int64)])
             changes.deleted_files.extend(own)
         changes.positional.append((task.file, positions.cast(pl.Int64).unique().sort()))
 
-    def _absorb_small_file(
+    def absorb_small_file(
         self, changes: MergeChanges, tasks: Sequence[FileScanTask], touched: set[int]
     ) -> None:
         """Fold the smallest small, untouched data file of the current partition spec into this
@@ -375,16 +371,3 @@ def _live_rows(task: FileScanTask) -> int:
     """The file's rows its delete files leave (exact with our file-scoped delete files, which
     never repeat a position; another engine's shared delete files are not counted)."""
     return int(task.file.record_count) - sum(d.record_count for d in own_delete_files(task))
-
-
-def _coalesced(frames: list[pl.DataFrame], spec: DatasetSpec) -> list[pl.DataFrame]:
-    """The rewritten files' contents and the new rows as ONE frame sorted by the key: the writer
-    cuts it into files near the table's target size (and one per partition), so an upsert that
-    rewrites k files adds about max(1, touched bytes / target) files instead of k + 1, and a
-    table fed by small upserts does not gain a file per write."""
-    kept = [f for f in frames if f.height]
-    if len(kept) <= 1:
-        return kept
-    # rechunked: a frame of many chunks is written as as many row groups, and a file rewritten
-    # by every small upsert would gain a row group per write
-    return [sorted_for_write(pl.concat(kept, how="vertical", rechunk=True), spec)]

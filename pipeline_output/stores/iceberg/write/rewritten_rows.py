@@ -60,3 +60,16 @@ class RewriteSink:
         assert self.writer is not None
         frame = pl.concat(self.rest(), how="vertical", rechunk=True)
         self.files.extend(self.writer.write(sorted_for_write(frame, self.spec)))
+
+
+def coalesced(frames: list[pl.DataFrame], spec: DatasetSpec) -> list[pl.DataFrame]:
+    """The rewritten files' contents and the new rows as ONE frame sorted by the key: the writer
+    cuts it into files near the table's target size (and one per partition), so an upsert that
+    rewrites k files adds about max(1, touched bytes / target) files instead of k + 1, and a
+    table fed by small upserts does not gain a file per write."""
+    kept = [f for f in frames if f.height]
+    if len(kept) <= 1:
+        return kept
+    # rechunked: a frame of many chunks is written as as many row groups, and a file rewritten
+    # by every small upsert would gain a row group per write
+    return [sorted_for_write(pl.concat(kept, how="vertical", rechunk=True), spec)]
