@@ -4,7 +4,8 @@ Owns the data-file fast path: polars' multithreaded Parquet writer, given the ta
 with `PARQUET:field_id` metadata (so files carry Iceberg field ids and required-ness), into memory;
 the bytes go out through the table's own `FileIO` (local, S3, ... alike) and the Iceberg
 `DataFile` (statistics, bounds, partition) is built from the Parquet footer with pyiceberg's own
-helpers. Partitioned tables get one file per partition (`partitions.py` computes each row's
+helpers (plus the float columns' NaN counts, which Parquet footers lack). Partitioned tables get
+one file per partition (`partitions.py` computes each row's
 values); frames above the target size (the table's, or the writer's `target_bytes`: compaction
 writes each bin as one file) are split. Files are not part of any snapshot until the caller commits them.
 """
@@ -33,6 +34,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
+from pyiceberg.types import DoubleType, FloatType
 
 from pipeline_output.stores.iceberg.table.partitions import partition_columns
 from pipeline_output.stores.schema import conform
@@ -139,6 +141,19 @@ class DataFileWriter(TableFileWriter):
         for offset in range(0, frame.height, rows):
             yield frame.slice(offset, rows)
 
+    def _nan_counts(self, frame: pl.DataFrame) -> dict[int, int]:
+        """NaN values per top-level float and double column (Parquet statistics have none;
+        Iceberg readers use them, with the bounds, to prune `NaN` and `!= NaN` filters)."""
+        floats = [
+            f
+            for f in self._schema.fields
+            if isinstance(f.field_type, (FloatType, DoubleType)) and f.name in frame.columns
+        ]
+        if not floats:
+            return {}
+        counts = frame.select(pl.col(f.name).is_nan().sum() for f in floats).row(0)
+        return {f.field_id: int(n or 0) for f, n in zip(floats, counts, strict=True)}
+
     def _write_one(self, frame: pl.DataFrame, record: Record | None) -> DataFile:
         buffer = io.BytesIO()
         if self._codec in ("zstd", "snappy", "gzip", "lz4", "brotli", "uncompressed"):
@@ -168,6 +183,8 @@ class DataFileWriter(TableFileWriter):
             record if record is not None else stats.partition(self.metadata.spec(), self._schema)
         )
         path = self._put(data)
+        serialized = stats.to_serialized_dict()
+        serialized["nan_value_counts"] = self._nan_counts(frame)
         data_file = DataFile.from_args(
             content=DataFileContent.DATA,
             file_path=path,
@@ -178,7 +195,7 @@ class DataFileWriter(TableFileWriter):
             spec_id=self.metadata.default_spec_id,
             equality_ids=None,
             key_metadata=None,
-            **stats.to_serialized_dict(),
+            **serialized,
         )
         data_file.spec_id = self.metadata.default_spec_id  # (from_args does not set it)
         return data_file

@@ -34,7 +34,6 @@ from pyiceberg.manifest import (
     ManifestEntryStatus,
     ManifestFile,
     ManifestWriter,
-    ManifestWriterV2,
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
@@ -58,18 +57,8 @@ from pyiceberg.utils.properties import property_as_bool, property_as_int
 
 from pipeline_output.errors import UnsupportedWrite
 from pipeline_output.stores.iceberg.snapshot.delete_files import referenced_path
+from pipeline_output.stores.iceberg.snapshot.manifest_codec import manifest_writer
 from pipeline_output.stores.iceberg.snapshot.manifests import ManifestIndex
-
-
-class _DeleteManifestWriter(ManifestWriterV2):
-    """A v2 manifest writer for delete files (pyiceberg 0.12 writes data manifests only)."""
-
-    def content(self) -> ManifestContent:
-        return ManifestContent.DELETES
-
-    @property
-    def _meta(self) -> dict[str, str]:
-        return {**super()._meta, "content": "deletes"}
 
 
 class _NullablePartitions(PartitionSpec):
@@ -94,10 +83,14 @@ def manifest_spec(spec: PartitionSpec) -> PartitionSpec:
 
 
 class MergeAppend(_MergeAppendFiles):
-    """pyiceberg's merge-append (a write that only adds files), with `manifest_spec`."""
+    """pyiceberg's merge-append (a write that only adds files), with `manifest_spec`, its
+    manifests encoded by `manifest_codec`."""
 
     def spec(self, spec_id: int) -> PartitionSpec:
         return manifest_spec(super().spec(spec_id))
+
+    def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
+        return manifest_writer(self, spec)
 
 
 class IndexedOverwrite(_OverwriteFiles):
@@ -147,6 +140,9 @@ class IndexedOverwrite(_OverwriteFiles):
 
     def spec(self, spec_id: int) -> PartitionSpec:
         return manifest_spec(super().spec(spec_id))
+
+    def new_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
+        return manifest_writer(self, spec)
 
     # -- what the commit removes
 
@@ -286,15 +282,7 @@ class IndexedOverwrite(_OverwriteFiles):
         return [m for m in kept if m.has_added_files() or m.has_existing_files()]
 
     def _writer(self, content: ManifestContent, spec_id: int) -> ManifestWriter:
-        if content == ManifestContent.DATA:
-            return self.new_manifest_writer(self.spec(spec_id))
-        return _DeleteManifestWriter(
-            self.spec(spec_id),
-            self.schema(),
-            self.new_manifest_output(),
-            self._snapshot_id,
-            self._compression,
-        )
+        return manifest_writer(self, self.spec(spec_id), content)
 
     def _rewrite(self, manifest: ManifestFile, entries: list[ManifestEntry]) -> ManifestFile:
         return self._rewrite_entries(manifest.content, manifest.partition_spec_id, entries)
