@@ -12,18 +12,43 @@ the refusal of keys matching two target rows are the file-by-file merge's (`merg
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import polars as pl
 from pyiceberg.table import FileScanTask
 
 from pipeline_output.contract.checked_input import refuse_duplicate_matches
+from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.stores.iceberg.write.key_scan import CandidateRows, FileRows, G, L
 from pipeline_output.stores.iceberg.write.merge_policy import MergePolicy
 from pipeline_output.stores.iceberg.write.prepare import MergeChanges
+from pipeline_output.stores.iceberg.write.rewritten_rows import RewriteSink
 
-if TYPE_CHECKING:
-    from pipeline_output.stores.iceberg.write.merge import FileMerge
+
+class FileMerge(Protocol):
+    """What this module needs of the merge it completes (`merge.FileMerge`)."""
+
+    spec: DatasetSpec
+    frame: pl.DataFrame
+
+    @property
+    def sink(self) -> RewriteSink: ...
+
+    def delete_by_position(
+        self,
+        changes: MergeChanges,
+        task: FileScanTask,
+        positions: pl.Series,
+        *,
+        earlier: pl.Series | None = None,
+    ) -> None: ...
+
+    def absorb_small_file(
+        self, changes: MergeChanges, tasks: Sequence[FileScanTask], touched: set[int]
+    ) -> None: ...
+
+    def finish(self, changes: MergeChanges, new_rows: list[pl.DataFrame]) -> MergeChanges: ...
+
 
 CHUNK_BYTES = 64 * 1024 * 1024  # stored bytes of the rewritten files read by one scan
 
