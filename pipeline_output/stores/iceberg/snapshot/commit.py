@@ -27,8 +27,9 @@ from pipeline_output.errors import (
 from pipeline_output.infra.faults import fault_injection
 from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.delete_files import DeleteFileWriter
-from pipeline_output.stores.iceberg.snapshot.indexed_overwrite import IndexedOverwrite, MergeAppend
+from pipeline_output.stores.iceberg.snapshot.indexed_overwrite import IndexedOverwrite
 from pipeline_output.stores.iceberg.snapshot.inflight import verify_written
+from pipeline_output.stores.iceberg.snapshot.manifest_specs import MergeAppend
 from pipeline_output.stores.iceberg.snapshot.manifests import ManifestIndex
 from pipeline_output.stores.iceberg.write.frame_rows import align_to_schema
 from pipeline_output.stores.schema import check_required

@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import uuid
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 import fastavro
@@ -38,7 +39,9 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.types import (
     IcebergType,
+    IntegerType,
     ListType,
+    LongType,
     MapType,
     NestedField,
     StringType,
@@ -124,7 +127,7 @@ class FastManifestWriter(ManifestWriterV2):
     def _encode(self, entries: list[ManifestEntry]) -> bytes:
         schema = _entry_schema(self._with_partition(2))
         avro = AvroSchemaConversion().iceberg_to_avro(schema, schema_name="manifest_entry")
-        to_dict = _converter(schema.as_struct())
+        to_dict = _converter(schema.as_struct(), avro)
         meta = {k: v for k, v in self._meta.items() if k != AVRO_CODEC_KEY}
         codec = CODEC_MAPPING_ICEBERG_TO_AVRO.get(self._compression, self._compression)
         out = io.BytesIO()
@@ -148,7 +151,7 @@ def manifest_writer(
     for format-version 2 tables with a codec fastavro has; pyiceberg's own otherwise."""
     metadata = producer._transaction.table_metadata
     codec = CODEC_MAPPING_ICEBERG_TO_AVRO.get(producer._compression, producer._compression)
-    if metadata.format_version == 2 and codec in _CODECS:
+    if content == ManifestContent.DELETES and metadata.format_version == 2 and codec in _CODECS:
         return FastManifestWriter(
             spec,
             producer.schema(),
@@ -206,49 +209,78 @@ def _with_reference(record: dict[str, Any], entry: ManifestEntry) -> dict[str, A
     return record
 
 
-def _converter(struct: StructType) -> Callable[[Any], dict[str, Any]]:
-    """A function turning a pyiceberg `Record` of `struct` into fastavro's dict (maps of
-    non-string keys as arrays of key/value records, as Iceberg writes them)."""
-    names = _avro_names(struct)
-    parts = [
-        (i, name, _value(f.field_type))
-        for i, (f, name) in enumerate(zip(struct.fields, names, strict=True))
-    ]
+def _converter(struct: StructType, avro: Any) -> Callable[[Any], dict[str, Any]]:
+    """A function turning a pyiceberg `Record` of `struct` (whose Avro record schema is `avro`)
+    into fastavro's dict: maps of non-string keys as arrays of key/value records (as Iceberg
+    writes them), and every value of a nullable field tagged with its union branch — fastavro
+    then writes it as it is, instead of validating it against each branch (the record's whole
+    bounds and counts, for every entry)."""
+    parts = []
+    for i, (field, spec) in enumerate(zip(struct.fields, avro["fields"], strict=True)):
+        branch, tag = spec["type"], None
+        if isinstance(branch, list):
+            branch = next(b for b in branch if b != "null")
+            tag = _branch_name(branch)
+        parts.append((i, str(spec["name"]), _value(field.field_type, branch), tag))
 
     def convert(record: Any) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for i, name, value in parts:
+        for i, name, value, tag in parts:
             try:
                 raw = record[i]
             except IndexError:
                 raw = None  # a field the record's own struct lacks (referenced_data_file)
-            out[name] = None if raw is None else value(raw)
+            if raw is None:
+                out[name] = None
+            elif tag is None:
+                out[name] = value(raw)
+            else:
+                out[name] = (tag, value(raw))
         return out
 
     return convert
 
 
-def _avro_names(struct: StructType) -> list[str]:
-    avro: Any = AvroSchemaConversion().iceberg_to_avro(Schema(*struct.fields), schema_name="r")
-    return [str(f["name"]) for f in avro["fields"]]
+def _branch_name(branch: Any) -> str:
+    """The name fastavro's tuple notation gives a union branch."""
+    if isinstance(branch, str):
+        return branch
+    if branch.get("type") in ("record", "fixed", "enum"):
+        return str(branch["name"])
+    return _branch_name(branch["type"])
 
 
-def _value(field_type: IcebergType) -> Callable[[Any], Any]:
+def _value(field_type: IcebergType, avro: Any) -> Callable[[Any], Any]:
     if isinstance(field_type, StructType):
-        return _converter(field_type)
+        return _converter(field_type, avro)
     if isinstance(field_type, ListType):
-        element = _value(field_type.element_type)
+        element = _value(field_type.element_type, _non_null(avro["items"]))
         return lambda items: [None if v is None else element(v) for v in items]
     if isinstance(field_type, MapType):
-        key, val = _value(field_type.key_type), _value(field_type.value_type)
-        if isinstance(field_type.key_type, StringType):
-            return lambda m: {key(k): None if v is None else val(v) for k, v in m.items()}
+        if isinstance(field_type.key_type, StringType) and avro.get("type") == "map":
+            val = _value(field_type.value_type, _non_null(avro["values"]))
+            return lambda m: {k: None if v is None else val(v) for k, v in dict(m).items()}
+        item = avro["items"]
+        key = _value(field_type.key_type, item["fields"][0]["type"])
+        val = _value(field_type.value_type, _non_null(item["fields"][1]["type"]))
         return lambda m: [
-            {"key": key(k), "value": None if v is None else val(v)} for k, v in m.items()
+            {"key": key(k), "value": None if v is None else val(v)} for k, v in dict(m).items()
         ]
     if isinstance(field_type, UUIDType):
         return lambda v: v.bytes if isinstance(v, uuid.UUID) else v
+    if isinstance(field_type, (IntegerType, LongType)):
+        return int  # enums (status, content) as plain ints
+    if isinstance(field_type, StringType):
+        return _text
     return _identity
+
+
+def _non_null(avro: Any) -> Any:
+    return next(b for b in avro if b != "null") if isinstance(avro, list) else avro
+
+
+def _text(value: Any) -> str:
+    return value.value if isinstance(value, Enum) else str(value)
 
 
 def _identity(value: Any) -> Any:

@@ -46,6 +46,7 @@ from pyiceberg.table.update import (
 from pyiceberg.utils.datetime import datetime_to_millis
 
 from pipeline_output.errors import UnsupportedWrite
+from pipeline_output.stores.iceberg.snapshot.manifest_bytes import RawManifest, read_manifest
 from pipeline_output.stores.iceberg.table.properties import (
     MAINTENANCE_FREE_PROPERTIES,
     READ_THREADS,
@@ -62,6 +63,7 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
         self._manifests = {m.manifest_path: m for m in manifests}
         self._io = io
         self._read: dict[str, list[ManifestEntry]] = {}
+        self._raw: dict[str, RawManifest] = {}
         self._lock = Lock()
 
     def __getitem__(self, path: str) -> list[ManifestEntry]:
@@ -93,8 +95,16 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
             for manifest, entries in zip(todo, read, strict=True):
                 self._read.setdefault(manifest.manifest_path, entries)
 
+    def raw(self, path: str) -> RawManifest | None:
+        """The read manifest's raw entry bytes (`manifest_bytes`), when they can be reused."""
+        return self._raw.get(path)
+
     def _fetch(self, manifest: ManifestFile) -> list[ManifestEntry]:
-        return manifest.fetch_manifest_entry(self._io, discard_deleted=True)
+        entries, raw = read_manifest(manifest, self._io)
+        if raw is not None:
+            with self._lock:
+                self._raw[manifest.manifest_path] = raw
+        return entries
 
 
 @dataclass

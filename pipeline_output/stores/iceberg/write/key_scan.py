@@ -45,6 +45,8 @@ POS = "__po_filepos__"  # a row's physical position in its file
 _OWN = "__po_own__"  # a deleted position from one of the file's own (file-scoped) delete files
 _HIT = "__po_hit__"
 _NAME_MAPPING = "schema.name-mapping.default"
+_NONE = pl.Series(POS, [], pl.Int64)  # no positions (shared: never changed in place)
+SIZE_SAMPLE = 64  # files whose column sizes order the comparison
 VECTORISED = True  # False: every merge reads file by file (tests compare the two paths)
 
 
@@ -56,11 +58,10 @@ class FileRows:
     index: int  # its place among the candidates (`ColumnReader.scan` takes these)
     live: int  # rows its delete files leave
     matched: int = 0
-    changed: pl.Series = field(default_factory=lambda: pl.Series(POS, [], pl.Int64))
-    absent: pl.Series = field(default_factory=lambda: pl.Series(POS, [], pl.Int64))
-    deleted: pl.Series = field(default_factory=lambda: pl.Series(POS, [], pl.Int64))
-    own_deleted: pl.Series = field(default_factory=lambda: pl.Series(POS, [], pl.Int64))
-    unchanged_keys: pl.DataFrame | None = None
+    changed: pl.Series = field(default_factory=lambda: _NONE)
+    absent: pl.Series = field(default_factory=lambda: _NONE)
+    deleted: pl.Series = field(default_factory=lambda: _NONE)
+    own_deleted: pl.Series = field(default_factory=lambda: _NONE)
 
 
 @dataclass
@@ -69,6 +70,7 @@ class CandidateRows:
 
     files: list[FileRows]
     matched_keys: pl.DataFrame
+    unchanged_keys: pl.DataFrame  # matched keys whose rows do not change (kept where they are)
     reader: ColumnReader
 
 
@@ -183,8 +185,9 @@ def _scan(
     matched = matched.select(G, B, *pk)
     changed = _changed(reader, frame, matched, order)
     return CandidateRows(
-        files=_per_file(reader, tasks, deleted, matched, changed, absent, pk),
+        files=_per_file(reader, tasks, deleted, matched, changed, absent),
         matched_keys=matched.select(pk),
+        unchanged_keys=matched.join(changed, on=G, how="anti").select(pk),
         reader=reader,
     )
 
@@ -257,20 +260,21 @@ def _changed(
 
 
 def _cheapest_first(schema: Schema, tasks: Sequence[FileScanTask], columns: list[str]) -> list[str]:
-    """`columns` by their stored bytes in the candidate files (manifests' `column_sizes`, a
-    nested column's leaves added up; unknown: last), smallest first, ties in table order."""
-    sizes: dict[str, int] = {}
-    for name in columns:
-        ids = _leaf_ids(schema, name)
-        total = 0
-        for task in tasks:
-            known = task.file.column_sizes or {}
-            if any(i not in known for i in ids):
-                total = -1
-                break
-            total += sum(known[i] for i in ids)
-        if total >= 0:
-            sizes[name] = total
+    """`columns` by their stored bytes in (up to `SIZE_SAMPLE` of) the candidate files
+    (manifests' `column_sizes`, a nested column's leaves added up; unknown: last), smallest
+    first, ties in table order."""
+    leaves = {name: _leaf_ids(schema, name) for name in columns}
+    totals = dict.fromkeys(columns, 0)
+    for task in tasks[:: max(1, len(tasks) // SIZE_SAMPLE)][:SIZE_SAMPLE]:
+        known = dict(task.file.column_sizes or {})  # (pyiceberg's maps rebuild on each lookup)
+        for name, ids in leaves.items():
+            if totals[name] < 0:
+                continue
+            if all(i in known for i in ids):
+                totals[name] += sum(known[i] for i in ids)
+            else:
+                totals[name] = -1
+    sizes = {name: n for name, n in totals.items() if n >= 0}
     return sorted(columns, key=lambda c: (sizes.get(c, 1 << 62), columns.index(c)))
 
 
@@ -302,41 +306,47 @@ def _per_file(
     matched: pl.DataFrame,
     changed: pl.DataFrame,
     absent: pl.DataFrame,
-    pk: list[str],
 ) -> list[FileRows]:
-    def split(frame: pl.DataFrame) -> dict[int, pl.DataFrame]:
-        if frame.height == 0:
-            return {}
-        located = frame.with_columns(
+    """Each file's counts and positions, from one group-by (not a frame per file)."""
+    kinds = {
+        "deleted": deleted.select(G, pl.col(_OWN)),
+        "matched": matched.select(G, pl.lit(False).alias(_OWN)),
+        "changed": matched.join(changed, on=G, how="semi").select(G, pl.lit(False).alias(_OWN)),
+        "absent": absent.select(G, pl.lit(False).alias(_OWN)),
+    }
+    parts = [f.with_columns(pl.lit(k).alias("__po_kind__")) for k, f in kinds.items() if f.height]
+    found: dict[tuple[int, str], tuple[list[int], list[bool]]] = {}
+    if parts:
+        every = pl.concat(parts).with_columns(
             reader.file_of(pl.col(G)).alias(F), reader.position(pl.col(G)).alias(POS)
         )
-        return {int(k[0]): v for k, v in located.partition_by(F, as_dict=True).items()}
-
-    is_changed = matched.join(changed, on=G, how="semi")
-    unchanged = matched.join(changed, on=G, how="anti")
-    dels, hits, diffs, same, gone = (
-        split(deleted),
-        split(matched),
-        split(is_changed),
-        split(unchanged),
-        split(absent),
-    )
+        for f, kind, pos, own in (
+            every.sort(POS).group_by(F, "__po_kind__").agg(pl.col(POS), pl.col(_OWN)).iter_rows()
+        ):
+            found[(f, kind)] = (pos, own)
+    dels = {
+        f: (pos, [p for p, o in zip(pos, own, strict=True) if o])
+        for (f, kind), (pos, own) in found.items()
+        if kind == "deleted"
+    }
+    hits = {f: (len(pos),) for (f, kind), (pos, _) in found.items() if kind == "matched"}
+    diffs = {f: (pos,) for (f, kind), (pos, _) in found.items() if kind == "changed"}
+    gone = {f: (pos,) for (f, kind), (pos, _) in found.items() if kind == "absent"}
     out = []
     for f, task in enumerate(tasks):
         d = dels.get(f)
-        live = reader.counts[f] - (d.height if d is not None else 0)
+        live = reader.counts[f] - (len(d[0]) if d is not None else 0)
         rows = FileRows(task=task, index=f, live=live)
         if d is not None:
-            rows.deleted = d.get_column(POS)
-            rows.own_deleted = d.filter(pl.col(_OWN)).get_column(POS)
+            rows.deleted = pl.Series(POS, d[0], dtype=pl.Int64)
+            if d[1]:
+                rows.own_deleted = pl.Series(POS, d[1], dtype=pl.Int64)
         if (h := hits.get(f)) is not None:
-            rows.matched = h.height
+            rows.matched = int(h[0])
         if (c := diffs.get(f)) is not None:
-            rows.changed = c.get_column(POS)
+            rows.changed = pl.Series(POS, c[0], dtype=pl.Int64)
         if (a := gone.get(f)) is not None:
-            rows.absent = a.get_column(POS)
-        if (s := same.get(f)) is not None:
-            rows.unchanged_keys = s.select(pk)
+            rows.absent = pl.Series(POS, a[0], dtype=pl.Int64)
         out.append(rows)
     return out
 

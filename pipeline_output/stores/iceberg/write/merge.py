@@ -370,4 +370,6 @@ class FileMerge:
 def _live_rows(task: FileScanTask) -> int:
     """The file's rows its delete files leave (exact with our file-scoped delete files, which
     never repeat a position; another engine's shared delete files are not counted)."""
+    if not task.delete_files:
+        return int(task.file.record_count)
     return int(task.file.record_count) - sum(d.record_count for d in own_delete_files(task))

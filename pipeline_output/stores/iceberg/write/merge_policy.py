@@ -9,9 +9,12 @@ costs the changed rows; every reader then filters the file by its deletes). The 
 2. the table's own Iceberg property, as other engines read it: `write.merge.mode` for upsert and
    sync, `write.delete.mode` for a windowed replace (values `copy-on-write` / `merge-on-read`);
 3. `auto`, by cost. A write whose changed files total at most `COW_BUDGET_PROPERTY` bytes
-   (default 16 MiB) rewrites them all: rewriting that much costs a fraction of a second, and the
-   table keeps reading like a fresh one (pyiceberg applies positional deletes slowly, and files
-   carrying them stay until rewritten). Above the budget — an upsert whose keys are spread over
+   (default 16 MiB) rewrites them all — the table keeps reading like a fresh one, with no delete
+   file to apply — unless that rewrite would cost more than `COW_WEIGHT` (2) times keeping them:
+   keeping a file costs its changed rows' bytes (their new versions) plus `FIXED_BYTES` (a delete
+   file and its manifest entries, in bytes of rewriting), so an upsert changing 2 % of each of
+   twenty 1 MB files keeps them (rewriting 20 MB to change 0.4 MB would be the slower path by far)
+   while one changing a tenth of a small file rewrites it. Above the budget — an upsert whose keys are spread over
    many files — each file is merged on read when it holds at least `MIN_ROWS` rows and, with this
    write's deletes, at most `MAX_DELETED_SHARE` of its rows are deleted; otherwise it is rewritten,
    which also folds the deletes it already carries, so a file never degrades past that share.
@@ -40,6 +43,9 @@ MAX_DELETED_SHARE = 0.2  # past this share of deleted rows a file is rewritten (
 # a write whose changed files total at most this many bytes rewrites them (auto mode)
 COW_BUDGET_PROPERTY = "pipeline-output.merge.copy-on-write-max-bytes"
 COW_BUDGET_BYTES = 16 * 1024 * 1024  # ~1.5M rows of six columns (zstd)
+# auto rewrites under the budget only while that costs at most COW_WEIGHT x keeping the files
+COW_WEIGHT = 2.0
+FIXED_BYTES = 256 * 1024  # keeping one file (a delete file, manifest entries) in rewritten bytes
 
 
 @dataclass(frozen=True)
@@ -79,12 +85,20 @@ class MergePolicy:
             ) from exc
         return cls(mode=mode, source=source, cow_budget_bytes=budget)
 
-    def within_budget(self, changed_bytes: int) -> MergePolicy:
+    def within_budget(self, changed_bytes: int, *, keep_bytes: int | None = None) -> MergePolicy:
         """The policy for a write whose changed files total `changed_bytes`: `auto` under the
-        budget rewrites them all."""
-        if self.mode == "auto" and changed_bytes <= self.cow_budget_bytes:
-            return MergePolicy(mode="copy-on-write", source="auto, under the budget")
-        return self
+        budget rewrites them all — unless `keep_bytes` (what keeping them costs: their changed
+        rows' bytes plus `FIXED_BYTES` per file, when known) is less than `changed_bytes` /
+        `COW_WEIGHT`."""
+        if self.mode != "auto" or changed_bytes > self.cow_budget_bytes:
+            return self
+        if keep_bytes is not None and changed_bytes > COW_WEIGHT * keep_bytes:
+            return MergePolicy(
+                mode="auto",
+                source="auto, cheaper to keep",
+                cow_budget_bytes=self.cow_budget_bytes,
+            )
+        return MergePolicy(mode="copy-on-write", source="auto, under the budget")
 
     def merge_on_read(self, *, file_rows: int, deleted_before: int, deleting: int) -> bool:
         """Whether to keep a file of `file_rows` rows (`deleted_before` of them already deleted)

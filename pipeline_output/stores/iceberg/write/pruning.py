@@ -20,7 +20,18 @@ from pyiceberg.manifest import ManifestFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.types import NestedField, PrimitiveType
+from pyiceberg.types import (
+    DateType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    NestedField,
+    PrimitiveType,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+)
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.stores.iceberg.table.expressions import physical
@@ -126,14 +137,58 @@ def _decoded_bounds(task: FileScanTask, field: NestedField) -> tuple[Any, Any] |
     )
 
 
+# Iceberg's single-value serialisation of these types, as polars reads the bytes back
+_LITTLE_ENDIAN: dict[type, type[pl.DataType]] = {
+    IntegerType: pl.Int32,
+    DateType: pl.Int32,
+    LongType: pl.Int64,
+    TimestampType: pl.Int64,
+    TimestamptzType: pl.Int64,
+    FloatType: pl.Float32,
+    DoubleType: pl.Float64,
+}
+
+
+def _bound_series(
+    tasks: list[FileScanTask], field: NestedField, dtype: pl.DataType
+) -> tuple[pl.Series, pl.Series] | None:
+    """Every file's (lower, upper) bounds of `field` decoded in one vectorised pass (null where
+    a file has none), as `dtype`; None for a type decoded value by value (`_decoded_bounds`)."""
+    kind = type(field.field_type)
+    if kind not in _LITTLE_ENDIAN and kind is not StringType:
+        return None
+    fid = field.field_id
+    lows: list[bytes | None] = []
+    highs: list[bytes | None] = []
+    for task in tasks:
+        lower, upper = task.file.lower_bounds, task.file.upper_bounds
+        lo, hi = (lower.get(fid) if lower else None), (upper.get(fid) if upper else None)
+        present = lo is not None and hi is not None
+        lows.append(lo if present else None)
+        highs.append(hi if present else None)
+    out = []
+    for raw in (lows, highs):
+        series = pl.Series(raw, dtype=pl.Binary)
+        if kind is StringType:
+            decoded = series.cast(pl.String)
+        else:
+            decoded = series.bin.reinterpret(dtype=_LITTLE_ENDIAN[kind], endianness="little")
+        out.append(decoded.cast(dtype, strict=True))
+    return out[0], out[1]
+
+
 def _admits_all(tasks: list[FileScanTask], field: NestedField, keys: pl.Series) -> list[bool]:
     """For each file: whether one of the sorted `keys` lies within its bounds of `field` (True when
     the file has no bounds for it, or they cannot be compared). One vectorised search over every
     file's bounds: the cost stays small when the table has thousands of files."""
-    bounds = [_decoded_bounds(task, field) for task in tasks]
     try:
-        lo = pl.Series([b[0] if b else None for b in bounds], dtype=keys.dtype, strict=True)
-        hi = pl.Series([b[1] if b else None for b in bounds], dtype=keys.dtype, strict=True)
+        both = _bound_series(tasks, field, keys.dtype)
+        if both is None:
+            bounds = [_decoded_bounds(task, field) for task in tasks]
+            lo = pl.Series([b[0] if b else None for b in bounds], dtype=keys.dtype, strict=True)
+            hi = pl.Series([b[1] if b else None for b in bounds], dtype=keys.dtype, strict=True)
+        else:
+            lo, hi = both
         i = keys.search_sorted(lo, side="left")
         j = keys.search_sorted(hi, side="right")
     except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):

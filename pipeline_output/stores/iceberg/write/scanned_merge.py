@@ -20,7 +20,7 @@ from pyiceberg.table import FileScanTask
 from pipeline_output.contract.checked_input import refuse_duplicate_matches
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.stores.iceberg.write.key_scan import CandidateRows, FileRows, G, L
-from pipeline_output.stores.iceberg.write.merge_policy import MergePolicy
+from pipeline_output.stores.iceberg.write.merge_policy import FIXED_BYTES, MergePolicy
 from pipeline_output.stores.iceberg.write.prepare import MergeChanges
 from pipeline_output.stores.iceberg.write.rewritten_rows import RewriteSink
 
@@ -65,15 +65,16 @@ def apply_scanned(
     pk = list(spec.primary_key)
     relevant = [r for r in scanned.files if r.matched or r.absent.len()]
     changes.preserved += sum(r.live for r in scanned.files if not (r.matched or r.absent.len()))
-    policy = policy.within_budget(sum(r.task.file.file_size_in_bytes for r in relevant))
-    settled: list[pl.DataFrame] = []  # matched keys whose compute row is NOT written
+    policy = policy.within_budget(
+        sum(r.task.file.file_size_in_bytes for r in relevant),
+        keep_bytes=sum(_keep_bytes(r) for r in relevant),
+    )
+    settled = scanned.unchanged_keys  # matched keys whose compute row is NOT written
     rewritten: list[FileRows] = []
     touched: set[int] = set()
     merged_on_read = False
     for rows in relevant:
         n_changed, n_absent = rows.changed.len(), rows.absent.len()
-        if rows.unchanged_keys is not None:
-            settled.append(rows.unchanged_keys)
         changes.unchanged += rows.matched - n_changed
         changes.preserved += rows.live - rows.matched - n_absent
         if n_changed == 0 and n_absent == 0:
@@ -98,12 +99,17 @@ def apply_scanned(
     refuse_duplicate_matches(spec, scanned.matched_keys)  # before anything is committed
     changes.inserted = frame.height - scanned.matched_keys.height
     new_rows = frame
-    if settled:
-        keep = pl.concat(settled)
-        new_rows = frame.join(keep, on=pk, how="anti", nulls_equal=True, maintain_order="left")
+    if settled.height:
+        new_rows = frame.join(settled, on=pk, how="anti", nulls_equal=True, maintain_order="left")
     if merged_on_read and not merge.sink.rest_height():
         merge.absorb_small_file(changes, tasks, touched)
     return merge.finish(changes, [new_rows])
+
+
+def _keep_bytes(rows: FileRows) -> int:
+    """What keeping a file with a delete file costs, in bytes of rewriting (`merge_policy`)."""
+    size, count = rows.task.file.file_size_in_bytes, max(1, int(rows.task.file.record_count))
+    return FIXED_BYTES + (rows.changed.len() + rows.absent.len()) * size // count
 
 
 def _chunks(files: list[FileRows]) -> list[list[FileRows]]:
@@ -125,9 +131,15 @@ def _rewrite(
     scan, go to the write's rewritten rows; the files go (with their own delete files)."""
     reader = scanned.reader
     files = [r.index for r in files_]
-    start = {r.index: reader.offsets[r.index] for r in files_}
-    drop = pl.concat(
-        [(s + start[r.index]).alias(G) for r in files_ for s in (r.deleted, r.changed, r.absent)]
+    drop = pl.Series(
+        G,
+        [
+            reader.offsets[r.index] + p
+            for r in files_
+            for s in (r.deleted, r.changed, r.absent)
+            for p in s.to_list()
+        ],
+        dtype=pl.Int64,
     )
     content = reader.scan(files, list(reader.target))
     if drop.len():
