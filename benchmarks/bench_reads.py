@@ -10,11 +10,25 @@ What it does: starts an embedded Postgres under benchmarks/.work/reads/ (control
 ledger, pyiceberg SQL catalog; warehouse on local disk beside it), writes the upstream dataset
 `upstream` (`append_always`, 7 columns) in `--files` appends of `rows / files` rows each (one data
 file per append, `seq` increasing), then runs every case in a fresh process (this script with
-`--child`). The catalog of each child reads through `CountingFileIO` (pyiceberg's PyArrowFileIO
-whose Parquet input streams count the bytes read from each file), so "bytes read" is what pyarrow
-actually read from the data files and "rows read" is the record count of every data file opened.
+`--child`). "MB read" is what the child process read
+(`rchar` of `/proc/self/io`: every read and pread of every thread — polars' native Parquet reader
+included — metadata and imports too). The catalog of each child also reads through
+`CountingFileIO` (pyiceberg's PyArrowFileIO counting the data files it opens): "FileIO opens" and
+"rows read" count only data files read through pyiceberg, which since issue 36 no read of this
+project does (polars reads them natively); they show that pyiceberg's reader is out of the path.
 
-Cases:
+Before the cases, an upsert (merge-on-read, the default for a change spread over every file)
+changes `v_int` of every 20th row: each data file then carries a positional delete file, as a
+table fed by upserts does (issue 36).
+
+Cases (issue 36: ours against polars' own Iceberg scan on the same snapshot):
+
+- `peer_full` / `lazy_full` / `read_full`: every row and column — `pl.scan_iceberg(table,
+  snapshot_id=...)` collected, `Publisher.scan(spec)` collected, `IcebergStore.read(spec)`;
+- `peer_two_f` / `lazy_two_f` / `read_two_f`: 2 columns, rows with `seq` (= `id`) in the first
+  10 % — the same filter on the peer and the lazy read, a window on `seq` for `IcebergStore.read`;
+
+and (issue 12):
 
 - `eager_two`: the old downstream read — `Publisher.read(spec)` (every column, every row) then
   `.lazy().select("id", "v_int")` — collected;
@@ -49,7 +63,19 @@ from pathlib import Path
 from typing import Any
 
 WORK = Path(__file__).resolve().parent / ".work" / "reads"
-CASES = ("eager_two", "lazy_two", "eager_loop", "lazy_loop", "apply")
+CASES = (
+    "peer_full",
+    "lazy_full",
+    "read_full",
+    "peer_two_f",
+    "lazy_two_f",
+    "read_two_f",
+    "eager_two",
+    "lazy_two",
+    "eager_loop",
+    "lazy_loop",
+    "apply",
+)
 SELECTED = ("id", "v_int")
 
 
@@ -188,10 +214,24 @@ def _setup(rows: int, files: int) -> dict[str, Any]:
     started = time.perf_counter()
     for i in range(files):
         store.write(_upstream_spec(), _batch(i, per_file))
+    # every 20th row's v_int changes: a delete file on every data file (merge-on-read)
+    import polars as pl
+
+    from pipeline_output import DatasetSpec
+
+    keyed = DatasetSpec(name="upstream", primary_key=("id",), strategy="snapshot_replace")
+    changed = pl.concat([_batch(i, per_file) for i in range(files)]).filter(pl.col("id") % 20 == 0)
+    result = store.write(keyed, changed.with_columns(pl.col("v_int") + 1))
     table = store.load("upstream")
     assert table is not None
-    paths = [t.file.file_path for t in table.scan().plan_files()]
-    return {"seconds": time.perf_counter() - started, "files": paths}
+    tasks = list(table.scan().plan_files())
+    paths = [t.file.file_path for t in tasks]
+    return {
+        "seconds": time.perf_counter() - started,
+        "files": paths,
+        "delete_files": sum(len(t.delete_files) for t in tasks),
+        "merged_on_read": result.files_merged_on_read,
+    }
 
 
 def _windows(rows: int, files: int, windows: int) -> list[Any]:
@@ -222,8 +262,45 @@ def _child(case: str, args: argparse.Namespace) -> dict[str, Any]:
     counting.bytes_read.clear()
     counting.opens.clear()
     out: dict[str, Any] = {}
+    tenth = args.rows // 10
+    rchar = _rchar()
     started = time.perf_counter()
-    if case == "eager_two":
+    if case == "peer_full":
+        import polars as pl
+
+        table = runtime.iceberg.load("upstream")
+        frame = pl.scan_iceberg(table, snapshot_id=table.current_snapshot().snapshot_id).collect()
+        out["rows_out"] = frame.height
+    elif case == "lazy_full":
+        out["rows_out"] = publisher.scan(spec, mode=mode).collect().height
+    elif case == "read_full":
+        out["rows_out"] = runtime.iceberg.read(spec).height
+    elif case == "peer_two_f":
+        import polars as pl
+
+        table = runtime.iceberg.load("upstream")
+        snapshot = table.current_snapshot().snapshot_id
+        frame = (
+            pl.scan_iceberg(table, snapshot_id=snapshot)
+            .select(*SELECTED, "seq")
+            .filter(pl.col("seq") <= tenth)
+            .select(*SELECTED)
+            .collect()
+        )
+        out["rows_out"] = frame.height
+    elif case == "lazy_two_f":
+        import polars as pl
+
+        lazy = publisher.scan(spec, mode=mode)
+        frame = lazy.filter(pl.col("seq") <= tenth).select(*SELECTED).collect()
+        out["rows_out"] = frame.height
+    elif case == "read_two_f":
+        from pipeline_output import Window
+
+        window = Window(low=None, high=tenth)
+        frame = runtime.iceberg.read(spec, columns=list(SELECTED), window=window, watermark="seq")
+        out["rows_out"] = frame.height
+    elif case == "eager_two":
         frame = publisher.read(spec, mode=mode).lazy().select(*SELECTED).collect()
         out["rows_out"] = frame.height
     elif case == "lazy_two":
@@ -247,6 +324,7 @@ def _child(case: str, args: argparse.Namespace) -> dict[str, Any]:
     else:
         raise SystemExit(f"unknown case {case}")
     out["seconds"] = time.perf_counter() - started
+    out["rchar"] = _rchar() - rchar
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out["rss_before_mb"] = rss_before
     table = runtime.iceberg.load("upstream")
@@ -256,6 +334,14 @@ def _child(case: str, args: argparse.Namespace) -> dict[str, Any]:
     out["files_opened"] = sum(n for p, n in counting.opens.items() if p in records)
     out["rows_read"] = sum(records[p] * n for p, n in counting.opens.items() if p in records)
     return out
+
+
+def _rchar() -> int:
+    """Bytes this process read so far (every thread: polars' native reads included)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    return 0
 
 
 def _apply(args: argparse.Namespace, windows: list[Any]) -> dict[str, Any]:
@@ -438,9 +524,9 @@ def main() -> int:
         info = json.loads(setup.stdout.strip().splitlines()[-1])
         selected, everything = _chunk_bytes(info["files"])
         print(
-            f"setup:    {len(info['files'])} data files written in {info['seconds']:.1f} s (not "
-            f"timed); column chunks: {_mb(everything)} MB in all, {_mb(selected)} MB for "
-            f"{', '.join(SELECTED)}"
+            f"setup:    {len(info['files'])} data files ({info['delete_files']} delete files) "
+            f"written in {info['seconds']:.1f} s (not timed); column chunks: {_mb(everything)} "
+            f"MB in all, {_mb(selected)} MB for {', '.join(SELECTED)}"
         )
         results: dict[str, list[dict[str, Any]]] = {c: [] for c in wanted}
         reps = max(args.reps, args.apply_reps or 0)
@@ -457,15 +543,15 @@ def main() -> int:
                     print(f"  {case:<11} {r['error']}")
                     continue
                 print(
-                    f"  {case:<11} {r['seconds']:8.3f} s  {_mb(r['bytes_read']):>9} MB read  "
-                    f"{r['files_opened']:>5} files  {r['rows_read']:>13,} rows read  "
+                    f"  {case:<11} {r['seconds']:8.3f} s  {_mb(r['bytes_read']):>9} MB via FileIO  "
+                    f"{_mb(r['rchar']):>9} MB read (rchar)  {r['files_opened']:>5} files  "
                     f"peak {r['peak_rss_mb']:.0f} MB"
                 )
         print()
         print("== results (medians over repetitions; peak RSS: max over repetitions) ==")
         header = (
             f"{'case':<11} {'n':>2} {'median s':>9} {'min-max s':>15} {'MB read':>9} "
-            f"{'files opened':>12} {'rows read':>13} {'rows read / upstream':>20} "
+            f"{'FileIO opens':>12} {'rows read':>13} {'rows read / upstream':>20} "
             f"{'peak RSS MB':>11} {'pre MB':>6}"
         )
         print(header)
@@ -481,7 +567,7 @@ def main() -> int:
             secs, span = _spread([r["seconds"] for r in ok])
             m = {
                 "seconds": statistics.median(r["seconds"] for r in ok),
-                "bytes": statistics.median(r["bytes_read"] for r in ok),
+                "bytes": statistics.median(r["rchar"] for r in ok),
                 "files": statistics.median(r["files_opened"] for r in ok),
                 "rows": statistics.median(r["rows_read"] for r in ok),
                 "rss": max(r["peak_rss_mb"] for r in ok),
@@ -495,6 +581,20 @@ def main() -> int:
             )
         print()
         print("== ratios (same-run baselines) ==")
+        for ours, peer in (
+            ("lazy_full", "peer_full"),
+            ("read_full", "peer_full"),
+            ("lazy_two_f", "peer_two_f"),
+            ("read_two_f", "peer_two_f"),
+        ):
+            if ours in med and peer in med:
+                t = med[ours]["seconds"] / med[peer]["seconds"]
+                r = med[ours]["rss"] / med[peer]["rss"]
+                print(
+                    f"{ours} / {peer} (pl.scan_iceberg): seconds {t:.3f} "
+                    f"({'meets' if t <= 1.0 else 'MISSES'} <= 1.0), peak RSS {r:.3f} "
+                    f"({'meets' if r <= 1.0 else 'MISSES'} <= 1.0)"
+                )
         if "eager_two" in med and "lazy_two" in med:
             e, lz = med["eager_two"], med["lazy_two"]
             print(
