@@ -488,7 +488,7 @@ def main() -> int:
         import pyarrow as pa
         import pyiceberg
 
-        print("== pipeline-output benchmark: lazy downstream reads (issue 12) ==")
+        print("== pipeline-output benchmark: downstream reads (issues 12 and 36) ==")
         print(f"date:     {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
         print(f"machine:  {os.cpu_count()} logical cores; {platform.platform()}")
         print(
@@ -502,8 +502,7 @@ def main() -> int:
         )
         print(
             f"method:   every case in a fresh process; median of {args.reps} rep(s) "
-            f"(apply: {args.apply_reps or args.reps}); bytes = read from the data files through "
-            "the catalog's FileIO"
+            f"(apply: {args.apply_reps or args.reps}); MB read = the process's reads (rchar)"
         )
         setup = subprocess.run(
             [
