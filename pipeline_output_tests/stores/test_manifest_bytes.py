@@ -17,7 +17,22 @@ from pipeline_output_tests.iceberg_harness import customers
 
 
 def _fields(data_file: Any) -> dict[str, Any]:
-    names = ["content", "file_path", "file_format", "record_count", "file_size_in_bytes", "column_sizes", "value_counts", "null_value_counts", "nan_value_counts", "lower_bounds", "upper_bounds", "split_offsets", "sort_order_id", "equality_ids"]
+    names = [
+        "content",
+        "file_path",
+        "file_format",
+        "record_count",
+        "file_size_in_bytes",
+        "column_sizes",
+        "value_counts",
+        "null_value_counts",
+        "nan_value_counts",
+        "lower_bounds",
+        "upper_bounds",
+        "split_offsets",
+        "sort_order_id",
+        "equality_ids",
+    ]
     out = {n: getattr(data_file, n) for n in names}
     out = {k: dict(v) if hasattr(v, "items") else v for k, v in out.items()}
     out["partition"] = tuple(data_file.partition)
