@@ -1,6 +1,6 @@
 """The vectorised merge (`write/key_scan.py`, `write/scanned_merge.py`) against the file-by-file one
 and the oracle: upserts and syncs spread over several data files, with merge-on-read and
-copy-on-write, keys matched in every file, rows changed in one column only (the last one the
+copy-on-write, keys matched in every file (append_new: only whether they exist), rows changed in one column only (the last one the
 column-by-column comparison reads), identical rows, NaN and nulls, composite keys, files already
 carrying delete files, and the tables the fast path must leave to the file-by-file one (a renamed
 column). Each write runs twice (the rerun must change nothing)."""
@@ -76,6 +76,19 @@ def test_a_sync_deletes_absent_keys_in_every_file_on_both_paths(h, path, hint):
     h.write_and_check(spec, keep, run_id="s1")
     res, _ = h.write_and_check(spec, keep, run_id="s2")
     assert res.snapshot_id is None
+
+
+@pytest.mark.parametrize("hint", HINTS)
+def test_append_new_spread_over_every_file_skips_live_keys_on_both_paths(h, path, hint):
+    spec = _spec("append_new", hint)
+    _files(h, spec)
+    # keys deleted by position (merge-on-read) or rewritten away (copy-on-write) are not live
+    h.write_and_check(_spec("sync", hint), customers(range(1, 90)), run_id="a0")
+    data = pl.concat([customers([2, 27, 52, 77], version=6), customers(range(88, 96), version=1)])
+    res, _ = h.write_and_check(spec, data, run_id="a1")
+    assert (res.rows_skipped, res.rows_inserted) == (6, 6)  # 2, 27, 52, 77, 88, 89 are live
+    again, _ = h.write_and_check(spec, data, run_id="a2")
+    assert again.snapshot_id is None and again.rows_skipped == 12
 
 
 def test_nan_and_null_values_compare_equal_on_a_rerun(h, path):

@@ -138,10 +138,13 @@ def scan_candidates(
     *,
     pk: Sequence[str],
     absent_in: pl.Expr | None,
-    watermark: str | None,
+    watermark: str | None = None,
+    compare: bool = True,
 ) -> CandidateRows | None:
     """Scan `tasks` against the compute's `frame` (aligned to `schema`). `absent_in` (a sync):
-    target rows whose key the frame lacks are deleted where it is true (`pl.lit(True)`: all)."""
+    target rows whose key the frame lacks are deleted where it is true (`pl.lit(True)`: all).
+    Without `compare` (append_new: only which keys exist) no value is read and every matched
+    row counts as unchanged."""
     if not VECTORISED or not tasks or not _eligible(table, schema, tasks):
         return None
     target = polars_schema(schema.as_arrow())
@@ -149,7 +152,7 @@ def scan_candidates(
     try:
         if not reader.rows_match_manifests():
             return None
-        values = [c for c in target if c not in pk]
+        values = [c for c in target if c not in pk] if compare else []
         order = _cheapest_first(schema, tasks, values)
         return _scan(reader, tasks, frame, list(pk), absent_in, watermark, order)
     except (pl.exceptions.PolarsError, OSError, ValueError, TypeError):

@@ -144,8 +144,14 @@ class FileMerge:
     def _append_new(self, plan: WritePlan) -> MergeChanges:
         pk = list(self.spec.primary_key)
         candidates = self._prune_by_keys(self._keyed_tasks())
-        existing = [keys.select(pk) for _, keys in self.reader.stream(candidates, columns=pk)]
-        keys = pl.concat(existing) if existing else self.frame.head(0).select(pk)
+        scanned = scan_candidates(
+            self.table, self.schema, self.frame, candidates, pk=pk, absent_in=None, compare=False
+        )
+        if scanned is not None:  # one vectorised key read (`key_scan`)
+            keys = scanned.matched_keys
+        else:
+            existing = [k.select(pk) for _, k in self.reader.stream(candidates, columns=pk)]
+            keys = pl.concat(existing) if existing else self.frame.head(0).select(pk)
         fresh = self.frame.join(keys, on=pk, how="anti", nulls_equal=True)
         skipped = self.frame.height - fresh.height
         if skipped == 0:
