@@ -105,11 +105,11 @@ class DatasetIOManager(dg.ConfigurableIOManager):
 
     def _gate(self, context: dg.OutputContext, spec: DatasetSpec) -> None:
         """Record which blocking checks of this run gate the audit's publish (`audit_hooks`)."""
-        audit = get_runtime().ledger.audit(spec.name, context.run_id)
+        audit = get_runtime().ledger.audit_log.audit(spec.name, context.run_id)
         if audit is None:
             return
         gating = gating_checks(context.step_context, context.asset_key)
-        get_runtime().ledger.set_gating_checks(audit.id, gating)
+        get_runtime().ledger.audit_log.set_gating_checks(audit.id, gating)
         context.log.info(
             f"{spec.name}: staged on branch {audit.branch}; main moves when "
             + (f"the blocking checks pass ({', '.join(gating)})" if gating else "this step ends")

@@ -152,7 +152,7 @@ def _fail_staged_audits(run_id: str, *, reason: str) -> None:
     from pipeline_output.services.audit import fail_audit
 
     runtime = get_runtime()
-    for audit in runtime.ledger.audits_of_run(run_id):
+    for audit in runtime.ledger.audit_log.audits_of_run(run_id):
         fail_audit(
             runtime.publisher, audit.dataset, run_id=run_id, reason=reason, windows=runtime.windows
         )
@@ -164,7 +164,7 @@ def _check_audits(run_id: str) -> None:
     from pipeline_output.dagster_layer.process_runtime import get_runtime
     from pipeline_output.errors import AuditConflict, AuditFailed
 
-    for audit in get_runtime().ledger.audits_of_run(run_id):
+    for audit in get_runtime().ledger.audit_log.audits_of_run(run_id):
         if audit.state == "published":
             continue
         error = AuditConflict if "main moved" in (audit.reason or "") else AuditFailed

@@ -27,7 +27,7 @@ from pipeline_output.errors import (
     PipelineOutputError,
     UnsupportedWrite,
 )
-from pipeline_output.ledger.audit_log import AuditRecord
+from pipeline_output.ledger.audits import AuditRecord
 from pipeline_output.services import reads as lazy_reads
 from pipeline_output.stores.iceberg import IcebergStore, PreparedWrite
 from pipeline_output.stores.postgres import PostgresStore
@@ -153,7 +153,10 @@ class Publisher:
     def resolve(self, spec: DatasetSpec, *, override: str | None = None) -> ResolvedMode:
         """The mode for this run of `spec`."""
         return resolve_mode(
-            spec, override=override, flips=self.ledger, project_default=self.project_default
+            spec,
+            override=override,
+            flips=self.ledger.flip_log if self.ledger is not None else None,
+            project_default=self.project_default,
         )
 
     def store(self, arm: Arm, *, spec: DatasetSpec | None = None) -> Store:
@@ -313,7 +316,7 @@ class Publisher:
         """The deploy record of an arm that commits outside the ledger's database (Iceberg); the
         legacy arm makes the same `record_write` call inside its own transaction."""
         if self.ledger is not None and result.arm == "iceberg":
-            self.ledger.record_write(spec, result, **options)
+            self.ledger.deploy_log.record_write(spec, result, **options)
         return result
 
     def read(

@@ -60,7 +60,7 @@ class PgHarness:
         return Ledger(self.url)
 
     def deploy_ids(self, spec: DatasetSpec) -> list[int]:
-        return [d.id for d in self.ledger().deploys(spec.name, arm="pg")]
+        return [d.id for d in self.ledger().deploy_log.deploys(spec.name, arm="pg")]
 
     def raw_docs(self, spec: DatasetSpec | str) -> list[dict[str, Any]]:
         """The stored documents by plain SQL (no pipeline_output code), in row_index order."""
@@ -114,7 +114,7 @@ class PgHarness:
         if exp.changes or exp.first_deploy or (identical_replace and res.snapshot_id is not None):
             assert res.snapshot_id is not None, "a write that changes the arm must be recorded"
             assert new_ids == [res.snapshot_id]
-            record = self.ledger().last_deploy(spec.name, "pg")
+            record = self.ledger().deploy_log.last_deploy(spec.name, "pg")
             assert record is not None and record.id == res.snapshot_id
             assert record.status == "succeeded" and record.run_id == run_id
             assert record.write_mode == res.write_mode and record.strategy == spec.strategy
