@@ -13,7 +13,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pipeline_output.errors import InvalidArgument
-from pipeline_output.ledger.connection import ControlPlaneDb
+from pipeline_output.ledger.connection import RecordLog
 from pipeline_output.ledger.sql_names import column_list, ledger_table
 
 AuditState = Literal["staged", "published", "failed", "dropped"]
@@ -74,11 +74,8 @@ def _audit(row: Sequence[Any]) -> AuditRecord:
     return AuditRecord(**values)
 
 
-class AuditLog:
+class AuditLog(RecordLog):
     """Audited runs and their staged writes (see the module docstring)."""
-
-    def __init__(self, db: ControlPlaneDb) -> None:
-        self._db = db
 
     def stage_write(
         self,

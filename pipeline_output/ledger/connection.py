@@ -1,5 +1,5 @@
 """`ControlPlaneDb`: connections to the control-plane database, shared by every record log of the
-ledger. A log's method opens its own short transaction, or joins the caller's when given `conn=`
+ledger (`RecordLog`). A log's method opens its own short transaction, or joins the caller's when given `conn=`
 (the legacy arm records its deploy in the same transaction as its rows)."""
 
 from __future__ import annotations
@@ -31,3 +31,10 @@ class ControlPlaneDb:
             return
         with pgsession.connect(self.url) as own:
             yield own
+
+
+class RecordLog:
+    """The base of every record log of the ledger: the database its records live in."""
+
+    def __init__(self, db: ControlPlaneDb) -> None:
+        self._db = db

@@ -17,7 +17,7 @@ from pipeline_output.contract.spec import ARMS, DatasetSpec
 from pipeline_output.contract.store_protocol import ATTEMPT_MARKER, WriteOptions, options_of
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import InvalidArgument
-from pipeline_output.ledger.connection import ControlPlaneDb
+from pipeline_output.ledger.connection import RecordLog
 from pipeline_output.ledger.sql_names import column_list, columns_of, ledger_table
 
 DeployStatus = Literal["succeeded", "failed", "diverged"]
@@ -59,11 +59,8 @@ DEPLOY_COLUMNS = columns_of(DeployRecord)
 DEPLOY_COUNTERS = [c for c in DEPLOY_COLUMNS if c.startswith("rows_")]
 
 
-class DeployLog:
+class DeployLog(RecordLog):
     """The `deploys` table's writes and reads (see the module docstring)."""
-
-    def __init__(self, db: ControlPlaneDb) -> None:
-        self._db = db
 
     def record_deploy(
         self,

@@ -7,15 +7,12 @@ from datetime import datetime
 
 from psycopg import sql
 
-from pipeline_output.ledger.connection import ControlPlaneDb
+from pipeline_output.ledger.connection import RecordLog
 from pipeline_output.ledger.sql_names import ledger_table
 
 
-class DrainLog:
+class DrainLog(RecordLog):
     """Drains of the legacy arm (see the module docstring)."""
-
-    def __init__(self, db: ControlPlaneDb) -> None:
-        self._db = db
 
     def record_drain(self, dataset: str, *, rows: int) -> None:
         """Record that the legacy rows of `dataset` were deleted."""

@@ -13,7 +13,7 @@ from psycopg import sql
 from pipeline_output.contract.spec import MODES, check_identifier
 from pipeline_output.errors import InvalidArgument, UnknownMode
 from pipeline_output.infra import locks
-from pipeline_output.ledger.connection import ControlPlaneDb
+from pipeline_output.ledger.connection import RecordLog
 from pipeline_output.ledger.sql_names import column_list, columns_of, ledger_table
 
 
@@ -33,11 +33,8 @@ class FlipRecord:
 FLIP_COLUMNS = columns_of(FlipRecord)
 
 
-class FlipLog:
+class FlipLog(RecordLog):
     """Mode flips (see the module docstring)."""
-
-    def __init__(self, db: ControlPlaneDb) -> None:
-        self._db = db
 
     def flip(self, dataset: str, mode: str, *, who: str, reason: str | None = None) -> FlipRecord:
         """Persist `dataset`'s mode (pg | iceberg | dual) with history; returns the history row."""

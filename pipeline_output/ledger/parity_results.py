@@ -12,7 +12,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pipeline_output.ledger.connection import ControlPlaneDb
+from pipeline_output.ledger.connection import RecordLog
 from pipeline_output.ledger.sql_names import column_list, columns_of, ledger_table
 
 
@@ -34,11 +34,8 @@ class ParityRecord:
 PARITY_COLUMNS = columns_of(ParityRecord)
 
 
-class ParityLog:
+class ParityLog(RecordLog):
     """Parity results (see the module docstring)."""
-
-    def __init__(self, db: ControlPlaneDb) -> None:
-        self._db = db
 
     def record_parity(
         self,

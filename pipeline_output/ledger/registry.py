@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pipeline_output.contract.spec import check_identifier
-from pipeline_output.ledger.connection import ControlPlaneDb
+from pipeline_output.ledger.connection import RecordLog
 from pipeline_output.ledger.sql_names import ledger_table
 
 
@@ -29,11 +29,8 @@ class RegisteredDataset:
     updated_at: datetime
 
 
-class Registry:
+class Registry(RecordLog):
     """The registry (see the module docstring)."""
-
-    def __init__(self, db: ControlPlaneDb) -> None:
-        self._db = db
 
     def register_dataset(
         self,

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pipeline_output.ledger.connection import ControlPlaneDb
+from pipeline_output.ledger.connection import RecordLog
 from pipeline_output.ledger.sql_names import column_list, ledger_table
 
 
@@ -42,11 +42,8 @@ _ROLLBACK_COLUMNS = [
 ]
 
 
-class RollbackLog:
+class RollbackLog(RecordLog):
     """Rollbacks (see the module docstring)."""
-
-    def __init__(self, db: ControlPlaneDb) -> None:
-        self._db = db
 
     def record_rollback(
         self,
