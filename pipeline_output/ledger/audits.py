@@ -90,7 +90,7 @@ class AuditLog(RecordLog):
         """Record one staged write of `run_id`'s audit of `dataset` (the audit row is created by
         its first write; the branch head moves to the write's snapshot when it made one, and the
         base — main's snapshot the branch started from — is the parent of the first one)."""
-        with self._db.tx(None) as conn:
+        with self.tx(None) as conn:
             row = conn.execute(
                 sql.SQL(
                     "INSERT INTO {t} (dataset, run_id, branch, mode, base_snapshot_id, "
@@ -131,7 +131,7 @@ class AuditLog(RecordLog):
 
     def set_gating_checks(self, audit_id: int, checks: Sequence[str]) -> None:
         """The blocking checks that must pass before the audit publishes."""
-        with self._db.tx(None) as conn:
+        with self.tx(None) as conn:
             conn.execute(
                 sql.SQL("UPDATE {} SET gating_checks = %s WHERE id = %s").format(
                     ledger_table("audits")
@@ -141,14 +141,8 @@ class AuditLog(RecordLog):
 
     def audit(self, dataset: str, run_id: str) -> AuditRecord | None:
         """The audit of `run_id`'s writes to `dataset`, if that run staged any."""
-        with self._db.tx(None) as conn:
-            row = conn.execute(
-                sql.SQL("SELECT {} FROM {} WHERE dataset = %s AND run_id = %s").format(
-                    column_list(_AUDIT_COLUMNS), ledger_table("audits")
-                ),
-                (dataset, run_id),
-            ).fetchone()
-        return _audit(row) if row else None
+        rows = self.select("audits", _AUDIT_COLUMNS, where={"dataset": dataset, "run_id": run_id})
+        return _audit(rows[0]) if rows else None
 
     def audits(
         self, dataset: str | None = None, *, states: Sequence[str] | None = None
@@ -163,7 +157,7 @@ class AuditLog(RecordLog):
             where.append(sql.SQL("state = ANY(%s)"))
             params.append(list(states))
         clause = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL("")
-        with self._db.tx(None) as conn:
+        with self.tx(None) as conn:
             rows = conn.execute(
                 sql.SQL("SELECT {} FROM {}{} ORDER BY id DESC").format(
                     column_list(_AUDIT_COLUMNS), ledger_table("audits"), clause
@@ -174,25 +168,12 @@ class AuditLog(RecordLog):
 
     def audits_of_run(self, run_id: str) -> list[AuditRecord]:
         """Every audit a run staged (one per dataset)."""
-        with self._db.tx(None) as conn:
-            rows = conn.execute(
-                sql.SQL("SELECT {} FROM {} WHERE run_id = %s ORDER BY id").format(
-                    column_list(_AUDIT_COLUMNS), ledger_table("audits")
-                ),
-                (run_id,),
-            ).fetchall()
-        return [_audit(r) for r in rows]
+        return [_audit(r) for r in self.select("audits", _AUDIT_COLUMNS, where={"run_id": run_id})]
 
     def audit_writes(self, audit_id: int, *, frames: bool = False) -> list[AuditWrite]:
         """The writes an audit staged, in order (with the dual frames when `frames`)."""
         names = [*_WRITE_COLUMNS, "result", *(["frame"] if frames else [])]
-        with self._db.tx(None) as conn:
-            rows = conn.execute(
-                sql.SQL("SELECT {} FROM {} WHERE audit_id = %s ORDER BY seq").format(
-                    column_list(names), ledger_table("audit_writes")
-                ),
-                (audit_id,),
-            ).fetchall()
+        rows = self.select("audit_writes", names, where={"audit_id": audit_id}, order="seq")
         out = []
         for row in rows:
             values = dict(zip(names, row, strict=True))
@@ -213,7 +194,7 @@ class AuditLog(RecordLog):
         Frames are no longer needed once decided and are dropped."""
         if state not in AUDIT_STATES:
             raise InvalidArgument(f"unknown audit state {state!r}; valid: {AUDIT_STATES}")
-        with self._db.tx(None) as conn:
+        with self.tx(None) as conn:
             row = conn.execute(
                 sql.SQL(
                     "UPDATE {} SET state = %s, reason = coalesce(%s, reason), "

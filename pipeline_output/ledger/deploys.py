@@ -119,7 +119,7 @@ class DeployLog(RecordLog):
             sql.SQL(", ").join(sql.Placeholder() * len(names)),
             column_list(DEPLOY_COLUMNS),
         )
-        with self._db.tx(conn) as c:
+        with self.tx(conn) as c:
             row = c.execute(query, [values[n] for n in names]).fetchone()
         assert row is not None
         return DeployRecord(*row)
@@ -168,7 +168,7 @@ class DeployLog(RecordLog):
             "SELECT {} FROM {} WHERE dataset = %s AND arm = %s AND attempt_marker = %s "
             "AND status = 'succeeded' ORDER BY id DESC LIMIT 1"
         ).format(column_list(DEPLOY_COLUMNS), ledger_table("deploys"))
-        with self._db.tx(conn) as c:
+        with self.tx(conn) as c:
             row = c.execute(query, (dataset, arm, marker)).fetchone()
         return DeployRecord(*row) if row is not None else None
 
@@ -189,7 +189,7 @@ class DeployLog(RecordLog):
         query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT 1").format(
             column_list(DEPLOY_COLUMNS), ledger_table("deploys"), where
         )
-        with self._db.tx(conn) as c:
+        with self.tx(conn) as c:
             row = c.execute(query, params).fetchone()
         return DeployRecord(*row) if row is not None else None
 
@@ -212,5 +212,5 @@ class DeployLog(RecordLog):
         query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT %s").format(
             column_list(DEPLOY_COLUMNS), ledger_table("deploys"), where
         )
-        with self._db.tx(None) as c:
+        with self.tx(None) as c:
             return [DeployRecord(*r) for r in c.execute(query, params).fetchall()]

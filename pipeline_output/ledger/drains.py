@@ -16,7 +16,7 @@ class DrainLog(RecordLog):
 
     def record_drain(self, dataset: str, *, rows: int) -> None:
         """Record that the legacy rows of `dataset` were deleted."""
-        with self._db.tx(None) as conn:
+        with self.tx(None) as conn:
             conn.execute(
                 sql.SQL("INSERT INTO {} (dataset, rows) VALUES (%s, %s)").format(
                     ledger_table("drains")
@@ -26,7 +26,7 @@ class DrainLog(RecordLog):
 
     def last_drain(self, dataset: str) -> datetime | None:
         """When the legacy rows of `dataset` were last drained (None: never, since 020)."""
-        with self._db.tx(None) as conn:
+        with self.tx(None) as conn:
             row = conn.execute(
                 sql.SQL("SELECT max(at) FROM {} WHERE dataset = %s").format(ledger_table("drains")),
                 (dataset,),

@@ -43,7 +43,7 @@ class FlipLog(RecordLog):
         check_identifier(dataset, what="dataset name")
         if not who:
             raise InvalidArgument("a flip needs `who` (the person or process flipping)")
-        with self._db.tx(None) as c:
+        with self.tx(None) as c:
             locks.acquire(c, locks.mode_flip(dataset), transaction=True)
             current = self.current_flip(dataset, conn=c)
             row = c.execute(
@@ -69,25 +69,20 @@ class FlipLog(RecordLog):
         self, dataset: str, *, conn: psycopg.Connection[Any] | None = None
     ) -> str | None:
         """The persisted mode of `dataset`, or None when it was never flipped."""
-        query = sql.SQL("SELECT mode FROM {} WHERE dataset = %s").format(
-            ledger_table("dataset_modes")
+        rows = self.select(
+            "dataset_modes", ["mode"], where={"dataset": dataset}, order="dataset", conn=conn
         )
-        with self._db.tx(conn) as c:
-            row = c.execute(query, (dataset,)).fetchone()
-        return str(row[0]) if row is not None else None
+        return str(rows[0][0]) if rows else None
 
     def flips(self) -> dict[str, str]:
         """Every persisted flip: dataset -> mode."""
         query = sql.SQL("SELECT dataset, mode FROM {} ORDER BY dataset").format(
             ledger_table("dataset_modes")
         )
-        with self._db.tx(None) as c:
+        with self.tx(None) as c:
             return {str(d): str(m) for d, m in c.execute(query).fetchall()}
 
     def flip_history(self, dataset: str) -> list[FlipRecord]:
         """Every flip of `dataset`, oldest first."""
-        query = sql.SQL("SELECT {} FROM {} WHERE dataset = %s ORDER BY id").format(
-            column_list(FLIP_COLUMNS), ledger_table("mode_flips")
-        )
-        with self._db.tx(None) as c:
-            return [FlipRecord(*r) for r in c.execute(query, (dataset,)).fetchall()]
+        rows = self.select("mode_flips", FLIP_COLUMNS, where={"dataset": dataset})
+        return [FlipRecord(*r) for r in rows]

@@ -63,7 +63,7 @@ class ParityLog(RecordLog):
             Jsonb(dict(differing_keys or {})),
             Jsonb(dict(details or {})),
         )
-        with self._db.tx(conn) as c:
+        with self.tx(conn) as c:
             row = c.execute(query, params).fetchone()
         assert row is not None
         return ParityRecord(*row)
@@ -72,9 +72,11 @@ class ParityLog(RecordLog):
         self, dataset: str, *, conn: psycopg.Connection[Any] | None = None
     ) -> ParityRecord | None:
         """The most recent parity result of `dataset`, or None."""
-        query = sql.SQL("SELECT {} FROM {} WHERE dataset = %s ORDER BY id DESC LIMIT 1").format(
-            column_list(PARITY_COLUMNS), ledger_table("parity_results")
+        rows = self.select(
+            "parity_results",
+            PARITY_COLUMNS,
+            where={"dataset": dataset},
+            newest_first=True,
+            conn=conn,
         )
-        with self._db.tx(conn) as c:
-            row = c.execute(query, (dataset,)).fetchone()
-        return ParityRecord(*row) if row is not None else None
+        return ParityRecord(*rows[0]) if rows else None

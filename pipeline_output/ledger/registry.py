@@ -54,7 +54,7 @@ class Registry(RecordLog):
             " schema_text = coalesce(EXCLUDED.schema_text, d.schema_text),"
             " updated_at = clock_timestamp()"
         ).format(ledger_table("datasets"))
-        with self._db.tx(conn) as c:
+        with self.tx(conn) as c:
             c.execute(query, (name, list(primary_key), blob, readable))
 
     def registered(
@@ -64,7 +64,7 @@ class Registry(RecordLog):
         query = sql.SQL(
             "SELECT name, primary_key, arrow_schema, created_at, updated_at FROM {} WHERE name = %s"
         ).format(ledger_table("datasets"))
-        with self._db.tx(conn) as c:
+        with self.tx(conn) as c:
             row = c.execute(query, (name,)).fetchone()
         if row is None:
             return None

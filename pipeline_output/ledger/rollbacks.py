@@ -58,7 +58,7 @@ class RollbackLog(RecordLog):
         conn: psycopg.Connection[Any] | None = None,
     ) -> RollbackRecord:
         """Record a rollback (who, when, why, from, to, windows reset)."""
-        with self._db.tx(conn) as c:
+        with self.tx(conn) as c:
             row = c.execute(
                 sql.SQL(
                     "INSERT INTO {} (dataset, from_snapshot_id, to_snapshot_id, who, run_id, "
@@ -71,11 +71,5 @@ class RollbackLog(RecordLog):
 
     def rollbacks(self, dataset: str) -> list[RollbackRecord]:
         """A dataset's rollbacks, oldest first."""
-        with self._db.tx(None) as conn:
-            rows = conn.execute(
-                sql.SQL("SELECT {} FROM {} WHERE dataset = %s ORDER BY id").format(
-                    column_list(_ROLLBACK_COLUMNS), ledger_table("rollbacks")
-                ),
-                (dataset,),
-            ).fetchall()
+        rows = self.select("rollbacks", _ROLLBACK_COLUMNS, where={"dataset": dataset})
         return [RollbackRecord(*r) for r in rows]
