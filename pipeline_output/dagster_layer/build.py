@@ -58,9 +58,10 @@ def build_definitions(
     """Definitions for pipeline-output datasets and their sources.
 
     Every delta dataset gets its window sensor (`<dataset>__window_sensor`, polling every
-    `sensor_interval_seconds`) unless it has an `automation_condition`; `all_datasets` is a job
-    over the unpartitioned datasets. Two datasets may not share a name (under different key
-    prefixes): it names their table. Each
+    `sensor_interval_seconds`; with an `automation_condition` it only plans windows and adds
+    their partitions, the condition runs them); `all_datasets` is a job over the unpartitioned
+    datasets. Two datasets may not share a name under different key prefixes (it names their
+    table). Each
     dataset is checked against the declared capabilities of every arm it may be written to
     (`stores.protocol.check_specs`): a name the legacy arm cannot hold fails here, at load.
 
@@ -138,8 +139,6 @@ def build_definitions(
         up = source_specs.get(spec.delta.source)
         if up is None:
             continue  # a delta over another dataset: windows are planned by the CLI / upstream
-        if any(s.automation_condition is not None for s in asset.specs):
-            continue  # Dagster's declarative automation runs it, not the window sensor
         all_sensors.append(
             build_window_sensor(
                 spec,
@@ -149,6 +148,8 @@ def build_definitions(
                 asset_check_keys=(
                     window_checks.get(asset.key, []) if window_checks is not None else None
                 ),
+                # with an automation condition the sensor only plans: Dagster runs the windows
+                request_runs=all(s.automation_condition is None for s in asset.specs),
             )
         )
     if dataset_keys:

@@ -7,11 +7,14 @@ and every misconfiguration fails when the code location loads, in one line namin
 
 from __future__ import annotations
 
-from datetime import timedelta
+import runpy
+from datetime import date, timedelta
+from pathlib import Path
 
 import dagster as dg
 import pandas as pd
 import polars as pl
+import psycopg
 import pytest
 
 from pipeline_output import Delta, InvalidSpec, build_definitions, dataset, postgres_source
@@ -111,7 +114,11 @@ def test_a_dataset_downstream_of_a_plain_asset_under_raw_orders_materialises_wit
     assert_same_multiset(runtime.iceberg.read("totals").select(expected.columns), expected)
 
 
-def test_a_delta_dataset_with_an_automation_condition_gets_no_window_sensor():
+def test_a_delta_dataset_with_an_automation_condition_has_its_windows_run_by_it(env, instance):
+    """Its sensor only plans windows and adds their partitions; the condition requests them."""
+    with psycopg.connect(env, autocommit=True) as conn:
+        conn.execute("CREATE TABLE events (id bigint PRIMARY KEY, seq bigint NOT NULL)")
+        conn.execute("INSERT INTO events SELECT g, g FROM generate_series(1, 5) AS g")
     source = postgres_source("events", table="events", watermark="seq")
 
     def build(**extra):
@@ -121,10 +128,25 @@ def test_a_delta_dataset_with_an_automation_condition_gets_no_window_sensor():
 
         return build_definitions(datasets=[clean_events], sources=[source])
 
-    sensors = [s.name for s in build().sensors]
-    assert sensors == ["clean_events__window_sensor"]
-    automated = build(automation_condition=dg.AutomationCondition.on_missing())
-    assert list(automated.sensors) == []
+    def tick(defs: dg.Definitions) -> dg.SensorResult:
+        (sensor,) = defs.sensors
+        result = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+        assert isinstance(result, dg.SensorResult)
+        for request in result.dynamic_partitions_requests or []:
+            instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
+        return result
+
+    # the source asset is never observed here: the condition must not wait for it
+    on_missing = dg.AutomationCondition.on_missing().ignore(dg.AssetSelection.keys("events"))
+    automated = build(automation_condition=on_missing)
+    assert [s.name for s in automated.sensors] == ["clean_events__window_sensor"]
+    first = dg.evaluate_automation_conditions(defs=automated, instance=instance)
+    assert not tick(automated).run_requests  # planned and added, not run
+    requested = dg.evaluate_automation_conditions(
+        defs=automated, instance=instance, cursor=first.cursor
+    )
+    assert requested.total_requested == 1  # Dagster's automation runs the new window
+    assert len(tick(build()).run_requests or []) == 1  # without it, the sensor runs it
 
 
 @pytest.mark.parametrize(
@@ -172,3 +194,32 @@ def test_two_datasets_may_not_share_a_name_under_different_prefixes():
 
     with pytest.raises(InvalidSpec, match="share the name 'orders'"):
         build_definitions(datasets=[make("a"), make("b")])
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "example_partitions.py"
+README = EXAMPLE.parents[1] / "README.md"
+
+
+def test_readme_partitions_example_is_quoted_verbatim_and_materialises_a_day(env, instance):
+    text = EXAMPLE.read_text(encoding="utf-8")
+    assert f"```python\n{text}```" in README.read_text(encoding="utf-8")
+    defs = runpy.run_path(str(EXAMPLE))["defs"]
+    job = defs.resolve_implicit_global_asset_job_def()
+    for day in ("2026-12-01", "2026-12-02"):
+        result = job.execute_in_process(
+            instance=instance,
+            asset_selection=[
+                dg.AssetKey(["raw", "orders"]),
+                dg.AssetKey(["marts", "daily_orders"]),
+            ],
+            partition_key=day,
+        )
+        assert result.success
+    expected = pl.DataFrame(
+        {
+            "order_id": [1, 2, 3, 4],
+            "day": [date(2026, 12, 1), date(2026, 12, 1), date(2026, 12, 2), date(2026, 12, 2)],
+            "amount": [9.5, 20.0, 3.25, 7.0],
+        }
+    )
+    assert_same_multiset(get_runtime().iceberg.read("daily_orders"), expected)
