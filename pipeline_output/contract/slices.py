@@ -69,11 +69,12 @@ class TimeRange:
     def expr(self, dtype: Any) -> pl.Expr:
         low, high = self.bounds(dtype)
         col = pl.col(self.column)
-        if isinstance(dtype, pl.Datetime) and dtype.time_zone is not None:
+        if isinstance(dtype, pl.Datetime) and dtype.time_zone not in (None, "UTC"):
             zone = dtype.time_zone
             lit_low = pl.lit(low).dt.convert_time_zone(zone)
             lit_high = pl.lit(high).dt.convert_time_zone(zone)
             return (col >= lit_low) & (col < lit_high)
+        # plain literals (dates, UTC or naive datetimes): a lazy read pushes them down
         return (col >= pl.lit(low)) & (col < pl.lit(high))
 
 
