@@ -248,7 +248,8 @@ def write_partitions(
     audit: bool,
 ) -> dict[str, Any]:
     """Compute and write each partition in order (one commit each); returns the metadata of the
-    materialisation: the last write's, with the row counts summed over the partitions."""
+    materialisation: the last write's, with the row counts summed over the partitions (in a
+    range run each partition's materialisation also gets its own counts and commit)."""
     from pipeline_output.dagster_layer.metadata import publish_metadata, table_files_metadata
     from pipeline_output.dagster_layer.process_runtime import get_runtime
 
@@ -269,6 +270,16 @@ def write_partitions(
         context.log.info(f"{spec.name}: partition {lines[-1]}")
         for name in _SUMMED:
             totals[name] += getattr(r, name)
+        if len(out.items) > 1:  # a range run: each partition's materialisation its own figures
+            context.step_context.add_asset_metadata(
+                {
+                    **{name: getattr(r, name) for name in _SUMMED},
+                    "write_mode": r.write_mode,
+                    "snapshot_id": "no-op" if r.noop else str(r.snapshot_id),
+                },
+                asset_key=context.asset_key,
+                partition_key=part.key,
+            )
     assert last is not None
     meta = publish_metadata(last, schema=frame.schema)
     meta.update(totals)

@@ -109,7 +109,12 @@ def test_a_daily_dataset_replaces_one_day_and_leaves_the_others(env, instance, m
 
     three = run(defs, instance, name, DAYS[0], DAYS[2])  # a three-day range in one run
     assert three.success and materialized_partitions(instance, name) == set(DAYS)
-    assert meta(three)["rows_inserted"] == 7
+    per_day = {
+        e.partition: e.event_specific_data.materialization.metadata  # type: ignore[union-attr]
+        for e in three.get_asset_materialization_events()
+    }
+    inserted = {k: m["rows_inserted"].value for k, m in per_day.items()}
+    assert inserted == {DAYS[0]: 2, DAYS[1]: 3, DAYS[2]: 2}  # each day its own figures
     assert_same_multiset(table(name, mode), pl.concat(source.values()))
     before = table(name, mode)
 
@@ -231,3 +236,28 @@ def test_a_downstream_partitioned_dataset_reads_only_its_days_slice_in_a_range_r
     assert sorted(seen) == [(d, 2) for d in DAYS]  # each call saw its own day only
     expected = pl.concat(source.values()).with_columns(amount=pl.col("amount") * 2)
     assert_same_multiset(get_runtime().iceberg.read("doubled"), expected)
+
+
+def test_a_dry_run_of_a_partition_reports_its_slice_write_and_writes_nothing(env, instance):
+    source = {d: day_rows(d, [n]) for n, d in enumerate(DAYS)}
+    defs = defs_for("iceberg", source)
+    name = "daily_iceberg"
+    assert run(defs, instance, name, DAYS[0]).success
+    snapshots = len(get_runtime().iceberg.load(name).snapshots())  # type: ignore[union-attr]
+    job = defs.resolve_implicit_global_asset_job_def()
+    result = job.execute_in_process(
+        instance=instance,
+        asset_selection=[dg.AssetKey(name)],
+        partition_key=DAYS[1],
+        run_config={"ops": {name: {"config": {"dry_run": True}}}},
+    )
+    assert result.success and result.get_asset_materialization_events() == []
+    (obs,) = [
+        e.event_specific_data.asset_observation  # type: ignore[union-attr]
+        for e in result.all_events
+        if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION
+    ]
+    assert obs.partition == DAYS[1]
+    assert obs.metadata["write_mode"].value == "sync"
+    assert f"partition {DAYS[1]}" in obs.metadata["expected_effect"].value
+    assert len(get_runtime().iceberg.load(name).snapshots()) == snapshots  # type: ignore[union-attr]
