@@ -236,8 +236,6 @@ def deploy(
     if ds.dagster is not None and window is not None:
         part, within = model_partitions.drawn(ds.dagster, window[1])
         inside, outside = batch.filter(within), batch.filter(~within)
-        counts = _CTX.setdefault("partition_deploys", {})
-        counts[ds.dagster] = counts.get(ds.dagster, 0) + 1
         if stray:
             if outside.height == 0:
                 return
@@ -246,6 +244,8 @@ def deploy(
                     store.write(ds.spec, pl.concat([inside, outside.head(1)]), partition=part)
             _CTX["strays_refused"] = _CTX.get("strays_refused", 0) + 1
             return
+        counts = _CTX.setdefault("partition_deploys", {})
+        counts[ds.dagster] = counts.get(ds.dagster, 0) + 1
         batch = inside
     elif window is not None and ds.table is not None:  # on a first deploy still a replace
         low = None if window[0] is None else watermark_value(window[0], ds.wm_kind)
