@@ -1,9 +1,10 @@
 """`@dataset`: turn a polars compute function into a Dagster asset written by the IO manager.
 
-The function's parameters name its upstream assets (sources or other datasets), loaded as polars
-LazyFrames. Options map 1:1 onto `DatasetSpec` (validated when the code location loads, with the
-dataset's name in the message) plus Dagster's own (`group`, `description`, `owners`, `tags`,
-`deps`). Every dataset asset takes run config `mode` (override the dataset's mode for this run),
+The function's parameters name its upstream assets (sources, other datasets, or any asset under
+the key `ins` gives it), loaded as polars LazyFrames. Options map 1:1 onto `DatasetSpec` (validated
+when the code location loads, with the dataset's name in the message) plus Dagster's own (`group`,
+`description`, `owners`, `tags`, `deps`, and the pass-through ones of `asset_params.py`); Dagster
+partitions (`partitions_def`, `partition_column`) are `partitioned.py`'s. Every dataset asset takes run config `mode` (override the dataset's mode for this run),
 `dry_run` (plan only: report what would be written, write nothing, record no materialisation),
 `restate`, `audit` (write-audit-publish for this run: `audit_hooks.py`) and `as_of` (read the
 upstream datasets as they were at a time, or at a snapshot: a reproducible re-run).

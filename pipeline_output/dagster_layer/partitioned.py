@@ -171,7 +171,10 @@ def _same_partitions_inputs(
     out = {}
     layer = context.job_def.asset_layer
     for name in inputs:
-        node = layer.get(context.asset_key_for_input(name))
+        key = context.asset_key_for_input(name)
+        if not layer.has(key):
+            continue
+        node = layer.get(key)
         raw = (node.metadata or {}).get(PARTITION_COLUMNS_KEY)
         if raw is not None and node.partitions_def == partitions_def:
             out[name] = columns_from_metadata(raw)
