@@ -28,6 +28,7 @@ from pipeline_output.dagster_layer.keys import (
     SPEC_METADATA_KEY,
 )
 from pipeline_output.dagster_layer.metadata import publish_metadata, table_files_metadata
+from pipeline_output.dagster_layer.partitioned import partitioned_output_of, write_partitions
 from pipeline_output.dagster_layer.process_runtime import get_runtime
 from pipeline_output.dagster_layer.windows_context import windows_of
 from pipeline_output.services.publish import PublishResult, ResolvedMode
@@ -86,6 +87,14 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             obj = windowed_frame(spec, to_polars(spec, obj), windows_of(context, spec))
         if isinstance(obj, WindowedOutput):
             self._apply_windows(context, spec, obj, mode, audit=audit)
+            return
+        partitioned = partitioned_output_of(context, spec, obj)
+        if partitioned is not None:  # Dagster's own partitions: one slice write each
+            context.add_output_metadata(
+                write_partitions(context, spec, partitioned, mode, audit=audit)
+            )
+            if audit:
+                self._gate(context, spec)
             return
         frame = to_polars(spec, obj)
         result = publisher.publish(spec, frame, mode=mode, run_id=context.run_id, audit=audit)

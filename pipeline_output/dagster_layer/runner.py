@@ -2,7 +2,8 @@
 
 Plans delta windows by evaluating each window sensor once (adding its partitions), applies every
 pending window of each delta dataset in one single-run backfill (in window order), then runs the
-unpartitioned datasets in one run; returns one summary row per materialised asset.
+unpartitioned datasets in one run; returns one summary row per materialised asset (and one per
+asset with Dagster's own partitions, which it does not run: it cannot know which partitions).
 """
 
 from __future__ import annotations
@@ -107,6 +108,9 @@ def materialize(
             if wanted is not None and key not in wanted:
                 continue
             spec = spec_of(assets_def)
+            if (spec is None or spec.delta is None) and assets_def.partitions_def is not None:
+                summaries.append(_partitioned_by_dagster(key))
+                continue
             if spec is None or spec.delta is None:
                 unpartitioned.append(key)
                 continue
@@ -131,6 +135,13 @@ def materialize(
         )
         summaries.extend(_summaries(result))
     return summaries
+
+
+def _partitioned_by_dagster(key: dg.AssetKey) -> MaterialisedAsset:
+    """The summary row of an asset with Dagster's own partitions: not run here (which ones?)."""
+    name = key.to_user_string()
+    note = f"Dagster-partitioned: dg launch --assets {name} --partition KEY"
+    return MaterialisedAsset(name, "", "", "-", None, None, None, None, "not run", note)
 
 
 def _execute(job: Any, **kwargs: Any) -> dg.ExecuteInProcessResult:

@@ -7,7 +7,8 @@ with the same methods, so a scenario is written once and runs on each arm:
 - `write_and_check(spec, frame, window=...)` -> `(WriteResult, Expected)`: the write, checked
   against the oracle's prediction (contents read back through fresh handles, counters, and the one
   commit it made or the none it must not have made);
-- `write(spec, frame, window=...)` -> `WriteResult`: a plain write (setup, refused writes);
+- `write(spec, frame, window=..., partition=...)` -> `WriteResult`: a plain write (setup, refused
+  writes; `partition` a Dagster partition's slice);
 - `read(spec, window=..., columns=...)`: the store's own read, through a fresh handle;
 - `rows(spec)`: the committed contents, cross-checked with the raw storage (a pyiceberg scan; the
   `jsonb` documents by plain SQL);
@@ -34,6 +35,7 @@ import psycopg
 from pyiceberg.expressions import AlwaysTrue
 
 from pipeline_output import DatasetSpec, Window, WriteResult
+from pipeline_output.contract.slices import PartitionSlice
 from pipeline_output.ledger import Ledger
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.iceberg_harness import Harness, as_kind, build_in_files, expect_write
@@ -150,9 +152,17 @@ class IcebergArm:
         return res, exp
 
     def write(
-        self, spec: DatasetSpec, data: Any, *, window: Window | None = None, run_id: str = "r1"
+        self,
+        spec: DatasetSpec,
+        data: Any,
+        *,
+        window: Window | None = None,
+        run_id: str = "r1",
+        partition: PartitionSlice | None = None,
     ) -> WriteResult:
-        return self.iceberg.store().write(spec, data, window=window, run_id=run_id)
+        return self.iceberg.store().write(
+            spec, data, window=window, run_id=run_id, partition=partition
+        )
 
     def read(self, spec: DatasetSpec, **kwargs: Any) -> pl.DataFrame:
         return self.iceberg.store(self.iceberg.fresh()).read(spec, **kwargs)
@@ -204,9 +214,15 @@ class PgArm:
         return self.pg.write_and_check(spec, data, window=window, run_id=run_id, kind=kind)
 
     def write(
-        self, spec: DatasetSpec, data: Any, *, window: Window | None = None, run_id: str = "r1"
+        self,
+        spec: DatasetSpec,
+        data: Any,
+        *,
+        window: Window | None = None,
+        run_id: str = "r1",
+        partition: PartitionSlice | None = None,
     ) -> WriteResult:
-        return self.pg.store().write(spec, data, window=window, run_id=run_id)
+        return self.pg.store().write(spec, data, window=window, run_id=run_id, partition=partition)
 
     def read(self, spec: DatasetSpec, **kwargs: Any) -> pl.DataFrame:
         return self.pg.store().read(spec, **kwargs)

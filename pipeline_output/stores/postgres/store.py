@@ -43,6 +43,7 @@ from pipeline_output.contract.checked_input import (
 )
 from pipeline_output.contract.plan import TargetState, WritePlan, plan_write
 from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.slices import PartitionSlice, check_in_partition
 from pipeline_output.contract.spec import Arm, DatasetSpec, check_identifier, window_column
 from pipeline_output.contract.store_protocol import (
     Capabilities,
@@ -157,9 +158,15 @@ class PostgresStore:
         with pgsession.connect(self.url) as conn:
             return self._state(conn, name)
 
-    def plan(self, spec: DatasetSpec, *, window: Window | None = None) -> WritePlan:
+    def plan(
+        self,
+        spec: DatasetSpec,
+        *,
+        window: Window | None = None,
+        partition: PartitionSlice | None = None,
+    ) -> WritePlan:
         """The write plan a write would follow now (dry run)."""
-        return plan_write(spec, self.target_state(spec), window)
+        return plan_write(spec, self.target_state(spec), window, partition=partition)
 
     @staticmethod
     def _count(conn: psycopg.Connection[Any], dataset: str) -> int:
@@ -194,13 +201,21 @@ class PostgresStore:
     # -- writing -------------------------------------------------------------------------------
 
     def prepare(
-        self, spec: DatasetSpec, data: Any, *, window: Window | None = None
+        self,
+        spec: DatasetSpec,
+        data: Any,
+        *,
+        window: Window | None = None,
+        partition: PartitionSlice | None = None,
     ) -> CheckedInput:
-        """Convert and check `data` (keys, text values) before any transaction or lock."""
+        """Convert and check `data` (keys, text values, a partition's rows) before any
+        transaction or lock."""
         LEGACY_CAPABILITIES.check_spec(spec)
         checked = checked_input(spec, data)
         LEGACY_CAPABILITIES.check_frame(spec, checked.frame)
         check_text(spec, checked.frame)
+        if partition is not None:
+            check_in_partition(spec, checked.frame, partition)
         return checked
 
     def write(
@@ -242,12 +257,15 @@ class PostgresStore:
         started = time.perf_counter()
         started_at = datetime.now(UTC)
         window, run_id, summary = options_of(options)
+        partition = options.get("partition")
         # to_polars refuses the reserved `__po_` prefix (both arms share that check)
-        frame = (prepared if prepared is not None else self.prepare(spec, data)).frame
+        frame = (
+            prepared if prepared is not None else self.prepare(spec, data, partition=partition)
+        ).frame
         with self._transaction(after.handover() if after is not None else None) as conn:
             lock_wait = self._lock(conn, spec.name)
             state = self._state(conn, spec.name)
-            plan = plan_write(spec, state, window)
+            plan = plan_write(spec, state, window, partition=partition)
             if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
                 check_in_window(spec, frame, window)
             entry = self.ledger.registry.registered(spec.name, conn=conn)
