@@ -159,7 +159,7 @@ def test_a_row_outside_its_partition_is_refused_with_nothing_written_or_recorded
     assert run(defs, instance, name, DAYS[0]).success
     before = table(name, mode)
     ledger = get_runtime().ledger
-    deploys = len(ledger.deploys(name))
+    deploys = len(ledger.deploy_log.deploys(name))
 
     source[DAYS[1]] = pl.concat([day_rows(DAYS[1], [10]), day_rows(DAYS[2], [11])])
     failed = run(defs, instance, name, DAYS[1], raise_on_error=False)
@@ -169,7 +169,7 @@ def test_a_row_outside_its_partition_is_refused_with_nothing_written_or_recorded
     assert "RowsOutsideWindow" in text and "outside partition 2024-01-02" in text
     assert materialized_partitions(instance, name) == {DAYS[0]}  # none recorded
     assert_same_multiset(table(name, mode), before)
-    assert len(ledger.deploys(name)) == deploys  # no commit on either arm
+    assert len(ledger.deploy_log.deploys(name)) == deploys  # no commit on either arm
     if mode == "iceberg":
         iceberg = get_runtime().iceberg.load(name)
         assert iceberg is not None and len(iceberg.snapshots()) == 1
