@@ -29,6 +29,11 @@ from pipeline_output.dagster_layer.keys import (
 )
 from pipeline_output.dagster_layer.metadata import publish_metadata, table_files_metadata
 from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.dagster_layer.window_metadata import (
+    record_window_metadata,
+    run_metadata,
+    table_metadata,
+)
 from pipeline_output.dagster_layer.windows_context import windows_of
 from pipeline_output.services.publish import PublishResult, ResolvedMode
 from pipeline_output.services.reads import within
@@ -146,24 +151,18 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             outcomes.append(outcome)
             if outcome.result is not None:
                 last = outcome.result
-        meta: dict[str, Any] = {
-            "arms": ", ".join(mode.arms),
-            "windows": ", ".join(f"{o.window} {o.action}" for o in outcomes),
-            "windows_applied": sum(o.action == "applied" for o in outcomes),
-            "windows_skipped": sum(o.action == "skipped" for o in outcomes),
-            "windows_repaired": sum(o.action == "repaired" for o in outcomes),
-        }
-        if audit:
-            meta["windows_staged"] = sum(o.action == "staged" for o in outcomes)
+        # run-wide facts on the step; each window's own figures on its partition
+        meta = run_metadata(outcomes, mode)
+        schema = None
         if last is not None:
             table = runtime.iceberg.load(spec)
             schema = polars_schema(table.schema().as_arrow()) if table is not None else None
-            meta.update(publish_metadata(last, schema=schema))
+            meta.update(table_metadata(last, schema=schema))
             if "iceberg" in last.results:
                 meta.update(table_files_metadata(table))
         else:
             meta["note"] = "no-op: every window was already applied; nothing written"
-            meta["mode"] = f"{mode.mode} (from {mode.source})"
+        record_window_metadata(context, outcomes, schema=schema)
         context.add_output_metadata(meta)
         if audit:
             self._gate(context, spec)

@@ -24,7 +24,7 @@ def test_demo_plan_windows_restate_doctor_maintain_and_status_commands(cli, pg_d
     planned = cli("plan")
     assert planned.returncode == 0, planned.stderr
     assert (
-        "active_products [iceberg, mode iceberg from dataset default]: replace (first deploy)"
+        "active_products [iceberg, mode iceberg from declared]: replace (first deploy)"
         in planned.stdout
     )
 

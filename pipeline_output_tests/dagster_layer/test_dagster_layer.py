@@ -361,7 +361,7 @@ def test_materialisation_metadata_is_complete(shop: Shop, name: str, round_no: i
     meta = shop.meta[round_no][name]
     missing = [k for k in REQUIRED_METADATA if k not in meta]
     assert not missing, f"{name}: metadata lacks {missing}; has {sorted(meta)}"
-    assert meta["mode"] == "iceberg (from dataset default)"
+    assert meta["mode"] == "iceberg (from declared)"
     assert meta["arms"] == "iceberg"
     assert meta["dagster/table_name"] == f"{NAMESPACE}.{name}"
     assert meta["noop"] is False

@@ -403,7 +403,7 @@ def test_mode_resolution_order_run_config_flip_dataset_default_project_default(
     assert (pub.resolve(plain).mode, pub.resolve(plain).source) == ("pg", "project default")
     assert (pub.resolve(declared).mode, pub.resolve(declared).source) == (
         "iceberg",
-        "dataset default",
+        "declared",
     )
     pub.ledger.flip("b", "dual", who="t")
     assert (pub.resolve(declared).mode, pub.resolve(declared).source) == ("dual", "flip")
@@ -572,7 +572,7 @@ def test_status_lists_mode_source_last_deploys_rows_and_parity(pub, pg_db_url):
     assert a.last_parity.startswith("PASS")
     assert (b.mode, b.mode_source, b.iceberg_rows, b.last_pg_deploy) == (
         "iceberg",
-        "dataset default",
+        "declared",
         3,
         "-",
     )
