@@ -2,7 +2,8 @@
 
 One `DynamicPartitionsDefinition` per delta dataset (`<dataset>__windows`), keys `low..high` from
 `Window.to_key`. The sensor polls the source's high-water mark, records the next window(s) in the
-ledger, adds their partitions and requests one run per window in the same evaluation; failed windows
+ledger, adds their partitions and requests one run per window in the same evaluation, and records
+what it saw of the source as an observation (row count, high-water mark); failed windows
 are re-requested (a new run key per attempt) and planned windows whose partition is missing (a
 crash between planning and adding) are added on the next tick.
 """
@@ -18,6 +19,7 @@ import polars as pl
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
+from pipeline_output.dagster_layer.delta_sources import delta_source, delta_stats
 from pipeline_output.errors import (
     EmptyWindowRead,
     MissingKeyColumn,
@@ -146,6 +148,8 @@ def build_window_sensor(
     assert spec.delta is not None
     delta = spec.delta
     partitions = window_partitions(spec)
+    observed = source  # what the source declares; the windows use the Delta's watermark
+    source = delta_source(spec, source)
 
     @dg.sensor(
         name=f"{spec.name}__window_sensor",
@@ -156,11 +160,18 @@ def build_window_sensor(
     )
     def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         from pipeline_output.dagster_layer.process_runtime import get_runtime
-        from pipeline_output.dagster_layer.source_assets import source_stats
+        from pipeline_output.dagster_layer.source_assets import source_observation
 
         runtime = get_runtime()
         ledger = runtime.windows
-        _, hwm = source_stats(source)
+        rows_now, hwm = delta_stats(spec, observed)
+        observation = source_observation(
+            dg.AssetKey(observed.name),
+            rows_now,
+            hwm,
+            watermark=source.watermark,
+            versioned=observed.watermark == source.watermark,
+        )
         last = ledger.last(spec.name)
         cut = None
         if delta.max_rows:
@@ -203,6 +214,7 @@ def build_window_sensor(
         ]
         return dg.SensorResult(
             run_requests=requests,
+            asset_events=[observation],  # the source's row count and high-water mark, seen now
             dynamic_partitions_requests=[partitions.build_add_request(to_add)] if to_add else [],
             cursor=str(hwm) if hwm is not None else None,
         )

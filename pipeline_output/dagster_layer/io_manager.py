@@ -4,6 +4,7 @@ authoritative arm (datasets) or the source database (sources), as polars LazyFra
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -28,6 +29,7 @@ from pipeline_output.dagster_layer.keys import (
     SPEC_METADATA_KEY,
 )
 from pipeline_output.dagster_layer.metadata import publish_metadata, table_files_metadata
+from pipeline_output.dagster_layer.parity_checks import PARITY
 from pipeline_output.dagster_layer.process_runtime import get_runtime
 from pipeline_output.dagster_layer.window_metadata import (
     record_window_metadata,
@@ -114,6 +116,8 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         if audit is None:
             return
         gating = gating_checks(context.step_context, context.asset_key)
+        if audit.mode != "dual":  # parity compares nothing then (skipped): it gates nothing
+            gating = [name for name in gating if name != PARITY]
         get_runtime().ledger.set_gating_checks(audit.id, gating)
         context.log.info(
             f"{spec.name}: staged on branch {audit.branch}; main moves when "
@@ -205,7 +209,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
 
         runtime = get_runtime()
         if SOURCE_METADATA_KEY in meta:
-            source = source_from_metadata(meta[SOURCE_METADATA_KEY])
+            # the Delta's watermark reads the windows, whatever the source declares
+            watermark = str(_meta_value(context.definition_metadata[DELTA_INPUT_KEY]))
+            source = replace(source_from_metadata(meta[SOURCE_METADATA_KEY]), watermark=watermark)
             if source.kind == "postgres":
                 from pipeline_output.services.sources import (
                     postgres_shape,

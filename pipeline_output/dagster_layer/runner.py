@@ -69,6 +69,7 @@ def plan_windows(
             if failures is None:
                 raise
             message, retryable = _one_line(exc)
+            message = message.removeprefix(f"dataset {dataset!r}: ")
             failures.append(
                 Failure(dataset, "-", f"{dataset}: windows not planned: {message}", retryable)
             )
@@ -121,6 +122,7 @@ def materialize(
                 unpartitioned.append(key)
                 continue
             if spec.name in unplanned:
+                report.rows.append(_idle(key, status="failed", note="windows not planned"))
                 continue
             ordered = _pending_keys(instance, spec.name)
             if not ordered:  # nothing to apply: no run, no re-materialisation of applied windows
@@ -163,10 +165,12 @@ def _pending_keys(instance: dg.DagsterInstance, dataset: str) -> list[str]:
     return sorted(pending & existing)
 
 
-def _idle(key: dg.AssetKey) -> MaterialisedAsset:
-    return MaterialisedAsset(
-        key.to_user_string(), "-", "", "-", None, None, None, None, "-", "no pending window"
-    )
+def _idle(
+    key: dg.AssetKey, *, status: str = "ok", note: str = "no pending window"
+) -> MaterialisedAsset:
+    """The row of a delta dataset that got no run."""
+    name = key.to_user_string()
+    return MaterialisedAsset(name, "-", "", "-", None, None, None, None, "-", note, status=status)
 
 
 def execute(

@@ -172,5 +172,5 @@ def test_status_lists_every_dataset_with_mode_source_deploys_rows_and_parity(
     assert ap.count("succeeded replace") == 2, ap  # last deploy per arm
     assert " 7 " in ap and "PASS" in ap, ap
     untouched = by_name["orders"]
-    assert untouched.split()[1:4] == ["iceberg", "dataset", "default"], untouched
+    assert untouched.split()[1:3] == ["iceberg", "declared"], untouched
     assert untouched.split()[-1] == "-", untouched  # no parity yet

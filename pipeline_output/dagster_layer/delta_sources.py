@@ -1,0 +1,64 @@
+"""What a delta dataset reads its windows from, checked when it can be.
+
+- `Delta(watermark=...)` is the one column that cuts and reads a dataset's windows: the source's
+  own `watermark=` (what its observation reports as high-water mark) may be left out, or name
+  another column, and the dataset still works as declared (`delta_source`).
+- When the code location loads (`check_delta_sources`, called by `build_definitions`): a Delta
+  whose source is neither a source nor a dataset of the location fails in one line naming the
+  dataset, instead of planning nothing.
+- At the first tick (what only the database knows, `delta_stats`): a watermark column the source
+  table lacks fails in one line naming the dataset, the source and the column.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.errors import InvalidSpec
+from pipeline_output.services.sources import SourceSpec
+
+
+def delta_source(spec: DatasetSpec, source: SourceSpec) -> SourceSpec:
+    """`source` as `spec`'s windows read it: with the Delta's watermark column."""
+    assert spec.delta is not None
+    if source.watermark == spec.delta.watermark:
+        return source
+    return replace(source, watermark=spec.delta.watermark)
+
+
+def check_delta_sources(
+    specs: Iterable[DatasetSpec], sources: Mapping[str, SourceSpec], datasets: Iterable[str]
+) -> None:
+    """Every Delta names a source or a dataset of the code location (else `InvalidSpec`)."""
+    known = set(datasets)
+    for spec in specs:
+        if spec.delta is None:
+            continue
+        name = spec.delta.source
+        if name in sources or name in known:
+            continue
+        choices = ", ".join(sorted({*sources, *known} - {spec.name})) or "(none)"
+        raise InvalidSpec(
+            f"dataset {spec.name!r}: Delta(source={name!r}) is neither a source nor a dataset "
+            f"of this code location (pass it to build_definitions(sources=[...])); its sources "
+            f"and datasets: {choices}"
+        )
+
+
+def delta_stats(spec: DatasetSpec, source: SourceSpec) -> tuple[int, Any]:
+    """(row count, high-water mark of the Delta's watermark) of `spec`'s source; a watermark
+    column the source lacks fails naming the dataset, the source and the column."""
+    from pipeline_output.dagster_layer.source_assets import source_stats
+
+    assert spec.delta is not None
+    windowed = delta_source(spec, source)
+    try:
+        return source_stats(windowed)
+    except InvalidSpec as exc:
+        raise InvalidSpec(
+            f"dataset {spec.name!r}: Delta(watermark={spec.delta.watermark!r}) over source "
+            f"{source.name!r}: {exc}"
+        ) from exc
