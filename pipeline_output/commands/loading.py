@@ -345,6 +345,14 @@ def dataset_specs() -> dict[str, DatasetSpec]:
     return out
 
 
+def source_specs() -> dict[str, Any]:
+    """Every source (`postgres_source`, `iceberg_source`) of the chosen code location, by name."""
+    from pipeline_output.dagster_layer.source_assets import source_spec_of
+
+    found = (source_spec_of(asset) for asset in load_definitions().assets or [])
+    return {source.name: source for source in found if source is not None}
+
+
 def spec_named(dataset: str) -> DatasetSpec:
     """The dataset named `dataset`, or `UnknownDataset` listing the known ones and the location."""
     specs = dataset_specs()

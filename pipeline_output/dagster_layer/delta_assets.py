@@ -19,7 +19,7 @@ import polars as pl
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
-from pipeline_output.dagster_layer.delta_sources import delta_source, delta_stats
+from pipeline_output.dagster_layer.delta_sources import delta_source, windows_to_plan
 from pipeline_output.errors import (
     EmptyWindowRead,
     MissingKeyColumn,
@@ -27,7 +27,6 @@ from pipeline_output.errors import (
     UnsupportedWrite,
 )
 from pipeline_output.services.reads import projected_source
-from pipeline_output.services.window_planning import cut_points_of, next_windows
 
 DEFAULT_SENSOR_INTERVAL_S = 30
 
@@ -164,37 +163,13 @@ def build_window_sensor(
 
         runtime = get_runtime()
         ledger = runtime.windows
-        rows_now, hwm = delta_stats(spec, observed)
+        rows_now, hwm, planned = windows_to_plan(spec, observed, last=ledger.last(spec.name))
         observation = source_observation(
             dg.AssetKey(observed.name),
             rows_now,
             hwm,
             watermark=source.watermark,
             versioned=observed.watermark == source.watermark,
-        )
-        last = ledger.last(spec.name)
-        cut = None
-        if delta.max_rows:
-            max_rows = delta.max_rows
-
-            def cut(low: Any, high: Any) -> list[Any]:
-                from pipeline_output.dagster_layer.source_assets import scan_source
-
-                window = Window(low=low, high=high)
-                values = (
-                    scan_source(source, window=window)
-                    .select(str(source.watermark))
-                    .collect()
-                    .get_column(str(source.watermark))
-                )
-                return cut_points_of(values, low=low, max_rows=max_rows)
-
-        planned = next_windows(
-            last_high=last.window.high if last else None,
-            first=last is None,
-            start=delta.start,
-            high_water_mark=hwm,
-            cut_points=cut,
         )
         ledger.plan(spec.name, planned)
         rows = ledger.windows(spec.name)

@@ -198,3 +198,12 @@ def grouped_sources(sources: Sequence[Any], readers: Sequence[Any]) -> list[Any]
             source = source.with_attributes(group_name=group)
         out.append(source)
     return out
+
+
+def window_count(source: SourceSpec, window: Window) -> int:
+    """How many rows of `source` lie in `window` (of its watermark column)."""
+    if source.kind == "postgres":
+        from pipeline_output.services.sources import postgres_window_count
+
+        return postgres_window_count(source, _url_for(source), window)
+    return iceberg_window_count(source, window)

@@ -52,7 +52,9 @@ def error_line(result: Any) -> str:
 def test_flip_records_who_when_from_to_and_a_new_process_sees_the_history(cli, pg_db_url):
     first = cli("flip", "customers", "dual", "--who", "alice", "--reason", "canary")
     assert first.returncode == 0, first.stderr
-    assert first.stdout.startswith("customers: iceberg (declared) -> dual by alice at "), first.stdout
+    assert first.stdout.startswith("customers: iceberg (declared) -> dual by alice at "), (
+        first.stdout
+    )
     second = cli("flip", "customers", "iceberg")
     assert second.returncode == 0, second.stderr
     assert f"customers: dual -> iceberg by {getpass.getuser()} at " in second.stdout
