@@ -12,6 +12,9 @@ fresh clone works in one command.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,6 +26,25 @@ from pipeline_output.infra import dagster_home
 from pipeline_output.infra.settings import get_settings
 
 FAILED_EXIT_CODE = 1
+
+
+@contextlib.contextmanager
+def python_logs(log_file: Path, *, verbose: bool) -> Iterator[None]:
+    """Python `logging` of Dagster and the libraries (warnings Dagster logs itself, not through
+    the run's console logger) goes to `log_file`, not the console — unless `verbose`."""
+    if verbose:
+        yield
+        return
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(log_file, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-8s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)  # with a handler, nothing reaches logging's stderr fallback
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
 
 
 def log_path(home: Path, command: str) -> Path:
@@ -71,7 +93,7 @@ def materialize(select: tuple[str, ...], verbose: bool) -> None:
         if not keys:
             raise PipelineOutputError(f"--select {text!r} matches no asset")
     log_file = log_path(settings.home, "materialize")
-    with dg.DagsterInstance.get() as instance:
+    with python_logs(log_file, verbose=verbose), dg.DagsterInstance.get() as instance:
         report = run_all(
             defs,
             instance,

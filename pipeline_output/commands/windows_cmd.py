@@ -97,7 +97,7 @@ def restate(dataset: str, window: str, verbose: bool) -> None:
     import dagster as dg
 
     from pipeline_output.commands.loading import load_definitions
-    from pipeline_output.commands.materialize_cmd import finish, log_path
+    from pipeline_output.commands.materialize_cmd import finish, log_path, python_logs
     from pipeline_output.dagster_layer.runner import execute, format_table
     from pipeline_output.infra import dagster_home
     from pipeline_output.infra.settings import get_settings
@@ -108,7 +108,7 @@ def restate(dataset: str, window: str, verbose: bool) -> None:
     dagster_home.activate(settings)
     defs = load_definitions()
     log_file = log_path(settings.home, "restate")
-    with dg.DagsterInstance.get() as instance:
+    with python_logs(log_file, verbose=verbose), dg.DagsterInstance.get() as instance:
         report = execute(
             defs.resolve_implicit_global_asset_job_def(),
             defs,

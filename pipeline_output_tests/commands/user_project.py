@@ -15,20 +15,29 @@ location:
   (`add_refund` makes it fail);
 - `order_scores`: a model node over `order_changes` (independent of `region_totals`).
 
-`variants.py` in the same package holds the misconfigured Delta declarations (`VARIANTS`).
+Other modules of the package, chosen with `-m`: `variants` (a Delta over a source without a
+watermark, and over a source observing another column: both work as declared),
+`missing_column` (a Delta over a column the table lacks), `unknown_source` (a Delta over no
+source of the location) and `duplicates` (a compute returning duplicate keys).
+
+`project_database(pg_url)` is a fresh database for a module's project; `instance(home, url)` the
+project's Dagster instance as the CLI left it; `catalog(home, url)` its Iceberg catalog.
 """
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 MODULE = "orders_pipeline"
-ORDER_COUNT = 400
+ORDER_COUNT = 350  # windows of 100, 100, 100 and 50 rows: each window's figures differ
 WINDOW_ROWS = 100
 REGIONS = ("north", "south", "east", "west")
 START = datetime(2026, 11, 1, tzinfo=UTC)
@@ -146,6 +155,46 @@ defs = build_definitions(datasets=[modified_orders], sources=[orders_raw])
 '''
 
 
+UNKNOWN_SOURCE = '''\
+"""A Delta over a source the code location does not define: refused when it loads."""
+
+import polars as pl
+
+from pipeline_output import Delta, build_definitions, dataset
+
+@dataset(primary_key="order_id", delta=Delta(source="orders_typo", watermark="updated_at"))
+def typo_changes(orders_typo: pl.LazyFrame) -> pl.LazyFrame:
+    return orders_typo
+
+
+defs = build_definitions(datasets=[typo_changes])
+'''
+
+DUPLICATES = '''\
+"""A compute that returns every order twice: a data error, refused with nothing written."""
+
+import polars as pl
+
+from pipeline_output import build_definitions, dataset, postgres_source
+
+orders_raw = postgres_source("orders_raw", table="orders")
+
+
+@dataset(primary_key="order_id", mode="iceberg")
+def doubled(orders_raw: pl.LazyFrame) -> pl.LazyFrame:
+    rows = orders_raw.select("order_id", "amount")
+    return pl.concat([rows, rows])
+
+
+@dataset(primary_key="region", mode="iceberg")
+def regions(orders_raw: pl.LazyFrame) -> pl.LazyFrame:
+    return orders_raw.group_by("region").agg(pl.len().alias("orders"))
+
+
+defs = build_definitions(datasets=[doubled, regions], sources=[orders_raw])
+'''
+
+
 def order_rows(count: int = ORDER_COUNT, *, first: int = 1) -> list[tuple[Any, ...]]:
     """`(order_id, region, amount, created_at, updated_at)`: one order a minute, amounts > 0."""
     rows = []
@@ -182,6 +231,8 @@ def make_project(root: Path, pg_url: str) -> Path:
     (package / "definitions.py").write_text(DEFINITIONS)
     (package / "variants.py").write_text(VARIANTS)
     (package / "missing_column.py").write_text(MISSING_COLUMN)
+    (package / "unknown_source.py").write_text(UNKNOWN_SOURCE)
+    (package / "duplicates.py").write_text(DUPLICATES)
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute(
             "CREATE TABLE public.orders (order_id bigint PRIMARY KEY, region text NOT NULL, "
@@ -196,3 +247,51 @@ def ok(proc: subprocess.CompletedProcess[str]) -> str:
     """The stdout of a command that must have succeeded (else its output, for the failure)."""
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
+
+
+@contextlib.contextmanager
+def project_database(pg_url: str) -> Iterator[str]:
+    """A fresh database on the test server for one module's project, dropped after."""
+    from pipeline_output_tests.conftest import fresh_database
+
+    yield from fresh_database(pg_url)
+
+
+@contextlib.contextmanager
+def instance(home: Path, url: str) -> Iterator[Any]:
+    """The project's Dagster instance (`$PIPELINE_OUTPUT_HOME/dagster`), as its runs left it."""
+    import dagster as dg
+
+    from pipeline_output.infra.settings import DAGSTER_PG_URL, to_sqlalchemy_url
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(DAGSTER_PG_URL, to_sqlalchemy_url(url, driver="psycopg2"))
+        found = dg.DagsterInstance.from_config(str(home / "dagster"))
+        try:
+            yield found
+        finally:
+            found.dispose()
+
+
+@contextlib.contextmanager
+def catalog(home: Path, url: str) -> Iterator[Any]:
+    """The project's Iceberg catalog (the default SQL catalog on the control plane)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from pipeline_output.infra.settings import to_sqlalchemy_url
+
+    found = SqlCatalog(
+        "default",
+        uri=to_sqlalchemy_url(url, driver="psycopg"),
+        warehouse=f"file://{home}/warehouse",
+    )
+    try:
+        yield found
+    finally:
+        found.engine.dispose()
+
+
+def meta(event: Any) -> dict[str, Any]:
+    """An event's metadata as plain values."""
+    record = event.asset_materialization or event.asset_observation
+    return {k: getattr(v, "value", v) for k, v in record.metadata.items()}
