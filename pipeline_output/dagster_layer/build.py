@@ -78,11 +78,7 @@ def build_definitions(
     ]
     check_specs(specs, {"pg": LEGACY_CAPABILITIES, "iceberg": ICEBERG_CAPABILITIES})
     source_specs = {s.name: s for s in (source_spec_of(a) for a in sources) if s is not None}
-    check_delta_sources(
-        specs,
-        {s.name: s for s in map(source_spec_of, [*sources, *assets]) if s is not None},
-        [s.name for s in specs],
-    )
+    check_delta_sources([*datasets, *assets], [*sources, *datasets, *assets])
     sources = grouped_sources(sources, [*datasets, *assets])
     all_sensors = list(sensors)
     dataset_keys: list[dg.AssetKey] = []

@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -34,23 +34,36 @@ def delta_source(spec: DatasetSpec, source: SourceSpec) -> SourceSpec:
     return replace(source, watermark=spec.delta.watermark)
 
 
-def check_delta_sources(
-    specs: Iterable[DatasetSpec], sources: Mapping[str, SourceSpec], datasets: Iterable[str]
-) -> None:
-    """Every Delta names a source or a dataset of the code location (else `InvalidSpec`)."""
-    known = set(datasets)
-    for spec in specs:
-        if spec.delta is None:
+def check_delta_sources(datasets: Iterable[Any], defined: Iterable[Any]) -> None:
+    """A delta dataset that reads its Delta's source as an input (`@dataset`) finds it among the
+    `defined` assets and sources of the code location (else `InvalidSpec`)."""
+    import dagster as dg
+
+    from pipeline_output.dagster_layer.dataset import spec_of
+
+    known = {key for item in defined for key in _keys(item)}
+    for asset in datasets:
+        spec = spec_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
+        if spec is None or spec.delta is None:
             continue
-        name = spec.delta.source
-        if name in sources or name in known:
-            continue
-        choices = ", ".join(sorted({*sources, *known} - {spec.name})) or "(none)"
+        source = dg.AssetKey(spec.delta.source)
+        reads = {up for deps in asset.asset_deps.values() for up in deps}
+        if source not in reads or source in known:
+            continue  # an asset of the user's own that reads no input, or a defined one
+        choices = ", ".join(sorted(k.to_user_string() for k in known - set(asset.keys)))
         raise InvalidSpec(
-            f"dataset {spec.name!r}: Delta(source={name!r}) is neither a source nor a dataset "
-            f"of this code location (pass it to build_definitions(sources=[...])); its sources "
-            f"and datasets: {choices}"
+            f"dataset {spec.name!r}: Delta(source={spec.delta.source!r}) is neither a source nor "
+            "a dataset of this code location (pass it to build_definitions(sources=[...])); its "
+            f"sources and datasets: {choices or '(none)'}"
         )
+
+
+def _keys(item: Any) -> list[Any]:
+    keys = getattr(item, "keys", None)
+    if keys is not None and not callable(keys):
+        return list(keys)
+    key = getattr(item, "key", None)
+    return [key] if key is not None else []
 
 
 def delta_stats(spec: DatasetSpec, source: SourceSpec) -> tuple[int, Any]:
