@@ -19,7 +19,7 @@ import polars as pl
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
-from pipeline_output.dagster_layer.delta_sources import delta_source, windows_to_plan
+from pipeline_output.dagster_layer.delta_sources import windows_to_plan
 from pipeline_output.errors import (
     EmptyWindowRead,
     MissingKeyColumn,
@@ -147,8 +147,6 @@ def build_window_sensor(
     assert spec.delta is not None
     delta = spec.delta
     partitions = window_partitions(spec)
-    observed = source  # what the source declares; the windows use the Delta's watermark
-    source = delta_source(spec, source)
 
     @dg.sensor(
         name=f"{spec.name}__window_sensor",
@@ -163,13 +161,14 @@ def build_window_sensor(
 
         runtime = get_runtime()
         ledger = runtime.windows
-        rows_now, hwm, planned = windows_to_plan(spec, observed, last=ledger.last(spec.name))
+        # the windows are cut on the Delta's watermark, whatever the source declares
+        rows_now, hwm, planned = windows_to_plan(spec, source, last=ledger.last(spec.name))
         observation = source_observation(
-            dg.AssetKey(observed.name),
+            dg.AssetKey(source.name),
             rows_now,
             hwm,
-            watermark=source.watermark,
-            versioned=observed.watermark == source.watermark,
+            watermark=delta.watermark,
+            versioned=source.watermark == delta.watermark,
         )
         ledger.plan(spec.name, planned)
         rows = ledger.windows(spec.name)
