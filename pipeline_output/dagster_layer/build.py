@@ -78,7 +78,14 @@ def build_definitions(
     ]
     check_specs(specs, {"pg": LEGACY_CAPABILITIES, "iceberg": ICEBERG_CAPABILITIES})
     source_specs = {s.name: s for s in (source_spec_of(a) for a in sources) if s is not None}
-    check_delta_sources([*datasets, *assets], [*sources, *datasets, *assets])
+    check_delta_sources(
+        [
+            (s, a)
+            for a in [*datasets, *assets]
+            if isinstance(a, dg.AssetsDefinition) and (s := spec_of(a)) is not None
+        ],
+        [*sources, *datasets, *assets],
+    )
     sources = grouped_sources(sources, [*datasets, *assets])
     all_sensors = list(sensors)
     dataset_keys: list[dg.AssetKey] = []

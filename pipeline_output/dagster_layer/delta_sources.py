@@ -34,17 +34,16 @@ def delta_source(spec: DatasetSpec, source: SourceSpec) -> SourceSpec:
     return replace(source, watermark=spec.delta.watermark)
 
 
-def check_delta_sources(datasets: Iterable[Any], defined: Iterable[Any]) -> None:
-    """A delta dataset that reads its Delta's source as an input (`@dataset`) finds it among the
-    `defined` assets and sources of the code location (else `InvalidSpec`)."""
+def check_delta_sources(
+    datasets: Iterable[tuple[DatasetSpec, Any]], defined: Iterable[Any]
+) -> None:
+    """A delta dataset (spec, asset) that reads its Delta's source as an input (`@dataset`) finds
+    it among the `defined` assets and sources of the code location (else `InvalidSpec`)."""
     import dagster as dg
 
-    from pipeline_output.dagster_layer.dataset import spec_of
-
     known = {key for item in defined for key in _keys(item)}
-    for asset in datasets:
-        spec = spec_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
-        if spec is None or spec.delta is None:
+    for spec, asset in datasets:
+        if spec.delta is None:
             continue
         source = dg.AssetKey(spec.delta.source)
         reads = {up for deps in asset.asset_deps.values() for up in deps}
