@@ -20,6 +20,7 @@ from pipeline_output.dagster_layer.delta_assets import (
     DEFAULT_SENSOR_INTERVAL_S,
     build_window_sensor,
 )
+from pipeline_output.dagster_layer.delta_sources import check_delta_sources
 from pipeline_output.dagster_layer.health_checks import table_health_check
 from pipeline_output.dagster_layer.io_manager import DatasetIOManager
 from pipeline_output.dagster_layer.keys import ALL_DATASETS_JOB, HEALTH_JOB, IO_MANAGER_KEY
@@ -29,7 +30,7 @@ from pipeline_output.dagster_layer.maintenance_job import (
     maintenance_schedule,
 )
 from pipeline_output.dagster_layer.parity_checks import parity_check
-from pipeline_output.dagster_layer.source_assets import source_spec_of
+from pipeline_output.dagster_layer.source_assets import grouped_sources, source_spec_of
 from pipeline_output.services.maintenance import MaintenanceOptions
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
 from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES
@@ -82,6 +83,15 @@ def build_definitions(
     check_specs(specs, {"pg": LEGACY_CAPABILITIES, "iceberg": ICEBERG_CAPABILITIES})
     check_unique_names([*datasets, *assets], spec_of)
     source_specs = {s.name: s for s in (source_spec_of(a) for a in sources) if s is not None}
+    check_delta_sources(
+        [
+            (s, a)
+            for a in [*datasets, *assets]
+            if isinstance(a, dg.AssetsDefinition) and (s := spec_of(a)) is not None
+        ],
+        [*sources, *datasets, *assets],
+    )
+    sources = grouped_sources(sources, [*datasets, *assets])
     all_sensors = list(sensors)
     dataset_keys: list[dg.AssetKey] = []
     all_checks = list(asset_checks)

@@ -4,7 +4,7 @@ and the status board. Pure core over the ledger and the two stores (no Dagster).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeline_output.contract.spec import MODES, DatasetSpec
@@ -31,6 +31,7 @@ def check_parity(
     pg = _read_or_empty(publisher.postgres, spec)
     ice = _read_or_empty(publisher.iceberg, spec)
     report = compare(spec, pg, ice)
+    report = _unwritten_arm(publisher, spec, report, {"pg": pg.height, "iceberg": ice.height})
     if publisher.ledger is not None:
         publisher.ledger.parity_log.record_parity(
             spec.name,
@@ -44,6 +45,24 @@ def check_parity(
             run_id=run_id,
             details={"detail": report.detail} if report.detail else None,
         )
+    return report
+
+
+def _unwritten_arm(
+    publisher: Publisher, spec: DatasetSpec, report: ParityReport, heights: dict[str, int]
+) -> ParityReport:
+    """A mismatch because one arm was never written (just flipped to dual) says so."""
+    if report.passed or publisher.ledger is None:
+        return report
+    for arm, height in heights.items():
+        if height == 0 and not publisher.ledger.deploy_log.has_succeeded_deploy(spec.name, arm):
+            name = "legacy (pg)" if arm == "pg" else "Iceberg"
+            return replace(
+                report,
+                unwritten=arm,
+                detail=f"the {name} arm holds no rows of {spec.name} yet: materialize it in "
+                "dual mode first",
+            )
     return report
 
 

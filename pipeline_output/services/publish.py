@@ -1,7 +1,7 @@
 """Publish: the one place that orders a dataset write across arms.
 
-Owns mode resolution (run override -> persisted flip -> dataset default -> project default) and the
-order of a write (see `Publisher`): for each arm the mode selects, convert and check once -> lock ->
+Owns mode resolution (run override -> persisted flip -> the mode declared on the dataset
+(`declared`) -> project default) and the order of a write (see `Publisher`): for each arm the mode selects, convert and check once -> lock ->
 probe -> plan -> write (inside the arm's store), then the ledger record. For `dual` the Postgres transaction is opened first, kept open across
 the Iceberg commit and committed last, so a failure of either arm before that point leaves both
 unchanged. Pure core: no Dagster.
@@ -36,7 +36,9 @@ from pipeline_output.stores.postgres import PostgresStore
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
-ModeSource = Literal["run config", "flip", "dataset default", "project default"]
+# "declared": `mode=` on `@dataset` / `model_node` / `DatasetSpec`; "project default":
+# PIPELINE_OUTPUT_DEFAULT_MODE (default `pg`)
+ModeSource = Literal["run config", "flip", "declared", "project default"]
 
 
 class FlipSource(Protocol):
@@ -79,7 +81,7 @@ def resolve_mode(
         if flipped:
             return ResolvedMode(flipped, "flip")  # type: ignore[arg-type]
     if spec.mode:
-        return ResolvedMode(spec.mode, "dataset default")
+        return ResolvedMode(spec.mode, "declared")
     return ResolvedMode(project_default, "project default")
 
 

@@ -52,7 +52,9 @@ def error_line(result: Any) -> str:
 def test_flip_records_who_when_from_to_and_a_new_process_sees_the_history(cli, pg_db_url):
     first = cli("flip", "customers", "dual", "--who", "alice", "--reason", "canary")
     assert first.returncode == 0, first.stderr
-    assert first.stdout.startswith("customers: (default) -> dual by alice at "), first.stdout
+    assert first.stdout.startswith("customers: iceberg (declared) -> dual by alice at "), (
+        first.stdout
+    )
     second = cli("flip", "customers", "iceberg")
     assert second.returncode == 0, second.stderr
     assert f"customers: dual -> iceberg by {getpass.getuser()} at " in second.stdout
@@ -174,5 +176,5 @@ def test_status_lists_every_dataset_with_mode_source_deploys_rows_and_parity(
     assert ap.count("succeeded replace") == 2, ap  # last deploy per arm
     assert " 7 " in ap and "PASS" in ap, ap
     untouched = by_name["orders"]
-    assert untouched.split()[1:4] == ["iceberg", "dataset", "default"], untouched
+    assert untouched.split()[1:3] == ["iceberg", "declared"], untouched
     assert untouched.split()[-1] == "-", untouched  # no parity yet
