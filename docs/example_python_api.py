@@ -20,7 +20,7 @@ orders = DatasetSpec(name="orders", primary_key=("order_id",), mode="iceberg")
 frame = pl.DataFrame({"order_id": [1, 2, 3], "amount": [9.5, 20.0, 3.25]})
 
 publisher = runtime.publisher
-mode = publisher.resolve(orders)  # run override -> flip -> dataset default -> project default
+mode = publisher.resolve(orders)  # run override -> flip -> declared mode= -> project default
 result = publisher.publish(orders, frame, mode=mode, run_id="manual-2026-12-05")
 print(result.primary.write_mode, result.primary.snapshot_id)  # replace <snapshot id>
 print(publisher.read(orders, mode=mode))

@@ -130,6 +130,11 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def __dir__() -> list[str]:
+    """The public API for `dir()`, IDEs and `help()`, though its names load on first use."""
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__")})
+
+
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from pipeline_output.contract.plan import TargetState, WritePlan, plan_write
     from pipeline_output.contract.result import WriteResult

@@ -24,6 +24,7 @@ def flip(dataset: str, mode: str, reason: str | None, who: str | None) -> None:
     spec_named(dataset)  # unknown: names the code location
     specs = dataset_specs()
     validate_flip(specs, dataset, mode)  # before anything connects or starts
+    before = get_runtime().publisher.resolve(specs[dataset])
     record = do_flip(
         get_runtime().publisher,
         specs,
@@ -33,7 +34,7 @@ def flip(dataset: str, mode: str, reason: str | None, who: str | None) -> None:
         reason=reason,
     )
     click.echo(
-        f"{dataset}: {record.from_mode or '(default)'} -> {record.to_mode} "
+        f"{dataset}: {record.from_mode or f'{before.mode} ({before.source})'} -> {record.to_mode} "
         f"by {record.who} at {record.at:%Y-%m-%d %H:%M:%S}"
     )
 
@@ -90,6 +91,8 @@ def parity(dataset: str) -> None:
     report = check_parity(get_runtime().publisher, spec_named(dataset))
     click.echo(report.summary())
     if not report.passed:
+        if report.unwritten:  # one line says it all: nothing to list key by key
+            raise SystemExit(1)
         if report.only_in_pg:
             click.echo(f"  only in pg: {report.only_in_pg}")
         if report.only_in_iceberg:

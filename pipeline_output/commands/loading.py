@@ -14,7 +14,9 @@ and their precedence, first match wins:
 As `dagster` does, the working directory (or the location's `working_directory`) is put first on
 `sys.path`, so a module beside the user's project imports without installing it. Without an
 attribute, `defs` is taken, else the module's only `Definitions` (or `@definitions` function).
-A workspace with several locations loads each and merges them (`Definitions.merge`).
+A workspace with several locations loads each and merges them (`Definitions.merge`). A location
+is validated as `dagster` validates it (`Definitions.validate_loadable`): what Dagster would refuse
+(a duplicate asset key, a job over unknown assets, ...) fails when it loads, in one line.
 """
 
 from __future__ import annotations
@@ -310,6 +312,11 @@ def _load(location: CodeLocation) -> Any:
         raise InvalidArgument(
             f"code location {where}: {type(found).__name__} is not a dagster Definitions"
         )
+    try:  # what `dagster dev` would refuse, refused here when the location loads, in one line
+        dg.Definitions.validate_loadable(found)
+    except dg.DagsterError as exc:
+        message = " ".join(str(exc).split())
+        raise InvalidArgument(f"code location {where} does not load: {message}") from exc
     return found
 
 
@@ -336,6 +343,14 @@ def dataset_specs() -> dict[str, DatasetSpec]:
         if spec is not None:
             out[spec.name] = spec
     return out
+
+
+def source_specs() -> dict[str, Any]:
+    """Every source (`postgres_source`, `iceberg_source`) of the chosen code location, by name."""
+    from pipeline_output.dagster_layer.source_assets import source_spec_of
+
+    found = (source_spec_of(asset) for asset in load_definitions().assets or [])
+    return {source.name: source for source in found if source is not None}
 
 
 def spec_named(dataset: str) -> DatasetSpec:

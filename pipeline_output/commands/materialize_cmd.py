@@ -1,24 +1,56 @@
 """`pipeline-output materialize`: run the project's assets headless against its Dagster instance.
 
 Plans pending delta windows (each window sensor evaluated once), applies them per dataset in a
-single-run backfill, runs the other assets, and prints one line per asset: dataset, mode, write
-mode, rows in/inserted/updated/deleted, snapshot. With the demo definitions and an unseeded
-database it seeds the demo shop first (say so), so a fresh clone works in one command.
+single-run backfill, runs the other assets, and prints one line per asset and arm: dataset, arm,
+mode, write mode, rows in/inserted/updated/deleted, snapshot, result, note. A failure stops only
+what depends on it: every asset still gets its line, each failure one `error:` line on stderr
+(no traceback), and the exit code is 1. Dagster's own log stays off the console unless
+`--verbose`; the full log of the runs (tracebacks included) goes to a file whose path is printed.
+With the demo definitions and an unseeded database it seeds the demo shop first (say so), so a
+fresh clone works in one command.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
 import click
 
 from pipeline_output.commands.loading import code_location_options, load_definitions, runs_demo
-from pipeline_output.errors import (
-    PipelineOutputError,
-    RetryableError,
-    TerminalError,
-    from_third_party,
-)
+from pipeline_output.errors import PipelineOutputError
 from pipeline_output.infra import dagster_home
 from pipeline_output.infra.settings import get_settings
+
+FAILED_EXIT_CODE = 1
+
+
+@contextlib.contextmanager
+def python_logs(log_file: Path, *, verbose: bool) -> Iterator[None]:
+    """Python `logging` of Dagster and the libraries (warnings Dagster logs itself, not through
+    the run's console logger) goes to `log_file`, not the console — unless `verbose`."""
+    if verbose:
+        yield
+        return
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(log_file, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-8s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)  # with a handler, nothing reaches logging's stderr fallback
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+def log_path(home: Path, command: str) -> Path:
+    """Where a command's full run log goes: `$PIPELINE_OUTPUT_HOME/logs/<command>-<time>.log`."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    return home / "logs" / f"{command}-{stamp}.log"
 
 
 @click.command()
@@ -28,8 +60,14 @@ from pipeline_output.infra.settings import get_settings
     multiple=True,
     help="Dagster asset selection (repeatable; default: every asset).",
 )
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="Show Dagster's log (DEBUG) and tracebacks on the console.",
+)
 @code_location_options
-def materialize(select: tuple[str, ...]) -> None:
+def materialize(select: tuple[str, ...], verbose: bool) -> None:
     """Materialise assets in this process, recording the runs in the project's instance."""
     settings = get_settings()
     dagster_home.activate(settings)
@@ -54,21 +92,36 @@ def materialize(select: tuple[str, ...]) -> None:
             raise PipelineOutputError(f"--select {text!r}: {exc}") from exc
         if not keys:
             raise PipelineOutputError(f"--select {text!r} matches no asset")
-    with dg.DagsterInstance.get() as instance:
-        try:
-            rows = run_all(defs, instance, selection=list(select) or None, log_level="WARNING")
-        except dg.DagsterExecutionStepExecutionError as exc:
-            cause = exc.__cause__ or exc
-            known = from_third_party(cause) if isinstance(cause, Exception) else None
-            if known is not None:  # keep its kind: a retryable failure exits 75
-                kind = RetryableError if known.retryable else TerminalError
-                raise kind(f"materialize failed: {' '.join(str(known).split())[:500]}") from exc
-            raise PipelineOutputError(
-                f"materialize failed: {' '.join(str(cause).split())[:500]}"
-            ) from exc
-    click.echo(format_table(rows))
-    runs = sorted({r.run_id for r in rows})
-    click.echo(f"runs: {', '.join(runs)}")
+    log_file = log_path(settings.home, "materialize")
+    with python_logs(log_file, verbose=verbose), dg.DagsterInstance.get() as instance:
+        report = run_all(
+            defs,
+            instance,
+            selection=list(select) or None,
+            log_level="DEBUG" if verbose else "CRITICAL",
+            log_file=log_file,
+        )
+    if report.rows:
+        click.echo(format_table(report.rows))
+    if report.run_ids:
+        click.echo(f"runs: {', '.join(sorted(set(report.run_ids)))}")
+    finish(report, log_file)
+
+
+def finish(report: object, log_file: Path) -> None:
+    """Warnings and one `error:` line per failure on stderr, the log's path; exit 1 on failure."""
+    from pipeline_output.dagster_layer.run_report import RunOutcome
+
+    assert isinstance(report, RunOutcome)
+    for warning in report.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    for failure in report.failures:
+        prefix = "error (retryable)" if failure.retryable else "error"
+        click.echo(f"{prefix}: {failure.message}", err=True)
+    if log_file.exists():
+        click.echo(f"full log: {log_file}", err=True)
+    if not report.ok:
+        raise SystemExit(FAILED_EXIT_CODE)
 
 
 def _seed_demo_if_needed(url: str) -> None:

@@ -1,10 +1,30 @@
-"""`pipeline-output plan [DATASET...]`: the dry run — what a materialisation would write, per arm."""
+"""`pipeline-output plan [DATASET...]`: the dry run — what a materialisation would write, per arm.
+
+For each dataset: per arm it writes, the write mode of the next write and why, its expected
+effect and the target's state now (first deploy or re-deploy, its rows). A delta dataset first
+lists its pending windows — the ledger's planned and failed ones and those its sensor would plan
+now from new source rows (shown, not recorded) — with the source rows each holds; its arms'
+lines describe the first of them (and the write mode of the ones after, when it differs).
+Nothing is written, nothing is planned in the ledger.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import click
 
-from pipeline_output.commands.loading import code_location_options, dataset_specs, spec_named
+from pipeline_output.commands.loading import (
+    code_location_options,
+    dataset_specs,
+    source_specs,
+    spec_named,
+)
+
+if TYPE_CHECKING:
+    from pipeline_output.contract.spec import Arm
+
+SHOW_WINDOWS = 10
 
 
 @click.command()
@@ -12,23 +32,45 @@ from pipeline_output.commands.loading import code_location_options, dataset_spec
 @click.argument("datasets", nargs=-1)
 @click.option("--mode", default=None, help="Plan as if run with this mode (pg, iceberg, dual).")
 def plan(datasets: tuple[str, ...], mode: str | None) -> None:
-    """Show the write mode, why, the target state and the expected effect; writes nothing."""
+    """Show pending windows, the write mode, why, the target state and the expected effect per
+    arm; writes nothing."""
+    from pipeline_output.contract.plan import TargetState, plan_write
     from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.window_preview import pending_windows
 
     specs = dataset_specs()
     for name in datasets:
         spec_named(name)  # an unknown one fails naming the code location and the known ones
+    sources = source_specs()
     runtime = get_runtime()
     for name in datasets or sorted(specs):
         spec = specs[name]
         resolved = runtime.publisher.resolve(spec, override=mode)
         window = None
+        later = 0
         if spec.delta is not None:
-            pending = runtime.windows.pending(spec.name)
-            window = pending[0].window if pending else None
+            pending = pending_windows(spec, sources.get(spec.delta.source))
+            click.echo(f"{name}: {pending.describe()}")
+            for w in pending.windows[:SHOW_WINDOWS]:
+                seq = f"window {w.seq}" if w.seq is not None else "new window"
+                rows = "" if w.rows is None else f": {w.rows} source row(s)"
+                click.echo(f"  {seq} {w.window}{rows} ({w.state})")
+            if len(pending.windows) > SHOW_WINDOWS:
+                click.echo(f"  ... and {len(pending.windows) - SHOW_WINDOWS} more")
+            if not pending.windows:
+                continue
+            window, later = pending.windows[0].window, len(pending.windows) - 1
         for arm, p in runtime.publisher.plan(spec, mode=resolved, window=window).items():
-            state = "first deploy" if p.first_deploy else "re-deploy"
-            click.echo(
+            state = runtime.publisher.store(cast("Arm", arm)).target_state(spec)
+            target = "first deploy" if p.first_deploy else "re-deploy"
+            if state.total_rows is not None and state.exists:
+                target += f", {state.total_rows} row(s) now"
+            text = (
                 f"{name} [{arm}, mode {resolved.mode} from {resolved.source}]: {p.describe()} "
-                f"(target: {state})"
+                f"(target: {target})"
             )
+            if later and window is not None:
+                written = TargetState(exists=True, has_snapshot=True)
+                after = plan_write(spec, written, window).write_mode
+                text += f"; then {later} more window(s): {after}"
+            click.echo(text)

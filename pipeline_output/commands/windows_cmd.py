@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from pipeline_output.commands.loading import code_location_options, dataset_specs, spec_named
 from pipeline_output.errors import PipelineOutputError
+
+if TYPE_CHECKING:
+    from pipeline_output.ledger.window_ledger import WindowRow
 
 
 class _WindowsGroup(click.Group):
@@ -64,33 +69,60 @@ def list_windows(dataset: str) -> None:
         prev_high = w.window.high
 
 
+def window_row(dataset: str, window: str) -> WindowRow:
+    """The ledger row `window` names: its `seq` number (as `windows DATASET` lists it), its
+    partition key `low..high`, or the `(low, high]` text the listing shows."""
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+
+    rows = get_runtime().windows.windows(dataset)
+    text = window.strip()
+    for row in rows:
+        if text in (str(row.seq), row.partition_key, str(row.window)):
+            return row
+    span = f"1..{rows[-1].seq}" if rows else "none planned yet"
+    raise PipelineOutputError(
+        f"{dataset}: no window {window!r} in the ledger; give its seq number as `pipeline-output "
+        f"windows {dataset}` lists it ({span}) or its partition key `low..high`"
+    )
+
+
 @windows.command()
 @click.argument("dataset")
 @click.argument("window")
+@click.option("--verbose", "-v", is_flag=True, help="Show Dagster's log (DEBUG) and tracebacks.")
 @code_location_options
-def restate(dataset: str, window: str) -> None:
-    """Replace exactly WINDOW's rows (partition key `low..high`) in one commit."""
+def restate(dataset: str, window: str, verbose: bool) -> None:
+    """Replace exactly WINDOW's rows in one commit: WINDOW is the window's seq number as
+    `windows DATASET` lists it (or its partition key `low..high`)."""
     import dagster as dg
 
     from pipeline_output.commands.loading import load_definitions
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.materialize_cmd import finish, log_path, python_logs
+    from pipeline_output.dagster_layer.runner import execute, format_table
     from pipeline_output.infra import dagster_home
     from pipeline_output.infra.settings import get_settings
 
     _spec(dataset)
-    if get_runtime().windows.get(dataset, window) is None:
-        raise PipelineOutputError(f"{dataset}: no window {window!r} in the ledger")
-    dagster_home.activate(get_settings())
+    row = window_row(dataset, window)
+    settings = get_settings()
+    dagster_home.activate(settings)
     defs = load_definitions()
-    job = defs.resolve_implicit_global_asset_job_def()
-    with dg.DagsterInstance.get() as instance:
-        result = job.execute_in_process(
-            instance=instance,
-            asset_selection=[dg.AssetKey(dataset)],
-            partition_key=window,
-            run_config={"ops": {dataset: {"config": {"restate": True}}}},
-            raise_on_error=False,
+    log_file = log_path(settings.home, "restate")
+    with python_logs(log_file, verbose=verbose), dg.DagsterInstance.get() as instance:
+        report = execute(
+            defs.resolve_implicit_global_asset_job_def(),
+            defs,
+            instance,
+            asset_keys=[dg.AssetKey(dataset)],
+            partition_key=row.partition_key,
+            ops_config={dataset: {"config": {"restate": True}}},
+            log_level="DEBUG" if verbose else "CRITICAL",
+            log_file=log_file,
         )
-    if not result.success:
-        raise PipelineOutputError(f"{dataset}: restating {window} failed (run {result.run_id})")
-    click.echo(f"{dataset}: window {window} restated (run {result.run_id})")
+    click.echo(format_table(report.rows))
+    if report.ok:
+        click.echo(
+            f"{dataset}: window {row.seq} {row.window} restated (partition {row.partition_key}, "
+            f"run {report.run_ids[0]})"
+        )
+    finish(report, log_file)

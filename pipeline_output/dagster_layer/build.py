@@ -13,12 +13,14 @@ from typing import Any
 import dagster as dg
 
 from pipeline_output.contract.store_protocol import check_specs
+from pipeline_output.dagster_layer.asset_params import check_unique_names
 from pipeline_output.dagster_layer.audit_hooks import with_audit_hooks
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.delta_assets import (
     DEFAULT_SENSOR_INTERVAL_S,
     build_window_sensor,
 )
+from pipeline_output.dagster_layer.delta_sources import check_delta_sources
 from pipeline_output.dagster_layer.health_checks import table_health_check
 from pipeline_output.dagster_layer.io_manager import DatasetIOManager
 from pipeline_output.dagster_layer.keys import ALL_DATASETS_JOB, HEALTH_JOB, IO_MANAGER_KEY
@@ -28,7 +30,7 @@ from pipeline_output.dagster_layer.maintenance_job import (
     maintenance_schedule,
 )
 from pipeline_output.dagster_layer.parity_checks import parity_check
-from pipeline_output.dagster_layer.source_assets import source_spec_of
+from pipeline_output.dagster_layer.source_assets import grouped_sources, source_spec_of
 from pipeline_output.services.maintenance import MaintenanceOptions
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
 from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES
@@ -57,7 +59,10 @@ def build_definitions(
     """Definitions for pipeline-output datasets and their sources.
 
     Every delta dataset gets its window sensor (`<dataset>__window_sensor`, polling every
-    `sensor_interval_seconds`); `all_datasets` is a job over the unpartitioned datasets. Each
+    `sensor_interval_seconds`; with an `automation_condition` it only plans windows and adds
+    their partitions, the condition runs them); `all_datasets` is a job over the unpartitioned
+    datasets. Two datasets may not share a name under different key prefixes (it names their
+    table). Each
     dataset is checked against the declared capabilities of every arm it may be written to
     (`stores.protocol.check_specs`): a name the legacy arm cannot hold fails here, at load.
 
@@ -76,7 +81,17 @@ def build_definitions(
         if isinstance(a, dg.AssetsDefinition) and (s := spec_of(a)) is not None
     ]
     check_specs(specs, {"pg": LEGACY_CAPABILITIES, "iceberg": ICEBERG_CAPABILITIES})
+    check_unique_names([*datasets, *assets], spec_of)
     source_specs = {s.name: s for s in (source_spec_of(a) for a in sources) if s is not None}
+    check_delta_sources(
+        [
+            (s, a)
+            for a in [*datasets, *assets]
+            if isinstance(a, dg.AssetsDefinition) and (s := spec_of(a)) is not None
+        ],
+        [*sources, *datasets, *assets],
+    )
+    sources = grouped_sources(sources, [*datasets, *assets])
     all_sensors = list(sensors)
     dataset_keys: list[dg.AssetKey] = []
     all_checks = list(asset_checks)
@@ -128,7 +143,8 @@ def build_definitions(
     for asset in datasets:
         spec = spec_of(asset)
         if spec is None or spec.delta is None:
-            dataset_keys.extend(asset.keys)
+            if asset.partitions_def is None:  # Dagster-partitioned ones run by partition
+                dataset_keys.extend(asset.keys)
             continue
         up = source_specs.get(spec.delta.source)
         if up is None:
@@ -142,6 +158,8 @@ def build_definitions(
                 asset_check_keys=(
                     window_checks.get(asset.key, []) if window_checks is not None else None
                 ),
+                # with an automation condition the sensor only plans: Dagster runs the windows
+                request_runs=all(s.automation_condition is None for s in asset.specs),
             )
         )
     if dataset_keys:

@@ -2,7 +2,8 @@
 
 One `DynamicPartitionsDefinition` per delta dataset (`<dataset>__windows`), keys `low..high` from
 `Window.to_key`. The sensor polls the source's high-water mark, records the next window(s) in the
-ledger, adds their partitions and requests one run per window in the same evaluation; failed windows
+ledger, adds their partitions and requests one run per window in the same evaluation, and records
+what it saw of the source as an observation (row count, high-water mark); failed windows
 are re-requested (a new run key per attempt) and planned windows whose partition is missing (a
 crash between planning and adding) are added on the next tick.
 """
@@ -18,6 +19,7 @@ import polars as pl
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
+from pipeline_output.dagster_layer.delta_sources import windows_to_plan
 from pipeline_output.errors import (
     EmptyWindowRead,
     MissingKeyColumn,
@@ -25,7 +27,6 @@ from pipeline_output.errors import (
     UnsupportedWrite,
 )
 from pipeline_output.services.reads import projected_source
-from pipeline_output.services.window_planning import cut_points_of, next_windows
 
 DEFAULT_SENSOR_INTERVAL_S = 30
 
@@ -139,10 +140,13 @@ def build_window_sensor(
     asset_key: dg.AssetKey,
     minimum_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S,
     asset_check_keys: Sequence[dg.AssetCheckKey] | None = None,
+    request_runs: bool = True,
 ) -> dg.SensorDefinition:
     """The sensor that plans `spec`'s windows from `source`'s high-water mark.
 
-    `asset_check_keys`: the checks each window run executes (None: every check of the asset)."""
+    `asset_check_keys`: the checks each window run executes (None: every check of the asset).
+    Without `request_runs` it only plans windows and adds their partitions: the dataset's
+    `automation_condition` decides when they run."""
     assert spec.delta is not None
     delta = spec.delta
     partitions = window_partitions(spec)
@@ -156,34 +160,18 @@ def build_window_sensor(
     )
     def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         from pipeline_output.dagster_layer.process_runtime import get_runtime
-        from pipeline_output.dagster_layer.source_assets import source_stats
+        from pipeline_output.dagster_layer.source_assets import source_observation
 
         runtime = get_runtime()
         ledger = runtime.windows
-        _, hwm = source_stats(source)
-        last = ledger.last(spec.name)
-        cut = None
-        if delta.max_rows:
-            max_rows = delta.max_rows
-
-            def cut(low: Any, high: Any) -> list[Any]:
-                from pipeline_output.dagster_layer.source_assets import scan_source
-
-                window = Window(low=low, high=high)
-                values = (
-                    scan_source(source, window=window)
-                    .select(str(source.watermark))
-                    .collect()
-                    .get_column(str(source.watermark))
-                )
-                return cut_points_of(values, low=low, max_rows=max_rows)
-
-        planned = next_windows(
-            last_high=last.window.high if last else None,
-            first=last is None,
-            start=delta.start,
-            high_water_mark=hwm,
-            cut_points=cut,
+        # the windows are cut on the Delta's watermark, whatever the source declares
+        rows_now, hwm, planned = windows_to_plan(spec, source, last=ledger.last(spec.name))
+        observation = source_observation(
+            dg.AssetKey(source.name),
+            rows_now,
+            hwm,
+            watermark=delta.watermark,
+            versioned=source.watermark == delta.watermark,
         )
         ledger.plan(spec.name, planned)
         rows = ledger.windows(spec.name)
@@ -199,10 +187,11 @@ def build_window_sensor(
                 tags={"pipeline-output/dataset": spec.name},
             )
             for w in rows
-            if w.state in ("planned", "failed")
+            if w.state in ("planned", "failed") and request_runs
         ]
         return dg.SensorResult(
             run_requests=requests,
+            asset_events=[observation],  # the source's row count and high-water mark, seen now
             dynamic_partitions_requests=[partitions.build_add_request(to_add)] if to_add else [],
             cursor=str(hwm) if hwm is not None else None,
         )

@@ -4,6 +4,7 @@ authoritative arm (datasets) or the source database (sources), as polars LazyFra
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -28,7 +29,14 @@ from pipeline_output.dagster_layer.keys import (
     SPEC_METADATA_KEY,
 )
 from pipeline_output.dagster_layer.metadata import publish_metadata, table_files_metadata
+from pipeline_output.dagster_layer.parity_checks import PARITY
+from pipeline_output.dagster_layer.partitioned import partitioned_output_of, write_partitions
 from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.dagster_layer.window_metadata import (
+    record_window_metadata,
+    run_metadata,
+    table_metadata,
+)
 from pipeline_output.dagster_layer.windows_context import windows_of
 from pipeline_output.services.publish import PublishResult, ResolvedMode
 from pipeline_output.services.reads import within
@@ -87,6 +95,14 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         if isinstance(obj, WindowedOutput):
             self._apply_windows(context, spec, obj, mode, audit=audit)
             return
+        partitioned = partitioned_output_of(context, spec, obj)
+        if partitioned is not None:  # Dagster's own partitions: one slice write each
+            context.add_output_metadata(
+                write_partitions(context, spec, partitioned, mode, audit=audit)
+            )
+            if audit:
+                self._gate(context, spec)
+            return
         frame = to_polars(spec, obj)
         result = publisher.publish(spec, frame, mode=mode, run_id=context.run_id, audit=audit)
         primary = result.primary
@@ -105,11 +121,13 @@ class DatasetIOManager(dg.ConfigurableIOManager):
 
     def _gate(self, context: dg.OutputContext, spec: DatasetSpec) -> None:
         """Record which blocking checks of this run gate the audit's publish (`audit_hooks`)."""
-        audit = get_runtime().ledger.audit(spec.name, context.run_id)
+        audit = get_runtime().ledger.audit_log.audit(spec.name, context.run_id)
         if audit is None:
             return
         gating = gating_checks(context.step_context, context.asset_key)
-        get_runtime().ledger.set_gating_checks(audit.id, gating)
+        if audit.mode != "dual":  # parity compares nothing then (skipped): it gates nothing
+            gating = [name for name in gating if name != PARITY]
+        get_runtime().ledger.audit_log.set_gating_checks(audit.id, gating)
         context.log.info(
             f"{spec.name}: staged on branch {audit.branch}; main moves when "
             + (f"the blocking checks pass ({', '.join(gating)})" if gating else "this step ends")
@@ -146,24 +164,18 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             outcomes.append(outcome)
             if outcome.result is not None:
                 last = outcome.result
-        meta: dict[str, Any] = {
-            "arms": ", ".join(mode.arms),
-            "windows": ", ".join(f"{o.window} {o.action}" for o in outcomes),
-            "windows_applied": sum(o.action == "applied" for o in outcomes),
-            "windows_skipped": sum(o.action == "skipped" for o in outcomes),
-            "windows_repaired": sum(o.action == "repaired" for o in outcomes),
-        }
-        if audit:
-            meta["windows_staged"] = sum(o.action == "staged" for o in outcomes)
+        # run-wide facts on the step; each window's own figures on its partition
+        meta = run_metadata(outcomes, mode)
+        schema = None
         if last is not None:
             table = runtime.iceberg.load(spec)
             schema = polars_schema(table.schema().as_arrow()) if table is not None else None
-            meta.update(publish_metadata(last, schema=schema))
+            meta.update(table_metadata(last, schema=schema))
             if "iceberg" in last.results:
                 meta.update(table_files_metadata(table))
         else:
             meta["note"] = "no-op: every window was already applied; nothing written"
-            meta["mode"] = f"{mode.mode} (from {mode.source})"
+        record_window_metadata(context, outcomes, schema=schema)
         context.add_output_metadata(meta)
         if audit:
             self._gate(context, spec)
@@ -206,7 +218,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
 
         runtime = get_runtime()
         if SOURCE_METADATA_KEY in meta:
-            source = source_from_metadata(meta[SOURCE_METADATA_KEY])
+            # the Delta's watermark reads the windows, whatever the source declares
+            watermark = str(_meta_value(context.definition_metadata[DELTA_INPUT_KEY]))
+            source = replace(source_from_metadata(meta[SOURCE_METADATA_KEY]), watermark=watermark)
             if source.kind == "postgres":
                 from pipeline_output.services.sources import (
                     postgres_shape,

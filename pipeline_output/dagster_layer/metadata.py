@@ -59,6 +59,8 @@ def publish_metadata(result: PublishResult, *, schema: pl.Schema | None) -> dict
     for arm, res in result.results.items():
         if arm != "iceberg" or len(result.results) > 1:
             meta[f"{arm}/write_mode"] = res.write_mode
+            for count in ("rows_in", "rows_inserted", "rows_updated", "rows_deleted"):
+                meta[f"{arm}/{count}"] = getattr(res, count)  # each arm's own figures
             meta[f"{arm}/rows_total_after"] = res.rows_total_after
             meta[f"{arm}/deploy_or_snapshot_id"] = (
                 str(res.snapshot_id) if res.snapshot_id else "no-op"

@@ -1,84 +1,95 @@
 """Headless materialisation of a code location (what `pipeline-output materialize` runs).
 
-Plans delta windows by evaluating each window sensor once (adding its partitions), applies every
-pending window of each delta dataset in one single-run backfill (in window order), then runs the
-unpartitioned datasets in one run; returns one summary row per materialised asset.
+Plans delta windows by evaluating each window sensor once (adding its partitions and recording
+the sources' observations), applies the pending (planned or failed) windows of each delta dataset
+in one single-run backfill over the range from the first to the last of them (in window order;
+applied windows inside the range are skipped, and a dataset with no pending window gets no run),
+then runs the unpartitioned datasets in one run (an asset with Dagster's own partitions is
+not run: which partitions? it gets a row saying how to launch it). Every run executes
+to its end (`raise_on_error=False`): a failed asset, or a failed blocking check, stops only what
+depends on it, and a failure in one run does not stop the next. Returns a `RunOutcome`
+(`run_report`): a summary row per asset and arm, one line per failure; the console logger stays
+at `log_level` and the full event log goes to `log_file`.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.delta_assets import partitions_name
+from pipeline_output.dagster_layer.run_report import (
+    Failure,
+    MaterialisedAsset,
+    RunOutcome,
+    collect,
+    format_table,
+    write_log,
+)
+from pipeline_output.errors import PipelineOutputError, RetryableError, from_third_party
+
+__all__ = [
+    "Failure",
+    "MaterialisedAsset",
+    "RunOutcome",
+    "execute",
+    "format_table",
+    "materialize",
+    "plan_windows",
+]
+
+SENSOR_SUFFIX = "__window_sensor"
 
 
-@dataclass(frozen=True)
-class MaterialisedAsset:
-    """One line of the materialise summary."""
+def plan_windows(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    *,
+    failures: list[Failure] | None = None,
+) -> dict[str, int]:
+    """Evaluate every window sensor once; returns planned-or-pending windows per dataset.
 
-    asset: str
-    run_id: str
-    mode: str
-    write_mode: str
-    rows_in: int | None
-    rows_inserted: int | None
-    rows_updated: int | None
-    rows_deleted: int | None
-    snapshot: str
-    note: str
-
-
-def _value(meta: dict[str, Any], key: str) -> Any:
-    raw = meta.get(key)
-    return getattr(raw, "value", raw)
-
-
-def plan_windows(defs: dg.Definitions, instance: dg.DagsterInstance) -> dict[str, int]:
-    """Evaluate every window sensor once; returns planned-or-pending windows per dataset."""
+    The partitions each sensor adds and the observations it makes (the source's row count and
+    high-water mark) are recorded in `instance`, as the daemon does. With `failures`, a sensor
+    that fails (a watermark column the source lacks, ...) is recorded there as one line and the
+    other sensors still run; without, its error is raised."""
     out: dict[str, int] = {}
     for sensor in defs.sensors or []:
-        if not sensor.name.endswith("__window_sensor"):
+        if not sensor.name.endswith(SENSOR_SUFFIX):
             continue
+        dataset = sensor.name.removesuffix(SENSOR_SUFFIX)
         ctx = dg.build_sensor_context(instance=instance, definitions=defs)
-        result = sensor(ctx)
+        try:
+            result = sensor(ctx)
+        except Exception as exc:
+            if failures is None:
+                raise
+            message, retryable = _one_line(exc)
+            message = message.removeprefix(f"dataset {dataset!r}: ")
+            failures.append(
+                Failure(dataset, "-", f"{dataset}: windows not planned: {message}", retryable)
+            )
+            continue
         assert isinstance(result, dg.SensorResult)
         for req in result.dynamic_partitions_requests or []:
             if isinstance(req, dg.AddDynamicPartitionsRequest):
                 instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-        out[sensor.name.removesuffix("__window_sensor")] = len(result.run_requests or [])
+        for event in result.asset_events or []:
+            instance.report_runless_asset_event(event)
+        out[dataset] = len(result.run_requests or [])
     return out
 
 
-def _summaries(result: dg.ExecuteInProcessResult) -> list[MaterialisedAsset]:
-    rows = []
-    seen: set[str] = set()
-    for event in result.get_asset_materialization_events():
-        mat = event.event_specific_data.materialization  # type: ignore[union-attr]
-        if mat.asset_key.to_user_string() in seen:
-            continue  # a range run reports one event per partition with the same metadata
-        seen.add(mat.asset_key.to_user_string())
-        meta = dict(mat.metadata)
-        rows.append(
-            MaterialisedAsset(
-                asset=mat.asset_key.to_user_string(),
-                run_id=result.run_id,
-                mode=str(_value(meta, "mode") or ""),
-                write_mode=str(_value(meta, "write_mode") or "-"),
-                rows_in=_value(meta, "rows_in"),
-                rows_inserted=_value(meta, "rows_inserted"),
-                rows_updated=_value(meta, "rows_updated"),
-                rows_deleted=_value(meta, "rows_deleted"),
-                snapshot=str(_value(meta, "snapshot_id") or "no-op"),
-                note=str(_value(meta, "windows") or _value(meta, "note") or ""),
-            )
-        )
-    return rows
+def _one_line(exc: BaseException) -> tuple[str, bool]:
+    known = exc if isinstance(exc, PipelineOutputError) else from_third_party(exc)
+    if known is not None:
+        return " ".join(str(known).split()), isinstance(known, RetryableError)
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}", False
 
 
 def materialize(
@@ -87,9 +98,9 @@ def materialize(
     *,
     selection: Sequence[str] | None = None,
     log_level: str = "INFO",
-) -> list[MaterialisedAsset]:
+    log_file: Path | None = None,
+) -> RunOutcome:
     """Plan windows, apply pending windows per delta dataset, run the other assets."""
-    run_config = {"loggers": {"console": {"config": {"log_level": log_level}}}}
     job = defs.resolve_implicit_global_asset_job_def()
     graph = defs.resolve_asset_graph()
     wanted: set[dg.AssetKey] | None = None
@@ -97,8 +108,9 @@ def materialize(
         wanted = set()
         for text in selection:
             wanted |= set(dg.AssetSelection.from_string(text).resolve(graph))
-    plan_windows(defs, instance)
-    summaries: list[MaterialisedAsset] = []
+    report = RunOutcome()
+    plan_windows(defs, instance, failures=report.failures)
+    unplanned = {f.asset for f in report.failures}
     unpartitioned: list[dg.AssetKey] = []
     for assets_def in defs.assets or []:
         if not isinstance(assets_def, dg.AssetsDefinition) or not assets_def.is_materializable:
@@ -107,95 +119,118 @@ def materialize(
             if wanted is not None and key not in wanted:
                 continue
             spec = spec_of(assets_def)
+            if (spec is None or spec.delta is None) and assets_def.partitions_def is not None:
+                report.rows.append(_partitioned_by_dagster(key))
+                continue
             if spec is None or spec.delta is None:
                 unpartitioned.append(key)
                 continue
-            keys = instance.get_dynamic_partitions(partitions_name(spec.name))
-            if not keys:
+            if spec.name in unplanned:
+                report.rows.append(_idle(key, status="failed", note="windows not planned"))
                 continue
-            ordered = sorted(keys)
-            result = _execute(
-                job,
-                instance=instance,
-                asset_selection=[key],
-                run_config=run_config,
-                tags={
-                    "dagster/asset_partition_range_start": ordered[0],
-                    "dagster/asset_partition_range_end": ordered[-1],
-                },
+            ordered = _pending_keys(instance, spec.name)
+            if not ordered:  # nothing to apply: no run, no re-materialisation of applied windows
+                report.rows.append(_idle(key))
+                continue
+            report.extend(
+                execute(
+                    job,
+                    defs,
+                    instance,
+                    asset_keys=[key],
+                    log_level=log_level,
+                    log_file=log_file,
+                    tags={
+                        "dagster/asset_partition_range_start": ordered[0],
+                        "dagster/asset_partition_range_end": ordered[-1],
+                    },
+                )
             )
-            summaries.extend(_summaries(result))
     if unpartitioned:
-        result = _execute(
-            job, instance=instance, asset_selection=unpartitioned, run_config=run_config
+        report.extend(
+            execute(
+                job,
+                defs,
+                instance,
+                asset_keys=unpartitioned,
+                log_level=log_level,
+                log_file=log_file,
+            )
         )
-        summaries.extend(_summaries(result))
-    return summaries
+    return report
 
 
-def _execute(job: Any, **kwargs: Any) -> dg.ExecuteInProcessResult:
-    """One run in this process, raising its first step failure; afterwards every audit the run
-    staged is settled: published, or — the run stopped before the publish (a blocking check
-    failed and raised here, before the step's hooks) — failed, main untouched."""
+def _partitioned_by_dagster(key: dg.AssetKey) -> MaterialisedAsset:
+    """The summary row of an asset with Dagster's own partitions: not run here (which ones?)."""
+    name = key.to_user_string()
+    note = f"Dagster-partitioned: dg launch --assets {name} --partition KEY"
+    return MaterialisedAsset(name, "", "", "-", None, None, None, None, "-", note, status="not run")
+
+
+def _pending_keys(instance: dg.DagsterInstance, dataset: str) -> list[str]:
+    """The partition keys of the dataset's planned or failed windows, in window order."""
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+
+    existing = set(instance.get_dynamic_partitions(partitions_name(dataset)))
+    pending = {w.partition_key for w in get_runtime().windows.pending(dataset)}
+    return sorted(pending & existing)
+
+
+def _idle(
+    key: dg.AssetKey, *, status: str = "ok", note: str = "no pending window"
+) -> MaterialisedAsset:
+    """The row of a delta dataset that got no run."""
+    name = key.to_user_string()
+    return MaterialisedAsset(name, "-", "", "-", None, None, None, None, "-", note, status=status)
+
+
+def execute(
+    job: Any,
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    *,
+    asset_keys: Sequence[dg.AssetKey],
+    log_level: str = "INFO",
+    log_file: Path | None = None,
+    tags: Mapping[str, str] | None = None,
+    partition_key: str | None = None,
+    ops_config: Mapping[str, Any] | None = None,
+) -> RunOutcome:
+    """One run in this process, to its end; afterwards every audit it staged is settled —
+    published by its hooks, or failed here (the run ended before its blocking checks passed):
+    main untouched, the branch kept."""
     run_id = str(uuid.uuid4())
-    try:
-        result = job.execute_in_process(run_id=run_id, raise_on_error=True, **kwargs)
-    except Exception as exc:
-        _fail_staged_audits(run_id, reason=f"run failed: {' '.join(str(exc).split())[:300]}")
-        raise
-    _check_audits(run_id)
-    return result  # type: ignore[no-any-return]
+    run_config: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": log_level}}}}
+    if ops_config:
+        run_config["ops"] = dict(ops_config)
+    result = job.execute_in_process(
+        run_id=run_id,
+        instance=instance,
+        asset_selection=list(asset_keys),
+        run_config=run_config,
+        tags=dict(tags or {}),
+        partition_key=partition_key,
+        raise_on_error=False,
+    )
+    audits = _settle_audits(run_id)
+    if log_file is not None:
+        write_log(log_file, instance, run_id)
+    return collect(result, defs, asset_keys, audits=audits)
 
 
-def _fail_staged_audits(run_id: str, *, reason: str) -> None:
+def _settle_audits(run_id: str) -> list[Any]:
+    """Fail every audit the run left staged; the run's audits, decided."""
     from pipeline_output.dagster_layer.process_runtime import get_runtime
     from pipeline_output.services.audit import fail_audit
 
     runtime = get_runtime()
-    for audit in runtime.ledger.audits_of_run(run_id):
-        fail_audit(
-            runtime.publisher, audit.dataset, run_id=run_id, reason=reason, windows=runtime.windows
-        )
-
-
-def _check_audits(run_id: str) -> None:
-    """Every audit the run staged must have published (a publish refused in a hook — main moved
-    meanwhile — does not fail the run itself: `audit_hooks`)."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
-    from pipeline_output.errors import AuditConflict, AuditFailed
-
-    for audit in get_runtime().ledger.audits_of_run(run_id):
-        if audit.state == "published":
-            continue
-        error = AuditConflict if "main moved" in (audit.reason or "") else AuditFailed
-        raise error(
-            f"dataset {audit.dataset!r}: the audit of run {run_id} was not published "
-            f"({audit.state}: {audit.reason or 'its blocking checks did not all pass'}); main "
-            f"was not moved, branch {audit.branch} is kept (pipeline-output audit show "
-            f"{audit.dataset})"
-        )
-
-
-def format_table(rows: Sequence[MaterialisedAsset]) -> str:
-    """The summary as a plain-text table."""
-    header = ("dataset", "mode", "write mode", "in", "ins", "upd", "del", "snapshot", "note")
-    body = [
-        (
-            r.asset,
-            r.mode,
-            r.write_mode,
-            *(
-                "" if v is None else str(v)
-                for v in (r.rows_in, r.rows_inserted, r.rows_updated, r.rows_deleted)
-            ),
-            r.snapshot,
-            r.note[:60],
-        )
-        for r in rows
-    ]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=False)]
-    lines = [
-        "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=False))
-        for row in [header, *body]
-    ]
-    return "\n".join(line.rstrip() for line in lines)
+    for audit in runtime.ledger.audit_log.audits_of_run(run_id):
+        if audit.state == "staged":
+            fail_audit(
+                runtime.publisher,
+                audit.dataset,
+                run_id=run_id,
+                reason="the run ended before every blocking check on it passed",
+                windows=runtime.windows,
+            )
+    return list(runtime.ledger.audit_log.audits_of_run(run_id))

@@ -1,9 +1,16 @@
-"""Source assets: `postgres_source` and `iceberg_source`, observable (row count, high-water mark)."""
+"""Source assets: `postgres_source` and `iceberg_source`, observable (row count, high-water mark).
+
+Each carries its kind (`postgres`, `iceberg`); one declared without `group=` joins the group of
+the datasets that read it (`grouped_sources`, applied by `build_definitions`). A delta dataset's
+window sensor records what it sees of its source every tick (`source_observation`), so the
+source is observed without anyone pressing "Observe".
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
@@ -12,9 +19,13 @@ import polars as pl
 from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY, SOURCE_METADATA_KEY
 from pipeline_output.dagster_layer.process_runtime import get_runtime
-from pipeline_output.errors import BadInput
+from pipeline_output.errors import BadInput, InvalidSpec
 from pipeline_output.services.reads import scan_table, within
 from pipeline_output.services.sources import SourceSpec, postgres_stats, scan_postgres
+
+DATA_VERSION_TAG = "dagster/data_version"  # dagster's own tag names (data_version.py)
+DATA_VERSION_USER_TAG = "dagster/data_version_is_user_provided"
+DEFAULT_SOURCE_GROUP = "sources"
 
 
 def _url_for(source: SourceSpec) -> str:
@@ -52,11 +63,32 @@ def source_stats(source: SourceSpec) -> tuple[int, Any]:
     if source.kind == "postgres":
         return postgres_stats(source, _url_for(source))
     table = get_runtime().catalog.load_table(str(source.identifier))
+    names = [field.name for field in table.schema().fields]
+    if source.watermark and source.watermark not in names:
+        raise InvalidSpec(
+            f"{source.display} has no watermark column {source.watermark!r}; its columns: "
+            f"{', '.join(names)}"
+        )
     cols = [source.watermark] if source.watermark else []
     frame = pl.from_arrow(table.scan(selected_fields=tuple(cols) or ("*",)).to_arrow())
     assert isinstance(frame, pl.DataFrame)
     hwm = frame[source.watermark].max() if source.watermark and frame.height else None
     return frame.height, hwm
+
+
+def source_observation(
+    key: dg.AssetKey, rows: int, hwm: Any, *, watermark: str | None, versioned: bool = True
+) -> dg.AssetObservation:
+    """What one look at a source found (the window sensor records one every tick): its row
+    count and the high-water mark of `watermark`; `versioned`: the observation sets the source's
+    data version (`rows:hwm`, as its observe function does)."""
+    metadata: dict[str, Any] = {"dagster/row_count": rows}
+    if watermark:
+        metadata["watermark"] = watermark
+    if hwm is not None:
+        metadata["high_water_mark"] = str(hwm)
+    tags = {DATA_VERSION_TAG: f"{rows}:{hwm}", DATA_VERSION_USER_TAG: "true"} if versioned else None
+    return dg.AssetObservation(asset_key=key, metadata=metadata, tags=tags)
 
 
 def _source_asset(source: SourceSpec, *, group: str | None) -> dg.SourceAsset:
@@ -73,10 +105,13 @@ def _source_asset(source: SourceSpec, *, group: str | None) -> dg.SourceAsset:
         metadata=meta,
         group_name=group,
         description=source.description or f"{source.kind} table {source.display}",
+        tags={f"dagster/kind/{source.kind}": ""},  # the UI's kind badge
     )
     def _observe() -> dg.ObserveResult:
         rows, hwm = source_stats(source)
         metadata: dict[str, Any] = {"dagster/row_count": rows}
+        if source.watermark:
+            metadata["watermark"] = source.watermark
         if hwm is not None:
             metadata["high_water_mark"] = str(hwm)
         return dg.ObserveResult(
@@ -142,3 +177,33 @@ def source_spec_of(asset: Any) -> SourceSpec | None:
     value = getattr(raw, "value", raw)
     data: dict[str, Any] = json.loads(value) if isinstance(value, str) else dict(value or {})
     return SourceSpec(**data)
+
+
+def grouped_sources(sources: Sequence[Any], readers: Sequence[Any]) -> list[Any]:
+    """`sources` with a group each: one declared with `group=` keeps it; another joins the group
+    of the datasets that read it when they share one, else `sources` (never Dagster's
+    `default`)."""
+    groups: dict[dg.AssetKey, set[str]] = {}
+    for asset in readers:
+        if not isinstance(asset, dg.AssetsDefinition):
+            continue
+        for key, group in asset.group_names_by_key.items():
+            for upstream in asset.asset_deps.get(key, ()):
+                groups.setdefault(upstream, set()).add(group)
+    out = []
+    for source in sources:
+        if isinstance(source, dg.SourceAsset) and source.group_name == "default":
+            found = groups.get(source.key, set())
+            group = next(iter(found)) if len(found) == 1 else DEFAULT_SOURCE_GROUP
+            source = source.with_attributes(group_name=group)
+        out.append(source)
+    return out
+
+
+def window_count(source: SourceSpec, window: Window) -> int:
+    """How many rows of `source` lie in `window` (of its watermark column)."""
+    if source.kind == "postgres":
+        from pipeline_output.services.sources import postgres_window_count
+
+        return postgres_window_count(source, _url_for(source), window)
+    return iceberg_window_count(source, window)

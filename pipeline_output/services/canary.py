@@ -4,7 +4,7 @@ and the status board. Pure core over the ledger and the two stores (no Dagster).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeline_output.contract.spec import MODES, DatasetSpec
@@ -31,8 +31,9 @@ def check_parity(
     pg = _read_or_empty(publisher.postgres, spec)
     ice = _read_or_empty(publisher.iceberg, spec)
     report = compare(spec, pg, ice)
+    report = _unwritten_arm(publisher, spec, report, {"pg": pg.height, "iceberg": ice.height})
     if publisher.ledger is not None:
-        publisher.ledger.record_parity(
+        publisher.ledger.parity_log.record_parity(
             spec.name,
             passed=report.passed,
             pg_count=report.pg_count,
@@ -44,6 +45,24 @@ def check_parity(
             run_id=run_id,
             details={"detail": report.detail} if report.detail else None,
         )
+    return report
+
+
+def _unwritten_arm(
+    publisher: Publisher, spec: DatasetSpec, report: ParityReport, heights: dict[str, int]
+) -> ParityReport:
+    """A mismatch because one arm was never written (just flipped to dual) says so."""
+    if report.passed or publisher.ledger is None:
+        return report
+    for arm, height in heights.items():
+        if height == 0 and not publisher.ledger.deploy_log.has_succeeded_deploy(spec.name, arm):
+            name = "legacy (pg)" if arm == "pg" else "Iceberg"
+            return replace(
+                report,
+                unwritten=arm,
+                detail=f"the {name} arm holds no rows of {spec.name} yet: materialize it in "
+                "dual mode first",
+            )
     return report
 
 
@@ -59,7 +78,7 @@ def flip(
     """Persist a flip (with history); unknown datasets and modes are refused, listing valid ones."""
     validate_flip(specs, dataset, mode)
     assert publisher.ledger is not None
-    return publisher.ledger.flip(dataset, mode, who=who, reason=reason)
+    return publisher.ledger.flip_log.flip(dataset, mode, who=who, reason=reason)
 
 
 def validate_flip(specs: dict[str, DatasetSpec], dataset: str, mode: str) -> None:
@@ -75,7 +94,7 @@ def validate_flip(specs: dict[str, DatasetSpec], dataset: str, mode: str) -> Non
 def drain(publisher: Publisher, spec: DatasetSpec) -> int:
     """Delete the dataset's legacy rows — only when flipped to iceberg and last parity passed."""
     assert publisher.ledger is not None and publisher.postgres is not None
-    flipped = publisher.ledger.current_flip(spec.name)
+    flipped = publisher.ledger.flip_log.current_flip(spec.name)
     if flipped != "iceberg":
         mode = publisher.resolve(spec)
         raise DrainRefused(
@@ -83,7 +102,7 @@ def drain(publisher: Publisher, spec: DatasetSpec) -> int:
             f"{mode.mode!r} from {mode.source}; a declared default is not a flip); flip it to "
             f"iceberg first: pipeline-output flip {spec.name} iceberg"
         )
-    last = publisher.ledger.last_parity(spec.name)
+    last = publisher.ledger.parity_log.last_parity(spec.name)
     if last is None or not last.passed:
         state = "never ran" if last is None else f"failed at {last.at:%Y-%m-%d %H:%M:%S}"
         raise DrainRefused(
@@ -91,7 +110,9 @@ def drain(publisher: Publisher, spec: DatasetSpec) -> int:
             f"mode until it passes (pipeline-output parity {spec.name})"
         )
     removed: int = publisher.postgres.drain(spec)
-    publisher.ledger.record_drain(spec.name, rows=removed)  # a rollback past it is refused
+    publisher.ledger.drain_log.record_drain(
+        spec.name, rows=removed
+    )  # a rollback past it is refused
     return removed
 
 
@@ -121,7 +142,7 @@ def status(publisher: Publisher, specs: dict[str, DatasetSpec]) -> list[StatusRo
         mode = publisher.resolve(spec)
         deploys = {}
         for arm in ("pg", "iceberg"):
-            last = publisher.ledger.last_deploy(name, arm)
+            last = publisher.ledger.deploy_log.last_deploy(name, arm)
             deploys[arm] = (
                 f"{last.status} {last.write_mode or ''} {last.finished_at:%Y-%m-%d %H:%M:%S}".strip()
                 if last is not None
@@ -130,7 +151,7 @@ def status(publisher: Publisher, specs: dict[str, DatasetSpec]) -> list[StatusRo
         state = publisher.iceberg.target_state(spec)
         table = publisher.iceberg.load(spec) if state.exists else None
         counts = file_counts(table) if table is not None else None
-        parity = publisher.ledger.last_parity(name)
+        parity = publisher.ledger.parity_log.last_parity(name)
         rows.append(
             StatusRow(
                 dataset=name,

@@ -30,12 +30,15 @@ class ParityReport:
     only_in_pg: list[Any] = field(default_factory=list)
     only_in_iceberg: list[Any] = field(default_factory=list)
     detail: str = ""
+    unwritten: str | None = None  # an arm that never held a write of the dataset
 
     def summary(self) -> str:
         """One line for logs and the CLI."""
         state = "PASS" if self.passed else "FAIL"
         text = f"{self.dataset}: parity {state} (pg {self.pg_count} rows, iceberg {self.iceberg_count} rows)"
-        if not self.passed:
+        if not self.passed and self.unwritten:
+            text += f"; {self.detail}"
+        elif not self.passed:
             text += (
                 f"; {len(self.only_in_pg)} differing key(s) only in pg, "
                 f"{len(self.only_in_iceberg)} only in iceberg"
@@ -72,7 +75,11 @@ def compare(
     *,
     max_keys: int = MAX_KEYS,
 ) -> ParityReport:
-    """Compare the two arms' contents as typed multisets."""
+    """Compare the two arms' contents as typed multisets (an arm never written: no columns)."""
+    if not pg.columns:
+        pg = pl.DataFrame(schema=iceberg.schema)
+    if not iceberg.columns:
+        iceberg = pl.DataFrame(schema=pg.schema)
     columns = sorted(set(pg.columns) | set(iceberg.columns))
     detail = ""
     mismatched_types = [

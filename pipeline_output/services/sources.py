@@ -250,8 +250,14 @@ def postgres_window_count(
 
 
 def postgres_stats(source: SourceSpec, url: str) -> tuple[int, Any]:
-    """(row count, high-water mark of the watermark column or None)."""
-    postgres_columns(source, url)
+    """(row count, high-water mark of the watermark column or None); a watermark column the
+    table lacks is an `InvalidSpec` naming it and the columns the table has."""
+    available = postgres_columns(source, url)
+    if source.watermark and source.watermark not in available:
+        raise InvalidSpec(
+            f"{source.display} has no watermark column {source.watermark!r}; its columns: "
+            f"{', '.join(available)}"
+        )
     if source.watermark:
         query = sql.SQL("SELECT count(*), max({}) FROM {}").format(
             sql.Identifier(source.watermark), _qualified(source)

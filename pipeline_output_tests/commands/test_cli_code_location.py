@@ -102,7 +102,7 @@ def test_every_command_serves_a_user_module_given_with_dash_m(
     assert "(-inf, 4]" in applied[0], listed
     window = Window(low=None, high=4).to_key()
     restated = _ok(cli("windows", "restate", "tickets", window, *m))
-    assert f"window {window} restated" in restated
+    assert f"window 1 (-inf, 4] restated (partition {window}," in restated
 
     status = _ok(cli("status", *m))
     rows = {line.split()[0]: line for line in status.splitlines()[1:]}
@@ -112,7 +112,7 @@ def test_every_command_serves_a_user_module_given_with_dash_m(
     parity = _ok(cli("parity", "tickets", *m))
     assert "tickets" in parity
     flipped = _ok(cli("flip", "tickets", "iceberg", "--who", "ops", *m))
-    assert re.search(r"^tickets: \S+ -> iceberg by ops at ", flipped), flipped
+    assert re.search(r"^tickets: dual \(declared\) -> iceberg by ops at ", flipped), flipped
     assert _legacy_rows(pg_db_url, "tickets") == 4
     drained = _ok(cli("drain", "tickets", *m))
     assert "drained 4 legacy row(s)" in drained

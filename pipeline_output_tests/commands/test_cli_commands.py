@@ -24,7 +24,7 @@ def test_demo_plan_windows_restate_doctor_maintain_and_status_commands(cli, pg_d
     planned = cli("plan")
     assert planned.returncode == 0, planned.stderr
     assert (
-        "active_products [iceberg, mode iceberg from dataset default]: replace (first deploy)"
+        "active_products [iceberg, mode iceberg from declared]: replace (first deploy)"
         in planned.stdout
     )
 
@@ -42,7 +42,7 @@ def test_demo_plan_windows_restate_doctor_maintain_and_status_commands(cli, pg_d
 
     second = cli("materialize", "--select", "customers")
     assert second.returncode == 0, second.stderr
-    assert "upsert" in second.stdout and "(400, 420] applied" in second.stdout
+    assert "upsert" in second.stdout and "1 window (400, 420]: 1 applied" in second.stdout
 
     listed = cli("windows", "customers")
     assert listed.returncode == 0, listed.stderr
@@ -52,7 +52,7 @@ def test_demo_plan_windows_restate_doctor_maintain_and_status_commands(cli, pg_d
     window = "00000000000000000400..00000000000000000420"
     restated = cli("windows", "restate", "customers", window)
     assert restated.returncode == 0, restated.stderr
-    assert f"window {window} restated" in restated.stdout
+    assert f"window 2 (400, 420] restated (partition {window}," in restated.stdout
     not_delta = cli("windows", "daily_revenue")
     assert not_delta.returncode == 2 and "customers" in not_delta.stderr
 

@@ -125,9 +125,7 @@ def test_a_renamed_column_leaves_the_merge_to_the_file_by_file_path(h):
     table = h.table(spec)
     tasks = list(table.scan().plan_files())
     frame = customers([1]).rename({"name": "label"})
-    got = key_scan.scan_candidates(
-        table, table.schema(), frame, tasks, pk=["id"], absent_in=None, watermark=None
-    )
+    got = key_scan.scan_candidates(table, table.schema(), frame, tasks, pk=["id"], absent_in=None)
     assert got is None  # a file's column `name` is today's `label`: read through pyiceberg
     renamed = DatasetSpec(name="spread", primary_key=("id",), write_strategy_hint="merge-on-read")
     res = h.store().write(renamed, customers([1, 30], version=7).rename({"name": "label"}))

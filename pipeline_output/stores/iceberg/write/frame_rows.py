@@ -14,7 +14,6 @@ from pyiceberg.table import FileScanTask, Transaction
 
 from pipeline_output.contract.checked_input import polars_schema
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.contract.windows import Window
 from pipeline_output.stores.iceberg.table.properties import NEW_PREFIX, POS_COLUMN
 from pipeline_output.stores.schema import Evolution
 
@@ -139,12 +138,12 @@ def absent_mask(
     pk: list[str],
     *,
     scope: str,
-    window: Window | None,
-    wm: str | None,
+    inside: pl.Expr | None,
 ) -> pl.Series | None:
     """Target `rows` a sync deletes: key absent from the compute's keys `batch` (the ones the
-    file's bounds admit: no other key can match its rows), and inside the window. None: the
-    write deletes no absent key (`scope` none)."""
+    file's bounds admit: no other key can match its rows), and where `inside` (a window's or
+    partition slice's predicate over `rows`) is true. None: the write deletes no absent key
+    (`scope` none)."""
     if scope == "none":
         return None
     hit = "__po_hit__"
@@ -158,7 +157,6 @@ def absent_mask(
         )[hit]
         .is_null()
     )
-    if window is not None and wm is not None:
-        inside = rows.select(window.contains(wm, rows.schema[wm]).fill_null(False)).to_series()
-        absent = absent & inside
+    if inside is not None:
+        absent = absent & rows.select(inside).to_series()
     return absent

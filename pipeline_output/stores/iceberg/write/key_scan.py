@@ -2,8 +2,8 @@
 match (a sync: which it leaves out), and which matched rows really change.
 
 Owns `scan_candidates`. The candidate data files are read as ONE polars multi-file Parquet scan
-(no collect per file): only the key columns (and a sync's watermark), every row numbered by its
-place in the concatenation of the files (`G`), which with the files' record counts gives its file
+(no collect per file): only the key columns (and those of a sync's window or partition slice),
+every row numbered by its place in the concatenation of the files (`G`), which with the files' record counts gives its file
 and its physical position (the positions a merge-on-read delete file holds). The rows the files'
 positional delete files remove (read the same way, one scan) are left out, and the rest is joined
 with the compute's keys on the fly (polars' streaming engine: memory follows the batch and the
@@ -138,11 +138,13 @@ def scan_candidates(
     *,
     pk: Sequence[str],
     absent_in: pl.Expr | None,
-    watermark: str | None = None,
+    scope_columns: Sequence[str] = (),
     compare: bool = True,
 ) -> CandidateRows | None:
     """Scan `tasks` against the compute's `frame` (aligned to `schema`). `absent_in` (a sync):
-    target rows whose key the frame lacks are deleted where it is true (`pl.lit(True)`: all).
+    target rows whose key the frame lacks are deleted where it is true (`pl.lit(True)`: all),
+    a predicate over the key columns and `scope_columns` (a window's watermark, a partition
+    slice's columns) typed as `schema` says.
     Without `compare` (append_new: only which keys exist) no value is read and every matched
     row counts as unchanged."""
     if not VECTORISED or not tasks or not _eligible(table, schema, tasks):
@@ -154,7 +156,8 @@ def scan_candidates(
             return None
         values = [c for c in target if c not in pk] if compare else []
         order = _cheapest_first(schema, tasks, values)
-        return _scan(reader, tasks, frame, list(pk), absent_in, watermark, order)
+        extra = [c for c in dict.fromkeys(scope_columns) if c not in pk]
+        return _scan(reader, tasks, frame, list(pk), absent_in, extra, order)
     except (pl.exceptions.PolarsError, OSError, ValueError, TypeError):
         return None  # a file polars cannot read as the table's schema says: file by file
 
@@ -165,12 +168,12 @@ def _scan(
     frame: pl.DataFrame,
     pk: list[str],
     absent_in: pl.Expr | None,
-    watermark: str | None,
+    extra: list[str],
     order: list[str],
 ) -> CandidateRows:
     everything = list(range(len(tasks)))
     deleted = _deleted(reader, tasks)
-    keys = reader.scan(everything, [*pk, *([watermark] if watermark else [])]).rename({L: G})
+    keys = reader.scan(everything, [*pk, *extra]).rename({L: G})
     # the first key column's values prune the rows in the Parquet reader; then joins in memory
     wanted = pl.col(pk[0]).is_in(frame.get_column(pk[0]).implode())
     rows = keys.filter(wanted if absent_in is None else wanted | absent_in).collect()
