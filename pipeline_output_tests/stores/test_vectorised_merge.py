@@ -1,21 +1,25 @@
 """The vectorised merge (`write/key_scan.py`, `write/scanned_merge.py`) against the file-by-file one
-and the oracle: upserts and syncs spread over several data files, with merge-on-read and
-copy-on-write, keys matched in every file (append_new: only whether they exist), rows changed in one column only (the last one the
-column-by-column comparison reads), identical rows, NaN and nulls, composite keys, files already
-carrying delete files, and the tables the fast path must leave to the file-by-file one (a renamed
-column). Each write runs twice (the rerun must change nothing)."""
+and the oracle: upserts, syncs (also of a Dagster partition's slice) and append_new spread over
+several data files, with merge-on-read and copy-on-write, keys matched in every file, rows changed
+in one column only (the last one the column-by-column comparison reads), identical rows, NaN and
+nulls, composite keys, files already carrying delete files, and the tables the fast path must
+leave to the file-by-file one (a renamed column). Each write runs twice (the rerun must change
+nothing)."""
 
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, date, datetime
 from typing import Any
 
 import polars as pl
 import pytest
 
 from pipeline_output import DatasetSpec
+from pipeline_output.contract.slices import PartitionSlice, TimeRange
 from pipeline_output.stores.iceberg.write import key_scan
 from pipeline_output_tests.iceberg_harness import customers
+from pipeline_output_tests.oracle import assert_same_multiset
 
 PATHS = ("vectorised", "file_by_file")
 HINTS = ("merge-on-read", "copy-on-write")
@@ -89,6 +93,25 @@ def test_append_new_spread_over_every_file_skips_live_keys_on_both_paths(h, path
     assert (res.rows_skipped, res.rows_inserted) == (6, 6)  # 2, 27, 52, 77, 88, 89 are live
     again, _ = h.write_and_check(spec, data, run_id="a2")
     assert again.snapshot_id is None and again.rows_skipped == 12
+
+
+@pytest.mark.parametrize("hint", HINTS)
+def test_a_sync_of_a_dagster_partition_spread_over_every_file_on_both_paths(h, path, hint):
+    spec = _spec("sync", hint)
+    _files(h, spec)  # day 2024-01-03 holds ids 2, 30, 58 and 86: one in each file
+    before = h.store().read(spec)
+    third = PartitionSlice(
+        "2024-01-03",
+        (TimeRange("day", datetime(2024, 1, 3, tzinfo=UTC), datetime(2024, 1, 4, tzinfo=UTC)),),
+    )
+    data = pl.concat([customers([2, 30], version=3), customers([58, 114])])  # 86 is gone
+    res = h.store().write(spec, data, partition=third, run_id="p1")
+    expected = pl.concat([before.filter(pl.col("day") != date(2024, 1, 3)), data])
+    assert_same_multiset(h.store().read(spec), expected)
+    counts = (res.rows_updated, res.rows_unchanged, res.rows_inserted, res.rows_deleted)
+    assert counts == (2, 1, 1, 1)  # keys absent outside the slice are kept
+    again = h.store().write(spec, data, partition=third, run_id="p2")
+    assert again.snapshot_id is None and again.rows_unchanged == 4
 
 
 def test_nan_and_null_values_compare_equal_on_a_rerun(h, path):
