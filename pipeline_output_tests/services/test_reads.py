@@ -567,6 +567,22 @@ def test_an_iceberg_scan_is_pinned_to_the_snapshot_current_when_it_was_built(sto
     assert_same_multiset(fresh.collect(), TRICKY.head(2))
 
 
+def test_a_column_added_since_the_last_commit_reads_as_null_in_the_current_state(stores):
+    from pyiceberg.types import DoubleType
+
+    runtime, spec = stores
+    table = runtime.iceberg.load(spec)
+    snapshot = table.current_snapshot().snapshot_id
+    with table.update_schema() as update:  # a schema change alone: no new snapshot
+        update.add_column("later", DoubleType())
+    expected = TRICKY.with_columns(later=pl.lit(None, dtype=pl.Float64))
+    assert_same_multiset(runtime.iceberg.read(spec), expected)  # as pyiceberg's scan reads it
+    raw = pl.from_arrow(runtime.iceberg.load(spec).scan().to_arrow())
+    assert isinstance(raw, pl.DataFrame) and sorted(raw.columns) == sorted(expected.columns)
+    assert runtime.iceberg.read(spec, columns=["id", "later"]).get_column("later").null_count() == 8
+    assert_same_multiset(runtime.iceberg.read(spec, as_of=snapshot), TRICKY)  # that version's
+
+
 @pytest.mark.parametrize("reads_from", ["iceberg", "pg"])
 def test_dual_mode_scans_the_arm_dual_reads_from_names(stores, reads_from):
     from pipeline_output.services.publish import Publisher, ResolvedMode

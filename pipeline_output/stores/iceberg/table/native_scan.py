@@ -39,8 +39,10 @@ def snapshot_schema(table: Table, snapshot_id: int | None) -> Schema:
     return table.schemas().get(snapshot.schema_id, schema)
 
 
-def snapshot_scan(table: Table, snapshot_id: int) -> pl.LazyFrame:
-    """The rows of `snapshot_id` as a LazyFrame read by polars' native Iceberg scan."""
+def snapshot_scan(table: Table, snapshot_id: int | None) -> pl.LazyFrame:
+    """The rows of `snapshot_id` (its own schema's columns) as a LazyFrame read by polars' native
+    Iceberg scan; None: the current snapshot of the loaded `table` under its current schema (the
+    table's metadata file is fixed, so this too is pinned)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # polars' "unstable" notes: nothing for the user to do
         return pl.scan_iceberg(table, snapshot_id=snapshot_id, storage_options=storage(table))

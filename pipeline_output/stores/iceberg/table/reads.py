@@ -48,10 +48,13 @@ def read(
     table = tables.load(spec)
     if table is None:
         raise DatasetNotWritten(f"dataset {tables.table_name(spec)!r} has no Iceberg table yet")
-    snapshot_id = snapshot_as_of(tables, spec, as_of, table=table) if as_of is not None else None
-    if snapshot_id is None and (current := table.current_snapshot()) is not None:
-        snapshot_id = current.snapshot_id
-    target = target_schema(snapshot_schema(table, snapshot_id))
+    if as_of is not None:  # a past version: its snapshot's columns
+        snapshot_id: int | None = snapshot_as_of(tables, spec, as_of, table=table)
+        target = target_schema(snapshot_schema(table, snapshot_id))
+    else:  # the current state: today's columns (one added since the last commit reads as null)
+        current = table.current_snapshot()
+        snapshot_id = current.snapshot_id if current is not None else None
+        target = target_schema(table.schema())
     names = list(columns) if columns else list(target)
     unknown = [c for c in names if c not in target]
     if unknown:
@@ -61,7 +64,7 @@ def read(
         )
     if snapshot_id is None:  # a table without a committed snapshot: no rows
         return pl.DataFrame(schema={c: target[c] for c in names})
-    frame = snapshot_scan(table, snapshot_id)
+    frame = snapshot_scan(table, snapshot_id if as_of is not None else None)
     if window is not None:
         wm = window_column(spec, options.get("watermark"))
         if wm not in target:
