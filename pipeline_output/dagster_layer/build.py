@@ -15,10 +15,7 @@ import dagster as dg
 from pipeline_output.contract.store_protocol import check_specs
 from pipeline_output.dagster_layer.audit_hooks import with_audit_hooks
 from pipeline_output.dagster_layer.dataset import spec_of
-from pipeline_output.dagster_layer.delta_assets import (
-    DEFAULT_SENSOR_INTERVAL_S,
-    build_window_sensor,
-)
+from pipeline_output.dagster_layer.delta_assets import DEFAULT_SENSOR_INTERVAL_S
 from pipeline_output.dagster_layer.health_checks import table_health_check
 from pipeline_output.dagster_layer.io_manager import DatasetIOManager
 from pipeline_output.dagster_layer.keys import ALL_DATASETS_JOB, HEALTH_JOB, IO_MANAGER_KEY
@@ -29,6 +26,8 @@ from pipeline_output.dagster_layer.maintenance_job import (
 )
 from pipeline_output.dagster_layer.parity_checks import parity_check
 from pipeline_output.dagster_layer.source_assets import source_spec_of
+from pipeline_output.dagster_layer.window_sensor import build_window_sensor
+from pipeline_output.dagster_layer.window_upstreams import dataset_upstream, source_upstream
 from pipeline_output.services.maintenance import MaintenanceOptions
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
 from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES
@@ -57,7 +56,9 @@ def build_definitions(
     """Definitions for pipeline-output datasets and their sources.
 
     Every delta dataset gets its window sensor (`<dataset>__window_sensor`, polling every
-    `sensor_interval_seconds`); `all_datasets` is a job over the unpartitioned datasets. Each
+    `sensor_interval_seconds`), over its source or — a chained delta dataset — over the dataset it
+    reads (planned after that one materializes); its runs execute in the run worker (in-process)
+    unless `executor` is given. `all_datasets` is a job over the unpartitioned datasets. Each
     dataset is checked against the declared capabilities of every arm it may be written to
     (`stores.protocol.check_specs`): a name the legacy arm cannot hold fails here, at load.
 
@@ -130,18 +131,28 @@ def build_definitions(
         if spec is None or spec.delta is None:
             dataset_keys.extend(asset.keys)
             continue
-        up = source_specs.get(spec.delta.source)
-        if up is None:
-            continue  # a delta over another dataset: windows are planned by the CLI / upstream
+        source = source_specs.get(spec.delta.source)
+        upstream_spec = by_key.get(dg.AssetKey(spec.delta.source))
+        if source is not None:
+            upstream = source_upstream(source)
+        elif upstream_spec is not None:  # a chained delta dataset: cut on the dataset it reads
+            upstream = dataset_upstream(
+                upstream_spec,
+                watermark=spec.delta.watermark,
+                asset_key=dg.AssetKey(spec.delta.source),
+            )
+        else:
+            continue  # an upstream this location does not define: windows are planned by hand
         all_sensors.append(
             build_window_sensor(
                 spec,
-                source=up,
+                upstream=upstream,
                 asset_key=asset.key,
                 minimum_interval_seconds=sensor_interval_seconds,
                 asset_check_keys=(
                     window_checks.get(asset.key, []) if window_checks is not None else None
                 ),
+                in_process=executor is None,
             )
         )
     if dataset_keys:

@@ -191,6 +191,9 @@ def build_dataset_asset(
                 metadata={DELTA_INPUT_KEY: spec.delta.watermark}
                 if spec.delta is not None and n == delta_param
                 else None,
+                # a window reads the whole upstream through its own predicate, whatever windows
+                # (partitions) a delta upstream has: a chained delta dataset's keys are its own
+                partition_mapping=dg.AllPartitionMapping() if spec.delta is not None else None,
             )
             for n in upstream
         },
@@ -204,6 +207,8 @@ def build_dataset_asset(
         kinds={"iceberg", "polars"},
         output_required=False,
         partitions_def=partitions_def,
+        # a backfill of windows is one run over the range (applied in window order)
+        backfill_policy=dg.BackfillPolicy.single_run() if spec.delta is not None else None,
     )(compute)
 
 
@@ -234,7 +239,9 @@ def _windowed_output(
         for k, v in inputs.items()
         if k != delta_param
     }
-    ledger_rows = get_runtime().windows.windows(spec.name) if spec.delta.lookback else []
+    lookback = spec.delta.lookback
+    keys = [w.to_key() for w in windows]
+    ledger_rows = get_runtime().windows.around(spec.name, keys, before=lookback) if lookback else []
     items = []
     for window, read_window, write_window in window_scopes(spec, windows, ledger_rows):
 

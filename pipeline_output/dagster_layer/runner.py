@@ -1,8 +1,9 @@
 """Headless materialisation of a code location (what `pipeline-output materialize` runs).
 
-Plans delta windows by evaluating each window sensor once (adding its partitions), applies every
-pending window of each delta dataset in one single-run backfill (in window order), then runs the
-unpartitioned datasets in one run; returns one summary row per materialised asset.
+Per delta dataset, upstream first (a chained delta dataset after the dataset it reads): plans its
+windows by evaluating its window sensor once (adding its partitions) and applies every pending
+window in one single-run backfill (in window order); then runs the unpartitioned datasets in one
+run; returns one summary row per materialised asset.
 """
 
 from __future__ import annotations
@@ -39,11 +40,17 @@ def _value(meta: dict[str, Any], key: str) -> Any:
     return getattr(raw, "value", raw)
 
 
-def plan_windows(defs: dg.Definitions, instance: dg.DagsterInstance) -> dict[str, int]:
-    """Evaluate every window sensor once; returns planned-or-pending windows per dataset."""
+def plan_windows(
+    defs: dg.Definitions, instance: dg.DagsterInstance, *, only: str | None = None
+) -> dict[str, int]:
+    """Evaluate every window sensor once (`only`: the one of that dataset); returns the windows
+    that need a run, per dataset."""
+    from pipeline_output.dagster_layer.process_runtime import get_runtime
+
     out: dict[str, int] = {}
     for sensor in defs.sensors or []:
-        if not sensor.name.endswith("__window_sensor"):
+        name = sensor.name.removesuffix("__window_sensor")
+        if name == sensor.name or (only is not None and name != only):
             continue
         ctx = dg.build_sensor_context(instance=instance, definitions=defs)
         result = sensor(ctx)
@@ -51,7 +58,7 @@ def plan_windows(defs: dg.Definitions, instance: dg.DagsterInstance) -> dict[str
         for req in result.dynamic_partitions_requests or []:
             if isinstance(req, dg.AddDynamicPartitionsRequest):
                 instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-        out[sensor.name.removesuffix("__window_sensor")] = len(result.run_requests or [])
+        out[name] = len(get_runtime().windows.pending(name))
     return out
 
 
@@ -97,39 +104,49 @@ def materialize(
         wanted = set()
         for text in selection:
             wanted |= set(dg.AssetSelection.from_string(text).resolve(graph))
-    plan_windows(defs, instance)
     summaries: list[MaterialisedAsset] = []
     unpartitioned: list[dg.AssetKey] = []
-    for assets_def in defs.assets or []:
-        if not isinstance(assets_def, dg.AssetsDefinition) or not assets_def.is_materializable:
-            continue
-        for key in assets_def.keys:
-            if wanted is not None and key not in wanted:
-                continue
-            spec = spec_of(assets_def)
-            if spec is None or spec.delta is None:
-                unpartitioned.append(key)
-                continue
-            keys = instance.get_dynamic_partitions(partitions_name(spec.name))
-            if not keys:
-                continue
-            ordered = sorted(keys)
+
+    def run_unpartitioned() -> None:
+        if unpartitioned:
             result = _execute(
-                job,
-                instance=instance,
-                asset_selection=[key],
-                run_config=run_config,
-                tags={
-                    "dagster/asset_partition_range_start": ordered[0],
-                    "dagster/asset_partition_range_end": ordered[-1],
-                },
+                job, instance=instance, asset_selection=list(unpartitioned), run_config=run_config
             )
             summaries.extend(_summaries(result))
-    if unpartitioned:
+            unpartitioned.clear()
+
+    order = {key: i for i, key in enumerate(graph.toposorted_asset_keys)}
+    assets = [
+        (key, assets_def)
+        for assets_def in defs.assets or []
+        if isinstance(assets_def, dg.AssetsDefinition) and assets_def.is_materializable
+        for key in assets_def.keys
+        if wanted is None or key in wanted
+    ]
+    for key, assets_def in sorted(assets, key=lambda item: order.get(item[0], len(order))):
+        spec = spec_of(assets_def)
+        if spec is None or spec.delta is None:
+            unpartitioned.append(key)
+            continue
+        # upstream first: a chained delta dataset is planned once the dataset it reads is written
+        if set(unpartitioned) & graph.get(key).parent_keys:
+            run_unpartitioned()
+        plan_windows(defs, instance, only=spec.name)
+        keys = sorted(instance.get_dynamic_partitions(partitions_name(spec.name)))
+        if not keys:
+            continue
         result = _execute(
-            job, instance=instance, asset_selection=unpartitioned, run_config=run_config
+            job,
+            instance=instance,
+            asset_selection=[key],
+            run_config=run_config,
+            tags={
+                "dagster/asset_partition_range_start": keys[0],
+                "dagster/asset_partition_range_end": keys[-1],
+            },
         )
         summaries.extend(_summaries(result))
+    run_unpartitioned()
     return summaries
 
 
