@@ -25,6 +25,7 @@ from pipeline_output.dagster_layer.maintenance_job import (
     maintenance_schedule,
 )
 from pipeline_output.dagster_layer.parity_checks import parity_check
+from pipeline_output.dagster_layer.process_runtime import freeze_long_lived
 from pipeline_output.dagster_layer.source_assets import source_spec_of
 from pipeline_output.dagster_layer.window_sensor import build_window_sensor
 from pipeline_output.dagster_layer.window_upstreams import dataset_upstream, source_upstream
@@ -159,7 +160,7 @@ def build_definitions(
         all_jobs.append(
             dg.define_asset_job(ALL_DATASETS_JOB, selection=dg.AssetSelection.assets(*dataset_keys))
         )
-    return dg.Definitions(
+    defs = dg.Definitions(
         assets=[*sources, *datasets, *assets],
         asset_checks=all_checks,
         sensors=all_sensors,
@@ -168,3 +169,5 @@ def build_definitions(
         resources=all_resources,
         executor=executor,
     )
+    freeze_long_lived("definitions")  # the loaded code location lives as long as the process
+    return defs
