@@ -263,3 +263,34 @@ def test_a_chained_delta_dataset_is_planned_and_applied_after_its_upstream(env, 
     upper = source_frame(env).with_columns(pl.col("v").str.to_uppercase())
     assert_same_multiset(get_runtime().iceberg.read("ev_upper").select(upper.columns), upper)
     assert {w.state for w in get_runtime().windows.windows("ev_upper")} == {"applied"}
+
+
+def test_a_lookback_run_reads_back_only_the_windows_it_needs(env, instance):
+    """`lookback=1`: the window (10, 20] re-reads (-inf, 10], so a row that arrived late there
+    (below the last high) is written; the read goes through `WindowLedger.around`, not the whole
+    ledger."""
+    raw = postgres_source("ev", table="ev", watermark="seq")
+
+    @dataset(
+        NAME,
+        primary_key="id",
+        strategy="snapshot_replace",
+        mode="iceberg",
+        delta=Delta(source="ev", watermark="seq", lookback=1),
+    )
+    def ev_copy(ev: pl.LazyFrame) -> pl.LazyFrame:
+        return ev.select("id", "v", "seq")
+
+    defs = build_definitions(datasets=[ev_copy], sources=[raw])
+    make_source(env, 1, 10)
+    [request] = tick(defs, instance).run_requests
+    assert run_request(defs, instance, request).success
+    with psycopg.connect(env, autocommit=True) as conn:  # a late row inside (-inf, 10]
+        conn.execute("INSERT INTO ev VALUES (1000, 'late', 8)")
+    make_source(env, 11, 20)
+    [request] = tick(defs, instance).run_requests
+    assert request.partition_key == Window(10, 20).to_key()
+    assert run_request(defs, instance, request).success
+    assert_same_multiset(
+        get_runtime().iceberg.read(NAME).select("id", "v", "seq"), source_frame(env)
+    )
