@@ -13,8 +13,9 @@ what it has fully written). One tick:
 3. requests runs for the windows that need one (planned or failed) and that no queued or running
    run of the dataset covers: consecutive windows as one partition-range run of at most
    `Delta.max_windows_per_run` windows, a lone window as a single-partition run. A run key names
-   the windows and their attempts, so a failed window is requested again. The runs execute their
-   steps in the run worker (`execution: in_process`) unless the code location sets an executor.
+   the windows, their attempts and the tick's request generation, so a failed window — or one
+   whose run was canceled — is requested again. The runs execute their steps in the run worker
+   (`execution: in_process`) unless the code location sets an executor.
 
 Every read is bounded by what can change — the upstream's high-water mark, the last window, the
 pending and the new windows, the runs in flight — not by the ledger's history.
@@ -72,8 +73,9 @@ class WindowUpstream:
 
 
 def _cursor(raw: str | None) -> dict[str, Any]:
-    """The sensor's cursor: `seq` (the last window whose partition was added) and `upstream` (the
-    upstream's version when it was last read). A cursor of an older version is ignored."""
+    """The sensor's cursor: `seq` (the last window whose partition was added), `upstream` (the
+    upstream's version when it was last read) and `generation` (how many ticks requested runs).
+    A cursor of an older version (a high-water mark) is ignored."""
     try:
         value = json.loads(raw) if raw else {}
     except ValueError:
@@ -98,6 +100,11 @@ def in_flight_keys(context: dg.SensorEvaluationContext, dataset: str) -> Callabl
     return lambda key: key in singles or any(lo <= key <= hi for lo, hi in ranges)
 
 
+def key_of(row: WindowRow) -> str:
+    """A window and its attempt count, as a run key names it."""
+    return f"{row.partition_key}:{row.attempts}"
+
+
 def window_run_requests(
     spec: DatasetSpec,
     rows: Sequence[WindowRow],
@@ -105,24 +112,25 @@ def window_run_requests(
     asset_key: dg.AssetKey,
     asset_check_keys: Sequence[dg.AssetCheckKey] | None,
     run_config: dict[str, Any] | None,
+    generation: int = 0,
 ) -> list[dg.RunRequest]:
     """One run request per group of consecutive windows of `rows` (`window_planning.run_groups`):
-    a partition-range run for several, a single-partition run for one."""
+    a partition-range run for several, a single-partition run for one. The run key names the
+    windows, their attempts and the sensor's request `generation` (a tick the daemon evaluates
+    again after a crash requests the same keys; a later tick, once the previous run of those
+    windows ended without applying them — canceled, say — requests them again)."""
     assert spec.delta is not None
     out = []
     for group in run_groups(rows, max_per_run=spec.delta.max_windows_per_run):
         first, last = group[0], group[-1]
         tags = {DATASET_TAG: spec.name}
         if len(group) == 1:
-            key, run_key = (
-                first.partition_key,
-                f"{spec.name}:{first.partition_key}:{first.attempts}",
-            )
+            key, run_key = first.partition_key, f"{spec.name}:{key_of(first)}:{generation}"
         else:
             key = None
             tags.update({RANGE_START_TAG: first.partition_key, RANGE_END_TAG: last.partition_key})
-            attempts = sum(r.attempts for r in group)
-            run_key = f"{spec.name}:{first.partition_key}:{last.partition_key}:{attempts}"
+            run_key = f"{spec.name}:{key_of(first)}:{key_of(last)}:{generation}"
+            run_key += f":{sum(r.attempts for r in group)}"
         out.append(
             dg.RunRequest(
                 partition_key=key,
@@ -185,14 +193,19 @@ def build_window_sensor(
             cursor["seq"] = last.seq
         covered = in_flight_keys(context, spec.name)
         pending = [w for w in ledger.pending(spec.name) if not covered(w.partition_key)]
+        generation = int(cursor.get("generation") or 0)
+        requests = window_run_requests(
+            spec,
+            pending,
+            asset_key=asset_key,
+            asset_check_keys=asset_check_keys,
+            run_config=run_config,
+            generation=generation,
+        )
+        if requests:
+            cursor["generation"] = generation + 1
         return dg.SensorResult(
-            run_requests=window_run_requests(
-                spec,
-                pending,
-                asset_key=asset_key,
-                asset_check_keys=asset_check_keys,
-                run_config=run_config,
-            ),
+            run_requests=requests,
             dynamic_partitions_requests=[partitions.build_add_request(new)] if new else [],
             cursor=json.dumps(cursor),
         )

@@ -124,17 +124,25 @@ def test_a_backlog_of_250_windows_is_at_most_3_runs_applying_each_window_once(en
 def test_windows_of_a_queued_or_running_run_are_not_requested_again(env, instance):
     make_source(env, 1, 6)
     defs = copy_defs()
-    [first] = tick(defs, instance).run_requests
-    keys = requested_keys(dg.SensorResult(run_requests=[first]), instance)
+    initial = tick(defs, instance)
+    [first] = initial.run_requests
+    keys = requested_keys(initial, instance)
     # the daemon launched it: the run is in progress (tags as the request's)
     job = defs.resolve_implicit_global_asset_job_def()
-    instance.create_run_for_job(
+    run = instance.create_run_for_job(
         job, run_config={}, tags=dict(first.tags), status=dg.DagsterRunStatus.STARTED
     )
     make_source(env, 7, 8)
-    second = tick(defs, instance)
+    second = tick(defs, instance, cursor=initial.cursor)
     assert requested_keys(second, instance) == [Window(6, 7).to_key(), Window(7, 8).to_key()]
     assert not set(keys) & set(requested_keys(second, instance))
+
+    # the run is canceled before it applied anything: the next tick requests its windows again,
+    # under a run key Dagster has not seen
+    instance.report_run_canceled(run)
+    third = tick(defs, instance, cursor=second.cursor)
+    assert requested_keys(third, instance)[: len(keys)] == keys
+    assert first.run_key not in {r.run_key for r in third.run_requests}
 
 
 def test_the_default_executor_of_window_runs_is_in_process(env, instance):
