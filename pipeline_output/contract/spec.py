@@ -77,7 +77,9 @@ class Delta:
 
     Windows are half-open `(low, high]`. `lookback` re-reads that many earlier windows for late data
     (idempotent strategies only); `max_rows` splits a large backlog into several windows; `start`
-    makes the first window begin above it instead of being open at the bottom.
+    makes the first window begin above it instead of being open at the bottom;
+    `max_windows_per_run` is how many consecutive pending windows the sensor requests as one
+    partition-range run (a backlog in a few runs; a lone new window still gets its own run).
     """
 
     source: str
@@ -85,6 +87,7 @@ class Delta:
     lookback: int = 0
     max_rows: int | None = None
     start: WatermarkValue | None = None
+    max_windows_per_run: int = 100
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source:
@@ -96,6 +99,11 @@ class Delta:
             )
         if self.max_rows is not None and (not isinstance(self.max_rows, int) or self.max_rows < 1):
             raise InvalidSpec(f"Delta max_rows must be a positive integer, got {self.max_rows!r}")
+        per_run = self.max_windows_per_run
+        if isinstance(per_run, bool) or not isinstance(per_run, int) or per_run < 1:
+            raise InvalidSpec(
+                f"Delta max_windows_per_run must be a positive integer, got {per_run!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -218,6 +226,7 @@ def spec_to_dict(spec: DatasetSpec) -> dict[str, object]:
             "max_rows": spec.delta.max_rows,
             "start": start.isoformat() if isinstance(start, (date, datetime)) else start,
             "start_type": type(start).__name__ if start is not None else None,
+            "max_windows_per_run": spec.delta.max_windows_per_run,
         }
     return {
         "name": spec.name,
@@ -252,6 +261,7 @@ def spec_from_dict(data: dict[str, object]) -> DatasetSpec:
             lookback=int(raw_delta.get("lookback") or 0),
             max_rows=raw_delta.get("max_rows"),
             start=start,  # type: ignore[arg-type]
+            max_windows_per_run=int(raw_delta.get("max_windows_per_run") or 100),
         )
     return DatasetSpec(
         name=str(data["name"]),

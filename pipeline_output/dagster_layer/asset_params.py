@@ -51,6 +51,10 @@ def upstream_ins(
             asset_in = asset_in._replace(
                 metadata={**(asset_in.metadata or {}), DELTA_INPUT_KEY: spec.delta.watermark}
             )
+        if spec.delta is not None and asset_in.partition_mapping is None:
+            # a window reads the whole upstream through its own predicate, whatever windows
+            # (partitions) a delta upstream has: a chained delta dataset's keys are its own
+            asset_in = asset_in._replace(partition_mapping=dg.AllPartitionMapping())
         out[name] = asset_in
     return out
 
@@ -84,7 +88,7 @@ def asset_params(
 ) -> dict[str, Any]:
     """The keyword arguments `@dataset` passes to `dg.asset` besides the compute and the IO
     manager: every pass-through parameter given (None ones left out), kinds, user metadata and,
-    for a Dagster-partitioned dataset, a single-run backfill policy unless one is given."""
+    for a Dagster-partitioned or delta dataset, a single-run backfill policy unless one is given."""
     reserved = sorted(k for k in metadata or {} if str(k).startswith(RESERVED_METADATA_PREFIX))
     if reserved:
         raise InvalidSpec(

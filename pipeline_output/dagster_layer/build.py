@@ -16,10 +16,7 @@ from pipeline_output.contract.store_protocol import check_specs
 from pipeline_output.dagster_layer.asset_params import check_unique_names
 from pipeline_output.dagster_layer.audit_hooks import with_audit_hooks
 from pipeline_output.dagster_layer.dataset import spec_of
-from pipeline_output.dagster_layer.delta_assets import (
-    DEFAULT_SENSOR_INTERVAL_S,
-    build_window_sensor,
-)
+from pipeline_output.dagster_layer.delta_assets import DEFAULT_SENSOR_INTERVAL_S
 from pipeline_output.dagster_layer.delta_sources import check_delta_sources
 from pipeline_output.dagster_layer.health_checks import table_health_check
 from pipeline_output.dagster_layer.io_manager import DatasetIOManager
@@ -30,7 +27,10 @@ from pipeline_output.dagster_layer.maintenance_job import (
     maintenance_schedule,
 )
 from pipeline_output.dagster_layer.parity_checks import parity_check
+from pipeline_output.dagster_layer.process_runtime import freeze_long_lived
 from pipeline_output.dagster_layer.source_assets import grouped_sources, source_spec_of
+from pipeline_output.dagster_layer.window_sensor import build_window_sensor
+from pipeline_output.dagster_layer.window_upstreams import dataset_upstream, source_upstream
 from pipeline_output.services.maintenance import MaintenanceOptions
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
 from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES
@@ -59,8 +59,10 @@ def build_definitions(
     """Definitions for pipeline-output datasets and their sources.
 
     Every delta dataset gets its window sensor (`<dataset>__window_sensor`, polling every
-    `sensor_interval_seconds`; with an `automation_condition` it only plans windows and adds
-    their partitions, the condition runs them); `all_datasets` is a job over the unpartitioned
+    `sensor_interval_seconds`), over its source or — a chained delta dataset — over the dataset it
+    reads (planned after that one materializes); its runs execute in the run worker (in-process)
+    unless `executor` is given; with an `automation_condition` the sensor only plans windows and
+    adds their partitions, the condition runs them. `all_datasets` is a job over the unpartitioned
     datasets. Two datasets may not share a name under different key prefixes (it names their
     table). Each
     dataset is checked against the declared capabilities of every arm it may be written to
@@ -146,13 +148,22 @@ def build_definitions(
             if asset.partitions_def is None:  # Dagster-partitioned ones run by partition
                 dataset_keys.extend(asset.keys)
             continue
-        up = source_specs.get(spec.delta.source)
-        if up is None:
-            continue  # a delta over another dataset: windows are planned by the CLI / upstream
+        source = source_specs.get(spec.delta.source)
+        upstream_spec = by_key.get(dg.AssetKey(spec.delta.source))
+        if source is not None:
+            upstream = source_upstream(spec, source)
+        elif upstream_spec is not None:  # a chained delta dataset: cut on the dataset it reads
+            upstream = dataset_upstream(
+                upstream_spec,
+                watermark=spec.delta.watermark,
+                asset_key=dg.AssetKey(spec.delta.source),
+            )
+        else:
+            continue  # an upstream this location does not define: windows are planned by hand
         all_sensors.append(
             build_window_sensor(
                 spec,
-                source=up,
+                upstream=upstream,
                 asset_key=asset.key,
                 minimum_interval_seconds=sensor_interval_seconds,
                 asset_check_keys=(
@@ -160,13 +171,14 @@ def build_definitions(
                 ),
                 # with an automation condition the sensor only plans: Dagster runs the windows
                 request_runs=all(s.automation_condition is None for s in asset.specs),
+                in_process=executor is None,
             )
         )
     if dataset_keys:
         all_jobs.append(
             dg.define_asset_job(ALL_DATASETS_JOB, selection=dg.AssetSelection.assets(*dataset_keys))
         )
-    return dg.Definitions(
+    defs = dg.Definitions(
         assets=[*sources, *datasets, *assets],
         asset_checks=all_checks,
         sensors=all_sensors,
@@ -175,3 +187,5 @@ def build_definitions(
         resources=all_resources,
         executor=executor,
     )
+    freeze_long_lived("definitions")  # the loaded code location lives as long as the process
+    return defs

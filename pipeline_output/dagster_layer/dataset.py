@@ -244,7 +244,8 @@ def build_dataset_asset(
     compute.__name__ = spec.name
     passed = asset_params(
         spec,
-        partitioned=partition_columns is not None,
+        # a backfill of Dagster partitions or of delta windows is one run over the range
+        partitioned=partition_columns is not None or spec.delta is not None,
         kinds=kinds,
         metadata=metadata,
         backfill_policy=backfill_policy,
@@ -300,7 +301,9 @@ def _windowed_output(
         for k, v in inputs.items()
         if k != delta_param
     }
-    ledger_rows = get_runtime().windows.windows(spec.name) if spec.delta.lookback else []
+    lookback = spec.delta.lookback
+    keys = [w.to_key() for w in windows]
+    ledger_rows = get_runtime().windows.around(spec.name, keys, before=lookback) if lookback else []
     items = []
     for window, read_window, write_window in window_scopes(spec, windows, ledger_rows):
 

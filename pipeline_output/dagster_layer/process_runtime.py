@@ -3,10 +3,19 @@ settings (control plane, catalog, namespace, default mode, the arm `dual` reads 
 
 Built lazily on first use (never at import time) and cached per settings value, so Dagster's run
 workers, the CLI and tests each resolve the environment when they actually run.
+
+`freeze_long_lived` moves what the process holds into the collector's permanent generation
+(`gc.freeze()`), once when the definitions are built and once when the runtime is: the imported
+libraries (Dagster, pyiceberg, pyarrow, polars, SQLAlchemy ...) are several hundred thousand
+objects that live as long as the process, and every full garbage collection — during a run, and
+the ones the interpreter runs at exit — walked them all: in a window run's worker process about
+0.8 CPU-s of ~4.5 (benchmarks/README.md, "Windows at production cadence"). Objects created later
+are collected as usual.
 """
 
 from __future__ import annotations
 
+import gc
 import threading
 
 from pipeline_output.infra.settings import Settings, default_mode, dual_read_arm, get_settings
@@ -14,6 +23,17 @@ from pipeline_output.services.runtime import Runtime, connect, settings_catalog
 
 _lock = threading.Lock()
 _cache: dict[str, Runtime] = {}
+_frozen: set[str] = set()
+
+
+def freeze_long_lived(stage: str) -> None:
+    """`gc.freeze()` once per process and `stage` (`definitions`, `runtime`): what the process
+    holds now lives as long as it does, so no garbage collection walks it again."""
+    with _lock:
+        if stage in _frozen:
+            return
+        _frozen.add(stage)
+    gc.freeze()
 
 
 def get_runtime(settings: Settings | None = None) -> Runtime:
@@ -32,7 +52,8 @@ def get_runtime(settings: Settings | None = None) -> Runtime:
             dual_reads_from=dual_read_arm(),  # type: ignore[arg-type]
         )
         _cache[repr(settings)] = runtime
-        return runtime
+    freeze_long_lived("runtime")
+    return runtime
 
 
 def reset_runtime() -> None:
@@ -41,4 +62,4 @@ def reset_runtime() -> None:
         _cache.clear()
 
 
-__all__ = ["Runtime", "get_runtime", "reset_runtime"]
+__all__ = ["Runtime", "freeze_long_lived", "get_runtime", "reset_runtime"]
