@@ -1,7 +1,8 @@
 """Headless materialisation of a code location (what `pipeline-output materialize` runs).
 
-Per delta dataset, upstream first (a chained delta dataset after the dataset it reads): plans its
-windows by evaluating its window sensor once (adding its partitions and recording the sources'
+Evaluates every window sensor once (as a daemon tick would), then per selected delta dataset,
+upstream first (a chained delta dataset after the dataset it reads): plans its windows again by
+evaluating its window sensor (adding its partitions and recording the sources'
 observations) and applies its pending (planned or failed) windows in one single-run backfill over
 the range from the first to the last of them (in window order; applied windows inside the range
 are skipped, and a dataset with no pending window gets no run); then runs the unpartitioned
@@ -114,6 +115,9 @@ def materialize(
         for text in selection:
             wanted |= set(dg.AssetSelection.from_string(text).resolve(graph))
     report = RunOutcome()
+    # every sensor ticks once, as the daemon's would (a dataset left out of the selection gets
+    # its windows planned too); a selected dataset's failure is reported by its own tick below
+    plan_windows(defs, instance, failures=[])
     unpartitioned: list[dg.AssetKey] = []
 
     def run_unpartitioned() -> None:
