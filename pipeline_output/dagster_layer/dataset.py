@@ -1,7 +1,9 @@
-"""`@dataset`: turn a polars compute function into a Dagster asset written by the IO manager.
+"""`@dataset`: turn a compute function into a Dagster asset written by the IO manager.
 
 The function's parameters name its upstream assets (sources or other datasets), loaded as polars
-LazyFrames. Options map 1:1 onto `DatasetSpec` (validated when the code location loads, with the
+LazyFrames, or as the frame type a parameter's annotation names (`frames_io.py`); it returns
+polars, pandas or Arrow. The spec rides on the compute function, not in the metadata the UI shows
+(`dataset_specs.py`). Options map 1:1 onto `DatasetSpec` (validated when the code location loads, with the
 dataset's name in the message) plus Dagster's own (`group`, `description`, `owners`, `tags`,
 `deps`). Every dataset asset takes run config `mode` (override the dataset's mode for this run),
 `dry_run` (plan only: report what would be written, write nothing, record no materialisation),
@@ -12,12 +14,10 @@ upstream datasets as they were at a time, or at a snapshot: a reproducible re-ru
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
-import polars as pl
 
 from pipeline_output.contract.checked_input import collect_frame
 from pipeline_output.contract.spec import (
@@ -26,18 +26,30 @@ from pipeline_output.contract.spec import (
     Mode,
     Strategy,
     WriteStrategyHint,
-    spec_from_dict,
-    spec_to_dict,
 )
 from pipeline_output.contract.windows import Window
+from pipeline_output.dagster_layer.dataset_specs import attach_spec, spec_from_metadata, spec_of
+from pipeline_output.dagster_layer.frames_io import (
+    as_kind,
+    check_output,
+    convert_inputs,
+    input_kinds,
+)
 from pipeline_output.dagster_layer.keys import (
     AUDIT_OVERRIDE_KEY,
     DELTA_INPUT_KEY,
     IO_MANAGER_KEY,
     MODE_OVERRIDE_KEY,
-    SPEC_METADATA_KEY,
 )
-from pipeline_output.errors import BadInput, InvalidSpec
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY
+from pipeline_output.dagster_layer.table_metadata import (
+    arm_kinds,
+    definition_metadata,
+    docstring_columns,
+)
+from pipeline_output.errors import InvalidSpec
+
+__all__ = ["DatasetRunConfig", "build_dataset_asset", "dataset", "spec_from_metadata", "spec_of"]
 
 
 class DatasetRunConfig(dg.Config):
@@ -50,23 +62,6 @@ class DatasetRunConfig(dg.Config):
     audit: bool | None = None
     # read upstream datasets as they were: an ISO-8601 time with a zone, or a snapshot id
     as_of: str | None = None
-
-
-def spec_of(asset: dg.AssetsDefinition) -> DatasetSpec | None:
-    """The `DatasetSpec` a dataset asset carries in its metadata (None for other assets)."""
-    for key in asset.keys:
-        raw = asset.metadata_by_key.get(key, {}).get(SPEC_METADATA_KEY)
-        if raw is not None:
-            return spec_from_metadata(raw)
-    return None
-
-
-def spec_from_metadata(raw: Any) -> DatasetSpec:
-    """Decode the spec from metadata (a JSON string or a Dagster JSON/Text metadata value)."""
-    value = getattr(raw, "value", raw)
-    if isinstance(value, str):
-        value = json.loads(value)
-    return spec_from_dict(value)
 
 
 def dataset(
@@ -82,17 +77,21 @@ def dataset(
     allow_empty: bool = False,
     write_strategy_hint: WriteStrategyHint = "auto",
     audit: bool = False,
+    columns: Mapping[str, str] | None = None,
     group: str | None = None,
     description: str | None = None,
     owners: Sequence[str] | None = None,
     tags: Mapping[str, str] | None = None,
     deps: Sequence[Any] | None = None,
 ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
-    """Decorate `def name(upstream: pl.LazyFrame, ...) -> pl.DataFrame | pl.LazyFrame`."""
+    """Decorate `def name(upstream: pl.LazyFrame, ...) -> pl.DataFrame | pl.LazyFrame` (inputs
+    and output may also be pandas or Arrow: `frames_io.py`). `columns` describes columns
+    (`{"total": "quantity times unit price"}`), on top of a `Columns:` section of the docstring."""
 
     def decorate(fn: Callable[..., Any]) -> dg.AssetsDefinition:
         ds_name = name or fn.__name__
         doc = description or inspect.getdoc(fn)
+        described = {**docstring_columns(inspect.getdoc(fn)), **dict(columns or {})}
         try:
             spec = DatasetSpec(
                 name=ds_name,
@@ -107,6 +106,7 @@ def dataset(
                 description=doc,
                 write_strategy_hint=write_strategy_hint,
                 audit=audit,
+                columns=tuple(described.items()),
             )
         except InvalidSpec as exc:
             raise InvalidSpec(f"@dataset {ds_name!r} ({fn.__module__}): {exc}") from exc
@@ -147,6 +147,7 @@ def build_dataset_asset(
         from pipeline_output.dagster_layer.delta_assets import window_partitions
 
         partitions_def = window_partitions(spec)
+    kinds = input_kinds(fn, dataset=spec.name)
 
     def body(
         context: dg.AssetExecutionContext, config: DatasetRunConfig, **inputs: Any
@@ -155,11 +156,10 @@ def build_dataset_asset(
             yield from _dry_run(context, spec, config)
             return
         if delta_param is not None:
-            yield _windowed_output(context, spec, fn, config, inputs, delta_param)
+            yield _windowed_output(context, spec, fn, config, inputs, delta_param, kinds)
             return
-        lazy = {k: (v.lazy() if isinstance(v, pl.DataFrame) else v) for k, v in inputs.items()}
-        out = fn(**lazy)
-        _check_output(spec, out)
+        out = fn(**convert_inputs(inputs, kinds))
+        check_output(spec.name, out)
         yield dg.Output(out, metadata=_overrides(config))
 
     sig_params = [
@@ -181,7 +181,8 @@ def build_dataset_asset(
 
     compute.__signature__ = inspect.Signature(sig_params)  # type: ignore[attr-defined]
     compute.__name__ = spec.name
-    metadata: dict[str, Any] = {SPEC_METADATA_KEY: json.dumps(spec_to_dict(spec))}
+    attach_spec(compute, spec)
+    metadata: dict[str, Any] = definition_metadata(spec)
     metadata.update(extra_metadata or {})
     return dg.asset(
         name=spec.name,
@@ -195,13 +196,14 @@ def build_dataset_asset(
             for n in upstream
         },
         io_manager_key=IO_MANAGER_KEY,
+        required_resource_keys={RESOURCE_KEY},
         metadata=metadata,
         group_name=group,
         description=description,
         owners=list(owners) if owners else None,
         tags=dict(tags) if tags else None,
         deps=list(deps) if deps else None,
-        kinds={"iceberg", "polars"},
+        kinds=arm_kinds(spec.mode),
         output_required=False,
         partitions_def=partitions_def,
     )(compute)
@@ -214,10 +216,11 @@ def _windowed_output(
     config: DatasetRunConfig,
     inputs: dict[str, Any],
     delta_param: str,
+    kinds: Mapping[str, Any],
 ) -> dg.Output[Any]:
     """Per window: a thunk computing that window's rows from the windowed source read."""
     from pipeline_output.dagster_layer.delta_assets import WindowedOutput
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import runtime_of
     from pipeline_output.dagster_layer.windows_context import windows_of
     from pipeline_output.services.window_planning import window_scopes
 
@@ -229,18 +232,14 @@ def _windowed_output(
             "(planned by its sensor), not unpartitioned"
         )
     reader = inputs[delta_param]
-    others = {
-        k: (v.lazy() if isinstance(v, pl.DataFrame) else v)
-        for k, v in inputs.items()
-        if k != delta_param
-    }
-    ledger_rows = get_runtime().windows.windows(spec.name) if spec.delta.lookback else []
+    others = convert_inputs({k: v for k, v in inputs.items() if k != delta_param}, kinds)
+    ledger_rows = runtime_of(context).windows.windows(spec.name) if spec.delta.lookback else []
     items = []
     for window, read_window, write_window in window_scopes(spec, windows, ledger_rows):
 
         def thunk(rw: Window = read_window) -> Any:
-            out = fn(**{delta_param: reader.scan(rw)}, **others)
-            _check_output(spec, out)
+            out = fn(**{delta_param: as_kind(reader.scan(rw), kinds[delta_param])}, **others)
+            check_output(spec.name, out)
             out = collect_frame(spec, out)  # the read happens here: then check what it returned
             reader.check_read(rw, dataset=spec.name)
             return out
@@ -259,28 +258,14 @@ def _overrides(config: DatasetRunConfig) -> dict[str, Any]:
     return meta
 
 
-def _check_output(spec: DatasetSpec, out: Any) -> None:
-    if not isinstance(out, (pl.DataFrame, pl.LazyFrame)) and not _is_arrow(out):
-        raise BadInput(
-            f"dataset {spec.name!r}: the compute returned {type(out).__name__}; expected a "
-            "polars DataFrame or LazyFrame or a pyarrow Table (nothing was written)"
-        )
-
-
-def _is_arrow(value: Any) -> bool:
-    import pyarrow as pa
-
-    return isinstance(value, pa.Table)
-
-
 def _dry_run(
     context: dg.AssetExecutionContext, spec: DatasetSpec, config: DatasetRunConfig
 ) -> Iterator[Any]:
     """Plan only: log and observe what a write would do; no output, so no materialisation."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import runtime_of
     from pipeline_output.dagster_layer.windows_context import windows_of
 
-    publisher = get_runtime().publisher
+    publisher = runtime_of(context).publisher
     resolved = publisher.resolve(spec, override=config.mode)
     windows: list[Window | None] = [*windows_of(context, spec)] or [None]
     for window in windows:

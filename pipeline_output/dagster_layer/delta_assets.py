@@ -18,6 +18,7 @@ import polars as pl
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
+from pipeline_output.dagster_layer.resource import PipelineOutputResource
 from pipeline_output.errors import (
     EmptyWindowRead,
     MissingKeyColumn,
@@ -139,10 +140,12 @@ def build_window_sensor(
     asset_key: dg.AssetKey,
     minimum_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S,
     asset_check_keys: Sequence[dg.AssetCheckKey] | None = None,
+    resource: PipelineOutputResource | None = None,
 ) -> dg.SensorDefinition:
     """The sensor that plans `spec`'s windows from `source`'s high-water mark.
 
-    `asset_check_keys`: the checks each window run executes (None: every check of the asset)."""
+    `asset_check_keys`: the checks each window run executes (None: every check of the asset);
+    `resource`: where the ledger and the source live (None: the environment's settings)."""
     assert spec.delta is not None
     delta = spec.delta
     partitions = window_partitions(spec)
@@ -155,12 +158,11 @@ def build_window_sensor(
         description=f"Plans delta windows of {spec.name} over {delta.source}.{delta.watermark}",
     )
     def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        from pipeline_output.dagster_layer.process_runtime import get_runtime
         from pipeline_output.dagster_layer.source_assets import source_stats
 
-        runtime = get_runtime()
+        runtime = (resource or PipelineOutputResource()).runtime()
         ledger = runtime.windows
-        _, hwm = source_stats(source)
+        _, hwm = source_stats(source, runtime=runtime)
         last = ledger.last(spec.name)
         cut = None
         if delta.max_rows:
@@ -171,7 +173,7 @@ def build_window_sensor(
 
                 window = Window(low=low, high=high)
                 values = (
-                    scan_source(source, window=window)
+                    scan_source(source, window=window, runtime=runtime)
                     .select(str(source.watermark))
                     .collect()
                     .get_column(str(source.watermark))

@@ -14,6 +14,7 @@ from typing import Any
 import dagster as dg
 
 from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
 from pipeline_output.services.parity import ParityReport
 
 
@@ -25,14 +26,15 @@ def parity_check(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetChecksDef
         name="parity",
         blocking=True,
         description=f"Legacy (Postgres) and native (Iceberg) arms of {spec.name} hold the same rows",
+        required_resource_keys={RESOURCE_KEY},
     )
     def _parity(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        from pipeline_output.dagster_layer.process_runtime import get_runtime
         from pipeline_output.services.audit import audit_parity
         from pipeline_output.services.canary import check_parity
 
         run_id = context.op_execution_context.run_id
-        staged = audit_parity(get_runtime().publisher, spec, run_id=run_id)
+        publisher = runtime_of(context).publisher
+        staged = audit_parity(publisher, spec, run_id=run_id)
         if staged is not None:  # an audited dual write: the legacy arm is written at the publish
             return _result(
                 staged,
@@ -49,7 +51,7 @@ def parity_check(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetChecksDef
                 passed=True,
                 metadata={"note": f"not a dual write (arms: {arms or 'none'}); nothing to compare"},
             )
-        return _result(check_parity(get_runtime().publisher, spec, run_id=run_id))
+        return _result(check_parity(publisher, spec, run_id=run_id))
 
     return _parity
 

@@ -16,6 +16,8 @@ import dagster as dg
 
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.delta_assets import partitions_name
+from pipeline_output.dagster_layer.resource import runtime_of_definitions
+from pipeline_output.services.runtime import Runtime
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,9 @@ def _summaries(result: dg.ExecuteInProcessResult) -> list[MaterialisedAsset]:
                 rows_inserted=_value(meta, "rows_inserted"),
                 rows_updated=_value(meta, "rows_updated"),
                 rows_deleted=_value(meta, "rows_deleted"),
-                snapshot=str(_value(meta, "snapshot_id") or "no-op"),
+                snapshot=str(
+                    _value(meta, "iceberg/snapshot_id") or _value(meta, "pg/deploy_id") or "no-op"
+                ),
                 note=str(_value(meta, "windows") or _value(meta, "note") or ""),
             )
         )
@@ -98,6 +102,7 @@ def materialize(
         for text in selection:
             wanted |= set(dg.AssetSelection.from_string(text).resolve(graph))
     plan_windows(defs, instance)
+    runtime = runtime_of_definitions(defs.resources)
     summaries: list[MaterialisedAsset] = []
     unpartitioned: list[dg.AssetKey] = []
     for assets_def in defs.assets or []:
@@ -116,6 +121,7 @@ def materialize(
             ordered = sorted(keys)
             result = _execute(
                 job,
+                runtime,
                 instance=instance,
                 asset_selection=[key],
                 run_config=run_config,
@@ -127,13 +133,13 @@ def materialize(
             summaries.extend(_summaries(result))
     if unpartitioned:
         result = _execute(
-            job, instance=instance, asset_selection=unpartitioned, run_config=run_config
+            job, runtime, instance=instance, asset_selection=unpartitioned, run_config=run_config
         )
         summaries.extend(_summaries(result))
     return summaries
 
 
-def _execute(job: Any, **kwargs: Any) -> dg.ExecuteInProcessResult:
+def _execute(job: Any, runtime: Runtime, **kwargs: Any) -> dg.ExecuteInProcessResult:
     """One run in this process, raising its first step failure; afterwards every audit the run
     staged is settled: published, or — the run stopped before the publish (a blocking check
     failed and raised here, before the step's hooks) — failed, main untouched."""
@@ -141,30 +147,29 @@ def _execute(job: Any, **kwargs: Any) -> dg.ExecuteInProcessResult:
     try:
         result = job.execute_in_process(run_id=run_id, raise_on_error=True, **kwargs)
     except Exception as exc:
-        _fail_staged_audits(run_id, reason=f"run failed: {' '.join(str(exc).split())[:300]}")
+        _fail_staged_audits(
+            runtime, run_id, reason=f"run failed: {' '.join(str(exc).split())[:300]}"
+        )
         raise
-    _check_audits(run_id)
+    _check_audits(runtime, run_id)
     return result  # type: ignore[no-any-return]
 
 
-def _fail_staged_audits(run_id: str, *, reason: str) -> None:
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+def _fail_staged_audits(runtime: Runtime, run_id: str, *, reason: str) -> None:
     from pipeline_output.services.audit import fail_audit
 
-    runtime = get_runtime()
     for audit in runtime.ledger.audits_of_run(run_id):
         fail_audit(
             runtime.publisher, audit.dataset, run_id=run_id, reason=reason, windows=runtime.windows
         )
 
 
-def _check_audits(run_id: str) -> None:
+def _check_audits(runtime: Runtime, run_id: str) -> None:
     """Every audit the run staged must have published (a publish refused in a hook — main moved
     meanwhile — does not fail the run itself: `audit_hooks`)."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
     from pipeline_output.errors import AuditConflict, AuditFailed
 
-    for audit in get_runtime().ledger.audits_of_run(run_id):
+    for audit in runtime.ledger.audits_of_run(run_id):
         if audit.state == "published":
             continue
         error = AuditConflict if "main moved" in (audit.reason or "") else AuditFailed

@@ -1,4 +1,7 @@
-"""Source assets: `postgres_source` and `iceberg_source`, observable (row count, high-water mark)."""
+"""Source assets: `postgres_source` and `iceberg_source`, observable (row count, high-water mark).
+
+Reads go through the runtime of the code location (its `PipelineOutputResource`): a Postgres source
+without `url=` is a table of its control plane, an Iceberg source a table of its catalog."""
 
 from __future__ import annotations
 
@@ -11,22 +14,23 @@ import polars as pl
 
 from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY, SOURCE_METADATA_KEY
-from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
 from pipeline_output.errors import BadInput
 from pipeline_output.services.reads import scan_table, within
+from pipeline_output.services.runtime import Runtime
 from pipeline_output.services.sources import SourceSpec, postgres_stats, scan_postgres
 
 
-def _url_for(source: SourceSpec) -> str:
-    return source.url or get_runtime().pg_url
+def _url_for(source: SourceSpec, runtime: Runtime) -> str:
+    return source.url or runtime.pg_url
 
 
-def scan_source(source: SourceSpec, *, window: Window | None) -> pl.LazyFrame:
+def scan_source(source: SourceSpec, *, window: Window | None, runtime: Runtime) -> pl.LazyFrame:
     """The source as a LazyFrame (projection pushed down; the window as SQL WHERE / Iceberg row
     filter)."""
     if source.kind == "postgres":
-        return scan_postgres(source, _url_for(source), window=window)
-    table = get_runtime().catalog.load_table(str(source.identifier))
+        return scan_postgres(source, _url_for(source, runtime), window=window)
+    table = runtime.catalog.load_table(str(source.identifier))
     # pinned to the table's current snapshot; projection and filters (the window is one: pyiceberg
     # prunes files by the watermark's column stats) become the pyiceberg scan's fields and filter
     frame = scan_table(table, name=f"iceberg:{source.display}")
@@ -37,21 +41,21 @@ def scan_source(source: SourceSpec, *, window: Window | None) -> pl.LazyFrame:
     return within(frame, window, source.watermark)
 
 
-def iceberg_window_count(source: SourceSpec, window: Window) -> int:
+def iceberg_window_count(source: SourceSpec, window: Window, *, runtime: Runtime) -> int:
     """How many rows of an Iceberg source lie in `window`."""
     from pipeline_output.stores.iceberg import window_filter
 
     assert source.watermark is not None
-    table = get_runtime().catalog.load_table(str(source.identifier))
+    table = runtime.catalog.load_table(str(source.identifier))
     row_filter = window_filter(source.watermark, window, schema=table.schema())
     return int(table.scan(row_filter=row_filter).count())
 
 
-def source_stats(source: SourceSpec) -> tuple[int, Any]:
+def source_stats(source: SourceSpec, *, runtime: Runtime) -> tuple[int, Any]:
     """(row count, high-water mark) of a source."""
     if source.kind == "postgres":
-        return postgres_stats(source, _url_for(source))
-    table = get_runtime().catalog.load_table(str(source.identifier))
+        return postgres_stats(source, _url_for(source, runtime))
+    table = runtime.catalog.load_table(str(source.identifier))
     cols = [source.watermark] if source.watermark else []
     frame = pl.from_arrow(table.scan(selected_fields=tuple(cols) or ("*",)).to_arrow())
     assert isinstance(frame, pl.DataFrame)
@@ -73,9 +77,10 @@ def _source_asset(source: SourceSpec, *, group: str | None) -> dg.SourceAsset:
         metadata=meta,
         group_name=group,
         description=source.description or f"{source.kind} table {source.display}",
+        required_resource_keys={RESOURCE_KEY},
     )
-    def _observe() -> dg.ObserveResult:
-        rows, hwm = source_stats(source)
+    def _observe(context: dg.AssetExecutionContext) -> dg.ObserveResult:
+        rows, hwm = source_stats(source, runtime=runtime_of(context))
         metadata: dict[str, Any] = {"dagster/row_count": rows}
         if hwm is not None:
             metadata["high_water_mark"] = str(hwm)

@@ -207,7 +207,7 @@ def test_the_ui_materialises_from_the_launchpad_and_shows_write_mode_parity_and_
             wait_for_success(page, dev_server, real, shots / "3-run.png")
             page.goto(f"{base}/assets/active_products?view=events")
             expect(page.get_by_text(f"audit-{real}").first).to_be_visible()
-            for label in ("write_mode", "rows_inserted", "snapshot_id"):
+            for label in ("write_mode", "rows_inserted", "iceberg/snapshot_id"):
                 expect(page.get_by_text(label, exact=True).first).to_be_visible()
             page.screenshot(path=str(shots / "4-materialization.png"), full_page=True)
 
