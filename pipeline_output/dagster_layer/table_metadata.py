@@ -5,7 +5,7 @@
   arm the schema the native arm would create from the same frame; the primary key as constraints
   (its columns not nullable; a single-column key unique; the key itself a table constraint) and
   each column's description (`@dataset(columns={...})`, else a `Columns:` section of the docstring);
-- `dagster/table_name`: `<catalog>.<namespace>.<table>` (legacy arm: `<database>.public.dataset_rows`);
+- `dagster/table_name`: `<catalog>.<namespace>.<table>` (legacy arm: `<database>.<schema>.dataset_rows`);
 - `dagster/uri`: the Iceberg table's location (legacy arm: the control plane's URL without
   credentials, with the table and the dataset as parameters).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import dagster as dg
 import polars as pl
@@ -114,8 +114,9 @@ def legacy_table_metadata(runtime: Runtime, spec: DatasetSpec) -> dict[str, Any]
     database = parts.path.lstrip("/") or "postgres"
     query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ("password", "user", "passfile")]
     query += [("table", table), ("dataset", spec.name)]
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    uri = urlunsplit((parts.scheme, netloc, parts.path, urlencode(query, safe="/.:"), ""))
+    netloc = parts.netloc.rsplit("@", 1)[-1]  # no user, no password
+    # written out: urlunsplit drops the `//` of an empty host (a unix-socket URI)
+    uri = f"{parts.scheme}://{netloc}{parts.path}?{urlencode(query, safe='/.:')}"
     return {"dagster/table_name": f"{database}.{table}", "dagster/uri": uri}
 
 
