@@ -13,12 +13,12 @@ from pipeline_output.commands.loading import code_location_options, dataset_spec
 @click.option("--mode", default=None, help="Plan as if run with this mode (pg, iceberg, dual).")
 def plan(datasets: tuple[str, ...], mode: str | None) -> None:
     """Show the write mode, why, the target state and the expected effect; writes nothing."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
 
     specs = dataset_specs()
     for name in datasets:
         spec_named(name)  # an unknown one fails naming the code location and the known ones
-    runtime = get_runtime()
+    runtime = location_runtime()
     for name in datasets or sorted(specs):
         spec = specs[name]
         resolved = runtime.publisher.resolve(spec, override=mode)

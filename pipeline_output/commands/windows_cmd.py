@@ -39,10 +39,10 @@ def _spec(dataset: str):  # type: ignore[no-untyped-def]
 @code_location_options
 def list_windows(dataset: str) -> None:
     """The ledger as a table: state, rows, snapshot, run; gaps and failed windows flagged."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
 
     _spec(dataset)
-    rows = get_runtime().windows.windows(dataset)
+    rows = location_runtime().windows.windows(dataset)
     if not rows:
         click.echo(f"{dataset}: no windows planned yet (the sensor or `materialize` plans them)")
         return
@@ -72,13 +72,12 @@ def restate(dataset: str, window: str) -> None:
     """Replace exactly WINDOW's rows (partition key `low..high`) in one commit."""
     import dagster as dg
 
-    from pipeline_output.commands.loading import load_definitions
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import load_definitions, location_runtime
     from pipeline_output.infra import dagster_home
     from pipeline_output.infra.settings import get_settings
 
     _spec(dataset)
-    if get_runtime().windows.get(dataset, window) is None:
+    if location_runtime().windows.get(dataset, window) is None:
         raise PipelineOutputError(f"{dataset}: no window {window!r} in the ledger")
     dagster_home.activate(get_settings())
     defs = load_definitions()
