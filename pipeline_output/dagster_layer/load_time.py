@@ -3,8 +3,10 @@
 - Their kinds follow the arm they are written to: the declared mode, else the location's default
   mode (the resource's `default_mode`, else `PIPELINE_OUTPUT_DEFAULT_MODE` for the zero-config
   resource, else `pg`): `iceberg`, `postgres`, both for `dual`.
-- Their definition carries `dagster/column_schema` when the Iceberg table already exists, so the
-  catalog shows the columns before the next run. That reads the catalog, so it happens only when
+- Their definition carries Dagster's table metadata: `dagster/table_name`, and when the Iceberg
+  table already exists its `dagster/uri` (the link on the asset page) and `dagster/column_schema`,
+  so the catalog shows the columns before the next run (a legacy-arm dataset: the rows table's
+  name and URI). That reads the catalog, so it happens only when
   Dagster loads the location to serve it (a code server, `dg check defs`, `dg list defs`: the load
   context says INITIALIZATION), never on a plain import nor in a run worker's reconstruction
   (which needs no display metadata). An unreachable control plane or catalog leaves the schema
@@ -26,7 +28,12 @@ from dagster._core.definitions.definitions_load_context import (
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.dagster_layer.dataset_specs import spec_of
 from pipeline_output.dagster_layer.resource import PipelineOutputResource
-from pipeline_output.dagster_layer.table_metadata import arm_kinds, column_schema
+from pipeline_output.dagster_layer.table_metadata import (
+    arm_kinds,
+    iceberg_table_metadata,
+    iceberg_table_name,
+    legacy_table_metadata,
+)
 from pipeline_output.errors import RetryableError
 from pipeline_output.services.runtime import Runtime
 
@@ -43,16 +50,15 @@ def at_load(assets: Sequence[Any], resource: PipelineOutputResource) -> list[Any
         if spec is None:
             out.append(asset)
             continue
-        kinds = arm_kinds(spec.mode or default)
-        schema = _existing_schema(runtime, spec) if runtime is not None else None
+        mode = spec.mode or default
+        kinds = arm_kinds(mode)
+        table = _table_metadata(runtime, spec, mode) if runtime is not None else {}
 
         def change(
-            asset_spec: dg.AssetSpec, kinds: set[str] = kinds, schema: Any = schema
+            asset_spec: dg.AssetSpec, kinds: set[str] = kinds, table: dict[str, Any] = table
         ) -> dg.AssetSpec:
             changed = asset_spec.replace_attributes(kinds=kinds)
-            if schema is not None:
-                changed = changed.merge_attributes(metadata={"dagster/column_schema": schema})
-            return changed
+            return changed.merge_attributes(metadata=table) if table else changed
 
         out.append(asset.map_asset_specs(change))
     return out
@@ -86,10 +92,15 @@ def _runtime_at_load(resource: PipelineOutputResource) -> Runtime | None:
         return None
 
 
-def _existing_schema(runtime: Runtime, spec: DatasetSpec) -> dg.TableSchema | None:
+def _table_metadata(runtime: Runtime, spec: DatasetSpec, mode: str) -> dict[str, Any]:
+    """The table metadata of `spec` as its storage is now (nothing on a transient error)."""
+    if mode == "pg":
+        return legacy_table_metadata(runtime, spec)
     try:
         table = runtime.iceberg.load(spec)
     except RetryableError as exc:
-        _log.warning("pipeline-output: %s: column schema left out at load: %s", spec.name, exc)
-        return None
-    return column_schema(table.schema(), spec) if table is not None else None
+        _log.warning("pipeline-output: %s: table metadata left out at load: %s", spec.name, exc)
+        return {}
+    if table is None:
+        return {"dagster/table_name": iceberg_table_name(runtime, spec)}
+    return iceberg_table_metadata(runtime, spec, table)

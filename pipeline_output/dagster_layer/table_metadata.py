@@ -98,11 +98,17 @@ def frame_column_schema(spec: DatasetSpec, frame_schema: pl.Schema) -> dg.TableS
     return column_schema(schema, spec)
 
 
+def iceberg_table_name(runtime: Runtime, spec: DatasetSpec) -> str:
+    """`<catalog>.<namespace>.<table>` of the native table."""
+    return f"{runtime.catalog.name}.{runtime.iceberg.table_name(spec)}"
+
+
 def iceberg_table_metadata(runtime: Runtime, spec: DatasetSpec, table: Table) -> dict[str, Any]:
-    """`dagster/table_name`, `dagster/uri` and `dagster/column_schema` of the native table."""
+    """`dagster/table_name`, `dagster/uri` (a link) and `dagster/column_schema` of the native
+    table."""
     return {
-        "dagster/table_name": f"{runtime.catalog.name}.{runtime.iceberg.table_name(spec)}",
-        "dagster/uri": table.location(),
+        "dagster/table_name": iceberg_table_name(runtime, spec),
+        "dagster/uri": dg.MetadataValue.url(table.location()),
         "dagster/column_schema": column_schema(table.schema(), spec),
     }
 
@@ -117,7 +123,7 @@ def legacy_table_metadata(runtime: Runtime, spec: DatasetSpec) -> dict[str, Any]
     netloc = parts.netloc.rsplit("@", 1)[-1]  # no user, no password
     # written out: urlunsplit drops the `//` of an empty host (a unix-socket URI)
     uri = f"{parts.scheme}://{netloc}{parts.path}?{urlencode(query, safe='/.:')}"
-    return {"dagster/table_name": f"{database}.{table}", "dagster/uri": uri}
+    return {"dagster/table_name": f"{database}.{table}", "dagster/uri": dg.MetadataValue.url(uri)}
 
 
 def arm_kinds(mode: str | None) -> set[str]:

@@ -36,6 +36,7 @@ DG = Path(sys.executable).parent / "dg"
 GROUP = "dagster_dg_cli.registry_modules"
 TYPE = "pipeline_output.PipelineOutputComponent"
 DG_TIMEOUT_S = 300
+EXAMPLE = REPO / "docs" / "example_component_defs.yaml"
 
 DATASETS = '''
     """The shop's datasets: a pandas compute and a polars one downstream."""
@@ -108,6 +109,12 @@ def test_a_module_that_cannot_be_imported_fails_the_load_naming_it() -> None:
     component = PipelineOutputComponent.resolve_from_dict({"module": "no_such_module_here"})
     with pytest.raises(Exception, match="no_such_module_here"):
         dg.component_defs(component=component)
+
+
+def test_the_readme_shows_the_example_defs_yaml_the_dg_test_runs() -> None:
+    text = EXAMPLE.read_text()
+    assert f"```yaml\n{text}```" in (REPO / "README.md").read_text()
+    assert yaml.safe_load(text)["attributes"]["module"] == "shopdg.datasets"
 
 
 def test_the_component_is_registered_for_dg_in_pyproject() -> None:
@@ -228,20 +235,10 @@ def test_a_dg_project_scaffolds_checks_lists_and_launches_the_component(
     scaffolded = yaml.safe_load(defs_yaml.read_text())
     assert scaffolded == {"type": TYPE, "attributes": {"module": "shopdg.datasets"}}
 
+    # the README's defs.yaml (docs/example_component_defs.yaml) in place of the scaffold
+    defs_yaml.write_text(EXAMPLE.read_text())
     warehouse = tmp_path / "warehouse"
-    scaffolded["attributes"].update(
-        {
-            "namespace": "shop",
-            "pg_url": {"env": "SHOP_CONTROL_PLANE"},
-            "catalog": {
-                "type": "sql",
-                "uri": {"env": "SHOP_CATALOG_URI"},
-                "warehouse": f"file://{warehouse}",
-            },
-            "executor": "in_process",
-        }
-    )
-    defs_yaml.write_text(yaml.safe_dump(scaffolded, sort_keys=False))
+    env["SHOP_WAREHOUSE"] = f"file://{warehouse}"
 
     checked = _dg(dg_project, env, "check", "defs")
     assert "All definitions loaded successfully" in checked.stdout + checked.stderr

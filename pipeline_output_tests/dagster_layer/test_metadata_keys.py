@@ -15,7 +15,6 @@ from typing import Any
 import dagster as dg
 import polars as pl
 import psycopg
-import pytest
 from dagster._core.definitions.definitions_load_context import (
     DefinitionsLoadContext,
     DefinitionsLoadType,
@@ -189,10 +188,13 @@ def test_the_definition_carries_the_column_schema_when_the_table_exists_at_load(
     def never_written() -> pl.DataFrame:
         return pl.DataFrame({"id": [1]})
 
-    def definition_schema(name: str) -> Any:
+    def definition_metadata(name: str) -> dict[str, Any]:
         defs = build_definitions(datasets=[asset, never_written], with_maintenance=False)
         spec = defs.get_assets_def(name).specs_by_key[dg.AssetKey(name)]
-        return spec.metadata.get("dagster/column_schema")
+        return {k: getattr(v, "value", v) for k, v in spec.metadata.items()}
+
+    def definition_schema(name: str) -> Any:
+        return definition_metadata(name).get("dagster/column_schema")
 
     serving = DefinitionsLoadContext(load_type=DefinitionsLoadType.INITIALIZATION)
     with DefinitionsLoadContext.scoped(serving):
@@ -201,7 +203,11 @@ def test_the_definition_carries_the_column_schema_when_the_table_exists_at_load(
     assert definition_schema("sales") is None  # a plain import reads no catalog
     with DefinitionsLoadContext.scoped(serving):
         _check_schema(definition_schema("sales"))
+        shown = definition_metadata("sales")  # the asset page's Storage: table name and link
+        assert shown["dagster/uri"] == get_runtime().iceberg.load("sales").location()  # type: ignore[union-attr]
+        assert shown["dagster/table_name"] == "default.datasets.sales"
         assert definition_schema("never_written") is None
+        assert "dagster/uri" not in definition_metadata("never_written")
     rebuilding = DefinitionsLoadContext(load_type=DefinitionsLoadType.RECONSTRUCTION)
     with DefinitionsLoadContext.scoped(rebuilding):  # a run worker: no catalog read
         assert definition_schema("sales") is None
