@@ -181,9 +181,9 @@ def build_dataset_asset(
 
     compute.__signature__ = inspect.Signature(sig_params)  # type: ignore[attr-defined]
     compute.__name__ = spec.name
-    attach_spec(compute, spec)
     metadata: dict[str, Any] = definition_metadata(spec)
     metadata.update(extra_metadata or {})
+    attach_spec(compute, spec, shown=metadata)
     return dg.asset(
         name=spec.name,
         ins={

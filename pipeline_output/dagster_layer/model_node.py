@@ -106,16 +106,17 @@ def model_node(
             metadata.update(legacy_table_metadata(runtime, out_spec))
         return dg.MaterializeResult(metadata=metadata)
 
-    attach_spec(_model, out_spec)  # the spec rides on the function, out of the UI's metadata
+    shown = {
+        **definition_metadata(out_spec),
+        "model_source": source_spec.name,
+        "features": ", ".join(features) if features else "(all columns)",
+    }
+    attach_spec(_model, out_spec, shown=shown)  # the spec rides on the function, out of sight
     return dg.asset(
         name=name,
         deps=[source.key],
         io_manager_key=IO_MANAGER_KEY,
-        metadata={
-            **definition_metadata(out_spec),
-            "model_source": source_spec.name,
-            "features": ", ".join(features) if features else "(all columns)",
-        },
+        metadata=shown,
         group_name=group,
         description=description
         or getattr(predict, "__doc__", None)

@@ -262,3 +262,28 @@ def test_the_spec_still_reaches_the_io_manager_from_the_compute(env: str) -> Non
     assert dict(spec.columns)["total"] == "quantity times unit price"
     shown = json.dumps({k: str(v) for k, v in next(iter(asset.specs)).metadata.items()})
     assert "write_strategy_hint" not in shown
+
+
+def test_a_job_leaving_the_upstream_dataset_out_still_reads_it_as_one(env: str) -> None:
+    """The spec is out of the metadata, yet an in-process run of a job whose selection leaves the
+    upstream out finds it — even with another dataset of that name declared in the process."""
+
+    @dataset("upstream_ds", primary_key="id", mode="pg")
+    def decoy() -> pl.DataFrame:  # same name, another spec: never part of this location
+        return pl.DataFrame({"id": [9]})
+
+    @dataset("upstream_ds", primary_key="id", mode="iceberg")
+    def upstream() -> pl.DataFrame:
+        return pl.DataFrame({"id": [1, 2]})
+
+    @dataset(primary_key="id", mode="iceberg")
+    def downstream(upstream_ds: pl.LazyFrame) -> pl.LazyFrame:
+        return upstream_ds.with_columns(pl.col("id") * 10)
+
+    only_down = dg.define_asset_job("only_downstream", selection=["downstream"])
+    defs = build_definitions(datasets=[upstream, downstream], jobs=[only_down])
+    with dg.DagsterInstance.ephemeral() as instance:
+        assert run_assets(defs, instance, ["upstream_ds"]).success
+        assert defs.resolve_job_def("only_downstream").execute_in_process(instance=instance).success
+    stored = get_runtime().iceberg.read(spec_of(downstream))  # type: ignore[arg-type]
+    assert sorted(stored["id"].to_list()) == [10, 20]
