@@ -29,6 +29,13 @@ DECISIONS: dict[tuple[str, str], str] = {
     ("sync", "first_deploy"): "replace",
     ("sync", "re_deploy"): "sync",
     ("sync", "window"): "sync",
+    # a Dagster partition's slice: made exactly the compute's rows (by key, or dropped), or
+    # appended to
+    ("snapshot_replace", "partition"): "sync",
+    ("append_always", "partition"): "append",
+    ("append_new", "partition"): "append_new",
+    ("replace", "partition"): "replace",
+    ("sync", "partition"): "sync",
 }
 
 # Every strategy, in the order the tests parametrize over it.
@@ -129,10 +136,18 @@ def expect(
     *,
     window: tuple[object, object] | None = None,
     watermark: str | None = None,
+    within: pl.Expr | None = None,
 ) -> Expected:
-    """The expected result of writing `compute` with `strategy` over `target` (None = no table)."""
+    """The expected result of writing `compute` with `strategy` over `target` (None = no table):
+    for the whole dataset, a delta `window` of `watermark`, or the Dagster partition whose rows
+    `within` selects."""
     first = target is None
     situation = "first_deploy" if first else ("window" if window is not None else "re_deploy")
+    if within is not None and not first:
+        situation = "partition"
+    elif window is not None:
+        assert watermark is not None
+        within = in_window(watermark, *window)
     mode = DECISIONS[(strategy, situation)]
     n_in = compute.height
     if first:
@@ -143,14 +158,13 @@ def expect(
     before = target.height
 
     if mode == "replace":
-        if window is None:
+        if within is None:
             table = _align(target.clear(), compute)[1]
             deleted = before
             kept = 0
         else:
-            assert watermark is not None
             t, c = _align(target, compute)
-            outside = t.filter(~in_window(watermark, *window))
+            outside = t.filter(~within.fill_null(False))
             if pk:  # a computed key stored outside the window (its row moved) is replaced too
                 outside = outside.join(c.select(pk), on=pk, how="anti", nulls_equal=True)
             table = pl.concat([outside, c])
@@ -196,11 +210,7 @@ def expect(
     # upsert / sync
     unmatched = parts["unmatched"]
     if mode == "sync":
-        if window is None:
-            doomed = unmatched
-        else:
-            assert watermark is not None
-            doomed = unmatched.filter(in_window(watermark, *window))
+        doomed = unmatched if within is None else unmatched.filter(within.fill_null(False))
         kept = unmatched.join(doomed.select(pk), on=pk, how="anti")
     else:
         doomed = unmatched.clear()

@@ -51,4 +51,4 @@ def corrupt_pg_row(url: str, dataset: str, pk_text: str, column: str, value: Any
 
 
 def pg_deploy_ids(url: str, dataset: str) -> list[int]:
-    return [d.id for d in Ledger(url).deploys(dataset, arm="pg")]
+    return [d.id for d in Ledger(url).deploy_log.deploys(dataset, arm="pg")]

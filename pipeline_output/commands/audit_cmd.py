@@ -28,7 +28,7 @@ def show(dataset: str) -> None:
 
     spec_named(dataset)
     runtime = location_runtime()
-    audits = runtime.ledger.audits(dataset)
+    audits = runtime.ledger.audit_log.audits(dataset)
     if not audits:
         click.echo(f"{dataset}: no audited run yet (audit=True on @dataset, or run config audit)")
         return

@@ -8,6 +8,20 @@
 | replace           | replace      | replace                    | replace target rows inside window   |
 | sync              | replace      | sync (upsert + delete)     | sync, deletes scoped to the window  |
 
+A Dagster partition (`contract/slices.py`) is a fourth situation: its write makes the target's
+slice exactly the compute's rows — `snapshot_replace` and `sync` by key (update matched, insert
+new, delete the slice's rows whose key is absent: every change counted), `replace` by dropping
+the slice's rows (whole files on Iceberg when its partition spec matches) — while `append_always`
+and `append_new` append into the slice. Rows outside the slice are refused by every strategy.
+
+| strategy          | Dagster partition                                       |
+|-------------------|---------------------------------------------------------|
+| snapshot_replace  | sync, deletes scoped to the slice                       |
+| append_always     | append the slice's rows                                 |
+| append_new        | append_new of the slice's rows                          |
+| replace           | replace the target rows inside the slice                |
+| sync              | sync, deletes scoped to the slice                       |
+
 A combination absent from `_DECISIONS` raises `UnsupportedWrite` before any I/O.
 """
 
@@ -16,12 +30,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from pipeline_output.contract.slices import PartitionSlice
 from pipeline_output.contract.spec import DatasetSpec, Strategy, WriteMode
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import UnsupportedWrite
 
-Situation = Literal["first_deploy", "re_deploy", "window"]
-DeleteScope = Literal["none", "all", "window", "absent_keys", "absent_keys_in_window"]
+Situation = Literal["first_deploy", "re_deploy", "window", "partition"]
+DeleteScope = Literal[
+    "none",
+    "all",
+    "window",  # the target rows inside the delta window
+    "absent_keys",
+    "absent_keys_in_window",
+    "slice",  # the target rows inside the Dagster partition's slice
+    "absent_keys_in_slice",
+]
+# scopes that limit a write's deletes to the rows of a window or a partition slice
+SCOPED = frozenset({"window", "absent_keys_in_window", "slice", "absent_keys_in_slice"})
 
 
 @dataclass(frozen=True)
@@ -49,14 +74,17 @@ class WritePlan:
     first_deploy: bool
     window: Window | None
     delete_scope: DeleteScope
+    partition: PartitionSlice | None = None  # the Dagster partition written (None: none)
 
     @property
     def reason(self) -> str:
-        """Why this write mode: first deploy, re-deploy, or the window."""
+        """Why this write mode: first deploy, re-deploy, the window or the partition."""
         if self.first_deploy:
             return "first deploy"
         if self.window is not None:
             return f"window {self.window}"
+        if self.partition is not None:
+            return f"partition {self.partition.key}"
         return "re-deploy"
 
     def describe(self) -> str:
@@ -73,8 +101,19 @@ class WritePlan:
             effect = f"replace only the target rows inside {self.window}"
         elif self.write_mode == "sync" and self.window is not None:
             effect += f" (deletion limited to rows inside {self.window})"
+        elif self.partition is not None and not self.first_deploy:
+            effect = _PARTITION_EFFECTS[self.write_mode].format(self.partition)
         return f"{self.write_mode} ({self.reason}): {effect}"
 
+
+_PARTITION_EFFECTS: dict[WriteMode, str] = {
+    "replace": "replace the target rows of {} with the compute's rows",
+    "sync": "make {} exactly the compute's rows: update matched keys, insert new keys, delete "
+    "the slice's rows whose key is absent",
+    "append": "append every computed row (all inside {})",
+    "append_new": "insert only rows whose key is absent from the target (all inside {})",
+    "upsert": "update matched keys, insert new keys (all inside {})",
+}
 
 # (strategy, situation) -> (write mode, delete scope)
 _DECISIONS: dict[tuple[str, Situation], tuple[WriteMode, DeleteScope]] = {
@@ -93,11 +132,28 @@ _DECISIONS: dict[tuple[str, Situation], tuple[WriteMode, DeleteScope]] = {
     ("sync", "first_deploy"): ("replace", "all"),
     ("sync", "re_deploy"): ("sync", "absent_keys"),
     ("sync", "window"): ("sync", "absent_keys_in_window"),
+    ("snapshot_replace", "partition"): ("sync", "absent_keys_in_slice"),
+    ("append_always", "partition"): ("append", "none"),
+    ("append_new", "partition"): ("append_new", "none"),
+    ("replace", "partition"): ("replace", "slice"),
+    ("sync", "partition"): ("sync", "absent_keys_in_slice"),
 }
 
 
-def plan_write(spec: DatasetSpec, target: TargetState, window: Window | None = None) -> WritePlan:
-    """Decide the write mode for `spec` given the target's state and an optional delta window."""
+def plan_write(
+    spec: DatasetSpec,
+    target: TargetState,
+    window: Window | None = None,
+    *,
+    partition: PartitionSlice | None = None,
+) -> WritePlan:
+    """Decide the write mode for `spec` given the target's state and an optional delta window
+    or Dagster partition slice (never both)."""
+    if partition is not None and (window is not None or spec.delta is not None):
+        raise UnsupportedWrite(
+            f"dataset {spec.name!r}: a delta dataset is written by window, not by Dagster "
+            f"partition ({partition}); nothing was written"
+        )
     if window is not None and spec.delta is None:
         raise UnsupportedWrite(
             f"dataset {spec.name!r}: a window {window} was given but the dataset has no Delta "
@@ -108,6 +164,8 @@ def plan_write(spec: DatasetSpec, target: TargetState, window: Window | None = N
         situation = "first_deploy"
     elif window is not None:
         situation = "window"
+    elif partition is not None:
+        situation = "partition"
     else:
         situation = "re_deploy"
     decision = _DECISIONS.get((spec.strategy, situation))
@@ -124,4 +182,5 @@ def plan_write(spec: DatasetSpec, target: TargetState, window: Window | None = N
         first_deploy=target.first_deploy,
         window=window,
         delete_scope=scope,
+        partition=partition,
     )

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 import polars as pl
 from polars.datatypes import FloatType, IntegerType
 
+from pipeline_output.contract.slices import PartitionSlice
 from pipeline_output.contract.spec import ARMS, Arm, DatasetSpec
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import BadInput, InvalidSpec
@@ -158,10 +159,16 @@ def check_specs(specs: Sequence[DatasetSpec], capabilities: dict[Arm, Capabiliti
             capabilities[arm].check_spec(spec)
 
 
-class WriteOptions(TypedDict, total=False):
-    """The per-write options every arm's `write` takes (and the publish pipeline passes on)."""
+class WriteScope(TypedDict, total=False):
+    """Which rows a write is about: a delta window or a Dagster partition (neither: the dataset)."""
 
     window: Window | None  # the delta window the rows belong to (None: the whole dataset)
+    partition: PartitionSlice | None  # the Dagster partition the rows belong to (None: none)
+
+
+class WriteOptions(WriteScope, total=False):
+    """The per-write options every arm's `write` takes (and the publish pipeline passes on)."""
+
     run_id: str | None  # the Dagster run, recorded with the write
     summary: dict[str, str] | None  # `pipeline-output.*` properties, e.g. the attempt marker
 
@@ -187,9 +194,22 @@ class Store(Protocol):
 
     def target_state(self, spec: DatasetSpec | str) -> TargetState: ...
 
-    def plan(self, spec: DatasetSpec, *, window: Window | None = None) -> WritePlan: ...
+    def plan(
+        self,
+        spec: DatasetSpec,
+        *,
+        window: Window | None = None,
+        partition: PartitionSlice | None = None,
+    ) -> WritePlan: ...
 
-    def prepare(self, spec: DatasetSpec, data: Any, *, window: Window | None = None) -> Any: ...
+    def prepare(
+        self,
+        spec: DatasetSpec,
+        data: Any,
+        *,
+        window: Window | None = None,
+        partition: PartitionSlice | None = None,
+    ) -> Any: ...
 
     def write(
         self, spec: DatasetSpec, data: Any, *, prepared: Any = None, **options: Unpack[WriteOptions]

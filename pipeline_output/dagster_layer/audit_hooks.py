@@ -104,7 +104,7 @@ def try_publish(
     failed. Returns the `Published` outcome (None: nothing to publish yet, or nothing staged)."""
     from pipeline_output.services.audit import fail_audit, publish_audit
 
-    audit = runtime.ledger.audit(spec.name, run_id)
+    audit = runtime.ledger.audit_log.audit(spec.name, run_id)
     if audit is None or audit.state != "staged":
         return None
     state, why = gate(instance, run_id, asset_key, audit.gating_checks)
@@ -129,13 +129,13 @@ def audited_snapshot(
     step = step_of(context)
     if step is None:  # an input context built outside a run (a user's unit test): no audit
         return None
-    audit = runtime.ledger.audit(spec.name, step.run_id)
+    audit = runtime.ledger.audit_log.audit(spec.name, step.run_id)
     if audit is None:
         return None
     if audit.state == "staged":
         key = context.upstream_output.asset_key if context.upstream_output else context.asset_key
         try_publish(step.instance, step.run_id, spec, key, context.log, runtime=runtime)
-        audit = runtime.ledger.audit(spec.name, step.run_id)
+        audit = runtime.ledger.audit_log.audit(spec.name, step.run_id)
         assert audit is not None
     if audit.state in ("failed", "dropped"):
         raise dg.Failure(
@@ -157,7 +157,7 @@ def _fail_on_step_failure(context: dg.HookContext, spec: DatasetSpec, check: str
     from pipeline_output.services.audit import fail_audit
 
     runtime = runtime_of(context)
-    audit = runtime.ledger.audit(spec.name, context.run_id)
+    audit = runtime.ledger.audit_log.audit(spec.name, context.run_id)
     if audit is None or audit.state != "staged":
         return
     if check is not None and check not in audit.gating_checks:

@@ -13,6 +13,7 @@ from typing import Any
 import dagster as dg
 
 from pipeline_output.contract.store_protocol import check_specs
+from pipeline_output.dagster_layer.asset_params import check_unique_names
 from pipeline_output.dagster_layer.audit_hooks import with_audit_hooks
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.delta_assets import (
@@ -61,7 +62,10 @@ def build_definitions(
     """Definitions for pipeline-output datasets and their sources.
 
     Every delta dataset gets its window sensor (`<dataset>__window_sensor`, polling every
-    `sensor_interval_seconds`); `all_datasets` is a job over the unpartitioned datasets. Each
+    `sensor_interval_seconds`; with an `automation_condition` it only plans windows and adds
+    their partitions, the condition runs them); `all_datasets` is a job over the unpartitioned
+    datasets. Two datasets may not share a name under different key prefixes (it names their
+    table). Each
     dataset is checked against the declared capabilities of every arm it may be written to
     (`stores.protocol.check_specs`): a name the legacy arm cannot hold fails here, at load.
 
@@ -97,6 +101,7 @@ def build_definitions(
         if isinstance(a, dg.AssetsDefinition) and (s := spec_of(a)) is not None
     ]
     check_specs(specs, {"pg": LEGACY_CAPABILITIES, "iceberg": ICEBERG_CAPABILITIES})
+    check_unique_names([*datasets, *assets], spec_of)
     source_specs = {s.name: s for s in (source_spec_of(a) for a in sources) if s is not None}
     all_sensors = list(sensors)
     dataset_keys: list[dg.AssetKey] = []
@@ -149,7 +154,8 @@ def build_definitions(
     for asset in datasets:
         spec = spec_of(asset)
         if spec is None or spec.delta is None:
-            dataset_keys.extend(asset.keys)
+            if asset.partitions_def is None:  # Dagster-partitioned ones run by partition
+                dataset_keys.extend(asset.keys)
             continue
         up = source_specs.get(spec.delta.source)
         if up is None:
@@ -164,6 +170,8 @@ def build_definitions(
                     window_checks.get(asset.key, []) if window_checks is not None else None
                 ),
                 resource=resource,
+                # with an automation condition the sensor only plans: Dagster runs the windows
+                request_runs=all(s.automation_condition is None for s in asset.specs),
             )
         )
     if dataset_keys:

@@ -1,11 +1,13 @@
 """`@dataset`: turn a compute function into a Dagster asset written by the IO manager.
 
-The function's parameters name its upstream assets (sources or other datasets), loaded as polars
-LazyFrames, or as the frame type a parameter's annotation names (`frames_io.py`); it returns
-polars, pandas or Arrow. The spec rides on the compute function, not in the metadata the UI shows
-(`dataset_specs.py`). Options map 1:1 onto `DatasetSpec` (validated when the code location loads, with the
-dataset's name in the message) plus Dagster's own (`group`, `description`, `owners`, `tags`,
-`deps`). Every dataset asset takes run config `mode` (override the dataset's mode for this run),
+The function's parameters name its upstream assets (sources, other datasets, or any asset under
+the key `ins` gives it), loaded as polars LazyFrames, or as the frame type a parameter's annotation
+names (`frames_io.py`); it returns polars, pandas or Arrow. The spec rides on the compute
+function, not in the metadata the UI shows (`dataset_specs.py`). Options map 1:1 onto
+`DatasetSpec` (validated when the code location loads, with the dataset's name in the message)
+plus Dagster's own (`group`, `description`, `owners`, `tags`, `deps`, and the pass-through ones of
+`asset_params.py`); Dagster partitions (`partitions_def`, `partition_column`) are
+`partitioned.py`'s. Every dataset asset takes run config `mode` (override the dataset's mode for this run),
 `dry_run` (plan only: report what would be written, write nothing, record no materialisation),
 `restate`, `audit` (write-audit-publish for this run: `audit_hooks.py`) and `as_of` (read the
 upstream datasets as they were at a time, or at a snapshot: a reproducible re-run).
@@ -14,6 +16,7 @@ upstream datasets as they were at a time, or at a snapshot: a reproducible re-ru
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -28,25 +31,35 @@ from pipeline_output.contract.spec import (
     WriteStrategyHint,
 )
 from pipeline_output.contract.windows import Window
+from pipeline_output.dagster_layer.asset_params import (
+    Upstream,
+    asset_params,
+    define_asset,
+    upstream_ins,
+)
 from pipeline_output.dagster_layer.dataset_specs import attach_spec, spec_from_metadata, spec_of
 from pipeline_output.dagster_layer.frames_io import (
     as_kind,
     check_output,
     convert_inputs,
     input_kinds,
+    typed_inputs,
 )
 from pipeline_output.dagster_layer.keys import (
     AUDIT_OVERRIDE_KEY,
-    DELTA_INPUT_KEY,
     IO_MANAGER_KEY,
     MODE_OVERRIDE_KEY,
 )
-from pipeline_output.dagster_layer.resource import RESOURCE_KEY
-from pipeline_output.dagster_layer.table_metadata import (
-    arm_kinds,
-    definition_metadata,
-    docstring_columns,
+from pipeline_output.dagster_layer.partitioned import (
+    KEY_PARAMETER,
+    PARTITION_COLUMNS_KEY,
+    partition_columns_of,
+    partitioned_output,
+    run_keys,
+    slice_for,
 )
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY
+from pipeline_output.dagster_layer.table_metadata import definition_metadata, docstring_columns
 from pipeline_output.errors import InvalidSpec
 
 __all__ = ["DatasetRunConfig", "build_dataset_asset", "dataset", "spec_from_metadata", "spec_of"]
@@ -83,10 +96,25 @@ def dataset(
     owners: Sequence[str] | None = None,
     tags: Mapping[str, str] | None = None,
     deps: Sequence[Any] | None = None,
+    partitions_def: dg.PartitionsDefinition[Any] | None = None,
+    partition_column: str | Mapping[str, str] | None = None,
+    ins: Mapping[str, Upstream] | None = None,
+    key_prefix: str | Sequence[str] | None = None,
+    automation_condition: dg.AutomationCondition[Any] | None = None,
+    freshness_policy: dg.FreshnessPolicy | None = None,
+    retry_policy: dg.RetryPolicy | None = None,
+    backfill_policy: dg.BackfillPolicy | None = None,
+    code_version: str | None = None,
+    kinds: Sequence[str] | None = None,
+    metadata: Mapping[str, Any] | None = None,
 ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
     """Decorate `def name(upstream: pl.LazyFrame, ...) -> pl.DataFrame | pl.LazyFrame` (inputs
     and output may also be pandas or Arrow: `frames_io.py`). `columns` describes columns
-    (`{"total": "quantity times unit price"}`), on top of a `Columns:` section of the docstring."""
+    (`{"total": "quantity times unit price"}`), on top of a `Columns:` section of the docstring.
+
+    `partitions_def` + `partition_column`: Dagster's own partitions, each a slice of the table
+    (`partitioned.py`); `ins`: upstream asset keys per parameter; the other Dagster parameters
+    pass through to `dg.asset` (`asset_params.py`)."""
 
     def decorate(fn: Callable[..., Any]) -> dg.AssetsDefinition:
         ds_name = name or fn.__name__
@@ -110,8 +138,26 @@ def dataset(
             )
         except InvalidSpec as exc:
             raise InvalidSpec(f"@dataset {ds_name!r} ({fn.__module__}): {exc}") from exc
+        by_partition = partition_columns_of(spec, partitions_def, partition_column)
         return build_dataset_asset(
-            spec, fn, group=group, owners=owners, tags=tags, deps=deps, description=doc
+            spec,
+            fn,
+            group=group,
+            owners=owners,
+            tags=tags,
+            deps=deps,
+            description=doc,
+            partitions_def=partitions_def,
+            partition_columns=by_partition,
+            ins=ins,
+            key_prefix=key_prefix,
+            automation_condition=automation_condition,
+            freshness_policy=freshness_policy,
+            retry_policy=retry_policy,
+            backfill_policy=backfill_policy,
+            code_version=code_version,
+            kinds=kinds,
+            metadata=metadata,
         )
 
     return decorate
@@ -128,15 +174,24 @@ def build_dataset_asset(
     description: str | None = None,
     partitions_def: dg.PartitionsDefinition[Any] | None = None,
     extra_metadata: Mapping[str, Any] | None = None,
+    partition_columns: Mapping[str, str] | None = None,
+    ins: Mapping[str, Upstream] | None = None,
+    kinds: Sequence[str] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    backfill_policy: dg.BackfillPolicy | None = None,
+    **dagster: Any,
 ) -> dg.AssetsDefinition:
-    """The Dagster asset for `spec` computed by `fn` (shared by `@dataset` and the model node)."""
+    """The Dagster asset for `spec` computed by `fn`; `dagster` holds the pass-through
+    parameters of `dg.asset` (`asset_params.asset_params`)."""
     params = [p for p in inspect.signature(fn).parameters.values()]
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise InvalidSpec(
                 f"@dataset {spec.name!r}: *args/**kwargs are not allowed; name each upstream asset"
             )
-    upstream = [p.name for p in params]
+    upstream = [
+        p.name for p in params if not (partition_columns is not None and p.name == KEY_PARAMETER)
+    ]
     delta_param = spec.delta.source if spec.delta is not None else None
     if delta_param is not None and delta_param not in upstream:
         raise InvalidSpec(
@@ -147,18 +202,23 @@ def build_dataset_asset(
         from pipeline_output.dagster_layer.delta_assets import window_partitions
 
         partitions_def = window_partitions(spec)
-    kinds = input_kinds(fn, dataset=spec.name)
+    frame_kinds = input_kinds(fn, dataset=spec.name, params=upstream)
 
     def body(
         context: dg.AssetExecutionContext, config: DatasetRunConfig, **inputs: Any
     ) -> Iterator[Any]:
         if config.dry_run:
-            yield from _dry_run(context, spec, config)
+            yield from _dry_run(context, spec, config, partition_columns)
             return
         if delta_param is not None:
-            yield _windowed_output(context, spec, fn, config, inputs, delta_param, kinds)
+            yield _windowed_output(context, spec, fn, config, inputs, delta_param, frame_kinds)
             return
-        out = fn(**convert_inputs(inputs, kinds))
+        if partition_columns is not None:
+            typed = typed_inputs(fn, frame_kinds)
+            out = partitioned_output(context, spec, typed, inputs, columns=partition_columns)
+            yield dg.Output(out, metadata=_overrides(config))
+            return
+        out = fn(**convert_inputs(inputs, frame_kinds))
         check_output(spec.name, out)
         yield dg.Output(out, metadata=_overrides(config))
 
@@ -181,32 +241,43 @@ def build_dataset_asset(
 
     compute.__signature__ = inspect.Signature(sig_params)  # type: ignore[attr-defined]
     compute.__name__ = spec.name
-    metadata: dict[str, Any] = definition_metadata(spec)
-    metadata.update(extra_metadata or {})
-    attach_spec(compute, spec, shown=metadata)
-    return dg.asset(
+    passed = asset_params(
+        spec,
+        partitioned=partition_columns is not None,
+        kinds=kinds,
+        metadata=metadata,
+        backfill_policy=backfill_policy,
+        **dagster,
+    )
+    all_metadata: dict[str, Any] = {**(metadata or {}), **definition_metadata(spec)}
+    if partition_columns is not None:
+        all_metadata[PARTITION_COLUMNS_KEY] = json.dumps(dict(partition_columns))
+    all_metadata.update(extra_metadata or {})
+    key = dg.AssetKey([*_prefix(dagster.get("key_prefix")), spec.name])
+    attach_spec(compute, spec, key=key, shown=all_metadata)
+    return define_asset(
+        spec,
+        compute,
         name=spec.name,
-        ins={
-            n: dg.AssetIn(
-                key=n,
-                metadata={DELTA_INPUT_KEY: spec.delta.watermark}
-                if spec.delta is not None and n == delta_param
-                else None,
-            )
-            for n in upstream
-        },
+        ins=upstream_ins(spec, upstream, ins),
         io_manager_key=IO_MANAGER_KEY,
         required_resource_keys={RESOURCE_KEY},
-        metadata=metadata,
+        metadata=all_metadata,
         group_name=group,
         description=description,
         owners=list(owners) if owners else None,
         tags=dict(tags) if tags else None,
         deps=list(deps) if deps else None,
-        kinds=arm_kinds(spec.mode),
         output_required=False,
         partitions_def=partitions_def,
-    )(compute)
+        **passed,
+    )
+
+
+def _prefix(key_prefix: str | Sequence[str] | None) -> list[str]:
+    if key_prefix is None:
+        return []
+    return [key_prefix] if isinstance(key_prefix, str) else list(key_prefix)
 
 
 def _windowed_output(
@@ -259,7 +330,10 @@ def _overrides(config: DatasetRunConfig) -> dict[str, Any]:
 
 
 def _dry_run(
-    context: dg.AssetExecutionContext, spec: DatasetSpec, config: DatasetRunConfig
+    context: dg.AssetExecutionContext,
+    spec: DatasetSpec,
+    config: DatasetRunConfig,
+    partition_columns: Mapping[str, str] | None = None,
 ) -> Iterator[Any]:
     """Plan only: log and observe what a write would do; no output, so no materialisation."""
     from pipeline_output.dagster_layer.resource import runtime_of
@@ -267,16 +341,21 @@ def _dry_run(
 
     publisher = runtime_of(context).publisher
     resolved = publisher.resolve(spec, override=config.mode)
-    windows: list[Window | None] = [*windows_of(context, spec)] or [None]
-    for window in windows:
-        plans = publisher.plan(spec, mode=resolved, window=window)
+    scopes: list[dict[str, Any]] = [{"window": w} for w in windows_of(context, spec)]
+    if partition_columns is not None:
+        defn = context.assets_def.partitions_def
+        keys = run_keys(context, defn)
+        scopes = [{"partition": slice_for(defn, partition_columns, k)} for k in keys]
+    for scope in scopes or [{}]:
+        window, part = scope.get("window"), scope.get("partition")
+        plans = publisher.plan(spec, mode=resolved, window=window, partition=part)
         for arm, plan in plans.items():
             state = "first deploy (no committed write)" if plan.first_deploy else "re-deploy"
             text = f"[dry run] {spec.name} ({arm}): {plan.describe()}; target: {state}"
             context.log.info(text)
             yield dg.AssetObservation(
                 asset_key=context.asset_key,
-                partition=window.to_key() if window is not None else None,
+                partition=window.to_key() if window is not None else part and part.key,
                 metadata={
                     "dry_run": True,
                     "arm": arm,

@@ -34,14 +34,19 @@ _registry: dict[dg.AssetKey, list[tuple[dict[str, str], DatasetSpec]]] = {}
 
 
 def attach_spec(
-    fn: Callable[..., Any], spec: DatasetSpec, *, shown: Mapping[str, Any] | None = None
+    fn: Callable[..., Any],
+    spec: DatasetSpec,
+    *,
+    key: dg.AssetKey | None = None,
+    shown: Mapping[str, Any] | None = None,
 ) -> None:
-    """Make `spec` the spec of the asset named `spec.name` whose compute function is `fn`;
-    `shown` is the metadata its definition shows (told apart from another spec of that name)."""
+    """Make `spec` the spec of the asset `key` (default: named `spec.name`, no key prefix) whose
+    compute function is `fn`; `shown` is the metadata its definition shows (told apart from
+    another spec under that key)."""
     setattr(fn, _ATTRIBUTE, spec)
     entry = (_shown(shown or {}), spec)
     with _lock:
-        entries = _registry.setdefault(dg.AssetKey(spec.name), [])
+        entries = _registry.setdefault(key or dg.AssetKey(spec.name), [])
         if not any(e[1] == spec and e[0] == entry[0] for e in entries):
             entries.append(entry)
 

@@ -140,12 +140,15 @@ def build_window_sensor(
     asset_key: dg.AssetKey,
     minimum_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S,
     asset_check_keys: Sequence[dg.AssetCheckKey] | None = None,
+    request_runs: bool = True,
     resource: PipelineOutputResource | None = None,
 ) -> dg.SensorDefinition:
     """The sensor that plans `spec`'s windows from `source`'s high-water mark.
 
     `asset_check_keys`: the checks each window run executes (None: every check of the asset);
-    `resource`: where the ledger and the source live (None: the environment's settings)."""
+    `resource`: where the ledger and the source live (None: the environment's settings).
+    Without `request_runs` it only plans windows and adds their partitions: the dataset's
+    `automation_condition` decides when they run."""
     assert spec.delta is not None
     delta = spec.delta
     partitions = window_partitions(spec)
@@ -201,7 +204,7 @@ def build_window_sensor(
                 tags={"pipeline-output/dataset": spec.name},
             )
             for w in rows
-            if w.state in ("planned", "failed")
+            if w.state in ("planned", "failed") and request_runs
         ]
         return dg.SensorResult(
             run_requests=requests,

@@ -11,10 +11,11 @@ loads, naming the dataset and the parameter.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal
 
 import polars as pl
@@ -39,14 +40,20 @@ _SPELLINGS: dict[str, FrameKind] = {
 }
 
 
-def input_kinds(fn: Callable[..., Any], *, dataset: str) -> dict[str, FrameKind]:
-    """What each parameter of `fn` receives, from its annotation (checked at load)."""
+def input_kinds(
+    fn: Callable[..., Any], *, dataset: str, params: Collection[str] | None = None
+) -> dict[str, FrameKind]:
+    """What each input parameter of `fn` receives, from its annotation (checked at load);
+    `params`: the parameters that are inputs (default all; not a partitioned compute's
+    `partition_key`)."""
     try:
         hints = typing.get_type_hints(fn)
     except Exception:  # a name only imported for type checkers: read the strings instead
         hints = {}
     kinds: dict[str, FrameKind] = {}
     for param in inspect.signature(fn).parameters.values():
+        if params is not None and param.name not in params:
+            continue
         annotation = hints.get(param.name, param.annotation)
         kind = _kind_of(annotation)
         if kind is None:
@@ -97,13 +104,36 @@ def as_kind(frame: pl.LazyFrame | pl.DataFrame, kind: FrameKind) -> Any:
 
 
 def convert_inputs(inputs: Mapping[str, Any], kinds: Mapping[str, FrameKind]) -> dict[str, Any]:
-    """Every input converted to its parameter's kind (unknown parameters: a LazyFrame)."""
-    return {
-        name: as_kind(value, kinds.get(name, "lazy"))
-        if isinstance(value, (pl.DataFrame, pl.LazyFrame))
-        else value
-        for name, value in inputs.items()
-    }
+    """Every input converted to its parameter's kind (unknown parameters: a LazyFrame). A frame
+    an upstream's own IO manager loaded (polars, pandas, Arrow) is converted too; one already of
+    the asked type is passed as is."""
+    return {name: convert_input(value, kinds.get(name, "lazy")) for name, value in inputs.items()}
+
+
+def convert_input(value: Any, kind: FrameKind) -> Any:
+    """One input as its parameter's kind (anything but a frame passed as is)."""
+    if (kind == "arrow" and isinstance(value, pa.Table)) or (
+        kind == "pandas" and is_pandas_frame(value)
+    ):
+        return value
+    if isinstance(value, pa.Table):
+        value = pl.from_arrow(value)
+    elif is_pandas_frame(value):
+        value = pl.from_pandas(value)
+    if isinstance(value, (pl.DataFrame, pl.LazyFrame)):
+        return as_kind(value, kind)
+    return value
+
+
+def typed_inputs(fn: Callable[..., Any], kinds: Mapping[str, FrameKind]) -> Callable[..., Any]:
+    """`fn` called with its inputs converted to its parameters' kinds (other keyword arguments,
+    such as `partition_key`, passed as is); same signature as `fn`."""
+
+    @functools.wraps(fn)
+    def call(**kwargs: Any) -> Any:
+        return fn(**{k: convert_input(v, kinds[k]) if k in kinds else v for k, v in kwargs.items()})
+
+    return call
 
 
 def is_pandas_frame(value: Any) -> bool:

@@ -27,6 +27,7 @@ from pipeline_output.dagster_layer.keys import (
     SOURCE_METADATA_KEY,
 )
 from pipeline_output.dagster_layer.metadata import publish_metadata, windows_partition_metadata
+from pipeline_output.dagster_layer.partitioned import partitioned_output_of, write_partitions
 from pipeline_output.dagster_layer.resource import PipelineOutputResource
 from pipeline_output.dagster_layer.windows_context import windows_of
 from pipeline_output.services.publish import PublishResult, ResolvedMode
@@ -94,6 +95,14 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         if isinstance(obj, WindowedOutput):
             self._apply_windows(context, spec, obj, mode, audit=audit)
             return
+        partitioned = partitioned_output_of(context, spec, obj)
+        if partitioned is not None:  # Dagster's own partitions: one slice write each
+            context.add_output_metadata(
+                write_partitions(context, spec, partitioned, mode, runtime=runtime, audit=audit)
+            )
+            if audit:
+                self._gate(context, spec)
+            return
         frame = to_polars(spec, obj)
         result = publisher.publish(spec, frame, mode=mode, run_id=context.run_id, audit=audit)
         primary = result.primary
@@ -110,12 +119,12 @@ class DatasetIOManager(dg.ConfigurableIOManager):
 
     def _gate(self, context: dg.OutputContext, spec: DatasetSpec) -> None:
         """Record which blocking checks of this run gate the audit's publish (`audit_hooks`)."""
-        ledger = self.pipeline_output.runtime().ledger
-        audit = ledger.audit(spec.name, context.run_id)
+        audits = self.pipeline_output.runtime().ledger.audit_log
+        audit = audits.audit(spec.name, context.run_id)
         if audit is None:
             return
         gating = gating_checks(context.step_context, context.asset_key)
-        ledger.set_gating_checks(audit.id, gating)
+        audits.set_gating_checks(audit.id, gating)
         context.log.info(
             f"{spec.name}: staged on branch {audit.branch}; main moves when "
             + (f"the blocking checks pass ({', '.join(gating)})" if gating else "this step ends")

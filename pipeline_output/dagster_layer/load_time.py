@@ -2,7 +2,8 @@
 
 - Their kinds follow the arm they are written to: the declared mode, else the location's default
   mode (the resource's `default_mode`, else `PIPELINE_OUTPUT_DEFAULT_MODE` for the zero-config
-  resource, else `pg`): `iceberg`, `postgres`, both for `dual`.
+  resource, else `pg`): `iceberg`, `postgres`, both for `dual`; kinds given with `kinds=` stay
+  (one naming an arm of a dataset without a mode follows the arm).
 - Their definition carries Dagster's table metadata: `dagster/table_name`, and when the Iceberg
   table already exists its `dagster/uri` (the link on the asset page) and `dagster/column_schema`,
   so the catalog shows the columns before the next run (a legacy-arm dataset: the rows table's
@@ -51,7 +52,8 @@ def at_load(assets: Sequence[Any], resource: PipelineOutputResource) -> list[Any
             out.append(asset)
             continue
         mode = spec.mode or default
-        kinds = arm_kinds(mode)
+        # the arm's kinds replace the declared ones; kinds the user added (`kinds=`) stay
+        kinds = (_kinds(asset) - arm_kinds(spec.mode)) | arm_kinds(mode)
         table = _table_metadata(runtime, spec, mode) if runtime is not None else {}
 
         def change(
@@ -62,6 +64,10 @@ def at_load(assets: Sequence[Any], resource: PipelineOutputResource) -> list[Any
 
         out.append(asset.map_asset_specs(change))
     return out
+
+
+def _kinds(asset: dg.AssetsDefinition) -> set[str]:
+    return {k for s in asset.specs for k in s.kinds}
 
 
 def location_default_mode(resource: PipelineOutputResource) -> str:

@@ -46,34 +46,33 @@ class MaintenanceConfig(dg.Config):
     def of(cls, options: MaintenanceOptions) -> "MaintenanceConfig":
         """The run config equivalent to core `options` (the job's defaults)."""
         return cls(
-            audits=options.audits,
-            compact=options.compact,
-            expire=options.expire,
-            orphans=options.orphans,
-            dry_run=options.dry_run,
-            target_file_size=options.target_file_size,
-            min_input_files=options.min_input_files,
+            **{name: getattr(options, name) for name in _SAME_NAMES},
             older_than_hours=options.older_than.total_seconds() / 3600,
-            retain_last=options.retain_last,
             grace_seconds=options.grace_s,
             audit_retention_hours=options.audit_retention.total_seconds() / 3600,
         )
 
     def options(self) -> MaintenanceOptions:
-        """The core options this run config asks for."""
+        """The core options this run config asks for (hours and seconds as the core's units)."""
         return MaintenanceOptions(
-            audits=self.audits,
-            compact=self.compact,
-            expire=self.expire,
-            orphans=self.orphans,
-            dry_run=self.dry_run,
-            target_file_size=self.target_file_size,
-            min_input_files=self.min_input_files,
+            **{name: getattr(self, name) for name in _SAME_NAMES},
             older_than=timedelta(hours=self.older_than_hours),
-            retain_last=self.retain_last,
             grace_s=self.grace_seconds,
             audit_retention=timedelta(hours=self.audit_retention_hours),
         )
+
+
+# the options the run config and the core name and measure alike
+_SAME_NAMES = (
+    "audits",
+    "compact",
+    "expire",
+    "orphans",
+    "dry_run",
+    "target_file_size",
+    "min_input_files",
+    "retain_last",
+)
 
 
 def build_maintenance_job(

@@ -2,7 +2,8 @@
 
 Plans delta windows by evaluating each window sensor once (adding its partitions), applies every
 pending window of each delta dataset in one single-run backfill (in window order), then runs the
-unpartitioned datasets in one run; returns one summary row per materialised asset.
+unpartitioned datasets in one run; returns one summary row per materialised asset (and one per
+asset with Dagster's own partitions, which it does not run: it cannot know which partitions).
 """
 
 from __future__ import annotations
@@ -112,6 +113,9 @@ def materialize(
             if wanted is not None and key not in wanted:
                 continue
             spec = spec_of(assets_def)
+            if (spec is None or spec.delta is None) and assets_def.partitions_def is not None:
+                summaries.append(_partitioned_by_dagster(key))
+                continue
             if spec is None or spec.delta is None:
                 unpartitioned.append(key)
                 continue
@@ -139,6 +143,13 @@ def materialize(
     return summaries
 
 
+def _partitioned_by_dagster(key: dg.AssetKey) -> MaterialisedAsset:
+    """The summary row of an asset with Dagster's own partitions: not run here (which ones?)."""
+    name = key.to_user_string()
+    note = f"Dagster-partitioned: dg launch --assets {name} --partition KEY"
+    return MaterialisedAsset(name, "", "", "-", None, None, None, None, "not run", note)
+
+
 def _execute(job: Any, runtime: Runtime, **kwargs: Any) -> dg.ExecuteInProcessResult:
     """One run in this process, raising its first step failure; afterwards every audit the run
     staged is settled: published, or — the run stopped before the publish (a blocking check
@@ -158,7 +169,7 @@ def _execute(job: Any, runtime: Runtime, **kwargs: Any) -> dg.ExecuteInProcessRe
 def _fail_staged_audits(runtime: Runtime, run_id: str, *, reason: str) -> None:
     from pipeline_output.services.audit import fail_audit
 
-    for audit in runtime.ledger.audits_of_run(run_id):
+    for audit in runtime.ledger.audit_log.audits_of_run(run_id):
         fail_audit(
             runtime.publisher, audit.dataset, run_id=run_id, reason=reason, windows=runtime.windows
         )
@@ -169,7 +180,7 @@ def _check_audits(runtime: Runtime, run_id: str) -> None:
     meanwhile — does not fail the run itself: `audit_hooks`)."""
     from pipeline_output.errors import AuditConflict, AuditFailed
 
-    for audit in runtime.ledger.audits_of_run(run_id):
+    for audit in runtime.ledger.audit_log.audits_of_run(run_id):
         if audit.state == "published":
             continue
         error = AuditConflict if "main moved" in (audit.reason or "") else AuditFailed

@@ -1,42 +1,66 @@
-"""The deploy log: one row per write to one arm (`DeployRecord`), how a succeeded write is recorded
-(`record_write`, the one definition both arms use), and the lookups the freshness oracle, `status`
-and exactly-once repair (`find_marker`) make. Mixed into `Ledger`, whose connections it uses.
-"""
+"""The deploy log: one row per write to one arm (`DeployRecord`, table `deploys`), how a succeeded
+write is recorded (`record_write`, the one definition both arms use), and the lookups the freshness
+oracle, `status` and exactly-once repair (`find_marker`) make."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import Any, Literal, Unpack, get_args
 
 import psycopg
 from psycopg import sql
 
 from pipeline_output.contract.result import WriteResult
-from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.spec import ARMS, DatasetSpec
 from pipeline_output.contract.store_protocol import ATTEMPT_MARKER, WriteOptions, options_of
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import InvalidArgument
-from pipeline_output.ledger.records import (
-    ARMS,
-    DEPLOY_COLUMNS,
-    DEPLOY_COUNTERS,
-    DEPLOY_STATUSES,
-    DeployRecord,
-    column_list,
-    ledger_table,
-)
+from pipeline_output.ledger.connection import RecordLog
+from pipeline_output.ledger.sql_names import column_list, columns_of, ledger_table
+
+DeployStatus = Literal["succeeded", "failed", "diverged"]
+
+DEPLOY_STATUSES: tuple[str, ...] = get_args(DeployStatus)
 
 
-class DeployLog:
+@dataclass(frozen=True)
+class DeployRecord:
+    """One write to one arm, as the ledger recorded it."""
+
+    id: int
+    dataset: str
+    arm: str
+    run_id: str | None
+    strategy: str | None
+    write_mode: str | None
+    first_deploy: bool | None
+    window: str | None
+    window_key: str | None
+    status: str
+    rows_in: int | None
+    rows_inserted: int | None
+    rows_updated: int | None
+    rows_deleted: int | None
+    rows_unchanged: int | None
+    rows_preserved: int | None
+    rows_skipped: int | None
+    rows_total_after: int | None
+    snapshot_id: int | None
+    started_at: datetime | None
+    finished_at: datetime
+    error: str | None
+    attempt_marker: str | None = None  # the window attempt this write belongs to (migration 013)
+
+
+DEPLOY_COLUMNS = columns_of(DeployRecord)
+
+DEPLOY_COUNTERS = [c for c in DEPLOY_COLUMNS if c.startswith("rows_")]
+
+
+class DeployLog(RecordLog):
     """The `deploys` table's writes and reads (see the module docstring)."""
-
-    if TYPE_CHECKING:
-
-        def _tx(
-            self, conn: psycopg.Connection[Any] | None
-        ) -> AbstractContextManager[psycopg.Connection[Any]]: ...
 
     def record_deploy(
         self,
@@ -95,7 +119,7 @@ class DeployLog:
             sql.SQL(", ").join(sql.Placeholder() * len(names)),
             column_list(DEPLOY_COLUMNS),
         )
-        with self._tx(conn) as c:
+        with self.tx(conn) as c:
             row = c.execute(query, [values[n] for n in names]).fetchone()
         assert row is not None
         return DeployRecord(*row)
@@ -144,7 +168,7 @@ class DeployLog:
             "SELECT {} FROM {} WHERE dataset = %s AND arm = %s AND attempt_marker = %s "
             "AND status = 'succeeded' ORDER BY id DESC LIMIT 1"
         ).format(column_list(DEPLOY_COLUMNS), ledger_table("deploys"))
-        with self._tx(conn) as c:
+        with self.tx(conn) as c:
             row = c.execute(query, (dataset, arm, marker)).fetchone()
         return DeployRecord(*row) if row is not None else None
 
@@ -165,7 +189,7 @@ class DeployLog:
         query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT 1").format(
             column_list(DEPLOY_COLUMNS), ledger_table("deploys"), where
         )
-        with self._tx(conn) as c:
+        with self.tx(conn) as c:
             row = c.execute(query, params).fetchone()
         return DeployRecord(*row) if row is not None else None
 
@@ -188,5 +212,5 @@ class DeployLog:
         query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT %s").format(
             column_list(DEPLOY_COLUMNS), ledger_table("deploys"), where
         )
-        with self._tx(None) as c:
+        with self.tx(None) as c:
             return [DeployRecord(*r) for r in c.execute(query, params).fetchall()]

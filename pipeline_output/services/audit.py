@@ -37,7 +37,7 @@ from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.store_protocol import ATTEMPT_MARKER, WriteOptions
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import AuditConflict, AuditFailed, InvalidArgument, WriteConflict
-from pipeline_output.ledger.audit_log import AuditRecord, AuditWrite
+from pipeline_output.ledger.audits import AuditRecord, AuditWrite
 from pipeline_output.services.audit_legacy import (
     audit_ledger,
     commit_legacy,
@@ -106,7 +106,7 @@ def stage_write(
         result={k: v for k, v in result.as_dict().items() if _json_scalar(v)},
         frame=_ipc(checked.frame) if mode == "dual" else None,
     )
-    record = audit_ledger(publisher).stage_write(
+    record = audit_ledger(publisher).audit_log.stage_write(
         spec.name, run_id=run_id, branch=branch, mode=mode, base_snapshot_id=base, write=staged
     )
     return result, record
@@ -145,7 +145,7 @@ def publish_audit(
 ) -> Published | None:
     """Publish `run_id`'s audit of `spec` (None when the run staged nothing for it)."""
     ledger = audit_ledger(publisher)
-    audit = ledger.audit(spec.name, run_id)
+    audit = ledger.audit_log.audit(spec.name, run_id)
     if audit is None:
         return None
     if audit.state == "published":
@@ -155,7 +155,7 @@ def publish_audit(
             f"dataset {spec.name!r}: the audit of run {run_id} is {audit.state}"
             f"{': ' + audit.reason if audit.reason else ''}; main was not moved"
         )
-    writes = ledger.audit_writes(audit.id, frames=audit.mode == "dual")
+    writes = ledger.audit_log.audit_writes(audit.id, frames=audit.mode == "dual")
     staged = [w for w in writes if w.snapshot_id is not None]
     target = staged[-1].snapshot_id if staged else None
     attempts = [(w, attempt_of(w.marker)) for w in writes]
@@ -191,7 +191,7 @@ def publish_audit(
         applied = apply_windows(windows, audit, attempts, legacy)
         for w in staged:
             _record_deploy(publisher, spec, audit, w)
-        ledger.decide_audit(audit.id, "published")
+        ledger.audit_log.decide_audit(audit.id, "published")
     return Published(
         spec.name,
         run_id,
@@ -214,10 +214,10 @@ def fail_audit(
     """Decide `run_id`'s staged audit of `dataset` as failed: main untouched, branch kept,
     staged windows failed. False when there is no staged audit to fail."""
     ledger = audit_ledger(publisher)
-    audit = ledger.audit(dataset, run_id)
+    audit = ledger.audit_log.audit(dataset, run_id)
     if audit is None or audit.state != "staged":
         return False
-    fail(publisher, windows, audit, ledger.audit_writes(audit.id), reason)
+    fail(publisher, windows, audit, ledger.audit_log.audit_writes(audit.id), reason)
     return True
 
 
@@ -226,10 +226,10 @@ def audit_parity(publisher: Arms, spec: DatasetSpec, *, run_id: str) -> ParityRe
     back, compared with the audited snapshot — what the publish will check again, before it
     commits. None when the run staged no dual audit of `spec`."""
     ledger = audit_ledger(publisher)
-    audit = ledger.audit(spec.name, run_id)
+    audit = ledger.audit_log.audit(spec.name, run_id)
     if audit is None or audit.mode != "dual":
         return None
-    writes = ledger.audit_writes(audit.id, frames=True)
+    writes = ledger.audit_log.audit_writes(audit.id, frames=True)
     staged = [w.snapshot_id for w in writes if w.snapshot_id is not None]
     pending, _, report = replay_legacy(
         publisher, spec, audit, writes, staged[-1] if staged else None
@@ -315,7 +315,7 @@ def apply_windows(
 def _record_deploy(publisher: Arms, spec: DatasetSpec, audit: AuditRecord, w: AuditWrite) -> None:
     """The Iceberg deploy record of a published write (a deploy is what readers can see)."""
     result = w.result
-    audit_ledger(publisher).record_deploy(
+    audit_ledger(publisher).deploy_log.record_deploy(
         spec.name,
         "iceberg",
         status="succeeded",
@@ -352,7 +352,7 @@ def fail(
     reason: str,
     state: str = "failed",
 ) -> None:
-    audit_ledger(publisher).decide_audit(
+    audit_ledger(publisher).audit_log.decide_audit(
         audit.id,
         state,
         reason=reason,

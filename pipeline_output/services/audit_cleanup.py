@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.ledger.audit_log import AuditRecord
+from pipeline_output.ledger.audits import AuditRecord
 from pipeline_output.services.audit import DEFAULT_RETENTION, apply_windows, attempt_of, fail
 from pipeline_output.services.audit_legacy import audit_ledger
 from pipeline_output.stores.iceberg.table.refs import ancestor_ids, drop_branch, head
@@ -42,7 +42,7 @@ def drop_stale_audit_branches(
     ledger = audit_ledger(publisher)
     cutoff = (now or datetime.now(UTC)) - older_than
     done = []
-    for audit in ledger.audits(states=("staged", "failed")):
+    for audit in ledger.audit_log.audits(states=("staged", "failed")):
         if audit.staged_at >= cutoff or (datasets is not None and audit.dataset not in datasets):
             continue
         if dry_run:
@@ -58,10 +58,10 @@ def drop_stale_audit_branches(
                         and audit.snapshot_id in ancestor_ids(table, head(table))
                     )
                     drop_branch(table, audit.branch)
-        writes = ledger.audit_writes(audit.id)
+        writes = ledger.audit_log.audit_writes(audit.id)
         if published:
             apply_windows(windows, audit, [(w, attempt_of(w.marker)) for w in writes], {})
-            ledger.decide_audit(audit.id, "published", reason="completed by maintenance")
+            ledger.audit_log.decide_audit(audit.id, "published", reason="completed by maintenance")
         else:
             fail(publisher, windows, audit, writes, f"dropped after {older_than}", "dropped")
         done.append(audit)

@@ -19,7 +19,7 @@ from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.store_protocol import ATTEMPT_MARKER
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import AuditFailed, InvalidArgument
-from pipeline_output.ledger.audit_log import AuditRecord, AuditWrite
+from pipeline_output.ledger.audits import AuditRecord, AuditWrite
 from pipeline_output.services.parity import ParityReport, compare
 
 if TYPE_CHECKING:
@@ -97,7 +97,9 @@ def commit_legacy(
             snapshot_id=target,
             strategy=spec.strategy,
         )
-        ledger.decide_audit(audit.id, "published", reason="diverged: legacy commit failed")
+        ledger.audit_log.decide_audit(
+            audit.id, "published", reason="diverged: legacy commit failed"
+        )
         raise PipelineOutputError(
             f"dataset {spec.name!r}: audit published but the legacy commit failed "
             f"({type(exc).__name__}); recorded in the ledger"

@@ -32,7 +32,7 @@ def check_parity(
     ice = _read_or_empty(publisher.iceberg, spec)
     report = compare(spec, pg, ice)
     if publisher.ledger is not None:
-        publisher.ledger.record_parity(
+        publisher.ledger.parity_log.record_parity(
             spec.name,
             passed=report.passed,
             pg_count=report.pg_count,
@@ -59,7 +59,7 @@ def flip(
     """Persist a flip (with history); unknown datasets and modes are refused, listing valid ones."""
     validate_flip(specs, dataset, mode)
     assert publisher.ledger is not None
-    return publisher.ledger.flip(dataset, mode, who=who, reason=reason)
+    return publisher.ledger.flip_log.flip(dataset, mode, who=who, reason=reason)
 
 
 def validate_flip(specs: dict[str, DatasetSpec], dataset: str, mode: str) -> None:
@@ -75,7 +75,7 @@ def validate_flip(specs: dict[str, DatasetSpec], dataset: str, mode: str) -> Non
 def drain(publisher: Publisher, spec: DatasetSpec) -> int:
     """Delete the dataset's legacy rows — only when flipped to iceberg and last parity passed."""
     assert publisher.ledger is not None and publisher.postgres is not None
-    flipped = publisher.ledger.current_flip(spec.name)
+    flipped = publisher.ledger.flip_log.current_flip(spec.name)
     if flipped != "iceberg":
         mode = publisher.resolve(spec)
         raise DrainRefused(
@@ -83,7 +83,7 @@ def drain(publisher: Publisher, spec: DatasetSpec) -> int:
             f"{mode.mode!r} from {mode.source}; a declared default is not a flip); flip it to "
             f"iceberg first: pipeline-output flip {spec.name} iceberg"
         )
-    last = publisher.ledger.last_parity(spec.name)
+    last = publisher.ledger.parity_log.last_parity(spec.name)
     if last is None or not last.passed:
         state = "never ran" if last is None else f"failed at {last.at:%Y-%m-%d %H:%M:%S}"
         raise DrainRefused(
@@ -91,7 +91,9 @@ def drain(publisher: Publisher, spec: DatasetSpec) -> int:
             f"mode until it passes (pipeline-output parity {spec.name})"
         )
     removed: int = publisher.postgres.drain(spec)
-    publisher.ledger.record_drain(spec.name, rows=removed)  # a rollback past it is refused
+    publisher.ledger.drain_log.record_drain(
+        spec.name, rows=removed
+    )  # a rollback past it is refused
     return removed
 
 
@@ -121,7 +123,7 @@ def status(publisher: Publisher, specs: dict[str, DatasetSpec]) -> list[StatusRo
         mode = publisher.resolve(spec)
         deploys = {}
         for arm in ("pg", "iceberg"):
-            last = publisher.ledger.last_deploy(name, arm)
+            last = publisher.ledger.deploy_log.last_deploy(name, arm)
             deploys[arm] = (
                 f"{last.status} {last.write_mode or ''} {last.finished_at:%Y-%m-%d %H:%M:%S}".strip()
                 if last is not None
@@ -130,7 +132,7 @@ def status(publisher: Publisher, specs: dict[str, DatasetSpec]) -> list[StatusRo
         state = publisher.iceberg.target_state(spec)
         table = publisher.iceberg.load(spec) if state.exists else None
         counts = file_counts(table) if table is not None else None
-        parity = publisher.ledger.last_parity(name)
+        parity = publisher.ledger.parity_log.last_parity(name)
         rows.append(
             StatusRow(
                 dataset=name,

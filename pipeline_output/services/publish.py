@@ -18,8 +18,9 @@ import polars as pl
 from pipeline_output.contract.checked_input import CheckedInput, checked_input
 from pipeline_output.contract.plan import WritePlan
 from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.slices import PartitionSlice, check_in_partition
 from pipeline_output.contract.spec import MODES, Arm, DatasetSpec, Mode
-from pipeline_output.contract.store_protocol import Store, WriteOptions
+from pipeline_output.contract.store_protocol import Store, WriteOptions, WriteScope
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import (
     InvalidArgument,
@@ -27,7 +28,7 @@ from pipeline_output.errors import (
     PipelineOutputError,
     UnsupportedWrite,
 )
-from pipeline_output.ledger.audit_log import AuditRecord
+from pipeline_output.ledger.audits import AuditRecord
 from pipeline_output.services import reads as lazy_reads
 from pipeline_output.stores.iceberg import IcebergStore, PreparedWrite
 from pipeline_output.stores.postgres import PostgresStore
@@ -118,6 +119,11 @@ class Prepared:
     window: Window | None
     checked: CheckedInput
     arms: dict[Arm, Any]
+    partition: PartitionSlice | None = None
+
+    def fits(self, spec: DatasetSpec, window: Any, partition: Any) -> bool:
+        """Whether this was prepared for that spec, window and partition."""
+        return (self.spec, self.window, self.partition) == (spec, window, partition)
 
     def discard(self) -> None:
         """Delete pre-written files no commit took (a no-op once they went into a commit)."""
@@ -153,7 +159,10 @@ class Publisher:
     def resolve(self, spec: DatasetSpec, *, override: str | None = None) -> ResolvedMode:
         """The mode for this run of `spec`."""
         return resolve_mode(
-            spec, override=override, flips=self.ledger, project_default=self.project_default
+            spec,
+            override=override,
+            flips=self.ledger.flip_log if self.ledger is not None else None,
+            project_default=self.project_default,
         )
 
     def store(self, arm: Arm, *, spec: DatasetSpec | None = None) -> Store:
@@ -177,22 +186,26 @@ class Publisher:
         return {arm: self.store(arm) for arm in mode.arms}
 
     def plan(
-        self, spec: DatasetSpec, *, mode: ResolvedMode, window: Window | None = None
+        self, spec: DatasetSpec, *, mode: ResolvedMode, **scope: Unpack[WriteScope]
     ) -> dict[str, WritePlan]:
         """The write plan per arm (a dry run: probes, writes nothing)."""
-        return {arm: s.plan(spec, window=window) for arm, s in self._stores(spec, mode).items()}
+        return {arm: s.plan(spec, **scope) for arm, s in self._stores(spec, mode).items()}
 
     def prepare(
-        self, spec: DatasetSpec, data: Any, *, mode: ResolvedMode, window: Window | None = None
+        self, spec: DatasetSpec, data: Any, *, mode: ResolvedMode, **scope: Unpack[WriteScope]
     ) -> Prepared:
-        """Convert and check `data` once, refuse what any arm of `mode` cannot store, and let each
-        arm prepare (no lock taken; pass the result to `publish(prepared=...)`)."""
+        """Convert and check `data` once, refuse what any arm of `mode` cannot store (and, for a
+        Dagster partition, any row outside its slice), and let each arm prepare (no lock taken;
+        pass the result to `publish(prepared=...)`)."""
         stores = self._stores(spec, mode)
         checked = checked_input(spec, data)
         for store in stores.values():  # every arm's refusal before any arm's I/O
             store.capabilities.check_frame(spec, checked.frame)
-        arms = {arm: store.prepare(spec, checked, window=window) for arm, store in stores.items()}
-        return Prepared(spec=spec, window=window, checked=checked, arms=arms)
+        window, partition = scope.get("window"), scope.get("partition")
+        if partition is not None:
+            check_in_partition(spec, checked.frame, partition)
+        arms = {arm: store.prepare(spec, checked, **scope) for arm, store in stores.items()}
+        return Prepared(spec=spec, window=window, checked=checked, arms=arms, partition=partition)
 
     def publish(
         self,
@@ -213,12 +226,18 @@ class Publisher:
         and the deploy log change only at `audit.publish_audit`.
         """
         stores = self._stores(spec, mode)
-        window = options.get("window")
-        if prepared is not None and (prepared.spec != spec or prepared.window != window):
+        window, partition = options.get("window"), options.get("partition")
+        if prepared is not None and not prepared.fits(spec, window, partition):
             raise InvalidArgument(
-                f"dataset {spec.name!r}: the prepared write is for another spec or window"
+                f"dataset {spec.name!r}: the prepared write is for another spec, window or "
+                "partition"
             )
-        prep = prepared or self.prepare(spec, data, mode=mode, window=window)
+        if audit and partition is not None and mode.mode == "dual":
+            raise UnsupportedWrite(
+                f"dataset {spec.name!r}: write-audit-publish of a Dagster partition in dual mode "
+                "is not supported (audit it in iceberg mode); nothing was written"
+            )
+        prep = prepared or self.prepare(spec, data, mode=mode, window=window, partition=partition)
         out = PublishResult(dataset=spec.name, mode=mode, window=window)
         try:
             if audit and "iceberg" in mode.arms:
@@ -313,7 +332,7 @@ class Publisher:
         """The deploy record of an arm that commits outside the ledger's database (Iceberg); the
         legacy arm makes the same `record_write` call inside its own transaction."""
         if self.ledger is not None and result.arm == "iceberg":
-            self.ledger.record_write(spec, result, **options)
+            self.ledger.deploy_log.record_write(spec, result, **options)
         return result
 
     def read(

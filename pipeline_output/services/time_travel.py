@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import DatasetNotWritten, InvalidArgument, RollbackRefused
-from pipeline_output.ledger.audit_log import RollbackRecord
+from pipeline_output.ledger.rollbacks import RollbackRecord
 from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
 from pipeline_output.stores.iceberg.table.refs import ancestry, head, main_since, move_main
 from pipeline_output.stores.iceberg.table.snapshot_log import snapshot_at
@@ -173,7 +173,7 @@ def rollback(
         lineage = list(ancestry(table, main))
         target = _target(spec, table, lineage, to_snapshot, before_run, to_time)
         became_main = main_since(table).get(target.snapshot_id, target.timestamp_ms)
-        drained = ledger.last_drain(spec.name)
+        drained = ledger.drain_log.last_drain(spec.name)
         if drained is not None and drained > _utc(became_main):
             raise RollbackRefused(
                 f"dataset {spec.name!r}: rollback refused — the legacy arm was drained at "
@@ -201,7 +201,7 @@ def rollback(
                 if windows is not None
                 else 0
             )
-            record: RollbackRecord = ledger.record_rollback(
+            record: RollbackRecord = ledger.rollback_log.record_rollback(
                 spec.name,
                 from_snapshot_id=main,
                 to_snapshot_id=target.snapshot_id,

@@ -57,7 +57,9 @@ def test_flip_records_who_when_from_to_and_a_new_process_sees_the_history(cli, p
     assert second.returncode == 0, second.stderr
     assert f"customers: dual -> iceberg by {getpass.getuser()} at " in second.stdout
 
-    history = Ledger(pg_db_url).flip_history("customers")  # a third "process": a new ledger
+    history = Ledger(pg_db_url).flip_log.flip_history(
+        "customers"
+    )  # a third "process": a new ledger
     assert [(h.from_mode, h.to_mode, h.who, h.reason) for h in history] == [
         (None, "dual", "alice", "canary"),
         ("dual", "iceberg", getpass.getuser(), None),
@@ -76,7 +78,7 @@ def test_flip_to_an_unknown_mode_or_dataset_exits_2_with_one_line_listing_the_va
     assert all(d in line for d in DEMO), line
     ledger = Ledger(pg_db_url)
     ledger.migrate()  # the refused flips connected to nothing: not even the migrations ran
-    assert ledger.flips() == {}
+    assert ledger.flip_log.flips() == {}
     # "one line": nothing else on stderr (e.g. warnings printed while loading definitions)
     for result in (bad_mode, bad_dataset):
         assert result.stderr.strip().splitlines() == [error_line(result)], result.stderr
@@ -105,7 +107,7 @@ def test_parity_command_passes_then_exits_1_naming_a_corrupted_key(cli, runtime,
     assert bad.returncode == 1, (bad.stdout, bad.stderr)
     assert "parity FAIL" in bad.stdout
     assert "only in pg: [23]" in bad.stdout and "only in iceberg: [23]" in bad.stdout
-    last = Ledger(pg_db_url).last_parity("active_products")
+    last = Ledger(pg_db_url).parity_log.last_parity("active_products")
     assert last is not None and not last.passed
 
 
@@ -113,12 +115,12 @@ def test_drain_command_refuses_clearly_then_drains_after_flip_and_parity(cli, ru
     from pipeline_output.services.canary import check_parity
 
     write_dual(runtime, "active_products", products(range(1, 11)))
-    runtime.ledger.flip("active_products", "dual", who="t")
+    runtime.ledger.flip_log.flip("active_products", "dual", who="t")
     assert check_parity(runtime.publisher, demo_spec("active_products")).passed
     refused = error_line(cli("drain", "active_products"))
     assert "drain refused" in refused and "flip it to iceberg" in refused, refused
 
-    runtime.ledger.flip("active_products", "iceberg", who="t")
+    runtime.ledger.flip_log.flip("active_products", "iceberg", who="t")
     with psycopg.connect(pg_db_url) as conn:  # the last parity now fails
         conn.execute(
             "UPDATE pipeline_output.dataset_rows SET data = jsonb_set(data, '{name}', '\"x\"') "
@@ -156,7 +158,7 @@ def test_status_lists_every_dataset_with_mode_source_deploys_rows_and_parity(
     from pipeline_output.services.canary import check_parity
 
     write_dual(runtime, "active_products", products(range(1, 8)))
-    runtime.ledger.flip("active_products", "dual", who="t")
+    runtime.ledger.flip_log.flip("active_products", "dual", who="t")
     assert check_parity(runtime.publisher, demo_spec("active_products")).passed
     board = cli("status")
     assert board.returncode == 0, board.stderr

@@ -63,8 +63,8 @@ def test_commands_use_the_locations_resource_not_the_environment(
     _ok(cli("flip", "tickets", "dual", "--who", "ops", *f))
 
     ledger = Ledger(pg_db_url)
-    assert ledger.last_deploy("tickets", "iceberg", status="succeeded") is not None
-    assert ledger.current_flip("tickets") is not None
+    assert ledger.deploy_log.last_deploy("tickets", "iceberg", status="succeeded") is not None
+    assert ledger.flip_log.current_flip("tickets") is not None
     with psycopg.connect(other_db_url) as conn:  # the environment's: no ledger at all
         row = conn.execute("SELECT to_regclass('pipeline_output.datasets')").fetchone()
     assert row is not None and row[0] is None

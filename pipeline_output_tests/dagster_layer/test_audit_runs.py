@@ -99,7 +99,7 @@ def test_an_audited_run_publishes_one_snapshot_after_its_checks_read_the_branch(
     table = rt.iceberg.load("items")
     assert table.snapshot_by_id(main_snapshot()).parent_snapshot_id == before, "one new snapshot"
     assert_same_multiset(rt.iceberg.read("items"), expected)
-    audit = rt.ledger.audit("items", run.run_id)
+    audit = rt.ledger.audit_log.audit("items", run.run_id)
     assert audit.state == "published" and audit.gating_checks == ["no_bad_id", "parity"]
     assert not [r for r in table.metadata.refs if r.startswith("audit-")]
     meta = {
@@ -131,7 +131,7 @@ def test_a_failing_user_check_leaves_main_and_readers_unchanged_and_keeps_the_br
     assert main_snapshot() == before
     assert_same_multiset(rt.iceberg.read("items"), rows_before)
     assert "totals" not in SEEN, "downstream never read the unpublished rows"
-    audit = rt.ledger.audit("items", bad.run_id)
+    audit = rt.ledger.audit_log.audit("items", bad.run_id)
     assert audit.state == "failed" and "no_bad_id" in (audit.reason or "")
     assert audit.branch in rt.iceberg.load("items").metadata.refs
 
@@ -144,7 +144,10 @@ def test_a_dual_audit_with_an_injected_parity_mismatch_changes_neither_arm(runti
     ROWS["items"] = customers(range(1, 11))
     assert run_assets(defs, instance, ["items"]).success
     rt = get_runtime()
-    assert rt.ledger.audit("items", rt.ledger.audits("items")[0].run_id).state == "published"
+    assert (
+        rt.ledger.audit_log.audit("items", rt.ledger.audit_log.audits("items")[0].run_id).state
+        == "published"
+    )
     corrupt_pg_row(pg_db_url, "items", "3", "name", "tampered")  # preserved by the upsert
     legacy_before, main_before = pg_docs(pg_db_url, "items"), main_snapshot()
 
@@ -155,7 +158,7 @@ def test_a_dual_audit_with_an_injected_parity_mismatch_changes_neither_arm(runti
     assert not parity.passed and "parity FAIL" in (parity.description or "")
     assert main_snapshot() == main_before
     assert pg_docs(pg_db_url, "items") == legacy_before
-    assert rt.ledger.audit("items", bad.run_id).state == "failed"
+    assert rt.ledger.audit_log.audit("items", bad.run_id).state == "failed"
 
 
 def test_a_dual_audit_that_passes_writes_the_legacy_arm_at_the_publish(runtime_env, pg_db_url):
@@ -169,7 +172,7 @@ def test_a_dual_audit_that_passes_writes_the_legacy_arm_at_the_publish(runtime_e
     run = run_assets(defs, instance, ["items"])
     rt = get_runtime()
     expected = upsert(customers(range(1, 11)), customers(range(8, 14), version=1))
-    assert run.success and rt.ledger.audit("items", run.run_id).state == "published"
+    assert run.success and rt.ledger.audit_log.audit("items", run.run_id).state == "published"
     assert_same_multiset(rt.postgres.read("items"), expected)
     assert_same_multiset(rt.iceberg.read("items"), expected)
 
@@ -186,9 +189,12 @@ def test_asset_config_audit_stages_one_run_of_a_dataset_declared_without_audit(r
     config = {"ops": {"items": {"config": {"audit": True}}}}
     bad = run_assets(defs, instance, ["items"], run_config=config, raise_on_error=False)
     assert not bad.success and main_snapshot() == before
-    assert get_runtime().ledger.audit("items", bad.run_id).state == "failed"
+    assert get_runtime().ledger.audit_log.audit("items", bad.run_id).state == "failed"
     plain = run_assets(defs, instance, ["items"], raise_on_error=False)  # no audit: written
-    assert main_snapshot() != before and get_runtime().ledger.audit("items", plain.run_id) is None
+    assert (
+        main_snapshot() != before
+        and get_runtime().ledger.audit_log.audit("items", plain.run_id) is None
+    )
 
 
 def test_an_audited_run_without_blocking_checks_publishes_when_its_step_ends(runtime_env):
@@ -202,6 +208,6 @@ def test_an_audited_run_without_blocking_checks_publishes_when_its_step_ends(run
 
     defs = build_definitions(datasets=[items], with_parity_checks=False)
     run = run_assets(defs, dg.DagsterInstance.ephemeral(), ["items"])
-    audit = get_runtime().ledger.audit("items", run.run_id)
+    audit = get_runtime().ledger.audit_log.audit("items", run.run_id)
     assert run.success and audit.gating_checks == [] and audit.state == "published"
     assert_same_multiset(get_runtime().iceberg.read("items"), customers(range(1, 4)))

@@ -203,12 +203,12 @@ def test_maintenance_drops_stale_audit_branches_so_they_no_longer_hold_compactio
     assert "compact: skipped (an audit is staged on branch audit-abandoned" in kept
     off = maintain(audits=False, audit_retention_hours=0, expire=False, orphans=False)
     assert "audits:" not in off and "compact: skipped" in off
-    assert runtime.publisher.ledger.audit("ledgerless", "abandoned").state == "staged"
+    assert runtime.publisher.ledger.audit_log.audit("ledgerless", "abandoned").state == "staged"
 
     done = maintain(audit_retention_hours=0, older_than_hours=0)
     assert "audits: dropped 1 stale audit branch(es): audit-abandoned" in done
     assert "rewrote 9 data file(s) into 1 file(s)" in done
     table = runtime.iceberg.load(spec)
     assert "audit-abandoned" not in table.metadata.refs and len(table.snapshots()) == 1
-    assert runtime.publisher.ledger.audit("ledgerless", "abandoned").state == "dropped"
+    assert runtime.publisher.ledger.audit_log.audit("ledgerless", "abandoned").state == "dropped"
     assert_same_multiset(runtime.iceberg.read(spec), pl.concat(written))  # never published

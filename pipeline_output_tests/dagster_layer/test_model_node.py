@@ -366,7 +366,7 @@ def test_model_node_in_iceberg_mode_records_its_deploy_and_status_shows_it(env, 
     runtime = get_runtime()
     deploys = []
     for _ in range(2):  # re-running replaces the output and records a second deploy
-        last = runtime.ledger.last_deploy(node, "iceberg")
+        last = runtime.ledger.deploy_log.last_deploy(node, "iceberg")
         assert last is not None and last.status == "succeeded"
         assert last.write_mode is not None and "replace" in last.write_mode
         assert (
@@ -376,7 +376,7 @@ def test_model_node_in_iceberg_mode_records_its_deploy_and_status_shows_it(env, 
         deploys.append(last)
         out = materialise(defs, instance, node)
     assert out.success and deploys[0].snapshot_id != deploys[1].snapshot_id
-    assert runtime.ledger.last_deploy(node, "pg") is None
+    assert runtime.ledger.deploy_log.last_deploy(node, "pg") is None
     specs = {
         spec.name: spec
         for spec in (spec_of(a) for a in defs.assets or [] if hasattr(a, "metadata_by_key"))
@@ -497,7 +497,7 @@ def output_rows(node: str, arm: str) -> pl.DataFrame | None:
         frame = pl.from_arrow(table.scan().to_arrow())
         assert isinstance(frame, pl.DataFrame)
         return frame
-    if runtime.ledger.last_deploy(node, "pg") is None:
+    if runtime.ledger.deploy_log.last_deploy(node, "pg") is None:
         return None
     return runtime.postgres.read(node)
 
@@ -507,7 +507,7 @@ def output_version(node: str, arm: str) -> Any:
     if arm == "iceberg":
         table = output_table(node)
         return None if table is None else (table.current_snapshot().snapshot_id, table.snapshots())
-    last = get_runtime().ledger.last_deploy(node, "pg")
+    last = get_runtime().ledger.deploy_log.last_deploy(node, "pg")
     return None if last is None else last.id
 
 

@@ -105,7 +105,7 @@ def test_a_location_with_the_resource_materialises_with_no_variable_set(
     meta = mat_meta(result, "orders")
     assert meta["dagster/table_name"] == "default.analytics.orders"
     assert_same_multiset(_read(pg_db_url, tmp_path / "warehouse", "analytics.orders"), ROWS)
-    deploy = Ledger(pg_db_url).last_deploy("orders", "iceberg", status="succeeded")
+    deploy = Ledger(pg_db_url).deploy_log.last_deploy("orders", "iceberg", status="succeeded")
     assert deploy is not None and deploy.run_id == result.run_id
     assert not (no_environment / ".pipeline_output").exists(), "an embedded server was started"
 
@@ -134,10 +134,10 @@ def test_two_code_locations_with_different_control_planes_and_catalogs_run_side_
         assert run_assets(eu, instance, ["orders"]).success  # the first location again
 
     assert_same_multiset(_read(pg_db_url, tmp_path / "eu", "eu.orders"), ROWS.head(2))
-    assert Ledger(pg_db_url).last_deploy("orders", "pg") is None
-    legacy = Ledger(other_db_url).last_deploy("orders", "pg", status="succeeded")
+    assert Ledger(pg_db_url).deploy_log.last_deploy("orders", "pg") is None
+    legacy = Ledger(other_db_url).deploy_log.last_deploy("orders", "pg", status="succeeded")
     assert legacy is not None
-    assert Ledger(other_db_url).last_deploy("orders", "iceberg") is None
+    assert Ledger(other_db_url).deploy_log.last_deploy("orders", "iceberg") is None
     assert not (tmp_path / "us").exists(), "the pg-arm location wrote to a catalog"
 
 

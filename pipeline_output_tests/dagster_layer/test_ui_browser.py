@@ -228,7 +228,7 @@ def test_the_ui_materialises_from_the_launchpad_and_shows_write_mode_parity_and_
             page.screenshot(path=str(shots / "6-window-partitions.png"), full_page=True)
         finally:
             browser.close()
-    audit = Ledger(pg_db_url).audit("active_products", real)
+    audit = Ledger(pg_db_url).audit_log.audit("active_products", real)
     assert audit is not None and audit.state == "published", audit
 
 

@@ -118,11 +118,11 @@ def test_a_failing_migration_leaves_nothing_behind(pg_db_url, monkeypatch):
 
 
 def test_deploys_and_the_freshness_oracle(ledger):
-    assert ledger.last_deploy("ds", "pg") is None
-    assert not ledger.has_succeeded_deploy("ds", "pg")
-    failed = ledger.record_deploy("ds", "pg", status="failed", run_id="r0", error="boom")
+    assert ledger.deploy_log.last_deploy("ds", "pg") is None
+    assert not ledger.deploy_log.has_succeeded_deploy("ds", "pg")
+    failed = ledger.deploy_log.record_deploy("ds", "pg", status="failed", run_id="r0", error="boom")
     assert failed.status == "failed" and failed.error == "boom"
-    assert not ledger.has_succeeded_deploy("ds", "pg")
+    assert not ledger.deploy_log.has_succeeded_deploy("ds", "pg")
     result = WriteResult(
         dataset="ds",
         write_mode="upsert",
@@ -135,7 +135,7 @@ def test_deploys_and_the_freshness_oracle(ledger):
     )
     window = Window(low=10, high=20)
     started = datetime(2026, 1, 1, tzinfo=UTC)
-    ok = ledger.record_deploy(
+    ok = ledger.deploy_log.record_deploy(
         "ds",
         "iceberg",
         status="succeeded",
@@ -153,14 +153,14 @@ def test_deploys_and_the_freshness_oracle(ledger):
         123456789012345,
     )
     assert ok.started_at == started and ok.finished_at >= started
-    assert ledger.has_succeeded_deploy("ds", "iceberg")
-    assert not ledger.has_succeeded_deploy("ds", "pg")
-    assert ledger.last_deploy("ds", "iceberg") == ok
-    assert [d.id for d in ledger.deploys("ds")] == [ok.id, failed.id]
+    assert ledger.deploy_log.has_succeeded_deploy("ds", "iceberg")
+    assert not ledger.deploy_log.has_succeeded_deploy("ds", "pg")
+    assert ledger.deploy_log.last_deploy("ds", "iceberg") == ok
+    assert [d.id for d in ledger.deploy_log.deploys("ds")] == [ok.id, failed.id]
     with pytest.raises(ValueError, match="arm"):
-        ledger.record_deploy("ds", "duckdb", status="succeeded")
+        ledger.deploy_log.record_deploy("ds", "duckdb", status="succeeded")
     with pytest.raises(ValueError, match="status"):
-        ledger.record_deploy("ds", "pg", status="maybe")
+        ledger.deploy_log.record_deploy("ds", "pg", status="maybe")
 
 
 def test_divergence_is_recorded_as_a_deploy_and_a_failed_parity(ledger):
@@ -168,8 +168,8 @@ def test_divergence_is_recorded_as_a_deploy_and_a_failed_parity(ledger):
         "ds", run_id="r9", error="commit failed", snapshot_id=42, window="(1, 2]"
     )
     assert (record.arm, record.status, record.snapshot_id) == ("pg", "diverged", 42)
-    assert not ledger.has_succeeded_deploy("ds", "pg")
-    parity = ledger.last_parity("ds")
+    assert not ledger.deploy_log.has_succeeded_deploy("ds", "pg")
+    parity = ledger.parity_log.last_parity("ds")
     assert parity is not None and parity.passed is False
     assert parity.details["reason"] == "diverged" and parity.details["deploy_id"] == record.id
 
@@ -178,44 +178,44 @@ def test_divergence_is_recorded_as_a_deploy_and_a_failed_parity(ledger):
 
 
 def test_flips_keep_history_and_survive_a_new_ledger(ledger, pg_db_url):
-    assert ledger.current_flip("orders") is None
-    first = ledger.flip("orders", "dual", who="alice", reason="canary")
+    assert ledger.flip_log.current_flip("orders") is None
+    first = ledger.flip_log.flip("orders", "dual", who="alice", reason="canary")
     assert (first.from_mode, first.to_mode, first.who, first.reason) == (
         None,
         "dual",
         "alice",
         "canary",
     )
-    second = ledger.flip("orders", "iceberg", who="bob")
+    second = ledger.flip_log.flip("orders", "iceberg", who="bob")
     assert (second.from_mode, second.to_mode) == ("dual", "iceberg")
     fresh = Ledger(pg_db_url)
-    assert fresh.current_flip("orders") == "iceberg"
-    history = fresh.flip_history("orders")
+    assert fresh.flip_log.current_flip("orders") == "iceberg"
+    history = fresh.flip_log.flip_history("orders")
     assert [(f.from_mode, f.to_mode, f.who) for f in history] == [
         (None, "dual", "alice"),
         ("dual", "iceberg", "bob"),
     ]
     assert history[0].at <= history[1].at
-    assert fresh.flips() == {"orders": "iceberg"}
-    assert fresh.current_flip("other") is None
+    assert fresh.flip_log.flips() == {"orders": "iceberg"}
+    assert fresh.flip_log.current_flip("other") is None
     assert "orders" in fresh.datasets()
 
 
 def test_flip_to_an_unknown_mode_lists_the_valid_ones(ledger):
     with pytest.raises(UnknownMode, match="pg, iceberg, dual"):
-        ledger.flip("orders", "delta", who="alice")
-    assert ledger.flip_history("orders") == []
+        ledger.flip_log.flip("orders", "delta", who="alice")
+    assert ledger.flip_log.flip_history("orders") == []
     with pytest.raises(ValueError, match="who"):
-        ledger.flip("orders", "pg", who="")
+        ledger.flip_log.flip("orders", "pg", who="")
 
 
 # --- parity and the registry --------------------------------------------------------------------------
 
 
 def test_parity_results(ledger):
-    assert ledger.last_parity("ds") is None
-    ledger.record_parity("ds", passed=True, pg_count=3, iceberg_count=3, run_id="a")
-    bad = ledger.record_parity(
+    assert ledger.parity_log.last_parity("ds") is None
+    ledger.parity_log.record_parity("ds", passed=True, pg_count=3, iceberg_count=3, run_id="a")
+    bad = ledger.parity_log.record_parity(
         "ds",
         passed=False,
         pg_count=3,
@@ -223,7 +223,7 @@ def test_parity_results(ledger):
         differing_keys={"only_in_iceberg": [{"id": 4}], "only_in_pg": []},
         run_id="b",
     )
-    last = ledger.last_parity("ds")
+    last = ledger.parity_log.last_parity("ds")
     assert last == bad
     assert last.differing_keys == {"only_in_iceberg": [{"id": 4}], "only_in_pg": []}
     assert (last.pg_count, last.iceberg_count, last.passed) == (3, 4, False)
@@ -238,11 +238,11 @@ def test_registry_round_trips_the_arrow_schema(ledger):
             ("name", pa.large_string()),
         ]
     )
-    ledger.register_dataset("ds", primary_key=("id",), arrow_schema=schema)
-    entry = ledger.registered("ds")
+    ledger.registry.register_dataset("ds", primary_key=("id",), arrow_schema=schema)
+    entry = ledger.registry.registered("ds")
     assert entry is not None
     assert entry.primary_key == ("id",) and entry.arrow_schema.equals(schema)
     wider = schema.append(pa.field("extra", pa.bool_()))
-    ledger.register_dataset("ds", primary_key=("id",), arrow_schema=wider)
-    assert ledger.dataset_schema("ds").equals(wider)
-    assert ledger.dataset_schema("nope") is None
+    ledger.registry.register_dataset("ds", primary_key=("id",), arrow_schema=wider)
+    assert ledger.registry.dataset_schema("ds").equals(wider)
+    assert ledger.registry.dataset_schema("nope") is None

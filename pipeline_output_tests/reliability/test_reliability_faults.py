@@ -51,7 +51,7 @@ ledger = Ledger(url)
 ledger.migrate()
 if extra == "kill_after_commit":  # killed between the Iceberg commit and the ledger update
     import os, signal
-    ledger.record_deploy = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    ledger.deploy_log.record_deploy = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 pub = Publisher(iceberg=IcebergStore(settings_catalog(s), s.namespace), postgres=PostgresStore(url, ledger=ledger), ledger=ledger)
 spec = DatasetSpec(name=name, primary_key=("id",), strategy="snapshot_replace")
 ids = list(range(lo, hi))

@@ -5,7 +5,10 @@ random deploys: batches with overlapping / new / missing keys, keys whose waterm
 window (a windowed replace must then replace a key stored outside its window), nulls in non-key
 columns, NaN, empty batches, columns added (and later omitted), datasets partitioned (by key buckets, key truncation,
 a value column) or not, and delta windows over an integer, `timestamptz` or
-`timestamp` watermark (bounds round-tripped through their partition key, as the sensor does), with
+`timestamp` watermark (bounds round-tripped through their partition key, as the sensor does) —
+or, beside them, Dagster-partitioned datasets (daily, hourly across a DST change, static,
+daily by region: `model_partitions.py`) written partition by partition, keys moving between
+partitions, a row outside its partition refused by both arms —, with
 the database's server TimeZone drawn per example (UTC or not). After every step the Iceberg arm and
 the legacy Postgres arm each equal an independent polars model (`oracle.expect`, which imports
 nothing from `pipeline_output`) and each other, as typed multisets; both arms pick the same write
@@ -42,10 +45,11 @@ from hypothesis.stateful import (
 )
 
 from pipeline_output import DatasetSpec, Delta, IcebergStore, Window
-from pipeline_output.errors import EmptyComputeRefused
+from pipeline_output.errors import EmptyComputeRefused, RowsOutsideWindow
 from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.oracle import assert_same_multiset, expect, in_window
+from pipeline_output_tests.reliability import model_partitions
 from pipeline_output_tests.reliability.model_time_travel import TimeTravelRules, travel_figures
 from pipeline_output_tests.reliability.report import profile, record
 
@@ -187,33 +191,63 @@ class DatasetModel:
     extras: dict[str, str] = field(default_factory=dict)  # columns the compute produces now
     ever_extras: dict[str, str] = field(default_factory=dict)  # every column ever added
     wm_kind: str = "int"  # the watermark's type: int, timestamptz or timestamp
+    dagster: str | None = None  # Dagster-partitioned (`model_partitions.KINDS`) instead of delta
 
 
 def new_dataset(
-    strategy: str, wm_kind: str = "int", partition_by: tuple[str, ...] = (), hint: str = "auto"
+    strategy: str,
+    wm_kind: str = "int",
+    partition_by: tuple[str, ...] = (),
+    hint: str = "auto",
+    dagster: str | None = None,
 ) -> DatasetModel:
     spec = DatasetSpec(
         name=f"m{next(_names)}_{int(time.time() * 1000) % 100000}",
         primary_key=("id",),
         strategy=strategy,  # type: ignore[arg-type]
-        delta=Delta(source="raw", watermark="seq"),
+        delta=Delta(source="raw", watermark="seq") if dagster is None else None,
         partition_by=partition_by,
         write_strategy_hint=hint,  # type: ignore[arg-type]
     )
-    return DatasetModel(spec=spec, wm_kind=wm_kind)
+    return DatasetModel(spec=spec, wm_kind=wm_kind, dagster=dagster)
 
 
 COUNTERS = ("rows_inserted", "rows_updated", "rows_deleted", "rows_skipped", "rows_total_after")
 
 
 def deploy(
-    arms: Arms, ds: DatasetModel, rows: list[Row], window: tuple[int | None, int] | None
+    arms: Arms,
+    ds: DatasetModel,
+    rows: list[Row],
+    window: tuple[int | None, int] | None,
+    *,
+    stray: bool = False,
 ) -> None:
-    """Write one batch to both arms and advance the model; check modes, counters, refusals."""
+    """Write one batch to both arms and advance the model; check modes, counters, refusals.
+
+    A Dagster-partitioned dataset takes the drawn window as a partition (its `high` picks the
+    key); with `stray` one row outside that partition joins the batch, which both arms refuse."""
     batch = make_batch(rows, ds.extras, ds.wm_kind)
     w = None
     bounds = None
-    if window is not None and ds.table is not None:  # a window on a first deploy is still a replace
+    part, within = None, None
+    if ds.dagster is not None:
+        batch = batch.with_columns(**model_partitions.partition_values(rows))
+    if ds.dagster is not None and window is not None:
+        part, within = model_partitions.drawn(ds.dagster, window[1])
+        inside, outside = batch.filter(within), batch.filter(~within)
+        if stray:
+            if outside.height == 0:
+                return
+            for store in (arms.iceberg, arms.postgres):
+                with pytest.raises(RowsOutsideWindow):
+                    store.write(ds.spec, pl.concat([inside, outside.head(1)]), partition=part)
+            _CTX["strays_refused"] = _CTX.get("strays_refused", 0) + 1
+            return
+        counts = _CTX.setdefault("partition_deploys", {})
+        counts[ds.dagster] = counts.get(ds.dagster, 0) + 1
+        batch = inside
+    elif window is not None and ds.table is not None:  # on a first deploy still a replace
         low = None if window[0] is None else watermark_value(window[0], ds.wm_kind)
         high = watermark_value(window[1], ds.wm_kind)
         bounds = (low, high)
@@ -226,19 +260,21 @@ def deploy(
             stored = ds.table.join(batch.select("id", "seq"), on="id", suffix="_new")
             if stored.filter(pl.col("seq") != pl.col("seq_new")).height:
                 _CTX["moved_replaces"] = _CTX.get("moved_replaces", 0) + 1
-    exp = expect(ds.spec.strategy, ds.table, batch, ["id"], window=bounds, watermark="seq")
+    exp = expect(
+        ds.spec.strategy, ds.table, batch, ["id"], window=bounds, watermark="seq", within=within
+    )
     refused = not exp.first_deploy and batch.height == 0 and exp.counters.get("rows_deleted", 0) > 0
     arms.steps += 1
     run_id = f"step{arms.steps}"
     if refused:
         arms.refused += 1
         with pytest.raises(EmptyComputeRefused):
-            arms.iceberg.write(ds.spec, batch, window=w, run_id=run_id)
+            arms.iceberg.write(ds.spec, batch, window=w, partition=part, run_id=run_id)
         with pytest.raises(EmptyComputeRefused):
-            arms.postgres.write(ds.spec, batch, window=w, run_id=run_id)
+            arms.postgres.write(ds.spec, batch, window=w, partition=part, run_id=run_id)
         return
-    ice = arms.iceberg.write(ds.spec, batch, window=w, run_id=run_id)
-    pg = arms.postgres.write(ds.spec, batch, window=w, run_id=run_id)
+    ice = arms.iceberg.write(ds.spec, batch, window=w, partition=part, run_id=run_id)
+    pg = arms.postgres.write(ds.spec, batch, window=w, partition=part, run_id=run_id)
     arms.rows_written += batch.height
     _CTX["merged_on_read"] = _CTX.get("merged_on_read", 0) + ice.files_merged_on_read
     assert ice.write_mode == exp.write_mode, (ice.write_mode, exp.write_mode)
@@ -377,6 +413,12 @@ def _datasets_st(strategies: list[str], hints: st.SearchStrategy[list[str]]) -> 
         "zone": st.sampled_from(SERVER_ZONES),
         "partitions": st.lists(st.sampled_from(PARTITIONINGS), min_size=2, max_size=2),
         "hints": hints,
+        # delta datasets, and Dagster-partitioned ones beside them (half of these on an Iceberg
+        # partition spec matching their partitions)
+        "dagster": st.lists(
+            st.sampled_from([None, None, *model_partitions.KINDS]), min_size=2, max_size=2
+        ),
+        "matching": st.lists(st.booleans(), min_size=2, max_size=2),
     }
 
 
@@ -400,15 +442,24 @@ class DeployMachine(TimeTravelRules, PartitionSpecChanges, RuleBasedStateMachine
         zone: str,
         partitions: list[tuple[str, ...]],
         hints: list[str],
+        dagster: list[str | None],
+        matching: list[bool],
     ) -> None:
         _CTX["set_zone"](zone)
         _CTX["zones"].add(zone)
         _CTX["kinds"].update(kinds[: len(strategies)])
+        partitions = [
+            model_partitions.MATCHING_SPEC[d] if d is not None and m else p
+            for p, d, m in zip(partitions, dagster, matching, strict=True)
+        ]
         _CTX["partitionings"].update(" ".join(p) or "none" for p in partitions[: len(strategies)])
         _CTX["hints"].update(hints[: len(strategies)])
+        _CTX.setdefault("dagster_kinds", set()).update(
+            d or "delta" for d in dagster[: len(strategies)]
+        )
         self.datasets = [
-            new_dataset(s, k, p, h)
-            for s, k, p, h in zip(strategies, kinds, partitions, hints, strict=False)
+            new_dataset(s, k, p, h, d)
+            for s, k, p, h, d in zip(strategies, kinds, partitions, hints, dagster, strict=False)
         ]
 
     @rule(which=st.integers(0, 1), rows=rows_st, window=windows_st)
@@ -418,6 +469,15 @@ class DeployMachine(TimeTravelRules, PartitionSpecChanges, RuleBasedStateMachine
     @rule(which=st.integers(0, 1), rows=rows_st, window=_window_bounds_st)
     def deploy_window(self, which: int, rows: list[Row], window: tuple[int | None, int]) -> None:
         deploy(self.arms, self.datasets[which % len(self.datasets)], rows, window)
+
+    @precondition(lambda self: any(d.dagster is not None for d in self.datasets))
+    @rule(which=st.integers(0, 1), rows=rows_st, window=_window_bounds_st)
+    def deploy_a_row_outside_its_partition(
+        self, which: int, rows: list[Row], window: tuple[int | None, int]
+    ) -> None:
+        ds = self.datasets[which % len(self.datasets)]
+        if ds.dagster is not None:
+            deploy(self.arms, ds, rows, window, stray=True)
 
     @precondition(lambda self: any(d.table is not None and d.table.height for d in self.datasets))
     @rule(which=st.integers(0, 1), window=_window_bounds_st, version=st.integers(0, 2))
@@ -549,6 +609,9 @@ def test_random_deploy_sequences_both_arms_match_the_model(
         files_merged_on_read=_CTX.get("merged_on_read", 0),
         windowed_deploys=_CTX.get("windowed", {}),
         windowed_replaces_of_moved_keys=_CTX.get("moved_replaces", 0),
+        dataset_kinds=",".join(sorted(_CTX.get("dagster_kinds", ()))),
+        dagster_partition_deploys=_CTX.get("partition_deploys", {}),
+        rows_outside_partition_refused=_CTX.get("strays_refused", 0),
         seconds=round(time.perf_counter() - started, 1),
         rows_lost=0,
         **travel_figures(),

@@ -44,14 +44,16 @@ def upsert_oracle(before: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
 def test_an_audited_write_changes_nothing_readers_see_until_it_is_published(pub):
     pub.publish(SPEC, customers(range(1, 11)), mode=mode("iceberg"), run_id="r0")
     before_main, before_rows = main_of(pub), pub.iceberg.read(SPEC)
-    deploys = len(pub.ledger.deploys("items", arm="iceberg"))
+    deploys = len(pub.ledger.deploy_log.deploys("items", arm="iceberg"))
     update = customers(range(8, 14), version=1)
 
     staged = pub.publish(SPEC, update, mode=mode("iceberg"), run_id="r1", audit=True)
     assert staged.staged and staged.audit.branch == "audit-r1"
     assert main_of(pub) == before_main
     assert_same_multiset(pub.iceberg.read(SPEC), before_rows)
-    assert len(pub.ledger.deploys("items", arm="iceberg")) == deploys, "no deploy before publish"
+    assert len(pub.ledger.deploy_log.deploys("items", arm="iceberg")) == deploys, (
+        "no deploy before publish"
+    )
     snapshot = staged.results["iceberg"].snapshot_id
     assert_same_multiset(pub.iceberg.read(SPEC, as_of=snapshot), upsert_oracle(before_rows, update))
 
@@ -61,8 +63,8 @@ def test_an_audited_write_changes_nothing_readers_see_until_it_is_published(pub)
     assert table.snapshot_by_id(snapshot).parent_snapshot_id == before_main, "one new snapshot"
     assert "audit-r1" not in table.metadata.refs, "the branch is dropped in the publish commit"
     assert_same_multiset(pub.iceberg.read(SPEC), upsert_oracle(before_rows, update))
-    assert pub.ledger.audit("items", "r1").state == "published"
-    newest = pub.ledger.deploys("items", arm="iceberg")[0]  # newest first
+    assert pub.ledger.audit_log.audit("items", "r1").state == "published"
+    newest = pub.ledger.deploy_log.deploys("items", arm="iceberg")[0]  # newest first
     assert newest.snapshot_id == snapshot and newest.run_id == "r1"
     again = publish_audit(pub, SPEC, run_id="r1")
     assert not again.moved and main_of(pub) == snapshot
@@ -81,7 +83,7 @@ def test_a_failed_audit_keeps_main_and_the_branch_and_maintenance_drops_it_later
     assert drop_stale_audit_branches(pub) == [], "kept within the retention period"
     later = datetime.now(UTC) + timedelta(days=8)
     [dropped] = drop_stale_audit_branches(pub, now=later)
-    assert dropped.run_id == "r1" and pub.ledger.audit("items", "r1").state == "dropped"
+    assert dropped.run_id == "r1" and pub.ledger.audit_log.audit("items", "r1").state == "dropped"
     assert "audit-r1" not in pub.iceberg.load(SPEC).metadata.refs
     assert main_of(pub) == before
 
@@ -95,7 +97,7 @@ def test_an_audit_never_publishes_over_a_writer_that_moved_main_after_it_branche
     with pytest.raises(AuditConflict, match="main moved"):
         publish_audit(pub, SPEC, run_id="b")
     assert main_of(pub) == winner
-    assert pub.ledger.audit("items", "b").state == "failed"
+    assert pub.ledger.audit_log.audit("items", "b").state == "failed"
     assert "audit-b" in pub.iceberg.load(SPEC).metadata.refs
     assert sorted(pub.iceberg.read(SPEC)["id"].to_list()) == [1, 2, 3, 4, 5, 6]
 
@@ -148,7 +150,7 @@ def test_a_dual_audit_with_a_parity_mismatch_leaves_main_and_the_legacy_arm_unch
     with pytest.raises(AuditFailed, match="parity"):
         publish_audit(pub, dual, run_id="r1")
     assert main_of(pub, dual) == main_before and pg_docs(pg_db_url, "both") == legacy_before
-    assert pub.ledger.audit("both", "r1").state == "failed"
+    assert pub.ledger.audit_log.audit("both", "r1").state == "failed"
     assert "audit-r1" in pub.iceberg.load(dual).metadata.refs
 
 

@@ -108,5 +108,5 @@ def test_two_concurrent_audited_writers_publish_in_turn_or_fail_clearly_and_lose
         expected = pl.concat([expected.join(rows, on="id", how="anti"), rows])
     assert_same_multiset(pub.iceberg.read(SPEC), expected)
     for run, (state, _) in outcomes.items():
-        audit = pub.ledger.audit("shared", run)
+        audit = pub.ledger.audit_log.audit("shared", run)
         assert audit.state == ("published" if state == "published" else "failed")

@@ -185,7 +185,7 @@ def test_an_edited_legacy_row_fails_parity_naming_its_key_on_both_sides(pub, pg_
     assert (report.pg_count, report.iceberg_count) == (40, 40)
     assert report.only_in_pg == [17] and report.only_in_iceberg == [17]
     assert "FAIL" in report.summary()
-    last = Ledger(pg_db_url).last_parity("customers")
+    last = Ledger(pg_db_url).parity_log.last_parity("customers")
     assert last is not None and not last.passed
     assert last.differing_keys == {"only_in_pg": [17], "only_in_iceberg": [17]}
 
@@ -245,8 +245,8 @@ def test_flip_to_an_unknown_mode_or_dataset_is_refused_listing_the_valid_ones(pu
         flip(pub, specs, "nope", "dual", who="t")
     assert "customers" in str(err.value), err.value
     with pytest.raises(PipelineOutputError, match="pg, iceberg, dual"):
-        Ledger(pg_db_url).flip("customers", "both", who="t")
-    assert Ledger(pg_db_url).flip_history("customers") == []
+        Ledger(pg_db_url).flip_log.flip("customers", "both", who="t")
+    assert Ledger(pg_db_url).flip_log.flip_history("customers") == []
     assert pub.resolve(specs["customers"]).source == "project default"
 
 
@@ -294,7 +294,9 @@ def test_dual_write_whose_iceberg_write_fails_leaves_the_legacy_arm_unchanged(
     _restore_table_data_dir(*broken)
     assert pg_docs(pg_db_url, "customers") == before_docs, "legacy rows changed"
     assert pg_deploy_ids(pg_db_url, "customers") == before_ids, "a pg deploy was recorded"
-    assert [d.status for d in Ledger(pg_db_url).deploys("customers")].count("diverged") == 0
+    assert [d.status for d in Ledger(pg_db_url).deploy_log.deploys("customers")].count(
+        "diverged"
+    ) == 0
     after_ice = reread("iceberg", spec)
     assert_frame_equal(after_ice, before_ice)
     table = catalog.load_table(("datasets", "customers"))
@@ -323,15 +325,15 @@ def test_a_postgres_commit_failing_after_the_iceberg_commit_is_recorded_as_diver
         pub.publish(spec, customers(range(5, 15), version=1), mode=mode("dual"), run_id="gap")
     assert pg_docs(pg_db_url, "customers") == before
     ledger = Ledger(pg_db_url)
-    last_pg = ledger.last_deploy("customers", "pg")
+    last_pg = ledger.deploy_log.last_deploy("customers", "pg")
     assert last_pg is not None and last_pg.status == "diverged" and last_pg.run_id == "gap"
-    parity = ledger.last_parity("customers")
+    parity = ledger.parity_log.last_parity("customers")
     assert parity is not None and not parity.passed
     board = {r.dataset: r for r in status(pub, {"customers": spec})}
     assert "diverged" in board["customers"].last_pg_deploy
     assert board["customers"].last_parity.startswith("FAIL")
     # and the diverged state blocks the drain even once flipped to iceberg
-    ledger.flip("customers", "iceberg", who="t")
+    ledger.flip_log.flip("customers", "iceberg", who="t")
     with pytest.raises(DrainRefused, match="parity"):
         drain(pub, spec)
 
@@ -405,7 +407,7 @@ def test_mode_resolution_order_run_config_flip_dataset_default_project_default(
         "iceberg",
         "dataset default",
     )
-    pub.ledger.flip("b", "dual", who="t")
+    pub.ledger.flip_log.flip("b", "dual", who="t")
     assert (pub.resolve(declared).mode, pub.resolve(declared).source) == ("dual", "flip")
     got = pub.resolve(declared, override="pg")
     assert (got.mode, got.source) == ("pg", "run config")
@@ -423,14 +425,14 @@ def test_flip_history_survives_a_new_ledger_and_records_who_when_from_to(pub, pg
     b = flip(pub, specs, "customers", "iceberg", who="bob")
     del pub
     fresh = Ledger(pg_db_url)  # a "restart": nothing shared with the writer
-    history = fresh.flip_history("customers")
+    history = fresh.flip_log.flip_history("customers")
     assert [(h.from_mode, h.to_mode, h.who) for h in history] == [
         (None, "dual", "alice"),
         ("dual", "iceberg", "bob"),
     ]
     assert history[0].reason == "start canary" and history[0].at <= history[1].at
     assert [h.id for h in history] == [a.id, b.id]
-    assert fresh.current_flip("customers") == "iceberg"
+    assert fresh.flip_log.current_flip("customers") == "iceberg"
     again = make_publisher(pg_db_url, catalog)
     assert (again.resolve(specs["customers"]).mode, again.resolve(specs["customers"]).source) == (
         "iceberg",
@@ -469,23 +471,25 @@ def test_run_config_mode_overrides_the_flip_for_that_run_only(runtime_env, pg_db
     defs = small_defs(with_down=False)
     instance = dg.DagsterInstance.ephemeral()
     ledger = get_runtime().ledger
-    ledger.flip("up", "pg", who="t")
+    ledger.flip_log.flip("up", "pg", who="t")
 
     first = run_assets(
         defs, instance, ["up"], run_config={"ops": {"up": {"config": {"mode": "iceberg"}}}}
     )
     assert mat_meta(first, "up")["mode"] == "iceberg (from run config)"
-    assert ledger.last_deploy("up", "pg") is None and pg_docs(pg_db_url, "up") == []
-    assert ledger.last_deploy("up", "iceberg") is not None
-    assert ledger.current_flip("up") == "pg", "a run override must not persist"
+    assert ledger.deploy_log.last_deploy("up", "pg") is None and pg_docs(pg_db_url, "up") == []
+    assert ledger.deploy_log.last_deploy("up", "iceberg") is not None
+    assert ledger.flip_log.current_flip("up") == "pg", "a run override must not persist"
 
     ROWS["up"] = customers(range(1, 13), version=1)
     second = run_assets(defs, instance, ["up"])
     assert mat_meta(second, "up")["mode"] == "pg (from flip)"
     assert mat_meta(second, "up")["arms"] == "pg"
     assert len(pg_docs(pg_db_url, "up")) == 12
-    assert len(ledger.deploys("up", arm="iceberg")) == 1, "the next run wrote iceberg again"
-    assert [h.to_mode for h in ledger.flip_history("up")] == ["pg"]
+    assert len(ledger.deploy_log.deploys("up", arm="iceberg")) == 1, (
+        "the next run wrote iceberg again"
+    )
+    assert [h.to_mode for h in ledger.flip_log.flip_history("up")] == ["pg"]
 
 
 def test_dual_run_parity_check_passes_then_a_preserved_corrupt_row_fails_it_and_blocks_downstream(
@@ -496,7 +500,7 @@ def test_dual_run_parity_check_passes_then_a_preserved_corrupt_row_fails_it_and_
     ROWS["up"] = customers(range(1, 21))
     defs = small_defs()
     instance = dg.DagsterInstance.ephemeral()
-    get_runtime().ledger.flip("up", "dual", who="t")
+    get_runtime().ledger.flip_log.flip("up", "dual", who="t")
 
     ok = run_assets(defs, instance, ["up", "down"])
     evals = check_evals(ok)
@@ -544,7 +548,7 @@ def test_downstream_reads_the_authoritative_arm_of_an_upstream_whose_arms_differ
     rt.publisher.publish(spec, customers(range(1, 6)), mode=mode("pg"))
     rt.publisher.publish(spec, customers(range(1, 6), version=7), mode=mode("iceberg"))
     if flipped:
-        rt.ledger.flip("up", flipped, who="t")
+        rt.ledger.flip_log.flip("up", flipped, who="t")
     defs = small_defs()
     result = run_assets(defs, dg.DagsterInstance.ephemeral(), ["down"])
     assert result.success
@@ -602,7 +606,7 @@ def test_demo_every_dataset_in_dual_passes_parity_and_a_corrupted_row_fails_it(
     shop_data.seed(pg_db_url)
     rt = get_runtime()
     for name in DEMO:
-        rt.ledger.flip(name, "dual", who="test")
+        rt.ledger.flip_log.flip(name, "dual", who="test")
     instance = dg.DagsterInstance.ephemeral()
     summaries = materialize(defs, instance)
     assert {s.asset for s in summaries} == set(DEMO)
@@ -627,7 +631,7 @@ def test_demo_every_dataset_in_dual_passes_parity_and_a_corrupted_row_fails_it(
             note = getattr(ev.metadata.get("note"), "value", None)
             problems.append(f"{name}: dual materialisation but the arms were not compared: {note}")
         else:
-            last = rt.ledger.last_parity(name)
+            last = rt.ledger.parity_log.last_parity(name)
             assert last is not None and last.passed and last.pg_count == last.iceberg_count
 
     # corrupt one legacy row of a dataset, then run only its parity check

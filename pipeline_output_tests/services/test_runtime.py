@@ -75,7 +75,7 @@ def test_readme_python_api_example_publishes_and_reads_back_on_a_fresh_database(
         assert control_plane_schema_exists(pg_db_url)
         written = iceberg_rows(fresh_catalog(), "datasets.orders")
         assert_same_multiset(written.select(expected.columns), expected)
-        last = runtime.ledger.last_deploy("orders", "iceberg")
+        last = runtime.ledger.deploy_log.last_deploy("orders", "iceberg")
         assert last is not None and last.status == "succeeded"
         assert last.snapshot_id == result.primary.snapshot_id
         out = capsys.readouterr().out
@@ -114,7 +114,7 @@ def test_connect_with_a_catalog_object_migrates_creates_the_namespace_and_publis
     assert_same_multiset(runtime.postgres.read(spec), frame)
     assert_same_multiset(runtime.publisher.read(spec, mode=mode), frame)
     for arm in ("iceberg", "pg"):
-        last = runtime.ledger.last_deploy("totals", arm)
+        last = runtime.ledger.deploy_log.last_deploy("totals", arm)
         assert last is not None and last.status == "succeeded" and last.run_id == "r1"
 
     # a second runtime on the same control plane: nothing to migrate, it sees the same state

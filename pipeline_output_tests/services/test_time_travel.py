@@ -57,7 +57,7 @@ def test_rollback_moves_main_back_in_one_commit_and_records_who_when_why(pub):
     assert (record.from_snapshot_id, record.to_snapshot_id) == (s3, s2)
     assert len(pub.iceberg.load(SPEC).metadata.metadata_log) == versions + 1, "one commit"
     assert main_of(pub) == s2 and 20 not in pub.iceberg.read(SPEC)["id"].to_list()
-    [recorded] = pub.ledger.rollbacks("items")
+    [recorded] = pub.ledger.rollback_log.rollbacks("items")
     assert (recorded.who, recorded.reason, recorded.to_snapshot_id) == ("alice", "bad load", s2)
 
     rollback(pub, SPEC, to_time=between, reason="to the first load")
@@ -180,7 +180,7 @@ def test_rollback_to_a_time_whose_snapshot_expired_is_refused_and_moves_nothing(
 
     with pytest.raises(SnapshotExpired, match=f"'items'.*{re.escape(log_time(pub, s1))}"):
         rollback(pub, SPEC, to_time=at_s2, reason="to S2's time")
-    assert main_of(pub) == s3 and len(pub.ledger.rollbacks("items")) == 1
+    assert main_of(pub) == s3 and len(pub.ledger.rollback_log.rollbacks("items")) == 1
     rollback(pub, SPEC, to_time=at_s1_again, reason="answerable: after the gap")
     assert main_of(pub) == s1
 

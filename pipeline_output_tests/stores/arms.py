@@ -7,7 +7,8 @@ with the same methods, so a scenario is written once and runs on each arm:
 - `write_and_check(spec, frame, window=...)` -> `(WriteResult, Expected)`: the write, checked
   against the oracle's prediction (contents read back through fresh handles, counters, and the one
   commit it made or the none it must not have made);
-- `write(spec, frame, window=...)` -> `WriteResult`: a plain write (setup, refused writes);
+- `write(spec, frame, window=..., partition=...)` -> `WriteResult`: a plain write (setup, refused
+  writes; `partition` a Dagster partition's slice);
 - `read(spec, window=..., columns=...)`: the store's own read, through a fresh handle;
 - `rows(spec)`: the committed contents, cross-checked with the raw storage (a pyiceberg scan; the
   `jsonb` documents by plain SQL);
@@ -34,6 +35,7 @@ import psycopg
 from pyiceberg.expressions import AlwaysTrue
 
 from pipeline_output import DatasetSpec, Window, WriteResult
+from pipeline_output.contract.slices import PartitionSlice
 from pipeline_output.ledger import Ledger
 from pipeline_output.stores.postgres import PostgresStore
 from pipeline_output_tests.iceberg_harness import Harness, as_kind, build_in_files, expect_write
@@ -60,7 +62,7 @@ class PgHarness:
         return Ledger(self.url)
 
     def deploy_ids(self, spec: DatasetSpec) -> list[int]:
-        return [d.id for d in self.ledger().deploys(spec.name, arm="pg")]
+        return [d.id for d in self.ledger().deploy_log.deploys(spec.name, arm="pg")]
 
     def raw_docs(self, spec: DatasetSpec | str) -> list[dict[str, Any]]:
         """The stored documents by plain SQL (no pipeline_output code), in row_index order."""
@@ -114,7 +116,7 @@ class PgHarness:
         if exp.changes or exp.first_deploy or (identical_replace and res.snapshot_id is not None):
             assert res.snapshot_id is not None, "a write that changes the arm must be recorded"
             assert new_ids == [res.snapshot_id]
-            record = self.ledger().last_deploy(spec.name, "pg")
+            record = self.ledger().deploy_log.last_deploy(spec.name, "pg")
             assert record is not None and record.id == res.snapshot_id
             assert record.status == "succeeded" and record.run_id == run_id
             assert record.write_mode == res.write_mode and record.strategy == spec.strategy
@@ -150,9 +152,17 @@ class IcebergArm:
         return res, exp
 
     def write(
-        self, spec: DatasetSpec, data: Any, *, window: Window | None = None, run_id: str = "r1"
+        self,
+        spec: DatasetSpec,
+        data: Any,
+        *,
+        window: Window | None = None,
+        run_id: str = "r1",
+        partition: PartitionSlice | None = None,
     ) -> WriteResult:
-        return self.iceberg.store().write(spec, data, window=window, run_id=run_id)
+        return self.iceberg.store().write(
+            spec, data, window=window, run_id=run_id, partition=partition
+        )
 
     def read(self, spec: DatasetSpec, **kwargs: Any) -> pl.DataFrame:
         return self.iceberg.store(self.iceberg.fresh()).read(spec, **kwargs)
@@ -204,9 +214,15 @@ class PgArm:
         return self.pg.write_and_check(spec, data, window=window, run_id=run_id, kind=kind)
 
     def write(
-        self, spec: DatasetSpec, data: Any, *, window: Window | None = None, run_id: str = "r1"
+        self,
+        spec: DatasetSpec,
+        data: Any,
+        *,
+        window: Window | None = None,
+        run_id: str = "r1",
+        partition: PartitionSlice | None = None,
     ) -> WriteResult:
-        return self.pg.store().write(spec, data, window=window, run_id=run_id)
+        return self.pg.store().write(spec, data, window=window, run_id=run_id, partition=partition)
 
     def read(self, spec: DatasetSpec, **kwargs: Any) -> pl.DataFrame:
         return self.pg.store().read(spec, **kwargs)

@@ -60,7 +60,7 @@ def _paused_writer(
                 if not go.wait(TIMEOUT_S):
                     raise TimeoutError("the test never released the paused writer")
 
-        iceberg_module._fault_injection = pause  # type: ignore[assignment]
+        iceberg_module.fault_injection = pause  # type: ignore[assignment]
         catalog = SqlCatalog("default", **props)
         store = IcebergStore(catalog, NS, lock=AdvisoryLock(lock_url))
         spec = DatasetSpec(NAME, primary_key=("id",), strategy=strategy)  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ def _commits(store: Any, spec: DatasetSpec) -> int:
     if isinstance(store, IcebergStore):
         table = store.load(spec)
         return len(table.snapshots()) if table is not None else 0
-    return len(store.ledger.deploys(spec.name, arm="pg"))
+    return len(store.ledger.deploy_log.deploys(spec.name, arm="pg"))
 
 
 def _counters(result: Any) -> tuple[int, ...]:

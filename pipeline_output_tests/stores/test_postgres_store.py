@@ -134,7 +134,7 @@ def test_begin_write_then_commit_and_context_manager_rolls_back_on_error(h):
     spec = spec_for("snapshot_replace")
     pending = h.store().begin_write(spec, base(), run_id="c")
     result = pending.commit()
-    assert h.ledger().last_deploy(spec.name, "pg").id == result.snapshot_id
+    assert h.ledger().deploy_log.last_deploy(spec.name, "pg").id == result.snapshot_id
     with pytest.raises(RuntimeError, match="boom"), h.store().begin_write(spec, redeploy_rows()):
         raise RuntimeError("boom")
     assert h.store().count(spec) == 40
@@ -231,7 +231,7 @@ def test_hostile_dataset_and_column_names_are_rejected_by_the_spec(h):
     with pytest.raises(InvalidSpec):
         h.store().write(spec, pl.DataFrame({HOSTILE: [1]}))
     with pytest.raises(InvalidSpec):
-        h.ledger().flip(HOSTILE, "dual", who="t")
+        h.ledger().flip_log.flip(HOSTILE, "dual", who="t")
     h.store().write(spec, pl.DataFrame({"a": [1]}))
     with pytest.raises(InvalidSpec):
         h.store().read(spec, columns=[HOSTILE])

@@ -32,6 +32,7 @@ from pyiceberg.table.refs import MAIN_BRANCH
 from pipeline_output.contract.checked_input import check_in_window
 from pipeline_output.contract.plan import TargetState, WritePlan, plan_write
 from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.slices import PartitionSlice
 from pipeline_output.contract.spec import Arm, DatasetSpec
 from pipeline_output.contract.store_protocol import (
     Capabilities,
@@ -105,14 +106,25 @@ class IcebergStore:
         """The freshness oracle: does the table exist and has it a committed snapshot?"""
         return state_of(self.load(spec))
 
-    def plan(self, spec: DatasetSpec, *, window: Window | None = None) -> WritePlan:
+    def plan(
+        self,
+        spec: DatasetSpec,
+        *,
+        window: Window | None = None,
+        partition: PartitionSlice | None = None,
+    ) -> WritePlan:
         """The write plan a write would follow now (dry run: reads table metadata only)."""
-        return plan_write(spec, self.target_state(spec), window)
+        return plan_write(spec, self.target_state(spec), window, partition=partition)
 
     # -- writing -----------------------------------------------------------------------------
 
     def prepare(
-        self, spec: DatasetSpec, data: Any, *, window: Window | None = None
+        self,
+        spec: DatasetSpec,
+        data: Any,
+        *,
+        window: Window | None = None,
+        partition: PartitionSlice | None = None,
     ) -> PreparedWrite:
         """Check `data` and, where the strategy writes it as it is, write its data files now.
 
@@ -123,7 +135,7 @@ class IcebergStore:
         `PreparedWrite.discard()` deletes files a write did not commit and ends the registration
         (`write` does both).
         """
-        return prepare_write(self, spec, data, window=window)
+        return prepare_write(self, spec, data, window=window, partition=partition)
 
     def write(
         self,
@@ -143,11 +155,17 @@ class IcebergStore:
         """
         started = time.perf_counter()
         window, run_id, summary = options_of(options)
-        if prepared is not None and (prepared.spec != spec or prepared.window != window):
+        partition = options.get("partition")
+        if prepared is not None and not prepared.fits(spec, window, partition):
             raise InvalidArgument(
-                f"dataset {spec.name!r}: the prepared write is for another spec or window"
+                f"dataset {spec.name!r}: the prepared write is for another spec, window or "
+                "partition"
             )
-        prep = prepared if prepared is not None else self.prepare(spec, data, window=window)
+        prep = (
+            prepared
+            if prepared is not None
+            else self.prepare(spec, data, window=window, partition=partition)
+        )
         frame, pre = prep.frame, prep.pre
         try:
             with self.tables.hold(spec, on=prep.held) as stats:
@@ -156,7 +174,7 @@ class IcebergStore:
                     table = branch_view(self, spec, table, frame, branch)
                 if window is not None and table is not None and spec.watermark:
                     window = aligned_to_field(window, table.schema(), spec.watermark)
-                plan = plan_write(spec, state_of(table), window)
+                plan = plan_write(spec, state_of(table), window, partition=partition)
                 if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
                     check_in_window(spec, frame, window)
                 props = summary_properties(spec, plan, run_id, summary)

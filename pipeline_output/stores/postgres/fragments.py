@@ -1,9 +1,14 @@
-"""SQL fragments of the legacy arm: the canonical key, typed values of a document, a window."""
+"""SQL fragments of the legacy arm: the canonical key, typed values of a document, a window, a
+Dagster partition's slice."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import polars as pl
 from psycopg import sql
 
+from pipeline_output.contract.slices import PartitionSlice, TimeRange
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
 from pipeline_output.ledger.migrations import SCHEMA
@@ -48,3 +53,38 @@ def window_condition(
     if window.low is None:
         return high
     return sql.SQL("({} > {} AND {})").format(value, sql.Literal(window.low), high)
+
+
+# the polars type whose values a staged Postgres type compares with (a slice's bounds)
+_BOUND_TYPES: dict[str, Any] = {
+    "date": pl.Date(),
+    "timestamptz": pl.Datetime("us", "UTC"),
+    "timestamp": pl.Datetime("us"),
+    "text": pl.String(),
+    "integer": pl.Int32(),
+    "bigint": pl.Int64(),
+}
+
+
+def slice_condition(
+    doc: sql.Composable, partition: PartitionSlice, types: dict[str, sql.Composable]
+) -> sql.Composable:
+    """The rows of a Dagster partition: every term on a document's typed value (nulls, and
+    documents without the column, are never inside)."""
+    parts: list[sql.Composable] = []
+    for term in partition.terms:
+        pg_type = types.get(term.column)
+        if pg_type is None:
+            return sql.SQL("FALSE")  # the dataset never had the column: no row is inside
+        dtype = next((t for n, t in _BOUND_TYPES.items() if pg_type == sql.SQL(n)), None)
+        value = typed_value(doc, term.column, pg_type)
+        if isinstance(term, TimeRange):
+            low, high = term.bounds(dtype)
+            parts.append(
+                sql.SQL("({} >= {} AND {} < {})").format(
+                    value, sql.Literal(low), value, sql.Literal(high)
+                )
+            )
+        else:
+            parts.append(sql.SQL("{} = {}").format(value, sql.Literal(term.typed(dtype))))
+    return sql.SQL("({})").format(sql.SQL(" AND ").join(parts))

@@ -24,6 +24,7 @@ from pipeline_output.stores.postgres.fragments import (
     ORD_COLUMN,
     ROWS,
     pk_expr,
+    slice_condition,
     window_condition,
 )
 from pipeline_output.stores.postgres.pending import LegacyCounts
@@ -101,10 +102,12 @@ def apply_plan(
                 "the dataset"
             )
         window_cond = window_condition(sql.SQL("r.data"), wm, types[wm], plan.window)
+    elif plan.partition is not None and plan.delete_scope in ("slice", "absent_keys_in_slice"):
+        window_cond = slice_condition(sql.SQL("r.data"), plan.partition, types)
 
     if mode == "replace":
-        if plan.delete_scope == "window" and window_cond is not None:
-            # Rows inside the window are replaced. For a keyed dataset a computed key whose stored
+        if plan.delete_scope in ("window", "slice") and window_cond is not None:
+            # Rows inside the window (or the partition's slice) are replaced. For a keyed dataset a computed key whose stored
             # row lies outside the window (its watermark moved) is replaced too: keys stay unique,
             # as on the native arm.
             moved = (

@@ -43,6 +43,7 @@ from pipeline_output.contract.checked_input import (
 )
 from pipeline_output.contract.plan import TargetState, WritePlan, plan_write
 from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.slices import PartitionSlice, check_in_partition
 from pipeline_output.contract.spec import Arm, DatasetSpec, check_identifier, window_column
 from pipeline_output.contract.store_protocol import (
     Capabilities,
@@ -141,8 +142,8 @@ class PostgresStore:
     # -- the freshness oracle and counts -------------------------------------------------------
 
     def _state(self, conn: psycopg.Connection[Any], dataset: str) -> TargetState:
-        last = self.ledger.last_deploy(dataset, "pg", status="succeeded", conn=conn)
-        registered = self.ledger.registered(dataset, conn=conn) is not None
+        last = self.ledger.deploy_log.last_deploy(dataset, "pg", status="succeeded", conn=conn)
+        registered = self.ledger.registry.registered(dataset, conn=conn) is not None
         return TargetState(
             exists=last is not None or registered,
             has_snapshot=last is not None,
@@ -157,9 +158,15 @@ class PostgresStore:
         with pgsession.connect(self.url) as conn:
             return self._state(conn, name)
 
-    def plan(self, spec: DatasetSpec, *, window: Window | None = None) -> WritePlan:
+    def plan(
+        self,
+        spec: DatasetSpec,
+        *,
+        window: Window | None = None,
+        partition: PartitionSlice | None = None,
+    ) -> WritePlan:
         """The write plan a write would follow now (dry run)."""
-        return plan_write(spec, self.target_state(spec), window)
+        return plan_write(spec, self.target_state(spec), window, partition=partition)
 
     @staticmethod
     def _count(conn: psycopg.Connection[Any], dataset: str) -> int:
@@ -194,13 +201,21 @@ class PostgresStore:
     # -- writing -------------------------------------------------------------------------------
 
     def prepare(
-        self, spec: DatasetSpec, data: Any, *, window: Window | None = None
+        self,
+        spec: DatasetSpec,
+        data: Any,
+        *,
+        window: Window | None = None,
+        partition: PartitionSlice | None = None,
     ) -> CheckedInput:
-        """Convert and check `data` (keys, text values) before any transaction or lock."""
+        """Convert and check `data` (keys, text values, a partition's rows) before any
+        transaction or lock."""
         LEGACY_CAPABILITIES.check_spec(spec)
         checked = checked_input(spec, data)
         LEGACY_CAPABILITIES.check_frame(spec, checked.frame)
         check_text(spec, checked.frame)
+        if partition is not None:
+            check_in_partition(spec, checked.frame, partition)
         return checked
 
     def write(
@@ -220,7 +235,7 @@ class PostgresStore:
         recorded with the rows in one transaction, so it is there iff the rows are."""
         name = spec if isinstance(spec, str) else spec.name
         self.ensure_schema()
-        record = self.ledger.find_marker(name, "pg", marker)
+        record = self.ledger.deploy_log.find_marker(name, "pg", marker)
         return int(record.id) if record is not None else None
 
     def begin_write(
@@ -242,22 +257,25 @@ class PostgresStore:
         started = time.perf_counter()
         started_at = datetime.now(UTC)
         window, run_id, summary = options_of(options)
+        partition = options.get("partition")
         # to_polars refuses the reserved `__po_` prefix (both arms share that check)
-        frame = (prepared if prepared is not None else self.prepare(spec, data)).frame
+        frame = (
+            prepared if prepared is not None else self.prepare(spec, data, partition=partition)
+        ).frame
         with self._transaction(after.handover() if after is not None else None) as conn:
             lock_wait = self._lock(conn, spec.name)
             state = self._state(conn, spec.name)
-            plan = plan_write(spec, state, window)
+            plan = plan_write(spec, state, window, partition=partition)
             if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
                 check_in_window(spec, frame, window)
-            entry = self.ledger.registered(spec.name, conn=conn)
+            entry = self.ledger.registry.registered(spec.name, conn=conn)
             registered = entry.arrow_schema if entry is not None else None
             arrow = evolve_schema(spec, registered, frame)
             target = legacy_polars_schema(arrow)
             types = {name: staged_type(spec.name, name, dtype) for name, dtype in target.items()}
             key_changed = entry is not None and entry.primary_key != spec.primary_key
             if registered is None or key_changed or not arrow.equals(registered):
-                self.ledger.register_dataset(
+                self.ledger.registry.register_dataset(
                     spec.name, primary_key=spec.primary_key, arrow_schema=arrow, conn=conn
                 )
             if key_changed:
@@ -293,7 +311,7 @@ class PostgresStore:
                 lock_wait_s=lock_wait,
                 table=self.table_name(spec),
             )
-            record = self.ledger.record_write(
+            record = self.ledger.deploy_log.record_write(
                 spec,
                 result,
                 window=window,
@@ -311,7 +329,7 @@ class PostgresStore:
         """The registered Arrow schema of the dataset (None when never written)."""
         name = spec if isinstance(spec, str) else spec.name
         self.ensure_schema()
-        return self.ledger.dataset_schema(name)
+        return self.ledger.registry.dataset_schema(name)
 
     def read(self, spec: DatasetSpec | str, **options: Unpack[ReadOptions]) -> pl.DataFrame:
         """The dataset's rows in `row_index` order, typed by its registered schema."""
@@ -328,7 +346,7 @@ class PostgresStore:
         uncommitted write included): what a commit would make every reader see."""
         name = spec if isinstance(spec, str) else spec.name
         conn = pending.connection
-        arrow = self.ledger.dataset_schema(name, conn=conn)
+        arrow = self.ledger.registry.dataset_schema(name, conn=conn)
         query, target, wanted = self._read_query(spec, arrow, {})
         return rows_as_frame(conn, query, {c: target[c] for c in wanted})
 

@@ -1,5 +1,5 @@
 """The `pipeline-output.*` properties of a snapshot's summary: which dataset, strategy, write
-mode, run and window wrote it, and its row counts (`pipeline-output history` shows them; the
+mode, run and window (or Dagster partition) wrote it, and its row counts (`pipeline-output history` shows them; the
 attempt marker of exactly-once repair is one of them)."""
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ def summary_properties(
     if plan.window is not None:
         props[f"{PROPERTY_PREFIX}window"] = str(plan.window)
         props[f"{PROPERTY_PREFIX}window-key"] = plan.window.to_key()
+    if plan.partition is not None:
+        props[f"{PROPERTY_PREFIX}partition"] = plan.partition.key
     for key, value in (extra or {}).items():
         props[f"{PROPERTY_PREFIX}{key}"] = value
     return props

@@ -1,5 +1,6 @@
 """pyiceberg expressions of the native arm: a window as a row filter, aligned to the
-watermark field's type, and file-level window relations from column bounds.
+watermark field's type, and file-level relations from column bounds — of a delta window
+(`window_relation`) and of a Dagster partition's slice (`slice_relation`).
 """
 
 from __future__ import annotations
@@ -17,8 +18,17 @@ from pyiceberg.expressions import (
 )
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask
-from pyiceberg.types import DateType, PrimitiveType, TimestampType, TimestamptzType
+from pyiceberg.types import (
+    DateType,
+    IntegerType,
+    LongType,
+    PrimitiveType,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+)
 
+from pipeline_output.contract.slices import Equals, PartitionSlice, Term
 from pipeline_output.contract.windows import Window
 
 
@@ -56,6 +66,52 @@ def window_relation(task: FileScanTask, schema: Schema, wm: str, window: Window)
     if hi <= w_high and (w_low is None or lo > w_low) and not nulls:
         return "inside"
     return "straddles"
+
+
+# the polars type whose values a slice term compares with, per Iceberg field type
+_SLICE_TYPES: dict[type[PrimitiveType], Any] = {
+    DateType: pl.Date(),
+    TimestampType: pl.Datetime("us"),
+    TimestamptzType: pl.Datetime("us", "UTC"),
+    StringType: pl.String(),
+    IntegerType: pl.Int32(),
+    LongType: pl.Int64(),
+}
+
+
+def slice_relation(task: FileScanTask, schema: Schema, partition: PartitionSlice) -> str:
+    """`inside`, `outside` or `straddles`: where a file's rows lie against a partition's slice,
+    from its column bounds (a file of a table partitioned like the Dagster partitions lies
+    wholly inside or outside). A column the schema lacks holds no row of the slice."""
+    relations = [_term_relation(task, schema, term) for term in partition.terms]
+    if "outside" in relations:
+        return "outside"
+    return "inside" if all(r == "inside" for r in relations) else "straddles"
+
+
+def _term_relation(task: FileScanTask, schema: Schema, term: Term) -> str:
+    try:
+        field = schema.find_field(term.column)
+    except ValueError:
+        return "outside"
+    ftype = field.field_type
+    dtype = _SLICE_TYPES.get(type(ftype)) if isinstance(ftype, PrimitiveType) else None
+    lo_b = task.file.lower_bounds.get(field.field_id) if task.file.lower_bounds else None
+    hi_b = task.file.upper_bounds.get(field.field_id) if task.file.upper_bounds else None
+    if dtype is None or lo_b is None or hi_b is None:
+        return "straddles"
+    assert isinstance(ftype, PrimitiveType)
+    nulls = (task.file.null_value_counts or {}).get(field.field_id, 0)
+    lo, hi = from_bytes(ftype, lo_b), from_bytes(ftype, hi_b)
+    if isinstance(term, Equals):
+        value = _bound_value(term.typed(dtype), ftype)
+        if value < lo or value > hi:
+            return "outside"
+        return "inside" if lo == hi == value and not nulls else "straddles"
+    low, high = (_bound_value(b, ftype) for b in term.bounds(dtype))
+    if hi < low or lo >= high:
+        return "outside"
+    return "inside" if lo >= low and hi < high and not nulls else "straddles"
 
 
 def window_filter(

@@ -1,7 +1,8 @@
-"""The file-level merges behind replace (windowed), append_new, upsert and sync: file statistics
-prune the candidate files, the key columns verify them, and only files that really change are
-touched — each either rewritten (copy-on-write) or kept with a positional delete file and its
-replaced rows written anew (merge-on-read), as `merge_policy.MergePolicy` decides per file.
+"""The file-level merges behind replace (of a window or a partition slice), append_new, upsert
+and sync: file statistics prune the candidate files, the key columns verify them, and only files
+that really change are touched — each either rewritten (copy-on-write) or kept with a positional
+delete file and its replaced rows written anew (merge-on-read), as `merge_policy.MergePolicy`
+decides per file. Scoped deletes (a delta window, a Dagster partition's slice) are `row_scope`'s.
 
 Candidate files are read one at a time with a bounded number in flight (`file_reads.FileReader`),
 and rewritten rows are written out as they come (`rewrite_sink.RewriteSink`), so memory follows
@@ -19,14 +20,11 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, Transaction
 
 from pipeline_output.contract.checked_input import refuse_duplicate_matches
-from pipeline_output.contract.plan import WritePlan
+from pipeline_output.contract.plan import SCOPED, WritePlan
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.contract.windows import Window
-from pipeline_output.errors import BadInput
 from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.delete_files import deleted_positions, own_delete_files
 from pipeline_output.stores.iceberg.snapshot.manifests import ManifestIndex
-from pipeline_output.stores.iceberg.table.expressions import window_relation
 from pipeline_output.stores.iceberg.table.freshness import total_records
 from pipeline_output.stores.iceberg.table.properties import FILEPOS_COLUMN, NEW_PREFIX, POS_COLUMN
 from pipeline_output.stores.iceberg.write.file_reads import FileReader
@@ -44,6 +42,7 @@ from pipeline_output.stores.iceberg.write.pruning import (
     prune_by_keys,
 )
 from pipeline_output.stores.iceberg.write.rewritten_rows import RewriteSink
+from pipeline_output.stores.iceberg.write.row_scope import RowScope, row_scope
 
 _HIT = "__po_hit__"
 
@@ -90,7 +89,7 @@ class FileMerge:
 
     def _replace(self, plan: WritePlan) -> MergeChanges:
         tasks = self.index.tasks()
-        if plan.delete_scope == "all" or plan.window is None:
+        if plan.delete_scope not in SCOPED:
             deleted = sum(_live_rows(t) for t in tasks)
             return MergeChanges(
                 deleted_files=[t.file for t in tasks],
@@ -98,16 +97,17 @@ class FileMerge:
                 inserted=self.frame.height,
                 deleted=deleted,
             )
-        # Rows inside the window are replaced. For a keyed dataset a computed key that exists
-        # outside the window (its row moved into this window) is replaced too: keys stay unique.
-        window, wm = plan.window, self._watermark()
+        # Rows inside the window (or the partition's slice) are replaced. For a keyed dataset a
+        # computed key that exists outside it (its row moved into it) is replaced too: keys stay
+        # unique. Files wholly inside are dropped without being read.
+        scope = self._scope(plan)
         policy = self._policy(plan)
         pk = list(self.spec.primary_key)
         by_key = {id(t) for t in self._prune_by_keys(tasks)} if pk else set()
         changes = MergeChanges(new_frames=[self.frame], inserted=self.frame.height)
         straddling: list[FileScanTask] = []
         for task in tasks:
-            relation = window_relation(task, self.schema, wm, window)
+            relation = scope.relation(task)
             if relation == "outside" and id(task) not in by_key:
                 changes.preserved += _live_rows(task)
             elif relation == "inside" and not task.delete_files:
@@ -118,7 +118,7 @@ class FileMerge:
         keys = self.frame.select(pk).with_columns(pl.lit(True).alias(_HIT)) if pk else None
         policy = policy.within_budget(sum(t.file.file_size_in_bytes for t in straddling))
         for task, rows in self.reader.stream(straddling):
-            drop = rows.select(window.contains(wm, rows.schema[wm]).fill_null(False)).to_series()
+            drop = scope.mask(rows)
             if keys is not None:
                 hit = rows.select(pk).join(keys, on=pk, how="left", nulls_equal=True)
                 drop = drop | hit.get_column(_HIT).is_not_null()
@@ -162,19 +162,14 @@ class FileMerge:
         spec, frame = self.spec, self.frame
         policy = self._policy(plan)
         pk = list(spec.primary_key)
-        scope = plan.delete_scope  # none | absent_keys | absent_keys_in_window
-        window = plan.window if scope == "absent_keys_in_window" else None
-        wm = self._watermark() if window is not None else None
+        scope = plan.delete_scope  # none | absent_keys | absent_keys_in_window / _in_slice
+        within = self._scope(plan) if scope in SCOPED else None
         if scope == "absent_keys":
             tasks = candidates = self.index.tasks()
-        elif window is not None and wm is not None:
+        elif within is not None:
             tasks = self.index.tasks()
             by_key = {id(t) for t in self._prune_by_keys(tasks)}
-            candidates = [
-                t
-                for t in tasks
-                if id(t) in by_key or window_relation(t, self.schema, wm, window) != "outside"
-            ]
+            candidates = [t for t in tasks if id(t) in by_key or within.relation(t) != "outside"]
         else:
             tasks = self._keyed_tasks()
             candidates = self._prune_by_keys(tasks)
@@ -188,12 +183,12 @@ class FileMerge:
 
         # Key pass: with several candidates, read only keys (+ watermark) to find files that change.
         if len(candidates) > 1:
-            cols = pk + ([wm] if wm else [])
+            cols = pk + [c for c in (within.columns if within else ()) if c not in pk]
             relevant = []
             for task, keys in self.reader.stream(candidates, columns=cols):
                 batch = slices.of(task).select(pk)
                 matched = keys.join(batch, on=pk, how="semi", nulls_equal=True).height
-                absent = self._absent_mask(keys, batch, scope, window, wm)
+                absent = self._absent_mask(keys, batch, scope, within)
                 if matched or (absent is not None and absent.any()):
                     relevant.append(task)
                 else:
@@ -217,7 +212,7 @@ class FileMerge:
             if joined.height:
                 matched_keys.append(joined.select(pk))
             changed = joined.filter(differs(joined, value_cols))
-            absent_mask = self._absent_mask(rows, batch.select(pk), scope, window, wm)
+            absent_mask = self._absent_mask(rows, batch.select(pk), scope, within)
             n_absent = int(absent_mask.sum()) if absent_mask is not None else 0
             if changed.height == 0 and n_absent == 0:
                 settled_keys.append(joined.select(pk))
@@ -270,11 +265,10 @@ class FileMerge:
         rows: pl.DataFrame,
         batch: pl.DataFrame,
         scope: str,
-        window: Window | None,
-        wm: str | None,
+        within: RowScope | None,
     ) -> pl.Series | None:
         """Target rows a sync deletes: key absent from the compute's keys `batch` (the ones the
-        file's bounds admit: no other key can match its rows), and inside the window."""
+        file's bounds admit: no other key can match its rows), and inside the window or slice."""
         if scope == "none":
             return None
         pk = list(self.spec.primary_key)
@@ -288,11 +282,8 @@ class FileMerge:
             )[_HIT]
             .is_null()
         )
-        if window is not None and wm is not None:
-            absent = (
-                absent
-                & rows.select(window.contains(wm, rows.schema[wm]).fill_null(False)).to_series()
-            )
+        if within is not None:
+            absent = absent & within.mask(rows)
         return absent
 
     # -- what happens to a file that changes
@@ -340,15 +331,8 @@ class FileMerge:
 
     # -- planning
 
-    def _watermark(self) -> str:
-        wm = self.spec.watermark
-        # the table as it was before this write (a column added now holds no watermarks yet)
-        if wm is None or wm not in schema_names(self.table.schema()):
-            raise BadInput(
-                f"dataset {self.spec.name!r}: a windowed write needs the watermark column "
-                f"{wm!r} in the table"
-            )
-        return wm
+    def _scope(self, plan: WritePlan) -> RowScope:
+        return row_scope(plan, self.spec, self.table.schema(), self.schema)
 
     def _keyed_tasks(self) -> list[FileScanTask]:
         """The files of the data manifests whose partition summaries admit one of the compute's

@@ -18,6 +18,7 @@ from pyiceberg.table import Table
 from pipeline_output.contract.checked_input import check_in_window, checked_frame
 from pipeline_output.contract.plan import plan_write
 from pipeline_output.contract.result import RowCounts
+from pipeline_output.contract.slices import PartitionSlice, check_in_partition
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
 from pipeline_output.infra.locks import HeldLock
@@ -120,6 +121,13 @@ class PreparedWrite:
     pre: Prewritten | None
     held: HeldLock | None = None
     _registration: ExitStack | None = field(default=None, repr=False, compare=False)
+    partition: PartitionSlice | None = None
+
+    def fits(
+        self, spec: DatasetSpec, window: Window | None, partition: PartitionSlice | None
+    ) -> bool:
+        """Whether this was prepared for that spec, window and partition."""
+        return (self.spec, self.window, self.partition) == (spec, window, partition)
 
     @property
     def files_ready(self) -> int:
@@ -140,30 +148,48 @@ class PreparedWrite:
 
 
 def prepare_write(
-    store: HasTables, spec: DatasetSpec, data: Any, *, window: Window | None
+    store: HasTables,
+    spec: DatasetSpec,
+    data: Any,
+    *,
+    window: Window | None,
+    partition: PartitionSlice | None = None,
 ) -> PreparedWrite:
     """`IcebergStore.prepare`: check `data`, register the write (when the table exists: its
     files may be written now, before the lock) and pre-write its files."""
     frame = checked_frame(spec, data)
     ICEBERG_CAPABILITIES.check_frame(spec, frame)  # before any I/O (float or nested keys...)
+    if partition is not None:
+        check_in_partition(spec, frame, partition)
     table = store.tables.load(spec)
     if table is None:  # a first deploy writes its files under the writer lock
-        return PreparedWrite(spec=spec, window=window, frame=frame, pre=None)
+        return PreparedWrite(spec=spec, window=window, frame=frame, pre=None, partition=partition)
     check_required(spec, frame, table.schema())  # a table made elsewhere may have NOT NULLs
     registration = ExitStack()
     try:
         held = registration.enter_context(writing(store, store.tables.table_name(spec)))
-        pre = prewrite(table, spec, frame, window)
+        pre = prewrite(table, spec, frame, window, partition=partition)
     except BaseException:
         registration.close()
         raise
     return PreparedWrite(
-        spec=spec, window=window, frame=frame, pre=pre, held=held, _registration=registration
+        spec=spec,
+        window=window,
+        frame=frame,
+        pre=pre,
+        held=held,
+        _registration=registration,
+        partition=partition,
     )
 
 
 def prewrite(
-    table: Table | None, spec: DatasetSpec, frame: pl.DataFrame, window: Window | None
+    table: Table | None,
+    spec: DatasetSpec,
+    frame: pl.DataFrame,
+    window: Window | None,
+    *,
+    partition: PartitionSlice | None = None,
 ) -> Prewritten | None:
     """Write the frame's data files before the lock when the strategy writes it as it is.
 
@@ -172,7 +198,7 @@ def prewrite(
     """
     if frame.height == 0 or table is None:
         return None
-    plan = plan_write(spec, state_of(table), window)
+    plan = plan_write(spec, state_of(table), window, partition=partition)
     if plan.write_mode not in _AS_IS_MODES:
         return None
     if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):

@@ -128,19 +128,7 @@ def replace_streaming(
         if finalize_summary is not None:
             props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in finalize_summary().items()})
         props.update(row_properties(RowCounts(inserted=rows, deleted=total_before)))
-        new_table = commit(
-            CommitRequest(
-                tx=tx,
-                dataset=spec.name,
-                properties=props,
-                deleted=deleted,
-                force=True,
-                ready=written,
-                fence=stats.verify,
-                index=index,
-            )
-        )
-        snap = new_table.current_snapshot()
+        snap = _commit_replace(tx, spec, props, written, deleted, index, stats.verify)
     return _replaced(
         store,
         spec,
@@ -199,24 +187,27 @@ def _replace_streaming_unlocked(
                 pre.handed_to_commit = True
                 tx = FlatTransaction(table)
                 upgrade_properties(tx)
-                new_table = commit(
-                    CommitRequest(
-                        tx=tx,
-                        dataset=spec.name,
-                        properties=props,
-                        deleted=deleted,
-                        force=True,
-                        ready=pre.files,
-                        fence=stats.verify,
-                        index=index,
-                    )
-                )
-                snap = new_table.current_snapshot()
+                snap = _commit_replace(tx, spec, props, pre.files, deleted, index, stats.verify)
         finally:
             pre.discard()
     return _replaced(
         store, spec, plan, rows, total_before, snap, len(deleted), len(pre.files), started, stats
     )
+
+
+def _commit_replace(
+    tx: Transaction,
+    spec: DatasetSpec,
+    props: dict[str, str],
+    ready: list[DataFile],
+    deleted: list[DataFile],
+    index: ManifestIndex | None,
+    fence: Callable[[], None],
+) -> Any:
+    """One snapshot swapping every live data file (`deleted`) for the `ready` files; its
+    snapshot."""
+    request = CommitRequest(tx=tx, dataset=spec.name, properties=props, force=True, fence=fence)
+    return commit(replace(request, ready=ready, deleted=deleted, index=index)).current_snapshot()
 
 
 def _replaced(

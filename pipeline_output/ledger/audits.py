@@ -1,22 +1,20 @@
-"""The audit log: audited runs and the writes they staged (`audits`, `audit_writes`), rollbacks
-(`rollbacks`) and drains of the legacy arm (`drains`) — migration 020. Mixed into `Ledger`, whose
-connections it uses; `audit.py` and `time_travel.py` decide, this module only records.
-"""
+"""The audit log of write-audit-publish: audited runs and the writes they staged (`AuditRecord`,
+`AuditWrite`; tables `audits`, `audit_writes`, migration 020). `services/audit.py` decides, this
+module only records."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
-import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pipeline_output.errors import InvalidArgument
-from pipeline_output.ledger.records import column_list, ledger_table
+from pipeline_output.ledger.connection import RecordLog
+from pipeline_output.ledger.sql_names import column_list, ledger_table
 
 AuditState = Literal["staged", "published", "failed", "dropped"]
 AUDIT_STATES: tuple[str, ...] = get_args(AuditState)
@@ -53,21 +51,6 @@ class AuditWrite:
     frame: bytes | None = None  # dual: the checked frame (Arrow IPC), replayed on the legacy arm
 
 
-@dataclass(frozen=True)
-class RollbackRecord:
-    """One rollback of a dataset's native table."""
-
-    id: int
-    dataset: str
-    from_snapshot_id: int | None
-    to_snapshot_id: int
-    who: str
-    run_id: str | None
-    reason: str | None
-    windows_reset: int
-    at: datetime
-
-
 _AUDIT_COLUMNS = [
     "id",
     "dataset",
@@ -83,17 +66,6 @@ _AUDIT_COLUMNS = [
     "decided_at",
 ]
 _WRITE_COLUMNS = ["seq", "snapshot_id", "strategy", "window_key", "marker"]
-_ROLLBACK_COLUMNS = [
-    "id",
-    "dataset",
-    "from_snapshot_id",
-    "to_snapshot_id",
-    "who",
-    "run_id",
-    "reason",
-    "windows_reset",
-    "at",
-]
 
 
 def _audit(row: Sequence[Any]) -> AuditRecord:
@@ -102,16 +74,8 @@ def _audit(row: Sequence[Any]) -> AuditRecord:
     return AuditRecord(**values)
 
 
-class AuditLog:
-    """The audit, rollback and drain records (see the module docstring)."""
-
-    if TYPE_CHECKING:
-
-        def _tx(
-            self, conn: psycopg.Connection[Any] | None
-        ) -> AbstractContextManager[psycopg.Connection[Any]]: ...
-
-    # -- audits --------------------------------------------------------------------------------
+class AuditLog(RecordLog):
+    """Audited runs and their staged writes (see the module docstring)."""
 
     def stage_write(
         self,
@@ -126,7 +90,7 @@ class AuditLog:
         """Record one staged write of `run_id`'s audit of `dataset` (the audit row is created by
         its first write; the branch head moves to the write's snapshot when it made one, and the
         base — main's snapshot the branch started from — is the parent of the first one)."""
-        with self._tx(None) as conn:
+        with self.tx(None) as conn:
             row = conn.execute(
                 sql.SQL(
                     "INSERT INTO {t} (dataset, run_id, branch, mode, base_snapshot_id, "
@@ -167,7 +131,7 @@ class AuditLog:
 
     def set_gating_checks(self, audit_id: int, checks: Sequence[str]) -> None:
         """The blocking checks that must pass before the audit publishes."""
-        with self._tx(None) as conn:
+        with self.tx(None) as conn:
             conn.execute(
                 sql.SQL("UPDATE {} SET gating_checks = %s WHERE id = %s").format(
                     ledger_table("audits")
@@ -177,14 +141,8 @@ class AuditLog:
 
     def audit(self, dataset: str, run_id: str) -> AuditRecord | None:
         """The audit of `run_id`'s writes to `dataset`, if that run staged any."""
-        with self._tx(None) as conn:
-            row = conn.execute(
-                sql.SQL("SELECT {} FROM {} WHERE dataset = %s AND run_id = %s").format(
-                    column_list(_AUDIT_COLUMNS), ledger_table("audits")
-                ),
-                (dataset, run_id),
-            ).fetchone()
-        return _audit(row) if row else None
+        rows = self.select("audits", _AUDIT_COLUMNS, where={"dataset": dataset, "run_id": run_id})
+        return _audit(rows[0]) if rows else None
 
     def audits(
         self, dataset: str | None = None, *, states: Sequence[str] | None = None
@@ -199,7 +157,7 @@ class AuditLog:
             where.append(sql.SQL("state = ANY(%s)"))
             params.append(list(states))
         clause = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL("")
-        with self._tx(None) as conn:
+        with self.tx(None) as conn:
             rows = conn.execute(
                 sql.SQL("SELECT {} FROM {}{} ORDER BY id DESC").format(
                     column_list(_AUDIT_COLUMNS), ledger_table("audits"), clause
@@ -210,25 +168,12 @@ class AuditLog:
 
     def audits_of_run(self, run_id: str) -> list[AuditRecord]:
         """Every audit a run staged (one per dataset)."""
-        with self._tx(None) as conn:
-            rows = conn.execute(
-                sql.SQL("SELECT {} FROM {} WHERE run_id = %s ORDER BY id").format(
-                    column_list(_AUDIT_COLUMNS), ledger_table("audits")
-                ),
-                (run_id,),
-            ).fetchall()
-        return [_audit(r) for r in rows]
+        return [_audit(r) for r in self.select("audits", _AUDIT_COLUMNS, where={"run_id": run_id})]
 
     def audit_writes(self, audit_id: int, *, frames: bool = False) -> list[AuditWrite]:
         """The writes an audit staged, in order (with the dual frames when `frames`)."""
         names = [*_WRITE_COLUMNS, "result", *(["frame"] if frames else [])]
-        with self._tx(None) as conn:
-            rows = conn.execute(
-                sql.SQL("SELECT {} FROM {} WHERE audit_id = %s ORDER BY seq").format(
-                    column_list(names), ledger_table("audit_writes")
-                ),
-                (audit_id,),
-            ).fetchall()
+        rows = self.select("audit_writes", names, where={"audit_id": audit_id}, order="seq")
         out = []
         for row in rows:
             values = dict(zip(names, row, strict=True))
@@ -249,7 +194,7 @@ class AuditLog:
         Frames are no longer needed once decided and are dropped."""
         if state not in AUDIT_STATES:
             raise InvalidArgument(f"unknown audit state {state!r}; valid: {AUDIT_STATES}")
-        with self._tx(None) as conn:
+        with self.tx(None) as conn:
             row = conn.execute(
                 sql.SQL(
                     "UPDATE {} SET state = %s, reason = coalesce(%s, reason), "
@@ -266,59 +211,3 @@ class AuditLog:
                     (audit_id,),
                 )
         return row is not None
-
-    # -- rollbacks and drains ------------------------------------------------------------------
-
-    def record_rollback(
-        self,
-        dataset: str,
-        *,
-        from_snapshot_id: int | None,
-        to_snapshot_id: int,
-        who: str,
-        run_id: str | None,
-        reason: str | None,
-        windows_reset: int,
-        conn: psycopg.Connection[Any] | None = None,
-    ) -> RollbackRecord:
-        """Record a rollback (who, when, why, from, to, windows reset)."""
-        with self._tx(conn) as c:
-            row = c.execute(
-                sql.SQL(
-                    "INSERT INTO {} (dataset, from_snapshot_id, to_snapshot_id, who, run_id, "
-                    "reason, windows_reset) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING {}"
-                ).format(ledger_table("rollbacks"), column_list(_ROLLBACK_COLUMNS)),
-                (dataset, from_snapshot_id, to_snapshot_id, who, run_id, reason, windows_reset),
-            ).fetchone()
-        assert row is not None
-        return RollbackRecord(*row)
-
-    def rollbacks(self, dataset: str) -> list[RollbackRecord]:
-        """A dataset's rollbacks, oldest first."""
-        with self._tx(None) as conn:
-            rows = conn.execute(
-                sql.SQL("SELECT {} FROM {} WHERE dataset = %s ORDER BY id").format(
-                    column_list(_ROLLBACK_COLUMNS), ledger_table("rollbacks")
-                ),
-                (dataset,),
-            ).fetchall()
-        return [RollbackRecord(*r) for r in rows]
-
-    def record_drain(self, dataset: str, *, rows: int) -> None:
-        """Record that the legacy rows of `dataset` were deleted."""
-        with self._tx(None) as conn:
-            conn.execute(
-                sql.SQL("INSERT INTO {} (dataset, rows) VALUES (%s, %s)").format(
-                    ledger_table("drains")
-                ),
-                (dataset, rows),
-            )
-
-    def last_drain(self, dataset: str) -> datetime | None:
-        """When the legacy rows of `dataset` were last drained (None: never, since 020)."""
-        with self._tx(None) as conn:
-            row = conn.execute(
-                sql.SQL("SELECT max(at) FROM {} WHERE dataset = %s").format(ledger_table("drains")),
-                (dataset,),
-            ).fetchone()
-        return row[0] if row else None

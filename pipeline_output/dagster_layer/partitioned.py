@@ -1,0 +1,297 @@
+"""Dagster's own partitions on `@dataset`: `partitions_def=` + `partition_column=` (issue 34).
+
+A dataset partitioned by day, by region or both maps each Dagster partition key to a slice of its
+rows (`contract/slices.py`): a time-window partition is `[start, end)` on its column, a static or
+dynamic one is `column == key`, a multi-partition one is one term per dimension
+(`partition_column={"date": "day", "region": "region"}`). The compute is called once per
+partition key of the run (a range run: in key order) with `partition_key=` when it declares that
+parameter; inputs from a dataset partitioned by the same definition are narrowed to that key's
+slice, and a partitioned plain upstream loaded as `{key: frame}` gives that key's frame. The
+IO manager then writes each partition in turn through the publish step (`write_partitions`): one
+commit per partition, the slice made exactly the compute's rows (see `contract/plan.py`).
+
+Checked when the code location loads: the definition's kind (time window, static, dynamic, or
+multi-partitions of those), one identifier column per dimension, no `Delta` beside it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+import polars as pl
+
+from pipeline_output.contract.checked_input import collect_frame, to_polars
+from pipeline_output.contract.slices import Equals, PartitionSlice, Term, TimeRange
+from pipeline_output.contract.spec import DatasetSpec, check_identifier
+from pipeline_output.dagster_layer.asset_params import as_lazy
+from pipeline_output.errors import InvalidSpec, RowsOutsideWindow, UnsupportedWrite
+from pipeline_output.services.publish import PublishResult, ResolvedMode
+from pipeline_output.services.runtime import Runtime
+
+PARTITION_COLUMNS_KEY = "pipeline_output/partition_columns"
+KEY_PARAMETER = "partition_key"
+_SINGLE = ""  # the dimension name of a one-dimensional definition
+_DIMENSIONS = (
+    dg.TimeWindowPartitionsDefinition,
+    dg.StaticPartitionsDefinition,
+    dg.DynamicPartitionsDefinition,
+)
+
+
+def partition_columns_of(
+    spec: DatasetSpec, partitions_def: Any, partition_column: Any
+) -> dict[str, str] | None:
+    """Dimension name -> partition column (`""` for a one-dimensional definition), or None for
+    a dataset without Dagster partitions; refuses a misconfiguration (`InvalidSpec`)."""
+    where = f"@dataset {spec.name!r}"
+    if partitions_def is None:
+        if partition_column is not None:
+            raise InvalidSpec(f"{where}: partition_column needs a partitions_def")
+        return None
+    if spec.delta is not None:
+        raise InvalidSpec(
+            f"{where}: a delta dataset's partitions are its windows; pass Delta(...) or "
+            "partitions_def=, not both"
+        )
+    if isinstance(partitions_def, dg.MultiPartitionsDefinition):
+        dims = {d.name: d.partitions_def for d in partitions_def.partitions_defs}
+        if not isinstance(partition_column, Mapping) or set(partition_column) != set(dims):
+            raise InvalidSpec(
+                f"{where}: a multi-partitions definition needs partition_column={{dimension: "
+                f"column}} for exactly its dimensions {sorted(dims)}, got {partition_column!r}"
+            )
+        columns = {str(d): str(c) for d, c in partition_column.items()}
+    else:
+        dims = {_SINGLE: partitions_def}
+        if not isinstance(partition_column, str):
+            raise InvalidSpec(
+                f"{where}: partitions_def needs partition_column=<the column holding the "
+                f"partition>, got {partition_column!r}"
+            )
+        columns = {_SINGLE: partition_column}
+    for dim, definition in dims.items():
+        if not isinstance(definition, _DIMENSIONS):
+            raise InvalidSpec(
+                f"{where}: partitions of kind {type(definition).__name__} are not supported "
+                "(time-window, static, dynamic, or multi-partitions of those)"
+            )
+        check_identifier(columns[dim], what="partition column", dataset=spec.name)
+    return columns
+
+
+def slice_for(partitions_def: Any, columns: Mapping[str, str], key: str) -> PartitionSlice:
+    """The slice of rows Dagster partition `key` stands for."""
+    if isinstance(partitions_def, dg.MultiPartitionsDefinition):
+        by_dim = partitions_def.get_partition_key_from_str(key).keys_by_dimension
+        dims = {d.name: d.partitions_def for d in partitions_def.partitions_defs}
+        terms = tuple(_term(dims[d], columns[d], by_dim[d]) for d in sorted(columns))
+        return PartitionSlice(key, terms)
+    return PartitionSlice(key, (_term(partitions_def, columns[_SINGLE], key),))
+
+
+def _term(definition: Any, column: str, key: str) -> Term:
+    if isinstance(definition, dg.TimeWindowPartitionsDefinition):
+        window = definition.time_window_for_partition_key(key)
+        return TimeRange(column, window.start, window.end)
+    return Equals(column, key)
+
+
+def _order(partitions_def: Any, key: str) -> Any:
+    """A sort key putting partition keys in the definition's order (time, then dimensions)."""
+    if isinstance(partitions_def, dg.TimeWindowPartitionsDefinition):
+        return (partitions_def.time_window_for_partition_key(key).start.timestamp(), key)
+    if isinstance(partitions_def, dg.MultiPartitionsDefinition):
+        by_dim = partitions_def.get_partition_key_from_str(key).keys_by_dimension
+        dims = partitions_def.partitions_defs
+        return tuple(_order(d.partitions_def, by_dim[d.name]) for d in dims)
+    return (0.0, key)
+
+
+def run_keys(context: Any, partitions_def: Any) -> list[str]:
+    """The partition keys this step covers (several in a range run), in the definition's order."""
+    if isinstance(context, dg.OutputContext):
+        keys = list(context.asset_partition_keys) if context.has_asset_partitions else []
+    elif context.has_partition_key or context.has_partition_key_range:
+        keys = list(context.partition_keys)
+    else:
+        keys = []
+    return sorted(keys, key=lambda k: _order(partitions_def, k))
+
+
+@dataclass(frozen=True)
+class PartitionedOutput:
+    """A Dagster-partitioned dataset's output: per partition (in order) its slice and a
+    zero-argument compute of its rows, written one by one."""
+
+    items: tuple[tuple[PartitionSlice, Callable[[], Any]], ...]
+
+
+def partitioned_output(
+    context: dg.AssetExecutionContext,
+    spec: DatasetSpec,
+    fn: Callable[..., Any],
+    inputs: Mapping[str, Any],
+    *,
+    columns: Mapping[str, str],
+) -> PartitionedOutput:
+    """One thunk per partition key of the run: the compute called for that key."""
+    partitions_def = context.assets_def.partitions_def
+    keys = run_keys(context, partitions_def)
+    if not keys:
+        raise UnsupportedWrite(
+            f"dataset {spec.name!r} is partitioned by Dagster: materialise it for partitions, "
+            "not unpartitioned; nothing was written"
+        )
+    takes_key = KEY_PARAMETER in inspect.signature(fn).parameters
+    same = _same_partitions_inputs(context, inputs, partitions_def)
+    items = []
+    for key in keys:
+        part = slice_for(partitions_def, columns, key)
+
+        def thunk(key: str = key) -> Any:
+            args = {
+                name: _for_key(value, key, same.get(name), partitions_def)
+                for name, value in inputs.items()
+            }
+            out = fn(**args, **({KEY_PARAMETER: key} if takes_key else {}))
+            return collect_frame(spec, out)
+
+        items.append((part, thunk))
+    return PartitionedOutput(tuple(items))
+
+
+def _same_partitions_inputs(
+    context: dg.AssetExecutionContext, inputs: Mapping[str, Any], partitions_def: Any
+) -> dict[str, dict[str, str]]:
+    """Input name -> partition columns, for inputs from a dataset partitioned like this one."""
+    out = {}
+    layer = context.job_def.asset_layer
+    for name in inputs:
+        key = context.asset_key_for_input(name)
+        if not layer.has(key):
+            continue
+        node = layer.get(key)
+        raw = (node.metadata or {}).get(PARTITION_COLUMNS_KEY)
+        if raw is not None and node.partitions_def == partitions_def:
+            out[name] = columns_from_metadata(raw)
+    return out
+
+
+def columns_from_metadata(raw: Any) -> dict[str, str]:
+    """The partition columns as asset metadata carries them (JSON, or a Dagster text value)."""
+    value = getattr(raw, "value", raw)
+    return dict(json.loads(value) if isinstance(value, str) else value)
+
+
+def _for_key(value: Any, key: str, columns: dict[str, str] | None, partitions_def: Any) -> Any:
+    """An input as the compute of partition `key` receives it: a dataset partitioned like this
+    one (`columns`: its partition columns) narrowed to the key's slice, a partitioned plain
+    upstream's `{key: frame}` to that key's frame, anything else whole."""
+    if isinstance(value, dict) and key in value:
+        return as_lazy(value[key])
+    lazy = as_lazy(value)
+    if columns is None or not isinstance(lazy, pl.LazyFrame):
+        return lazy
+    return lazy.filter(slice_for(partitions_def, columns, key).contains(lazy.collect_schema()))
+
+
+def partitioned_frame(
+    spec: DatasetSpec, frame: pl.DataFrame, slices: Sequence[PartitionSlice]
+) -> PartitionedOutput:
+    """A frame for the run's partitions computed outside `@dataset` (an asset of the user's own
+    with this IO manager), split by slice; refused before any I/O when a row lies outside them."""
+    if not slices:
+        raise UnsupportedWrite(
+            f"dataset {spec.name!r} is partitioned by Dagster: this run has no partition, so "
+            "nothing was written"
+        )
+    if len(slices) == 1:
+        return PartitionedOutput(((slices[0], lambda: frame),))
+    parts = [frame.filter(s.contains(frame.schema)) for s in slices]
+    outside = frame.height - sum(p.height for p in parts)
+    if outside:
+        raise RowsOutsideWindow(
+            f"dataset {spec.name!r}: {outside} row(s) lie outside the partitions "
+            f"{slices[0].key} .. {slices[-1].key} of this run; nothing was written"
+        )
+    return PartitionedOutput(tuple((s, _constant(p)) for s, p in zip(slices, parts, strict=True)))
+
+
+def _constant(frame: pl.DataFrame) -> Callable[[], pl.DataFrame]:
+    return lambda: frame
+
+
+def partitioned_output_of(
+    context: dg.OutputContext, spec: DatasetSpec, obj: Any
+) -> PartitionedOutput | None:
+    """The output of a Dagster-partitioned dataset as partitions to write (a plain frame from an
+    asset of the user's own split by the run's partitions); None for any other dataset."""
+    if isinstance(obj, PartitionedOutput):
+        return obj
+    raw = (context.definition_metadata or {}).get(PARTITION_COLUMNS_KEY)
+    if raw is None:
+        return None
+    columns = columns_from_metadata(raw)
+    partitions_def = context.asset_partitions_def if context.has_asset_partitions else None
+    keys = run_keys(context, partitions_def)
+    slices = [slice_for(partitions_def, columns, k) for k in keys]
+    return partitioned_frame(spec, to_polars(spec, obj), slices)
+
+
+def write_partitions(
+    context: dg.OutputContext,
+    spec: DatasetSpec,
+    out: PartitionedOutput,
+    mode: ResolvedMode,
+    *,
+    runtime: Runtime,
+    audit: bool,
+) -> dict[str, Any]:
+    """Compute and write each partition in order (one commit each); returns the metadata of the
+    materialisation: the last write's, with the row counts summed over the partitions and
+    `dagster/partition_row_count` (the rows the run wrote). In a range run each partition's
+    materialisation also gets its own counts, `dagster/partition_row_count` and commit."""
+    from pipeline_output.dagster_layer.metadata import publish_metadata
+
+    last: PublishResult | None = None
+    lines = []
+    totals = dict.fromkeys(_SUMMED, 0)
+    for part, compute in out.items:
+        frame = to_polars(spec, compute())
+        last = runtime.publisher.publish(
+            spec, frame, mode=mode, run_id=context.run_id, partition=part, audit=audit
+        )
+        r = last.primary
+        lines.append(
+            f"{part.key}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted} "
+            + ("no-op" if r.noop else f"({r.write_mode}, commit {r.snapshot_id})")
+        )
+        context.log.info(f"{spec.name}: partition {lines[-1]}")
+        for name in _SUMMED:
+            totals[name] += getattr(r, name)
+        if len(out.items) > 1:  # a range run: each partition's materialisation its own figures
+            commit = "iceberg/snapshot_id" if "iceberg" in last.results else "pg/deploy_id"
+            context.step_context.add_asset_metadata(
+                {
+                    **{name: getattr(r, name) for name in _SUMMED},
+                    "dagster/partition_row_count": r.rows_in,
+                    "write_mode": r.write_mode,
+                    commit: "no-op" if r.noop else str(r.snapshot_id),
+                },
+                asset_key=context.asset_key,
+                partition_key=part.key,
+            )
+    assert last is not None
+    meta = publish_metadata(last, runtime=runtime, spec=spec, schema=frame.schema)
+    meta.update(totals)
+    meta["dagster/partition_row_count"] = totals["rows_in"]
+    meta["partitions"] = "; ".join(lines)
+    return meta
+
+
+_SUMMED = ("rows_in", "rows_inserted", "rows_updated", "rows_deleted", "rows_unchanged")

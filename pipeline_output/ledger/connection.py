@@ -1,0 +1,69 @@
+"""`ControlPlaneDb`: connections to the control-plane database, shared by every record log of the
+ledger (`RecordLog`). A log's method opens its own short transaction, or joins the caller's when given `conn=`
+(the legacy arm records its deploy in the same transaction as its rows)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pipeline_output.infra import pgsession
+from pipeline_output.ledger.sql_names import column_list, ledger_table
+
+
+class ControlPlaneDb:
+    """The control-plane database at `url` (a libpq URI)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """A new connection (not autocommit) to the control-plane database."""
+        return pgsession.connect(self.url)
+
+    @contextmanager
+    def tx(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
+        """The caller's connection (its transaction), or a fresh one committed on success."""
+        if conn is not None:
+            yield conn
+            return
+        with pgsession.connect(self.url) as own:
+            yield own
+
+
+class RecordLog:
+    """The base of every record log of the ledger: the database its records live in."""
+
+    def __init__(self, db: ControlPlaneDb) -> None:
+        self._db = db
+
+    def select(
+        self,
+        table: str,
+        columns: Sequence[str],
+        *,
+        where: Mapping[str, Any],
+        newest_first: bool = False,
+        order: str = "id",
+        limit: int | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """The `columns` of `table`'s rows whose columns equal `where`'s values, by `order` (at
+        most `limit`)."""
+        match = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in where)
+        direction = sql.SQL("DESC" if newest_first else "ASC")
+        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} {} LIMIT %s").format(
+            column_list(columns), ledger_table(table), match, sql.Identifier(order), direction
+        )
+        with self.tx(conn) as c:
+            return c.execute(query, (*where.values(), limit)).fetchall()
+
+    def tx(
+        self, conn: psycopg.Connection[Any] | None
+    ) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """The caller's connection, or a fresh one committed on success (`ControlPlaneDb.tx`)."""
+        return self._db.tx(conn)

@@ -1,0 +1,263 @@
+"""Dagster's own partitions on `@dataset`, under Dagster's real execution (issue 34): a daily
+dataset whose partition 2 is re-materialised with one row deleted, one updated and one new (days
+1 and 3 unchanged), a three-day range in one run, a static `eu`/`us` dataset, a multi-partition
+one, a row outside its partition refused with nothing written — on both arms.
+
+The computes return rows from `SOURCE`, a plain dict the test edits between runs; the expected
+table is that dict's rows (plain polars), never the project's reader of a slice.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Any
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from pipeline_output import DatasetSpec, build_definitions, dataset
+from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.services.publish import ResolvedMode
+from pipeline_output_tests.oracle import assert_same_multiset
+
+DAYS = ["2024-01-01", "2024-01-02", "2024-01-03"]
+DAILY = dg.DailyPartitionsDefinition(start_date="2024-01-01", end_date="2024-01-04")
+REGIONS = dg.StaticPartitionsDefinition(["eu", "us"])
+
+
+def day_rows(day: str, ids: list[int], *, version: int = 0) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "id": pl.Series(ids, dtype=pl.Int64),
+            "day": pl.Series([date.fromisoformat(day)] * len(ids), dtype=pl.Date),
+            "amount": pl.Series([i * 1.5 + version for i in ids], dtype=pl.Float64),
+        }
+    )
+
+
+def defs_for(mode: str, source: dict[str, pl.DataFrame]) -> dg.Definitions:
+    """A daily dataset and a regional one reading `source[partition_key]`."""
+
+    @dataset(
+        name=f"daily_{mode}",
+        primary_key="id",
+        mode=mode,  # type: ignore[arg-type]
+        partitions_def=DAILY,
+        partition_column="day",
+    )
+    def daily(partition_key: str) -> pl.DataFrame:
+        return source[partition_key]
+
+    @dataset(
+        name=f"regional_{mode}",
+        primary_key="id",
+        strategy="replace",
+        mode=mode,  # type: ignore[arg-type]
+        partitions_def=REGIONS,
+        partition_column="region",
+    )
+    def regional(partition_key: str) -> pl.DataFrame:
+        return source[partition_key]
+
+    return build_definitions(datasets=[daily, regional], with_maintenance=False)
+
+
+def run(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    name: str,
+    *keys: str,
+    raise_on_error: bool = True,
+) -> dg.ExecuteInProcessResult:
+    """One run of `name` for partition `keys[0]`, or for the range `keys[0]..keys[-1]`."""
+    job = defs.resolve_implicit_global_asset_job_def()
+    tags = {
+        "dagster/asset_partition_range_start": keys[0],
+        "dagster/asset_partition_range_end": keys[-1],
+    }
+    return job.execute_in_process(
+        instance=instance,
+        asset_selection=[dg.AssetKey(name)],
+        tags=tags,
+        raise_on_error=raise_on_error,
+    )
+
+
+def table(name: str, mode: str) -> pl.DataFrame:
+    """The dataset's rows on `mode`'s arm."""
+    spec = DatasetSpec(name=name, primary_key=("id",))
+    return get_runtime().publisher.read(spec, mode=ResolvedMode(mode, "run config"))  # type: ignore[arg-type]
+
+
+def materialized_partitions(instance: dg.DagsterInstance, name: str) -> set[str]:
+    return set(instance.get_materialized_partitions(dg.AssetKey(name)))
+
+
+def meta(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
+    (event, *_) = result.get_asset_materialization_events()
+    mat = event.event_specific_data.materialization  # type: ignore[union-attr]
+    return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+
+
+@pytest.mark.parametrize("mode", ["iceberg", "pg"])
+def test_a_daily_dataset_replaces_one_day_and_leaves_the_others(env, instance, mode):
+    source = {DAYS[0]: day_rows(DAYS[0], [1, 2]), DAYS[1]: day_rows(DAYS[1], [3, 4, 5])}
+    source[DAYS[2]] = day_rows(DAYS[2], [6, 7])
+    defs = defs_for(mode, source)
+    name = f"daily_{mode}"
+
+    three = run(defs, instance, name, DAYS[0], DAYS[2])  # a three-day range in one run
+    assert three.success and materialized_partitions(instance, name) == set(DAYS)
+    per_day = {
+        e.partition: e.event_specific_data.materialization.metadata  # type: ignore[union-attr]
+        for e in three.get_asset_materialization_events()
+    }
+    inserted = {k: m["rows_inserted"].value for k, m in per_day.items()}
+    assert inserted == {DAYS[0]: 2, DAYS[1]: 3, DAYS[2]: 2}  # each day its own figures
+    assert_same_multiset(table(name, mode), pl.concat(source.values()))
+    before = table(name, mode)
+
+    # day 2 again: 3 deleted, 4 updated, 5 unchanged, 8 new
+    source[DAYS[1]] = pl.concat(
+        [day_rows(DAYS[1], [4], version=1), day_rows(DAYS[1], [5]), day_rows(DAYS[1], [8])]
+    )
+    again = run(defs, instance, name, DAYS[1])
+    assert again.success
+    m = meta(again)
+    assert (m["rows_inserted"], m["rows_updated"], m["rows_deleted"]) == (1, 1, 1)
+    assert m["why"] == f"partition {DAYS[1]}" and m["write_mode"] == "sync"
+    after = table(name, mode)
+    assert_same_multiset(after, pl.concat(source.values()))
+    for day in (DAYS[0], DAYS[2]):
+        on = pl.col("day") == date.fromisoformat(day)
+        assert_same_multiset(after.filter(on), before.filter(on))
+
+
+@pytest.mark.parametrize("mode", ["iceberg", "pg"])
+def test_a_static_eu_us_dataset_replaces_one_region(env, instance, mode):
+    source = {
+        "eu": pl.DataFrame({"id": [1, 2], "region": ["eu", "eu"], "v": ["a", "b"]}),
+        "us": pl.DataFrame({"id": [3], "region": ["us"], "v": ["c"]}),
+    }
+    defs = defs_for(mode, source)
+    name = f"regional_{mode}"
+    assert run(defs, instance, name, "eu").success and run(defs, instance, name, "us").success
+    source["eu"] = pl.DataFrame({"id": [9], "region": ["eu"], "v": ["z"]})
+    m = meta(run(defs, instance, name, "eu"))
+    assert (m["rows_inserted"], m["rows_deleted"]) == (1, 2)
+    assert_same_multiset(table(name, mode), pl.concat(source.values()))
+
+
+@pytest.mark.parametrize("mode", ["iceberg", "pg"])
+def test_a_row_outside_its_partition_is_refused_with_nothing_written_or_recorded(
+    env, instance, mode
+):
+    source = {d: day_rows(d, [n]) for n, d in enumerate(DAYS)}
+    defs = defs_for(mode, source)
+    name = f"daily_{mode}"
+    assert run(defs, instance, name, DAYS[0]).success
+    before = table(name, mode)
+    ledger = get_runtime().ledger
+    deploys = len(ledger.deploy_log.deploys(name))
+
+    source[DAYS[1]] = pl.concat([day_rows(DAYS[1], [10]), day_rows(DAYS[2], [11])])
+    failed = run(defs, instance, name, DAYS[1], raise_on_error=False)
+    assert not failed.success
+    (failure,) = failed.get_step_failure_events()
+    text = failure.event_specific_data.error.to_string()  # type: ignore[union-attr]
+    assert "RowsOutsideWindow" in text and "outside partition 2024-01-02" in text
+    assert materialized_partitions(instance, name) == {DAYS[0]}  # none recorded
+    assert_same_multiset(table(name, mode), before)
+    assert len(ledger.deploy_log.deploys(name)) == deploys  # no commit on either arm
+    if mode == "iceberg":
+        iceberg = get_runtime().iceberg.load(name)
+        assert iceberg is not None and len(iceberg.snapshots()) == 1
+
+
+def test_a_multi_partition_dataset_writes_the_intersection_of_day_and_region(env, instance):
+    source: dict[str, pl.DataFrame] = {}
+    multi = dg.MultiPartitionsDefinition({"date": DAILY, "region": REGIONS})
+
+    @dataset(
+        name="sales",
+        primary_key="id",
+        mode="iceberg",
+        partitions_def=multi,
+        partition_column={"date": "day", "region": "region"},
+    )
+    def sales(partition_key: str) -> pl.DataFrame:
+        return source[partition_key]
+
+    defs = build_definitions(datasets=[sales], with_maintenance=False)
+    job = defs.resolve_implicit_global_asset_job_def()
+
+    def rows(key: str, ids: list[int]) -> pl.DataFrame:
+        day, region = key.split("|")
+        return day_rows(day, ids).with_columns(region=pl.lit(region))
+
+    for key, ids in {"2024-01-01|eu": [1, 2], "2024-01-01|us": [3], "2024-01-02|eu": [4]}.items():
+        source[key] = rows(key, ids)
+        assert job.execute_in_process(
+            instance=instance, asset_selection=[dg.AssetKey("sales")], partition_key=key
+        ).success
+    source["2024-01-01|eu"] = rows("2024-01-01|eu", [5])
+    assert job.execute_in_process(
+        instance=instance, asset_selection=[dg.AssetKey("sales")], partition_key="2024-01-01|eu"
+    ).success
+    got = get_runtime().iceberg.read("sales")
+    assert_same_multiset(got.select(source["2024-01-01|us"].columns), pl.concat(source.values()))
+
+
+def test_a_downstream_partitioned_dataset_reads_only_its_days_slice_in_a_range_run(env, instance):
+    source = {d: day_rows(d, [n * 10, n * 10 + 1]) for n, d in enumerate(DAYS)}
+    seen: list[tuple[str, int]] = []
+
+    @dataset(primary_key="id", mode="iceberg", partitions_def=DAILY, partition_column="day")
+    def orders(partition_key: str) -> pl.DataFrame:
+        return source[partition_key]
+
+    @dataset(primary_key="id", mode="iceberg", partitions_def=DAILY, partition_column="day")
+    def doubled(orders: pl.LazyFrame, partition_key: str) -> pl.LazyFrame:
+        seen.append((partition_key, orders.select(pl.len()).collect().item()))
+        return orders.with_columns(amount=pl.col("amount") * 2)
+
+    defs = build_definitions(datasets=[orders, doubled], with_maintenance=False)
+    job = defs.resolve_implicit_global_asset_job_def()
+    result = job.execute_in_process(
+        instance=instance,
+        asset_selection=[dg.AssetKey("orders"), dg.AssetKey("doubled")],
+        tags={
+            "dagster/asset_partition_range_start": DAYS[0],
+            "dagster/asset_partition_range_end": DAYS[2],
+        },
+    )
+    assert result.success
+    assert sorted(seen) == [(d, 2) for d in DAYS]  # each call saw its own day only
+    expected = pl.concat(source.values()).with_columns(amount=pl.col("amount") * 2)
+    assert_same_multiset(get_runtime().iceberg.read("doubled"), expected)
+
+
+def test_a_dry_run_of_a_partition_reports_its_slice_write_and_writes_nothing(env, instance):
+    source = {d: day_rows(d, [n]) for n, d in enumerate(DAYS)}
+    defs = defs_for("iceberg", source)
+    name = "daily_iceberg"
+    assert run(defs, instance, name, DAYS[0]).success
+    snapshots = len(get_runtime().iceberg.load(name).snapshots())  # type: ignore[union-attr]
+    job = defs.resolve_implicit_global_asset_job_def()
+    result = job.execute_in_process(
+        instance=instance,
+        asset_selection=[dg.AssetKey(name)],
+        partition_key=DAYS[1],
+        run_config={"ops": {name: {"config": {"dry_run": True}}}},
+    )
+    assert result.success and result.get_asset_materialization_events() == []
+    (obs,) = [
+        e.event_specific_data.asset_observation  # type: ignore[union-attr]
+        for e in result.all_events
+        if e.event_type == dg.DagsterEventType.ASSET_OBSERVATION
+    ]
+    assert obs.partition == DAYS[1]
+    assert obs.metadata["write_mode"].value == "sync"
+    assert f"partition {DAYS[1]}" in obs.metadata["expected_effect"].value
+    assert len(get_runtime().iceberg.load(name).snapshots()) == snapshots  # type: ignore[union-attr]
