@@ -113,32 +113,38 @@ def test_a_location_with_the_resource_materialises_with_no_variable_set(
 def test_two_code_locations_with_different_control_planes_and_catalogs_run_side_by_side(
     no_environment: Path, pg_db_url: str, other_db_url: str, tmp_path: Path
 ) -> None:
+    """The same namespace and dataset name in both: were the catalogs one, the tables would be."""
+
     @dataset(name="orders", primary_key="order_id", mode="iceberg")
     def eu_orders() -> pl.DataFrame:
         return ROWS.head(2)
 
-    @dataset(name="orders", primary_key="order_id", mode="pg")
+    @dataset(name="orders", primary_key="order_id", mode="dual")
     def us_orders() -> pl.DataFrame:
         return ROWS.tail(1)
 
     eu = build_definitions(
-        datasets=[eu_orders], resource=_resource(pg_db_url, tmp_path / "eu", namespace="eu")
+        datasets=[eu_orders], resource=_resource(pg_db_url, tmp_path / "eu", namespace="shop")
     )
     us = build_definitions(
         datasets=[us_orders],
-        resource=_resource(other_db_url, tmp_path / "us", namespace="us", default_mode="pg"),
+        resource=_resource(other_db_url, tmp_path / "us", namespace="shop", default_mode="pg"),
     )
     with dg.DagsterInstance.ephemeral() as instance:
         assert run_assets(eu, instance, ["orders"]).success
-        assert run_assets(us, instance, ["orders"]).success
+        us_run = run_assets(us, instance, ["orders"])
+        assert us_run.success
         assert run_assets(eu, instance, ["orders"]).success  # the first location again
 
-    assert_same_multiset(_read(pg_db_url, tmp_path / "eu", "eu.orders"), ROWS.head(2))
+    assert_same_multiset(_read(pg_db_url, tmp_path / "eu", "shop.orders"), ROWS.head(2))
+    assert_same_multiset(_read(other_db_url, tmp_path / "us", "shop.orders"), ROWS.tail(1))
+    assert mat_meta(us_run, "orders")["dagster/uri"].startswith(f"file://{tmp_path}/us/")
     assert Ledger(pg_db_url).deploy_log.last_deploy("orders", "pg") is None
-    legacy = Ledger(other_db_url).deploy_log.last_deploy("orders", "pg", status="succeeded")
-    assert legacy is not None
-    assert Ledger(other_db_url).deploy_log.last_deploy("orders", "iceberg") is None
-    assert not (tmp_path / "us").exists(), "the pg-arm location wrote to a catalog"
+    for arm in ("pg", "iceberg"):  # the second location's ledger holds both of its arms
+        deploy = Ledger(other_db_url).deploy_log.last_deploy("orders", arm, status="succeeded")
+        assert deploy is not None and deploy.run_id == us_run.run_id
+    eu_deploys = Ledger(pg_db_url).deploy_log.deploys("orders")  # the rerun was a no-op
+    assert [d.arm for d in eu_deploys] == ["iceberg"] and eu_deploys[0].run_id != us_run.run_id
 
 
 def test_a_half_configured_resource_fails_when_the_location_loads(no_environment: Path) -> None:
