@@ -1,12 +1,13 @@
 """Frames in and out of a compute, on both arms: a compute may return pandas or Arrow (converted
 once), and an input parameter annotated `pd.DataFrame`, `pa.Table`, `pl.DataFrame` or
-`pl.LazyFrame` receives that type (unannotated: a LazyFrame). The stored rows are compared with a
+`pl.LazyFrame` receives that type (unannotated: a LazyFrame) — a Dagster-partitioned dataset's
+its partition's slice, a plain asset's frame from its own IO manager too. The stored rows are compared with a
 plain-polars oracle; a wrong annotation fails when the location loads, a wrong return type before
 anything is written."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import dagster as dg
@@ -117,6 +118,69 @@ def _spec(asset: dg.AssetsDefinition) -> Any:
     spec = spec_of(asset)
     assert spec is not None
     return spec
+
+
+def test_annotated_inputs_of_a_partitioned_dataset_and_from_a_plain_asset(env: str) -> None:
+    """A Dagster-partitioned dataset's annotated input gets its partition's slice in that type
+    (`partition_key` is no input); a plain asset's pandas frame reaches a `pd.DataFrame`
+    parameter as it is and a `pa.Table` parameter converted."""
+    days = dg.DailyPartitionsDefinition(start_date="2024-01-01", end_date="2024-01-03")
+    rows = pl.DataFrame(
+        {"id": [1, 2, 3], "day": [date(2024, 1, 1), date(2024, 1, 2), date(2024, 1, 2)]}
+    )
+    got: dict[str, Any] = {}
+
+    @dg.asset  # the default IO manager: a pickled pandas frame
+    def raw() -> pd.DataFrame:
+        return pd.DataFrame({"id": [7, 8], "v": ["x", "y"]})
+
+    @dg.asset(key=["landing", "extra"])
+    def extra() -> pd.DataFrame:
+        return pd.DataFrame({"id": [9]})
+
+    @dataset(primary_key="id", mode="iceberg", partitions_def=days, partition_column="day")
+    def orders(partition_key: str) -> pa.Table:
+        return rows.filter(pl.col("day") == date.fromisoformat(partition_key)).to_arrow()
+
+    @dataset(primary_key="id", mode="iceberg", partitions_def=days, partition_column="day")
+    def tagged(orders: pd.DataFrame, partition_key: str) -> pd.DataFrame:
+        got[partition_key] = (type(orders), len(orders))
+        return orders.assign(tag=partition_key)
+
+    @dataset(primary_key="id", mode="iceberg", ins={"again": ["landing", "extra"]})
+    def both(raw: pd.DataFrame, again: pa.Table) -> pl.DataFrame:
+        got["raw"], got["again"] = type(raw), type(again)
+        return pl.from_pandas(raw)
+
+    defs = build_definitions(
+        datasets=[orders, tagged, both],
+        assets=[raw, extra],
+        with_maintenance=False,
+        with_parity_checks=False,
+    )
+    job = defs.resolve_implicit_global_asset_job_def()
+    with dg.DagsterInstance.ephemeral() as instance:
+        for day in ("2024-01-01", "2024-01-02"):
+            job.execute_in_process(
+                instance=instance, asset_selection=[orders.key, tagged.key], partition_key=day
+            )
+        assert job.execute_in_process(
+            instance=instance, asset_selection=[raw.key, extra.key, both.key]
+        ).success
+    assert got == {
+        "2024-01-01": (pd.DataFrame, 1),
+        "2024-01-02": (pd.DataFrame, 2),
+        "raw": pd.DataFrame,
+        "again": pa.Table,
+    }
+    # pandas holds a date column as datetime64: the table gets a timestamp (Iceberg's is in µs)
+    expected = rows.with_columns(
+        pl.col("day").cast(pl.Datetime("us")), tag=pl.col("day").cast(pl.String)
+    )
+    assert_same_multiset(get_runtime().iceberg.read("tagged"), expected)
+    assert_same_multiset(
+        get_runtime().iceberg.read("both"), pl.DataFrame({"id": [7, 8], "v": ["x", "y"]})
+    )
 
 
 def test_a_named_pandas_index_becomes_a_column_and_a_default_one_is_dropped(env: str) -> None:

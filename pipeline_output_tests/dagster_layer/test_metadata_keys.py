@@ -1,6 +1,7 @@
 """Materialisation metadata as Dagster defines it: `dagster/uri`, `dagster/table_name` with the
 catalog, `dagster/column_schema` with Iceberg type names, the key as constraints and column
-descriptions, `dagster/row_count`, `dagster/partition_row_count` on a window run; the arm figures
+descriptions, `dagster/row_count`, `dagster/partition_row_count` on a window run and a
+Dagster-partitioned one; the arm figures
 grouped under `iceberg/` and `pg/`, numbers kept numbers; the spec out of sight; kinds by arm; the
 definition carrying the column schema of a table that exists when Dagster loads the location."""
 
@@ -8,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
 import dagster as dg
 import polars as pl
 import psycopg
+import pytest
 from dagster._core.definitions.definitions_load_context import (
     DefinitionsLoadContext,
     DefinitionsLoadType,
@@ -234,6 +236,50 @@ def test_a_window_run_reports_its_partition_row_count(env: str) -> None:
     assert meta["dagster/partition_row_count"] == 7
     assert meta["dagster/row_count"] == 7
     assert meta["windows_applied"] == 1
+
+
+@pytest.mark.parametrize("mode", ["iceberg", "pg"])
+def test_a_dagster_partitioned_run_reports_each_partitions_row_count(env: str, mode: str) -> None:
+    days = ["2024-01-01", "2024-01-02"]
+    rows = {days[0]: [1, 2, 3], days[1]: [4]}
+
+    @dataset(
+        "daily",
+        primary_key="id",
+        mode=mode,  # type: ignore[arg-type]
+        partitions_def=dg.DailyPartitionsDefinition(start_date=days[0], end_date="2024-01-03"),
+        partition_column="day",
+    )
+    def daily(partition_key: str) -> pl.DataFrame:
+        ids = rows[partition_key]
+        return pl.DataFrame({"id": ids, "day": [date.fromisoformat(partition_key)] * len(ids)})
+
+    defs = build_definitions(datasets=[daily], with_maintenance=False, with_parity_checks=False)
+    job = defs.resolve_implicit_global_asset_job_def()
+    commit = "iceberg/snapshot_id" if mode == "iceberg" else "pg/deploy_id"
+    with dg.DagsterInstance.ephemeral() as instance:
+        both = job.execute_in_process(  # a range run: each partition its own figures
+            instance=instance,
+            asset_selection=[daily.key],
+            tags={
+                "dagster/asset_partition_range_start": days[0],
+                "dagster/asset_partition_range_end": days[1],
+            },
+        )
+        rows[days[1]] = [4, 5]
+        one = job.execute_in_process(instance=instance, partition_key=days[1])
+    per_day = {
+        e.partition: {k: getattr(v, "value", v) for k, v in e.materialization.metadata.items()}
+        for e in both.get_asset_materialization_events()
+    }
+    assert {d: m["dagster/partition_row_count"] for d, m in per_day.items()} == {
+        days[0]: 3,
+        days[1]: 1,
+    }
+    assert all(isinstance(m[commit], str) for m in per_day.values())
+    meta = mat_meta(one, "daily")
+    assert (meta["dagster/partition_row_count"], meta["dagster/row_count"]) == (2, 5)
+    _check_grouping(meta)
 
 
 def test_a_docstrings_columns_section_describes_columns() -> None:
