@@ -181,6 +181,17 @@ def test_kinds_of_a_dataset_without_mode_follow_the_locations_default(env: str) 
         del os.environ["PIPELINE_OUTPUT_DEFAULT_MODE"]
 
 
+def test_kinds_given_to_a_dataset_stay_beside_its_arms(env: str) -> None:
+    @dataset("tagged_kinds", primary_key="id", kinds=["dbt"])
+    def tagged() -> pl.DataFrame:
+        return pl.DataFrame({"id": [1]})
+
+    assert next(iter(tagged.specs)).kinds == {"iceberg", "postgres", "dbt"}  # mode undecided
+    resource = PipelineOutputResource(default_mode="iceberg")
+    defs = build_definitions(datasets=[tagged], with_maintenance=False, resource=resource)
+    assert defs.get_assets_def("tagged_kinds").specs_by_key[tagged.key].kinds == {"iceberg", "dbt"}
+
+
 def test_the_definition_carries_the_column_schema_when_the_table_exists_at_load(
     env: str,
 ) -> None:
