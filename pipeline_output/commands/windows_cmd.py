@@ -55,11 +55,11 @@ DEFAULT_LIMIT = 20  # a screenful
 @code_location_options
 def list_windows(dataset: str, limit: int) -> None:
     """The ledger as a table: state, rows, snapshot, run; gaps and failed windows flagged."""
+    from pipeline_output.commands.loading import location_runtime
     from pipeline_output.commands.table_output import echo_table
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
 
     _spec(dataset)
-    ledger = get_runtime().windows
+    ledger = location_runtime().windows
     rows = ledger.recent(dataset, limit=limit) if limit else ledger.windows(dataset)
     if not rows:
         click.echo(f"{dataset}: no windows planned yet (the sensor or `materialize` plans them)")
@@ -91,9 +91,9 @@ def list_windows(dataset: str, limit: int) -> None:
 def window_row(dataset: str, window: str) -> WindowRow:
     """The ledger row `window` names: its `seq` number (as `windows DATASET` lists it), its
     partition key `low..high`, or the `(low, high]` text the listing shows."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
 
-    rows = get_runtime().windows.windows(dataset)
+    rows = location_runtime().windows.windows(dataset)
     text = window.strip()
     for row in rows:
         if text in (str(row.seq), row.partition_key, str(row.window)):

@@ -7,6 +7,7 @@ can be made without I/O is made here, at construction, so a bad spec fails when 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Literal, get_args
@@ -124,6 +125,8 @@ class DatasetSpec:
     write_strategy_hint: WriteStrategyHint = "auto"
     # write-audit-publish: native writes go to a branch of the run, main moves after the checks
     audit: bool = False
+    # column descriptions (documentation only: they never change what is written)
+    columns: tuple[tuple[str, str], ...] = field(default=(), compare=False, hash=False)
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -175,6 +178,14 @@ class DatasetSpec:
             raise InvalidSpec(
                 f"dataset {name!r}: unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}"
             )
+        columns = self.columns
+        if isinstance(columns, Mapping):
+            columns = tuple(columns.items())
+        for col, text in columns:
+            check_identifier(col, what="described column", dataset=name)
+            if not isinstance(text, str):
+                raise InvalidSpec(f"dataset {name!r}: the description of {col!r} must be text")
+        object.__setattr__(self, "columns", tuple((str(c), t) for c, t in columns))
         if not isinstance(self.audit, bool):
             raise InvalidSpec(f"dataset {name!r}: audit must be True or False, got {self.audit!r}")
         if self.dedupe_by is not None:
@@ -241,6 +252,7 @@ def spec_to_dict(spec: DatasetSpec) -> dict[str, object]:
         "description": spec.description,
         "write_strategy_hint": spec.write_strategy_hint,
         "audit": spec.audit,
+        "columns": dict(spec.columns),
     }
 
 
@@ -276,6 +288,7 @@ def spec_from_dict(data: dict[str, object]) -> DatasetSpec:
         description=data.get("description"),  # type: ignore[arg-type]
         write_strategy_hint=data.get("write_strategy_hint", "auto"),  # type: ignore[arg-type]
         audit=bool(data.get("audit", False)),
+        columns=tuple(dict(data.get("columns") or {}).items()),  # type: ignore[call-overload]
     )
 
 

@@ -21,6 +21,7 @@ from pipeline_output.dagster_layer.delta_sources import check_delta_sources
 from pipeline_output.dagster_layer.health_checks import table_health_check
 from pipeline_output.dagster_layer.io_manager import DatasetIOManager
 from pipeline_output.dagster_layer.keys import ALL_DATASETS_JOB, HEALTH_JOB, IO_MANAGER_KEY
+from pipeline_output.dagster_layer.load_time import at_load
 from pipeline_output.dagster_layer.maintenance_job import (
     DEFAULT_CRON,
     build_maintenance_job,
@@ -28,9 +29,11 @@ from pipeline_output.dagster_layer.maintenance_job import (
 )
 from pipeline_output.dagster_layer.parity_checks import parity_check
 from pipeline_output.dagster_layer.process_runtime import freeze_long_lived
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY, PipelineOutputResource
 from pipeline_output.dagster_layer.source_assets import grouped_sources, source_spec_of
 from pipeline_output.dagster_layer.window_sensor import build_window_sensor
 from pipeline_output.dagster_layer.window_upstreams import dataset_upstream, source_upstream
+from pipeline_output.errors import InvalidArgument
 from pipeline_output.services.maintenance import MaintenanceOptions
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
 from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES
@@ -47,6 +50,7 @@ def build_definitions(
     asset_checks: Sequence[dg.AssetChecksDefinition] = (),
     jobs: Sequence[Any] = (),
     resources: Mapping[str, Any] | None = None,
+    resource: PipelineOutputResource | None = None,
     executor: Any = None,
     sensor_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S,
     with_parity_checks: bool = True,
@@ -74,9 +78,26 @@ def build_definitions(
     stopped unless `maintenance_schedule_running`) and the `table_health` job (every check).
     `table_health` runs in that job, after each maintenance run (reported by the maintenance op)
     and with unpartitioned materialisations, but not in window runs (one step process less each).
+
+    `resource` (a `PipelineOutputResource`, also accepted as `resources["pipeline_output"]`) says
+    where the datasets live: the control plane, the Iceberg catalog and the namespace; without it,
+    the environment's settings (`PIPELINE_OUTPUT_*`, pyiceberg's config, the embedded server).
     """
-    all_resources: dict[str, Any] = {IO_MANAGER_KEY: DatasetIOManager()}
-    all_resources.update(resources or {})
+    given = dict(resources or {})
+    resource = resource or given.pop(RESOURCE_KEY, None) or PipelineOutputResource()
+    if not isinstance(resource, PipelineOutputResource):
+        raise InvalidArgument(
+            f"build_definitions: resource must be a PipelineOutputResource, got "
+            f"{type(resource).__name__}"
+        )
+    resource.check()
+    all_resources: dict[str, Any] = {
+        IO_MANAGER_KEY: DatasetIOManager(pipeline_output=resource),
+        RESOURCE_KEY: resource,
+    }
+    all_resources.update(given)
+    # kinds by arm; the column schema of tables that exist (when Dagster loads the location)
+    datasets, assets = at_load(datasets, resource), at_load(assets, resource)
     specs = [
         s
         for a in [*datasets, *assets]
@@ -151,12 +172,13 @@ def build_definitions(
         source = source_specs.get(spec.delta.source)
         upstream_spec = by_key.get(dg.AssetKey(spec.delta.source))
         if source is not None:
-            upstream = source_upstream(spec, source)
+            upstream = source_upstream(spec, source, runtime=resource.runtime)
         elif upstream_spec is not None:  # a chained delta dataset: cut on the dataset it reads
             upstream = dataset_upstream(
                 upstream_spec,
                 watermark=spec.delta.watermark,
                 asset_key=dg.AssetKey(spec.delta.source),
+                runtime=resource.runtime,
             )
         else:
             continue  # an upstream this location does not define: windows are planned by hand
@@ -169,6 +191,7 @@ def build_definitions(
                 asset_check_keys=(
                     window_checks.get(asset.key, []) if window_checks is not None else None
                 ),
+                resource=resource,
                 # with an automation condition the sensor only plans: Dagster runs the windows
                 request_runs=all(s.automation_condition is None for s in asset.specs),
                 in_process=executor is None,

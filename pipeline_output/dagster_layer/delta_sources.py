@@ -20,6 +20,7 @@ from typing import Any
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import InvalidSpec
+from pipeline_output.services.runtime import Runtime
 from pipeline_output.services.sources import SourceSpec
 
 
@@ -62,7 +63,7 @@ def _keys(item: Any) -> list[Any]:
     return [key] if key is not None else []
 
 
-def delta_stats(spec: DatasetSpec, source: SourceSpec) -> tuple[int, Any]:
+def delta_stats(spec: DatasetSpec, source: SourceSpec, *, runtime: Runtime) -> tuple[int, Any]:
     """(row count, high-water mark of the Delta's watermark) of `spec`'s source; a watermark
     column the source lacks fails naming the dataset, the source and the column."""
     from pipeline_output.dagster_layer.source_assets import source_stats
@@ -70,7 +71,7 @@ def delta_stats(spec: DatasetSpec, source: SourceSpec) -> tuple[int, Any]:
     assert spec.delta is not None
     windowed = delta_source(spec, source)
     try:
-        return source_stats(windowed)
+        return source_stats(windowed, runtime=runtime)
     except InvalidSpec as exc:
         raise InvalidSpec(
             f"dataset {spec.name!r}: Delta(watermark={spec.delta.watermark!r}) over source "

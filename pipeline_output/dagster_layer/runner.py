@@ -24,6 +24,7 @@ import dagster as dg
 
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.delta_assets import partitions_name
+from pipeline_output.dagster_layer.resource import runtime_of_definitions
 from pipeline_output.dagster_layer.run_report import (
     Failure,
     MaterialisedAsset,
@@ -33,6 +34,7 @@ from pipeline_output.dagster_layer.run_report import (
     write_log,
 )
 from pipeline_output.errors import PipelineOutputError, RetryableError, from_third_party
+from pipeline_output.services.runtime import Runtime
 
 __all__ = [
     "Failure",
@@ -61,8 +63,7 @@ def plan_windows(
     of that dataset alone. Returns the windows that need a run, per dataset. With `failures`, a
     sensor that fails (a watermark column the source lacks, ...) is recorded there as one line and
     the other sensors still run; without, its error is raised."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
-
+    runtime = runtime_of_definitions(defs.resources)
     out: dict[str, int] = {}
     for sensor in defs.sensors or []:
         name = sensor.name.removesuffix(SENSOR_SUFFIX)
@@ -87,7 +88,7 @@ def plan_windows(
                 instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
         for event in result.asset_events or []:
             instance.report_runless_asset_event(event)
-        out[dataset] = len(get_runtime().windows.pending(dataset))
+        out[dataset] = len(runtime.windows.pending(dataset))
     return out
 
 
@@ -158,7 +159,7 @@ def materialize(
         if len(report.failures) > failed_before:
             report.rows.append(_idle(key, status="failed", note="windows not planned"))
             continue
-        ordered = _pending_keys(instance, spec.name)
+        ordered = _pending_keys(instance, runtime_of_definitions(defs.resources), spec.name)
         if not ordered:  # nothing to apply: no run, no re-materialisation of applied windows
             report.rows.append(_idle(key))
             continue
@@ -187,12 +188,10 @@ def _partitioned_by_dagster(key: dg.AssetKey) -> MaterialisedAsset:
     return MaterialisedAsset(name, "", "", "-", None, None, None, None, "-", note, status="not run")
 
 
-def _pending_keys(instance: dg.DagsterInstance, dataset: str) -> list[str]:
+def _pending_keys(instance: dg.DagsterInstance, runtime: Runtime, dataset: str) -> list[str]:
     """The partition keys of the dataset's planned or failed windows, in window order."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
-
     existing = set(instance.get_dynamic_partitions(partitions_name(dataset)))
-    pending = {w.partition_key for w in get_runtime().windows.pending(dataset)}
+    pending = {w.partition_key for w in runtime.windows.pending(dataset)}
     return sorted(pending & existing)
 
 
@@ -232,18 +231,16 @@ def execute(
         partition_key=partition_key,
         raise_on_error=False,
     )
-    audits = _settle_audits(run_id)
+    audits = _settle_audits(runtime_of_definitions(defs.resources), run_id)
     if log_file is not None:
         write_log(log_file, instance, run_id)
     return collect(result, defs, asset_keys, audits=audits)
 
 
-def _settle_audits(run_id: str) -> list[Any]:
+def _settle_audits(runtime: Runtime, run_id: str) -> list[Any]:
     """Fail every audit the run left staged; the run's audits, decided."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
     from pipeline_output.services.audit import fail_audit
 
-    runtime = get_runtime()
     for audit in runtime.ledger.audit_log.audits_of_run(run_id):
         if audit.state == "staged":
             fail_audit(

@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.delta_sources import delta_source
-from pipeline_output.dagster_layer.process_runtime import get_runtime
 from pipeline_output.dagster_layer.window_sensor import windows_now
 from pipeline_output.dagster_layer.window_upstreams import source_upstream
+from pipeline_output.services.runtime import Runtime
 from pipeline_output.services.sources import SourceSpec
 
 NOT_PLANNED = "not yet planned"
@@ -50,20 +50,22 @@ class Pending:
         return f"{len(self.windows)} pending {noun}{rows} ({what})"
 
 
-def pending_windows(spec: DatasetSpec, source: SourceSpec | None, *, count: int = 200) -> Pending:
+def pending_windows(
+    spec: DatasetSpec, source: SourceSpec | None, *, runtime: Runtime, count: int = 200
+) -> Pending:
     """`spec`'s pending windows, each counted in the source (up to `count` windows: a longer
     backlog is listed uncounted)."""
     from pipeline_output.dagster_layer.source_assets import window_count
 
-    ledger = get_runtime().windows
+    ledger = runtime.windows
     out = [PendingWindow(w.window, w.state, w.seq) for w in ledger.pending(spec.name)]
     if source is None:
         return Pending(out, None)
-    upstream = source_upstream(spec, source)
+    upstream = source_upstream(spec, source, runtime=lambda: runtime)
     new = windows_now(spec, upstream, last=ledger.last(spec.name), seen=upstream.read())
     out += [PendingWindow(w, NOT_PLANNED, None) for w in new]
     if len(out) > count:
         return Pending(out, None)
     windowed = delta_source(spec, source)
-    counted = [replace(p, rows=window_count(windowed, p.window)) for p in out]
+    counted = [replace(p, rows=window_count(windowed, p.window, runtime=runtime)) for p in out]
     return Pending(counted, sum(p.rows or 0 for p in counted))

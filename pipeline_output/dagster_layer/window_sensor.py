@@ -37,6 +37,7 @@ import polars as pl
 from pipeline_output.contract.spec import DatasetSpec, WatermarkValue
 from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.delta_assets import DEFAULT_SENSOR_INTERVAL_S, window_partitions
+from pipeline_output.dagster_layer.resource import PipelineOutputResource
 from pipeline_output.ledger.window_reads import WindowRow
 from pipeline_output.services.window_planning import (
     CutPoints,
@@ -165,6 +166,7 @@ def build_window_sensor(
     asset_check_keys: Sequence[dg.AssetCheckKey] | None = None,
     in_process: bool = True,
     request_runs: bool = True,
+    resource: PipelineOutputResource | None = None,
 ) -> dg.SensorDefinition:
     """The sensor that plans `spec`'s windows from `upstream` and requests their runs.
 
@@ -172,7 +174,8 @@ def build_window_sensor(
     `in_process`: the runs execute their steps in the run worker (Dagster's default executor,
     configured `in_process`); False when the code location sets its own executor. Without
     `request_runs` it only plans windows and adds their partitions: the dataset's
-    `automation_condition` decides when they run."""
+    `automation_condition` decides when they run. `resource`: where the ledger lives (None: the
+    environment's settings)."""
     assert spec.delta is not None
     delta = spec.delta
     partitions = window_partitions(spec)
@@ -186,9 +189,7 @@ def build_window_sensor(
         description=f"Plans delta windows of {spec.name} over {upstream.name}.{delta.watermark}",
     )
     def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        from pipeline_output.dagster_layer.process_runtime import get_runtime
-
-        ledger = get_runtime().windows
+        ledger = (resource or PipelineOutputResource()).runtime().windows
         cursor = _cursor(context.cursor)
         version = upstream.version(context) if upstream.version is not None else None
         observations: list[dg.AssetObservation] = []

@@ -12,6 +12,7 @@ dataset (a chained delta dataset).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -21,17 +22,19 @@ import polars as pl
 from pipeline_output.contract.spec import DatasetSpec, WatermarkValue
 from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.delta_sources import delta_source, delta_stats
-from pipeline_output.dagster_layer.process_runtime import get_runtime
 from pipeline_output.dagster_layer.window_sensor import UpstreamRead, WindowUpstream
 from pipeline_output.errors import DatasetNotWritten
 from pipeline_output.services.reads import within
+from pipeline_output.services.runtime import Runtime
 from pipeline_output.services.sources import (
     SourceSpec,
     postgres_watermark_values,
 )
 
 
-def source_upstream(spec: DatasetSpec, source: SourceSpec) -> WindowUpstream:
+def source_upstream(
+    spec: DatasetSpec, source: SourceSpec, *, runtime: Callable[[], Runtime]
+) -> WindowUpstream:
     """A source asset's table as the upstream of `spec`'s window sensor, cut on the Delta's
     watermark column whatever the source declares (`delta_sources.delta_source`). Each read is
     also recorded as an observation of the source (its row count and high-water mark)."""
@@ -42,7 +45,9 @@ def source_upstream(spec: DatasetSpec, source: SourceSpec) -> WindowUpstream:
     windowed = delta_source(spec, source)
 
     def read() -> UpstreamRead:
-        rows, hwm = delta_stats(spec, source)  # a missing column: one line naming all three
+        rows, hwm = delta_stats(
+            spec, source, runtime=runtime()
+        )  # a missing column: one line naming all three
         observation = source_observation(
             dg.AssetKey(source.name),
             rows,
@@ -54,9 +59,9 @@ def source_upstream(spec: DatasetSpec, source: SourceSpec) -> WindowUpstream:
 
     def values(window: Window, n: int) -> pl.Series:
         if source.kind == "postgres":
-            url = source.url or get_runtime().pg_url
+            url = source.url or runtime().pg_url
             return postgres_watermark_values(windowed, url, window, limit=n)
-        frame = scan_source(windowed, window=window).select(column).collect()
+        frame = scan_source(windowed, window=window, runtime=runtime()).select(column).collect()
         return frame.get_column(column).sort().head(n)
 
     return WindowUpstream(name=source.name, read=read, values=values)
@@ -69,12 +74,18 @@ def _at_most(value: Any, bound: Any) -> Any:
     return bound if bound < value else value
 
 
-def dataset_upstream(up: DatasetSpec, *, watermark: str, asset_key: dg.AssetKey) -> WindowUpstream:
+def dataset_upstream(
+    up: DatasetSpec,
+    *,
+    watermark: str,
+    asset_key: dg.AssetKey,
+    runtime: Callable[[], Runtime],
+) -> WindowUpstream:
     """Another dataset (asset `asset_key`) as the upstream of a window sensor, cut on its column
     `watermark`."""
 
     def frame() -> pl.LazyFrame:
-        publisher = get_runtime().publisher
+        publisher = runtime().publisher
         return publisher.scan(up, mode=publisher.resolve(up))
 
     def read() -> UpstreamRead:
@@ -87,7 +98,7 @@ def dataset_upstream(up: DatasetSpec, *, watermark: str, asset_key: dg.AssetKey)
             return None
         if value is None or up.delta is None:
             return value  # type: ignore[no-any-return]
-        through, complete = get_runtime().windows.applied_through(up.name)
+        through, complete = runtime().windows.applied_through(up.name)
         if complete:
             return value  # type: ignore[no-any-return]
         if through is None or watermark != up.delta.watermark:
