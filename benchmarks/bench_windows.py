@@ -87,7 +87,7 @@ def main() -> int:
             result = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
             for req in result.dynamic_partitions_requests or []:
                 instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-            keys = sorted(r.partition_key for r in result.run_requests)
+            keys = sorted(instance.get_dynamic_partitions("ev_copy__windows"))
             plan_s = time.perf_counter() - t0
             assert len(keys) == args.windows, (len(keys), args.windows)
             tags = {

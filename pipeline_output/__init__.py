@@ -7,7 +7,7 @@ the pure core never imports Dagster: the runtime for a control plane and a catal
 rollback and time travel (`publish_audit`, `drop_stale_audit_branches`, `rollback`, `history`), table
 maintenance (`compact`, `expire_snapshots`, `remove_orphans`, `maintain`), and the Dagster layer
 (`dataset`, `postgres_source`, `iceberg_source`, `model_node`, `build_definitions`,
-`DatasetIOManager`).
+`DatasetIOManager`, `PipelineOutputResource`, and `PipelineOutputComponent` for `dg` projects).
 """
 
 from __future__ import annotations
@@ -68,6 +68,8 @@ _EXPORTS = {
     "model_node": "pipeline_output.dagster_layer.model_node",
     "build_definitions": "pipeline_output.dagster_layer.build",
     "DatasetIOManager": "pipeline_output.dagster_layer.io_manager",
+    "PipelineOutputResource": "pipeline_output.dagster_layer.resource",
+    "PipelineOutputComponent": "pipeline_output.dagster_layer.component",
 }
 
 __all__ = [
@@ -87,7 +89,9 @@ __all__ = [
     "MaintenanceOptions",
     "MissingKeyColumn",
     "NullKey",
+    "PipelineOutputComponent",
     "PipelineOutputError",
+    "PipelineOutputResource",
     "PostgresStore",
     "Publisher",
     "RollbackRefused",
@@ -120,6 +124,12 @@ __all__ = [
 ]
 
 
+def __dir__() -> list[str]:
+    """Every public name, loaded or not: `dir()`, IDEs and `help()` see the API though its names
+    load on first use (and `dg` finds the Component by listing the package)."""
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
     """Load an exported name from its module on first use."""
     module = _EXPORTS.get(name)
@@ -130,20 +140,17 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-def __dir__() -> list[str]:
-    """The public API for `dir()`, IDEs and `help()`, though its names load on first use."""
-    return sorted(set(__all__) | {n for n in globals() if n.startswith("__")})
-
-
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from pipeline_output.contract.plan import TargetState, WritePlan, plan_write
     from pipeline_output.contract.result import WriteResult
     from pipeline_output.contract.spec import DatasetSpec, Delta
     from pipeline_output.contract.windows import Window
     from pipeline_output.dagster_layer.build import build_definitions
+    from pipeline_output.dagster_layer.component import PipelineOutputComponent
     from pipeline_output.dagster_layer.dataset import dataset
     from pipeline_output.dagster_layer.io_manager import DatasetIOManager
     from pipeline_output.dagster_layer.model_node import model_node
+    from pipeline_output.dagster_layer.resource import PipelineOutputResource
     from pipeline_output.dagster_layer.source_assets import iceberg_source, postgres_source
     from pipeline_output.errors import (
         AuditConflict,

@@ -42,3 +42,42 @@ def check_evals(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
             if ev.check_name == "parity":  # type: ignore[union-attr]
                 out[ev.asset_key.to_user_string()] = ev  # type: ignore[union-attr]
     return out
+
+
+def requested_keys(result: dg.SensorResult, instance: dg.DagsterInstance) -> list[str]:
+    """The window partition keys a window sensor's run requests cover, in request order: a
+    single-partition request its key, a partition-range request every key from its start to its
+    end in the dynamic partitions' order (what the run resolves)."""
+    out: list[str] = []
+    for request in result.run_requests or []:
+        if request.partition_key is not None:
+            out.append(request.partition_key)
+            continue
+        span = request.partition_key_range
+        assert span is not None, f"a window run request without a partition: {request}"
+        dataset = request.tags["pipeline-output/dataset"]
+        keys = list(instance.get_dynamic_partitions(f"{dataset}__windows"))
+        out.extend(keys[keys.index(span.start) : keys.index(span.end) + 1])
+    return out
+
+
+def run_request(
+    defs: dg.Definitions,
+    instance: dg.DagsterInstance,
+    request: dg.RunRequest,
+    *,
+    raise_on_error: bool = True,
+) -> dg.ExecuteInProcessResult:
+    """Execute a sensor's run request in this process, as the daemon would launch it: its assets,
+    checks, partition (or partition range) and tags (`execute_in_process` is in-process already,
+    so the request's executor config is left out)."""
+    job = defs.resolve_implicit_global_asset_job_def()
+    config = {k: v for k, v in (request.run_config or {}).items() if k != "execution"}
+    return job.execute_in_process(
+        instance=instance,
+        asset_selection=list(request.asset_selection or []),
+        partition_key=request.partition_key,
+        tags=dict(request.tags),
+        run_config=config,
+        raise_on_error=raise_on_error,
+    )

@@ -88,14 +88,16 @@ def end_leftovers(tmp_path: Path) -> None:
             process.kill()
 
 
-def graphql(port: int, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+def graphql(
+    port: int, query: str, variables: dict[str, Any] | None = None, *, timeout: float = 30
+) -> dict[str, Any]:
     """The `data` of one GraphQL request to the webserver on `port` (its errors fail the test)."""
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/graphql",
         data=json.dumps({"query": query, "variables": variables or {}}).encode(),
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=30) as response:
+    with urllib.request.urlopen(request, timeout=timeout) as response:
         body = json.loads(response.read())
     assert "errors" not in body, body
     return body["data"]  # type: ignore[no-any-return]

@@ -24,10 +24,10 @@ def audit() -> None:
 @code_location_options
 def show(dataset: str) -> None:
     """DATASET's audits, newest first (a failed one's branch is kept for inspection)."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
 
     spec_named(dataset)
-    runtime = get_runtime()
+    runtime = location_runtime()
     audits = runtime.ledger.audit_log.audits(dataset)
     if not audits:
         click.echo(f"{dataset}: no audited run yet (audit=True on @dataset, or run config audit)")
@@ -64,10 +64,10 @@ def drop_stale(older_than_hours: float) -> None:
     """Drop the branches of audits undecided or failed for longer than the retention."""
     from datetime import timedelta
 
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
     from pipeline_output.services.audit_cleanup import drop_stale_audit_branches
 
-    runtime = get_runtime()
+    runtime = location_runtime()
     dropped = drop_stale_audit_branches(
         runtime.publisher, windows=runtime.windows, older_than=timedelta(hours=older_than_hours)
     )

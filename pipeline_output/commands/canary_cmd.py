@@ -17,16 +17,17 @@ from pipeline_output.commands.loading import code_location_options, dataset_spec
 @click.option("--who", default=None, help="Who flips (default: the OS user).")
 def flip(dataset: str, mode: str, reason: str | None, who: str | None) -> None:
     """Persist DATASET's mode: pg, iceberg or dual (history: who, when, from, to)."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
     from pipeline_output.services.canary import flip as do_flip
     from pipeline_output.services.canary import validate_flip
 
     spec_named(dataset)  # unknown: names the code location
     specs = dataset_specs()
     validate_flip(specs, dataset, mode)  # before anything connects or starts
-    before = get_runtime().publisher.resolve(specs[dataset])
+    publisher = location_runtime().publisher
+    before = publisher.resolve(specs[dataset])
     record = do_flip(
-        get_runtime().publisher,
+        publisher,
         specs,
         dataset,
         mode,
@@ -44,10 +45,10 @@ def flip(dataset: str, mode: str, reason: str | None, who: str | None) -> None:
 def status() -> None:
     """Every dataset: mode and its source, last deploy per arm, rows per arm, Iceberg files,
     last maintenance, last parity."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
     from pipeline_output.services.canary import status as board
 
-    rows = board(get_runtime().publisher, dataset_specs())
+    rows = board(location_runtime().publisher, dataset_specs())
     header = (
         "dataset",
         "mode",
@@ -85,10 +86,10 @@ def status() -> None:
 @click.argument("dataset")
 def parity(dataset: str) -> None:
     """Compare DATASET's two arms now (exit code 1 on a mismatch) and record the result."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
     from pipeline_output.services.canary import check_parity
 
-    report = check_parity(get_runtime().publisher, spec_named(dataset))
+    report = check_parity(location_runtime().publisher, spec_named(dataset))
     click.echo(report.summary())
     if not report.passed:
         if report.unwritten:  # one line says it all: nothing to list key by key
@@ -105,8 +106,8 @@ def parity(dataset: str) -> None:
 @click.argument("dataset")
 def drain(dataset: str) -> None:
     """Delete DATASET's legacy rows (only when flipped to iceberg and parity last passed)."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
     from pipeline_output.services.canary import drain as do_drain
 
-    removed = do_drain(get_runtime().publisher, spec_named(dataset))
+    removed = do_drain(location_runtime().publisher, spec_named(dataset))
     click.echo(f"{dataset}: drained {removed} legacy row(s); native re-deploys are unaffected")

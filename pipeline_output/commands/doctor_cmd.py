@@ -20,9 +20,9 @@ from pipeline_output.services.doctor import DEFAULT_GRACE_S, find_orphans, remov
 )
 def doctor(fix: bool, grace_s: float) -> None:
     """List data files no snapshot references (and remove them with --fix)."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
 
-    runtime = get_runtime()
+    runtime = location_runtime()
     orphans = find_orphans(runtime.catalog, runtime.namespace, grace_s=grace_s)
     for orphan in orphans:
         click.echo(

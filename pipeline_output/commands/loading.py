@@ -35,6 +35,7 @@ import click
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import InvalidArgument, UnknownDataset
+from pipeline_output.services.runtime import Runtime
 
 DEFINITIONS = "pipeline_output.definitions:defs"
 _DEMO_MODULE = "pipeline_output.definitions"
@@ -363,3 +364,11 @@ def spec_named(dataset: str) -> DatasetSpec:
             f"known datasets: {', '.join(sorted(specs)) or '(none)'}"
         )
     return specs[dataset]
+
+
+def location_runtime() -> Runtime:
+    """The runtime of the chosen code location: its `PipelineOutputResource` (a configured one
+    names the control plane and catalog itself), else the environment's settings."""
+    from pipeline_output.dagster_layer.resource import runtime_of_definitions
+
+    return runtime_of_definitions(load_definitions().resources)

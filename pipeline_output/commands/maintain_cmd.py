@@ -79,7 +79,7 @@ def maintain(
 ) -> None:
     """Drop stale audit branches, compact, expire snapshots and remove orphan files (all four
     unless some are chosen)."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
     from pipeline_output.services.maintenance import maintain as run
 
     specs = dataset_specs()
@@ -101,7 +101,7 @@ def maintain(
     )
     chosen = [specs[name] for name in (datasets or sorted(specs))]
     steps = len(chosen) * sum((options.audits, options.compact, options.expire, options.orphans))
-    runtime = get_runtime()
+    runtime = location_runtime()
     with click.progressbar(
         length=steps,
         label="maintenance" + (" (dry run)" if dry_run else ""),

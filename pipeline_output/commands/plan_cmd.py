@@ -34,22 +34,22 @@ SHOW_WINDOWS = 10
 def plan(datasets: tuple[str, ...], mode: str | None) -> None:
     """Show pending windows, the write mode, why, the target state and the expected effect per
     arm; writes nothing."""
+    from pipeline_output.commands.loading import location_runtime
     from pipeline_output.contract.plan import TargetState, plan_write
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
     from pipeline_output.dagster_layer.window_preview import pending_windows
 
     specs = dataset_specs()
     for name in datasets:
         spec_named(name)  # an unknown one fails naming the code location and the known ones
     sources = source_specs()
-    runtime = get_runtime()
+    runtime = location_runtime()
     for name in datasets or sorted(specs):
         spec = specs[name]
         resolved = runtime.publisher.resolve(spec, override=mode)
         window = None
         later = 0
         if spec.delta is not None:
-            pending = pending_windows(spec, sources.get(spec.delta.source))
+            pending = pending_windows(spec, sources.get(spec.delta.source), runtime=runtime)
             click.echo(f"{name}: {pending.describe()}")
             for w in pending.windows[:SHOW_WINDOWS]:
                 seq = f"window {w.seq}" if w.seq is not None else "new window"

@@ -17,11 +17,11 @@ from pipeline_output.errors import InvalidArgument
 def history(dataset: str, limit: int | None) -> None:
     """Main's snapshots of DATASET, newest first: time, run, strategy, write mode, window, rows
     inserted (+), updated (~), deleted (-)."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
     from pipeline_output.services.time_travel import history as snapshots
 
     spec = spec_named(dataset)
-    rows = snapshots(get_runtime().iceberg, spec)[:limit]
+    rows = snapshots(location_runtime().iceberg, spec)[:limit]
 
     def n(value: int | None) -> str:
         return "" if value is None else str(value)
@@ -68,7 +68,7 @@ def rollback(
     windows applied after it go back to planned and are re-applied by the sensor."""
     from datetime import datetime
 
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
     from pipeline_output.services.time_travel import parse_as_of
     from pipeline_output.services.time_travel import rollback as do_rollback
 
@@ -82,7 +82,7 @@ def rollback(
             f"dataset {dataset!r}: --to-time {to_time!r} is not a time; use --to for a snapshot id"
         )
     spec = spec_named(dataset)
-    runtime = get_runtime()
+    runtime = location_runtime()
     record = do_rollback(
         runtime.publisher,
         spec,

@@ -39,42 +39,61 @@ def _spec(dataset: str):  # type: ignore[no-untyped-def]
     return spec
 
 
+DEFAULT_LIMIT = 20  # a screenful
+
+
 @windows.command("list")
 @click.argument("dataset")
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(min=0),
+    default=DEFAULT_LIMIT,
+    show_default=True,
+    help="Show the newest N windows (newest last); 0 shows every window.",
+)
 @code_location_options
-def list_windows(dataset: str) -> None:
+def list_windows(dataset: str, limit: int) -> None:
     """The ledger as a table: state, rows, snapshot, run; gaps and failed windows flagged."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
+    from pipeline_output.commands.table_output import echo_table
 
     _spec(dataset)
-    rows = get_runtime().windows.windows(dataset)
+    ledger = location_runtime().windows
+    rows = ledger.recent(dataset, limit=limit) if limit else ledger.windows(dataset)
     if not rows:
         click.echo(f"{dataset}: no windows planned yet (the sensor or `materialize` plans them)")
         return
-    header = f"{'seq':>4}  {'window':<28} {'state':<9} {'attempts':>8} {'rows':>8}  snapshot / deploy     run"
-    click.echo(header)
+    header = ("seq", "window", "state", "attempts", "rows", "snapshot / deploy", "run", "")
+    table = []
     prev_high = None
     for w in rows:
-        flag = ""
-        if prev_high is not None and w.window.low != prev_high:
-            flag = "  <-- GAP"
+        flag = "<-- GAP" if prev_high is not None and w.window.low != prev_high else ""
         if w.state == "failed":
-            flag += f"  <-- FAILED: {w.error or ''}"[:120]
+            flag = f"{flag}  <-- FAILED: {w.error or ''}".strip()[:120]
         target = w.iceberg_snapshot_id or w.pg_deploy_id or ""
-        click.echo(
-            f"{w.seq:>4}  {w.window!s:<28} {w.state:<9} {w.attempts:>8} "
-            f"{w.rows_written if w.rows_written is not None else '':>8}  {target!s:<21} "
-            f"{(w.run_id or '')[:8]}{flag}"
-        )
+        written = "" if w.rows_written is None else w.rows_written
+        run = (w.run_id or "")[:8]
+        cells = (w.seq, w.window, w.state, w.attempts, written, target, run, flag)
+        table.append(tuple(str(c) for c in cells))
         prev_high = w.window.high
+    echo_table(header, table)
+    counts = ledger.state_counts(dataset)
+    total = sum(counts.values())
+    if len(rows) < total:
+        states = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        click.echo(
+            f"showing the newest {len(rows)} of {total} windows ({states}); "
+            "--limit N for more, --limit 0 for all"
+        )
 
 
 def window_row(dataset: str, window: str) -> WindowRow:
     """The ledger row `window` names: its `seq` number (as `windows DATASET` lists it), its
     partition key `low..high`, or the `(low, high]` text the listing shows."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.commands.loading import location_runtime
 
-    rows = get_runtime().windows.windows(dataset)
+    rows = location_runtime().windows.windows(dataset)
     text = window.strip()
     for row in rows:
         if text in (str(row.seq), row.partition_key, str(row.window)):

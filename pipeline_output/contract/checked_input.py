@@ -1,7 +1,8 @@
 """The compute's output as a checked frame: type normalisation and the bad-input checks.
 
-Owns what every arm needs before it writes: turning a polars DataFrame / LazyFrame / Arrow table into
-one polars DataFrame with portable types, and refusing (with the dataset's name and the cause)
+Owns what every arm needs before it writes: turning a polars DataFrame / LazyFrame, a pandas DataFrame
+(pandas is never imported here: a pandas frame exists only if the caller imported it) or an Arrow
+table into one polars DataFrame with portable types, and refusing (with the dataset's name and the cause)
 missing key columns, null keys, duplicate keys (or de-duplicating by `dedupe_by`) and rows outside a
 window, duplicate column names, and columns in the stores' reserved namespace (`__po_`...). Pure: no
 I/O.
@@ -9,6 +10,7 @@ I/O.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +80,9 @@ def polars_schema(arrow: pa.Schema) -> pl.Schema:
 
 def to_polars(spec: DatasetSpec, data: Any) -> pl.DataFrame:
     """Collect the compute's output into a polars DataFrame, or raise `BadInput`."""
+    pandas = sys.modules.get("pandas")
+    if pandas is not None and isinstance(data, pandas.DataFrame):
+        data = _from_pandas(spec, data)
     if isinstance(data, (pa.Table, pa.RecordBatch)):
         _check_unique_names(spec, list(data.schema.names))
     data = collect_frame(spec, data)
@@ -88,10 +93,31 @@ def to_polars(spec: DatasetSpec, data: Any) -> pl.DataFrame:
     else:
         raise BadInput(
             f"dataset {spec.name!r}: the compute returned {type(data).__name__}; expected a polars "
-            "DataFrame or LazyFrame or a pyarrow Table"
+            "DataFrame or LazyFrame, a pandas DataFrame or a pyarrow Table"
         )
     check_columns(spec, frame.columns)
     return _portable_types(spec, frame)
+
+
+def _from_pandas(spec: DatasetSpec, data: Any) -> pl.DataFrame:
+    """A pandas DataFrame as polars: a named index becomes columns (as `reset_index()` makes
+    them), an unnamed one is dropped; column names must be unique strings."""
+    names = list(data.columns)
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise BadInput(
+            f"dataset {spec.name!r}: the compute's pandas columns must be named by strings, got "
+            f"{', '.join(map(repr, bad[:MAX_EXAMPLES]))} (nothing was written)"
+        )
+    _check_unique_names(spec, names)
+    if any(level is not None for level in data.index.names):
+        data = data.reset_index()
+    try:
+        return pl.from_pandas(data, include_index=False)
+    except (pl.exceptions.PolarsError, pa.ArrowException, TypeError, ValueError) as exc:
+        raise BadInput(
+            f"dataset {spec.name!r}: cannot convert the compute's pandas DataFrame: {exc}"
+        ) from exc
 
 
 def collect_frame(spec: DatasetSpec, data: Any) -> Any:
@@ -122,7 +148,7 @@ def _check_unique_names(spec: DatasetSpec, names: list[str]) -> None:
     dupes = sorted(name for name, n in Counter(names).items() if n > 1)
     if dupes:
         raise BadInput(
-            f"dataset {spec.name!r}: the compute's Arrow data has duplicate column name(s) "
+            f"dataset {spec.name!r}: the compute's output has duplicate column name(s) "
             f"{', '.join(map(repr, dupes))}; each column needs a unique name (nothing was written)"
         )
 

@@ -7,6 +7,7 @@ can be made without I/O is made here, at construction, so a bad spec fails when 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Literal, get_args
@@ -77,7 +78,9 @@ class Delta:
 
     Windows are half-open `(low, high]`. `lookback` re-reads that many earlier windows for late data
     (idempotent strategies only); `max_rows` splits a large backlog into several windows; `start`
-    makes the first window begin above it instead of being open at the bottom.
+    makes the first window begin above it instead of being open at the bottom;
+    `max_windows_per_run` is how many consecutive pending windows the sensor requests as one
+    partition-range run (a backlog in a few runs; a lone new window still gets its own run).
     """
 
     source: str
@@ -85,6 +88,7 @@ class Delta:
     lookback: int = 0
     max_rows: int | None = None
     start: WatermarkValue | None = None
+    max_windows_per_run: int = 100
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source:
@@ -96,6 +100,11 @@ class Delta:
             )
         if self.max_rows is not None and (not isinstance(self.max_rows, int) or self.max_rows < 1):
             raise InvalidSpec(f"Delta max_rows must be a positive integer, got {self.max_rows!r}")
+        per_run = self.max_windows_per_run
+        if isinstance(per_run, bool) or not isinstance(per_run, int) or per_run < 1:
+            raise InvalidSpec(
+                f"Delta max_windows_per_run must be a positive integer, got {per_run!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -116,6 +125,8 @@ class DatasetSpec:
     write_strategy_hint: WriteStrategyHint = "auto"
     # write-audit-publish: native writes go to a branch of the run, main moves after the checks
     audit: bool = False
+    # column descriptions (documentation only: they never change what is written)
+    columns: tuple[tuple[str, str], ...] = field(default=(), compare=False, hash=False)
     extra: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -167,6 +178,14 @@ class DatasetSpec:
             raise InvalidSpec(
                 f"dataset {name!r}: unknown mode {self.mode!r}; valid modes: {', '.join(MODES)}"
             )
+        columns = self.columns
+        if isinstance(columns, Mapping):
+            columns = tuple(columns.items())
+        for col, text in columns:
+            check_identifier(col, what="described column", dataset=name)
+            if not isinstance(text, str):
+                raise InvalidSpec(f"dataset {name!r}: the description of {col!r} must be text")
+        object.__setattr__(self, "columns", tuple((str(c), t) for c, t in columns))
         if not isinstance(self.audit, bool):
             raise InvalidSpec(f"dataset {name!r}: audit must be True or False, got {self.audit!r}")
         if self.dedupe_by is not None:
@@ -218,6 +237,7 @@ def spec_to_dict(spec: DatasetSpec) -> dict[str, object]:
             "max_rows": spec.delta.max_rows,
             "start": start.isoformat() if isinstance(start, (date, datetime)) else start,
             "start_type": type(start).__name__ if start is not None else None,
+            "max_windows_per_run": spec.delta.max_windows_per_run,
         }
     return {
         "name": spec.name,
@@ -232,6 +252,7 @@ def spec_to_dict(spec: DatasetSpec) -> dict[str, object]:
         "description": spec.description,
         "write_strategy_hint": spec.write_strategy_hint,
         "audit": spec.audit,
+        "columns": dict(spec.columns),
     }
 
 
@@ -252,6 +273,7 @@ def spec_from_dict(data: dict[str, object]) -> DatasetSpec:
             lookback=int(raw_delta.get("lookback") or 0),
             max_rows=raw_delta.get("max_rows"),
             start=start,  # type: ignore[arg-type]
+            max_windows_per_run=int(raw_delta.get("max_windows_per_run") or 100),
         )
     return DatasetSpec(
         name=str(data["name"]),
@@ -266,6 +288,7 @@ def spec_from_dict(data: dict[str, object]) -> DatasetSpec:
         description=data.get("description"),  # type: ignore[arg-type]
         write_strategy_hint=data.get("write_strategy_hint", "auto"),  # type: ignore[arg-type]
         audit=bool(data.get("audit", False)),
+        columns=tuple(dict(data.get("columns") or {}).items()),  # type: ignore[call-overload]
     )
 
 

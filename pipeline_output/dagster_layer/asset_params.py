@@ -2,8 +2,8 @@
 
 Owns what `@dataset` hands to `dg.asset` beyond the dataset itself: the pass-through parameters
 (`automation_condition`, `freshness_policy`, `retry_policy`, `code_version`, `backfill_policy`,
-`key_prefix`, `kinds` added to the arm's, `metadata` beside the dataset's own), the default
-single-run backfill policy of a Dagster-partitioned dataset, the `ins` mapping of compute
+`key_prefix`, `kinds` added to the arm's (`iceberg`, `postgres` or both: `table_metadata.arm_kinds`),
+`metadata` beside the dataset's own), the default single-run backfill policy of a Dagster-partitioned dataset, the `ins` mapping of compute
 parameters to upstream asset keys (`AssetIn`, `AssetKey`, a string or a list of strings), and the
 conversion of what an upstream's own IO manager loads (polars, pandas, Arrow) into the LazyFrame
 the compute receives. A misconfiguration fails when the code location loads, in one line naming
@@ -21,10 +21,9 @@ import polars as pl
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.dagster_layer.keys import DELTA_INPUT_KEY
+from pipeline_output.dagster_layer.table_metadata import arm_kinds
 from pipeline_output.errors import InvalidSpec
 
-# the arm's kinds, which a dataset's `kinds=` adds to
-ARM_KINDS = frozenset({"iceberg", "polars"})
 RESERVED_METADATA_PREFIX = "pipeline_output/"
 
 Upstream = dg.AssetIn | dg.AssetKey | str | Sequence[str]
@@ -51,6 +50,10 @@ def upstream_ins(
             asset_in = asset_in._replace(
                 metadata={**(asset_in.metadata or {}), DELTA_INPUT_KEY: spec.delta.watermark}
             )
+        if spec.delta is not None and asset_in.partition_mapping is None:
+            # a window reads the whole upstream through its own predicate, whatever windows
+            # (partitions) a delta upstream has: a chained delta dataset's keys are its own
+            asset_in = asset_in._replace(partition_mapping=dg.AllPartitionMapping())
         out[name] = asset_in
     return out
 
@@ -84,7 +87,7 @@ def asset_params(
 ) -> dict[str, Any]:
     """The keyword arguments `@dataset` passes to `dg.asset` besides the compute and the IO
     manager: every pass-through parameter given (None ones left out), kinds, user metadata and,
-    for a Dagster-partitioned dataset, a single-run backfill policy unless one is given."""
+    for a Dagster-partitioned or delta dataset, a single-run backfill policy unless one is given."""
     reserved = sorted(k for k in metadata or {} if str(k).startswith(RESERVED_METADATA_PREFIX))
     if reserved:
         raise InvalidSpec(
@@ -94,7 +97,7 @@ def asset_params(
     if kinds is not None and (isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds)):
         raise InvalidSpec(f"@dataset {spec.name!r}: kinds must be a list of strings, got {kinds!r}")
     out = {k: v for k, v in passed.items() if v is not None}
-    out["kinds"] = set(ARM_KINDS | set(kinds or ()))
+    out["kinds"] = arm_kinds(spec.mode) | set(kinds or ())
     if backfill_policy is not None:
         out["backfill_policy"] = backfill_policy
     elif partitioned:

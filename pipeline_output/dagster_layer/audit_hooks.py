@@ -32,6 +32,8 @@ from typing import Any, Literal
 import dagster as dg
 
 from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
+from pipeline_output.services.runtime import Runtime
 
 Gate = Literal["ready", "waiting", "failed"]
 
@@ -95,13 +97,13 @@ def try_publish(
     spec: DatasetSpec,
     asset_key: dg.AssetKey,
     log: Any,
+    *,
+    runtime: Runtime,
 ) -> Any:
     """Publish the run's audit of `spec` when its gate is open; fail it when a gating check
     failed. Returns the `Published` outcome (None: nothing to publish yet, or nothing staged)."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
     from pipeline_output.services.audit import fail_audit, publish_audit
 
-    runtime = get_runtime()
     audit = runtime.ledger.audit_log.audit(spec.name, run_id)
     if audit is None or audit.state != "staged":
         return None
@@ -118,22 +120,22 @@ def try_publish(
     return published
 
 
-def audited_snapshot(context: dg.InputContext, spec: DatasetSpec) -> int | None:
+def audited_snapshot(
+    context: dg.InputContext, spec: DatasetSpec, *, runtime: Runtime
+) -> int | None:
     """In the run that staged an audit of `spec`: the snapshot its inputs read — the audited one
     (published first when the gate is open: a downstream asset never reads unpublished rows that
     cannot be published). None outside such a run (or when the audit staged no snapshot)."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
-
     step = step_of(context)
     if step is None:  # an input context built outside a run (a user's unit test): no audit
         return None
-    audit = get_runtime().ledger.audit_log.audit(spec.name, step.run_id)
+    audit = runtime.ledger.audit_log.audit(spec.name, step.run_id)
     if audit is None:
         return None
     if audit.state == "staged":
         key = context.upstream_output.asset_key if context.upstream_output else context.asset_key
-        try_publish(step.instance, step.run_id, spec, key, context.log)
-        audit = get_runtime().ledger.audit_log.audit(spec.name, step.run_id)
+        try_publish(step.instance, step.run_id, spec, key, context.log, runtime=runtime)
+        audit = runtime.ledger.audit_log.audit(spec.name, step.run_id)
         assert audit is not None
     if audit.state in ("failed", "dropped"):
         raise dg.Failure(
@@ -152,10 +154,9 @@ def step_of(context: dg.InputContext) -> Any:
 
 
 def _fail_on_step_failure(context: dg.HookContext, spec: DatasetSpec, check: str | None) -> None:
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
     from pipeline_output.services.audit import fail_audit
 
-    runtime = get_runtime()
+    runtime = runtime_of(context)
     audit = runtime.ledger.audit_log.audit(spec.name, context.run_id)
     if audit is None or audit.state != "staged":
         return
@@ -183,11 +184,18 @@ def audit_hooks(
     """The success and failure hooks of one step: the dataset step of `specs` (one entry), or a
     check step (`checks`: the check's name per dataset it checks)."""
 
-    @dg.success_hook(name=f"po_audit_publish__{name}")
+    @dg.success_hook(name=f"po_audit_publish__{name}", required_resource_keys={RESOURCE_KEY})
     def _publish(context: dg.HookContext) -> None:
         for key, spec in specs.items():
             try:
-                try_publish(context.instance, context.run_id, spec, key, context.log)
+                try_publish(
+                    context.instance,
+                    context.run_id,
+                    spec,
+                    key,
+                    context.log,
+                    runtime=runtime_of(context),
+                )
             except Exception as exc:
                 context.log.error(
                     f"{spec.name}: the audit of run {context.run_id} was not published: "
@@ -195,7 +203,7 @@ def audit_hooks(
                 )
                 raise
 
-    @dg.failure_hook(name=f"po_audit_fail__{name}")
+    @dg.failure_hook(name=f"po_audit_fail__{name}", required_resource_keys={RESOURCE_KEY})
     def _fail(context: dg.HookContext) -> None:
         for key, spec in specs.items():
             _fail_on_step_failure(context, spec, (checks or {}).get(key))

@@ -16,21 +16,24 @@ from pipeline_output.contract.store_protocol import check_specs
 from pipeline_output.dagster_layer.asset_params import check_unique_names
 from pipeline_output.dagster_layer.audit_hooks import with_audit_hooks
 from pipeline_output.dagster_layer.dataset import spec_of
-from pipeline_output.dagster_layer.delta_assets import (
-    DEFAULT_SENSOR_INTERVAL_S,
-    build_window_sensor,
-)
+from pipeline_output.dagster_layer.delta_assets import DEFAULT_SENSOR_INTERVAL_S
 from pipeline_output.dagster_layer.delta_sources import check_delta_sources
 from pipeline_output.dagster_layer.health_checks import table_health_check
 from pipeline_output.dagster_layer.io_manager import DatasetIOManager
 from pipeline_output.dagster_layer.keys import ALL_DATASETS_JOB, HEALTH_JOB, IO_MANAGER_KEY
+from pipeline_output.dagster_layer.load_time import at_load
 from pipeline_output.dagster_layer.maintenance_job import (
     DEFAULT_CRON,
     build_maintenance_job,
     maintenance_schedule,
 )
 from pipeline_output.dagster_layer.parity_checks import parity_check
+from pipeline_output.dagster_layer.process_runtime import freeze_long_lived
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY, PipelineOutputResource
 from pipeline_output.dagster_layer.source_assets import grouped_sources, source_spec_of
+from pipeline_output.dagster_layer.window_sensor import build_window_sensor
+from pipeline_output.dagster_layer.window_upstreams import dataset_upstream, source_upstream
+from pipeline_output.errors import InvalidArgument
 from pipeline_output.services.maintenance import MaintenanceOptions
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
 from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES
@@ -47,6 +50,7 @@ def build_definitions(
     asset_checks: Sequence[dg.AssetChecksDefinition] = (),
     jobs: Sequence[Any] = (),
     resources: Mapping[str, Any] | None = None,
+    resource: PipelineOutputResource | None = None,
     executor: Any = None,
     sensor_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S,
     with_parity_checks: bool = True,
@@ -59,8 +63,10 @@ def build_definitions(
     """Definitions for pipeline-output datasets and their sources.
 
     Every delta dataset gets its window sensor (`<dataset>__window_sensor`, polling every
-    `sensor_interval_seconds`; with an `automation_condition` it only plans windows and adds
-    their partitions, the condition runs them); `all_datasets` is a job over the unpartitioned
+    `sensor_interval_seconds`), over its source or — a chained delta dataset — over the dataset it
+    reads (planned after that one materializes); its runs execute in the run worker (in-process)
+    unless `executor` is given; with an `automation_condition` the sensor only plans windows and
+    adds their partitions, the condition runs them. `all_datasets` is a job over the unpartitioned
     datasets. Two datasets may not share a name under different key prefixes (it names their
     table). Each
     dataset is checked against the declared capabilities of every arm it may be written to
@@ -72,9 +78,26 @@ def build_definitions(
     stopped unless `maintenance_schedule_running`) and the `table_health` job (every check).
     `table_health` runs in that job, after each maintenance run (reported by the maintenance op)
     and with unpartitioned materialisations, but not in window runs (one step process less each).
+
+    `resource` (a `PipelineOutputResource`, also accepted as `resources["pipeline_output"]`) says
+    where the datasets live: the control plane, the Iceberg catalog and the namespace; without it,
+    the environment's settings (`PIPELINE_OUTPUT_*`, pyiceberg's config, the embedded server).
     """
-    all_resources: dict[str, Any] = {IO_MANAGER_KEY: DatasetIOManager()}
-    all_resources.update(resources or {})
+    given = dict(resources or {})
+    resource = resource or given.pop(RESOURCE_KEY, None) or PipelineOutputResource()
+    if not isinstance(resource, PipelineOutputResource):
+        raise InvalidArgument(
+            f"build_definitions: resource must be a PipelineOutputResource, got "
+            f"{type(resource).__name__}"
+        )
+    resource.check()
+    all_resources: dict[str, Any] = {
+        IO_MANAGER_KEY: DatasetIOManager(pipeline_output=resource),
+        RESOURCE_KEY: resource,
+    }
+    all_resources.update(given)
+    # kinds by arm; the column schema of tables that exist (when Dagster loads the location)
+    datasets, assets = at_load(datasets, resource), at_load(assets, resource)
     specs = [
         s
         for a in [*datasets, *assets]
@@ -146,27 +169,39 @@ def build_definitions(
             if asset.partitions_def is None:  # Dagster-partitioned ones run by partition
                 dataset_keys.extend(asset.keys)
             continue
-        up = source_specs.get(spec.delta.source)
-        if up is None:
-            continue  # a delta over another dataset: windows are planned by the CLI / upstream
+        source = source_specs.get(spec.delta.source)
+        upstream_spec = by_key.get(dg.AssetKey(spec.delta.source))
+        if source is not None:
+            upstream = source_upstream(spec, source, runtime=resource.runtime)
+        elif upstream_spec is not None:  # a chained delta dataset: cut on the dataset it reads
+            upstream = dataset_upstream(
+                upstream_spec,
+                watermark=spec.delta.watermark,
+                asset_key=dg.AssetKey(spec.delta.source),
+                runtime=resource.runtime,
+            )
+        else:
+            continue  # an upstream this location does not define: windows are planned by hand
         all_sensors.append(
             build_window_sensor(
                 spec,
-                source=up,
+                upstream=upstream,
                 asset_key=asset.key,
                 minimum_interval_seconds=sensor_interval_seconds,
                 asset_check_keys=(
                     window_checks.get(asset.key, []) if window_checks is not None else None
                 ),
+                resource=resource,
                 # with an automation condition the sensor only plans: Dagster runs the windows
                 request_runs=all(s.automation_condition is None for s in asset.specs),
+                in_process=executor is None,
             )
         )
     if dataset_keys:
         all_jobs.append(
             dg.define_asset_job(ALL_DATASETS_JOB, selection=dg.AssetSelection.assets(*dataset_keys))
         )
-    return dg.Definitions(
+    defs = dg.Definitions(
         assets=[*sources, *datasets, *assets],
         asset_checks=all_checks,
         sensors=all_sensors,
@@ -175,3 +210,5 @@ def build_definitions(
         resources=all_resources,
         executor=executor,
     )
+    freeze_long_lived("definitions")  # the loaded code location lives as long as the process
+    return defs

@@ -1,10 +1,13 @@
-"""`@dataset`: turn a polars compute function into a Dagster asset written by the IO manager.
+"""`@dataset`: turn a compute function into a Dagster asset written by the IO manager.
 
 The function's parameters name its upstream assets (sources, other datasets, or any asset under
-the key `ins` gives it), loaded as polars LazyFrames. Options map 1:1 onto `DatasetSpec` (validated
-when the code location loads, with the dataset's name in the message) plus Dagster's own (`group`,
-`description`, `owners`, `tags`, `deps`, and the pass-through ones of `asset_params.py`); Dagster
-partitions (`partitions_def`, `partition_column`) are `partitioned.py`'s. Every dataset asset takes run config `mode` (override the dataset's mode for this run),
+the key `ins` gives it), loaded as polars LazyFrames, or as the frame type a parameter's annotation
+names (`frames_io.py`); it returns polars, pandas or Arrow. The spec rides on the compute
+function, not in the metadata the UI shows (`dataset_specs.py`). Options map 1:1 onto
+`DatasetSpec` (validated when the code location loads, with the dataset's name in the message)
+plus Dagster's own (`group`, `description`, `owners`, `tags`, `deps`, and the pass-through ones of
+`asset_params.py`); Dagster partitions (`partitions_def`, `partition_column`) are
+`partitioned.py`'s. Every dataset asset takes run config `mode` (override the dataset's mode for this run),
 `dry_run` (plan only: report what would be written, write nothing, record no materialisation),
 `restate`, `audit` (write-audit-publish for this run: `audit_hooks.py`) and `as_of` (read the
 upstream datasets as they were at a time, or at a snapshot: a reproducible re-run).
@@ -18,7 +21,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
-import polars as pl
 
 from pipeline_output.contract.checked_input import collect_frame
 from pipeline_output.contract.spec import (
@@ -27,22 +29,26 @@ from pipeline_output.contract.spec import (
     Mode,
     Strategy,
     WriteStrategyHint,
-    spec_from_dict,
-    spec_to_dict,
 )
 from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.asset_params import (
     Upstream,
-    as_lazy,
     asset_params,
     define_asset,
     upstream_ins,
+)
+from pipeline_output.dagster_layer.dataset_specs import attach_spec, spec_from_metadata, spec_of
+from pipeline_output.dagster_layer.frames_io import (
+    as_kind,
+    check_output,
+    convert_inputs,
+    input_kinds,
+    typed_inputs,
 )
 from pipeline_output.dagster_layer.keys import (
     AUDIT_OVERRIDE_KEY,
     IO_MANAGER_KEY,
     MODE_OVERRIDE_KEY,
-    SPEC_METADATA_KEY,
 )
 from pipeline_output.dagster_layer.partitioned import (
     KEY_PARAMETER,
@@ -52,7 +58,11 @@ from pipeline_output.dagster_layer.partitioned import (
     run_keys,
     slice_for,
 )
-from pipeline_output.errors import BadInput, InvalidSpec
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY
+from pipeline_output.dagster_layer.table_metadata import definition_metadata, docstring_columns
+from pipeline_output.errors import InvalidSpec
+
+__all__ = ["DatasetRunConfig", "build_dataset_asset", "dataset", "spec_from_metadata", "spec_of"]
 
 
 class DatasetRunConfig(dg.Config):
@@ -65,23 +75,6 @@ class DatasetRunConfig(dg.Config):
     audit: bool | None = None
     # read upstream datasets as they were: an ISO-8601 time with a zone, or a snapshot id
     as_of: str | None = None
-
-
-def spec_of(asset: dg.AssetsDefinition) -> DatasetSpec | None:
-    """The `DatasetSpec` a dataset asset carries in its metadata (None for other assets)."""
-    for key in asset.keys:
-        raw = asset.metadata_by_key.get(key, {}).get(SPEC_METADATA_KEY)
-        if raw is not None:
-            return spec_from_metadata(raw)
-    return None
-
-
-def spec_from_metadata(raw: Any) -> DatasetSpec:
-    """Decode the spec from metadata (a JSON string or a Dagster JSON/Text metadata value)."""
-    value = getattr(raw, "value", raw)
-    if isinstance(value, str):
-        value = json.loads(value)
-    return spec_from_dict(value)
 
 
 def dataset(
@@ -97,6 +90,7 @@ def dataset(
     allow_empty: bool = False,
     write_strategy_hint: WriteStrategyHint = "auto",
     audit: bool = False,
+    columns: Mapping[str, str] | None = None,
     group: str | None = None,
     description: str | None = None,
     owners: Sequence[str] | None = None,
@@ -114,7 +108,9 @@ def dataset(
     kinds: Sequence[str] | None = None,
     metadata: Mapping[str, Any] | None = None,
 ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
-    """Decorate `def name(upstream: pl.LazyFrame, ...) -> pl.DataFrame | pl.LazyFrame`.
+    """Decorate `def name(upstream: pl.LazyFrame, ...) -> pl.DataFrame | pl.LazyFrame` (inputs
+    and output may also be pandas or Arrow: `frames_io.py`). `columns` describes columns
+    (`{"total": "quantity times unit price"}`), on top of a `Columns:` section of the docstring.
 
     `partitions_def` + `partition_column`: Dagster's own partitions, each a slice of the table
     (`partitioned.py`); `ins`: upstream asset keys per parameter; the other Dagster parameters
@@ -123,6 +119,7 @@ def dataset(
     def decorate(fn: Callable[..., Any]) -> dg.AssetsDefinition:
         ds_name = name or fn.__name__
         doc = description or inspect.getdoc(fn)
+        described = {**docstring_columns(inspect.getdoc(fn)), **dict(columns or {})}
         try:
             spec = DatasetSpec(
                 name=ds_name,
@@ -137,10 +134,11 @@ def dataset(
                 description=doc,
                 write_strategy_hint=write_strategy_hint,
                 audit=audit,
+                columns=tuple(described.items()),
             )
         except InvalidSpec as exc:
             raise InvalidSpec(f"@dataset {ds_name!r} ({fn.__module__}): {exc}") from exc
-        columns = partition_columns_of(spec, partitions_def, partition_column)
+        by_partition = partition_columns_of(spec, partitions_def, partition_column)
         return build_dataset_asset(
             spec,
             fn,
@@ -150,7 +148,7 @@ def dataset(
             deps=deps,
             description=doc,
             partitions_def=partitions_def,
-            partition_columns=columns,
+            partition_columns=by_partition,
             ins=ins,
             key_prefix=key_prefix,
             automation_condition=automation_condition,
@@ -204,6 +202,7 @@ def build_dataset_asset(
         from pipeline_output.dagster_layer.delta_assets import window_partitions
 
         partitions_def = window_partitions(spec)
+    frame_kinds = input_kinds(fn, dataset=spec.name, params=upstream)
 
     def body(
         context: dg.AssetExecutionContext, config: DatasetRunConfig, **inputs: Any
@@ -212,15 +211,15 @@ def build_dataset_asset(
             yield from _dry_run(context, spec, config, partition_columns)
             return
         if delta_param is not None:
-            yield _windowed_output(context, spec, fn, config, inputs, delta_param)
+            yield _windowed_output(context, spec, fn, config, inputs, delta_param, frame_kinds)
             return
         if partition_columns is not None:
-            out = partitioned_output(context, spec, fn, inputs, columns=partition_columns)
+            typed = typed_inputs(fn, frame_kinds)
+            out = partitioned_output(context, spec, typed, inputs, columns=partition_columns)
             yield dg.Output(out, metadata=_overrides(config))
             return
-        lazy = {k: as_lazy(v) for k, v in inputs.items()}
-        out = fn(**lazy)
-        _check_output(spec, out)
+        out = fn(**convert_inputs(inputs, frame_kinds))
+        check_output(spec.name, out)
         yield dg.Output(out, metadata=_overrides(config))
 
     sig_params = [
@@ -244,23 +243,26 @@ def build_dataset_asset(
     compute.__name__ = spec.name
     passed = asset_params(
         spec,
-        partitioned=partition_columns is not None,
+        # a backfill of Dagster partitions or of delta windows is one run over the range
+        partitioned=partition_columns is not None or spec.delta is not None,
         kinds=kinds,
         metadata=metadata,
         backfill_policy=backfill_policy,
         **dagster,
     )
-    all_metadata: dict[str, Any] = {**(metadata or {})}
-    all_metadata[SPEC_METADATA_KEY] = json.dumps(spec_to_dict(spec))
+    all_metadata: dict[str, Any] = {**(metadata or {}), **definition_metadata(spec)}
     if partition_columns is not None:
         all_metadata[PARTITION_COLUMNS_KEY] = json.dumps(dict(partition_columns))
     all_metadata.update(extra_metadata or {})
+    key = dg.AssetKey([*_prefix(dagster.get("key_prefix")), spec.name])
+    attach_spec(compute, spec, key=key, shown=all_metadata)
     return define_asset(
         spec,
         compute,
         name=spec.name,
         ins=upstream_ins(spec, upstream, ins),
         io_manager_key=IO_MANAGER_KEY,
+        required_resource_keys={RESOURCE_KEY},
         metadata=all_metadata,
         group_name=group,
         description=description,
@@ -273,6 +275,12 @@ def build_dataset_asset(
     )
 
 
+def _prefix(key_prefix: str | Sequence[str] | None) -> list[str]:
+    if key_prefix is None:
+        return []
+    return [key_prefix] if isinstance(key_prefix, str) else list(key_prefix)
+
+
 def _windowed_output(
     context: dg.AssetExecutionContext,
     spec: DatasetSpec,
@@ -280,10 +288,11 @@ def _windowed_output(
     config: DatasetRunConfig,
     inputs: dict[str, Any],
     delta_param: str,
+    kinds: Mapping[str, Any],
 ) -> dg.Output[Any]:
     """Per window: a thunk computing that window's rows from the windowed source read."""
     from pipeline_output.dagster_layer.delta_assets import WindowedOutput
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import runtime_of
     from pipeline_output.dagster_layer.windows_context import windows_of
     from pipeline_output.services.window_planning import window_scopes
 
@@ -295,18 +304,17 @@ def _windowed_output(
             "(planned by its sensor), not unpartitioned"
         )
     reader = inputs[delta_param]
-    others = {
-        k: (v.lazy() if isinstance(v, pl.DataFrame) else v)
-        for k, v in inputs.items()
-        if k != delta_param
-    }
-    ledger_rows = get_runtime().windows.windows(spec.name) if spec.delta.lookback else []
+    others = convert_inputs({k: v for k, v in inputs.items() if k != delta_param}, kinds)
+    lookback = spec.delta.lookback
+    keys = [w.to_key() for w in windows]
+    ledger = runtime_of(context).windows
+    ledger_rows = ledger.around(spec.name, keys, before=lookback) if lookback else []
     items = []
     for window, read_window, write_window in window_scopes(spec, windows, ledger_rows):
 
         def thunk(rw: Window = read_window) -> Any:
-            out = fn(**{delta_param: reader.scan(rw)}, **others)
-            _check_output(spec, out)
+            out = fn(**{delta_param: as_kind(reader.scan(rw), kinds[delta_param])}, **others)
+            check_output(spec.name, out)
             out = collect_frame(spec, out)  # the read happens here: then check what it returned
             reader.check_read(rw, dataset=spec.name)
             return out
@@ -325,20 +333,6 @@ def _overrides(config: DatasetRunConfig) -> dict[str, Any]:
     return meta
 
 
-def _check_output(spec: DatasetSpec, out: Any) -> None:
-    if not isinstance(out, (pl.DataFrame, pl.LazyFrame)) and not _is_arrow(out):
-        raise BadInput(
-            f"dataset {spec.name!r}: the compute returned {type(out).__name__}; expected a "
-            "polars DataFrame or LazyFrame or a pyarrow Table (nothing was written)"
-        )
-
-
-def _is_arrow(value: Any) -> bool:
-    import pyarrow as pa
-
-    return isinstance(value, pa.Table)
-
-
 def _dry_run(
     context: dg.AssetExecutionContext,
     spec: DatasetSpec,
@@ -346,10 +340,10 @@ def _dry_run(
     partition_columns: Mapping[str, str] | None = None,
 ) -> Iterator[Any]:
     """Plan only: log and observe what a write would do; no output, so no materialisation."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import runtime_of
     from pipeline_output.dagster_layer.windows_context import windows_of
 
-    publisher = get_runtime().publisher
+    publisher = runtime_of(context).publisher
     resolved = publisher.resolve(spec, override=config.mode)
     scopes: list[dict[str, Any]] = [{"window": w} for w in windows_of(context, spec)]
     if partition_columns is not None:

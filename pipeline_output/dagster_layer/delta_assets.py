@@ -1,16 +1,13 @@
-"""Delta datasets in Dagster: window partitions, the window-planning sensor, windowed source readers.
+"""Delta datasets in Dagster: window partitions, windowed outputs, windowed source readers.
 
 One `DynamicPartitionsDefinition` per delta dataset (`<dataset>__windows`), keys `low..high` from
-`Window.to_key`. The sensor polls the source's high-water mark, records the next window(s) in the
-ledger, adds their partitions and requests one run per window in the same evaluation, and records
-what it saw of the source as an observation (row count, high-water mark); failed windows
-are re-requested (a new run key per attempt) and planned windows whose partition is missing (a
-crash between planning and adding) are added on the next tick.
+`Window.to_key`; a run covers one window or a range of them (applied in window order). The sensor
+that plans windows and requests their runs is `window_sensor.py`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +16,6 @@ import polars as pl
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
-from pipeline_output.dagster_layer.delta_sources import windows_to_plan
 from pipeline_output.errors import (
     EmptyWindowRead,
     MissingKeyColumn,
@@ -131,69 +127,3 @@ class WindowReader:
                 f"rows but the source holds {held} row(s) in that range; nothing was written and "
                 "the window stays unapplied"
             )
-
-
-def build_window_sensor(
-    spec: DatasetSpec,
-    *,
-    source: Any,
-    asset_key: dg.AssetKey,
-    minimum_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S,
-    asset_check_keys: Sequence[dg.AssetCheckKey] | None = None,
-    request_runs: bool = True,
-) -> dg.SensorDefinition:
-    """The sensor that plans `spec`'s windows from `source`'s high-water mark.
-
-    `asset_check_keys`: the checks each window run executes (None: every check of the asset).
-    Without `request_runs` it only plans windows and adds their partitions: the dataset's
-    `automation_condition` decides when they run."""
-    assert spec.delta is not None
-    delta = spec.delta
-    partitions = window_partitions(spec)
-
-    @dg.sensor(
-        name=f"{spec.name}__window_sensor",
-        minimum_interval_seconds=minimum_interval_seconds,
-        asset_selection=dg.AssetSelection.assets(asset_key),
-        default_status=dg.DefaultSensorStatus.RUNNING,
-        description=f"Plans delta windows of {spec.name} over {delta.source}.{delta.watermark}",
-    )
-    def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
-        from pipeline_output.dagster_layer.process_runtime import get_runtime
-        from pipeline_output.dagster_layer.source_assets import source_observation
-
-        runtime = get_runtime()
-        ledger = runtime.windows
-        # the windows are cut on the Delta's watermark, whatever the source declares
-        rows_now, hwm, planned = windows_to_plan(spec, source, last=ledger.last(spec.name))
-        observation = source_observation(
-            dg.AssetKey(source.name),
-            rows_now,
-            hwm,
-            watermark=delta.watermark,
-            versioned=source.watermark == delta.watermark,
-        )
-        ledger.plan(spec.name, planned)
-        rows = ledger.windows(spec.name)
-        existing = set(context.instance.get_dynamic_partitions(str(partitions.name)))
-        to_add = [w.partition_key for w in rows if w.partition_key not in existing]
-        requests = [
-            dg.RunRequest(
-                partition_key=w.partition_key,
-                run_key=f"{spec.name}:{w.partition_key}:{w.attempts}",
-                asset_selection=[asset_key],
-                asset_check_keys=list(asset_check_keys) if asset_check_keys is not None else None,
-                # lets a deployment's QueuedRunCoordinator limit runs per dataset (deploy/)
-                tags={"pipeline-output/dataset": spec.name},
-            )
-            for w in rows
-            if w.state in ("planned", "failed") and request_runs
-        ]
-        return dg.SensorResult(
-            run_requests=requests,
-            asset_events=[observation],  # the source's row count and high-water mark, seen now
-            dynamic_partitions_requests=[partitions.build_add_request(to_add)] if to_add else [],
-            cursor=str(hwm) if hwm is not None else None,
-        )
-
-    return _sensor

@@ -8,8 +8,8 @@
   dataset, instead of planning nothing.
 - At the first tick (what only the database knows, `delta_stats`): a watermark column the source
   table lacks fails in one line naming the dataset, the source and the column.
-- `windows_to_plan`: the windows a sensor tick plans now (the sensor and `pipeline-output plan`,
-  which shows them without recording them).
+- The sensor's upstream over a source (`window_upstreams.source_upstream`) reads it through
+  `delta_source` and `delta_stats`, so `pipeline-output plan` and the sensor see the same windows.
 """
 
 from __future__ import annotations
@@ -19,11 +19,9 @@ from dataclasses import replace
 from typing import Any
 
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.contract.windows import Window
 from pipeline_output.errors import InvalidSpec
-from pipeline_output.ledger.window_ledger import WindowRow
+from pipeline_output.services.runtime import Runtime
 from pipeline_output.services.sources import SourceSpec
-from pipeline_output.services.window_planning import cut_points_of, next_windows
 
 
 def delta_source(spec: DatasetSpec, source: SourceSpec) -> SourceSpec:
@@ -65,7 +63,7 @@ def _keys(item: Any) -> list[Any]:
     return [key] if key is not None else []
 
 
-def delta_stats(spec: DatasetSpec, source: SourceSpec) -> tuple[int, Any]:
+def delta_stats(spec: DatasetSpec, source: SourceSpec, *, runtime: Runtime) -> tuple[int, Any]:
     """(row count, high-water mark of the Delta's watermark) of `spec`'s source; a watermark
     column the source lacks fails naming the dataset, the source and the column."""
     from pipeline_output.dagster_layer.source_assets import source_stats
@@ -73,43 +71,9 @@ def delta_stats(spec: DatasetSpec, source: SourceSpec) -> tuple[int, Any]:
     assert spec.delta is not None
     windowed = delta_source(spec, source)
     try:
-        return source_stats(windowed)
+        return source_stats(windowed, runtime=runtime)
     except InvalidSpec as exc:
         raise InvalidSpec(
             f"dataset {spec.name!r}: Delta(watermark={spec.delta.watermark!r}) over source "
             f"{source.name!r}: {exc}"
         ) from exc
-
-
-def windows_to_plan(
-    spec: DatasetSpec, source: SourceSpec, *, last: WindowRow | None
-) -> tuple[int, Any, list[Window]]:
-    """What a window sensor of `spec` plans now after the ledger's `last` window: (the source's
-    row count, its high-water mark, the new windows — cut every `Delta.max_rows` rows)."""
-    from pipeline_output.dagster_layer.source_assets import scan_source
-
-    assert spec.delta is not None
-    delta = spec.delta
-    windowed = delta_source(spec, source)
-    rows, hwm = delta_stats(spec, source)
-    cut = None
-    if delta.max_rows:
-        max_rows = delta.max_rows
-
-        def cut(low: Any, high: Any) -> list[Any]:
-            values = (
-                scan_source(windowed, window=Window(low=low, high=high))
-                .select(delta.watermark)
-                .collect()
-                .get_column(delta.watermark)
-            )
-            return cut_points_of(values, low=low, max_rows=max_rows)
-
-    planned = next_windows(
-        last_high=last.window.high if last else None,
-        first=last is None,
-        start=delta.start,
-        high_water_mark=hwm,
-        cut_points=cut,
-    )
-    return rows, hwm, planned

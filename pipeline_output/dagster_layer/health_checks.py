@@ -14,6 +14,7 @@ import dagster as dg
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.dagster_layer.keys import HEALTH_CHECK
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds, TableHealth
 
 
@@ -30,12 +31,12 @@ def table_health_check(
             f"The Iceberg table of {spec.name} is not fragmented (small files, delete files) "
             "and carries no excess history (snapshots, metadata bytes)"
         ),
+        required_resource_keys={RESOURCE_KEY},
     )
     def _table_health(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        from pipeline_output.dagster_layer.process_runtime import get_runtime
         from pipeline_output.stores.iceberg.maintenance.health import table_health
 
-        table = get_runtime().iceberg.load(spec)
+        table = runtime_of(context).iceberg.load(spec)
         if table is None or table.current_snapshot() is None:
             return dg.AssetCheckResult(
                 passed=True, metadata={"note": "no Iceberg table yet; nothing to measure"}

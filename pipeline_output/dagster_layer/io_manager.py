@@ -11,11 +11,11 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from pipeline_output.contract.checked_input import polars_schema, to_polars
+from pipeline_output.contract.checked_input import to_polars
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.audit_hooks import audited_snapshot, gating_checks, step_of
-from pipeline_output.dagster_layer.dataset import spec_from_metadata
+from pipeline_output.dagster_layer.dataset_specs import spec_in_run
 from pipeline_output.dagster_layer.delta_assets import (
     WindowedOutput,
     WindowReader,
@@ -26,12 +26,11 @@ from pipeline_output.dagster_layer.keys import (
     DELTA_INPUT_KEY,
     MODE_OVERRIDE_KEY,
     SOURCE_METADATA_KEY,
-    SPEC_METADATA_KEY,
 )
-from pipeline_output.dagster_layer.metadata import publish_metadata, table_files_metadata
+from pipeline_output.dagster_layer.metadata import publish_metadata
 from pipeline_output.dagster_layer.parity_checks import PARITY
 from pipeline_output.dagster_layer.partitioned import partitioned_output_of, write_partitions
-from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.dagster_layer.resource import PipelineOutputResource
 from pipeline_output.dagster_layer.window_metadata import (
     record_window_metadata,
     run_metadata,
@@ -70,20 +69,28 @@ def _fault_hook() -> Any:
 
 
 class DatasetIOManager(dg.ConfigurableIOManager):
-    """Writes dataset outputs through the core's publish step; reads inputs as LazyFrames."""
+    """Writes dataset outputs through the core's publish step; reads inputs as LazyFrames.
+
+    `pipeline_output` is the code location's `PipelineOutputResource` (default: the environment's
+    settings); `build_definitions` passes the one it binds."""
+
+    pipeline_output: PipelineOutputResource
+
+    def __init__(self, **data: Any) -> None:
+        data.setdefault("pipeline_output", PipelineOutputResource())
+        super().__init__(**data)
 
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
         if obj is None:
             return
-        raw_spec = (context.definition_metadata or {}).get(SPEC_METADATA_KEY)
-        if raw_spec is None:
+        spec = spec_in_run(context, context.asset_key, context.definition_metadata)
+        if spec is None:
             raise dg.Failure(
                 f"asset {context.asset_key.to_user_string()} is not a pipeline-output dataset"
             )
-        spec = spec_from_metadata(raw_spec)
         output_meta = context.output_metadata or {}
         override = _meta_value(output_meta.get(MODE_OVERRIDE_KEY))
-        runtime = get_runtime()
+        runtime = self.pipeline_output.runtime()
         publisher = runtime.publisher
         mode = publisher.resolve(spec, override=override)
         wanted = _meta_value(output_meta.get(AUDIT_OVERRIDE_KEY))
@@ -98,7 +105,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         partitioned = partitioned_output_of(context, spec, obj)
         if partitioned is not None:  # Dagster's own partitions: one slice write each
             context.add_output_metadata(
-                write_partitions(context, spec, partitioned, mode, audit=audit)
+                write_partitions(context, spec, partitioned, mode, runtime=runtime, audit=audit)
             )
             if audit:
                 self._gate(context, spec)
@@ -112,22 +119,21 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             f"{'no-op' if primary.noop else f'snapshot {primary.snapshot_id}'}; "
             f"+{primary.rows_inserted} ~{primary.rows_updated} -{primary.rows_deleted}"
         )
-        meta = publish_metadata(result, schema=frame.schema)
-        if "iceberg" in result.results:
-            meta.update(table_files_metadata(runtime.iceberg.load(spec)))
+        meta = publish_metadata(result, runtime=runtime, spec=spec, schema=frame.schema)
         context.add_output_metadata(meta)
         if audit:
             self._gate(context, spec)
 
     def _gate(self, context: dg.OutputContext, spec: DatasetSpec) -> None:
         """Record which blocking checks of this run gate the audit's publish (`audit_hooks`)."""
-        audit = get_runtime().ledger.audit_log.audit(spec.name, context.run_id)
+        audits = self.pipeline_output.runtime().ledger.audit_log
+        audit = audits.audit(spec.name, context.run_id)
         if audit is None:
             return
         gating = gating_checks(context.step_context, context.asset_key)
         if audit.mode != "dual":  # parity compares nothing then (skipped): it gates nothing
             gating = [name for name in gating if name != PARITY]
-        get_runtime().ledger.audit_log.set_gating_checks(audit.id, gating)
+        audits.set_gating_checks(audit.id, gating)
         context.log.info(
             f"{spec.name}: staged on branch {audit.branch}; main moves when "
             + (f"the blocking checks pass ({', '.join(gating)})" if gating else "this step ends")
@@ -143,7 +149,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         audit: bool = False,
     ) -> None:
         """Apply each window in order, exactly once (the ledger protocol in `delta.apply_window`)."""
-        runtime = get_runtime()
+        runtime = self.pipeline_output.runtime()
         outcomes = []
         last: PublishResult | None = None
         for window, compute, write_window in out.items:
@@ -166,16 +172,12 @@ class DatasetIOManager(dg.ConfigurableIOManager):
                 last = outcome.result
         # run-wide facts on the step; each window's own figures on its partition
         meta = run_metadata(outcomes, mode)
-        schema = None
         if last is not None:
-            table = runtime.iceberg.load(spec)
-            schema = polars_schema(table.schema().as_arrow()) if table is not None else None
-            meta.update(table_metadata(last, schema=schema))
-            if "iceberg" in last.results:
-                meta.update(table_files_metadata(table))
+            table = runtime.iceberg.load(spec) if "iceberg" in last.results else None
+            meta.update(table_metadata(last, runtime=runtime, spec=spec, table=table))
         else:
             meta["note"] = "no-op: every window was already applied; nothing written"
-        record_window_metadata(context, outcomes, schema=schema)
+        record_window_metadata(context, outcomes, runtime=runtime, spec=spec)
         context.add_output_metadata(meta)
         if audit:
             self._gate(context, spec)
@@ -183,11 +185,11 @@ class DatasetIOManager(dg.ConfigurableIOManager):
     def load_input(self, context: dg.InputContext) -> Any:
         upstream = context.upstream_output
         meta = (upstream.definition_metadata if upstream is not None else None) or {}
-        runtime = get_runtime()
+        runtime = self.pipeline_output.runtime()
         if (context.definition_metadata or {}).get(DELTA_INPUT_KEY):
             return self._window_reader(context, meta)
-        if SPEC_METADATA_KEY in meta:
-            spec = spec_from_metadata(meta[SPEC_METADATA_KEY])
+        spec = spec_in_run(context, context.asset_key, meta) if context.has_asset_key else None
+        if spec is not None:
             mode = runtime.publisher.resolve(spec)
             # lazy: the compute's projection and filters are pushed to the arm at collect time;
             # an Iceberg read is pinned to the snapshot current now (or `as_of`'s)
@@ -196,7 +198,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             source = source_from_metadata(meta[SOURCE_METADATA_KEY])
             from pipeline_output.dagster_layer.source_assets import scan_source
 
-            return scan_source(source, window=None)
+            return scan_source(source, window=None, runtime=runtime)
         key = context.asset_key.to_user_string() if context.has_asset_key else "?"
         raise dg.Failure(f"input {key} is neither a pipeline-output dataset nor a source")
 
@@ -204,7 +206,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         """Which version of the upstream dataset `spec` this input reads: in the run that staged
         an audit of it, the audited snapshot (published first when every blocking check passed:
         `audit_hooks`); else the reading asset's `as_of` config; else None (the current one)."""
-        audited = audited_snapshot(context, spec)
+        audited = audited_snapshot(context, spec, runtime=self.pipeline_output.runtime())
         if audited is not None:
             return audited
         step = step_of(context)
@@ -216,7 +218,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         """The delta source of a delta dataset: a reader the compute scans window by window."""
         from pipeline_output.dagster_layer.source_assets import scan_source
 
-        runtime = get_runtime()
+        runtime = self.pipeline_output.runtime()
         if SOURCE_METADATA_KEY in meta:
             # the Delta's watermark reads the windows, whatever the source declares
             watermark = str(_meta_value(context.definition_metadata[DELTA_INPUT_KEY]))
@@ -239,11 +241,11 @@ class DatasetIOManager(dg.ConfigurableIOManager):
 
             return WindowReader(
                 source.name,
-                lambda w: scan_source(source, window=w),
-                count=lambda w: iceberg_window_count(source, w),
+                lambda w: scan_source(source, window=w, runtime=runtime),
+                count=lambda w: iceberg_window_count(source, w, runtime=runtime),
             )
-        if SPEC_METADATA_KEY in meta:
-            up = spec_from_metadata(meta[SPEC_METADATA_KEY])
+        up = spec_in_run(context, context.asset_key, meta) if context.has_asset_key else None
+        if up is not None:
             mode = runtime.publisher.resolve(up)
             watermark = str(_meta_value(context.definition_metadata[DELTA_INPUT_KEY]))
 

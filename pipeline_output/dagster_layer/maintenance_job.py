@@ -18,6 +18,7 @@ import dagster as dg
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.dagster_layer.health_checks import health_evaluation
 from pipeline_output.dagster_layer.keys import MAINTENANCE_JOB, MAINTENANCE_SCHEDULE
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
 from pipeline_output.services.maintenance import MaintenanceOptions
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
 
@@ -87,9 +88,9 @@ def build_maintenance_job(
     @dg.op(
         name=OP_NAME,
         description="Drop stale audit branches, compact, expire snapshots, remove orphan files",
+        required_resource_keys={RESOURCE_KEY},
     )
     def maintain_tables(context: dg.OpExecutionContext, config: MaintenanceConfig) -> None:
-        from pipeline_output.dagster_layer.process_runtime import get_runtime
         from pipeline_output.services.maintenance import maintain
 
         unknown = sorted(set(config.datasets) - set(by_name))
@@ -98,7 +99,7 @@ def build_maintenance_job(
                 f"unknown dataset(s) {', '.join(unknown)}; known: {', '.join(sorted(by_name))}"
             )
         chosen = [by_name[name] for name in (config.datasets or sorted(by_name))]
-        runtime = get_runtime()
+        runtime = runtime_of(context)
         reports = maintain(
             runtime.iceberg,
             [spec for spec, _ in chosen],

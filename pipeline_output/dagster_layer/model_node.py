@@ -5,15 +5,21 @@ id, run config `mode`) onto it and reports metadata: windows/batches read, rows 
 id, duration and throughput.
 """
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
 
-from pipeline_output.contract.spec import Mode, check_identifier, spec_to_dict
-from pipeline_output.dagster_layer.dataset import spec_of
-from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY, SPEC_METADATA_KEY
+from pipeline_output.contract.spec import Mode, check_identifier
+from pipeline_output.dagster_layer.dataset_specs import attach_spec, spec_of
+from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
+from pipeline_output.dagster_layer.table_metadata import (
+    arm_kinds,
+    definition_metadata,
+    iceberg_table_metadata,
+    legacy_table_metadata,
+)
 from pipeline_output.errors import InvalidSpec
 from pipeline_output.services.model import DEFAULT_BATCH_ROWS, Predict, output_spec, score
 
@@ -56,27 +62,10 @@ def model_node(
         raise InvalidSpec(f"model node {name!r}: predict must be callable")
     out_spec = output_spec(name, mode=mode)
 
-    @dg.asset(
-        name=name,
-        deps=[source.key],
-        io_manager_key=IO_MANAGER_KEY,
-        metadata={
-            SPEC_METADATA_KEY: json.dumps(spec_to_dict(out_spec)),
-            "model_source": source_spec.name,
-            "features": ", ".join(features) if features else "(all columns)",
-        },
-        group_name=group,
-        description=description
-        or getattr(predict, "__doc__", None)
-        or f"Predictions over {source_spec.name}",
-        kinds={"iceberg", "polars"},
-    )
     def _model(
         context: dg.AssetExecutionContext, config: ModelRunConfig
     ) -> dg.MaterializeResult[Any]:
-        from pipeline_output.dagster_layer.process_runtime import get_runtime
-
-        runtime = get_runtime()
+        runtime = runtime_of(context)
         resolved = runtime.publisher.resolve(out_spec, override=config.mode)
         run = score(
             name=name,
@@ -94,24 +83,44 @@ def model_node(
             f"{name}: scored {run.rows_scored} rows in {len(run.batches)} batches -> "
             f"snapshot {primary.snapshot_id}"
         )
-        return dg.MaterializeResult(
-            metadata={
-                "mode": f"{resolved.mode} (from {resolved.source})",
-                "arms": ", ".join(run.results),
-                "write_mode": "replace",
-                "batches_read": len(run.batches),
-                "batches": ", ".join(run.batches)[:2000],
-                "rows_scored": run.rows_scored,
-                "rows_in": run.rows_scored,
-                "rows_inserted": primary.rows_inserted,
-                "rows_deleted": primary.rows_deleted,
-                "dagster/row_count": run.rows_scored,
-                "snapshot_id": str(primary.snapshot_id),
-                "source_snapshot_id": str(run.source_snapshot_id),
-                "duration_s": round(run.duration_s, 3),
-                "throughput_rows_s": round(run.throughput_rows_s, 1),
-                "dagster/table_name": primary.table,
-            }
-        )
+        metadata: dict[str, Any] = {
+            "dagster/row_count": run.rows_scored,
+            "mode": f"{resolved.mode} (from {resolved.source})",
+            "arms": ", ".join(run.results),
+            "write_mode": "replace",
+            "batches_read": len(run.batches),
+            "batches": ", ".join(run.batches)[:2000],
+            "rows_scored": run.rows_scored,
+            "rows_in": run.rows_scored,
+            "rows_inserted": primary.rows_inserted,
+            "rows_deleted": primary.rows_deleted,
+            "duration_s": round(run.duration_s, 3),
+            "throughput_rows_s": round(run.throughput_rows_s, 1),
+        }
+        table = runtime.iceberg.load(out_spec) if "iceberg" in run.results else None
+        if table is not None:
+            metadata.update(iceberg_table_metadata(runtime, out_spec, table))
+            metadata["iceberg/snapshot_id"] = str(primary.snapshot_id)
+            metadata["iceberg/source_snapshot_id"] = str(run.source_snapshot_id)
+        else:
+            metadata.update(legacy_table_metadata(runtime, out_spec))
+        return dg.MaterializeResult(metadata=metadata)
 
-    return _model
+    shown = {
+        **definition_metadata(out_spec),
+        "model_source": source_spec.name,
+        "features": ", ".join(features) if features else "(all columns)",
+    }
+    attach_spec(_model, out_spec, shown=shown)  # the spec rides on the function, out of sight
+    return dg.asset(
+        name=name,
+        deps=[source.key],
+        io_manager_key=IO_MANAGER_KEY,
+        metadata=shown,
+        group_name=group,
+        description=description
+        or getattr(predict, "__doc__", None)
+        or f"Predictions over {source_spec.name}",
+        kinds=arm_kinds(out_spec.mode),
+        required_resource_keys={RESOURCE_KEY},
+    )(_model)

@@ -17,6 +17,7 @@ from typing import Any
 import dagster as dg
 
 from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
 from pipeline_output.services.parity import ParityReport
 
 PARITY = "parity"
@@ -39,14 +40,15 @@ def parity_check(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetChecksDef
             )
         ],
         can_subset=True,  # its result is optional: no result = skipped
+        required_resource_keys={RESOURCE_KEY},
     )
     def _parity(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
-        from pipeline_output.dagster_layer.process_runtime import get_runtime
         from pipeline_output.services.audit import audit_parity
         from pipeline_output.services.canary import check_parity
 
         run_id = context.op_execution_context.run_id
-        staged = audit_parity(get_runtime().publisher, spec, run_id=run_id)
+        publisher = runtime_of(context).publisher
+        staged = audit_parity(publisher, spec, run_id=run_id)
         if staged is not None:  # an audited dual write: the legacy arm is written at the publish
             yield _result(
                 staged,
@@ -62,7 +64,7 @@ def parity_check(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetChecksDef
                 "nothing to compare"
             )
             return
-        yield _result(check_parity(get_runtime().publisher, spec, run_id=run_id), asset_key)
+        yield _result(check_parity(publisher, spec, run_id=run_id), asset_key)
 
     return _parity
 

@@ -31,6 +31,7 @@ from pipeline_output.contract.spec import DatasetSpec, check_identifier
 from pipeline_output.dagster_layer.asset_params import as_lazy
 from pipeline_output.errors import InvalidSpec, RowsOutsideWindow, UnsupportedWrite
 from pipeline_output.services.publish import PublishResult, ResolvedMode
+from pipeline_output.services.runtime import Runtime
 
 PARTITION_COLUMNS_KEY = "pipeline_output/partition_columns"
 KEY_PARAMETER = "partition_key"
@@ -248,15 +249,15 @@ def write_partitions(
     out: PartitionedOutput,
     mode: ResolvedMode,
     *,
+    runtime: Runtime,
     audit: bool,
 ) -> dict[str, Any]:
     """Compute and write each partition in order (one commit each); returns the metadata of the
-    materialisation: the last write's, with the row counts summed over the partitions (in a
-    range run each partition's materialisation also gets its own counts and commit)."""
-    from pipeline_output.dagster_layer.metadata import publish_metadata, table_files_metadata
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    materialisation: the last write's, with the row counts summed over the partitions and
+    `dagster/partition_row_count` (the rows the run wrote). In a range run each partition's
+    materialisation also gets its own counts, `dagster/partition_row_count` and commit."""
+    from pipeline_output.dagster_layer.metadata import publish_metadata
 
-    runtime = get_runtime()
     last: PublishResult | None = None
     lines = []
     totals = dict.fromkeys(_SUMMED, 0)
@@ -274,21 +275,22 @@ def write_partitions(
         for name in _SUMMED:
             totals[name] += getattr(r, name)
         if len(out.items) > 1:  # a range run: each partition's materialisation its own figures
+            commit = "iceberg/snapshot_id" if "iceberg" in last.results else "pg/deploy_id"
             context.step_context.add_asset_metadata(
                 {
                     **{name: getattr(r, name) for name in _SUMMED},
+                    "dagster/partition_row_count": r.rows_in,
                     "write_mode": r.write_mode,
-                    "snapshot_id": "no-op" if r.noop else str(r.snapshot_id),
+                    commit: "no-op" if r.noop else str(r.snapshot_id),
                 },
                 asset_key=context.asset_key,
                 partition_key=part.key,
             )
     assert last is not None
-    meta = publish_metadata(last, schema=frame.schema)
+    meta = publish_metadata(last, runtime=runtime, spec=spec, schema=frame.schema)
     meta.update(totals)
+    meta["dagster/partition_row_count"] = totals["rows_in"]
     meta["partitions"] = "; ".join(lines)
-    if "iceberg" in last.results:
-        meta.update(table_files_metadata(runtime.iceberg.load(spec)))
     return meta
 
 

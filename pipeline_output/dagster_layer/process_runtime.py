@@ -1,38 +1,88 @@
-"""The per-process runtime of the Dagster layer and the CLI: `core_runtime.connect` over the
-settings (control plane, catalog, namespace, default mode, the arm `dual` reads from).
+"""The per-process runtimes of the Dagster layer and the CLI: `core_runtime.connect` built once per
+configuration and cached for the process.
 
-Built lazily on first use (never at import time) and cached per settings value, so Dagster's run
-workers, the CLI and tests each resolve the environment when they actually run.
+`get_runtime()` is the zero-config default: the settings (control plane, catalog, namespace,
+default mode, the arm `dual` reads from) read from the environment when it is first called (never
+at import time), with optional overrides (a Component's `namespace:` wins over
+`PIPELINE_OUTPUT_NAMESPACE`). `cached_runtime(key, build)` caches any other runtime — the one a
+`PipelineOutputResource` describes (`resource.py`) — so Dagster's run workers, the CLI and tests
+each connect once per configuration.
+
+`freeze_long_lived` moves what the process holds into the collector's permanent generation
+(`gc.freeze()`), once when the definitions are built and once when the runtime is: the imported
+libraries (Dagster, pyiceberg, pyarrow, polars, SQLAlchemy ...) are several hundred thousand
+objects that live as long as the process, and every full garbage collection — during a run, and
+the ones the interpreter runs at exit — walked them all: in a window run's worker process about
+0.8 CPU-s of ~4.5 (benchmarks/README.md, "Windows at production cadence"). Objects created later
+are collected as usual.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import threading
+from collections.abc import Callable
 
+from pipeline_output.infra.catalog_config import check_namespace
 from pipeline_output.infra.settings import Settings, default_mode, dual_read_arm, get_settings
 from pipeline_output.services.runtime import Runtime, connect, settings_catalog
 
 _lock = threading.Lock()
 _cache: dict[str, Runtime] = {}
+_frozen: set[str] = set()
 
 
-def get_runtime(settings: Settings | None = None) -> Runtime:
-    """The runtime for `settings` (default: the environment now), built once per process."""
-    settings = settings or get_settings()
+def freeze_long_lived(stage: str) -> None:
+    """`gc.freeze()` once per process and `stage` (`definitions`, `runtime`): what the process
+    holds now lives as long as it does, so no garbage collection walks it again."""
     with _lock:
-        cached = _cache.get(repr(settings))
-        if cached is not None:
-            return cached
-        runtime = connect(
+        if stage in _frozen:
+            return
+        _frozen.add(stage)
+    gc.freeze()
+
+
+def get_runtime(
+    settings: Settings | None = None,
+    *,
+    namespace: str | None = None,
+    mode: str | None = None,
+    dual_reads_from: str | None = None,
+) -> Runtime:
+    """The runtime for `settings` (default: the environment now), built once per process; a given
+    `namespace`, default `mode` or `dual_reads_from` wins over the environment's."""
+    settings = settings or get_settings()
+    if namespace is not None:
+        check_namespace(namespace, setting="namespace")
+        settings = dataclasses.replace(settings, namespace=namespace)
+    project_mode = mode or default_mode()
+    dual = dual_reads_from or dual_read_arm()
+    key = repr(("settings", settings, project_mode, dual))
+
+    def build() -> Runtime:
+        return connect(
             pg_url=settings.control_plane_url(),
             catalog=settings_catalog(settings),
             namespace=settings.namespace,
             catalog_name=settings.catalog_name,
-            default_mode=default_mode(),  # type: ignore[arg-type]
-            dual_reads_from=dual_read_arm(),  # type: ignore[arg-type]
+            default_mode=project_mode,  # type: ignore[arg-type]
+            dual_reads_from=dual,  # type: ignore[arg-type]
         )
-        _cache[repr(settings)] = runtime
-        return runtime
+
+    return cached_runtime(key, build)
+
+
+def cached_runtime(key: str, build: Callable[[], Runtime]) -> Runtime:
+    """The runtime cached under `key` in this process, built by `build` on first use."""
+    with _lock:
+        cached = _cache.get(key)
+        if cached is not None:
+            return cached
+        runtime = build()
+        _cache[key] = runtime
+    freeze_long_lived("runtime")
+    return runtime
 
 
 def reset_runtime() -> None:
@@ -41,4 +91,4 @@ def reset_runtime() -> None:
         _cache.clear()
 
 
-__all__ = ["Runtime", "get_runtime", "reset_runtime"]
+__all__ = ["Runtime", "cached_runtime", "freeze_long_lived", "get_runtime", "reset_runtime"]

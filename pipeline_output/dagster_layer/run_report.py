@@ -266,9 +266,9 @@ def _rows(
                 modes.append(mode)
         snapshot = None
         for m in reversed(written):  # the last write's snapshot (Iceberg) or deploy (legacy)
-            snapshot = _value(m, f"{arm}/deploy_or_snapshot_id")
-            if snapshot in (None, "no-op") and primary:
-                snapshot = _value(m, "snapshot_id")
+            snapshot = _value(m, "pg/deploy_id" if arm == "pg" else "iceberg/snapshot_id")
+            if snapshot is None and not arm:
+                snapshot = _value(m, "iceberg/snapshot_id") or _value(m, "pg/deploy_id")
             if snapshot not in (None, "no-op"):
                 break
         out.append(

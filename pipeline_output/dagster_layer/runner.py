@@ -1,15 +1,16 @@
 """Headless materialisation of a code location (what `pipeline-output materialize` runs).
 
-Plans delta windows by evaluating each window sensor once (adding its partitions and recording
-the sources' observations), applies the pending (planned or failed) windows of each delta dataset
-in one single-run backfill over the range from the first to the last of them (in window order;
-applied windows inside the range are skipped, and a dataset with no pending window gets no run),
-then runs the unpartitioned datasets in one run (an asset with Dagster's own partitions is
-not run: which partitions? it gets a row saying how to launch it). Every run executes
-to its end (`raise_on_error=False`): a failed asset, or a failed blocking check, stops only what
-depends on it, and a failure in one run does not stop the next. Returns a `RunOutcome`
-(`run_report`): a summary row per asset and arm, one line per failure; the console logger stays
-at `log_level` and the full event log goes to `log_file`.
+Evaluates every window sensor once (as a daemon tick would), then per selected delta dataset,
+upstream first (a chained delta dataset after the dataset it reads): plans its windows again by
+evaluating its window sensor (adding its partitions and recording the sources'
+observations) and applies its pending (planned or failed) windows in one single-run backfill over
+the range from the first to the last of them (in window order; applied windows inside the range
+are skipped, and a dataset with no pending window gets no run); then runs the unpartitioned
+datasets in one run (an asset with Dagster's own partitions is not run: which partitions? it gets
+a row saying how to launch it). Every run executes to its end (`raise_on_error=False`): a failed
+asset, or a failed blocking check, stops only what depends on it, and a failure in one run does
+not stop the next. Returns a `RunOutcome` (`run_report`): a summary row per asset and arm, one line
+per failure; the console logger stays at `log_level` and the full event log goes to `log_file`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import dagster as dg
 
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.delta_assets import partitions_name
+from pipeline_output.dagster_layer.resource import runtime_of_definitions
 from pipeline_output.dagster_layer.run_report import (
     Failure,
     MaterialisedAsset,
@@ -32,6 +34,7 @@ from pipeline_output.dagster_layer.run_report import (
     write_log,
 )
 from pipeline_output.errors import PipelineOutputError, RetryableError, from_third_party
+from pipeline_output.services.runtime import Runtime
 
 __all__ = [
     "Failure",
@@ -50,19 +53,23 @@ def plan_windows(
     defs: dg.Definitions,
     instance: dg.DagsterInstance,
     *,
+    only: str | None = None,
     failures: list[Failure] | None = None,
 ) -> dict[str, int]:
     """Evaluate every window sensor once; returns planned-or-pending windows per dataset.
 
     The partitions each sensor adds and the observations it makes (the source's row count and
-    high-water mark) are recorded in `instance`, as the daemon does. With `failures`, a sensor
-    that fails (a watermark column the source lacks, ...) is recorded there as one line and the
-    other sensors still run; without, its error is raised."""
+    high-water mark) are recorded in `instance`, as the daemon does; `only` evaluates the sensor
+    of that dataset alone. Returns the windows that need a run, per dataset. With `failures`, a
+    sensor that fails (a watermark column the source lacks, ...) is recorded there as one line and
+    the other sensors still run; without, its error is raised."""
+    runtime = runtime_of_definitions(defs.resources)
     out: dict[str, int] = {}
     for sensor in defs.sensors or []:
-        if not sensor.name.endswith(SENSOR_SUFFIX):
+        name = sensor.name.removesuffix(SENSOR_SUFFIX)
+        if name == sensor.name or (only is not None and name != only):
             continue
-        dataset = sensor.name.removesuffix(SENSOR_SUFFIX)
+        dataset = name
         ctx = dg.build_sensor_context(instance=instance, definitions=defs)
         try:
             result = sensor(ctx)
@@ -81,7 +88,7 @@ def plan_windows(
                 instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
         for event in result.asset_events or []:
             instance.report_runless_asset_event(event)
-        out[dataset] = len(result.run_requests or [])
+        out[dataset] = len(runtime.windows.pending(dataset))
     return out
 
 
@@ -109,54 +116,68 @@ def materialize(
         for text in selection:
             wanted |= set(dg.AssetSelection.from_string(text).resolve(graph))
     report = RunOutcome()
-    plan_windows(defs, instance, failures=report.failures)
-    unplanned = {f.asset for f in report.failures}
+    # every sensor ticks once, as the daemon's would (a dataset left out of the selection gets
+    # its windows planned too); a selected dataset's failure is reported by its own tick below
+    plan_windows(defs, instance, failures=[])
     unpartitioned: list[dg.AssetKey] = []
-    for assets_def in defs.assets or []:
-        if not isinstance(assets_def, dg.AssetsDefinition) or not assets_def.is_materializable:
-            continue
-        for key in assets_def.keys:
-            if wanted is not None and key not in wanted:
-                continue
-            spec = spec_of(assets_def)
-            if (spec is None or spec.delta is None) and assets_def.partitions_def is not None:
-                report.rows.append(_partitioned_by_dagster(key))
-                continue
-            if spec is None or spec.delta is None:
-                unpartitioned.append(key)
-                continue
-            if spec.name in unplanned:
-                report.rows.append(_idle(key, status="failed", note="windows not planned"))
-                continue
-            ordered = _pending_keys(instance, spec.name)
-            if not ordered:  # nothing to apply: no run, no re-materialisation of applied windows
-                report.rows.append(_idle(key))
-                continue
+
+    def run_unpartitioned() -> None:
+        if unpartitioned:
             report.extend(
                 execute(
                     job,
                     defs,
                     instance,
-                    asset_keys=[key],
+                    asset_keys=list(unpartitioned),
                     log_level=log_level,
                     log_file=log_file,
-                    tags={
-                        "dagster/asset_partition_range_start": ordered[0],
-                        "dagster/asset_partition_range_end": ordered[-1],
-                    },
                 )
             )
-    if unpartitioned:
+            unpartitioned.clear()
+
+    order = {key: i for i, key in enumerate(graph.toposorted_asset_keys)}
+    assets = [
+        (key, assets_def)
+        for assets_def in defs.assets or []
+        if isinstance(assets_def, dg.AssetsDefinition) and assets_def.is_materializable
+        for key in assets_def.keys
+        if wanted is None or key in wanted
+    ]
+    for key, assets_def in sorted(assets, key=lambda item: order.get(item[0], len(order))):
+        spec = spec_of(assets_def)
+        if (spec is None or spec.delta is None) and assets_def.partitions_def is not None:
+            report.rows.append(_partitioned_by_dagster(key))
+            continue
+        if spec is None or spec.delta is None:
+            unpartitioned.append(key)
+            continue
+        # upstream first: a chained delta dataset is planned once the dataset it reads is written
+        if set(unpartitioned) & graph.get(key).parent_keys:
+            run_unpartitioned()
+        failed_before = len(report.failures)
+        plan_windows(defs, instance, only=spec.name, failures=report.failures)
+        if len(report.failures) > failed_before:
+            report.rows.append(_idle(key, status="failed", note="windows not planned"))
+            continue
+        ordered = _pending_keys(instance, runtime_of_definitions(defs.resources), spec.name)
+        if not ordered:  # nothing to apply: no run, no re-materialisation of applied windows
+            report.rows.append(_idle(key))
+            continue
         report.extend(
             execute(
                 job,
                 defs,
                 instance,
-                asset_keys=unpartitioned,
+                asset_keys=[key],
                 log_level=log_level,
                 log_file=log_file,
+                tags={
+                    "dagster/asset_partition_range_start": ordered[0],
+                    "dagster/asset_partition_range_end": ordered[-1],
+                },
             )
         )
+    run_unpartitioned()
     return report
 
 
@@ -167,12 +188,10 @@ def _partitioned_by_dagster(key: dg.AssetKey) -> MaterialisedAsset:
     return MaterialisedAsset(name, "", "", "-", None, None, None, None, "-", note, status="not run")
 
 
-def _pending_keys(instance: dg.DagsterInstance, dataset: str) -> list[str]:
+def _pending_keys(instance: dg.DagsterInstance, runtime: Runtime, dataset: str) -> list[str]:
     """The partition keys of the dataset's planned or failed windows, in window order."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
-
     existing = set(instance.get_dynamic_partitions(partitions_name(dataset)))
-    pending = {w.partition_key for w in get_runtime().windows.pending(dataset)}
+    pending = {w.partition_key for w in runtime.windows.pending(dataset)}
     return sorted(pending & existing)
 
 
@@ -212,18 +231,16 @@ def execute(
         partition_key=partition_key,
         raise_on_error=False,
     )
-    audits = _settle_audits(run_id)
+    audits = _settle_audits(runtime_of_definitions(defs.resources), run_id)
     if log_file is not None:
         write_log(log_file, instance, run_id)
     return collect(result, defs, asset_keys, audits=audits)
 
 
-def _settle_audits(run_id: str) -> list[Any]:
+def _settle_audits(runtime: Runtime, run_id: str) -> list[Any]:
     """Fail every audit the run left staged; the run's audits, decided."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
     from pipeline_output.services.audit import fail_audit
 
-    runtime = get_runtime()
     for audit in runtime.ledger.audit_log.audits_of_run(run_id):
         if audit.state == "staged":
             fail_audit(

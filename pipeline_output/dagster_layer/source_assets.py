@@ -4,6 +4,9 @@ Each carries its kind (`postgres`, `iceberg`); one declared without `group=` joi
 the datasets that read it (`grouped_sources`, applied by `build_definitions`). A delta dataset's
 window sensor records what it sees of its source every tick (`source_observation`), so the
 source is observed without anyone pressing "Observe".
+
+Reads go through the runtime of the code location (its `PipelineOutputResource`): a Postgres source
+without `url=` is a table of its control plane, an Iceberg source a table of its catalog.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import polars as pl
 
 from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY, SOURCE_METADATA_KEY
-from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
 from pipeline_output.errors import BadInput, InvalidSpec
 from pipeline_output.services.reads import scan_table, within
+from pipeline_output.services.runtime import Runtime
 from pipeline_output.services.sources import SourceSpec, postgres_stats, scan_postgres
 
 DATA_VERSION_TAG = "dagster/data_version"  # dagster's own tag names (data_version.py)
@@ -28,16 +32,16 @@ DATA_VERSION_USER_TAG = "dagster/data_version_is_user_provided"
 DEFAULT_SOURCE_GROUP = "sources"
 
 
-def _url_for(source: SourceSpec) -> str:
-    return source.url or get_runtime().pg_url
+def _url_for(source: SourceSpec, runtime: Runtime) -> str:
+    return source.url or runtime.pg_url
 
 
-def scan_source(source: SourceSpec, *, window: Window | None) -> pl.LazyFrame:
+def scan_source(source: SourceSpec, *, window: Window | None, runtime: Runtime) -> pl.LazyFrame:
     """The source as a LazyFrame (projection pushed down; the window as SQL WHERE / Iceberg row
     filter)."""
     if source.kind == "postgres":
-        return scan_postgres(source, _url_for(source), window=window)
-    table = get_runtime().catalog.load_table(str(source.identifier))
+        return scan_postgres(source, _url_for(source, runtime), window=window)
+    table = runtime.catalog.load_table(str(source.identifier))
     # pinned to the table's current snapshot; projection and filters (the window is one: pyiceberg
     # prunes files by the watermark's column stats) become the pyiceberg scan's fields and filter
     frame = scan_table(table, name=f"iceberg:{source.display}")
@@ -48,21 +52,21 @@ def scan_source(source: SourceSpec, *, window: Window | None) -> pl.LazyFrame:
     return within(frame, window, source.watermark)
 
 
-def iceberg_window_count(source: SourceSpec, window: Window) -> int:
+def iceberg_window_count(source: SourceSpec, window: Window, *, runtime: Runtime) -> int:
     """How many rows of an Iceberg source lie in `window`."""
     from pipeline_output.stores.iceberg import window_filter
 
     assert source.watermark is not None
-    table = get_runtime().catalog.load_table(str(source.identifier))
+    table = runtime.catalog.load_table(str(source.identifier))
     row_filter = window_filter(source.watermark, window, schema=table.schema())
     return int(table.scan(row_filter=row_filter).count())
 
 
-def source_stats(source: SourceSpec) -> tuple[int, Any]:
+def source_stats(source: SourceSpec, *, runtime: Runtime) -> tuple[int, Any]:
     """(row count, high-water mark) of a source."""
     if source.kind == "postgres":
-        return postgres_stats(source, _url_for(source))
-    table = get_runtime().catalog.load_table(str(source.identifier))
+        return postgres_stats(source, _url_for(source, runtime))
+    table = runtime.catalog.load_table(str(source.identifier))
     names = [field.name for field in table.schema().fields]
     if source.watermark and source.watermark not in names:
         raise InvalidSpec(
@@ -106,9 +110,10 @@ def _source_asset(source: SourceSpec, *, group: str | None) -> dg.SourceAsset:
         group_name=group,
         description=source.description or f"{source.kind} table {source.display}",
         tags={f"dagster/kind/{source.kind}": ""},  # the UI's kind badge
+        required_resource_keys={RESOURCE_KEY},
     )
-    def _observe() -> dg.ObserveResult:
-        rows, hwm = source_stats(source)
+    def _observe(context: dg.AssetExecutionContext) -> dg.ObserveResult:
+        rows, hwm = source_stats(source, runtime=runtime_of(context))
         metadata: dict[str, Any] = {"dagster/row_count": rows}
         if source.watermark:
             metadata["watermark"] = source.watermark
@@ -200,10 +205,10 @@ def grouped_sources(sources: Sequence[Any], readers: Sequence[Any]) -> list[Any]
     return out
 
 
-def window_count(source: SourceSpec, window: Window) -> int:
+def window_count(source: SourceSpec, window: Window, *, runtime: Runtime) -> int:
     """How many rows of `source` lie in `window` (of its watermark column)."""
     if source.kind == "postgres":
         from pipeline_output.services.sources import postgres_window_count
 
-        return postgres_window_count(source, _url_for(source), window)
-    return iceberg_window_count(source, window)
+        return postgres_window_count(source, _url_for(source, runtime), window)
+    return iceberg_window_count(source, window, runtime=runtime)

@@ -14,6 +14,8 @@ An audited run's write lands on its audit branch first: the window is `staged` (
 becomes `applied` only when the audit publishes (`publish_staged`), or `failed` when it does not
 (`fail_staged`). A rollback puts windows applied after its target back to `planned`
 (`reset_to_planned`), so the sensor re-applies them (they are never planned twice).
+
+The reads (`WindowRow`, `last`, `pending`, ...) are `window_reads.py`.
 """
 
 from __future__ import annotations
@@ -26,40 +28,20 @@ from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
 
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import WindowLedgerError
 from pipeline_output.infra import locks, pgsession
+from pipeline_output.ledger.window_reads import (
+    WINDOW_COLUMNS,
+    WINDOWS_TABLE,
+    State,
+    WindowReads,
+    WindowRow,
+    window_row,
+)
 
-State = Literal["planned", "applying", "staged", "applied", "failed"]
 Action = Literal["apply", "skip", "repair"]
-
-
-@dataclass(frozen=True)
-class WindowRow:
-    """One ledger row."""
-
-    id: int
-    dataset: str
-    seq: int
-    window: Window
-    partition_key: str
-    state: State
-    attempts: int
-    run_id: str | None
-    iceberg_snapshot_id: int | None
-    pg_deploy_id: int | None
-    rows_read: int | None
-    rows_written: int | None
-    error: str | None
-    started_at: datetime | None
-    applied_at: datetime | None
-
-    @property
-    def marker(self) -> str:
-        """The attempt marker of the current attempt (written into the snapshot summary)."""
-        return f"{self.id}:{self.attempts}"
 
 
 @dataclass(frozen=True)
@@ -70,76 +52,14 @@ class Ticket:
     row: WindowRow
 
 
-_COLUMN_NAMES = (
-    "id",
-    "dataset",
-    "seq",
-    "low_key",
-    "high_key",
-    "partition_key",
-    "state",
-    "attempts",
-    "run_id",
-    "iceberg_snapshot_id",
-    "pg_deploy_id",
-    "rows_read",
-    "rows_written",
-    "error",
-    "started_at",
-    "applied_at",
-)
-_COLS = sql.SQL(", ").join(sql.Identifier(c) for c in _COLUMN_NAMES)
-_T = sql.SQL("pipeline_output.windows")
+_COLS = WINDOW_COLUMNS
+_T = WINDOWS_TABLE
+_row = window_row
 
 
-def _row(rec: dict[str, Any]) -> WindowRow:
-    return WindowRow(
-        id=rec["id"],
-        dataset=rec["dataset"],
-        seq=rec["seq"],
-        window=Window.from_key(rec["partition_key"]),
-        partition_key=rec["partition_key"],
-        state=rec["state"],
-        attempts=rec["attempts"],
-        run_id=rec["run_id"],
-        iceberg_snapshot_id=rec["iceberg_snapshot_id"],
-        pg_deploy_id=rec["pg_deploy_id"],
-        rows_read=rec["rows_read"],
-        rows_written=rec["rows_written"],
-        error=rec["error"],
-        started_at=rec["started_at"],
-        applied_at=rec["applied_at"],
-    )
-
-
-class WindowLedger:
-    """Windows of delta datasets in the control-plane Postgres."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def _connect(self) -> psycopg.Connection[dict[str, Any]]:
-        return pgsession.connect(self.url, row_factory=dict_row)
-
-    def windows(self, dataset: str) -> list[WindowRow]:
-        """Every window of `dataset`, in order."""
-        query = sql.SQL("SELECT {} FROM {} WHERE dataset = %s ORDER BY seq").format(_COLS, _T)
-        with self._connect() as conn:
-            return [_row(r) for r in conn.execute(query, (dataset,)).fetchall()]
-
-    def get(self, dataset: str, partition_key: str) -> WindowRow | None:
-        """One window by its partition key."""
-        query = sql.SQL("SELECT {} FROM {} WHERE dataset = %s AND partition_key = %s").format(
-            _COLS, _T
-        )
-        with self._connect() as conn:
-            rec = conn.execute(query, (dataset, partition_key)).fetchone()
-        return _row(rec) if rec else None
-
-    def last(self, dataset: str) -> WindowRow | None:
-        """The newest window of `dataset`."""
-        rows = self.windows(dataset)
-        return rows[-1] if rows else None
+class WindowLedger(WindowReads):
+    """Windows of delta datasets in the control-plane Postgres: the reads (`WindowReads`) and
+    the planning and apply protocol that write them."""
 
     def plan(self, dataset: str, windows: Sequence[Window]) -> list[WindowRow]:
         """Append `windows` to the chain (in one transaction); they must continue it exactly."""
@@ -340,17 +260,5 @@ class WindowLedger:
                 (error[:2000], row.id),
             )
 
-    def unapplied_ids(self, dataset: str) -> set[int]:
-        """Ids of the dataset's windows not applied (yet): a snapshot carrying one of their
-        attempt markers may be what a repair looks for, so snapshot expiry keeps it."""
-        query = sql.SQL("SELECT id FROM {} WHERE dataset = %s AND state <> 'applied'").format(_T)
-        with self._connect() as conn:
-            return {int(r["id"]) for r in conn.execute(query, (dataset,)).fetchall()}
 
-    def pending(self, dataset: str) -> list[WindowRow]:
-        """Windows that need a run: planned or failed."""
-        return [w for w in self.windows(dataset) if w.state in ("planned", "failed")]
-
-    def applied_windows(self, dataset: str) -> list[WindowRow]:
-        """Applied windows in order (the model node reads a delta source this way)."""
-        return [w for w in self.windows(dataset) if w.state == "applied"]
+__all__ = ["Action", "State", "Ticket", "WindowLedger", "WindowRow"]

@@ -268,3 +268,34 @@ def postgres_stats(source: SourceSpec, url: str) -> tuple[int, Any]:
         row = conn.execute(query).fetchone()
     assert row is not None
     return int(row[0]), row[1]
+
+
+def postgres_high_water_mark(source: SourceSpec, url: str) -> Any:
+    """The source's high-water mark: `max(watermark)` alone (no row count: a window sensor's tick
+    reads only what can change)."""
+    if source.watermark is None:
+        raise BadInput(f"source {source.name!r}: a high-water mark needs a watermark column")
+    query = sql.SQL("SELECT max({}) FROM {}").format(
+        sql.Identifier(source.watermark), _qualified(source)
+    )
+    with pgsession.connect(url) as conn:
+        row = conn.execute(query).fetchone()
+    return row[0] if row else None
+
+
+def postgres_watermark_values(
+    source: SourceSpec, url: str, window: Window, *, limit: int, pg_type: str | None = None
+) -> pl.Series:
+    """The first `limit` watermark values of `window`, ascending (where a plan cuts windows:
+    the sort and the limit run in Postgres, so a long backlog is never read whole)."""
+    if source.watermark is None:
+        raise BadInput(f"source {source.name!r}: window cuts need a watermark column")
+    if pg_type is not None:
+        window = aligned_to_pg_type(window, pg_type)
+    where, params = _window_clause(source.watermark, window)
+    query = sql.SQL("SELECT {col} FROM {t}{where} ORDER BY {col} LIMIT %s").format(
+        col=sql.Identifier(source.watermark), t=_qualified(source), where=where
+    )
+    with pgsession.connect(url) as conn:
+        rows = conn.execute(query, [*params, limit]).fetchall()
+    return pl.Series(source.watermark, [r[0] for r in rows])

@@ -48,6 +48,12 @@ def test_demo_plan_windows_restate_doctor_maintain_and_status_commands(cli, pg_d
     assert listed.returncode == 0, listed.stderr
     lines = [line for line in listed.stdout.splitlines() if "applied" in line]
     assert len(lines) == 2 and "GAP" not in listed.stdout
+    header, *body = listed.stdout.splitlines()
+    assert header.index("state") == body[0].index("applied"), "columns line up with the header"
+    newest = cli("windows", "customers", "--limit", "1")
+    assert newest.returncode == 0, newest.stderr
+    assert "(400, 420]" in newest.stdout and "(-inf, 400]" not in newest.stdout
+    assert "showing the newest 1 of 2 windows (2 applied)" in newest.stdout
 
     window = "00000000000000000400..00000000000000000420"
     restated = cli("windows", "restate", "customers", window)

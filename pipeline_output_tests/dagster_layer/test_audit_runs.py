@@ -110,7 +110,7 @@ def test_an_audited_run_publishes_one_snapshot_after_its_checks_read_the_branch(
         if e.asset_key == dg.AssetKey("items")
         for k, v in e.event_specific_data.materialization.metadata.items()  # type: ignore[union-attr]
     }
-    assert meta["audit_branch"] == f"audit-{run.run_id}"
+    assert meta["iceberg/audit_branch"] == f"audit-{run.run_id}"
 
 
 def test_a_failing_user_check_leaves_main_and_readers_unchanged_and_keeps_the_branch(

@@ -48,8 +48,9 @@ REQUIRED_METADATA = (
     "rows_deleted",
     "rows_unchanged",
     "rows_skipped",
-    "snapshot_id",
+    "iceberg/snapshot_id",
     "dagster/table_name",
+    "dagster/uri",
     "dagster/column_schema",
     "duration_s",
 )
@@ -316,7 +317,7 @@ def test_first_materialisation_replaces_and_matches_the_oracle(shop: Shop, name:
     assert_same_rows(shop.tables[0][name], expected, key)
     assert meta["dagster/row_count"] == expected.height
     assert meta["rows_inserted"] == expected.height
-    assert meta["snapshot_id"] == str(shop.snapshots[0][name])
+    assert meta["iceberg/snapshot_id"] == str(shop.snapshots[0][name])
 
 
 @pytest.mark.parametrize("name", list(DEMO))
@@ -329,7 +330,7 @@ def test_materialisation_after_a_tick_uses_the_strategys_redeploy_mode(
     assert meta["write_mode"] == redeploy
     assert_same_rows(shop.tables[1][name], after, key)
     assert meta["dagster/row_count"] == after.height
-    assert meta["snapshot_id"] == str(shop.snapshots[1][name])
+    assert meta["iceberg/snapshot_id"] == str(shop.snapshots[1][name])
     assert shop.snapshots[1][name] != shop.snapshots[0][name]
     diff = key_diff(before, after, key)
     if name in DELTA:
@@ -366,7 +367,7 @@ def test_materialisation_metadata_is_complete(shop: Shop, name: str, round_no: i
     assert not missing, f"{name}: metadata lacks {missing}; has {sorted(meta)}"
     assert meta["mode"] == "iceberg (from declared)"
     assert meta["arms"] == "iceberg"
-    assert meta["dagster/table_name"] == f"{NAMESPACE}.{name}"
+    assert meta["dagster/table_name"] == f"default.{NAMESPACE}.{name}"
     assert meta["noop"] is False
     assert isinstance(meta["duration_s"], float) and meta["duration_s"] > 0
     schema = meta["dagster/column_schema"].schema
@@ -380,7 +381,7 @@ def test_rematerialising_without_source_changes_is_a_reported_noop(shop: Shop, n
     if name == "daily_revenue":
         # `replace` rewrites the whole table each time; when it writes, it says so.
         assert meta["write_mode"] == "replace"
-        assert meta["snapshot_id"] == str(shop.snapshots[2][name])
+        assert meta["iceberg/snapshot_id"] == str(shop.snapshots[2][name])
         return
     assert shop.snapshots[2][name] == shop.snapshots[1][name], "a no-op committed a snapshot"
     if name in DELTA:
@@ -391,7 +392,7 @@ def test_rematerialising_without_source_changes_is_a_reported_noop(shop: Shop, n
         return
     assert "no-op" in str(meta.get("note")), meta
     assert meta["noop"] is True
-    assert "snapshot_id" not in meta
+    assert "iceberg/snapshot_id" not in meta
 
 
 # --- dry run, mode override, range backfill ------------------------------------------------------

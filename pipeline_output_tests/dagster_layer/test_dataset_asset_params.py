@@ -55,7 +55,7 @@ def test_every_pass_through_parameter_is_on_the_asset_definition():
     assert orders_clean.op.retry_policy == retry
     assert spec.code_version == "v7"
     assert orders_clean.backfill_policy == backfill  # an explicit policy wins
-    assert spec.kinds == {"iceberg", "polars", "dbt"}
+    assert spec.kinds == {"iceberg", "postgres", "dbt"}  # the arms (mode undecided) and the given
     assert spec.metadata["team"] == "finance"
     assert orders_clean.partitions_def == DAILY
     assert spec_of(orders_clean).name == "orders_clean"  # type: ignore[union-attr]

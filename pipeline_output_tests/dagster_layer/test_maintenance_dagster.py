@@ -55,7 +55,11 @@ def test_maintenance_job_compacts_and_the_health_check_warns_then_passes(env, in
     assert materialised.success
     (first,) = materialised.get_asset_materialization_events()
     meta = _meta(first.materialization)
-    assert (meta["data_files"], meta["delete_files"], meta["last_maintenance"]) == (1, 0, "never")
+    assert (
+        meta["iceberg/data_files"],
+        meta["iceberg/delete_files"],
+        meta["iceberg/last_maintenance"],
+    ) == (1, 0, "never")
     assert _health(defs, instance).passed  # one file: healthy
 
     spec = spec_of(ledgerless)
@@ -88,7 +92,7 @@ def test_maintenance_job_compacts_and_the_health_check_warns_then_passes(env, in
 
     again = dg.materialize([ledgerless], instance=instance, resources=defs.resources)
     meta = _meta(again.get_asset_materialization_events()[0].materialization)
-    assert meta["data_files"] == 1 and meta["last_maintenance"] != "never"
+    assert meta["iceberg/data_files"] == 1 and meta["iceberg/last_maintenance"] != "never"
 
 
 def test_build_definitions_wires_a_stopped_schedule_unless_turned_on(env):

@@ -16,6 +16,7 @@ from polars.testing import assert_frame_equal
 
 from pipeline_output import Delta, build_definitions, dataset, model_node, postgres_source
 from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output_tests.dagster_runs import requested_keys
 from pipeline_output_tests.oracle import assert_same_multiset
 
 ROW_INDEX = "__source_row_index__"
@@ -30,7 +31,7 @@ def tick(defs: dg.Definitions, instance: dg.DagsterInstance, name: str) -> list[
     assert isinstance(result, dg.SensorResult)
     for req in result.dynamic_partitions_requests or []:
         instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-    return sorted(r.partition_key for r in result.run_requests)
+    return sorted(requested_keys(result, instance))
 
 
 def apply_windows(

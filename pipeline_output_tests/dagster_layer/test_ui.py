@@ -147,8 +147,8 @@ def test_materialisation_launched_through_the_webserver_graphql_api_writes_icebe
     assert entries["write_mode"] == "replace"
     assert entries["why"] == "first deploy"
     assert entries["dagster/row_count"] == len(active)
-    assert entries["snapshot_id"] == str(snapshot.snapshot_id)
-    assert entries["dagster/table_name"] == "datasets.active_products"
+    assert entries["iceberg/snapshot_id"] == str(snapshot.snapshot_id)
+    assert entries["dagster/table_name"] == "default.datasets.active_products"
 
     instance = dg.DagsterInstance.from_config(str(dagster_home))
     try:

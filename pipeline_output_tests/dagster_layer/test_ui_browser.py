@@ -15,6 +15,7 @@ Skipped, saying why, only where Chromium is not installed: `apt-get install -y c
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ FLAGS = [
     "--disable-sync",
 ]
 RUN_TIMEOUT_S = 300
+RELOAD_TIMEOUT_S = 180
 UI_TIMEOUT_MS = 60_000
 
 CHECKS = """
@@ -185,7 +187,7 @@ def test_the_ui_materialises_from_the_launchpad_and_shows_write_mode_parity_and_
             wait_for_success(page, dev_server, real, shots / "3-run.png")
             page.goto(f"{base}/assets/active_products?view=events")
             expect(page.get_by_text(f"audit-{real}").first).to_be_visible()
-            for label in ("write_mode", "rows_inserted", "snapshot_id"):
+            for label in ("write_mode", "rows_inserted", "iceberg/snapshot_id"):
                 expect(page.get_by_text(label, exact=True).first).to_be_visible()
             page.screenshot(path=str(shots / "4-materialization.png"), full_page=True)
 
@@ -227,3 +229,70 @@ def test_the_ui_materialises_from_the_launchpad_and_shows_write_mode_parity_and_
             browser.close()
     audit = Ledger(pg_db_url).audit_log.audit("active_products", real)
     assert audit is not None and audit.state == "published", audit
+
+
+def test_an_asset_page_shows_the_iceberg_column_schema_and_the_table_link(
+    dev_server: int, pg_db_url: str, tmp_path: Path
+) -> None:
+    """After a materialisation and a reload of the code location (which then finds the table),
+    the asset page's Storage shows the table name and a link to the table's location, and its
+    Columns the Iceberg type names with the primary key's constraint."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+
+    cli = runner(env=isolated_env(tmp_path, pg_db_url), cwd=tmp_path)
+    materialised = cli("materialize", "--select", "active_products")
+    assert materialised.returncode == 0, materialised.stderr[-3000:]
+    locations = graphql(
+        dev_server,
+        "{ workspaceOrError { ... on Workspace { locationEntries { name } } } }",
+    )["workspaceOrError"]["locationEntries"]
+    for entry in locations:  # a reload restarts the code server: slow on a busy machine
+        graphql(
+            dev_server,
+            "mutation ($name: String!) { reloadRepositoryLocation("
+            "repositoryLocationName: $name) { __typename } }",
+            {"name": entry["name"]},
+            timeout=RELOAD_TIMEOUT_S,
+        )
+    os.environ["PIPELINE_OUTPUT_HOME"] = str(tmp_path / "home")
+    os.environ["PIPELINE_OUTPUT_PG_URL"] = pg_db_url
+    try:
+        reset_runtime()
+        table = get_runtime().iceberg.load("active_products")
+        assert table is not None
+        location = table.location()
+    finally:
+        del os.environ["PIPELINE_OUTPUT_HOME"], os.environ["PIPELINE_OUTPUT_PG_URL"]
+        reset_runtime()
+
+    base = f"http://127.0.0.1:{dev_server}"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1400})
+            page.set_default_timeout(UI_TIMEOUT_MS)
+            community = page.get_by_text("Join the Dagster community")
+            page.add_locator_handler(
+                community, lambda: page.get_by_role("button", name="Skip").click()
+            )
+            deadline = time.monotonic() + UI_TIMEOUT_MS / 1000
+            link = page.locator(f"a[href='{location}']")
+            while True:  # the reloaded location shows once the code server is back
+                page.goto(f"{base}/assets/active_products")
+                try:
+                    expect(link.first).to_be_visible(timeout=10_000)
+                    break
+                except AssertionError:
+                    assert time.monotonic() < deadline, "no table link on the asset page"
+            expect(page.get_by_text("default.datasets.active_products").first).to_be_visible()
+            for column, kind in (("product_id", "long"), ("name", "string")):
+                expect(page.get_by_text(column, exact=True).first).to_be_visible()
+                expect(page.get_by_text(kind, exact=True).first).to_be_visible()
+            expect(page.get_by_text(re.compile(r"^decimal\(\d+, \d+\)$")).first).to_be_visible()
+            page.screenshot(
+                path=str(artifacts() / "7-column-schema-and-table-link.png"), full_page=True
+            )
+        finally:
+            browser.close()

@@ -22,6 +22,7 @@ from psycopg import sql
 from pipeline_output import Delta, Window, build_definitions, dataset, postgres_source
 from pipeline_output.dagster_layer.process_runtime import get_runtime
 from pipeline_output.errors import InvalidSpec
+from pipeline_output_tests.dagster_runs import requested_keys
 from pipeline_output_tests.oracle import assert_same_multiset
 
 # --- helpers ---------------------------------------------------------------------------------------
@@ -282,7 +283,7 @@ def test_max_rows_cuts_history_into_several_windows_covering_every_row(env, inst
     make_source(env, list(range(1, 101)))
     defs = events_defs(max_rows=30)
     result = tick(defs, instance, "ev_copy")
-    keys = [r.partition_key for r in result.run_requests]
+    keys = requested_keys(result, instance)
     assert [Window.from_key(k) for k in keys] == [
         Window(None, 30),
         Window(30, 60),
@@ -305,9 +306,9 @@ def test_max_rows_keeps_rows_sharing_a_watermark_value_in_one_window(env, instan
     make_source(env, [1, 2, 2, 2, 3, 4, 5])
     defs = events_defs(max_rows=2)
     result = tick(defs, instance, "ev_copy")
-    windows = [Window.from_key(r.partition_key) for r in result.run_requests]
-    assert windows == [Window(None, 2), Window(2, 4), Window(4, 5)]
-    run_range(defs, instance, "ev_copy", [r.partition_key for r in result.run_requests])
+    keys = requested_keys(result, instance)
+    assert [Window.from_key(k) for k in keys] == [Window(None, 2), Window(2, 4), Window(4, 5)]
+    run_range(defs, instance, "ev_copy", keys)
     assert_same_multiset(table_rows("ev_copy"), source_frame(env))
 
 
@@ -409,7 +410,7 @@ def test_ledger_windows_of_different_datasets_are_independent(chain):
 # --- the window sensor -----------------------------------------------------------------------------
 
 
-def test_sensor_plans_windows_adds_partitions_and_requests_one_run_per_window(env, instance):
+def test_sensor_plans_windows_adds_partitions_and_requests_one_range_run_for_them(env, instance):
     make_source(env, list(range(1, 26)))
     defs = events_defs(max_rows=10)
     result = tick(defs, instance, "ev_copy")
@@ -421,9 +422,13 @@ def test_sensor_plans_windows_adds_partitions_and_requests_one_run_per_window(en
     assert add.partitions_def_name == "ev_copy__windows"
     assert sorted(add.partition_keys) == keys
     assert sorted(instance.get_dynamic_partitions("ev_copy__windows")) == keys
-    assert sorted(r.partition_key for r in result.run_requests) == keys
-    assert len({r.run_key for r in result.run_requests}) == 3
-    assert all(r.asset_selection == [dg.AssetKey("ev_copy")] for r in result.run_requests)
+    # consecutive windows: one partition-range run over the three
+    [request] = result.run_requests
+    assert request.partition_key is None
+    assert request.partition_key_range == dg.PartitionKeyRange(keys[0], keys[-1])
+    assert requested_keys(result, instance) == keys
+    assert request.asset_selection == [dg.AssetKey("ev_copy")]
+    assert request.tags["pipeline-output/dataset"] == "ev_copy"
 
     # A second evaluation plans nothing new: same ledger, no partition to add, same run keys
     # (Dagster de-duplicates launches by run key).
@@ -481,7 +486,7 @@ def test_sensor_reconciles_a_crash_between_planning_and_adding_partitions(env, i
     keys = [w.partition_key for w in planned]
     [add] = result.dynamic_partitions_requests
     assert sorted(add.partition_keys) == keys
-    assert sorted(r.partition_key for r in result.run_requests) == keys
+    assert requested_keys(result, instance) == keys
     assert [w.partition_key for w in get_runtime().windows.windows("ev_copy")] == keys
 
     # and with the source moved on since, the reconciled tick also plans the next window once
@@ -492,7 +497,7 @@ def test_sensor_reconciles_a_crash_between_planning_and_adding_partitions(env, i
         Window(10, 20),
         Window(20, 21),
     ]
-    run_range(defs, instance, "ev_copy", [r.partition_key for r in result.run_requests])
+    run_range(defs, instance, "ev_copy", requested_keys(result, instance))
     assert_same_multiset(table_rows("ev_copy"), source_frame(env))
 
 
@@ -511,7 +516,7 @@ def test_sensor_with_a_postgres_backed_instance(env, tmp_path):
     defs = events_defs(max_rows=2)
     with dg.DagsterInstance.from_config(str(home)) as inst:
         result = tick(defs, inst, "ev_copy")
-        keys = [r.partition_key for r in result.run_requests]
+        keys = requested_keys(result, inst)
         assert [Window.from_key(k) for k in keys] == [Window(None, 2), Window(2, 4)]
         assert sorted(inst.get_dynamic_partitions("ev_copy__windows")) == keys
         assert run_range(defs, inst, "ev_copy", keys).success
@@ -525,7 +530,7 @@ def test_sensor_with_a_postgres_backed_instance(env, tmp_path):
 def test_rematerialising_an_applied_append_always_window_is_a_noop_that_says_so(env, instance):
     make_source(env, list(range(1, 11)))
     defs = events_defs(max_rows=5)
-    keys = [r.partition_key for r in tick(defs, instance, "ev_copy").run_requests]
+    keys = requested_keys(tick(defs, instance, "ev_copy"), instance)
     run_range(defs, instance, "ev_copy", keys)
     before = [s.snapshot_id for s in snapshots("ev_copy")]
 
@@ -551,7 +556,7 @@ def test_rematerialising_an_applied_append_always_window_is_a_noop_that_says_so(
 def test_restate_replaces_exactly_that_windows_rows_in_one_commit(env, instance):
     make_source(env, list(range(1, 16)))
     defs = events_defs(max_rows=5)
-    keys = [r.partition_key for r in tick(defs, instance, "ev_copy").run_requests]
+    keys = requested_keys(tick(defs, instance, "ev_copy"), instance)
     assert len(keys) == 3
     run_range(defs, instance, "ev_copy", keys)
     n_before = len(snapshots("ev_copy"))
@@ -616,7 +621,7 @@ def _tick_and_apply(defs: dg.Definitions, instance: dg.DagsterInstance) -> dict[
     planned = {}
     for name in DELTA_DATASETS:
         result = tick(defs, instance, name)
-        keys = [r.partition_key for r in result.run_requests]
+        keys = requested_keys(result, instance)
         planned[name] = keys
         for key in keys:
             assert run_window(defs, instance, name, key).success
@@ -664,7 +669,7 @@ def test_single_run_backfill_of_200_windows_applies_them_in_order_one_snapshot_e
     n = 200
     make_source(env, list(range(1, n + 1)))
     defs = events_defs(max_rows=1)
-    keys = [r.partition_key for r in tick(defs, instance, "ev_copy").run_requests]
+    keys = requested_keys(tick(defs, instance, "ev_copy"), instance)
     assert len(keys) == n
     started = time.perf_counter()
     out = run_range(defs, instance, "ev_copy", keys)

@@ -1,0 +1,294 @@
+"""`PipelineOutputComponent`: pipeline-output datasets as a `dg` Component (`defs.yaml`).
+
+`dg scaffold defs pipeline_output.PipelineOutputComponent <name>` writes `defs/<name>/defs.yaml`;
+its attributes are `module:` (the Python module — or a list of modules — holding the `@dataset`s,
+sources, model nodes and any other definitions to serve with them) and what `build_definitions`
+takes: where the datasets live (`namespace`, `default_mode`, `dual_reads_from`, and `pg_url` +
+`catalog` for a configured `PipelineOutputResource`: values, `{{ env.NAME }}` templates resolved
+when the location loads, or `{env: NAME}` — a `dg.EnvVar` read when a run needs it, and never shown
+in the UI), the executor, the sensors' interval, the parity checks, and table maintenance (the
+`maintenance` options, `maintenance_schedule_cron`/`_running`, `health_thresholds`).
+
+Attributes given in `defs.yaml` win over environment variables (`namespace:` over
+`PIPELINE_OUTPUT_NAMESPACE`, …). One Component per project: it owns the location's IO manager,
+resource, jobs and maintenance schedule (several modules go in one `module:` list).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, Literal
+
+import dagster as dg
+from dagster._core.definitions.unresolved_asset_job_definition import (
+    UnresolvedAssetJobDefinition,  # what define_asset_job returns (not exported by dagster)
+)
+from pydantic import Field
+
+from pipeline_output.dagster_layer.build import build_definitions
+from pipeline_output.dagster_layer.dataset_specs import spec_of
+from pipeline_output.dagster_layer.resource import PipelineOutputResource
+from pipeline_output.dagster_layer.source_assets import source_spec_of
+from pipeline_output.errors import InvalidArgument
+from pipeline_output.services.maintenance import MaintenanceOptions
+from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
+
+
+class EnvRef(dg.Model):
+    """`{env: NAME}`: the value of an environment variable, read when a run needs it
+    (a `dg.EnvVar`: the UI shows the variable's name, never its value)."""
+
+    env: str
+
+
+class MaintenanceAttributes(dg.Model):
+    """Defaults of the `table_maintenance` job (the same names as its run config)."""
+
+    audits: bool = True
+    compact: bool = True
+    expire: bool = True
+    orphans: bool = True
+    target_file_size: int | None = None
+    min_input_files: int = 5
+    older_than_hours: float = 120.0
+    retain_last: int = 1
+    grace_seconds: float = 3600.0
+    audit_retention_hours: float = 168.0
+
+    def options(self) -> MaintenanceOptions:
+        return MaintenanceOptions(
+            audits=self.audits,
+            compact=self.compact,
+            expire=self.expire,
+            orphans=self.orphans,
+            target_file_size=self.target_file_size,
+            min_input_files=self.min_input_files,
+            older_than=timedelta(hours=self.older_than_hours),
+            retain_last=self.retain_last,
+            grace_s=self.grace_seconds,
+            audit_retention=timedelta(hours=self.audit_retention_hours),
+        )
+
+
+class HealthAttributes(dg.Model):
+    """Past these the `table_health` check warns."""
+
+    max_small_files: int = HealthThresholds.max_small_files
+    max_small_file_ratio: float = HealthThresholds.max_small_file_ratio
+    max_delete_files: int = HealthThresholds.max_delete_files
+    max_snapshots: int = HealthThresholds.max_snapshots
+    max_metadata_bytes: int = HealthThresholds.max_metadata_bytes
+
+    def thresholds(self) -> HealthThresholds:
+        return HealthThresholds(**self.model_dump())
+
+
+class ScaffoldParams(dg.Model):
+    """`dg scaffold defs pipeline_output.PipelineOutputComponent <name> [--module M]`."""
+
+    module: str | None = Field(
+        default=None,
+        description="The module holding the @datasets (default: <root_module>.datasets).",
+    )
+
+
+class PipelineOutputScaffolder(dg.Scaffolder[ScaffoldParams]):
+    """Writes `defs.yaml` with `module:` and the other attributes commented out."""
+
+    @classmethod
+    def get_scaffold_params(cls) -> type[ScaffoldParams]:
+        return ScaffoldParams
+
+    def scaffold(self, request: dg.ScaffoldRequest[ScaffoldParams]) -> None:
+        module = request.params.module if request.params else None
+        module = module or f"{_root_module(request.project_root)}.datasets"
+        if request.scaffold_format != "yaml":
+            dg.scaffold_component(request, {"module": module})
+            return
+        text = _DEFS_YAML.format(type=request.type_name, module=module)
+        (request.target_path / "defs.yaml").write_text(text)
+
+
+_DEFS_YAML = """\
+type: {type}
+
+attributes:
+  # the module (or a list of modules) holding your @datasets, sources and model nodes
+  module: {module}
+  # Where the datasets live. Left out: the environment's settings (PIPELINE_OUTPUT_*, pyiceberg's
+  # config, an embedded Postgres). `pg_url` with `catalog`: nothing is read from the environment.
+  # namespace: datasets
+  # default_mode: iceberg
+  # pg_url: {{env: CONTROL_PLANE_URL}}
+  # catalog:
+  #   type: sql
+  #   uri: {{env: CATALOG_URI}}
+  #   warehouse: file:///srv/warehouse
+  # executor: in_process
+  # maintenance_schedule_cron: "0 3 * * *"
+  # maintenance_schedule_running: false
+  # health_thresholds:
+  #   max_snapshots: 500
+"""
+
+
+def _root_module(project_root: Any) -> str:
+    """The dg project's `root_module` (pyproject `[tool.dg.project]`), else `my_project`."""
+    import tomllib
+    from pathlib import Path
+
+    if project_root is None:
+        return "my_project"
+    pyproject = Path(project_root) / "pyproject.toml"
+    if not pyproject.exists():
+        return "my_project"
+    data = tomllib.loads(pyproject.read_text())
+    root = data.get("tool", {}).get("dg", {}).get("project", {}).get("root_module")
+    return str(root) if root else "my_project"
+
+
+@dg.scaffold_with(PipelineOutputScaffolder)
+class PipelineOutputComponent(dg.Component, dg.Model, dg.Resolvable):
+    """pipeline-output datasets (with their sources, model nodes, checks) from Python modules,
+    written to Iceberg and the legacy Postgres arm by the pipeline-output IO manager."""
+
+    module: str | list[str] = Field(
+        description="The module (or list of modules) holding the @datasets, sources, model "
+        "nodes and any other definitions to serve with them."
+    )
+    namespace: str | None = Field(
+        default=None, description="Iceberg namespace (wins over PIPELINE_OUTPUT_NAMESPACE)."
+    )
+    default_mode: Literal["pg", "iceberg", "dual"] | None = Field(
+        default=None, description="Mode of a dataset declared without one (default pg)."
+    )
+    dual_reads_from: Literal["pg", "iceberg"] | None = None
+    pg_url: str | EnvRef | None = Field(
+        default=None,
+        description="Control-plane Postgres (libpq URI); with `catalog`, nothing is read from "
+        "PIPELINE_OUTPUT_*/PYICEBERG_* variables.",
+    )
+    catalog: dict[str, str | EnvRef] | None = Field(
+        default=None, description="pyiceberg catalog properties (any catalog type)."
+    )
+    catalog_name: str = "default"
+    executor: Literal["in_process", "multiprocess"] | None = Field(
+        default=None,
+        description="Dagster's executor for the location's runs (default: multiprocess).",
+    )
+    max_concurrent: int | None = Field(
+        default=None, description="multiprocess: the most steps running at once."
+    )
+    sensor_interval_seconds: int = 30
+    with_parity_checks: bool = True
+    with_maintenance: bool = True
+    maintenance: MaintenanceAttributes | None = None
+    maintenance_schedule_cron: str = "0 3 * * *"
+    maintenance_schedule_running: bool = False
+    health_thresholds: HealthAttributes | None = None
+
+    def resource(self) -> PipelineOutputResource:
+        """The location's `PipelineOutputResource` from these attributes."""
+        return PipelineOutputResource(
+            pg_url=_env_value(self.pg_url),
+            catalog=(
+                None
+                if self.catalog is None
+                else {k: _env_value(v) for k, v in self.catalog.items()}  # type: ignore[misc]
+            ),
+            namespace=self.namespace,
+            catalog_name=self.catalog_name,
+            default_mode=self.default_mode,
+            dual_reads_from=self.dual_reads_from,
+        )
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        modules = [self.module] if isinstance(self.module, str) else list(self.module)
+        found = collect(modules)
+        return build_definitions(
+            datasets=found["datasets"],
+            sources=found["sources"],
+            assets=found["assets"],
+            asset_checks=found["asset_checks"],
+            sensors=found["sensors"],
+            schedules=found["schedules"],
+            jobs=found["jobs"],
+            resource=self.resource(),
+            executor=self._executor(),
+            sensor_interval_seconds=self.sensor_interval_seconds,
+            with_parity_checks=self.with_parity_checks,
+            with_maintenance=self.with_maintenance,
+            maintenance=self.maintenance.options() if self.maintenance else None,
+            maintenance_schedule_cron=self.maintenance_schedule_cron,
+            maintenance_schedule_running=self.maintenance_schedule_running,
+            health_thresholds=(
+                self.health_thresholds.thresholds() if self.health_thresholds else None
+            ),
+        )
+
+    def _executor(self) -> Any:
+        if self.executor == "in_process":
+            return dg.in_process_executor
+        if self.executor == "multiprocess" or self.max_concurrent is not None:
+            if self.max_concurrent is None:
+                return dg.multiprocess_executor
+            return dg.multiprocess_executor.configured({"max_concurrent": self.max_concurrent})
+        return None
+
+
+def _env_value(value: str | EnvRef | None) -> str | None:
+    if isinstance(value, EnvRef):
+        return dg.EnvVar(value.env)
+    return value
+
+
+def collect(modules: Sequence[str]) -> dict[str, list[Any]]:
+    """The definitions the modules hold, by kind (each object once, in module order)."""
+    found: dict[str, list[Any]] = {
+        k: []
+        for k in ("datasets", "sources", "assets", "asset_checks", "sensors", "schedules", "jobs")
+    }
+    seen: set[int] = set()
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            raise InvalidArgument(
+                f"PipelineOutputComponent: module {name!r} cannot be imported: {exc}"
+            ) from exc
+        for value in vars(module).values():
+            if id(value) in seen:
+                continue
+            kind = _kind(value)
+            if kind is not None:
+                seen.add(id(value))
+                found[kind].append(value)
+    if not found["datasets"] and not found["assets"]:
+        raise InvalidArgument(
+            f"PipelineOutputComponent: no @dataset in {', '.join(modules)}; `module:` names the "
+            "module(s) where the datasets are declared"
+        )
+    return found
+
+
+def _kind(value: Any) -> str | None:
+    if isinstance(value, dg.AssetChecksDefinition):
+        return "asset_checks"
+    if isinstance(value, (dg.AssetsDefinition, dg.SourceAsset)):
+        if source_spec_of(value) is not None:
+            return "sources"
+        if isinstance(value, dg.AssetsDefinition) and spec_of(value) is not None:
+            is_model = any("model_source" in m for m in value.metadata_by_key.values())
+            return "assets" if is_model else "datasets"
+        return "assets"
+    if isinstance(value, dg.AssetSpec):
+        return "assets"
+    if isinstance(value, dg.SensorDefinition):
+        return "sensors"
+    if isinstance(value, dg.ScheduleDefinition):
+        return "schedules"
+    if isinstance(value, (dg.JobDefinition, UnresolvedAssetJobDefinition)):
+        return "jobs"
+    return None

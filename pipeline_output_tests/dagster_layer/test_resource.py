@@ -1,0 +1,179 @@
+"""`PipelineOutputResource`: a code location configured by a typed resource reads nothing from the
+environment and starts no embedded server; two locations with different control planes and
+catalogs run side by side in one process; a half-configured resource fails when the location
+loads, in one line."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from pipeline_output import (
+    PipelineOutputResource,
+    build_definitions,
+    dataset,
+)
+from pipeline_output.dagster_layer.process_runtime import reset_runtime
+from pipeline_output.errors import InvalidArgument
+from pipeline_output.infra.settings import to_sqlalchemy_url
+from pipeline_output.ledger import Ledger
+from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
+from pipeline_output_tests.dagster_runs import mat_meta, run_assets
+from pipeline_output_tests.oracle import assert_same_multiset
+
+ROWS = pl.DataFrame({"order_id": [1, 2, 3], "amount": [9.5, 20.0, 3.25]})
+
+
+@pytest.fixture
+def no_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """Every PIPELINE_OUTPUT_*/PYICEBERG_* variable unset, no pyiceberg config to find, and the
+    settings unreadable: a code path that still asks the environment fails the test."""
+    for var in list(os.environ):
+        if var.upper().startswith(("PYICEBERG_", "PIPELINE_OUTPUT_")):
+            monkeypatch.delenv(var)
+    home = tmp_path / "user-home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the environment's settings were read")
+
+    monkeypatch.setattr("pipeline_output.infra.settings.get_settings", refuse)
+    monkeypatch.setattr("pipeline_output.dagster_layer.process_runtime.get_settings", refuse)
+    reset_runtime()
+    yield work
+    reset_runtime()
+
+
+def _resource(url: str, warehouse: Path, *, namespace: str, **extra: Any) -> PipelineOutputResource:
+    return PipelineOutputResource(
+        pg_url=url,
+        catalog={
+            "type": "sql",
+            "uri": to_sqlalchemy_url(url, driver="psycopg"),
+            "warehouse": f"file://{warehouse}",
+        },
+        namespace=namespace,
+        **extra,
+    )
+
+
+def _read(url: str, warehouse: Path, identifier: str) -> pl.DataFrame:
+    catalog = FlatSqlCatalog(
+        "default", uri=to_sqlalchemy_url(url, driver="psycopg"), warehouse=f"file://{warehouse}"
+    )
+    try:
+        frame = pl.from_arrow(catalog.load_table(identifier).scan().to_arrow())
+    finally:
+        catalog.engine.dispose()
+    assert isinstance(frame, pl.DataFrame)
+    return frame
+
+
+@dataset(primary_key="order_id", mode="iceberg")
+def orders() -> pl.DataFrame:
+    """Orders."""
+    return ROWS
+
+
+def test_a_location_with_the_resource_materialises_with_no_variable_set(
+    no_environment: Path, pg_db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHOP_CONTROL_PLANE", pg_db_url)  # a dg.EnvVar, read when the run needs it
+    resource = PipelineOutputResource(
+        pg_url=dg.EnvVar("SHOP_CONTROL_PLANE"),
+        catalog={
+            "type": "sql",
+            "uri": to_sqlalchemy_url(pg_db_url, driver="psycopg"),
+            "warehouse": f"file://{tmp_path}/warehouse",
+        },
+        namespace="analytics",
+    )
+    defs = build_definitions(datasets=[orders], resource=resource)
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = run_assets(defs, instance, ["orders"])
+    assert result.success
+    meta = mat_meta(result, "orders")
+    assert meta["dagster/table_name"] == "default.analytics.orders"
+    assert_same_multiset(_read(pg_db_url, tmp_path / "warehouse", "analytics.orders"), ROWS)
+    deploy = Ledger(pg_db_url).deploy_log.last_deploy("orders", "iceberg", status="succeeded")
+    assert deploy is not None and deploy.run_id == result.run_id
+    assert not (no_environment / ".pipeline_output").exists(), "an embedded server was started"
+
+
+def test_two_code_locations_with_different_control_planes_and_catalogs_run_side_by_side(
+    no_environment: Path, pg_db_url: str, other_db_url: str, tmp_path: Path
+) -> None:
+    """The same namespace and dataset name in both: were the catalogs one, the tables would be."""
+
+    @dataset(name="orders", primary_key="order_id", mode="iceberg")
+    def eu_orders() -> pl.DataFrame:
+        return ROWS.head(2)
+
+    @dataset(name="orders", primary_key="order_id", mode="dual")
+    def us_orders() -> pl.DataFrame:
+        return ROWS.tail(1)
+
+    eu = build_definitions(
+        datasets=[eu_orders], resource=_resource(pg_db_url, tmp_path / "eu", namespace="shop")
+    )
+    us = build_definitions(
+        datasets=[us_orders],
+        resource=_resource(other_db_url, tmp_path / "us", namespace="shop", default_mode="pg"),
+    )
+    with dg.DagsterInstance.ephemeral() as instance:
+        assert run_assets(eu, instance, ["orders"]).success
+        us_run = run_assets(us, instance, ["orders"])
+        assert us_run.success
+        assert run_assets(eu, instance, ["orders"]).success  # the first location again
+
+    assert_same_multiset(_read(pg_db_url, tmp_path / "eu", "shop.orders"), ROWS.head(2))
+    assert_same_multiset(_read(other_db_url, tmp_path / "us", "shop.orders"), ROWS.tail(1))
+    assert mat_meta(us_run, "orders")["dagster/uri"].startswith(f"file://{tmp_path}/us/")
+    assert Ledger(pg_db_url).deploy_log.last_deploy("orders", "pg") is None
+    for arm in ("pg", "iceberg"):  # the second location's ledger holds both of its arms
+        deploy = Ledger(other_db_url).deploy_log.last_deploy("orders", arm, status="succeeded")
+        assert deploy is not None and deploy.run_id == us_run.run_id
+    eu_deploys = Ledger(pg_db_url).deploy_log.deploys("orders")  # the rerun was a no-op
+    assert [d.arm for d in eu_deploys] == ["iceberg"] and eu_deploys[0].run_id != us_run.run_id
+
+
+def test_a_half_configured_resource_fails_when_the_location_loads(no_environment: Path) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        build_definitions(
+            datasets=[orders], resource=PipelineOutputResource(pg_url="postgresql://db/x")
+        )
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "pg_url is set but catalog is not" in message
+
+
+def test_an_unknown_default_mode_fails_when_the_location_loads(no_environment: Path) -> None:
+    with pytest.raises(InvalidArgument, match="default_mode 'both'"):
+        build_definitions(datasets=[orders], resource=PipelineOutputResource(default_mode="both"))
+
+
+def test_without_pg_url_the_resource_overrides_the_environments_namespace(
+    runtime_env: Any, tmp_path: Path
+) -> None:
+    """The zero-config resource: the environment's settings, `namespace` winning over
+    PIPELINE_OUTPUT_NAMESPACE (what a Component's `namespace:` does)."""
+    os.environ["PIPELINE_OUTPUT_NAMESPACE"] = "from_env"
+    try:
+        defs = build_definitions(
+            datasets=[orders], resource=PipelineOutputResource(namespace="from_attr")
+        )
+        with dg.DagsterInstance.ephemeral() as instance:
+            result = run_assets(defs, instance, ["orders"])
+    finally:
+        del os.environ["PIPELINE_OUTPUT_NAMESPACE"]
+    assert mat_meta(result, "orders")["dagster/table_name"] == "default.from_attr.orders"
