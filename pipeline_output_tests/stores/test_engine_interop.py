@@ -4,7 +4,9 @@ The tables are built once for the module (each write through `IcebergStore`, the
 kept by the independent polars oracle): copy-on-write and merge-on-read upserts spread over
 several files, a sync deleting absent keys (delete files replaced by their union), a windowed
 replace, a partitioned table whose partition spec then evolves, a table whose schema evolves (a
-column added, one widened), and a merge-on-read table after compaction and snapshot expiry.
+column added, one widened), a merge-on-read table after compaction and snapshot expiry, and a
+table partitioned by day written a Dagster partition at a time (a day replaced: its files dropped
+whole; a day synced: delete files).
 
 Readers, each independent of this project's read path:
 
@@ -26,7 +28,7 @@ import dataclasses
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,8 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from pipeline_output import DatasetSpec, Delta, IcebergStore, Window
+from pipeline_output import DatasetSpec, Delta, IcebergStore, Window, WriteResult
+from pipeline_output.contract.slices import PartitionSlice, TimeRange
 from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
@@ -78,6 +81,17 @@ class Tables:
         else:
             self.built[name].expected = expected
             self.built[name].spec = spec
+
+    def write_day(self, spec: DatasetSpec, data: pl.DataFrame, day: date) -> WriteResult:
+        """Write Dagster's daily partition `day`: the oracle's day becomes exactly `data`."""
+        start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+        part = PartitionSlice(day.isoformat(), (TimeRange("day", start, start + timedelta(1)),))
+        built = self.built[spec.name]
+        result = self.store.write(spec, data, partition=part)
+        kept = built.expected.filter(pl.col("day") != day)
+        built.expected = pl.concat([kept, data.select(kept.columns).cast(kept.schema)])
+        built.spec = spec
+        return result
 
     def files(self, spec: DatasetSpec, parts: int, per: int = 30) -> None:
         """`parts` appends of `per` rows: that many data files."""
@@ -137,6 +151,19 @@ def _build(t: Tables) -> None:
         qty=pl.Series([2**40, None, 7], dtype=pl.Int64), note=pl.lit("n")
     )
     t.write(evolved, wide)
+
+    # Dagster partitions on a table partitioned by day: one day replaced (its files dropped whole),
+    # another synced (merge-on-read: a delete file); ids 1..240 in 2 files, ~4 rows a day each
+    sliced = _keyed("sliced", "merge-on-read", "replace", partition_by=("day",))
+    t.files(sliced, 2, per=120)
+    replaced = t.write_day(sliced, customers([2, 30, 58, 86], version=5), date(2024, 1, 3))
+    summary = t.store.load(sliced).current_snapshot().summary  # type: ignore[union-attr]
+    assert (summary["deleted-data-files"], summary["added-data-files"]) == ("2", "1")
+    assert replaced.rows_deleted == 9 and replaced.files_merged_on_read == 0
+    synced = dataclasses.replace(sliced, strategy="sync")
+    day5 = pl.concat([customers([4, 32, 256], version=6), customers([60])])  # 88, 116.. go
+    res = t.write_day(synced, day5, date(2024, 1, 5))
+    assert res.files_merged_on_read == 1 and res.rows_deleted == 6 and res.rows_updated == 2
 
     # merge-on-read, then compacted and expired
     kept = _keyed("maintained", "merge-on-read")
@@ -220,7 +247,7 @@ def _readers() -> dict[str, Reader]:
 
 
 READERS = ("duckdb", "iceberg-rust", "polars", "pyiceberg")
-TABLES = ("cow", "mor", "windowed", "parted", "evolved", "maintained")
+TABLES = ("cow", "mor", "windowed", "parted", "evolved", "maintained", "sliced")
 
 
 @pytest.fixture(scope="module")
@@ -264,7 +291,7 @@ def _entries(table: Any, content: int) -> list[dict[str, Any]]:
 
 def test_delete_file_entries_name_the_one_data_file_they_apply_to(tables):
     seen = 0
-    for name in ("mor", "windowed", "parted", "evolved"):
+    for name in ("mor", "windowed", "parted", "evolved", "sliced"):
         table = tables.store.load(name)
         data = {e["data_file"]["file_path"] for e in _entries(table, 0)}
         for entry in _entries(table, 1):
