@@ -363,8 +363,8 @@ class Publisher:
         """A lazy read of the authoritative arm (the arm `read` uses), see `lazy_reads`.
 
         Only the columns the query selects are read, and its filters (`window` among them:
-        `low < watermark <= high`, `watermark` defaulting to the spec's own) are pushed down: as a
-        pyiceberg row filter on a scan pinned to the table's current snapshot, or as SQL
+        `low < watermark <= high`, `watermark` defaulting to the spec's own) are pushed down: into
+        polars' native Iceberg scan pinned to the table's current snapshot, or as SQL
         parameters of the legacy arm's SELECT. `as_of` (a snapshot id or an aware time) reads a
         past version of the Iceberg table — in any mode that writes it (the legacy arm keeps no
         history: refused in `pg`).
