@@ -194,22 +194,9 @@ class Store(Protocol):
 
     def target_state(self, spec: DatasetSpec | str) -> TargetState: ...
 
-    def plan(
-        self,
-        spec: DatasetSpec,
-        *,
-        window: Window | None = None,
-        partition: PartitionSlice | None = None,
-    ) -> WritePlan: ...
+    def plan(self, spec: DatasetSpec, **scope: Unpack[WriteScope]) -> WritePlan: ...
 
-    def prepare(
-        self,
-        spec: DatasetSpec,
-        data: Any,
-        *,
-        window: Window | None = None,
-        partition: PartitionSlice | None = None,
-    ) -> Any: ...
+    def prepare(self, spec: DatasetSpec, data: Any, **scope: Unpack[WriteScope]) -> Any: ...
 
     def write(
         self, spec: DatasetSpec, data: Any, *, prepared: Any = None, **options: Unpack[WriteOptions]
