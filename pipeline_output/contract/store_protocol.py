@@ -178,12 +178,17 @@ def options_of(options: WriteOptions) -> tuple[Window | None, str | None, dict[s
     return options.get("window"), options.get("run_id"), options.get("summary")
 
 
-class ReadOptions(TypedDict, total=False):
-    """The options every arm's `read` takes."""
+class WindowRead(TypedDict, total=False):
+    """Which rows a read is about: those inside `window` (neither given: every row)."""
 
     window: Window | None  # only the rows inside this window (of `watermark`)
-    columns: Sequence[str] | None  # only these columns
     watermark: str | None  # the window's column (default: the spec's own watermark)
+
+
+class ReadOptions(WindowRead, total=False):
+    """The options every arm's `read` takes."""
+
+    columns: Sequence[str] | None  # only these columns
 
 
 class Store(Protocol):

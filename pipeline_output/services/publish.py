@@ -20,7 +20,13 @@ from pipeline_output.contract.plan import WritePlan
 from pipeline_output.contract.result import WriteResult
 from pipeline_output.contract.slices import PartitionSlice, check_in_partition
 from pipeline_output.contract.spec import MODES, Arm, DatasetSpec, Mode
-from pipeline_output.contract.store_protocol import ReadOptions, Store, WriteOptions, WriteScope
+from pipeline_output.contract.store_protocol import (
+    ReadOptions,
+    Store,
+    WindowRead,
+    WriteOptions,
+    WriteScope,
+)
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import (
     InvalidArgument,
@@ -352,9 +358,8 @@ class Publisher:
         spec: DatasetSpec,
         *,
         mode: ResolvedMode,
-        window: Window | None = None,
-        watermark: str | None = None,
         as_of: int | datetime | None = None,
+        **rows: Unpack[WindowRead],
     ) -> pl.LazyFrame:
         """A lazy read of the authoritative arm (the arm `read` uses), see `lazy_reads`.
 
@@ -372,17 +377,11 @@ class Publisher:
                     f"but the dataset's mode is 'pg' (from {mode.source}) and the legacy arm "
                     "keeps no history"
                 )
-            return lazy_reads.scan_iceberg_dataset(
-                self.iceberg, spec, window=window, watermark=watermark, as_of=as_of
-            )
+            return lazy_reads.scan_iceberg_dataset(self.iceberg, spec, as_of=as_of, **rows)
         if self._reads_legacy(spec, mode):
             assert self.postgres is not None
-            return lazy_reads.scan_postgres_dataset(
-                self.postgres, spec, window=window, watermark=watermark
-            )
-        return lazy_reads.scan_iceberg_dataset(
-            self.iceberg, spec, window=window, watermark=watermark
-        )
+            return lazy_reads.scan_postgres_dataset(self.postgres, spec, **rows)
+        return lazy_reads.scan_iceberg_dataset(self.iceberg, spec, **rows)
 
     def _reads_legacy(self, spec: DatasetSpec, mode: ResolvedMode) -> bool:
         """Whether reads of `spec` come from the legacy arm (`pg`, or `dual` reading from `pg`);
