@@ -164,13 +164,8 @@ class DeployLog(RecordLog):
         self, dataset: str, arm: str, marker: str, *, conn: psycopg.Connection[Any] | None = None
     ) -> DeployRecord | None:
         """The succeeded deploy of `dataset` to `arm` that carries the attempt `marker`, if any."""
-        query = sql.SQL(
-            "SELECT {} FROM {} WHERE dataset = %s AND arm = %s AND attempt_marker = %s "
-            "AND status = 'succeeded' ORDER BY id DESC LIMIT 1"
-        ).format(column_list(DEPLOY_COLUMNS), ledger_table("deploys"))
-        with self.tx(conn) as c:
-            row = c.execute(query, (dataset, arm, marker)).fetchone()
-        return DeployRecord(*row) if row is not None else None
+        where = {"dataset": dataset, "arm": arm, "attempt_marker": marker, "status": "succeeded"}
+        return self._newest(where, conn=conn)
 
     def last_deploy(
         self,
@@ -181,17 +176,10 @@ class DeployLog(RecordLog):
         conn: psycopg.Connection[Any] | None = None,
     ) -> DeployRecord | None:
         """The most recent deploy of `dataset` to `arm` (optionally only with `status`)."""
-        where: sql.Composable = sql.SQL("dataset = %s AND arm = %s")
-        params: list[Any] = [dataset, arm]
+        where = {"dataset": dataset, "arm": arm}
         if status is not None:
-            where = sql.SQL("{} AND status = %s").format(where)
-            params.append(status)
-        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT 1").format(
-            column_list(DEPLOY_COLUMNS), ledger_table("deploys"), where
-        )
-        with self.tx(conn) as c:
-            row = c.execute(query, params).fetchone()
-        return DeployRecord(*row) if row is not None else None
+            where["status"] = status
+        return self._newest(where, conn=conn)
 
     def has_succeeded_deploy(
         self, dataset: str, arm: str, *, conn: psycopg.Connection[Any] | None = None
@@ -203,14 +191,15 @@ class DeployLog(RecordLog):
         self, dataset: str, *, arm: str | None = None, limit: int = 100
     ) -> list[DeployRecord]:
         """Recent deploys of `dataset` (newest first)."""
-        where: sql.Composable = sql.SQL("dataset = %s")
-        params: list[Any] = [dataset]
-        if arm is not None:
-            where = sql.SQL("{} AND arm = %s").format(where)
-            params.append(arm)
-        params.append(limit)
-        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT %s").format(
-            column_list(DEPLOY_COLUMNS), ledger_table("deploys"), where
+        where = {"dataset": dataset} if arm is None else {"dataset": dataset, "arm": arm}
+        rows = self.select("deploys", DEPLOY_COLUMNS, where=where, newest_first=True, limit=limit)
+        return [DeployRecord(*r) for r in rows]
+
+    def _newest(
+        self, where: dict[str, Any], *, conn: psycopg.Connection[Any] | None
+    ) -> DeployRecord | None:
+        """The newest deploy whose columns equal `where`'s values, if any."""
+        rows = self.select(
+            "deploys", DEPLOY_COLUMNS, where=where, newest_first=True, limit=1, conn=conn
         )
-        with self.tx(None) as c:
-            return [DeployRecord(*r) for r in c.execute(query, params).fetchall()]
+        return DeployRecord(*rows[0]) if rows else None
