@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Unpack, get_args
+from typing import Any, Literal, TypedDict, Unpack, get_args
 
 import psycopg
 from psycopg import sql
@@ -56,6 +56,23 @@ class DeployRecord:
 
 DEPLOY_COLUMNS = columns_of(DeployRecord)
 
+
+class DeployFields(TypedDict, total=False):
+    """The columns of a deploy record a caller gives as they are (None where absent)."""
+
+    run_id: str | None
+    strategy: str | None
+    write_mode: str | None  # default: the result's
+    first_deploy: bool | None  # default: the result's
+    window: Window | str | None  # recorded as text, and as its key when a `Window`
+    snapshot_id: int | None
+    started_at: datetime | None
+    error: str | None
+    attempt_marker: str | None  # the window attempt this write belongs to
+
+
+DEPLOY_FIELDS: tuple[str, ...] = tuple(DeployFields.__annotations__)
+
 DEPLOY_COUNTERS = [c for c in DEPLOY_COLUMNS if c.startswith("rows_")]
 
 
@@ -68,20 +85,13 @@ class DeployLog(RecordLog):
         arm: str,
         *,
         status: str,
-        run_id: str | None = None,
-        strategy: str | None = None,
-        write_mode: str | None = None,
-        first_deploy: bool | None = None,
-        window: Window | str | None = None,
         result: WriteResult | None = None,
         counters: Mapping[str, int] | None = None,
-        snapshot_id: int | None = None,
-        started_at: datetime | None = None,
-        error: str | None = None,
-        attempt_marker: str | None = None,
         conn: psycopg.Connection[Any] | None = None,
+        **fields: Unpack[DeployFields],
     ) -> DeployRecord:
-        """Record one write to one arm. Counters come from `result` (or `counters`)."""
+        """Record one write to one arm. Counters come from `result` (or `counters`); `fields` are
+        the record's other columns (`DeployFields`; the window as text and as its key)."""
         if arm not in ARMS:
             raise InvalidArgument(f"unknown arm {arm!r}; valid arms: {', '.join(ARMS)}")
         if status not in DEPLOY_STATUSES:
@@ -89,28 +99,21 @@ class DeployLog(RecordLog):
                 f"unknown deploy status {status!r}; valid: {', '.join(DEPLOY_STATUSES)}"
             )
         values: dict[str, Any] = {c: None for c in DEPLOY_COUNTERS}
+        values.update({name: fields.get(name) for name in DEPLOY_FIELDS})
         if result is not None:
             values.update({c: getattr(result, c) for c in DEPLOY_COUNTERS})
-            write_mode = write_mode or result.write_mode
-            first_deploy = result.first_deploy if first_deploy is None else first_deploy
+            values["write_mode"] = values["write_mode"] or result.write_mode
+            if values["first_deploy"] is None:
+                values["first_deploy"] = result.first_deploy
         if counters:
             values.update({c: counters[c] for c in DEPLOY_COUNTERS if c in counters})
-        window_text = str(window) if window is not None else None
-        window_key = window.to_key() if isinstance(window, Window) else None
+        window = fields.get("window")
         values.update(
             dataset=dataset,
             arm=arm,
-            run_id=run_id,
-            strategy=strategy,
-            write_mode=write_mode,
-            first_deploy=first_deploy,
-            window=window_text,
-            window_key=window_key,
             status=status,
-            snapshot_id=snapshot_id,
-            started_at=started_at,
-            error=error,
-            attempt_marker=attempt_marker,
+            window=str(window) if window is not None else None,
+            window_key=window.to_key() if isinstance(window, Window) else None,
         )
         names = list(values)
         query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) RETURNING {}").format(
