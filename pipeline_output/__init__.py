@@ -127,7 +127,7 @@ __all__ = [
 def __dir__() -> list[str]:
     """Every public name, loaded or not: `dir()`, IDEs and `help()` see the API though its names
     load on first use (and `dg` finds the Component by listing the package)."""
-    return sorted({*globals(), *__all__})
+    return sorted(set(__all__) | {n for n in globals() if n.startswith("__")})
 
 
 def __getattr__(name: str) -> Any:

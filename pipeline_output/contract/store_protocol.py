@@ -178,12 +178,17 @@ def options_of(options: WriteOptions) -> tuple[Window | None, str | None, dict[s
     return options.get("window"), options.get("run_id"), options.get("summary")
 
 
-class ReadOptions(TypedDict, total=False):
-    """The options every arm's `read` takes."""
+class WindowRead(TypedDict, total=False):
+    """Which rows a read is about: those inside `window` (neither given: every row)."""
 
     window: Window | None  # only the rows inside this window (of `watermark`)
-    columns: Sequence[str] | None  # only these columns
     watermark: str | None  # the window's column (default: the spec's own watermark)
+
+
+class ReadOptions(WindowRead, total=False):
+    """The options every arm's `read` takes."""
+
+    columns: Sequence[str] | None  # only these columns
 
 
 class Store(Protocol):
@@ -194,22 +199,9 @@ class Store(Protocol):
 
     def target_state(self, spec: DatasetSpec | str) -> TargetState: ...
 
-    def plan(
-        self,
-        spec: DatasetSpec,
-        *,
-        window: Window | None = None,
-        partition: PartitionSlice | None = None,
-    ) -> WritePlan: ...
+    def plan(self, spec: DatasetSpec, **scope: Unpack[WriteScope]) -> WritePlan: ...
 
-    def prepare(
-        self,
-        spec: DatasetSpec,
-        data: Any,
-        *,
-        window: Window | None = None,
-        partition: PartitionSlice | None = None,
-    ) -> Any: ...
+    def prepare(self, spec: DatasetSpec, data: Any, **scope: Unpack[WriteScope]) -> Any: ...
 
     def write(
         self, spec: DatasetSpec, data: Any, *, prepared: Any = None, **options: Unpack[WriteOptions]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import dagster as dg
 import polars as pl
@@ -25,7 +25,12 @@ from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
 from pipeline_output.errors import BadInput, InvalidSpec
 from pipeline_output.services.reads import scan_table, within
 from pipeline_output.services.runtime import Runtime
-from pipeline_output.services.sources import SourceSpec, postgres_stats, scan_postgres
+from pipeline_output.services.sources import (
+    SourceOptions,
+    SourceSpec,
+    postgres_stats,
+    scan_postgres,
+)
 
 DATA_VERSION_TAG = "dagster/data_version"  # dagster's own tag names (data_version.py)
 DATA_VERSION_USER_TAG = "dagster/data_version_is_user_provided"
@@ -86,13 +91,20 @@ def source_observation(
     """What one look at a source found (the window sensor records one every tick): its row
     count and the high-water mark of `watermark`; `versioned`: the observation sets the source's
     data version (`rows:hwm`, as its observe function does)."""
+    tags = {DATA_VERSION_TAG: f"{rows}:{hwm}", DATA_VERSION_USER_TAG: "true"} if versioned else None
+    metadata = _observed(rows, hwm, watermark=watermark)
+    return dg.AssetObservation(asset_key=key, metadata=metadata, tags=tags)
+
+
+def _observed(rows: int, hwm: Any, *, watermark: str | None) -> dict[str, Any]:
+    """The metadata of one look at a source (the sensor's observation and the observe function's
+    result alike): row count, watermark column, high-water mark."""
     metadata: dict[str, Any] = {"dagster/row_count": rows}
     if watermark:
         metadata["watermark"] = watermark
     if hwm is not None:
         metadata["high_water_mark"] = str(hwm)
-    tags = {DATA_VERSION_TAG: f"{rows}:{hwm}", DATA_VERSION_USER_TAG: "true"} if versioned else None
-    return dg.AssetObservation(asset_key=key, metadata=metadata, tags=tags)
+    return metadata
 
 
 def _source_asset(source: SourceSpec, *, group: str | None) -> dg.SourceAsset:
@@ -114,13 +126,8 @@ def _source_asset(source: SourceSpec, *, group: str | None) -> dg.SourceAsset:
     )
     def _observe(context: dg.AssetExecutionContext) -> dg.ObserveResult:
         rows, hwm = source_stats(source, runtime=runtime_of(context))
-        metadata: dict[str, Any] = {"dagster/row_count": rows}
-        if source.watermark:
-            metadata["watermark"] = source.watermark
-        if hwm is not None:
-            metadata["high_water_mark"] = str(hwm)
         return dg.ObserveResult(
-            metadata=metadata,
+            metadata=_observed(rows, hwm, watermark=source.watermark),
             data_version=dg.DataVersion(f"{rows}:{hwm}"),
         )
 
@@ -133,39 +140,21 @@ def postgres_source(
     table: str,
     schema: str = "public",
     url: str | None = None,
-    watermark: str | None = None,
-    description: str | None = None,
     group: str | None = None,
+    **options: Unpack[SourceOptions],
 ) -> dg.SourceAsset:
-    """A Postgres table as an observable source asset (the control-plane database by default)."""
-    spec = SourceSpec(
-        name=name,
-        kind="postgres",
-        table=table,
-        schema=schema,
-        url=url,
-        watermark=watermark,
-        description=description,
-    )
+    """A Postgres table as an observable source asset (the control-plane database by default);
+    `options`: `watermark`, `description` (`SourceOptions`)."""
+    spec = SourceSpec(name=name, kind="postgres", table=table, schema=schema, url=url, **options)
     return _source_asset(spec, group=group)
 
 
 def iceberg_source(
-    name: str,
-    *,
-    identifier: str,
-    watermark: str | None = None,
-    description: str | None = None,
-    group: str | None = None,
+    name: str, *, identifier: str, group: str | None = None, **options: Unpack[SourceOptions]
 ) -> dg.SourceAsset:
-    """An existing Iceberg table (in the configured catalog) as an observable source asset."""
-    spec = SourceSpec(
-        name=name,
-        kind="iceberg",
-        identifier=identifier,
-        watermark=watermark,
-        description=description,
-    )
+    """An existing Iceberg table (in the configured catalog) as an observable source asset;
+    `options`: `watermark`, `description` (`SourceOptions`)."""
+    spec = SourceSpec(name=name, kind="iceberg", identifier=identifier, **options)
     return _source_asset(spec, group=group)
 
 

@@ -64,6 +64,12 @@ def _utc(frame: pl.LazyFrame, name: str) -> pl.Expr:
     return expr.cast(TIMESTAMP)
 
 
+def _stamped(frame: pl.LazyFrame, name: str, *, day: str) -> tuple[pl.Expr, pl.Expr]:
+    """Column `name` as a UTC timestamp (`_utc`), and its UTC date as column `day`."""
+    at = _utc(frame, name)
+    return at.alias(name), at.dt.date().alias(day)
+
+
 def _text(name: str) -> pl.Expr:
     """Trimmed text with runs of whitespace collapsed to one space."""
     return pl.col(name).str.strip_chars().str.replace_all(r"\s+", " ")
@@ -87,7 +93,6 @@ def customers(raw_customers: pl.LazyFrame) -> pl.LazyFrame:
 
 def orders(raw_orders: pl.LazyFrame) -> pl.LazyFrame:
     """Order facts: quantity, exact amount, status and the order's UTC date, keyed by order_id."""
-    ordered_at = _utc(raw_orders, "ordered_at")
     return raw_orders.select(
         pl.col("order_id").cast(pl.Int64),
         pl.col("customer_id").cast(pl.Int64),
@@ -95,21 +100,18 @@ def orders(raw_orders: pl.LazyFrame) -> pl.LazyFrame:
         pl.col("quantity").cast(pl.Int32),
         _decimal(raw_orders, "amount", MONEY).alias("amount"),
         _text("status").str.to_lowercase().alias("status"),
-        ordered_at.alias("ordered_at"),
-        ordered_at.dt.date().alias("order_date"),
+        *_stamped(raw_orders, "ordered_at", day="order_date"),
         pl.col("seq").cast(pl.Int64),
     )
 
 
 def order_events(raw_order_events: pl.LazyFrame) -> pl.LazyFrame:
     """The order lifecycle log (created, paid, shipped, delivered, cancelled, returned); no key."""
-    at = _utc(raw_order_events, "at")
     return raw_order_events.select(
         pl.col("event_id").cast(pl.Int64),
         pl.col("order_id").cast(pl.Int64),
         _text("event_type").str.to_lowercase().alias("event_type"),
-        at.alias("at"),
-        at.dt.date().alias("event_date"),
+        *_stamped(raw_order_events, "at", day="event_date"),
         pl.col("seq").cast(pl.Int64),
     )
 

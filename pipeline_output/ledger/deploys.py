@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Unpack, get_args
+from typing import Any, Literal, TypedDict, Unpack, get_args
 
 import psycopg
 from psycopg import sql
@@ -56,6 +56,23 @@ class DeployRecord:
 
 DEPLOY_COLUMNS = columns_of(DeployRecord)
 
+
+class DeployFields(TypedDict, total=False):
+    """The columns of a deploy record a caller gives as they are (None where absent)."""
+
+    run_id: str | None
+    strategy: str | None
+    write_mode: str | None  # default: the result's
+    first_deploy: bool | None  # default: the result's
+    window: Window | str | None  # recorded as text, and as its key when a `Window`
+    snapshot_id: int | None
+    started_at: datetime | None
+    error: str | None
+    attempt_marker: str | None  # the window attempt this write belongs to
+
+
+DEPLOY_FIELDS: tuple[str, ...] = tuple(DeployFields.__annotations__)
+
 DEPLOY_COUNTERS = [c for c in DEPLOY_COLUMNS if c.startswith("rows_")]
 
 
@@ -68,20 +85,13 @@ class DeployLog(RecordLog):
         arm: str,
         *,
         status: str,
-        run_id: str | None = None,
-        strategy: str | None = None,
-        write_mode: str | None = None,
-        first_deploy: bool | None = None,
-        window: Window | str | None = None,
         result: WriteResult | None = None,
         counters: Mapping[str, int] | None = None,
-        snapshot_id: int | None = None,
-        started_at: datetime | None = None,
-        error: str | None = None,
-        attempt_marker: str | None = None,
         conn: psycopg.Connection[Any] | None = None,
+        **fields: Unpack[DeployFields],
     ) -> DeployRecord:
-        """Record one write to one arm. Counters come from `result` (or `counters`)."""
+        """Record one write to one arm. Counters come from `result` (or `counters`); `fields` are
+        the record's other columns (`DeployFields`; the window as text and as its key)."""
         if arm not in ARMS:
             raise InvalidArgument(f"unknown arm {arm!r}; valid arms: {', '.join(ARMS)}")
         if status not in DEPLOY_STATUSES:
@@ -89,28 +99,21 @@ class DeployLog(RecordLog):
                 f"unknown deploy status {status!r}; valid: {', '.join(DEPLOY_STATUSES)}"
             )
         values: dict[str, Any] = {c: None for c in DEPLOY_COUNTERS}
+        values.update({name: fields.get(name) for name in DEPLOY_FIELDS})
         if result is not None:
             values.update({c: getattr(result, c) for c in DEPLOY_COUNTERS})
-            write_mode = write_mode or result.write_mode
-            first_deploy = result.first_deploy if first_deploy is None else first_deploy
+            values["write_mode"] = values["write_mode"] or result.write_mode
+            if values["first_deploy"] is None:
+                values["first_deploy"] = result.first_deploy
         if counters:
             values.update({c: counters[c] for c in DEPLOY_COUNTERS if c in counters})
-        window_text = str(window) if window is not None else None
-        window_key = window.to_key() if isinstance(window, Window) else None
+        window = fields.get("window")
         values.update(
             dataset=dataset,
             arm=arm,
-            run_id=run_id,
-            strategy=strategy,
-            write_mode=write_mode,
-            first_deploy=first_deploy,
-            window=window_text,
-            window_key=window_key,
             status=status,
-            snapshot_id=snapshot_id,
-            started_at=started_at,
-            error=error,
-            attempt_marker=attempt_marker,
+            window=str(window) if window is not None else None,
+            window_key=window.to_key() if isinstance(window, Window) else None,
         )
         names = list(values)
         query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) RETURNING {}").format(
@@ -164,13 +167,8 @@ class DeployLog(RecordLog):
         self, dataset: str, arm: str, marker: str, *, conn: psycopg.Connection[Any] | None = None
     ) -> DeployRecord | None:
         """The succeeded deploy of `dataset` to `arm` that carries the attempt `marker`, if any."""
-        query = sql.SQL(
-            "SELECT {} FROM {} WHERE dataset = %s AND arm = %s AND attempt_marker = %s "
-            "AND status = 'succeeded' ORDER BY id DESC LIMIT 1"
-        ).format(column_list(DEPLOY_COLUMNS), ledger_table("deploys"))
-        with self.tx(conn) as c:
-            row = c.execute(query, (dataset, arm, marker)).fetchone()
-        return DeployRecord(*row) if row is not None else None
+        where = {"dataset": dataset, "arm": arm, "attempt_marker": marker, "status": "succeeded"}
+        return self._newest(where, conn=conn)
 
     def last_deploy(
         self,
@@ -181,17 +179,10 @@ class DeployLog(RecordLog):
         conn: psycopg.Connection[Any] | None = None,
     ) -> DeployRecord | None:
         """The most recent deploy of `dataset` to `arm` (optionally only with `status`)."""
-        where: sql.Composable = sql.SQL("dataset = %s AND arm = %s")
-        params: list[Any] = [dataset, arm]
+        where = {"dataset": dataset, "arm": arm}
         if status is not None:
-            where = sql.SQL("{} AND status = %s").format(where)
-            params.append(status)
-        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT 1").format(
-            column_list(DEPLOY_COLUMNS), ledger_table("deploys"), where
-        )
-        with self.tx(conn) as c:
-            row = c.execute(query, params).fetchone()
-        return DeployRecord(*row) if row is not None else None
+            where["status"] = status
+        return self._newest(where, conn=conn)
 
     def has_succeeded_deploy(
         self, dataset: str, arm: str, *, conn: psycopg.Connection[Any] | None = None
@@ -203,14 +194,15 @@ class DeployLog(RecordLog):
         self, dataset: str, *, arm: str | None = None, limit: int = 100
     ) -> list[DeployRecord]:
         """Recent deploys of `dataset` (newest first)."""
-        where: sql.Composable = sql.SQL("dataset = %s")
-        params: list[Any] = [dataset]
-        if arm is not None:
-            where = sql.SQL("{} AND arm = %s").format(where)
-            params.append(arm)
-        params.append(limit)
-        query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY id DESC LIMIT %s").format(
-            column_list(DEPLOY_COLUMNS), ledger_table("deploys"), where
+        where = {"dataset": dataset} if arm is None else {"dataset": dataset, "arm": arm}
+        rows = self.select("deploys", DEPLOY_COLUMNS, where=where, newest_first=True, limit=limit)
+        return [DeployRecord(*r) for r in rows]
+
+    def _newest(
+        self, where: dict[str, Any], *, conn: psycopg.Connection[Any] | None
+    ) -> DeployRecord | None:
+        """The newest deploy whose columns equal `where`'s values, if any."""
+        rows = self.select(
+            "deploys", DEPLOY_COLUMNS, where=where, newest_first=True, limit=1, conn=conn
         )
-        with self.tx(None) as c:
-            return [DeployRecord(*r) for r in c.execute(query, params).fetchall()]
+        return DeployRecord(*rows[0]) if rows else None

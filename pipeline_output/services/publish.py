@@ -20,7 +20,13 @@ from pipeline_output.contract.plan import WritePlan
 from pipeline_output.contract.result import WriteResult
 from pipeline_output.contract.slices import PartitionSlice, check_in_partition
 from pipeline_output.contract.spec import MODES, Arm, DatasetSpec, Mode
-from pipeline_output.contract.store_protocol import Store, WriteOptions, WriteScope
+from pipeline_output.contract.store_protocol import (
+    ReadOptions,
+    Store,
+    WindowRead,
+    WriteOptions,
+    WriteScope,
+)
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import (
     InvalidArgument,
@@ -34,7 +40,7 @@ from pipeline_output.stores.iceberg import IcebergStore, PreparedWrite
 from pipeline_output.stores.postgres import PostgresStore
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Iterable
 
 # "declared": `mode=` on `@dataset` / `model_node` / `DatasetSpec`; "project default":
 # PIPELINE_OUTPUT_DEFAULT_MODE (default `pg`)
@@ -338,27 +344,22 @@ class Publisher:
         return result
 
     def read(
-        self,
-        spec: DatasetSpec,
-        *,
-        mode: ResolvedMode,
-        window: Window | None = None,
-        columns: Sequence[str] | None = None,
+        self, spec: DatasetSpec, *, mode: ResolvedMode, **options: Unpack[ReadOptions]
     ) -> pl.DataFrame:
-        """Read from the authoritative arm: Iceberg once flipped; in dual the configured arm."""
+        """Read from the authoritative arm: Iceberg once flipped; in dual the configured arm
+        (`options` as the arms' own `read`: `window`, `columns`, `watermark`)."""
         if self._reads_legacy(spec, mode):
             assert self.postgres is not None
-            return self.postgres.read(spec, window=window, columns=columns)
-        return self.iceberg.read(spec, window=window, columns=columns)
+            return self.postgres.read(spec, **options)
+        return self.iceberg.read(spec, **options)
 
     def scan(
         self,
         spec: DatasetSpec,
         *,
         mode: ResolvedMode,
-        window: Window | None = None,
-        watermark: str | None = None,
         as_of: int | datetime | None = None,
+        **rows: Unpack[WindowRead],
     ) -> pl.LazyFrame:
         """A lazy read of the authoritative arm (the arm `read` uses), see `lazy_reads`.
 
@@ -376,17 +377,11 @@ class Publisher:
                     f"but the dataset's mode is 'pg' (from {mode.source}) and the legacy arm "
                     "keeps no history"
                 )
-            return lazy_reads.scan_iceberg_dataset(
-                self.iceberg, spec, window=window, watermark=watermark, as_of=as_of
-            )
+            return lazy_reads.scan_iceberg_dataset(self.iceberg, spec, as_of=as_of, **rows)
         if self._reads_legacy(spec, mode):
             assert self.postgres is not None
-            return lazy_reads.scan_postgres_dataset(
-                self.postgres, spec, window=window, watermark=watermark
-            )
-        return lazy_reads.scan_iceberg_dataset(
-            self.iceberg, spec, window=window, watermark=watermark
-        )
+            return lazy_reads.scan_postgres_dataset(self.postgres, spec, **rows)
+        return lazy_reads.scan_iceberg_dataset(self.iceberg, spec, **rows)
 
     def _reads_legacy(self, spec: DatasetSpec, mode: ResolvedMode) -> bool:
         """Whether reads of `spec` come from the legacy arm (`pg`, or `dual` reading from `pg`);

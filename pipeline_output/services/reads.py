@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import date, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import polars as pl
 import pyarrow as pa
@@ -46,6 +46,7 @@ from pipeline_output.contract.predicates import (
     pushable_terms,
 )
 from pipeline_output.contract.spec import DatasetSpec, window_column
+from pipeline_output.contract.store_protocol import WindowRead
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import DatasetNotWritten, InvalidArgument
 
@@ -164,9 +165,8 @@ def scan_iceberg_dataset(
     store: IcebergStore,
     spec: DatasetSpec | str,
     *,
-    window: Window | None = None,
-    watermark: str | None = None,
     as_of: int | datetime | None = None,
+    **rows: Unpack[WindowRead],
 ) -> pl.LazyFrame:
     """A dataset's Iceberg table as a LazyFrame pinned to its current snapshot, or to the one
     `as_of` names (a snapshot id, or the snapshot main pointed at at an aware time)."""
@@ -176,7 +176,7 @@ def scan_iceberg_dataset(
     snapshot_id = store.snapshot_as_of(spec, as_of, table=table) if as_of is not None else None
     name = spec if isinstance(spec, str) else spec.name
     frame = scan_table(table, name=store.table_name(spec), snapshot_id=snapshot_id, dataset=name)
-    return _in_window(frame, spec, window, watermark)
+    return _in_window(frame, spec, rows)
 
 
 # -- the legacy Postgres arm ----------------------------------------------------------------------
@@ -218,11 +218,7 @@ def postgres_where(
 
 
 def scan_postgres_dataset(
-    store: PostgresStore,
-    spec: DatasetSpec | str,
-    *,
-    window: Window | None = None,
-    watermark: str | None = None,
+    store: PostgresStore, spec: DatasetSpec | str, **rows: Unpack[WindowRead]
 ) -> pl.LazyFrame:
     """A dataset's legacy-arm rows as a LazyFrame: one SELECT of the projected columns, the
     translated predicate (the window included) as SQL parameters, in `row_index` order."""
@@ -267,7 +263,7 @@ def scan_postgres_dataset(
         return [frame.select([pl.col(c).cast(target[c]) for c in needed])]
 
     frame = io_source(read, target, explain=f"postgres:{name}")
-    return _in_window(frame, spec, window, watermark)
+    return _in_window(frame, spec, rows)
 
 
 def _fetch_postgres(url: str, query: sql.Composed, params: list[Any]) -> pa.Table:
@@ -302,12 +298,11 @@ def within(frame: pl.LazyFrame, window: Window, watermark: str) -> pl.LazyFrame:
     return frame.filter(window.aligned_to(dtype).contains(watermark, dtype))
 
 
-def _in_window(
-    frame: pl.LazyFrame, spec: DatasetSpec | str, window: Window | None, watermark: str | None
-) -> pl.LazyFrame:
+def _in_window(frame: pl.LazyFrame, spec: DatasetSpec | str, rows: WindowRead) -> pl.LazyFrame:
+    window = rows.get("window")
     if window is None:
         return frame
-    return within(frame, window, window_column(spec, watermark))
+    return within(frame, window, window_column(spec, rows.get("watermark")))
 
 
 def io_source(

@@ -144,7 +144,7 @@ def test_each_window_partition_records_its_own_figures(journey: Journey) -> None
                     meta["rows_in"],
                     meta["rows_inserted"],
                     meta["dagster/partition_row_count"],
-                    meta["snapshot_id"],
+                    meta["iceberg/snapshot_id"],
                 )
             )
     assert [f[:4] for f in figures] == [

@@ -32,15 +32,14 @@ from pyiceberg.table.refs import MAIN_BRANCH
 from pipeline_output.contract.checked_input import check_in_window
 from pipeline_output.contract.plan import TargetState, WritePlan, plan_write
 from pipeline_output.contract.result import WriteResult
-from pipeline_output.contract.slices import PartitionSlice
 from pipeline_output.contract.spec import Arm, DatasetSpec
 from pipeline_output.contract.store_protocol import (
     Capabilities,
     ReadOptions,
     WriteOptions,
+    WriteScope,
     options_of,
 )
-from pipeline_output.contract.windows import Window
 from pipeline_output.errors import InvalidArgument
 from pipeline_output.stores.iceberg.maintenance import TableMaintenance
 from pipeline_output.stores.iceberg.maintenance.compaction import CompactionResult
@@ -106,26 +105,13 @@ class IcebergStore:
         """The freshness oracle: does the table exist and has it a committed snapshot?"""
         return state_of(self.load(spec))
 
-    def plan(
-        self,
-        spec: DatasetSpec,
-        *,
-        window: Window | None = None,
-        partition: PartitionSlice | None = None,
-    ) -> WritePlan:
+    def plan(self, spec: DatasetSpec, **scope: Unpack[WriteScope]) -> WritePlan:
         """The write plan a write would follow now (dry run: reads table metadata only)."""
-        return plan_write(spec, self.target_state(spec), window, partition=partition)
+        return plan_write(spec, self.target_state(spec), **scope)
 
     # -- writing -----------------------------------------------------------------------------
 
-    def prepare(
-        self,
-        spec: DatasetSpec,
-        data: Any,
-        *,
-        window: Window | None = None,
-        partition: PartitionSlice | None = None,
-    ) -> PreparedWrite:
+    def prepare(self, spec: DatasetSpec, data: Any, **scope: Unpack[WriteScope]) -> PreparedWrite:
         """Check `data` and, where the strategy writes it as it is, write its data files now.
 
         Takes no writer lock (it only registers as a write in flight: the table's files lock,
@@ -135,7 +121,9 @@ class IcebergStore:
         `PreparedWrite.discard()` deletes files a write did not commit and ends the registration
         (`write` does both).
         """
-        return prepare_write(self, spec, data, window=window, partition=partition)
+        return prepare_write(
+            self, spec, data, window=scope.get("window"), partition=scope.get("partition")
+        )
 
     def write(
         self,

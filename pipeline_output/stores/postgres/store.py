@@ -43,15 +43,15 @@ from pipeline_output.contract.checked_input import (
 )
 from pipeline_output.contract.plan import TargetState, WritePlan, plan_write
 from pipeline_output.contract.result import WriteResult
-from pipeline_output.contract.slices import PartitionSlice, check_in_partition
+from pipeline_output.contract.slices import check_in_partition
 from pipeline_output.contract.spec import Arm, DatasetSpec, check_identifier, window_column
 from pipeline_output.contract.store_protocol import (
     Capabilities,
     ReadOptions,
     WriteOptions,
+    WriteScope,
     options_of,
 )
-from pipeline_output.contract.windows import Window
 from pipeline_output.errors import (
     BadInput,
     DatasetNotWritten,
@@ -158,15 +158,9 @@ class PostgresStore:
         with pgsession.connect(self.url) as conn:
             return self._state(conn, name)
 
-    def plan(
-        self,
-        spec: DatasetSpec,
-        *,
-        window: Window | None = None,
-        partition: PartitionSlice | None = None,
-    ) -> WritePlan:
+    def plan(self, spec: DatasetSpec, **scope: Unpack[WriteScope]) -> WritePlan:
         """The write plan a write would follow now (dry run)."""
-        return plan_write(spec, self.target_state(spec), window, partition=partition)
+        return plan_write(spec, self.target_state(spec), **scope)
 
     @staticmethod
     def _count(conn: psycopg.Connection[Any], dataset: str) -> int:
@@ -200,20 +194,14 @@ class PostgresStore:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def prepare(
-        self,
-        spec: DatasetSpec,
-        data: Any,
-        *,
-        window: Window | None = None,
-        partition: PartitionSlice | None = None,
-    ) -> CheckedInput:
+    def prepare(self, spec: DatasetSpec, data: Any, **scope: Unpack[WriteScope]) -> CheckedInput:
         """Convert and check `data` (keys, text values, a partition's rows) before any
         transaction or lock."""
         LEGACY_CAPABILITIES.check_spec(spec)
         checked = checked_input(spec, data)
         LEGACY_CAPABILITIES.check_frame(spec, checked.frame)
         check_text(spec, checked.frame)
+        partition = scope.get("partition")
         if partition is not None:
             check_in_partition(spec, checked.frame, partition)
         return checked

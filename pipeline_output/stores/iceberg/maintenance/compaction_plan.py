@@ -18,6 +18,7 @@ Owns the rule (Spark's `rewrite_data_files` bin-pack, simplified), decided on on
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,14 @@ from pipeline_output.contract.spec import DatasetSpec
 
 DEFAULT_MIN_INPUT_FILES = 5
 SMALL_FRACTION = 0.75  # Spark's default min-file-size-bytes: 75 % of the target
+
+
+def _distinct_paths(files: Iterable[DataFile]) -> list[DataFile]:
+    """`files` without repeats (by path), in the order first seen."""
+    seen: dict[str, DataFile] = {}
+    for f in files:
+        seen.setdefault(f.file_path, f)
+    return list(seen.values())
 
 
 @dataclass(frozen=True)
@@ -55,11 +64,7 @@ class Bin:
 
     @property
     def delete_files(self) -> list[DataFile]:
-        seen: dict[str, DataFile] = {}
-        for task in self.tasks:
-            for d in task.delete_files:
-                seen.setdefault(d.file_path, d)
-        return list(seen.values())
+        return _distinct_paths(d for t in self.tasks for d in t.delete_files)
 
 
 @dataclass(frozen=True)
@@ -79,11 +84,7 @@ class CompactionPlan:
     @property
     def delete_files(self) -> list[DataFile]:
         """Every delete file applying to an input (removable only if it applies to no other)."""
-        seen: dict[str, DataFile] = {}
-        for b in self.bins:
-            for d in b.delete_files:
-                seen.setdefault(d.file_path, d)
-        return list(seen.values())
+        return _distinct_paths(d for b in self.bins for d in b.delete_files)
 
     @property
     def input_bytes(self) -> int:
