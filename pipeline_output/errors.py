@@ -103,6 +103,11 @@ class SchemaMismatch(BadInput):
     """The compute's schema cannot be written into the table's schema (incompatible type change)."""
 
 
+class CorruptManifest(TerminalError, ValueError):
+    """A table's manifest cannot be read as the Avro format says (a bad sync marker), or a write
+    was about to make an empty one; `ValueError` as pyiceberg raises for the same conditions."""
+
+
 class WriteAlreadyFinished(TerminalError, RuntimeError):
     """A pending legacy write was committed or rolled back already (a programming error)."""
 

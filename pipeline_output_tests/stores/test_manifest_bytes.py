@@ -2,7 +2,7 @@
 pyiceberg and by fastavro, entry for entry as the manifests they came from: every field of every
 data file equal, the status and sequence numbers as the rewrite says — on a partitioned table
 whose entries carry partition values, bounds and NaN counts, and through a copy-on-write commit
-that rewrites the manifests holding the files it removes."""
+that rewrites the manifests holding the files it removes; a damaged manifest is refused by name."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from typing import Any
 
 import fastavro
 import polars as pl
+import pytest
 
 from pipeline_output import DatasetSpec
+from pipeline_output.errors import CorruptManifest
 from pipeline_output.stores.iceberg.snapshot.manifest_bytes import read_manifest, rewrite_manifest
 from pipeline_output_tests.iceberg_harness import customers
 
@@ -109,3 +111,17 @@ def test_a_copy_on_write_commit_rewrites_manifests_that_read_back_the_same_rows(
     assert kept and all(e.sequence_number is not None for e in kept)
     got = h.store().read(upsert).sort("id")
     assert got.height == 30 and got.filter(pl.col("id") == 12)["name"].item() == "c12-v3"
+
+
+def test_a_manifest_with_a_damaged_sync_marker_is_refused_naming_it(h):
+    table = _table(h)
+    manifest = table.current_snapshot().manifests(table.io)[0]
+    path = manifest.manifest_path.removeprefix("file://")
+    with open(path, "r+b") as fh:  # the block's trailing sync marker: the file's last 16 bytes
+        fh.seek(-1, 2)
+        last = fh.read(1)
+        fh.seek(-1, 2)
+        fh.write(bytes([last[0] ^ 0xFF]))
+    with pytest.raises(CorruptManifest, match="bad Avro sync marker") as refused:
+        read_manifest(manifest, table.io)
+    assert manifest.manifest_path in str(refused.value)

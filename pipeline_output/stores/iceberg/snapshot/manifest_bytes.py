@@ -47,6 +47,8 @@ from pyiceberg.manifest import (
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 
+from pipeline_output.errors import CorruptManifest
+
 _PREFIX = [(0, "int"), (1, ["null", "long"]), (3, ["null", "long"]), (4, ["null", "long"])]
 BLOCK_ENTRIES = 1000
 
@@ -109,7 +111,7 @@ def read_manifest(
         decoder, sync, first = reader.decoder, reader.header.sync, True
         while True:
             if not first and decoder.read(SYNC_SIZE) != sync:
-                raise ValueError(f"manifest {manifest.manifest_path}: bad Avro sync marker")
+                raise CorruptManifest(f"manifest {manifest.manifest_path}: bad Avro sync marker")
             first = False
             try:
                 count = decoder.read_int()

@@ -50,6 +50,7 @@ from pyiceberg.types import (
 )
 from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 
+from pipeline_output.errors import CorruptManifest
 from pipeline_output.stores.iceberg.snapshot.delete_files import referenced_path
 
 REFERENCED_DATA_FILE = NestedField(
@@ -117,7 +118,7 @@ class FastManifestWriter(ManifestWriterV2):
             return
         buffered: _Buffered = self._writer  # type: ignore[assignment]
         if not buffered.entries:
-            raise ValueError("An empty manifest file has been written")
+            raise CorruptManifest(f"manifest {self._output_file.location}: no entry to write")
         self.closed = True
         data = self._encode(buffered.entries)
         with self._output_file.create(overwrite=True) as stream:
