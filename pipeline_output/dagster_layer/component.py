@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import Any, Literal
 
 import dagster as dg
@@ -29,10 +28,10 @@ from pydantic import Field
 
 from pipeline_output.dagster_layer.build import build_definitions
 from pipeline_output.dagster_layer.dataset_specs import spec_of
+from pipeline_output.dagster_layer.maintenance_job import MaintenanceSettings
 from pipeline_output.dagster_layer.resource import PipelineOutputResource
 from pipeline_output.dagster_layer.source_assets import source_spec_of
 from pipeline_output.errors import InvalidArgument
-from pipeline_output.services.maintenance import MaintenanceOptions
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
 
 
@@ -43,33 +42,8 @@ class EnvRef(dg.Model):
     env: str
 
 
-class MaintenanceAttributes(dg.Model):
+class MaintenanceAttributes(MaintenanceSettings, dg.Model):
     """Defaults of the `table_maintenance` job (the same names as its run config)."""
-
-    audits: bool = True
-    compact: bool = True
-    expire: bool = True
-    orphans: bool = True
-    target_file_size: int | None = None
-    min_input_files: int = 5
-    older_than_hours: float = 120.0
-    retain_last: int = 1
-    grace_seconds: float = 3600.0
-    audit_retention_hours: float = 168.0
-
-    def options(self) -> MaintenanceOptions:
-        return MaintenanceOptions(
-            audits=self.audits,
-            compact=self.compact,
-            expire=self.expire,
-            orphans=self.orphans,
-            target_file_size=self.target_file_size,
-            min_input_files=self.min_input_files,
-            older_than=timedelta(hours=self.older_than_hours),
-            retain_last=self.retain_last,
-            grace_s=self.grace_seconds,
-            audit_retention=timedelta(hours=self.audit_retention_hours),
-        )
 
 
 class HealthAttributes(dg.Model):
@@ -206,23 +180,16 @@ class PipelineOutputComponent(dg.Component, dg.Model, dg.Resolvable):
 
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         modules = [self.module] if isinstance(self.module, str) else list(self.module)
-        found = collect(modules)
+        # datasets=, sources=, assets=, ... by kind, and the attributes passed as they are
+        as_named: dict[str, Any] = {
+            **collect(modules),
+            **self.model_dump(include=_PASSED_AS_THEY_ARE),
+        }
         return build_definitions(
-            datasets=found["datasets"],
-            sources=found["sources"],
-            assets=found["assets"],
-            asset_checks=found["asset_checks"],
-            sensors=found["sensors"],
-            schedules=found["schedules"],
-            jobs=found["jobs"],
+            **as_named,
             resource=self.resource(),
             executor=self._executor(),
-            sensor_interval_seconds=self.sensor_interval_seconds,
-            with_parity_checks=self.with_parity_checks,
-            with_maintenance=self.with_maintenance,
             maintenance=self.maintenance.options() if self.maintenance else None,
-            maintenance_schedule_cron=self.maintenance_schedule_cron,
-            maintenance_schedule_running=self.maintenance_schedule_running,
             health_thresholds=(
                 self.health_thresholds.thresholds() if self.health_thresholds else None
             ),
@@ -236,6 +203,16 @@ class PipelineOutputComponent(dg.Component, dg.Model, dg.Resolvable):
                 return dg.multiprocess_executor
             return dg.multiprocess_executor.configured({"max_concurrent": self.max_concurrent})
         return None
+
+
+# the attributes `build_definitions` takes under the same names, as they are
+_PASSED_AS_THEY_ARE = {
+    "sensor_interval_seconds",
+    "with_parity_checks",
+    "with_maintenance",
+    "maintenance_schedule_cron",
+    "maintenance_schedule_running",
+}
 
 
 def _env_value(value: str | EnvRef | None) -> str | None:

@@ -1,19 +1,23 @@
 """The `table_maintenance` job and its schedule, built by `build_definitions` for a code location.
 
 One op, `maintain_tables`, runs the core's maintenance (`pipeline_output/services/maintenance.py`:
-stale audit branches, compaction, snapshot expiry, orphan removal) over the location's datasets one after another,
-logs what each step did, and records each table's health after maintenance as an asset
-observation of the dataset (data files, delete files, snapshots, metadata bytes, last
-maintenance, with the values before) and its `table_health` check evaluation. Run config (`MaintenanceConfig`) picks datasets and
-operations; its defaults come from `build_definitions(maintenance=...)`. A dataset whose
-maintenance fails does not stop the others; the run fails at the end, naming them.
+stale audit branches, compaction, snapshot expiry, orphan removal) over the location's datasets
+one after another, logs what each step did, and records each table's health after maintenance as
+an asset observation of the dataset (data files, delete files, snapshots, metadata bytes, last
+maintenance, with the values before) and its `table_health` check evaluation. Run config
+(`MaintenanceConfig`: the `MaintenanceSettings` the Component's `maintenance:` attribute shares,
+plus `datasets` and `dry_run`) picks datasets and operations; its defaults come from
+`build_definitions(maintenance=...)`. A dataset whose maintenance fails does not stop the others;
+the run fails at the end, naming them.
 """
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import dagster as dg
+from pydantic import BaseModel
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.dagster_layer.health_checks import health_evaluation
@@ -26,15 +30,14 @@ OP_NAME = "maintain_tables"
 DEFAULT_CRON = "0 3 * * *"  # daily at 03:00 (the schedule is stopped unless turned on)
 
 
-class MaintenanceConfig(dg.Config):
-    """Which datasets (none: all) and operations; sizes in bytes, ages in hours/seconds."""
+class MaintenanceSettings(BaseModel):
+    """The maintenance settings the job's run config and the Component's `maintenance:` attribute
+    share (sizes in bytes, ages in hours/seconds), and their core `MaintenanceOptions`."""
 
-    datasets: list[str] = []
     audits: bool = True
     compact: bool = True
     expire: bool = True
     orphans: bool = True
-    dry_run: bool = False
     target_file_size: int | None = None
     min_input_files: int = 5
     older_than_hours: float = 120.0
@@ -42,18 +45,8 @@ class MaintenanceConfig(dg.Config):
     grace_seconds: float = 3600.0
     audit_retention_hours: float = 168.0
 
-    @classmethod
-    def of(cls, options: MaintenanceOptions) -> "MaintenanceConfig":
-        """The run config equivalent to core `options` (the job's defaults)."""
-        return cls(
-            **{name: getattr(options, name) for name in _SAME_NAMES},
-            older_than_hours=options.older_than.total_seconds() / 3600,
-            grace_seconds=options.grace_s,
-            audit_retention_hours=options.audit_retention.total_seconds() / 3600,
-        )
-
     def options(self) -> MaintenanceOptions:
-        """The core options this run config asks for (hours and seconds as the core's units)."""
+        """The core options these settings ask for (hours and seconds as the core's units)."""
         return MaintenanceOptions(
             **{name: getattr(self, name) for name in _SAME_NAMES},
             older_than=timedelta(hours=self.older_than_hours),
@@ -62,13 +55,33 @@ class MaintenanceConfig(dg.Config):
         )
 
 
-# the options the run config and the core name and measure alike
+class MaintenanceConfig(MaintenanceSettings, dg.Config):
+    """Which datasets (none: all), the settings, and whether it is a dry run."""
+
+    datasets: list[str] = []
+    dry_run: bool = False
+
+    @classmethod
+    def of(cls, options: MaintenanceOptions) -> "MaintenanceConfig":
+        """The run config equivalent to core `options` (the job's defaults)."""
+        return cls(
+            **{name: getattr(options, name) for name in _SAME_NAMES},
+            dry_run=options.dry_run,
+            older_than_hours=options.older_than.total_seconds() / 3600,
+            grace_seconds=options.grace_s,
+            audit_retention_hours=options.audit_retention.total_seconds() / 3600,
+        )
+
+    def options(self) -> MaintenanceOptions:
+        return replace(super().options(), dry_run=self.dry_run)
+
+
+# the options the settings and the core name and measure alike
 _SAME_NAMES = (
     "audits",
     "compact",
     "expire",
     "orphans",
-    "dry_run",
     "target_file_size",
     "min_input_files",
     "retain_last",

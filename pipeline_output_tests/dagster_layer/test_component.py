@@ -87,10 +87,15 @@ def test_defs_yaml_attributes_build_the_location_and_win_over_the_environment(
             "executor": "in_process",
             "maintenance_schedule_cron": "0 4 * * *",
             "health_thresholds": {"max_snapshots": 7},
+            "maintenance": {"compact": False, "older_than_hours": 48},
         }
     )
     defs = dg.component_defs(component=component)
     assert defs.get_schedule_def("table_maintenance_schedule").cron_schedule == "0 4 * * *"
+    defaults = defs.get_job_def("table_maintenance").run_config
+    assert defaults is not None
+    config = defaults["ops"]["maintain_tables"]["config"]
+    assert (config["compact"], config["older_than_hours"], config["dry_run"]) == (False, 48, False)
     assert {s.name for s in defs.sensors or []} == set()  # no delta dataset, no window sensor
     with dg.DagsterInstance.ephemeral() as instance:
         job = defs.resolve_implicit_global_asset_job_def()
