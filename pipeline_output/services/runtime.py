@@ -41,16 +41,31 @@ from pipeline_output.stores.postgres import PostgresStore
 
 @dataclass(frozen=True)
 class Runtime:
-    """The stores, ledgers and publisher of one control plane (`pg_url`) and one catalog."""
+    """The stores, ledgers and publisher of one control plane (`pg_url`) and one catalog (the
+    stores and the ledger are the publisher's own, so there is one of each)."""
 
     pg_url: str
     catalog: Catalog
     namespace: str
-    iceberg: IcebergStore
-    postgres: PostgresStore
-    ledger: Ledger
     windows: WindowLedger
     publisher: Publisher
+
+    @property
+    def iceberg(self) -> IcebergStore:
+        """The Iceberg store."""
+        return self.publisher.iceberg
+
+    @property
+    def postgres(self) -> PostgresStore:
+        """The legacy Postgres store."""
+        assert self.publisher.postgres is not None  # `connect` gives the publisher both arms
+        return self.publisher.postgres
+
+    @property
+    def ledger(self) -> Ledger:
+        """The control plane's ledger (deploys, flips, parity, audits)."""
+        assert isinstance(self.publisher.ledger, Ledger)
+        return self.publisher.ledger
 
 
 def connect(
@@ -83,19 +98,14 @@ def connect(
     _migrate(pg_url)
     loaded = _catalog(catalog, catalog_name=catalog_name, namespace=namespace)
     ledger = Ledger(pg_url)
-    iceberg = IcebergStore(loaded, namespace, lock=AdvisoryLock(pg_url))
-    postgres = PostgresStore(pg_url, ledger=ledger)
     return Runtime(
         pg_url=pg_url,
         catalog=loaded,
         namespace=namespace,
-        iceberg=iceberg,
-        postgres=postgres,
-        ledger=ledger,
         windows=WindowLedger(pg_url),
         publisher=Publisher(
-            iceberg=iceberg,
-            postgres=postgres,
+            iceberg=IcebergStore(loaded, namespace, lock=AdvisoryLock(pg_url)),
+            postgres=PostgresStore(pg_url, ledger=ledger),
             ledger=ledger,
             project_default=default_mode,
             dual_reads_from=dual_reads_from,
