@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_iceberg_arm import _rows, fmt_mb, fmt_s, machine, start_postgres
-from bench_spread import PeakSampler, ours_store, vm_hwm
+from bench_spread import delta_upsert, id_counts, measure, ours_store, ours_upsert
 
 HERE = Path(__file__).resolve().parent
 ENGINES = ("ours", "delta")
@@ -86,71 +86,20 @@ def prep(cfg: dict[str, Any], engine: str, rep: int) -> dict[str, Any]:
 
 
 def timed(cfg: dict[str, Any], engine: str, rep: int) -> dict[str, Any]:
-    import psutil
-
     name = f"small_r{rep}"
     detail: dict[str, Any] = {}
     if engine == "ours":
-        import polars as pl
-
         from pipeline_output import DatasetSpec
 
         store = ours_store(cfg)
         spec = DatasetSpec(name=name, primary_key=("id",), strategy="snapshot_replace")
-        data = pl.read_parquet(cfg["batch"])
-
-        def call() -> None:
-            res = store.write(spec, data)
-            detail.update(
-                rewritten=res.files_rewritten,
-                merged_on_read=res.files_merged_on_read,
-                updated=res.rows_updated,
-                inserted=res.rows_inserted,
-            )
-
+        measured = measure(ours_upsert(store, spec, cfg["batch"], detail))
+        check = id_counts("ours", store=store, name=name) if rep == 0 else None
     else:
-        import pyarrow.parquet as pq
-        from deltalake import DeltaTable
-
         path = str(Path(cfg["delta_root"]) / name)
-        data = pq.read_table(cfg["batch"])
-
-        def call() -> None:
-            metrics = (
-                DeltaTable(path)
-                .merge(source=data, predicate="t.id = s.id", source_alias="s", target_alias="t")
-                .when_matched_update_all()
-                .when_not_matched_insert_all()
-                .execute()
-            )
-            for key in ("files_removed", "files_added", "rows_updated", "rows_inserted"):
-                detail[key] = metrics.get(f"num_target_{key}")
-
-    before = psutil.Process().memory_info().rss
-    sampler = PeakSampler()
-    sampler.start()
-    started = time.perf_counter()
-    call()
-    seconds = time.perf_counter() - started
-    call_peak = sampler.stop()
-    peak = vm_hwm()
-    check = None
-    if rep == 0:
-        if engine == "ours":
-            ids = store.read(name, columns=["id"])["id"]
-            check = [ids.len(), ids.n_unique()]
-        else:
-            import pyarrow.compute as pc
-
-            ids = DeltaTable(path).to_pyarrow_dataset().to_table(columns=["id"])["id"]
-            check = [len(ids), pc.count_distinct(ids).as_py()]
-    return {
-        "seconds": seconds,
-        "peak_mb": peak / 2**20,
-        "call_mb": (call_peak - before) / 2**20,
-        "detail": detail,
-        "check": check,
-    }
+        measured = measure(delta_upsert(path, cfg["batch"], detail))
+        check = id_counts("delta", path=path) if rep == 0 else None
+    return {**measured, "detail": detail, "check": check}
 
 
 def child_main(payload_path: str) -> None:

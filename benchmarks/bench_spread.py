@@ -165,9 +165,83 @@ class PeakSampler(threading.Thread):
         return max(self.peak, int(self.proc.memory_info().rss))
 
 
+def ours_upsert(store: Any, spec: Any, batch: str, detail: dict[str, Any]) -> Any:
+    """The call that upserts the parquet file `batch` into ours' table (counts into `detail`)."""
+    import polars as pl
+
+    data = pl.read_parquet(batch)
+
+    def call() -> None:
+        res = store.write(spec, data)
+        detail.update(
+            rewritten=res.files_rewritten,
+            merged_on_read=res.files_merged_on_read,
+            updated=res.rows_updated,
+            inserted=res.rows_inserted,
+        )
+
+    return call
+
+
+DELTA_METRICS = ("files_removed", "files_added", "rows_updated", "rows_inserted", "rows_copied")
+
+
+def delta_upsert(path: str, batch: str, detail: dict[str, Any]) -> Any:
+    """The call that merges the parquet file `batch` into the delta-rs table at `path` by `id`."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    data = pq.read_table(batch)
+
+    def call() -> None:
+        metrics = (
+            DeltaTable(path)
+            .merge(source=data, predicate="t.id = s.id", source_alias="s", target_alias="t")
+            .when_matched_update_all()
+            .when_not_matched_insert_all()
+            .execute()
+        )
+        for key in DELTA_METRICS:
+            detail[key] = metrics.get(f"num_target_{key}")
+
+    return call
+
+
+def measure(call: Any) -> dict[str, float]:
+    """Run `call` once: its seconds, the process's peak RSS, the call's own peak over the RSS
+    before it, and that RSS (MB)."""
+    import psutil
+
+    rss_before = psutil.Process().memory_info().rss
+    sampler = PeakSampler()
+    sampler.start()
+    started = time.perf_counter()
+    call()
+    seconds = time.perf_counter() - started
+    call_peak = sampler.stop()
+    return {
+        "seconds": seconds,
+        "peak_mb": vm_hwm() / 2**20,
+        "call_mb": (call_peak - rss_before) / 2**20,
+        "before_mb": rss_before / 2**20,
+    }
+
+
+def id_counts(engine: str, *, store: Any = None, name: str = "", path: str = "") -> list[int]:
+    """[rows, distinct ids] of the table after the write (ours by `store`/`name`, delta by
+    `path`)."""
+    if engine == "ours":
+        ids = store.read(name, columns=["id"])["id"]
+        return [ids.len(), ids.n_unique()]
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    arrow_ids = DeltaTable(path).to_pyarrow_dataset().to_table(columns=["id"])["id"]
+    return [len(arrow_ids), pc.count_distinct(arrow_ids).as_py()]
+
+
 def timed(cfg: dict[str, Any], case: Case, engine: str, rep: int) -> dict[str, Any]:
     """One upsert; only the call is timed. Rep 0 also checks the table afterwards."""
-    import psutil
 
     name = table_name(case, rep)
     detail: dict[str, Any] = {}
@@ -181,53 +255,15 @@ def timed(cfg: dict[str, Any], case: Case, engine: str, rep: int) -> dict[str, A
             detail.update(floor(store, name, data))
 
     elif engine == "ours":
-        import polars as pl
-
         store = ours_store(cfg)
-        spec = ours_spec(name, upsert=True)
-        data = pl.read_parquet(cfg["batch"][case.name])
-
-        def call() -> None:
-            res = store.write(spec, data)
-            detail.update(
-                rewritten=res.files_rewritten,
-                merged_on_read=res.files_merged_on_read,
-                updated=res.rows_updated,
-                inserted=res.rows_inserted,
-            )
-
+        call = ours_upsert(store, ours_spec(name, upsert=True), cfg["batch"][case.name], detail)
     else:
-        import pyarrow.parquet as pq
         from deltalake import DeltaTable
 
         path = str(Path(cfg["delta_root"]) / name)
-        data = pq.read_table(cfg["batch"][case.name])
+        call = delta_upsert(path, cfg["batch"][case.name], detail)
 
-        def call() -> None:
-            metrics = (
-                DeltaTable(path)
-                .merge(source=data, predicate="t.id = s.id", source_alias="s", target_alias="t")
-                .when_matched_update_all()
-                .when_not_matched_insert_all()
-                .execute()
-            )
-            for key in (
-                "files_removed",
-                "files_added",
-                "rows_updated",
-                "rows_inserted",
-                "rows_copied",
-            ):
-                detail[key] = metrics.get(f"num_target_{key}")
-
-    rss_before = psutil.Process().memory_info().rss
-    sampler = PeakSampler()
-    sampler.start()
-    started = time.perf_counter()
-    call()
-    seconds = time.perf_counter() - started
-    call_peak = sampler.stop()
-    peak = vm_hwm()
+    measured = measure(call)
 
     # after the measurement: files left, and (rep 0) the rows are right
     check = None
@@ -241,21 +277,13 @@ def timed(cfg: dict[str, Any], case: Case, engine: str, rep: int) -> dict[str, A
         detail["rows_written"] = int(summary.get("added-records", "0") or 0)
         detail["position_deletes"] = int(summary.get("added-position-deletes", "0") or 0)
         if rep == 0:
-            ids = store.read(name, columns=["id"])["id"]
-            check = [ids.len(), ids.n_unique()]
+            check = id_counts("ours", store=store, name=name)
     else:
-        dt = DeltaTable(path)
-        detail["files_after"] = len(dt.file_uris())
+        detail["files_after"] = len(DeltaTable(path).file_uris())
         if rep == 0:
-            import pyarrow.compute as pc
-
-            ids = dt.to_pyarrow_dataset().to_table(columns=["id"])["id"]
-            check = [len(ids), pc.count_distinct(ids).as_py()]
+            check = id_counts("delta", path=path)
     return {
-        "seconds": seconds,
-        "peak_mb": peak / 2**20,
-        "call_mb": (call_peak - rss_before) / 2**20,
-        "before_mb": rss_before / 2**20,
+        **measured,
         "detail": detail,
         "check": None
         if check is None
