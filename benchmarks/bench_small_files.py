@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_iceberg_arm import _rows, fmt_mb, fmt_s, machine, start_postgres
 from bench_spread import delta_upsert, id_counts, measure, ours_store, ours_upsert
+from bench_spread import spawn as spawn_child
 
 HERE = Path(__file__).resolve().parent
 ENGINES = ("ours", "delta")
@@ -116,30 +117,8 @@ def child_main(payload_path: str) -> None:
 
 
 def spawn(payload: dict[str, Any], tag: str, workdir: Path, timeout_s: float) -> dict[str, Any]:
-    """This script as a fresh child on `payload`; its last stdout line is the JSON result."""
-    import json
-    import subprocess
-
-    logs = workdir / "logs"
-    logs.mkdir(exist_ok=True)
-    payload_path = logs / f"{tag}.json"
-    payload_path.write_text(json.dumps(payload))
-    with (logs / f"{tag}.log").open("w") as log:
-        try:
-            proc = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve()), "--child", str(payload_path)],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                timeout=timeout_s,
-                cwd=str(HERE.parent),
-            )
-        except subprocess.TimeoutExpired:
-            return {"failure": f"timed out after {timeout_s:.0f} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        return {"failure": f"exit {proc.returncode} (see {logs / (tag + '.log')})"}
-    return dict(json.loads(lines[-1]))
+    """This script as a fresh child on `payload` (`bench_spread.spawn`)."""
+    return spawn_child(payload, tag, workdir, timeout_s, script=Path(__file__))
 
 
 def make_batch(rows: int, path: Path) -> None:

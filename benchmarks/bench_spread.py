@@ -331,8 +331,16 @@ def child_main(payload_path: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def spawn(payload: dict[str, Any], tag: str, workdir: Path, timeout_s: float) -> dict[str, Any]:
-    """Run this script as a fresh child on `payload`; its last stdout line is the JSON result."""
+def spawn(
+    payload: dict[str, Any],
+    tag: str,
+    workdir: Path,
+    timeout_s: float,
+    *,
+    script: Path = Path(__file__),
+) -> dict[str, Any]:
+    """Run `script` (default: this one) as a fresh child on `payload` (`--child PAYLOAD`); its
+    last stdout line is the JSON result."""
     logs = workdir / "logs"
     logs.mkdir(exist_ok=True)
     payload_path = logs / f"{tag}.json"
@@ -340,7 +348,7 @@ def spawn(payload: dict[str, Any], tag: str, workdir: Path, timeout_s: float) ->
     log_path = logs / f"{tag}.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--child", str(payload_path)],
+            [sys.executable, str(script.resolve()), "--child", str(payload_path)],
             stdout=subprocess.PIPE,
             stderr=log,
             cwd=str(REPO),
