@@ -1,10 +1,10 @@
 """Headless materialisation of a code location (what `pipeline-output materialize` runs).
 
-Evaluates every window sensor once (as a daemon tick would), then per selected delta dataset,
-upstream first (a chained delta dataset after the dataset it reads): plans its windows again by
-evaluating its window sensor (adding its partitions and recording the sources'
-observations) and applies its pending (planned or failed) windows in one single-run backfill over
-the range from the first to the last of them (in window order; applied windows inside the range
+Evaluates every window sensor once (as a daemon tick would: adding partitions and recording the
+sources' observations), then per selected delta dataset, upstream first (a chained delta dataset
+after the dataset it reads, whose sensor ticks again once that one was written here), applies
+its pending (planned or failed) windows in one single-run backfill over the range from the
+first to the last of them (in window order; applied windows inside the range
 are skipped, and a dataset with no pending window gets no run); then runs the unpartitioned
 datasets in one run (an asset with Dagster's own partitions is not run: which partitions? it gets
 a row saying how to launch it). Every run executes to its end (`raise_on_error=False`): a failed
@@ -116,10 +116,14 @@ def materialize(
         for text in selection:
             wanted |= set(dg.AssetSelection.from_string(text).resolve(graph))
     report = RunOutcome()
+    runtime = runtime_of_definitions(defs.resources)
     # every sensor ticks once, as the daemon's would (a dataset left out of the selection gets
-    # its windows planned too); a selected dataset's failure is reported by its own tick below
-    plan_windows(defs, instance, failures=[])
+    # its windows planned too); a failure counts only for a dataset the selection runs
+    ticked: list[Failure] = []
+    plan_windows(defs, instance, failures=ticked)
+    unplanned = {f.asset: f for f in ticked}
     unpartitioned: list[dg.AssetKey] = []
+    written: set[dg.AssetKey] = set()  # run in this call: a dataset reading one ticks again
 
     def run_unpartitioned() -> None:
         if unpartitioned:
@@ -133,6 +137,7 @@ def materialize(
                     log_file=log_file,
                 )
             )
+            written.update(unpartitioned)
             unpartitioned.clear()
 
     order = {key: i for i, key in enumerate(graph.toposorted_asset_keys)}
@@ -152,14 +157,19 @@ def materialize(
             unpartitioned.append(key)
             continue
         # upstream first: a chained delta dataset is planned once the dataset it reads is written
-        if set(unpartitioned) & graph.get(key).parent_keys:
+        parents = graph.get(key).parent_keys
+        if set(unpartitioned) & parents:
             run_unpartitioned()
-        failed_before = len(report.failures)
-        plan_windows(defs, instance, only=spec.name, failures=report.failures)
-        if len(report.failures) > failed_before:
+        if written & parents:  # its upstream moved since the first tick: tick it again
+            again: list[Failure] = []
+            plan_windows(defs, instance, only=spec.name, failures=again)
+            unplanned.pop(spec.name, None)
+            unplanned.update({f.asset: f for f in again})
+        if spec.name in unplanned:
+            report.failures.append(unplanned[spec.name])
             report.rows.append(_idle(key, status="failed", note="windows not planned"))
             continue
-        ordered = _pending_keys(instance, runtime_of_definitions(defs.resources), spec.name)
+        ordered = _pending_keys(instance, runtime, spec.name)
         if not ordered:  # nothing to apply: no run, no re-materialisation of applied windows
             report.rows.append(_idle(key))
             continue
@@ -177,6 +187,7 @@ def materialize(
                 },
             )
         )
+        written.add(key)
     run_unpartitioned()
     return report
 

@@ -75,7 +75,8 @@ class UpstreamRead:
 class WindowUpstream:
     """What a delta dataset's windows are cut from.
 
-    `read()`: its high-water mark now, and the observation of it (`UpstreamRead`). `values(window, n)`: the first `n` watermark values inside `window`, ascending (where
+    `read()`: its high-water mark now, and the observation of it (`UpstreamRead`).
+    `values(window, n)`: the first `n` watermark values inside `window`, ascending (where
     `max_rows` cuts). `version(context)`: a token that changes when the upstream may have moved
     (None: always read it) — the high-water mark is only read when it changed."""
 

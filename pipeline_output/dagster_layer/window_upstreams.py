@@ -45,9 +45,8 @@ def source_upstream(
     windowed = delta_source(spec, source)
 
     def read() -> UpstreamRead:
-        rows, hwm = delta_stats(
-            spec, source, runtime=runtime()
-        )  # a missing column: one line naming all three
+        # a watermark column the source lacks: one line naming the dataset, source and column
+        rows, hwm = delta_stats(spec, source, runtime=runtime())
         observation = source_observation(
             dg.AssetKey(source.name),
             rows,
