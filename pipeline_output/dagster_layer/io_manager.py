@@ -34,7 +34,7 @@ from pipeline_output.dagster_layer.resource import PipelineOutputResource
 from pipeline_output.dagster_layer.window_metadata import (
     record_window_metadata,
     run_metadata,
-    table_metadata,
+    run_table_metadata,
 )
 from pipeline_output.dagster_layer.windows_context import windows_of
 from pipeline_output.services.publish import PublishResult, ResolvedMode
@@ -173,11 +173,10 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         # run-wide facts on the step; each window's own figures on its partition
         meta = run_metadata(outcomes, mode)
         if last is not None:
-            table = runtime.iceberg.load(spec) if "iceberg" in last.results else None
-            meta.update(table_metadata(last, runtime=runtime, spec=spec, table=table))
+            meta.update(run_table_metadata(last, runtime=runtime, spec=spec))
         else:
             meta["note"] = "no-op: every window was already applied; nothing written"
-        record_window_metadata(context, outcomes, runtime=runtime, spec=spec)
+        record_window_metadata(context, outcomes)
         context.add_output_metadata(meta)
         if audit:
             self._gate(context, spec)

@@ -21,6 +21,7 @@ The dataset's spec is not among them (it rides on the asset's compute: `dataset_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import polars as pl
@@ -53,9 +54,16 @@ def publish_metadata(
     spec: DatasetSpec,
     schema: pl.Schema | None = None,
 ) -> dict[str, Any]:
-    """Everything a user looks for after a write: Dagster's table keys, what the write did and
-    why, and each arm's own figures under its prefix. `schema` is the written frame's (the legacy
-    arm's column schema; the native arm's comes from its table)."""
+    """Everything a user looks for after a write: what the write did and why, each arm's own
+    figures under its prefix (`write_metadata`), and Dagster's table keys (`table_metadata`)."""
+    return {
+        **write_metadata(result),
+        **table_metadata(runtime, spec, arms=tuple(result.results), schema=schema),
+    }
+
+
+def write_metadata(result: PublishResult) -> dict[str, Any]:
+    """What one write did and why, with each arm's figures under its prefix; reads nothing."""
     primary = result.primary
     plan = result.plans.get("iceberg") or next(iter(result.plans.values()), None)
     meta: dict[str, Any] = {
@@ -85,21 +93,34 @@ def publish_metadata(
             + (" (the legacy arm is written then)" if audit.mode == "dual" else "")
         )
         meta["arms"] = "iceberg, pg" if audit.mode == "dual" else "iceberg"
-    table = runtime.iceberg.load(spec) if "iceberg" in result.results else None
-    if table is not None:
-        meta.update(iceberg_table_metadata(runtime, spec, table))
-    else:
-        meta.update(legacy_table_metadata(runtime, spec))
-        if schema is not None:
-            meta["dagster/column_schema"] = frame_column_schema(spec, schema)
     both = len(result.results) > 1
     for arm, res in result.results.items():
         meta.update(_arm_metadata(arm, res, both=both))
     if result.audit is not None:
         meta["iceberg/audit_branch"] = result.audit.branch
+    return meta
+
+
+def table_metadata(
+    runtime: Runtime,
+    spec: DatasetSpec,
+    *,
+    arms: Sequence[str],
+    schema: pl.Schema | None = None,
+) -> dict[str, Any]:
+    """The dataset's table as it is now, written to `arms`: Dagster's table keys (name, link,
+    column schema) and the Iceberg table's file counts (one table load). `schema`: the written
+    frame's, the legacy arm's column schema."""
+    table = runtime.iceberg.load(spec) if "iceberg" in arms else None
+    meta: dict[str, Any] = {}
     if table is not None:
+        meta.update(iceberg_table_metadata(runtime, spec, table))
         meta.update(table_files_metadata(table))
-    if both:
+    else:
+        meta.update(legacy_table_metadata(runtime, spec))
+        if schema is not None:
+            meta["dagster/column_schema"] = frame_column_schema(spec, schema)
+    if len(arms) > 1:
         meta["pg/uri"] = legacy_table_metadata(runtime, spec)["dagster/uri"]
     return meta
 

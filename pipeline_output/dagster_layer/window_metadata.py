@@ -19,15 +19,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
-from pyiceberg.table import Table
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
-from pipeline_output.dagster_layer.metadata import publish_metadata, table_files_metadata
-from pipeline_output.dagster_layer.table_metadata import (
-    iceberg_table_metadata,
-    legacy_table_metadata,
-)
+from pipeline_output.dagster_layer.metadata import table_metadata, write_metadata
 from pipeline_output.services.publish import PublishResult, ResolvedMode
 from pipeline_output.services.runtime import Runtime
 from pipeline_output.services.window_apply import WindowOutcome
@@ -53,20 +48,15 @@ def run_metadata(outcomes: Sequence[WindowOutcome], mode: ResolvedMode) -> dict[
     return meta
 
 
-def table_metadata(
-    last: PublishResult, *, runtime: Runtime, spec: DatasetSpec, table: Table | None
+def run_table_metadata(
+    last: PublishResult, *, runtime: Runtime, spec: DatasetSpec
 ) -> dict[str, Any]:
     """The table after the run (its last write): total rows, name, link, column schema, files."""
-    meta: dict[str, Any] = {
+    return {
         "dagster/row_count": last.primary.rows_total_after,
         "table": last.primary.table,
+        **table_metadata(runtime, spec, arms=tuple(last.results)),
     }
-    if table is not None:
-        meta.update(iceberg_table_metadata(runtime, spec, table))
-        meta.update(table_files_metadata(table))
-    else:
-        meta.update(legacy_table_metadata(runtime, spec))
-    return meta
 
 
 def describe_windows(outcomes: Sequence[WindowOutcome]) -> str:
@@ -84,14 +74,12 @@ def describe_windows(outcomes: Sequence[WindowOutcome]) -> str:
     return f"{len(outcomes)} {noun} {span}: {what}"
 
 
-def window_metadata(
-    outcome: WindowOutcome, *, runtime: Runtime, spec: DatasetSpec
-) -> dict[str, Any]:
+def window_metadata(outcome: WindowOutcome) -> dict[str, Any]:
     """One window's own metadata (it overrides the run-wide keys on its partition)."""
     meta: dict[str, Any] = {WINDOW_KEY: str(outcome.window), ACTION_KEY: outcome.action}
     row = outcome.row
     if outcome.result is not None:  # applied, or staged on the run's audit branch
-        meta.update(publish_metadata(outcome.result, runtime=runtime, spec=spec))
+        meta.update(write_metadata(outcome.result))  # the table itself is run-wide
         meta[PARTITION_ROWS] = outcome.result.primary.rows_in
         return meta
     where = row.iceberg_snapshot_id or row.pg_deploy_id
@@ -116,9 +104,6 @@ def window_metadata(
 def record_window_metadata(
     context: dg.OutputContext,
     outcomes: Sequence[WindowOutcome],
-    *,
-    runtime: Runtime,
-    spec: DatasetSpec,
 ) -> None:
     """Attach each window's metadata to its own partition of the step's materialisation."""
     try:
@@ -131,7 +116,7 @@ def record_window_metadata(
         if key not in targeted:  # a window applied through another key spelling: run-wide only
             continue
         step.add_asset_metadata(
-            window_metadata(outcome, runtime=runtime, spec=spec),
+            window_metadata(outcome),
             asset_key=context.asset_key,
             partition_key=key,
         )
