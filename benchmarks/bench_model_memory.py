@@ -63,7 +63,7 @@ def _case(pg_url: str, batch: int, name: str) -> dict[str, float]:
     from pipeline_output.infra.settings import to_sqlalchemy_url
     from pipeline_output.ledger.migrations import migrate
     from pipeline_output.ledger.window_ledger import WindowLedger
-    from pipeline_output.services.model import score
+    from pipeline_output.services.model import ModelSpec, score
     from pipeline_output.services.publish import Publisher, ResolvedMode
 
     with psycopg.connect(pg_url) as conn:
@@ -75,14 +75,17 @@ def _case(pg_url: str, batch: int, name: str) -> dict[str, float]:
     publisher = Publisher(iceberg=store, project_default="iceberg")
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     started = time.perf_counter()
-    run = score(
+    model = ModelSpec(
         name=name,
-        publisher=publisher,
-        ledger=WindowLedger(pg_url),
         source=DatasetSpec(name="source", primary_key="id", strategy="replace"),
         predict=_predict,
-        mode=ResolvedMode("iceberg", "project default"),
         batch_rows=batch,
+    )
+    run = score(
+        model,
+        publisher=publisher,
+        ledger=WindowLedger(pg_url),
+        mode=ResolvedMode("iceberg", "project default"),
     )
     elapsed = time.perf_counter() - started
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

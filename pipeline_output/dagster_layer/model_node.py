@@ -10,7 +10,7 @@ from typing import Any
 
 import dagster as dg
 
-from pipeline_output.contract.spec import Mode, check_identifier
+from pipeline_output.contract.spec import Mode
 from pipeline_output.dagster_layer.dataset_specs import attach_spec, spec_of
 from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY
 from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
@@ -21,7 +21,7 @@ from pipeline_output.dagster_layer.table_metadata import (
     legacy_table_metadata,
 )
 from pipeline_output.errors import InvalidSpec
-from pipeline_output.services.model import DEFAULT_BATCH_ROWS, Predict, output_spec, score
+from pipeline_output.services.model import DEFAULT_BATCH_ROWS, ModelSpec, Predict, score
 
 
 class ModelRunConfig(dg.Config):
@@ -48,7 +48,6 @@ def model_node(
     the source's key columns or `__source_row_index__` when it returns them (one to one), else by
     position (one row per input row, in input order); anything else fails the run, nothing written.
     """
-    check_identifier(name, what="model node name")
     if not isinstance(source, dg.AssetsDefinition):
         raise InvalidSpec(
             f"model node {name!r}: source must be the @dataset asset itself (the decorated "
@@ -58,9 +57,15 @@ def model_node(
     source_spec = spec_of(source)
     if source_spec is None:
         raise InvalidSpec(f"model node {name!r}: source must be a @dataset asset")
-    if not callable(predict):
-        raise InvalidSpec(f"model node {name!r}: predict must be callable")
-    out_spec = output_spec(name, mode=mode)
+    model = ModelSpec(
+        name=name,
+        source=source_spec,
+        predict=predict,
+        features=tuple(features) if features is not None else None,
+        batch_rows=batch_rows,
+        mode=mode,
+    )
+    out_spec = model.output
 
     def _model(
         context: dg.AssetExecutionContext, config: ModelRunConfig
@@ -68,15 +73,11 @@ def model_node(
         runtime = runtime_of(context)
         resolved = runtime.publisher.resolve(out_spec, override=config.mode)
         run = score(
-            name=name,
+            model,
             publisher=runtime.publisher,
             ledger=runtime.windows,
-            source=source_spec,
-            predict=predict,
-            features=features,
             mode=resolved,
             run_id=context.run.run_id,
-            batch_rows=batch_rows,
         )
         primary = run.results.get("iceberg") or next(iter(run.results.values()))
         context.log.info(

@@ -24,8 +24,8 @@ import polars as pl
 from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual
 
 from pipeline_output.contract.result import WriteResult
-from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.errors import BadInput
+from pipeline_output.contract.spec import DatasetSpec, Mode, check_identifier
+from pipeline_output.errors import BadInput, InvalidSpec
 from pipeline_output.ledger.window_ledger import WindowLedger
 from pipeline_output.services.publish import Publisher, ResolvedMode
 from pipeline_output.stores.iceberg import window_filter
@@ -55,6 +55,36 @@ class ModelRun:
 def output_spec(name: str, *, mode: Any = None) -> DatasetSpec:
     """The model node's output: replaced as a whole, keyed by `__source_row_index__`."""
     return DatasetSpec(name=name, primary_key=(ROW_INDEX,), strategy="replace", mode=mode)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model node's definition, checked when built: its `name` (the output dataset's), the
+    `source` dataset it scores, `predict`, the `features` it sees (None: every source column), the
+    source rows read per batch and the output's `mode`."""
+
+    name: str
+    source: DatasetSpec
+    predict: Predict
+    features: tuple[str, ...] | None = None
+    batch_rows: int = DEFAULT_BATCH_ROWS
+    mode: Mode | None = None
+
+    def __post_init__(self) -> None:
+        check_identifier(self.name, what="model node name")
+        if not callable(self.predict):
+            raise InvalidSpec(f"model node {self.name!r}: predict must be callable")
+        if self.batch_rows < 1:
+            raise InvalidSpec(
+                f"model node {self.name!r}: batch_rows must be at least 1, got {self.batch_rows}"
+            )
+        if self.features is not None:
+            object.__setattr__(self, "features", tuple(self.features))
+
+    @property
+    def output(self) -> DatasetSpec:
+        """The dataset the node writes (`output_spec`)."""
+        return output_spec(self.name, mode=self.mode)
 
 
 def source_batches(
@@ -134,18 +164,15 @@ def _lit(value: Any) -> Any:
 
 
 def predictions(
-    *,
-    name: str,
-    batches: Iterator[tuple[str, pl.DataFrame]],
-    predict: Predict,
-    source_pk: Sequence[str],
-    features: Sequence[str] | None,
-    run: ModelRun,
+    model: ModelSpec, batches: Iterator[tuple[str, pl.DataFrame]], *, run: ModelRun
 ) -> Iterator[pl.DataFrame]:
-    """Apply `predict` batch by batch; each output carries the row index and the source key.
+    """Apply the model's `predict` batch by batch; each output carries the row index and the
+    source key.
 
     `predict` sees the `features` columns (`__source_row_index__` among them when named there),
     else every source column; its rows are matched to the input rows by `_attach`."""
+    name, predict, features = model.name, model.predict, model.features
+    source_pk = model.source.primary_key
     offset = 0
     for label, frame in batches:
         run.batches.append(label)
@@ -251,36 +278,24 @@ def _attach(
 
 
 def score(
+    model: ModelSpec,
     *,
-    name: str,
     publisher: Publisher,
     ledger: WindowLedger,
-    source: DatasetSpec,
-    predict: Predict,
-    features: Sequence[str] | None = None,
     mode: ResolvedMode,
     run_id: str | None = None,
-    batch_rows: int = DEFAULT_BATCH_ROWS,
 ) -> ModelRun:
-    """Score `source` and replace the model node's output in one snapshot per arm."""
+    """Score the model's source and replace its output in one snapshot per arm."""
     started = time.perf_counter()
-    run = ModelRun(name=name)
-    spec = output_spec(name)
+    run = ModelRun(name=model.name)
+    source = model.source
     snapshot_id, batches = source_batches(
-        publisher=publisher, ledger=ledger, source=source, batch_rows=batch_rows
+        publisher=publisher, ledger=ledger, source=source, batch_rows=model.batch_rows
     )
     run.source_snapshot_id = snapshot_id
-    preds = predictions(
-        name=name,
-        batches=batches,
-        predict=predict,
-        source_pk=source.primary_key,
-        features=features,
-        run=run,
-    )
     out = publisher.publish_stream(
-        spec,
-        preds,
+        model.output,
+        predictions(model, batches, run=run),
         mode=mode,
         run_id=run_id,
         summary={"model-source": source.name, "model-source-snapshot": str(snapshot_id)},

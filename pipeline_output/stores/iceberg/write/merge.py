@@ -25,7 +25,7 @@ from pipeline_output.contract.checked_input import polars_schema, refuse_duplica
 from pipeline_output.contract.plan import SCOPED, WritePlan
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
-from pipeline_output.stores.iceberg.snapshot.delete_files import deleted_positions, own_delete_files
+from pipeline_output.stores.iceberg.snapshot.delete_files import own_delete_files
 from pipeline_output.stores.iceberg.snapshot.manifests import ManifestIndex
 from pipeline_output.stores.iceberg.table.freshness import total_records
 from pipeline_output.stores.iceberg.table.properties import FILEPOS_COLUMN, NEW_PREFIX, POS_COLUMN
@@ -137,7 +137,9 @@ class FileMerge:
                 deleted_before=task.file.record_count - rows.height,
                 deleting=n_drop,
             ):
-                self.delete_by_position(changes, task, rows.filter(drop).get_column(FILEPOS_COLUMN))
+                changes.delete_positions(
+                    self.table.io, task, rows.filter(drop).get_column(FILEPOS_COLUMN)
+                )
             else:
                 self._rewrite(changes, task, rows.filter(~drop))
         changes.written = self._sink.files
@@ -257,7 +259,7 @@ class FileMerge:
                 gone = [changed.get_column(FILEPOS_COLUMN)]
                 if gone_rows is not None and n_absent:
                     gone.append(rows.filter(gone_rows).get_column(FILEPOS_COLUMN))
-                self.delete_by_position(changes, task, pl.concat(gone))
+                changes.delete_positions(self.table.io, task, pl.concat(gone))
                 merged_on_read = True
                 if changed.height < joined.height:  # the changed rows are written anew
                     settled_keys.append(joined.filter(~differs(joined, value_cols)).select(pk))
@@ -301,25 +303,6 @@ class FileMerge:
         """Copy-on-write: the file goes (with its own delete files), `content` is written anew."""
         changes.deleted_files.append(task.file)
         self._sink.add(content.drop(FILEPOS_COLUMN, strict=False))
-
-    def delete_by_position(
-        self,
-        changes: MergeChanges,
-        task: FileScanTask,
-        positions: pl.Series,
-        *,
-        earlier: pl.Series | None = None,
-    ) -> None:
-        """Merge-on-read: the file stays; one delete file of ours holds every position it lost
-        (the ones its own delete files held — `earlier` when already read — which go, and
-        `positions`)."""
-        own = own_delete_files(task)
-        if own:
-            if earlier is None:
-                earlier = deleted_positions(self.table.io, task, files=own)
-            positions = pl.concat([earlier.cast(pl.Int64), positions.cast(pl.Int64)])
-            changes.deleted_files.extend(own)
-        changes.positional.append((task.file, positions.cast(pl.Int64).unique().sort()))
 
     def absorb_small_file(
         self, changes: MergeChanges, tasks: Sequence[FileScanTask], touched: set[int]

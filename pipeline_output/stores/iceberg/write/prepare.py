@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table
+from pyiceberg.table import FileScanTask, Table
 
 from pipeline_output.contract.checked_input import check_in_window, checked_frame
 from pipeline_output.contract.plan import plan_write
@@ -24,6 +24,7 @@ from pipeline_output.contract.windows import Window
 from pipeline_output.infra.locks import HeldLock
 from pipeline_output.stores.iceberg.snapshot.commit import delete_quietly
 from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
+from pipeline_output.stores.iceberg.snapshot.delete_files import deleted_positions, own_delete_files
 from pipeline_output.stores.iceberg.snapshot.inflight import writing
 from pipeline_output.stores.iceberg.table.freshness import state_of
 from pipeline_output.stores.iceberg.table.partitions import needs_evolution
@@ -53,6 +54,25 @@ class MergeChanges(RowCounts):
             and not self.written
             and not any(f.height for f in self.new_frames)
         )
+
+    def delete_positions(
+        self,
+        io: FileIO,
+        task: FileScanTask,
+        positions: pl.Series,
+        *,
+        earlier: pl.Series | None = None,
+    ) -> None:
+        """Merge-on-read: `task`'s file stays; one delete file of ours holds every position it
+        lost — `positions`, and those its own delete files held (`earlier` when already read, read
+        through `io` otherwise), which go."""
+        own = own_delete_files(task)
+        if own:
+            if earlier is None:
+                earlier = deleted_positions(io, task, files=own)
+            positions = pl.concat([earlier.cast(pl.Int64), positions.cast(pl.Int64)])
+            self.deleted_files.extend(own)
+        self.positional.append((task.file, positions.cast(pl.Int64).unique().sort()))
 
 
 _AS_IS_MODES = ("append", "replace", "append_new")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import polars as pl
-from pyiceberg.table import FileScanTask
+from pyiceberg.table import FileScanTask, Table
 
 from pipeline_output.contract.checked_input import refuse_duplicate_matches
 from pipeline_output.contract.spec import DatasetSpec
@@ -30,18 +30,10 @@ class FileMerge(Protocol):
 
     spec: DatasetSpec
     frame: pl.DataFrame
+    table: Table
 
     @property
     def sink(self) -> RewriteSink: ...
-
-    def delete_by_position(
-        self,
-        changes: MergeChanges,
-        task: FileScanTask,
-        positions: pl.Series,
-        *,
-        earlier: pl.Series | None = None,
-    ) -> None: ...
 
     def absorb_small_file(
         self, changes: MergeChanges, tasks: Sequence[FileScanTask], touched: set[int]
@@ -89,7 +81,7 @@ def apply_scanned(
             deleting=n_changed + n_absent,
         ):
             gone = pl.concat([rows.changed, rows.absent])
-            merge.delete_by_position(changes, rows.task, gone, earlier=rows.own_deleted)
+            changes.delete_positions(merge.table.io, rows.task, gone, earlier=rows.own_deleted)
             merged_on_read = True
         else:
             rewritten.append(rows)
