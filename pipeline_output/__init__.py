@@ -13,9 +13,11 @@ maintenance (`compact`, `expire_snapshots`, `remove_orphans`, `maintain`), and t
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 from pipeline_output.contract.version import VERSION as __version__
+from pipeline_output.infra.collector import imports_paused
 
 _EXPORTS = {
     # errors
@@ -131,11 +133,17 @@ def __dir__() -> list[str]:
 
 
 def __getattr__(name: str) -> Any:
-    """Load an exported name from its module on first use."""
+    """Load an exported name from its module on first use (a module not imported yet is imported
+    with the garbage collector paused, then frozen: `infra/collector.py`)."""
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'pipeline_output' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    if module in sys.modules:
+        loaded = sys.modules[module]
+    else:
+        with imports_paused():
+            loaded = importlib.import_module(module)
+    value = getattr(loaded, name)
     globals()[name] = value
     return value
 

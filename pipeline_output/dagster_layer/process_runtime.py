@@ -14,7 +14,8 @@ libraries (Dagster, pyiceberg, pyarrow, polars, SQLAlchemy ...) are several hund
 objects that live as long as the process, and every full garbage collection — during a run, and
 the ones the interpreter runs at exit — walked them all: in a window run's worker process about
 0.8 CPU-s of ~4.5 (benchmarks/README.md, "Windows at production cadence"). Objects created later
-are collected as usual.
+are collected as usual. Before that, the first use of the public API imports the libraries with
+the collector paused and freezes them too (`infra/collector.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from collections.abc import Callable
 
 from pipeline_output.infra.catalog_config import check_namespace
 from pipeline_output.infra.settings import Settings, default_mode, dual_read_arm, get_settings
-from pipeline_output.services.runtime import Runtime, connect, settings_catalog
+from pipeline_output.services.runtime import Runtime, connect
+from pipeline_output.stores.iceberg.table.catalog import open_catalog
 
 _lock = threading.Lock()
 _cache: dict[str, Runtime] = {}
@@ -61,9 +63,14 @@ def get_runtime(
     key = repr(("settings", settings, project_mode, dual))
 
     def build() -> Runtime:
+        # `connect` creates the namespace: the catalog is opened without (`settings_catalog`
+        # would create it too, a second round trip in every run worker)
+        catalog = open_catalog(
+            settings.catalog_name, settings.catalog_properties(), where=settings.catalog_setting
+        )
         return connect(
             pg_url=settings.control_plane_url(),
-            catalog=settings_catalog(settings),
+            catalog=catalog,
             namespace=settings.namespace,
             catalog_name=settings.catalog_name,
             default_mode=project_mode,  # type: ignore[arg-type]

@@ -1,0 +1,59 @@
+"""The garbage collector while the package's libraries are imported (`infra/collector.py`): the
+first use of the public API imports them with no collection, then freezes what the process holds
+and enables the collector again; a process that disabled the collector is left alone. Each case
+runs in a fresh interpreter (freezing is for the life of a process)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+FIRST_USE = """
+import gc
+import pipeline_output as p
+
+full = []
+gc.callbacks.append(lambda phase, info: full.append(info["generation"]) if phase == "start" else None)
+before = gc.get_freeze_count()
+p.build_definitions  # imports Dagster, pyiceberg, pyarrow, polars, psycopg ... and the project
+print(len(full), gc.isenabled(), gc.get_freeze_count() > before)
+"""
+
+DISABLED_BY_THE_PROCESS = """
+import gc
+gc.disable()
+import pipeline_output as p
+
+p.dataset
+print(gc.isenabled(), gc.get_freeze_count())
+"""
+
+FAILED_IMPORT = """
+import gc
+from pipeline_output.infra.collector import imports_paused
+
+try:
+    with imports_paused():
+        import no_such_module_anywhere  # noqa: F401
+except ImportError:
+    pass
+print(gc.isenabled(), gc.get_freeze_count() > 0)
+"""
+
+
+def _run(code: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_the_first_use_of_the_api_imports_without_collections_then_freezes() -> None:
+    assert _run(FIRST_USE) == "0 True True"
+
+
+def test_a_process_that_disabled_the_collector_keeps_it_disabled_and_unfrozen() -> None:
+    assert _run(DISABLED_BY_THE_PROCESS) == "False 0"
+
+
+def test_the_collector_is_enabled_again_when_an_import_fails() -> None:
+    assert _run(FAILED_IMPORT) == "True True"
