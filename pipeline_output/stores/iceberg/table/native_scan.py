@@ -26,6 +26,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from pipeline_output.contract.checked_input import polars_schema
+from pipeline_output.stores.iceberg.table.scan_planning import planned
 
 
 def snapshot_schema(table: Table, snapshot_id: int | None) -> Schema:
@@ -45,7 +46,9 @@ def snapshot_scan(table: Table, snapshot_id: int | None) -> pl.LazyFrame:
     table's metadata file is fixed, so this too is pinned)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # polars' "unstable" notes: nothing for the user to do
-        return pl.scan_iceberg(table, snapshot_id=snapshot_id, storage_options=storage(table))
+        return pl.scan_iceberg(
+            planned(table), snapshot_id=snapshot_id, storage_options=storage(table)
+        )
 
 
 def storage(table: Table) -> dict[str, str]:
