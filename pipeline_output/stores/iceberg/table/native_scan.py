@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import polars as pl
+from polars.exceptions import PerformanceWarning
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
@@ -40,14 +41,19 @@ def snapshot_schema(table: Table, snapshot_id: int | None) -> Schema:
     return table.schemas().get(snapshot.schema_id, schema)
 
 
-def snapshot_scan(table: Table, snapshot_id: int | None) -> pl.LazyFrame:
+def snapshot_scan(
+    table: Table, snapshot_id: int | None, *, dataset: str | None = None
+) -> pl.LazyFrame:
     """The rows of `snapshot_id` (its own schema's columns) as a LazyFrame read by polars' native
-    Iceberg scan; None: the current snapshot of the loaded `table` under its current schema (the
-    table's metadata file is fixed, so this too is pinned)."""
+    Iceberg scan, planned by `scan_planning`; None: the current snapshot of the loaded `table`
+    under its current schema (the table's metadata file is fixed, so this too is pinned).
+    Planned (collected) after expiry removed the snapshot: `SnapshotExpired` naming `dataset`."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # polars' "unstable" notes: nothing for the user to do
         return pl.scan_iceberg(
-            planned(table), snapshot_id=snapshot_id, storage_options=storage(table)
+            planned(table, dataset=dataset),
+            snapshot_id=snapshot_id,
+            storage_options=storage(table),
         )
 
 
@@ -57,14 +63,25 @@ def storage(table: Table) -> dict[str, str]:
     return {k: v for k, v in table.io.properties.items() if "." in k}
 
 
+_PLANNER_NOTE = ".*polars_iceberg.*"
+
+
 @contextmanager
 def quiet() -> Iterator[None]:
     """Around a collect of `snapshot_scan`: without polars' note that its optional planning plugin
-    (`polars_iceberg`) is not installed — pyiceberg plans the files instead, as it always has
-    here (the note is a `PerformanceWarning` raised from polars' resolver threads)."""
+    (`polars_iceberg`) is not installed and that pyiceberg plans the files instead — here
+    `scan_planning` does (the note is a `PerformanceWarning` raised from polars' resolver
+    threads)."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*polars_iceberg.*")
+        warnings.filterwarnings("ignore", message=_PLANNER_NOTE)
         yield
+
+
+def silence_planner_note() -> None:
+    """`quiet` for LazyFrames collected by their user (a downstream compute): the note filtered
+    process-wide (polars shows it once per process; it is about pyiceberg's planning, which
+    these scans do not use). Idempotent: `warnings` keeps one copy of the filter."""
+    warnings.filterwarnings("ignore", message=_PLANNER_NOTE, category=PerformanceWarning)
 
 
 def target_schema(schema: Schema) -> pl.Schema:

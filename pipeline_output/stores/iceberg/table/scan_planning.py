@@ -15,6 +15,9 @@ pyiceberg's own `ManifestEntry`/`DataFile` records with the values pyiceberg's r
 (`pipeline_output_tests/stores/test_scan_planning.py` compares them on every kind of table this
 project writes). A manifest whose layout is not one checked here (a partition value of a type
 not mapped below, a missing required field) is decoded by pyiceberg instead: same entries, slower.
+
+A scan planned after expiry removed its snapshot (a lazy read pinned to it, collected later)
+fails reading the snapshot's manifest list: `SnapshotExpired`, naming the dataset and snapshot.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from threading import Lock
 from typing import Any
 
 import fastavro
+from pyiceberg.catalog import Catalog
 from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     DATA_FILE_TYPE,
     DEFAULT_READ_VERSION,
@@ -41,9 +46,12 @@ from pyiceberg.manifest import (
     ManifestFile,
     _inherit_from_manifest,
 )
-from pyiceberg.table import DataScan, ManifestGroupPlanner, Table
-from pyiceberg.typedef import EMPTY_DICT, Properties, Record
+from pyiceberg.table import DataScan, FileScanTask, ManifestGroupPlanner, Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties, Record
 from pyiceberg.utils.concurrent import ExecutorFactory
+
+from pipeline_output.stores.iceberg.table.snapshot_log import pinned_snapshot_gone
 
 _DATA_FILE = DATA_FILE_TYPE[DEFAULT_READ_VERSION]
 _MAPS = frozenset((108, 109, 110, 137, 125, 128))  # column sizes, counts, bounds: int -> value
@@ -54,9 +62,11 @@ _LOCAL = ("file:", "/")
 _ALL = AlwaysTrue()
 
 
-def planned(table: Table) -> Table:
-    """`table` whose scans plan with fastavro-decoded manifests (`FastDataScan`)."""
-    return PlannedTable(
+def planned(table: Table, *, dataset: str | None = None) -> Table:
+    """`table` whose scans plan with fastavro-decoded manifests (`FastDataScan`); a scan whose
+    planning fails because expiry removed its snapshot since `table` was loaded raises
+    `SnapshotExpired` naming `dataset` (default: the table's name) and the snapshot."""
+    out = PlannedTable(
         identifier=table.name(),
         metadata=table.metadata,
         metadata_location=table.metadata_location,
@@ -64,10 +74,14 @@ def planned(table: Table) -> Table:
         catalog=table.catalog,
         config=table.config,
     )
+    out.dataset = dataset or ".".join(table.name())
+    return out
 
 
 class PlannedTable(Table):
     """A loaded table whose `scan()` is a `FastDataScan` (everything else is `Table`'s)."""
+
+    dataset: str = ""
 
     def scan(
         self,
@@ -89,11 +103,59 @@ class PlannedTable(Table):
             limit=limit,
             catalog=self.catalog,
             table_identifier=self.name(),
+            table=self,
         )
 
 
 class FastDataScan(DataScan):
-    """pyiceberg's `DataScan` planned by `FastPlanner` (the manifests decoded by fastavro)."""
+    """pyiceberg's `DataScan` planned by `FastPlanner` (the manifests decoded by fastavro).
+
+    `table`: the `PlannedTable` it scans, asked again when planning fails (a constructor
+    argument, so pyiceberg's `update` — `filter`, `select` — carries it over)."""
+
+    def __init__(
+        self,
+        table_metadata: TableMetadata,
+        io: FileIO,
+        row_filter: str | BooleanExpression = _ALL,
+        selected_fields: tuple[str, ...] = ("*",),
+        case_sensitive: bool = True,
+        snapshot_id: int | None = None,
+        options: Properties = EMPTY_DICT,
+        limit: int | None = None,
+        catalog: Catalog | None = None,
+        table_identifier: Identifier | None = None,
+        table: PlannedTable | None = None,
+    ) -> None:
+        super().__init__(
+            table_metadata=table_metadata,
+            io=io,
+            row_filter=row_filter,
+            selected_fields=selected_fields,
+            case_sensitive=case_sensitive,
+            snapshot_id=snapshot_id,
+            options=options,
+            limit=limit,
+            catalog=catalog,
+            table_identifier=table_identifier,
+        )
+        self.table = table
+
+    def plan_files(self) -> Iterable[FileScanTask]:
+        """pyiceberg's plan; a failure because expiry removed the scanned snapshot (and its
+        manifests) since the table was loaded: `SnapshotExpired`."""
+        try:
+            return list(super().plan_files())
+        except Exception as exc:
+            snapshot = self.snapshot()
+            if self.table is None or snapshot is None:
+                raise
+            gone = pinned_snapshot_gone(
+                self.table, snapshot.snapshot_id, dataset=self.table.dataset
+            )
+            if gone is None:
+                raise
+            raise gone from exc
 
     @cached_property
     def _manifest_planner(self) -> ManifestGroupPlanner:
