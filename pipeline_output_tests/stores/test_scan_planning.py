@@ -25,6 +25,7 @@ from pyiceberg.expressions import (
 from pyiceberg.manifest import ManifestFile
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.transforms import DayTransform, IdentityTransform
 from pyiceberg.types import (
     BinaryType,
@@ -41,7 +42,8 @@ from pyiceberg.types import (
     TimeType,
 )
 
-from pipeline_output.stores.iceberg.table.scan_planning import manifest_entries, planned
+from pipeline_output.stores.iceberg.table.manifest_decoding import manifest_entries, manifest_files
+from pipeline_output.stores.iceberg.table.scan_planning import planned
 
 COLUMNS: list[tuple[str, Any, pa.DataType, list[Any]]] = [
     ("i", IntegerType(), pa.int32(), [1, 2, None]),
@@ -159,6 +161,22 @@ def test_manifest_entries_are_pyiceberg_entries_value_for_value(decoded, every):
             assert [e.data_file.spec_id for e in ours] == [e.data_file.spec_id for e in theirs]
 
 
+def test_manifest_lists_are_pyiceberg_manifest_files_value_for_value(decoded, every, catalog):
+    evolving = _evolving(catalog)
+    for table in (decoded, every, evolving):
+        for snapshot in table.snapshots():
+            ours = manifest_files(table.io, snapshot)
+            theirs = list(snapshot.manifests(table.io))
+            assert [_norm_record(m) for m in ours] == [_norm_record(m) for m in theirs]
+
+
+def _norm_record(manifest: Any) -> list[Any]:
+    return [
+        [list(p._data) for p in value] if isinstance(value, list) else value
+        for value in manifest._data
+    ]
+
+
 def test_the_decoded_types_never_fall_back_to_pyiceberg(decoded, monkeypatch):
     expected = _plan(decoded.scan())
 
@@ -166,10 +184,12 @@ def test_the_decoded_types_never_fall_back_to_pyiceberg(decoded, monkeypatch):
         raise AssertionError("decoded by pyiceberg")
 
     monkeypatch.setattr(ManifestFile, "fetch_manifest_entry", refused)
+    monkeypatch.setattr(Snapshot, "manifests", refused)
     assert _plan(planned(decoded).scan()) == expected
 
 
-def test_planning_follows_a_partition_spec_evolution_and_time_travel(catalog: Any):
+def _evolving(catalog: Any) -> Any:
+    """Two appends, the second after a day partition field was added to an unpartitioned spec."""
     schema = Schema(
         NestedField(1, "id", LongType(), required=False),
         NestedField(2, "day", DateType(), required=False),
@@ -177,11 +197,15 @@ def test_planning_follows_a_partition_spec_evolution_and_time_travel(catalog: An
     table = catalog.create_table("datasets.evolving", schema=schema)
     rows = pa.table({"id": pa.array([1, 2], pa.int64()), "day": pa.array([date(2024, 1, 1), None])})
     table.append(rows)
-    first = table.current_snapshot().snapshot_id
     with table.update_spec() as update:
         update.add_field("day", DayTransform(), "day_d")
     table.append(rows)
-    table = catalog.load_table("datasets.evolving")
+    return catalog.load_table("datasets.evolving")
+
+
+def test_planning_follows_a_partition_spec_evolution_and_time_travel(catalog: Any):
+    table = _evolving(catalog)
+    first = table.snapshots()[0].snapshot_id
     for snapshot in (first, None):
         for row_filter in (AlwaysTrue(), EqualTo("day", "2024-01-01"), EqualTo("id", 3)):
             ours = planned(table).scan(row_filter=row_filter, snapshot_id=snapshot)
