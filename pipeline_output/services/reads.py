@@ -3,16 +3,20 @@ what the query needs.
 
 Owns the LazyFrames downstream computes receive (`Publisher.scan`, the Dagster IO manager's
 inputs, the window reads of a delta dataset over another dataset, Iceberg sources) and the
-rendering of pushed predicates as the two arms' filters. Each frame is a polars IO source
-(`register_io_source`): when it is collected polars hands it the projected columns and the
-query's predicate, and
+rendering of pushed predicates as the two arms' filters. When a frame is collected polars
+pushes the projected columns and the query's predicate into its source:
 
-- **Iceberg** (`scan_table`, `scan_iceberg_dataset`): one pyiceberg scan with `selected_fields`
-  = the projected columns and `row_filter` = the translated predicate, pinned to the snapshot that
-  was current when the LazyFrame was built (every collect reads that snapshot, whatever was
-  committed since). pyiceberg prunes data files by their column statistics and pyarrow reads only
-  the selected column chunks and filters rows (row groups by statistics, then rows);
-- **legacy Postgres** (`scan_postgres_dataset`): one `SELECT` of only the projected columns (each
+- **Iceberg** (`scan_table`, `scan_iceberg_dataset`): not an IO source but polars' own native
+  Iceberg scan (`native_scan.snapshot_scan`), pinned to the snapshot that was current when the
+  LazyFrame was built (every collect reads that snapshot, whatever was committed since): polars
+  pushes the projection and predicate into it, plans the files with `scan_planning` (pruned by
+  partitions and column statistics) and reads only the projected column chunks, filtering row
+  groups by their statistics;
+  a collect after expiry removed that snapshot fails planning it: `SnapshotExpired`. (A frame
+  already collected once reuses its plan: collected again after expiry, polars reports the
+  missing file itself);
+- **legacy Postgres** (`scan_postgres_dataset`), a polars IO source (`register_io_source`,
+  `io_source`): one `SELECT` of only the projected columns (each
   a typed value of the row's jsonb document, named with `psycopg.sql` identifiers) whose `WHERE`
   carries the translated predicate as SQL parameters (`%s`, rendered by psycopg). Postgres has no
   snapshots to pin across statements: a collect reads the rows committed at that moment.
@@ -119,11 +123,13 @@ def scan_table(
     dataset: str | None = None,
 ) -> pl.LazyFrame:
     """`table` as a LazyFrame pinned to its current snapshot, or to `snapshot_id`: polars' native
-    Iceberg scan (`native_scan`), the projection, predicate and row limit pushed into it.
-    Collected after expiry removed that snapshot: `SnapshotExpired` naming `dataset` (or the
-    table) and the snapshot."""
+    Iceberg scan itself (`native_scan`, planned by `scan_planning`), so polars pushes the
+    projection, predicate and row limit into it; columns whose native type differs from the
+    project's (`target_schema`) are cast. Collected after expiry removed that snapshot:
+    `SnapshotExpired` naming `dataset` (or the table, `name`) and the snapshot, raised when the
+    collect plans the scan."""
     from pipeline_output.stores.iceberg.table.native_scan import (
-        quiet,
+        silence_planner_note,
         snapshot_scan,
         snapshot_schema,
         target_schema,
@@ -132,33 +138,13 @@ def scan_table(
     if snapshot_id is None and (current := table.current_snapshot()) is not None:
         snapshot_id = current.snapshot_id
     target = target_schema(snapshot_schema(table, snapshot_id))
-    label = name or ".".join(table.name())
-
-    def read(
-        columns: list[str], needed: list[str], predicate: pl.Expr | None, n_rows: int | None
-    ) -> Iterator[pl.DataFrame]:
-        if snapshot_id is None:  # no committed snapshot: empty, and stays so for this frame
-            return
-        try:
-            frame = snapshot_scan(table, snapshot_id)
-            if predicate is not None:
-                frame = frame.filter(predicate)
-            if n_rows is not None:
-                frame = frame.head(n_rows)
-            with quiet():
-                if not columns:
-                    yield pl.DataFrame(height=frame.select(pl.len()).collect().item())
-                    return
-                yield from frame.select(columns).collect_batches()
-        except Exception as exc:  # expiry removed the snapshot (and its files) since?
-            from pipeline_output.stores.iceberg.table.snapshot_log import pinned_snapshot_gone
-
-            gone = pinned_snapshot_gone(table, snapshot_id, dataset=dataset or label)
-            if gone is None:
-                raise
-            raise gone from exc
-
-    return io_source(read, target, explain=f"iceberg:{label}@{snapshot_id}", exact=True)
+    if snapshot_id is None:  # no committed snapshot: empty, and stays so for this frame
+        return pl.LazyFrame(schema=target)
+    silence_planner_note()
+    frame = snapshot_scan(table, snapshot_id, dataset=dataset or name)
+    native = frame.collect_schema()
+    casts = [pl.col(c).cast(t) for c, t in target.items() if c in native and native[c] != t]
+    return frame.with_columns(casts) if casts else frame
 
 
 def scan_iceberg_dataset(

@@ -14,7 +14,10 @@ Readers, each independent of this project's read path:
   files with extension auto-install and auto-load off: no network), `iceberg_scan` of the
   table's metadata file, and of its first snapshot (time travel);
 - iceberg-rust, through `pyiceberg-core`'s DataFusion table provider (`datafusion`);
-- polars' own `scan_iceberg`, and pyiceberg's own scan.
+- polars' own `scan_iceberg`, and pyiceberg's own scan;
+- and this project's read (`native_scan.snapshot_scan`: polars' scan, planned by
+  `scan_planning` with fastavro-decoded manifests), whose plan is also compared file for file
+  with pyiceberg's (with and without filters, now and at the first snapshot).
 
 Each must return exactly the oracle's rows (a multiset, compared after casting to the oracle's
 types): a reader that disagrees fails the suite. The metadata is checked the way other engines
@@ -27,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,12 +39,15 @@ import fastavro
 import polars as pl
 import pyarrow as pa
 import pytest
+from pyiceberg.expressions import AlwaysTrue, EqualTo, GreaterThan, LessThan
 
 from pipeline_output import DatasetSpec, Delta, IcebergStore, Window, WriteResult
 from pipeline_output.contract.slices import PartitionSlice, TimeRange
 from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
+from pipeline_output.stores.iceberg.table.native_scan import quiet, snapshot_scan
+from pipeline_output.stores.iceberg.table.scan_planning import planned
 from pipeline_output_tests.conftest import fresh_database
 from pipeline_output_tests.iceberg_harness import NS, customers, expect_write
 from pipeline_output_tests.oracle import assert_same_multiset
@@ -243,10 +249,20 @@ def _readers() -> dict[str, Reader]:
     def pyiceberg(table: Any, snapshot: int | None) -> pa.Table:
         return table.scan(snapshot_id=snapshot).to_arrow()
 
-    return {"duckdb": duck, "iceberg-rust": rust, "polars": polars, "pyiceberg": pyiceberg}
+    def ours(table: Any, snapshot: int | None) -> pl.DataFrame:  # polars, planned by scan_planning
+        with quiet():
+            return snapshot_scan(table, snapshot).collect()
+
+    return {
+        "duckdb": duck,
+        "iceberg-rust": rust,
+        "polars": polars,
+        "pyiceberg": pyiceberg,
+        "pipeline-output": ours,
+    }
 
 
-READERS = ("duckdb", "iceberg-rust", "polars", "pyiceberg")
+READERS = ("duckdb", "iceberg-rust", "polars", "pyiceberg", "pipeline-output")
 TABLES = ("cow", "mor", "windowed", "parted", "evolved", "maintained", "sliced")
 
 
@@ -267,7 +283,7 @@ def test_every_engine_reads_every_table_as_the_oracle_has_it(tables, readers, re
             raise AssertionError(f"{reader} reads table {name!r} differently: {exc}") from exc
 
 
-@pytest.mark.parametrize("reader", ("duckdb", "polars", "pyiceberg"))
+@pytest.mark.parametrize("reader", ("duckdb", "polars", "pyiceberg", "pipeline-output"))
 def test_every_engine_reads_the_first_snapshot_as_it_was(tables, readers, reader):
     for name in TABLES:
         built = tables.built[name]
@@ -276,6 +292,37 @@ def test_every_engine_reads_the_first_snapshot_as_it_was(tables, readers, reader
         got = readers[reader](tables.store.load(name), built.first_snapshot)
         first = built.first
         assert_same_multiset(_as_oracle(got, first).select(first.columns), first)
+
+
+def _planned_files(scan: Any) -> list[tuple[Any, ...]]:
+    return [
+        (
+            t.file.file_path,
+            [dict(v) if isinstance(v, Mapping) else v for v in t.file._data],
+            t.file.spec_id,
+            sorted(d.file_path for d in t.delete_files),
+            repr(t.residual),
+        )
+        for t in scan.plan_files()
+    ]
+
+
+def test_our_scan_planning_plans_every_table_as_pyiceberg_does(tables):
+    filters = [
+        AlwaysTrue(),
+        EqualTo("id", 45),
+        GreaterThan("id", 100),
+        LessThan("amount", 50.0),
+        EqualTo("day", "2024-01-03"),
+    ]
+    for name in TABLES:
+        table = tables.store.load(name)
+        snapshots = [None] + ([tables.built[name].first_snapshot] * (name != "maintained"))
+        for snapshot in snapshots:
+            for row_filter in filters:
+                ours = planned(table).scan(row_filter=row_filter, snapshot_id=snapshot)
+                theirs = table.scan(row_filter=row_filter, snapshot_id=snapshot)
+                assert _planned_files(ours) == _planned_files(theirs), (name, row_filter)
 
 
 def _entries(table: Any, content: int) -> list[dict[str, Any]]:

@@ -1,0 +1,199 @@
+"""Scan planning with the manifests decoded by fastavro: the table polars' native scan plans with.
+
+polars' Iceberg scan (`native_scan`) plans the files of a read with pyiceberg: `table.scan(...)`
+then `plan_files()`, which decodes the manifest list and every manifest with pyiceberg's
+pure-Python Avro reader (a header schema conversion and a reader resolution per file, then each
+record field by field, in a thread pool). That was about a third of a selective read of a
+50-file table.
+
+`planned(table)` is the same table (same metadata, FileIO, catalog, identifier) whose `scan()`
+returns a `FastDataScan`: pyiceberg's `DataScan` reading the manifest list and the manifests'
+entries with fastavro's C reader (`manifest_decoding`), in the calling thread for a local
+warehouse (in parallel on an object store). All the planning itself is pyiceberg's, unchanged:
+manifests pruned by their partition summaries, entries by the partition and metrics evaluators,
+delete files matched to data files by `DeleteFileIndex` (sequence numbers, partitions,
+file-scoped bounds), residuals (`pipeline_output_tests/stores/test_engine_interop.py` compares
+the plans file for file on every kind of table this project writes).
+
+A scan planned after expiry removed its snapshot (a lazy read pinned to it, collected later)
+fails reading the snapshot's manifest list: `SnapshotExpired`, naming the dataset and snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor
+from functools import cached_property
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestFile
+from pyiceberg.table import DataScan, FileScanTask, ManifestGroupPlanner, Table
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
+from pyiceberg.utils.concurrent import ExecutorFactory
+
+from pipeline_output.stores.iceberg.table.manifest_decoding import (
+    manifest_entries,
+    manifest_files,
+)
+from pipeline_output.stores.iceberg.table.snapshot_log import pinned_snapshot_gone
+
+_LOCAL = ("file:", "/")
+_ALL = AlwaysTrue()
+
+
+def planned(table: Table, *, dataset: str | None = None) -> Table:
+    """`table` whose scans plan with fastavro-decoded manifests (`FastDataScan`); a scan whose
+    planning fails because expiry removed its snapshot since `table` was loaded raises
+    `SnapshotExpired` naming `dataset` (default: the table's name) and the snapshot."""
+    out = PlannedTable(
+        identifier=table.name(),
+        metadata=table.metadata,
+        metadata_location=table.metadata_location,
+        io=table.io,
+        catalog=table.catalog,
+        config=table.config,
+    )
+    out.dataset = dataset or ".".join(table.name())
+    return out
+
+
+class PlannedTable(Table):
+    """A loaded table whose `scan()` is a `FastDataScan` (everything else is `Table`'s)."""
+
+    dataset: str = ""
+
+    def scan(
+        self,
+        row_filter: str | BooleanExpression = _ALL,
+        selected_fields: tuple[str, ...] = ("*",),
+        case_sensitive: bool = True,
+        snapshot_id: int | None = None,
+        options: Properties = EMPTY_DICT,
+        limit: int | None = None,
+    ) -> DataScan:
+        return FastDataScan(
+            table_metadata=self.metadata,
+            io=self.io,
+            row_filter=row_filter,
+            selected_fields=selected_fields,
+            case_sensitive=case_sensitive,
+            snapshot_id=snapshot_id,
+            options=options,
+            limit=limit,
+            catalog=self.catalog,
+            table_identifier=self.name(),
+            table=self,
+        )
+
+
+class FastDataScan(DataScan):
+    """pyiceberg's `DataScan` planned by `FastPlanner` (the manifests decoded by fastavro).
+
+    `table`: the `PlannedTable` it scans, asked again when planning fails (a constructor
+    argument, so pyiceberg's `update` — `filter`, `select` — carries it over)."""
+
+    def __init__(
+        self,
+        table_metadata: TableMetadata,
+        io: FileIO,
+        row_filter: str | BooleanExpression = _ALL,
+        selected_fields: tuple[str, ...] = ("*",),
+        case_sensitive: bool = True,
+        snapshot_id: int | None = None,
+        options: Properties = EMPTY_DICT,
+        limit: int | None = None,
+        catalog: Catalog | None = None,
+        table_identifier: Identifier | None = None,
+        table: PlannedTable | None = None,
+    ) -> None:
+        super().__init__(
+            table_metadata=table_metadata,
+            io=io,
+            row_filter=row_filter,
+            selected_fields=selected_fields,
+            case_sensitive=case_sensitive,
+            snapshot_id=snapshot_id,
+            options=options,
+            limit=limit,
+            catalog=catalog,
+            table_identifier=table_identifier,
+        )
+        self.table = table
+
+    def plan_files(self) -> Iterable[FileScanTask]:
+        """pyiceberg's plan; a failure because expiry removed the scanned snapshot (and its
+        manifests) since the table was loaded: `SnapshotExpired`."""
+        try:
+            return list(super().plan_files())
+        except Exception as exc:
+            snapshot = self.snapshot()
+            if self.table is None or snapshot is None:
+                raise
+            gone = pinned_snapshot_gone(
+                self.table, snapshot.snapshot_id, dataset=self.table.dataset
+            )
+            if gone is None:
+                raise
+            raise gone from exc
+
+    def _plan_files_local(self) -> Iterable[FileScanTask]:
+        """pyiceberg's local planning, the manifest list read by `manifest_files`."""
+        snapshot = self.snapshot()
+        if not snapshot:
+            return []
+        return self._manifest_planner.plan_files(manifest_files(self.io, snapshot))
+
+    @cached_property
+    def _manifest_planner(self) -> ManifestGroupPlanner:
+        return FastPlanner(
+            table_metadata=self.table_metadata,
+            io=self.io,
+            row_filter=self.row_filter,
+            case_sensitive=self.case_sensitive,
+            options=self.options,
+        )
+
+
+class FastPlanner(ManifestGroupPlanner):
+    """pyiceberg's planner, the manifest entries read by `manifest_entries`."""
+
+    def plan_manifest_entries(
+        self, manifests: Iterable[ManifestFile]
+    ) -> Iterator[list[ManifestEntry]]:
+        """pyiceberg's step 1 and 2 (manifests pruned by partition summaries, entries by the
+        partition and metrics evaluators), local manifests decoded in this thread."""
+        by_spec: dict[int, Callable[[ManifestFile], bool]] = {}
+        kept = []
+        for manifest in manifests:
+            spec_id = manifest.partition_spec_id
+            if spec_id not in by_spec:
+                by_spec[spec_id] = self._build_manifest_evaluator(spec_id)
+            if by_spec[spec_id](manifest):
+                kept.append(manifest)
+        partitions: dict[int, Callable[[DataFile], bool]] = {}
+        for manifest in kept:
+            if manifest.partition_spec_id not in partitions:
+                spec_id = manifest.partition_spec_id
+                partitions[spec_id] = self._build_partition_evaluator(spec_id)
+        metrics = self._build_metrics_evaluator()
+        data_sequences = [
+            m.min_sequence_number or 0 for m in kept if m.content == ManifestContent.DATA
+        ]
+        lowest = min(data_sequences) if data_sequences else 0
+        todo = [m for m in kept if self._check_sequence_number(lowest, m)]
+
+        def matching(manifest: ManifestFile) -> list[ManifestEntry]:
+            keep = partitions[manifest.partition_spec_id]
+            return [
+                entry
+                for entry in manifest_entries(self.io, manifest)
+                if keep(entry.data_file) and metrics(entry.data_file)
+            ]
+
+        if len(todo) > 1 and not all(m.manifest_path.startswith(_LOCAL) for m in todo):
+            executor: Executor = ExecutorFactory.get_or_create()
+            return executor.map(matching, todo)  # object stores: fetch in parallel
+        return iter([matching(m) for m in todo])
