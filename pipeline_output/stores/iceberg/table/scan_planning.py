@@ -21,17 +21,14 @@ fails reading the snapshot's manifest list: `SnapshotExpired`, naming the datase
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from functools import cached_property
+from typing import Any, TypeVar
 
-from pyiceberg.catalog import Catalog
-from pyiceberg.expressions import AlwaysTrue, BooleanExpression
-from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestFile
 from pyiceberg.table import DataScan, FileScanTask, ManifestGroupPlanner, Table
-from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.typedef import EMPTY_DICT, Identifier, Properties
 from pyiceberg.utils.concurrent import ExecutorFactory
 
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
@@ -41,7 +38,7 @@ from pipeline_output.stores.iceberg.table.manifest_decoding import (
 from pipeline_output.stores.iceberg.table.snapshot_log import pinned_snapshot_gone
 
 _LOCAL = ("file:", "/")
-_ALL = AlwaysTrue()
+T = TypeVar("T")
 
 
 def planned(table: Table, *, dataset: str | None = None) -> Table:
@@ -60,68 +57,43 @@ def planned(table: Table, *, dataset: str | None = None) -> Table:
     return out
 
 
+def _built_from(source: object, cls: type[T]) -> T:
+    """A `cls` whose constructor arguments are `source`'s attributes of the same names (pyiceberg
+    keeps a scan's constructor arguments as attributes: its own `TableScan.update` relies on it)."""
+    params = inspect.signature(cls.__init__).parameters.keys() - {"self"}
+    return cls(**{name: getattr(source, name) for name in params})
+
+
 class PlannedTable(Table):
     """A loaded table whose `scan()` is a `FastDataScan` (everything else is `Table`'s)."""
 
     dataset: str = ""
 
-    def scan(
-        self,
-        row_filter: str | BooleanExpression = _ALL,
-        selected_fields: tuple[str, ...] = ("*",),
-        case_sensitive: bool = True,
-        snapshot_id: int | None = None,
-        options: Properties = EMPTY_DICT,
-        limit: int | None = None,
-    ) -> DataScan:
-        return FastDataScan(
-            table_metadata=self.metadata,
-            io=self.io,
-            row_filter=row_filter,
-            selected_fields=selected_fields,
-            case_sensitive=case_sensitive,
-            snapshot_id=snapshot_id,
-            options=options,
-            limit=limit,
-            catalog=self.catalog,
-            table_identifier=self.name(),
-            table=self,
-        )
+    def scan(self, *args: Any, **kwargs: Any) -> DataScan:
+        return FastDataScan.of(super().scan(*args, **kwargs), table=self)
 
 
 class FastDataScan(DataScan):
     """pyiceberg's `DataScan` planned by `FastPlanner` (the manifests decoded by fastavro).
 
-    `table`: the `PlannedTable` it scans, asked again when planning fails (a constructor
-    argument, so pyiceberg's `update` — `filter`, `select` — carries it over)."""
+    `table`: the `PlannedTable` it scans, asked again when planning fails (`update` — `filter`,
+    `select` — carries it over)."""
 
-    def __init__(
-        self,
-        table_metadata: TableMetadata,
-        io: FileIO,
-        row_filter: str | BooleanExpression = _ALL,
-        selected_fields: tuple[str, ...] = ("*",),
-        case_sensitive: bool = True,
-        snapshot_id: int | None = None,
-        options: Properties = EMPTY_DICT,
-        limit: int | None = None,
-        catalog: Catalog | None = None,
-        table_identifier: Identifier | None = None,
-        table: PlannedTable | None = None,
-    ) -> None:
-        super().__init__(
-            table_metadata=table_metadata,
-            io=io,
-            row_filter=row_filter,
-            selected_fields=selected_fields,
-            case_sensitive=case_sensitive,
-            snapshot_id=snapshot_id,
-            options=options,
-            limit=limit,
-            catalog=catalog,
-            table_identifier=table_identifier,
-        )
-        self.table = table
+    table: PlannedTable | None = None
+
+    @classmethod
+    def of(cls, scan: DataScan, *, table: PlannedTable) -> FastDataScan:
+        """`scan` (pyiceberg's own) as a `FastDataScan` of `table`: its constructor arguments
+        copied as pyiceberg's `update` copies them (they are its attributes)."""
+        out = _built_from(scan, cls)
+        out.table = table
+        return out
+
+    def update(self, **overrides: Any) -> FastDataScan:
+        """pyiceberg's `update` (`filter`, `select`, ...), keeping the table planning asks."""
+        out = super().update(**overrides)
+        out.table = self.table
+        return out
 
     def plan_files(self) -> Iterable[FileScanTask]:
         """pyiceberg's plan; a failure because expiry removed the scanned snapshot (and its
@@ -148,13 +120,7 @@ class FastDataScan(DataScan):
 
     @cached_property
     def _manifest_planner(self) -> ManifestGroupPlanner:
-        return FastPlanner(
-            table_metadata=self.table_metadata,
-            io=self.io,
-            row_filter=self.row_filter,
-            case_sensitive=self.case_sensitive,
-            options=self.options,
-        )
+        return _built_from(self, FastPlanner)
 
 
 class FastPlanner(ManifestGroupPlanner):
