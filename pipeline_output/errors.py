@@ -103,6 +103,11 @@ class SchemaMismatch(BadInput):
     """The compute's schema cannot be written into the table's schema (incompatible type change)."""
 
 
+class UndecodableManifestLayout(TerminalError):
+    """A manifest (list) layout the native Avro decoding does not read: the caller decodes it with
+    pyiceberg instead, so it never reaches a user."""
+
+
 class CorruptManifest(TerminalError, ValueError):
     """A table's manifest cannot be read as the Avro format says (a bad sync marker), or a write
     was about to make an empty one; `ValueError` as pyiceberg raises for the same conditions."""

@@ -41,6 +41,8 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 from pyiceberg.types import ListType
 
+from pipeline_output.errors import UndecodableManifestLayout
+
 _DATA_FILE = DATA_FILE_TYPE[DEFAULT_READ_VERSION]
 _MANIFEST_FILE = MANIFEST_LIST_FILE_SCHEMAS[DEFAULT_READ_VERSION]
 _MAPS = frozenset((108, 109, 110, 137, 125, 128))  # column sizes, counts, bounds: int -> value
@@ -97,15 +99,11 @@ def _cached(
             return cache[text]
     try:
         convert: _Converter | None = build(reader.writer_schema)
-    except _Unsupported:
+    except UndecodableManifestLayout:
         convert = None
     with _LOCK:
         cache[text] = convert
     return convert
-
-
-class _Unsupported(Exception):
-    """A layout this module does not decode (pyiceberg does)."""
 
 
 def _fields(record_schema: Any) -> dict[int, tuple[str, Any]]:
@@ -113,7 +111,7 @@ def _fields(record_schema: Any) -> dict[int, tuple[str, Any]]:
         rest = [k for k in record_schema if k != "null"]
         record_schema = rest[0] if len(rest) == 1 else None
     if not isinstance(record_schema, dict) or record_schema.get("type") != "record":
-        raise _Unsupported
+        raise UndecodableManifestLayout
     return {f["field-id"]: (f["name"], f["type"]) for f in record_schema["fields"]}
 
 
@@ -125,7 +123,7 @@ def _columns(
     for field in struct.fields:
         if field.field_id not in written:
             if field.required:
-                raise _Unsupported
+                raise UndecodableManifestLayout
             out.append((None, None, field.initial_default))
             continue
         out.append((written[field.field_id][0], special.get(field.field_id), None))
@@ -153,7 +151,7 @@ def _list_converter(writer: Any) -> _Converter:
         items = summaries[1]
         items = next((k for k in items if k != "null"), None) if isinstance(items, list) else items
         if not isinstance(items, dict) or items.get("type") != "array":
-            raise _Unsupported
+            raise UndecodableManifestLayout
         element = cast(ListType, _MANIFEST_FILE.find_field(507).field_type).element_type
         summary = _columns(element, _fields(items["items"]), {})
         special[507] = lambda parts: [PartitionFieldSummary(*_values(summary, p)) for p in parts]
@@ -164,7 +162,7 @@ def _list_converter(writer: Any) -> _Converter:
 def _entry_converter(writer: Any) -> _Converter:
     top = _fields(writer)
     if any(i not in top for i in (0, 2)):
-        raise _Unsupported
+        raise UndecodableManifestLayout
     names = [top[i][0] if i in top else None for i in (0, 1, 3, 4)]
     written = _fields(top[2][1])
     special: dict[int, _Converter] = {134: DataFileContent, 101: FileFormat}
@@ -196,14 +194,14 @@ def _partition(avro: Any) -> Callable[[Any], Any]:
     """The partition record as pyiceberg reads it: a `Record` of the values in written order,
     dates as days and timestamps as microseconds since the epoch (fastavro gives objects)."""
     if not isinstance(avro, dict) or avro.get("type") != "record":
-        raise _Unsupported
+        raise UndecodableManifestLayout
     parts = []
     for field in avro["fields"]:
         kind = field["type"]
         if isinstance(kind, list):  # ["null", T]
             rest = [k for k in kind if k != "null"]
             if len(rest) != 1:
-                raise _Unsupported
+                raise UndecodableManifestLayout
             kind = rest[0]
         parts.append((field["name"], _partition_value(kind)))
 
@@ -222,9 +220,9 @@ def _partition_value(kind: Any) -> Callable[[Any], Any] | None:
     if isinstance(kind, str):
         if kind in ("int", "long", "string", "boolean", "float", "double", "bytes"):
             return None
-        raise _Unsupported
+        raise UndecodableManifestLayout
     if not isinstance(kind, dict):
-        raise _Unsupported
+        raise UndecodableManifestLayout
     logical, base = kind.get("logicalType"), kind.get("type")
     if logical is None and base in ("int", "long", "string", "boolean", "float", "double"):
         return None
@@ -232,7 +230,7 @@ def _partition_value(kind: Any) -> Callable[[Any], Any] | None:
         return _days
     if logical == "timestamp-micros" and base == "long":
         return _micros
-    raise _Unsupported  # time, uuid, decimal, fixed, ...: pyiceberg decodes
+    raise UndecodableManifestLayout  # time, uuid, decimal, fixed, ...: pyiceberg decodes
 
 
 def _days(value: date) -> int:
