@@ -133,6 +133,7 @@ def scan_table(
         snapshot_scan,
         snapshot_schema,
         target_schema,
+        typed,
     )
 
     if snapshot_id is None and (current := table.current_snapshot()) is not None:
@@ -142,9 +143,7 @@ def scan_table(
         return pl.LazyFrame(schema=target)
     silence_planner_note()
     frame = snapshot_scan(table, snapshot_id, dataset=dataset or name)
-    native = frame.collect_schema()
-    casts = [pl.col(c).cast(t) for c, t in target.items() if c in native and native[c] != t]
-    return frame.with_columns(casts) if casts else frame
+    return typed(frame, target)
 
 
 def scan_iceberg_dataset(

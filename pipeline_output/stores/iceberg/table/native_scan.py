@@ -22,6 +22,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import polars as pl
 from polars.exceptions import PerformanceWarning
@@ -30,6 +31,8 @@ from pyiceberg.table import Table
 
 from pipeline_output.contract.checked_input import polars_schema
 from pipeline_output.stores.iceberg.table.scan_planning import planned
+
+F = TypeVar("F", pl.DataFrame, pl.LazyFrame)
 
 
 def snapshot_schema(table: Table, snapshot_id: int | None) -> Schema:
@@ -91,11 +94,9 @@ def target_schema(schema: Schema) -> pl.Schema:
     return polars_schema(schema.as_arrow())
 
 
-def typed(frame: pl.DataFrame, target: pl.Schema) -> pl.DataFrame:
-    """`frame` with every column of `target` it has cast to `target`'s type (when it differs)."""
-    casts = [
-        pl.col(c).cast(target[c])
-        for c, dtype in frame.schema.items()
-        if c in target and dtype != target[c]
-    ]
+def typed(frame: F, target: pl.Schema) -> F:
+    """`frame` (read or lazy) with every column of `target` it has cast to `target`'s type (when
+    it differs)."""
+    schema = frame.collect_schema()
+    casts = [pl.col(c).cast(t) for c, t in target.items() if c in schema and schema[c] != t]
     return frame.with_columns(casts) if casts else frame
