@@ -44,6 +44,17 @@ Reported: medians over repetitions (min-max) of seconds and bytes read, peak RSS
 ru_maxrss, max over repetitions; the peer ratios also give the ratio of the repetitions' medians,
 as one repetition's outlier sets the max), ratios against the eager cases measured in the same
 run.
+
+Peak RSS with the allocator's decay off (`@decay0`): the six issue-36 cases run a second time in
+every repetition with `_RJEM_MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0` (polars appends it to
+its own jemalloc settings, `dirty_decay_ms:500,...`: the later value wins). Under polars' default,
+pages a read has freed stay resident for up to 0.5 s, and how many of them are still resident when
+the result is complete depends on thread timing: ±10 MB between repetitions of the same read, more
+than the difference between two readers that build the same frame (a faster read even keeps more
+of them). With the decay off, freed pages go back at once, and the peak measures what the read
+itself holds: the same comparison with the allocator's timing taken out, on both sides alike
+(`--no-decay0` skips it). Those lines also give the RSS held right after the read, with the result
+frame still alive (medians): the result itself plus what the planning left behind.
 """
 
 from __future__ import annotations
@@ -79,6 +90,10 @@ CASES = (
     "apply",
 )
 SELECTED = ("id", "v_int")
+# the issue-36 comparison, also run with jemalloc's decay off (`@decay0`: see the docstring)
+PEER_CASES = ("peer_full", "lazy_full", "read_full", "peer_two_f", "lazy_two_f", "read_two_f")
+DECAY0 = "@decay0"
+DECAY0_CONF = "dirty_decay_ms:0,muzzy_decay_ms:0"
 
 
 # -- the counting FileIO (loaded by pyiceberg in the children as `__main__.CountingFileIO`) --------
@@ -274,9 +289,11 @@ def _child(case: str, args: argparse.Namespace) -> dict[str, Any]:
         frame = pl.scan_iceberg(table, snapshot_id=table.current_snapshot().snapshot_id).collect()
         out["rows_out"] = frame.height
     elif case == "lazy_full":
-        out["rows_out"] = publisher.scan(spec, mode=mode).collect().height
+        frame = publisher.scan(spec, mode=mode).collect()
+        out["rows_out"] = frame.height
     elif case == "read_full":
-        out["rows_out"] = runtime.iceberg.read(spec).height
+        frame = runtime.iceberg.read(spec)
+        out["rows_out"] = frame.height
     elif case == "peer_two_f":
         import polars as pl
 
@@ -326,6 +343,7 @@ def _child(case: str, args: argparse.Namespace) -> dict[str, Any]:
     else:
         raise SystemExit(f"unknown case {case}")
     out["seconds"] = time.perf_counter() - started
+    out["held_mb"] = _rss_now()  # the result (`frame`) still alive
     out["rchar"] = _rchar() - rchar
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out["rss_before_mb"] = rss_before
@@ -336,6 +354,12 @@ def _child(case: str, args: argparse.Namespace) -> dict[str, Any]:
     out["files_opened"] = sum(n for p, n in counting.opens.items() if p in records)
     out["rows_read"] = sum(records[p] * n for p, n in counting.opens.items() if p in records)
     return out
+
+
+def _rss_now() -> float:
+    """This process's resident set now, in MB (ru_maxrss's unit: KiB / 1024)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * resource.getpagesize() / 1024 / 1024
 
 
 def _rchar() -> int:
@@ -420,6 +444,11 @@ def _chunk_bytes(paths: list[str]) -> tuple[int, int]:
 
 
 def _run_child(args: argparse.Namespace, case: str, rep: int, url: str) -> dict[str, Any]:
+    """Run `case` in a fresh process; `<case>@decay0` runs it with jemalloc's decay off."""
+    env = _env(url, counting=True)
+    if case.endswith(DECAY0):
+        case = case.removesuffix(DECAY0)
+        env["_RJEM_MALLOC_CONF"] = DECAY0_CONF
     cmd = [
         sys.executable,
         __file__,
@@ -434,9 +463,7 @@ def _run_child(args: argparse.Namespace, case: str, rep: int, url: str) -> dict[
         "--rep",
         str(rep),
     ]
-    proc = subprocess.run(
-        cmd, env=_env(url, counting=True), capture_output=True, text=True, timeout=3600
-    )
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
@@ -462,6 +489,11 @@ def main() -> int:
     parser.add_argument("--apply-reps", type=int, default=None, help="default: --reps")
     parser.add_argument("--only", default="", help="comma-separated substrings of case names")
     parser.add_argument("--keep", action="store_true", help="keep benchmarks/.work/reads/")
+    parser.add_argument(
+        "--no-decay0",
+        action="store_true",
+        help="skip the second run of the issue-36 cases with jemalloc's decay off",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--rep", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -481,6 +513,8 @@ def main() -> int:
     from pipeline_output.infra import embedded_pg
 
     wanted = [c for c in CASES if not args.only or any(s in c for s in args.only.split(","))]
+    if not args.no_decay0:  # each issue-36 case right after itself, with the decay off
+        wanted = [v for c in wanted for v in ((c, c + DECAY0) if c in PEER_CASES else (c,))]
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     wall = time.perf_counter()
@@ -541,17 +575,17 @@ def main() -> int:
                 r = _run_child(args, case, rep, url)
                 results[case].append(r)
                 if "error" in r:
-                    print(f"  {case:<11} {r['error']}")
+                    print(f"  {case:<18} {r['error']}")
                     continue
                 print(
-                    f"  {case:<11} {r['seconds']:8.3f} s  {_mb(r['bytes_read']):>9} MB via FileIO  "
+                    f"  {case:<18} {r['seconds']:8.3f} s  {_mb(r['bytes_read']):>9} MB via FileIO  "
                     f"{_mb(r['rchar']):>9} MB read (rchar)  {r['files_opened']:>5} files  "
                     f"peak {r['peak_rss_mb']:.0f} MB"
                 )
         print()
         print("== results (medians over repetitions; peak RSS: max over repetitions) ==")
         header = (
-            f"{'case':<11} {'n':>2} {'median s':>9} {'min-max s':>15} {'MB read':>9} "
+            f"{'case':<18} {'n':>2} {'median s':>9} {'min-max s':>15} {'MB read':>9} "
             f"{'FileIO opens':>12} {'rows read':>13} {'rows read / upstream':>20} "
             f"{'peak RSS MB':>11} {'pre MB':>6}"
         )
@@ -562,7 +596,7 @@ def main() -> int:
             ok = [r for r in results[case] if "error" not in r]
             if not ok:
                 print(
-                    f"{case:<11} {0:>2} failed: {results[case][0].get('error') if results[case] else '-'}"
+                    f"{case:<18} {0:>2} failed: {results[case][0].get('error') if results[case] else '-'}"
                 )
                 continue
             secs, span = _spread([r["seconds"] for r in ok])
@@ -573,22 +607,24 @@ def main() -> int:
                 "rows": statistics.median(r["rows_read"] for r in ok),
                 "rss": max(r["peak_rss_mb"] for r in ok),
                 "rss_med": statistics.median(r["peak_rss_mb"] for r in ok),
+                "held_med": statistics.median(r["held_mb"] for r in ok),
                 "pre": max(r["rss_before_mb"] for r in ok),
             }
             med[case] = m
             print(
-                f"{case:<11} {len(ok):>2} {secs:>9} {span:>15} {_mb(m['bytes']):>9} "
+                f"{case:<18} {len(ok):>2} {secs:>9} {span:>15} {_mb(m['bytes']):>9} "
                 f"{m['files']:>12.0f} {m['rows']:>13,.0f} {m['rows'] / args.rows:>20.2f} "
                 f"{m['rss']:>11.0f} {m['pre']:>6.0f}"
             )
         print()
         print("== ratios (same-run baselines) ==")
-        for ours, peer in (
+        pairs = (
             ("lazy_full", "peer_full"),
             ("read_full", "peer_full"),
             ("lazy_two_f", "peer_two_f"),
             ("read_two_f", "peer_two_f"),
-        ):
+        )
+        for ours, peer in pairs:
             if ours in med and peer in med:
                 t = med[ours]["seconds"] / med[peer]["seconds"]
                 r = med[ours]["rss"] / med[peer]["rss"]
@@ -597,6 +633,19 @@ def main() -> int:
                     f"{ours} / {peer} (pl.scan_iceberg): seconds {t:.3f} "
                     f"({'meets' if t <= 1.0 else 'MISSES'} <= 1.0), peak RSS {r:.3f} "
                     f"({'meets' if r <= 1.0 else 'MISSES'} <= 1.0; median of reps {rm:.3f})"
+                )
+        for ours, peer in pairs:
+            ours, peer = ours + DECAY0, peer + DECAY0
+            if ours in med and peer in med:
+                peak = med[ours]["rss"] / med[peer]["rss"]
+                peak_med = med[ours]["rss_med"] / med[peer]["rss_med"]
+                print(
+                    f"{ours} / {peer} (decay off): peak RSS {peak:.3f} "
+                    f"({'meets' if peak <= 1.0 else 'MISSES'} <= 1.0; median of reps "
+                    f"{peak_med:.3f}, {med[ours]['rss_med'] - med[peer]['rss_med']:+.1f} MB); "
+                    f"RSS held with the result alive {med[ours]['held_med']:.1f} vs "
+                    f"{med[peer]['held_med']:.1f} MB "
+                    f"({med[ours]['held_med'] - med[peer]['held_med']:+.1f} MB, medians)"
                 )
         if "eager_two" in med and "lazy_two" in med:
             e, lz = med["eager_two"], med["lazy_two"]
