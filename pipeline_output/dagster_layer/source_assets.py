@@ -2,8 +2,8 @@
 
 Each carries its kind (`postgres`, `iceberg`); one declared without `group=` joins the group of
 the datasets that read it (`grouped_sources`, applied by `build_definitions`). A delta dataset's
-window sensor records what it sees of its source every tick (`source_observation`), so the
-source is observed without anyone pressing "Observe".
+window sensor records what it sees of its source on each tick where the source's high-water mark
+moved (`source_observation`), so the source is observed without anyone pressing "Observe".
 
 Reads go through the runtime of the code location (its `PipelineOutputResource`): a Postgres source
 without `url=` is a table of its control plane, an Iceberg source a table of its catalog.
@@ -67,6 +67,18 @@ def iceberg_window_count(source: SourceSpec, window: Window, *, runtime: Runtime
     return int(table.scan(row_filter=row_filter).count())
 
 
+def source_snapshot(source: SourceSpec, *, runtime: Runtime) -> int | None:
+    """The current snapshot id of an Iceberg source's table (None: no snapshot, or no table —
+    `source_stats` says so): a metadata read, no data file opened."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        table = runtime.catalog.load_table(str(source.identifier))
+    except NoSuchTableError:
+        return None
+    return table.metadata.current_snapshot_id
+
+
 def source_stats(source: SourceSpec, *, runtime: Runtime) -> tuple[int, Any]:
     """(row count, high-water mark) of a source."""
     if source.kind == "postgres":
@@ -88,9 +100,9 @@ def source_stats(source: SourceSpec, *, runtime: Runtime) -> tuple[int, Any]:
 def source_observation(
     key: dg.AssetKey, rows: int, hwm: Any, *, watermark: str | None, versioned: bool = True
 ) -> dg.AssetObservation:
-    """What one look at a source found (the window sensor records one every tick): its row
-    count and the high-water mark of `watermark`; `versioned`: the observation sets the source's
-    data version (`rows:hwm`, as its observe function does)."""
+    """What one look at a source found (the window sensor records one on each tick its
+    high-water mark moved): its row count and the high-water mark of `watermark`; `versioned`:
+    the observation sets the source's data version (`rows:hwm`, as its observe function does)."""
     tags = {DATA_VERSION_TAG: f"{rows}:{hwm}", DATA_VERSION_USER_TAG: "true"} if versioned else None
     metadata = _observed(rows, hwm, watermark=watermark)
     return dg.AssetObservation(asset_key=key, metadata=metadata, tags=tags)

@@ -1,13 +1,13 @@
 """The window sensor of a delta dataset: plan its windows, request runs for the pending ones.
 
 `<dataset>__window_sensor`, one per delta dataset (`build_definitions`). Its upstream is a source
-(`postgres_source` / `iceberg_source`: the high-water mark is read every tick) or another dataset
-(a chained delta dataset: read only after that dataset has a new materialization, and only up to
-what it has fully written). One tick:
+(`postgres_source` / `iceberg_source`: the high-water mark is read every tick, the rows only when
+it moved) or another dataset (a chained delta dataset: read only after that dataset has a new
+materialization, and only up to what it has fully written). One tick:
 
-1. reads the upstream's high-water mark (a source's, on the Delta's watermark column, is recorded
-   as an observation of the source: row count and high-water mark) and the ledger's last
-   window, and plans the next windows
+1. reads the upstream when its version moved since the cursor's (a source's high-water mark on
+   the Delta's watermark column; the source read is recorded as an observation of the source:
+   row count and high-water mark) and the ledger's last window, and plans the next windows
    (`window_planning.next_windows`: at most 1,000 per tick, each within `max_rows`; a larger
    backlog continues on the next tick);
 2. adds the partitions of the windows planned since its last tick (the cursor holds the last

@@ -1,8 +1,12 @@
 """What a window sensor cuts windows from (`window_sensor.WindowUpstream`): a source, or another
 dataset (a chained delta dataset).
 
-- A **Postgres source**: `max(watermark)` every tick, and the cut values read with `ORDER BY ...
-  LIMIT` in Postgres. An **Iceberg source**: its watermark column.
+- A **source**: its high-water mark every tick — `max(watermark)` alone on Postgres (one index
+  entry when the column is indexed), the current snapshot of an Iceberg table. Only when that
+  moved is the source read whole (row count and high-water mark, recorded as an observation) and
+  windows planned: an idle tick neither counts a large table's rows nor records an observation.
+  The cut values are read with `ORDER BY ... LIMIT` in Postgres; from the watermark column of an
+  Iceberg source.
 - **Another dataset**: read from its authoritative arm, only after it has a new materialization
   whose run has finished (the version is the materialization's storage id), so an idle tick does
   not read it. When the upstream is itself a delta dataset, windows reach only as far as its
@@ -28,6 +32,7 @@ from pipeline_output.services.reads import within
 from pipeline_output.services.runtime import Runtime
 from pipeline_output.services.sources import (
     SourceSpec,
+    postgres_high_water_mark,
     postgres_watermark_values,
 )
 
@@ -37,8 +42,14 @@ def source_upstream(
 ) -> WindowUpstream:
     """A source asset's table as the upstream of `spec`'s window sensor, cut on the Delta's
     watermark column whatever the source declares (`delta_sources.delta_source`). Each read is
-    also recorded as an observation of the source (its row count and high-water mark)."""
-    from pipeline_output.dagster_layer.source_assets import scan_source, source_observation
+    also recorded as an observation of the source (its row count and high-water mark); its
+    version is the high-water mark alone (Postgres) or the current snapshot (Iceberg), so a tick
+    reads and records it only when that moved."""
+    from pipeline_output.dagster_layer.source_assets import (
+        scan_source,
+        source_observation,
+        source_snapshot,
+    )
 
     assert spec.delta is not None
     column = spec.delta.watermark
@@ -63,7 +74,17 @@ def source_upstream(
         frame = scan_source(windowed, window=window, runtime=runtime()).select(column).collect()
         return frame.get_column(column).sort().head(n)
 
-    return WindowUpstream(name=source.name, read=read, values=values)
+    def version(context: dg.SensorEvaluationContext) -> str | None:
+        """What moves when the source has new rows to plan (None: read it — an empty source,
+        a table or column that does not exist, whose read then says why)."""
+        if source.kind == "postgres":
+            url = source.url or runtime().pg_url
+            hwm = postgres_high_water_mark(windowed, url)
+            return None if hwm is None else f"max:{hwm!r}"
+        snapshot = source_snapshot(source, runtime=runtime())
+        return None if snapshot is None else f"snapshot:{snapshot}"
+
+    return WindowUpstream(name=source.name, read=read, values=values, version=version)
 
 
 def _at_most(value: Any, bound: Any) -> Any:

@@ -278,15 +278,20 @@ def postgres_stats(source: SourceSpec, url: str) -> tuple[int, Any]:
 
 
 def postgres_high_water_mark(source: SourceSpec, url: str) -> Any:
-    """The source's high-water mark: `max(watermark)` alone (no row count: a window sensor's tick
-    reads only what can change)."""
+    """The source's high-water mark: `max(watermark)` alone — no row count, so with an index on the
+    watermark column it reads one index entry (a window sensor's idle tick reads only this).
+    None for an empty table, and for a table or column that does not exist (`postgres_stats`
+    says which)."""
     if source.watermark is None:
         raise BadInput(f"source {source.name!r}: a high-water mark needs a watermark column")
     query = sql.SQL("SELECT max({}) FROM {}").format(
         sql.Identifier(source.watermark), _qualified(source)
     )
-    with pgsession.connect(url) as conn:
-        row = conn.execute(query).fetchone()
+    try:
+        with pgsession.connect(url) as conn:
+            row = conn.execute(query).fetchone()
+    except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
+        return None
     return row[0] if row else None
 
 

@@ -302,3 +302,109 @@ def test_a_lookback_run_reads_back_only_the_windows_it_needs(env, instance):
     assert_same_multiset(
         get_runtime().iceberg.read(NAME).select("id", "v", "seq"), source_frame(env)
     )
+
+
+def observed(result: dg.SensorResult) -> list[dict[str, Any]]:
+    """The metadata of each source observation a tick recorded."""
+    return [
+        {k: getattr(v, "value", v) for k, v in e.metadata.items()}
+        for e in result.asset_events
+        if isinstance(e, dg.AssetObservation)
+    ]
+
+
+def test_an_idle_tick_reads_only_the_source_high_water_mark_and_records_nothing(
+    env, instance, monkeypatch
+):
+    """A large legacy table is not counted every tick: with a cursor, a tick whose source's
+    `max(watermark)` did not move neither runs `count(*)` nor records an observation; once it
+    moves, the source is read and observed again."""
+    from pipeline_output.dagster_layer import source_assets
+
+    make_source(env, 1, 3)
+    defs = copy_defs()
+    first = tick(defs, instance)
+    assert [(o["dagster/row_count"], o["high_water_mark"]) for o in observed(first)] == [(3, "3")]
+    for request in first.run_requests:
+        assert run_request(defs, instance, request).success
+
+    def counted(*_: Any, **__: Any) -> Any:
+        raise AssertionError("an idle tick counted the source's rows")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(source_assets, "postgres_stats", counted)
+        idle = tick(defs, instance, cursor=first.cursor)
+    assert observed(idle) == [] and idle.run_requests == []
+    make_source(env, 4, 4)
+    nxt = tick(defs, instance, cursor=idle.cursor)
+    assert [(o["dagster/row_count"], o["high_water_mark"]) for o in observed(nxt)] == [(4, "4")]
+    [request] = nxt.run_requests
+    assert request.partition_key == Window(3, 4).to_key()
+    assert run_request(defs, instance, request).success
+    check_applied_once(env, 4)
+
+
+def test_an_iceberg_source_is_planned_from_and_an_idle_tick_opens_no_data_file(
+    env, instance, monkeypatch
+):
+    """A delta dataset over an Iceberg source: windows are cut from its watermark column and
+    applied; a tick with a cursor on an unchanged table reads only its metadata (the current
+    snapshot), and an append is planned on the next tick."""
+    import pyarrow as pa
+
+    from pipeline_output import iceberg_source
+    from pipeline_output.dagster_layer import source_assets
+
+    catalog = get_runtime().catalog
+    catalog.create_namespace_if_not_exists("raw")
+
+    def rows(first: int, last: int) -> pa.Table:
+        seq = list(range(first, last + 1))
+        return pa.table(
+            {
+                "id": pa.array(seq, pa.int64()),
+                "v": pa.array([f"v{s}" for s in seq], pa.string()),
+                "seq": pa.array(seq, pa.int64()),
+            }
+        )
+
+    table = catalog.create_table("raw.ev", schema=rows(1, 1).schema)
+    table.append(rows(1, 4))
+
+    @dataset(
+        NAME,
+        strategy="append_always",
+        mode="iceberg",
+        delta=Delta(source="ev_ice", watermark="seq", max_rows=2),
+    )
+    def ev_copy(ev_ice: pl.LazyFrame) -> pl.LazyFrame:
+        return ev_ice.select("id", "v", "seq")
+
+    source = iceberg_source("ev_ice", identifier="raw.ev", watermark="seq")
+    defs = build_definitions(datasets=[ev_copy], sources=[source])
+    first = tick(defs, instance)
+    assert [(o["dagster/row_count"], o["high_water_mark"]) for o in observed(first)] == [(4, "4")]
+    assert [w.partition_key for w in get_runtime().windows.windows(NAME)] == [
+        Window(None, 2).to_key(),
+        Window(2, 4).to_key(),
+    ]
+    for request in first.run_requests:
+        assert run_request(defs, instance, request).success
+
+    def read(*_: Any, **__: Any) -> Any:
+        raise AssertionError("an idle tick read the Iceberg source's rows")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(source_assets, "source_stats", read)
+        patched.setattr(source_assets, "scan_source", read)
+        idle = tick(defs, instance, cursor=first.cursor)
+    assert observed(idle) == [] and idle.run_requests == []
+    table.append(rows(5, 5))
+    nxt = tick(defs, instance, cursor=idle.cursor)
+    [request] = nxt.run_requests
+    assert request.partition_key == Window(4, 5).to_key()
+    assert run_request(defs, instance, request).success
+    expected = pl.from_arrow(catalog.load_table("raw.ev").scan().to_arrow())
+    assert isinstance(expected, pl.DataFrame)
+    assert_same_multiset(get_runtime().iceberg.read(NAME).select("id", "v", "seq"), expected)
+    assert all(w.state == "applied" for w in get_runtime().windows.windows(NAME))
