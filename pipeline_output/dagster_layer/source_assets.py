@@ -58,13 +58,12 @@ def scan_source(source: SourceSpec, *, window: Window | None, runtime: Runtime) 
 
 
 def iceberg_window_count(source: SourceSpec, window: Window, *, runtime: Runtime) -> int:
-    """How many rows of an Iceberg source lie in `window`."""
-    from pipeline_output.stores.iceberg import window_filter
-
+    """How many rows of an Iceberg source lie in `window`: polars' native scan of the watermark
+    column alone, the window pushed to the files' statistics and row groups (delete files
+    applied)."""
     assert source.watermark is not None
-    table = runtime.catalog.load_table(str(source.identifier))
-    row_filter = window_filter(source.watermark, window, schema=table.schema())
-    return int(table.scan(row_filter=row_filter).count())
+    frame = scan_source(source, window=window, runtime=runtime)
+    return int(frame.select(pl.len()).collect().item())
 
 
 def source_snapshot(source: SourceSpec, *, runtime: Runtime) -> int | None:
@@ -80,7 +79,8 @@ def source_snapshot(source: SourceSpec, *, runtime: Runtime) -> int | None:
 
 
 def source_stats(source: SourceSpec, *, runtime: Runtime) -> tuple[int, Any]:
-    """(row count, high-water mark) of a source."""
+    """(row count, high-water mark) of a source: one `count(*), max(watermark)` query on
+    Postgres; on Iceberg, polars' native scan of the watermark column."""
     if source.kind == "postgres":
         return postgres_stats(source, _url_for(source, runtime))
     table = runtime.catalog.load_table(str(source.identifier))
@@ -90,11 +90,13 @@ def source_stats(source: SourceSpec, *, runtime: Runtime) -> tuple[int, Any]:
             f"{source.display} has no watermark column {source.watermark!r}; its columns: "
             f"{', '.join(names)}"
         )
-    cols = [source.watermark] if source.watermark else []
-    frame = pl.from_arrow(table.scan(selected_fields=tuple(cols) or ("*",)).to_arrow())
-    assert isinstance(frame, pl.DataFrame)
-    hwm = frame[source.watermark].max() if source.watermark and frame.height else None
-    return frame.height, hwm
+    # polars' native scan: the watermark column alone (no column for the count), delete files
+    # applied — not pyiceberg's reader of whole files
+    frame = scan_table(table, name=f"iceberg:{source.display}")
+    if source.watermark is None:
+        return int(frame.select(pl.len()).collect().item()), None
+    rows, hwm = frame.select(pl.len(), pl.col(source.watermark).max()).collect().row(0)
+    return int(rows), hwm
 
 
 def source_observation(
