@@ -21,14 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
-from pyiceberg.expressions import And, GreaterThanOrEqual, LessThanOrEqual
 
 from pipeline_output.contract.result import WriteResult
 from pipeline_output.contract.spec import DatasetSpec, Mode, check_identifier
 from pipeline_output.errors import BadInput, InvalidSpec
 from pipeline_output.ledger.window_ledger import WindowLedger
 from pipeline_output.services.publish import Publisher, ResolvedMode
-from pipeline_output.stores.iceberg import window_filter
+from pipeline_output.services.reads import scan_table, within
 
 ROW_INDEX = "__source_row_index__"
 DEFAULT_BATCH_ROWS = 100_000
@@ -104,33 +103,26 @@ def source_batches(
     assert snapshot is not None
     snapshot_id = snapshot.snapshot_id
     pk = list(source.primary_key)
+    # the source pinned to this snapshot, read by polars' native Iceberg scan: each read below
+    # pushes its columns and its range to the files' and row groups' statistics
+    rows = scan_table(table, name=publisher.iceberg.table_name(source), snapshot_id=snapshot_id)
 
     def by_windows() -> Iterator[tuple[str, pl.DataFrame]]:
         assert source.delta is not None
         watermark = source.delta.watermark
         for row in ledger.applied_windows(source.name):
-            scan = table.scan(
-                row_filter=window_filter(watermark, row.window, schema=table.schema()),
-                snapshot_id=snapshot_id,
-            )
-            frame = pl.from_arrow(scan.to_arrow_batch_reader().read_all())
-            assert isinstance(frame, pl.DataFrame)
+            frame = within(rows, row.window, watermark).collect()
             order = pk or [watermark]
             yield f"window {row.window}", frame.sort(order, maintain_order=True)
 
     def by_key_batches() -> Iterator[tuple[str, pl.DataFrame]]:
         if not pk:
-            frame = pl.from_arrow(table.scan(snapshot_id=snapshot_id).to_arrow())
-            assert isinstance(frame, pl.DataFrame)
+            frame = rows.collect()
             for i, offset in enumerate(range(0, max(frame.height, 1), batch_rows)):
                 yield f"batch {i}", frame.slice(offset, batch_rows)
             return
         first = pk[0]
-        keys = pl.from_arrow(
-            table.scan(selected_fields=(first,), snapshot_id=snapshot_id).to_arrow()
-        )
-        assert isinstance(keys, pl.DataFrame)
-        ordered = keys.get_column(first).sort()
+        ordered = rows.select(first).collect().get_column(first).sort()
         n = ordered.len()
         start = 0
         index = 0
@@ -140,12 +132,8 @@ def source_batches(
             hi = ordered[end]
             # keep every row of the last key value in this batch
             end = int(ordered.search_sorted(hi, side="right")) - 1
-            flt = And(
-                GreaterThanOrEqual(first, _lit(lo)),  # type: ignore[call-arg,arg-type]
-                LessThanOrEqual(first, _lit(hi)),  # type: ignore[call-arg,arg-type]
-            )
-            frame = pl.from_arrow(_streamed(table.scan(row_filter=flt, snapshot_id=snapshot_id)))
-            assert isinstance(frame, pl.DataFrame)
+            key = pl.col(first)
+            frame = rows.filter((key >= pl.lit(lo)) & (key <= pl.lit(hi))).collect()
             yield f"batch {index}", frame.sort(pk, maintain_order=True)
             index += 1
             start = end + 1
@@ -153,14 +141,6 @@ def source_batches(
     if source.delta is not None and ledger.applied_windows(source.name):
         return snapshot_id, by_windows()
     return snapshot_id, by_key_batches()
-
-
-def _lit(value: Any) -> Any:
-    from datetime import date, datetime
-
-    if isinstance(value, (datetime, date)):
-        return value.isoformat()
-    return value
 
 
 def predictions(
@@ -308,9 +288,3 @@ def score(
     run.results.update(out.results)
     run.duration_s = time.perf_counter() - started
     return run
-
-
-def _streamed(scan: Any) -> Any:
-    """A scan's rows read record batch by record batch (the filter applies per batch), so a batch
-    drawn from one large data file never materialises the whole file."""
-    return scan.to_arrow_batch_reader().read_all()
