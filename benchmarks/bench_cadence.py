@@ -192,6 +192,7 @@ class Cpu:
 
     def __init__(self, sids: list[int]) -> None:
         self.sids = sids
+        self.roles: dict[int, str] = {}  # pid -> role, as last seen alive
 
     def now(self) -> float:
         reap()
@@ -206,22 +207,41 @@ class Cpu:
         for sid in self.sids:
             for proc in session_procs(sid):
                 with contextlib.suppress(psutil.Error):
-                    line = " ".join(proc.cmdline())
+                    role = self.role(proc)
                     t = proc.cpu_times()
                     own, kids = t.user + t.system, t.children_user + t.children_system
-                    if "--multiprocessing-fork" in line:
-                        role = "run worker"
-                    elif "dagster-daemon" in line:
-                        role = "daemon"
-                    elif " api grpc" in line:
-                        role = "code server"
+                    if role == "code server":  # the run workers it has reaped
                         out["run worker"] = out.get("run worker", 0.0) + kids
                         kids = 0.0
-                    else:
-                        role = "other"
                     out[role] = out.get(role, 0.0) + own + kids
         out["reaped by this process"] = children_cpu_s()
         return out
+
+    def role(self, proc: Any) -> str:
+        """A session process's role, from its command line. A run worker that has exited but is
+        not reaped yet (a zombie: no command line; `cpu_times` still has its CPU) keeps the role
+        it was seen with, or is a run worker when its parent is the code server — without this
+        its CPU was left out of the split while `now()` counted it."""
+        import psutil
+
+        try:
+            line = " ".join(proc.cmdline())
+        except psutil.ZombieProcess:
+            known = self.roles.get(proc.pid)
+            if known is not None:
+                return known
+            parent = self.roles.get(proc.ppid())
+            return "run worker" if parent == "code server" else "other"
+        if "--multiprocessing-fork" in line:
+            role = "run worker"
+        elif "dagster-daemon" in line:
+            role = "daemon"
+        elif " api grpc" in line:
+            role = "code server"
+        else:
+            role = "other"
+        self.roles[proc.pid] = role
+        return role
 
 
 def windows_state(url: str) -> tuple[int, int]:
