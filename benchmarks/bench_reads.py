@@ -624,11 +624,18 @@ def main() -> int:
             ("lazy_two_f", "peer_two_f"),
             ("read_two_f", "peer_two_f"),
         )
+
+        def rss_ratios(ours: str, peer: str) -> tuple[float, float]:
+            """Peak RSS ours / peer: max over repetitions, and the repetitions' medians."""
+            return (
+                med[ours]["rss"] / med[peer]["rss"],
+                med[ours]["rss_med"] / med[peer]["rss_med"],
+            )
+
         for ours, peer in pairs:
             if ours in med and peer in med:
                 t = med[ours]["seconds"] / med[peer]["seconds"]
-                r = med[ours]["rss"] / med[peer]["rss"]
-                rm = med[ours]["rss_med"] / med[peer]["rss_med"]
+                r, rm = rss_ratios(ours, peer)
                 print(
                     f"{ours} / {peer} (pl.scan_iceberg): seconds {t:.3f} "
                     f"({'meets' if t <= 1.0 else 'MISSES'} <= 1.0), peak RSS {r:.3f} "
@@ -637,8 +644,7 @@ def main() -> int:
         for ours, peer in pairs:
             ours, peer = ours + DECAY0, peer + DECAY0
             if ours in med and peer in med:
-                peak = med[ours]["rss"] / med[peer]["rss"]
-                peak_med = med[ours]["rss_med"] / med[peer]["rss_med"]
+                peak, peak_med = rss_ratios(ours, peer)
                 print(
                     f"{ours} / {peer} (decay off): peak RSS {peak:.3f} "
                     f"({'meets' if peak <= 1.0 else 'MISSES'} <= 1.0; median of reps "
