@@ -214,6 +214,19 @@ def columns_from_metadata(raw: Any) -> dict[str, str]:
     return dict(json.loads(value) if isinstance(value, str) else value)
 
 
+def partition_columns_of_asset(asset: Any) -> tuple[str, ...]:
+    """The partition columns of a Dagster-partitioned dataset's asset (one per dimension, in
+    dimension-name order, as its slices list them); () for any other asset."""
+    if not isinstance(asset, dg.AssetsDefinition):
+        return ()
+    for key in asset.keys:
+        raw = asset.metadata_by_key.get(key, {}).get(PARTITION_COLUMNS_KEY)
+        if raw is not None:
+            columns = columns_from_metadata(raw)
+            return tuple(columns[d] for d in sorted(columns))
+    return ()
+
+
 def _for_key(value: Any, key: str, columns: dict[str, str] | None, partitions_def: Any) -> Any:
     """An input as the compute of partition `key` receives it: a dataset partitioned like this
     one (`columns`: its partition columns) narrowed to the key's slice, a partitioned plain
