@@ -4,7 +4,9 @@ For each dataset: per arm it writes, the write mode of the next write and why, i
 effect and the target's state now (first deploy or re-deploy, its rows). A delta dataset first
 lists its pending windows — the ledger's planned and failed ones and those its sensor would plan
 now from new source rows (shown, not recorded) — with the source rows each holds; its arms'
-lines describe the first of them (and the write mode of the ones after, when it differs).
+lines describe the first of them (and the write mode of the ones after, when it differs). A
+Dagster-partitioned dataset is planned as its runs write it: each partition's slice (by its
+partition columns), not the whole table.
 Nothing is written, nothing is planned in the ledger.
 """
 
@@ -34,11 +36,18 @@ SHOW_WINDOWS = 10
 def plan(datasets: tuple[str, ...], mode: str | None) -> None:
     """Show pending windows, the write mode, why, the target state and the expected effect per
     arm; writes nothing."""
-    from pipeline_output.commands.loading import location_runtime
+    from pipeline_output.commands.loading import load_definitions, location_runtime
     from pipeline_output.contract.plan import TargetState, plan_write
+    from pipeline_output.dagster_layer.dataset_specs import spec_of
+    from pipeline_output.dagster_layer.partitioned import partition_columns_of_asset
     from pipeline_output.dagster_layer.window_preview import pending_windows
 
     specs = dataset_specs()
+    partitioned = {}  # dataset -> its partition columns (Dagster-partitioned datasets only)
+    for asset in load_definitions().assets or []:
+        found, columns = spec_of(asset), partition_columns_of_asset(asset)
+        if found is not None and columns:
+            partitioned[found.name] = columns
     for name in datasets:
         spec_named(name)  # an unknown one fails naming the code location and the known ones
     sources = source_specs()
@@ -60,8 +69,11 @@ def plan(datasets: tuple[str, ...], mode: str | None) -> None:
             if not pending.windows:
                 continue
             window, later = pending.windows[0].window, len(pending.windows) - 1
+        columns = partitioned.get(name, ())
         for arm, p in runtime.publisher.plan(spec, mode=resolved, window=window).items():
             state = runtime.publisher.store(cast("Arm", arm)).target_state(spec)
+            if columns:  # a run writes its partitions' slices, whichever partitions they are
+                p = plan_write(spec, state, partitioned_by=columns)
             target = "first deploy" if p.first_deploy else "re-deploy"
             if state.total_rows is not None and state.exists:
                 target += f", {state.total_rows} row(s) now"
@@ -73,4 +85,8 @@ def plan(datasets: tuple[str, ...], mode: str | None) -> None:
                 written = TargetState(exists=True, has_snapshot=True)
                 after = plan_write(spec, written, window).write_mode
                 text += f"; then {later} more window(s): {after}"
+            elif columns and p.first_deploy:
+                written = TargetState(exists=True, has_snapshot=True)
+                after = plan_write(spec, written, partitioned_by=columns).write_mode
+                text += f"; then each partition: {after}"
             click.echo(text)

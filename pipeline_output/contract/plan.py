@@ -22,11 +22,17 @@ and `append_new` append into the slice. Rows outside the slice are refused by ev
 | replace           | replace the target rows inside the slice                |
 | sync              | sync, deletes scoped to the slice                       |
 
+A dry run before the run's partitions are known (`pipeline-output plan`) plans the partition
+situation with `partitioned_by=` (the partition columns) instead of a slice, and describes the
+effect on "each partition's slice"; a partitioned dataset's first deploy is described as the
+target's first write of the partition's rows (never "every target row").
+
 A combination absent from `_DECISIONS` raises `UnsupportedWrite` before any I/O.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,6 +81,9 @@ class WritePlan:
     window: Window | None
     delete_scope: DeleteScope
     partition: PartitionSlice | None = None  # the Dagster partition written (None: none)
+    # a Dagster-partitioned dataset planned before its run's partitions are known: the
+    # partition columns (a dry run only; `partition` is None then)
+    partitioned_by: tuple[str, ...] = ()
 
     @property
     def reason(self) -> str:
@@ -85,6 +94,8 @@ class WritePlan:
             return f"window {self.window}"
         if self.partition is not None:
             return f"partition {self.partition.key}"
+        if self.partitioned_by:
+            return "per partition"
         return "re-deploy"
 
     def describe(self) -> str:
@@ -97,13 +108,26 @@ class WritePlan:
             "sync": "update matched keys, insert new keys, delete target rows whose key is absent",
         }
         effect = effects[self.write_mode]
+        scope = self._slice()
         if self.write_mode == "replace" and self.window is not None and not self.first_deploy:
             effect = f"replace only the target rows inside {self.window}"
         elif self.write_mode == "sync" and self.window is not None:
             effect += f" (deletion limited to rows inside {self.window})"
-        elif self.partition is not None and not self.first_deploy:
-            effect = _PARTITION_EFFECTS[self.write_mode].format(self.partition)
+        elif scope is not None and self.first_deploy:
+            effect = f"the target's first write: the compute's rows of {scope}"
+        elif scope is not None:
+            effect = _PARTITION_EFFECTS[self.write_mode].format(scope)
         return f"{self.write_mode} ({self.reason}): {effect}"
+
+    def _slice(self) -> str | None:
+        """The rows a Dagster-partitioned write is about, in words (None: not partitioned)."""
+        if self.partition is not None:
+            return str(self.partition)
+        if not self.partitioned_by:
+            return None
+        columns = " and ".join(self.partitioned_by)
+        verb = "lies" if len(self.partitioned_by) == 1 else "lie"
+        return f"each partition's slice (the rows whose {columns} {verb} in that partition)"
 
 
 _PARTITION_EFFECTS: dict[WriteMode, str] = {
@@ -146,13 +170,15 @@ def plan_write(
     window: Window | None = None,
     *,
     partition: PartitionSlice | None = None,
+    partitioned_by: Sequence[str] = (),
 ) -> WritePlan:
     """Decide the write mode for `spec` given the target's state and an optional delta window
-    or Dagster partition slice (never both)."""
-    if partition is not None and (window is not None or spec.delta is not None):
+    or Dagster partition slice (never both). `partitioned_by`: a dry run of a Dagster-partitioned
+    dataset whose partitions are not known yet (its partition columns): planned as a partition."""
+    if (partition is not None or partitioned_by) and (window is not None or spec.delta is not None):
         raise UnsupportedWrite(
             f"dataset {spec.name!r}: a delta dataset is written by window, not by Dagster "
-            f"partition ({partition}); nothing was written"
+            f"partition ({partition or ', '.join(partitioned_by)}); nothing was written"
         )
     if window is not None and spec.delta is None:
         raise UnsupportedWrite(
@@ -164,7 +190,7 @@ def plan_write(
         situation = "first_deploy"
     elif window is not None:
         situation = "window"
-    elif partition is not None:
+    elif partition is not None or partitioned_by:
         situation = "partition"
     else:
         situation = "re_deploy"
@@ -183,4 +209,5 @@ def plan_write(
         window=window,
         delete_scope=scope,
         partition=partition,
+        partitioned_by=() if partition is not None else tuple(partitioned_by),
     )

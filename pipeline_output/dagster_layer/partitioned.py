@@ -4,7 +4,7 @@ A dataset partitioned by day, by region or both maps each Dagster partition key 
 rows (`contract/slices.py`): a time-window partition is `[start, end)` on its column, a static or
 dynamic one is `column == key`, a multi-partition one is one term per dimension
 (`partition_column={"date": "day", "region": "region"}`). The compute is called once per
-partition key of the run (a range run: in key order) with `partition_key=` when it declares that
+partition key of the run (a range run: in the definition's order) with `partition_key=` when it declares that
 parameter; inputs from a dataset partitioned by the same definition are narrowed to that key's
 slice, and a partitioned plain upstream loaded as `{key: frame}` gives that key's frame. The
 IO manager then writes each partition in turn through the publish step (`write_partitions`): one
@@ -101,15 +101,39 @@ def _term(definition: Any, column: str, key: str) -> Term:
     return Equals(column, key)
 
 
-def _order(partitions_def: Any, key: str) -> Any:
-    """A sort key putting partition keys in the definition's order (time, then dimensions)."""
+def _ranker(partitions_def: Any, instance: Any) -> Callable[[str], Any]:
+    """A sort key putting partition keys in the definition's order: time windows by their start,
+    static keys as listed, dynamic keys as added (read from `instance`), a multi-partition key
+    by its dimensions in turn."""
     if isinstance(partitions_def, dg.TimeWindowPartitionsDefinition):
-        return (partitions_def.time_window_for_partition_key(key).start.timestamp(), key)
+        return lambda key: (
+            partitions_def.time_window_for_partition_key(key).start.timestamp(),
+            key,
+        )
     if isinstance(partitions_def, dg.MultiPartitionsDefinition):
-        by_dim = partitions_def.get_partition_key_from_str(key).keys_by_dimension
-        dims = partitions_def.partitions_defs
-        return tuple(_order(d.partitions_def, by_dim[d.name]) for d in dims)
-    return (0.0, key)
+        dims = [
+            (d.name, _ranker(d.partitions_def, instance)) for d in partitions_def.partitions_defs
+        ]
+
+        def multi(key: str) -> Any:
+            by_dim = partitions_def.get_partition_key_from_str(key).keys_by_dimension
+            return tuple(rank(by_dim[name]) for name, rank in dims)
+
+        return multi
+    if partitions_def is None:
+        return lambda key: (0, key)
+    listed = partitions_def.get_partition_keys(dynamic_partitions_store=instance)
+    index = {key: n for n, key in enumerate(listed)}
+    return lambda key: (index.get(key, len(index)), key)
+
+
+def _instance(context: Any) -> Any:
+    """The run's instance (it holds the dynamic partitions), or None outside a run."""
+    try:
+        step = context.step_context if isinstance(context, dg.OutputContext) else context
+        return step.instance
+    except dg.DagsterInvariantViolationError:  # a context built outside a run (a unit test)
+        return None
 
 
 def run_keys(context: Any, partitions_def: Any) -> list[str]:
@@ -120,7 +144,9 @@ def run_keys(context: Any, partitions_def: Any) -> list[str]:
         keys = list(context.partition_keys)
     else:
         keys = []
-    return sorted(keys, key=lambda k: _order(partitions_def, k))
+    if len(keys) < 2:
+        return keys
+    return sorted(keys, key=_ranker(partitions_def, _instance(context)))
 
 
 @dataclass(frozen=True)
@@ -188,6 +214,19 @@ def columns_from_metadata(raw: Any) -> dict[str, str]:
     return dict(json.loads(value) if isinstance(value, str) else value)
 
 
+def partition_columns_of_asset(asset: Any) -> tuple[str, ...]:
+    """The partition columns of a Dagster-partitioned dataset's asset (one per dimension, in
+    dimension-name order, as its slices list them); () for any other asset."""
+    if not isinstance(asset, dg.AssetsDefinition):
+        return ()
+    for key in asset.keys:
+        raw = asset.metadata_by_key.get(key, {}).get(PARTITION_COLUMNS_KEY)
+        if raw is not None:
+            columns = columns_from_metadata(raw)
+            return tuple(columns[d] for d in sorted(columns))
+    return ()
+
+
 def _for_key(value: Any, key: str, columns: dict[str, str] | None, partitions_def: Any) -> Any:
     """An input as the compute of partition `key` receives it: a dataset partitioned like this
     one (`columns`: its partition columns) narrowed to the key's slice, a partitioned plain
@@ -252,46 +291,68 @@ def write_partitions(
     runtime: Runtime,
     audit: bool,
 ) -> dict[str, Any]:
-    """Compute and write each partition in order (one commit each); returns the metadata of the
-    materialisation: the last write's, with the row counts summed over the partitions and
-    `dagster/partition_row_count` (the rows the run wrote). In a range run each partition's
-    materialisation also gets its own counts, `dagster/partition_row_count` and commit."""
-    from pipeline_output.dagster_layer.metadata import publish_metadata
+    """Compute and write each partition in order (one commit each); returns the step's
+    materialisation metadata. A one-partition run: its write's metadata, with
+    `dagster/partition_row_count` (the rows it wrote) and `partitions` (its line). A range run:
+    only what is true of every partition (`run_metadata`), while each partition's
+    materialisation gets its own write's metadata (`partition_metadata`): Dagster puts a
+    partition's own keys over the step's, so no partition shows another one's figures."""
+    from pipeline_output.dagster_layer.metadata import publish_metadata, table_metadata
 
-    last: PublishResult | None = None
+    written: list[tuple[PartitionSlice, PublishResult]] = []
     lines = []
-    totals = dict.fromkeys(_SUMMED, 0)
     for part, compute in out.items:
         frame = to_polars(spec, compute())
-        last = runtime.publisher.publish(
+        result = runtime.publisher.publish(
             spec, frame, mode=mode, run_id=context.run_id, partition=part, audit=audit
         )
-        r = last.primary
+        r = result.primary
         lines.append(
             f"{part.key}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted} "
             + ("no-op" if r.noop else f"({r.write_mode}, commit {r.snapshot_id})")
         )
         context.log.info(f"{spec.name}: partition {lines[-1]}")
-        for name in _SUMMED:
-            totals[name] += getattr(r, name)
-        if len(out.items) > 1:  # a range run: each partition's materialisation its own figures
-            commit = "iceberg/snapshot_id" if "iceberg" in last.results else "pg/deploy_id"
+        written.append((part, result))
+        if len(out.items) > 1:  # a range run: each partition's materialisation its own write
             context.step_context.add_asset_metadata(
-                {
-                    **{name: getattr(r, name) for name in _SUMMED},
-                    "dagster/partition_row_count": r.rows_in,
-                    "write_mode": r.write_mode,
-                    commit: "no-op" if r.noop else str(r.snapshot_id),
-                },
-                asset_key=context.asset_key,
-                partition_key=part.key,
+                partition_metadata(result), asset_key=context.asset_key, partition_key=part.key
             )
-    assert last is not None
-    meta = publish_metadata(last, runtime=runtime, spec=spec, schema=frame.schema)
-    meta.update(totals)
-    meta["dagster/partition_row_count"] = totals["rows_in"]
+    last = written[-1][1]
+    if len(written) == 1:
+        meta = publish_metadata(last, runtime=runtime, spec=spec, schema=frame.schema)
+        meta["dagster/partition_row_count"] = last.primary.rows_in
+    else:
+        meta = run_metadata(written, mode)
+        meta.update(table_metadata(runtime, spec, arms=tuple(last.results), schema=frame.schema))
+        meta["dagster/row_count"] = last.primary.rows_total_after
     meta["partitions"] = "; ".join(lines)
     return meta
 
 
-_SUMMED = ("rows_in", "rows_inserted", "rows_updated", "rows_deleted", "rows_unchanged")
+def partition_metadata(result: PublishResult) -> dict[str, Any]:
+    """One partition's write as its own materialisation records it: why, no-op, write mode, row
+    counts, timings, `dagster/partition_row_count`, and each arm's commit (`no-op` when none)."""
+    from pipeline_output.dagster_layer.metadata import write_metadata
+
+    meta = write_metadata(result)
+    meta["dagster/partition_row_count"] = result.primary.rows_in
+    for arm in result.results:
+        meta.setdefault("iceberg/snapshot_id" if arm == "iceberg" else "pg/deploy_id", "no-op")
+    return meta
+
+
+def run_metadata(
+    written: Sequence[tuple[PartitionSlice, PublishResult]], mode: ResolvedMode
+) -> dict[str, Any]:
+    """What is true of every partition of a range run: the mode, the arms, the run's span and
+    how many partitions were written or were no-ops (the table after the run is added beside)."""
+    changed = sum(not r.primary.noop for _, r in written)
+    first, last = written[0][0].key, written[-1][0].key
+    return {
+        "mode": f"{mode.mode} (from {mode.source})",
+        "arms": ", ".join(mode.arms),
+        "run_partitions": (
+            f"{len(written)} partitions {first} .. {last}: {changed} written, "
+            f"{len(written) - changed} no-op"
+        ),
+    }

@@ -261,3 +261,58 @@ def test_a_dry_run_of_a_partition_reports_its_slice_write_and_writes_nothing(env
     assert obs.metadata["write_mode"].value == "sync"
     assert f"partition {DAYS[1]}" in obs.metadata["expected_effect"].value
     assert len(get_runtime().iceberg.load(name).snapshots()) == snapshots  # type: ignore[union-attr]
+
+
+def partition_meta(instance: dg.DagsterInstance, name: str, key: str) -> dict[str, Any]:
+    """The latest materialisation's metadata of partition `key`, as the instance recorded it."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(name), asset_partitions=[key]), limit=1
+    ).records
+    mat = records[0].asset_materialization
+    assert mat is not None
+    return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+
+
+@pytest.mark.parametrize("mode", ["iceberg", "pg"])
+def test_each_partition_of_a_range_run_records_its_own_write(env, instance, mode):
+    source = {d: day_rows(d, [n * 10, n * 10 + 1]) for n, d in enumerate(DAYS)}
+    defs = defs_for(mode, source)
+    name = f"daily_{mode}"
+    assert run(defs, instance, name, DAYS[0], DAYS[2]).success
+    source[DAYS[1]] = day_rows(DAYS[1], [10, 11], version=1)  # day 2 changes; days 1 and 3 not
+    assert run(defs, instance, name, DAYS[0], DAYS[2]).success
+
+    got = {d: partition_meta(instance, name, d) for d in DAYS}
+    for day, m in got.items():
+        assert m["why"] == f"partition {day}"
+        assert m["noop"] is (day != DAYS[1])
+        assert ("note" in m) is (day != DAYS[1])  # a no-op's note only on the no-op days
+    changed = got[DAYS[1]]
+    assert (changed["write_mode"], changed["rows_updated"], changed["rows_inserted"]) == (
+        "sync",
+        2,
+        0,
+    )
+    assert {d: m["rows_updated"] for d, m in got.items()} == {DAYS[0]: 0, DAYS[1]: 2, DAYS[2]: 0}
+    commit = "iceberg/snapshot_id" if mode == "iceberg" else "pg/deploy_id"
+    assert changed[commit] not in (None, "no-op") and got[DAYS[2]][commit] == "no-op"
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_a_range_run_computes_its_partitions_in_the_definitions_order(env, instance, kind):
+    calls: list[str] = []
+    keys = ["zeta", "mid", "alpha"]
+    if kind == "dynamic":
+        partitions: Any = dg.DynamicPartitionsDefinition(name="regions")
+        instance.add_dynamic_partitions("regions", keys)  # added in this order
+    else:
+        partitions = dg.StaticPartitionsDefinition(keys)
+
+    @dataset(primary_key="id", mode="iceberg", partitions_def=partitions, partition_column="region")
+    def ordered(partition_key: str) -> pl.DataFrame:
+        calls.append(partition_key)
+        return pl.DataFrame({"id": [len(calls)], "region": [partition_key]})
+
+    defs = build_definitions(datasets=[ordered], with_maintenance=False)
+    assert run(defs, instance, "ordered", "zeta", "alpha").success
+    assert calls == keys
