@@ -8,6 +8,10 @@ rollback and time travel (`publish_audit`, `drop_stale_audit_branches`, `rollbac
 maintenance (`compact`, `expire_snapshots`, `remove_orphans`, `maintain`), and the Dagster layer
 (`dataset`, `postgres_source`, `iceberg_source`, `model_node`, `build_definitions`,
 `DatasetIOManager`, `PipelineOutputResource`, and `PipelineOutputComponent` for `dg` projects).
+
+Public modules: this package, `pipeline_output.errors` (every deliberate error) and
+`pipeline_output.maintenance` (table maintenance). Every other module is internal: its names may
+move between releases; import them from here.
 """
 
 from __future__ import annotations
@@ -16,114 +20,51 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from pipeline_output.contract.version import VERSION as __version__
+from pipeline_output.contract.version import VERSION
 from pipeline_output.infra.collector import imports_paused
 
-_EXPORTS = {
-    # errors
-    "AuditConflict": "pipeline_output.errors",
-    "AuditFailed": "pipeline_output.errors",
-    "RollbackRefused": "pipeline_output.errors",
-    "BadInput": "pipeline_output.errors",
-    "DuplicateKeys": "pipeline_output.errors",
-    "EmptyComputeRefused": "pipeline_output.errors",
-    "InvalidSpec": "pipeline_output.errors",
-    "LockUnavailable": "pipeline_output.errors",
-    "MaintenanceConflict": "pipeline_output.errors",
-    "MissingKeyColumn": "pipeline_output.errors",
-    "NullKey": "pipeline_output.errors",
-    "PipelineOutputError": "pipeline_output.errors",
-    "RowsOutsideWindow": "pipeline_output.errors",
-    "SchemaMismatch": "pipeline_output.errors",
-    "SettingsError": "pipeline_output.errors",
-    "UnsupportedWrite": "pipeline_output.errors",
-    "WriteConflict": "pipeline_output.errors",
-    # core
-    "DatasetSpec": "pipeline_output.contract.spec",
-    "Delta": "pipeline_output.contract.spec",
-    "Window": "pipeline_output.contract.windows",
-    "TargetState": "pipeline_output.contract.plan",
-    "WritePlan": "pipeline_output.contract.plan",
-    "plan_write": "pipeline_output.contract.plan",
-    "WriteResult": "pipeline_output.contract.result",
-    "IcebergStore": "pipeline_output.stores.iceberg",
-    "PostgresStore": "pipeline_output.stores.postgres",
-    "Publisher": "pipeline_output.services.publish",
-    "connect": "pipeline_output.services.runtime",
-    "Runtime": "pipeline_output.services.runtime",
+# The public API, one table: each public module and the names it exports. `__all__` and the lazy
+# map below are derived from it; the type-checking imports at the end of this file list the same
+# names (pipeline_output_tests/test_public_api.py holds them equal).
+_API: dict[str, tuple[str, ...]] = {
+    "pipeline_output.errors": (
+        *("AuditConflict", "AuditFailed", "BadInput", "DuplicateKeys", "EmptyComputeRefused"),
+        *("InvalidSpec", "LockUnavailable", "MaintenanceConflict", "MissingKeyColumn", "NullKey"),
+        *("PipelineOutputError", "RollbackRefused", "RowsOutsideWindow", "SchemaMismatch"),
+        *("SettingsError", "UnsupportedWrite", "WriteConflict"),
+    ),
+    # specs, planning, results
+    "pipeline_output.contract.spec": ("DatasetSpec", "Delta"),
+    "pipeline_output.contract.windows": ("Window",),
+    "pipeline_output.contract.plan": ("TargetState", "WritePlan", "plan_write"),
+    "pipeline_output.contract.result": ("WriteResult",),
+    # the runtime for a control plane and a catalog, the arms
+    "pipeline_output.services.runtime": ("Runtime", "connect"),
+    "pipeline_output.services.publish": ("Publisher",),
+    "pipeline_output.stores.iceberg": ("IcebergStore",),
+    "pipeline_output.stores.postgres": ("PostgresStore",),
     # write-audit-publish, rollback, time travel
-    "publish_audit": "pipeline_output.services.audit",
-    "drop_stale_audit_branches": "pipeline_output.services.audit_cleanup",
-    "rollback": "pipeline_output.services.time_travel",
-    "history": "pipeline_output.services.time_travel",
-    # table maintenance (functions of (store, spec); also IcebergStore methods)
-    "compact": "pipeline_output.stores.iceberg.maintenance.compaction",
-    "expire_snapshots": "pipeline_output.stores.iceberg.maintenance.expiry",
-    "remove_orphans": "pipeline_output.stores.iceberg.maintenance.orphans",
-    "maintain": "pipeline_output.services.maintenance",
-    "MaintenanceOptions": "pipeline_output.services.maintenance",
-    "HealthThresholds": "pipeline_output.stores.iceberg.maintenance.health",
-    # Dagster layer
-    "dataset": "pipeline_output.dagster_layer.dataset",
-    "postgres_source": "pipeline_output.dagster_layer.source_assets",
-    "iceberg_source": "pipeline_output.dagster_layer.source_assets",
-    "model_node": "pipeline_output.dagster_layer.model_node",
-    "build_definitions": "pipeline_output.dagster_layer.build",
-    "DatasetIOManager": "pipeline_output.dagster_layer.io_manager",
-    "PipelineOutputResource": "pipeline_output.dagster_layer.resource",
-    "PipelineOutputComponent": "pipeline_output.dagster_layer.component",
+    "pipeline_output.services.audit": ("publish_audit",),
+    "pipeline_output.services.audit_cleanup": ("drop_stale_audit_branches",),
+    "pipeline_output.services.time_travel": ("history", "rollback"),
+    # table maintenance (also `pipeline_output.maintenance`)
+    "pipeline_output.maintenance": (
+        *("HealthThresholds", "MaintenanceOptions", "compact", "expire_snapshots", "maintain"),
+        "remove_orphans",
+    ),
+    # the Dagster layer
+    "pipeline_output.dagster_layer.dataset": ("dataset",),
+    "pipeline_output.dagster_layer.source_assets": ("iceberg_source", "postgres_source"),
+    "pipeline_output.dagster_layer.model_node": ("model_node",),
+    "pipeline_output.dagster_layer.build": ("build_definitions",),
+    "pipeline_output.dagster_layer.io_manager": ("DatasetIOManager",),
+    "pipeline_output.dagster_layer.resource": ("PipelineOutputResource",),
+    "pipeline_output.dagster_layer.component": ("PipelineOutputComponent",),
 }
+__version__ = VERSION
+_EXPORTS = {name: module for module, names in _API.items() for name in names}
 
-__all__ = [
-    "AuditConflict",
-    "AuditFailed",
-    "BadInput",
-    "DatasetIOManager",
-    "DatasetSpec",
-    "Delta",
-    "DuplicateKeys",
-    "EmptyComputeRefused",
-    "HealthThresholds",
-    "IcebergStore",
-    "InvalidSpec",
-    "LockUnavailable",
-    "MaintenanceConflict",
-    "MaintenanceOptions",
-    "MissingKeyColumn",
-    "NullKey",
-    "PipelineOutputComponent",
-    "PipelineOutputError",
-    "PipelineOutputResource",
-    "PostgresStore",
-    "Publisher",
-    "RollbackRefused",
-    "RowsOutsideWindow",
-    "Runtime",
-    "SchemaMismatch",
-    "SettingsError",
-    "TargetState",
-    "UnsupportedWrite",
-    "Window",
-    "WriteConflict",
-    "WritePlan",
-    "WriteResult",
-    "__version__",
-    "build_definitions",
-    "compact",
-    "connect",
-    "dataset",
-    "drop_stale_audit_branches",
-    "expire_snapshots",
-    "history",
-    "iceberg_source",
-    "maintain",
-    "model_node",
-    "plan_write",
-    "postgres_source",
-    "publish_audit",
-    "remove_orphans",
-    "rollback",
-]
+__all__ = sorted([*_EXPORTS, "__version__"])
 
 
 def __dir__() -> list[str]:
@@ -148,46 +89,146 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
-    from pipeline_output.contract.plan import TargetState, WritePlan, plan_write
-    from pipeline_output.contract.result import WriteResult
-    from pipeline_output.contract.spec import DatasetSpec, Delta
-    from pipeline_output.contract.windows import Window
-    from pipeline_output.dagster_layer.build import build_definitions
-    from pipeline_output.dagster_layer.component import PipelineOutputComponent
-    from pipeline_output.dagster_layer.dataset import dataset
-    from pipeline_output.dagster_layer.io_manager import DatasetIOManager
-    from pipeline_output.dagster_layer.model_node import model_node
-    from pipeline_output.dagster_layer.resource import PipelineOutputResource
-    from pipeline_output.dagster_layer.source_assets import iceberg_source, postgres_source
-    from pipeline_output.errors import (
-        AuditConflict,
-        AuditFailed,
-        BadInput,
-        DuplicateKeys,
-        EmptyComputeRefused,
-        InvalidSpec,
-        LockUnavailable,
-        MaintenanceConflict,
-        MissingKeyColumn,
-        NullKey,
-        PipelineOutputError,
-        RollbackRefused,
-        RowsOutsideWindow,
-        SchemaMismatch,
-        SettingsError,
-        UnsupportedWrite,
-        WriteConflict,
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs: the table above, as imports
+    # (`X as X`: an explicit re-export under mypy --strict)
+    from pipeline_output.contract.plan import (
+        TargetState as TargetState,
     )
-    from pipeline_output.services.audit import publish_audit
-    from pipeline_output.services.audit_cleanup import drop_stale_audit_branches
-    from pipeline_output.services.maintenance import MaintenanceOptions, maintain
-    from pipeline_output.services.publish import Publisher
-    from pipeline_output.services.runtime import Runtime, connect
-    from pipeline_output.services.time_travel import history, rollback
-    from pipeline_output.stores.iceberg import IcebergStore
-    from pipeline_output.stores.iceberg.maintenance.compaction import compact
-    from pipeline_output.stores.iceberg.maintenance.expiry import expire_snapshots
-    from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
-    from pipeline_output.stores.iceberg.maintenance.orphans import remove_orphans
-    from pipeline_output.stores.postgres import PostgresStore
+    from pipeline_output.contract.plan import (
+        WritePlan as WritePlan,
+    )
+    from pipeline_output.contract.plan import (
+        plan_write as plan_write,
+    )
+    from pipeline_output.contract.result import (
+        WriteResult as WriteResult,
+    )
+    from pipeline_output.contract.spec import (
+        DatasetSpec as DatasetSpec,
+    )
+    from pipeline_output.contract.spec import (
+        Delta as Delta,
+    )
+    from pipeline_output.contract.windows import (
+        Window as Window,
+    )
+    from pipeline_output.dagster_layer.build import (
+        build_definitions as build_definitions,
+    )
+    from pipeline_output.dagster_layer.component import (
+        PipelineOutputComponent as PipelineOutputComponent,
+    )
+    from pipeline_output.dagster_layer.dataset import (
+        dataset as dataset,
+    )
+    from pipeline_output.dagster_layer.io_manager import (
+        DatasetIOManager as DatasetIOManager,
+    )
+    from pipeline_output.dagster_layer.model_node import (
+        model_node as model_node,
+    )
+    from pipeline_output.dagster_layer.resource import (
+        PipelineOutputResource as PipelineOutputResource,
+    )
+    from pipeline_output.dagster_layer.source_assets import (
+        iceberg_source as iceberg_source,
+    )
+    from pipeline_output.dagster_layer.source_assets import (
+        postgres_source as postgres_source,
+    )
+    from pipeline_output.errors import (
+        AuditConflict as AuditConflict,
+    )
+    from pipeline_output.errors import (
+        AuditFailed as AuditFailed,
+    )
+    from pipeline_output.errors import (
+        BadInput as BadInput,
+    )
+    from pipeline_output.errors import (
+        DuplicateKeys as DuplicateKeys,
+    )
+    from pipeline_output.errors import (
+        EmptyComputeRefused as EmptyComputeRefused,
+    )
+    from pipeline_output.errors import (
+        InvalidSpec as InvalidSpec,
+    )
+    from pipeline_output.errors import (
+        LockUnavailable as LockUnavailable,
+    )
+    from pipeline_output.errors import (
+        MaintenanceConflict as MaintenanceConflict,
+    )
+    from pipeline_output.errors import (
+        MissingKeyColumn as MissingKeyColumn,
+    )
+    from pipeline_output.errors import (
+        NullKey as NullKey,
+    )
+    from pipeline_output.errors import (
+        PipelineOutputError as PipelineOutputError,
+    )
+    from pipeline_output.errors import (
+        RollbackRefused as RollbackRefused,
+    )
+    from pipeline_output.errors import (
+        RowsOutsideWindow as RowsOutsideWindow,
+    )
+    from pipeline_output.errors import (
+        SchemaMismatch as SchemaMismatch,
+    )
+    from pipeline_output.errors import (
+        SettingsError as SettingsError,
+    )
+    from pipeline_output.errors import (
+        UnsupportedWrite as UnsupportedWrite,
+    )
+    from pipeline_output.errors import (
+        WriteConflict as WriteConflict,
+    )
+    from pipeline_output.maintenance import (
+        HealthThresholds as HealthThresholds,
+    )
+    from pipeline_output.maintenance import (
+        MaintenanceOptions as MaintenanceOptions,
+    )
+    from pipeline_output.maintenance import (
+        compact as compact,
+    )
+    from pipeline_output.maintenance import (
+        expire_snapshots as expire_snapshots,
+    )
+    from pipeline_output.maintenance import (
+        maintain as maintain,
+    )
+    from pipeline_output.maintenance import (
+        remove_orphans as remove_orphans,
+    )
+    from pipeline_output.services.audit import (
+        publish_audit as publish_audit,
+    )
+    from pipeline_output.services.audit_cleanup import (
+        drop_stale_audit_branches as drop_stale_audit_branches,
+    )
+    from pipeline_output.services.publish import (
+        Publisher as Publisher,
+    )
+    from pipeline_output.services.runtime import (
+        Runtime as Runtime,
+    )
+    from pipeline_output.services.runtime import (
+        connect as connect,
+    )
+    from pipeline_output.services.time_travel import (
+        history as history,
+    )
+    from pipeline_output.services.time_travel import (
+        rollback as rollback,
+    )
+    from pipeline_output.stores.iceberg import (
+        IcebergStore as IcebergStore,
+    )
+    from pipeline_output.stores.postgres import (
+        PostgresStore as PostgresStore,
+    )

@@ -2,7 +2,7 @@
 
 A term is a column name (identity) or an Iceberg transform in the SQL spelling users of Spark and
 Trino know: `year(c)`, `month(c)`, `day(c)`, `hour(c)`, `bucket(N, c)`, `truncate(W, c)`,
-`identity(c)`. The native arm partitions its table by them (`stores/iceberg/partitions.py`); the
+`identity(c)`. The native arm partitions its table by them (`stores/iceberg/table/partitions.py`); the
 legacy row store has no physical layout, so the terms change nothing there (documented in
 docs/concepts.md). Pure: no I/O, no pyiceberg.
 """

@@ -14,7 +14,7 @@ partition key to a `PartitionSlice`: one term per dimension, all of which a row 
   column, or on an integer column when the key is an integer's text.
 
 Any other column type cannot hold a partition and is refused (`BadInput`) with the column named.
-Pure core: no I/O, no Dagster (the Dagster layer builds slices: `dagster_layer/partitions.py`).
+Pure core: no I/O, no Dagster (the Dagster layer builds slices: `dagster_layer/partitioned.py`).
 """
 
 from __future__ import annotations

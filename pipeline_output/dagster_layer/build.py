@@ -70,7 +70,7 @@ def build_definitions(
     datasets. Two datasets may not share a name under different key prefixes (it names their
     table). Each
     dataset is checked against the declared capabilities of every arm it may be written to
-    (`stores.protocol.check_specs`): a name the legacy arm cannot hold fails here, at load.
+    (`store_protocol.check_specs`): a name the legacy arm cannot hold fails here, at load.
 
     With `with_maintenance` (default), every dataset gets a `table_health` check (warns past
     `health_thresholds`), the location gets the `table_maintenance` job (defaults from

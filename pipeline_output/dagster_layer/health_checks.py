@@ -1,6 +1,6 @@
 """The `table_health` asset check attached to every dataset by `build_definitions`.
 
-Not blocking, severity WARN: it measures the dataset's Iceberg table (`stores/iceberg/health.py`:
+Not blocking, severity WARN: it measures the dataset's Iceberg table (`stores/iceberg/maintenance/health.py`:
 data files, small-file ratio, delete files, snapshots, metadata bytes, last compaction and expiry)
 and fails — as a warning — past the thresholds, saying which maintenance would help. It runs after
 unpartitioned materialisations of the dataset and in the `table_health` job; the maintenance job

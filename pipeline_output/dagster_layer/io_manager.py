@@ -148,7 +148,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         *,
         audit: bool = False,
     ) -> None:
-        """Apply each window in order, exactly once (the ledger protocol in `delta.apply_window`)."""
+        """Apply each window in order, exactly once (the ledger protocol in `window_apply.apply_window`)."""
         runtime = self.pipeline_output.runtime()
         outcomes = []
         last: PublishResult | None = None

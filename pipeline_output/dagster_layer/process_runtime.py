@@ -1,4 +1,4 @@
-"""The per-process runtimes of the Dagster layer and the CLI: `core_runtime.connect` built once per
+"""The per-process runtimes of the Dagster layer and the CLI: `runtime.connect` built once per
 configuration and cached for the process.
 
 `get_runtime()` is the zero-config default: the settings (control plane, catalog, namespace,

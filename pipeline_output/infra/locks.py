@@ -9,7 +9,7 @@ The same property means a writer can lose the lock while it works: an idle-sessi
 or a failover ends its backend and a second writer takes the lock at once. `LockStats.verify()` asks
 the lock's own connection whether it still holds the lock; writers call it right before they commit
 and fail with `LockLost` (nothing committed) when it does not. The commit itself is additionally
-fenced by the table's snapshot (see `stores/iceberg/commit.py`), which closes the gap between the check and
+fenced by the table's snapshot (see `stores/iceberg/snapshot/commit.py`), which closes the gap between the check and
 the catalog's swap.
 
 A lock can also be taken *shared* (`AdvisoryLock.share`: any number of holders at once) or *alone*
@@ -44,7 +44,7 @@ def iceberg_table(table: str) -> str:
 def iceberg_files(table: str) -> str:
     """Writes of one Iceberg table whose files are not committed yet (session scope): every
     writer shares it from its first file to its commit; orphan removal takes it alone
-    (`stores/iceberg/inflight.py`)."""
+    (`stores/iceberg/snapshot/inflight.py`)."""
     return f"iceberg-files:{table}"
 
 

@@ -1,6 +1,6 @@
 """The Postgres control plane: migrations and the `Ledger` (one log per record type).
 
-SQL schema changes live in `sql/NNN_name.sql`, applied in order by `Ledger.migrate()`.
+SQL schema changes live in `sql/<NNN>_<name>.sql`, applied in order by `Ledger.migrate()`.
 """
 
 from __future__ import annotations

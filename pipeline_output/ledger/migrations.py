@@ -1,6 +1,6 @@
 """Versioned, idempotent migrations of the control-plane schema `pipeline_output`.
 
-Migrations are the files `sql/NNN_name.sql` next to this module, applied in version order. Each
+Migrations are the files `sql/<NNN>_<name>.sql` next to this module, applied in version order. Each
 applied file is recorded in `pipeline_output.schema_migrations` (version, name, sha256, time). A run
 takes a transaction-level advisory lock first, so concurrent processes migrate one after the other:
 the second finds everything applied and does nothing. All pending files and their records commit in

@@ -2,10 +2,10 @@
 
 A failed or killed write can leave data files that no snapshot references (files are written
 before the single commit). An orphan is a Parquet file under a table's `data/` directory that no
-snapshot of the table references (`stores/iceberg/orphans.py` owns the rule, shared with
+snapshot of the table references (`stores/iceberg/maintenance/orphans.py` owns the rule, shared with
 `pipeline-output maintain --orphans`, which also sweeps the metadata directory), and that is older
 than a grace period. Removal deletes only the files still unreferenced once no write of the table
-is in flight (`stores/iceberg/inflight.py`), so a write in progress never loses a file, whatever
+is in flight (`stores/iceberg/snapshot/inflight.py`), so a write in progress never loses a file, whatever
 the grace. Pure core (no Dagster).
 """
 

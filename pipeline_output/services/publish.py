@@ -146,7 +146,7 @@ class Publisher:
     `publish_stream`) in one order: resolve the arms -> convert and check the input once, against
     every arm's declared capabilities (`prepare`, before any lock or I/O) -> each arm plans under
     its lock and writes (Postgres, in `dual`, commits last) -> the deploy is recorded
-    (`Ledger.record_write`, the one definition of a deploy record for both arms).
+    (`DeployLog.record_write`, the one definition of a deploy record for both arms).
     """
 
     def __init__(

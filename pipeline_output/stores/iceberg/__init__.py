@@ -1,12 +1,13 @@
 """The native arm: `IcebergStore` writes every write mode as one atomic commit and reads back.
 
-`store.IcebergStore` owns the order of a write (its docstring); `prewrite` the files written
-before the lock, `merge` the file-level copy-on-write merges, `streaming` the model node's
-streaming replace, `commit` the single commit, `expressions` windows as pyiceberg filters,
-`rows` frame and table helpers, `properties` the names they share. Table maintenance:
-`compaction` (+ `compaction_plan`, `rewrite`: the `replace` producer), `expiry`, `orphans`
-(what a table references; shared with `pipeline-output doctor`), `inflight` (no sweep deletes
-the files of a write in flight), `health`.
+`store.IcebergStore` owns the order of a write (its docstring). By role:
+`table/` the table as it is (`tables` loading and naming, `refs` branches, `expressions` windows
+as pyiceberg filters, `properties` the names they share, `native_scan` reads); `write/` a write
+before its commit (`prepare.prewrite` the files written before the lock, `merge` the file-level
+merges, `streaming` the model node's streaming replace); `snapshot/` the files and the one commit
+(`commit`, `indexed_overwrite` and `replace_files` the producers, `manifests`, `inflight`: no
+sweep deletes the files of a write in flight); `maintenance/` (`compaction`, `expiry`, `orphans`
+— what a table references, shared with `pipeline-output doctor` — and `health`).
 """
 
 from __future__ import annotations

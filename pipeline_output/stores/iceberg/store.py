@@ -192,7 +192,7 @@ class IcebergStore:
 
     def replace_streaming(self, spec: DatasetSpec, batches: Any, **options: Any) -> WriteResult:
         """Replace the whole table with batches written to data files as they arrive (one batch
-        in memory, one snapshot at the end): `write/streaming.replace_streaming`."""
+        in memory, one snapshot at the end): `streaming.replace_streaming`."""
         return replace_streaming(self, spec, batches, **options)
 
     # -- reading (`table/reads.py`) ----------------------------------------------------------

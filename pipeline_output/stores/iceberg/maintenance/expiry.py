@@ -7,7 +7,7 @@ Owns which snapshots go and the cleanup after:
   of every branch and tag, the history of every other branch back to where it left main's (an
   audit's publish checks that main is an ancestor of its branch head), and every snapshot whose
   window-attempt marker (`pipeline-output.window-attempt`) belongs to a window the window ledger
-  does not record as applied — exactly-once repair (`delta.apply_window`) looks for that marker
+  does not record as applied — exactly-once repair (`window_apply.apply_window`) looks for that marker
   to complete a window whose commit landed but whose ledger update did not; without a ledger,
   every snapshot carrying a marker. Repair looks along main's history from its head
   (`find_marker`), so main's history down to the oldest such snapshot is kept too (expiring one

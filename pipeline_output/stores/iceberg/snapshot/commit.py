@@ -67,7 +67,7 @@ def commit(request: CommitRequest) -> Table:
     snapshot adds must still exist (`inflight.verify_written`), else `FilesRemoved`.
 
     `index` (the manifests the write was planned from) spares the producer re-reading every
-    manifest; manifests are merged on commit as the table's properties say (`overwrite.py`).
+    manifest; manifests are merged on commit as the table's properties say (`manifest_merge.py`).
     `positional` (merge-on-read) pairs a kept data file with every position it no longer holds:
     one file-scoped delete file each, written here and committed in the same snapshot. `branch`
     is the ref the snapshot is committed to (an audited write: its run's branch).

@@ -7,7 +7,7 @@ Owns the manifest side of a native write:
   on a partitioned table skips the data manifests whose partition summaries rule its keys out. The merge plans its candidate files from it (`tasks`), and the commit's
   producer uses it again instead of re-reading every manifest twice (pyiceberg's overwrite reads
   all manifests once to find the deleted entries and once more to rewrite them).
-  (`overwrite.IndexedOverwrite`, the commit's producer, is built on it.)
+  (`indexed_overwrite.IndexedOverwrite`, the commit's producer, is built on it.)
 - `FlatTransaction`: a pyiceberg `Transaction` whose `table_metadata` is computed once per staged
   update instead of on every access (each access deep-copies the whole metadata, every snapshot
   of the table's history; one write made ~20 of them).

@@ -1,7 +1,7 @@
 """Iceberg's `replace` operation: data files swapped for files holding the same rows.
 
 Owns the snapshot producer of table maintenance (`ReplaceFiles`): the write path's
-`overwrite.IndexedOverwrite` (planned from a `ManifestIndex`, delete files in `deletes`
+`indexed_overwrite.IndexedOverwrite` (planned from a `ManifestIndex`, delete files in `deletes`
 manifests, file-scoped delete files removed with their data file, manifests merged on commit)
 whose snapshot says what it is — summary operation `replace`, so readers and engines know the
 table's rows did not change — and that refuses to commit on a snapshot it was not planned on.

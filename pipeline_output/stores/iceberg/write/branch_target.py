@@ -1,8 +1,8 @@
 """The table a write to a branch plans against (`IcebergStore.write(branch=...)`).
 
-A view whose main is the branch head (`branches.at_branch`); a table that does not exist, or has
+A view whose main is the branch head (`refs.at_branch`); a table that does not exist, or has
 no snapshot at all, is first created — or given — an unreferenced empty snapshot, since Iceberg
-writes branches only into tables that have one (`branches.anchor`): its main stays unset, so the
+writes branches only into tables that have one (`refs.anchor`): its main stays unset, so the
 freshness oracle still sees a first deploy.
 """
 

@@ -7,7 +7,7 @@ decides per file. Scoped deletes (a delta window, a Dagster partition's slice) a
 Upserts, syncs and append_new first try one vectorised pass over every candidate file's keys
 (`key_scan.scan_candidates`, applied by `scanned_merge`); where it cannot be proven the same,
 candidate files are read one at a time with a bounded number in flight (`file_reads.FileReader`),
-and rewritten rows are written out as they come (`rewrite_sink.RewriteSink`), so memory follows
+and rewritten rows are written out as they come (`rewritten_rows.RewriteSink`), so memory follows
 the batch and the largest file, not the number of files a merge touches.
 """
 
