@@ -148,9 +148,7 @@ def test_tables_drop_purges_the_orphan_and_forgets_its_records_and_status_no_lon
 ) -> None:
     text = up.ok(renamed.out["drop"])
     assert renamed.files_before > 0
-    assert text.startswith(
-        f"dropped datasets.{GONE}: {renamed.files_before} file(s), "
-    ), text
+    assert text.startswith(f"dropped datasets.{GONE}: {renamed.files_before} file(s), "), text
     assert "control-plane records of 'region_totals' forgotten: " in text and " deploys" in text
     with up.catalog(renamed.home, renamed.url) as cat:
         assert not cat.table_exists(("datasets", GONE))
