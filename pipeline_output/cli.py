@@ -58,6 +58,7 @@ def _register() -> None:
         materialize_cmd,
         pg_cmd,
         plan_cmd,
+        tables_cmd,
         time_travel_cmd,
         windows_cmd,
     )
@@ -79,6 +80,7 @@ def _register() -> None:
         time_travel_cmd.history,
         time_travel_cmd.rollback,
         maintain_cmd.maintain,
+        tables_cmd.tables,
     ):
         main.add_command(command)
 

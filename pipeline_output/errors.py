@@ -141,6 +141,11 @@ class RollbackRefused(TerminalError):
     """A rollback would break the canary or names no snapshot of main's history; nothing moved."""
 
 
+class TableDropRefused(TerminalError):
+    """`tables drop` names a table a dataset or source of the code location owns, no table of
+    the namespace, or a table pipeline-output did not write; nothing was dropped."""
+
+
 class EmbeddedPostgresError(TerminalError):
     """The embedded Postgres server could not be started, inspected or stopped."""
 

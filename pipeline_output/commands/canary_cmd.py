@@ -44,11 +44,13 @@ def flip(dataset: str, mode: str, reason: str | None, who: str | None) -> None:
 @code_location_options
 def status() -> None:
     """Every dataset: mode and its source, last deploy per arm, rows per arm, Iceberg files,
-    last maintenance, last parity."""
+    last maintenance, last parity; then the tables no dataset owns (`tables drop`)."""
     from pipeline_output.commands.loading import location_runtime
+    from pipeline_output.commands.tables_cmd import orphan_lines
     from pipeline_output.services.canary import status as board
 
-    rows = board(location_runtime().publisher, dataset_specs())
+    runtime = location_runtime()
+    rows = board(runtime.publisher, dataset_specs())
     header = (
         "dataset",
         "mode",
@@ -79,6 +81,11 @@ def status() -> None:
     widths = [max(len(x) for x in col) for col in zip(header, *body, strict=False)]
     for row in [header, *body]:
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=False)).rstrip())
+    orphans = orphan_lines(runtime, prefix="")
+    if orphans:
+        click.echo("")
+        for line in orphans:
+            click.echo(line)
 
 
 @click.command()

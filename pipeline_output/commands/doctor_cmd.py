@@ -1,13 +1,17 @@
-"""`pipeline-output doctor [--fix] [--grace SECONDS]`: orphan data files left by failed writes."""
+"""`pipeline-output doctor [--fix] [--grace SECONDS]`: orphan data files left by failed writes,
+and a warning per table no dataset of the code location owns (`tables drop` drops one; `--fix`
+never does)."""
 
 from __future__ import annotations
 
 import click
 
+from pipeline_output.commands.loading import code_location_options
 from pipeline_output.services.doctor import DEFAULT_GRACE_S, find_orphans, remove_orphans
 
 
 @click.command()
+@code_location_options
 @click.option("--fix", is_flag=True, help="Delete the orphan files found.")
 @click.option(
     "--grace",
@@ -19,10 +23,14 @@ from pipeline_output.services.doctor import DEFAULT_GRACE_S, find_orphans, remov
     "whatever the grace).",
 )
 def doctor(fix: bool, grace_s: float) -> None:
-    """List data files no snapshot references (and remove them with --fix)."""
+    """List data files no snapshot references (and remove them with --fix); warn about tables no
+    dataset of the code location owns."""
     from pipeline_output.commands.loading import location_runtime
+    from pipeline_output.commands.tables_cmd import orphan_lines
 
     runtime = location_runtime()
+    for line in orphan_lines(runtime, prefix="warning: "):
+        click.echo(line)
     orphans = find_orphans(runtime.catalog, runtime.namespace, grace_s=grace_s)
     for orphan in orphans:
         click.echo(

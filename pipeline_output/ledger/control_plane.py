@@ -32,6 +32,22 @@ from pipeline_output.ledger.registry import Registry
 from pipeline_output.ledger.rollbacks import RollbackLog
 from pipeline_output.ledger.sql_names import ledger_table
 
+# Every record the control plane keeps of a dataset: (table, the column naming the dataset), in an
+# order that deletes referencing rows first (a current mode points at its flip; an audit's writes
+# go with it, ON DELETE CASCADE). A migration adding a per-dataset table adds it here.
+PER_DATASET = (
+    ("dataset_modes", "dataset"),
+    ("mode_flips", "dataset"),
+    ("deploys", "dataset"),
+    ("windows", "dataset"),
+    ("parity_results", "dataset"),
+    ("audits", "dataset"),
+    ("rollbacks", "dataset"),
+    ("drains", "dataset"),
+    ("dataset_rows", "dataset_id"),
+    ("datasets", "name"),
+)
+
 
 class Ledger:
     """The control plane on one Postgres database (`url`), schema `pipeline_output`."""
@@ -75,6 +91,21 @@ class Ledger:
         )
         with self._db.tx(None) as c:
             return [str(r[0]) for r in c.execute(query).fetchall()]
+
+    def forget(
+        self, dataset: str, *, conn: psycopg.Connection[Any] | None = None
+    ) -> dict[str, int]:
+        """Delete every record of `dataset` (`PER_DATASET`: registry, deploys, flips, parity,
+        windows, audits, rollbacks, drains and its legacy rows) in one transaction, so that a
+        dataset given the name later starts clean; the rows deleted per table (none left out)."""
+        removed = {}
+        with self._db.tx(conn) as c:
+            for table, column in PER_DATASET:
+                query = sql.SQL("DELETE FROM {} WHERE {} = %s").format(
+                    ledger_table(table), sql.Identifier(column)
+                )
+                removed[table] = c.execute(query, (dataset,)).rowcount
+        return removed
 
     def record_divergence(
         self,

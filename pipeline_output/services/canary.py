@@ -159,7 +159,7 @@ def status(publisher: Publisher, specs: dict[str, DatasetSpec]) -> list[StatusRo
                 mode_source=mode.source,
                 last_pg_deploy=deploys["pg"],
                 last_iceberg_deploy=deploys["iceberg"],
-                pg_rows=publisher.postgres.count(spec),
+                pg_rows=_legacy_rows(publisher, spec),
                 iceberg_rows=state.total_rows if state.exists else None,
                 last_parity=(
                     "-"
@@ -173,6 +173,16 @@ def status(publisher: Publisher, specs: dict[str, DatasetSpec]) -> list[StatusRo
             )
         )
     return rows
+
+
+def _legacy_rows(publisher: Publisher, spec: DatasetSpec) -> int | None:
+    """The legacy arm's rows; None when that arm was never written (no rows, no succeeded
+    deploy): `-` on the board, not a misleading 0 (a drained dataset keeps its 0)."""
+    assert publisher.ledger is not None and publisher.postgres is not None
+    rows: int = publisher.postgres.count(spec)
+    if rows or publisher.ledger.deploy_log.has_succeeded_deploy(spec.name, "pg"):
+        return rows
+    return None
 
 
 def _when(last: str | None) -> str:
