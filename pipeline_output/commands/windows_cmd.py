@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -105,6 +105,29 @@ def window_row(dataset: str, window: str) -> WindowRow:
     )
 
 
+def _dataset_asset(defs: Any, dataset: str) -> Any:
+    """The asset of the dataset named `dataset` in `defs`: its real key (a `key_prefix` is part of
+    it) and op name, never `AssetKey(dataset)`."""
+    from pipeline_output.dagster_layer.dataset import spec_of
+
+    for asset in defs.assets or []:
+        spec = spec_of(asset)
+        if spec is not None and spec.name == dataset:
+            return asset
+    raise PipelineOutputError(f"{dataset}: no asset of that dataset in the code location")
+
+
+def _known_partition(instance: Any, asset: Any, partition_key: str) -> None:
+    """Add the window's partition to `instance` when it lacks it: the ledger is the truth on
+    windows, the partitions of another instance (a redeploy with new run storage) may be gone."""
+    import dagster as dg
+
+    partitions = asset.partitions_def
+    name = partitions.name if isinstance(partitions, dg.DynamicPartitionsDefinition) else None
+    if name is not None and not instance.has_dynamic_partition(name, partition_key):
+        instance.add_dynamic_partitions(name, [partition_key])
+
+
 @windows.command()
 @click.argument("dataset")
 @click.argument("window")
@@ -126,15 +149,17 @@ def restate(dataset: str, window: str, verbose: bool) -> None:
     settings = get_settings()
     dagster_home.activate(settings)
     defs = load_definitions()
+    asset = _dataset_asset(defs, dataset)
     log_file = log_path(settings.home, "restate")
     with python_logs(log_file, verbose=verbose), dg.DagsterInstance.get() as instance:
+        _known_partition(instance, asset, row.partition_key)
         report = execute(
             defs.resolve_implicit_global_asset_job_def(),
             defs,
             instance,
-            asset_keys=[dg.AssetKey(dataset)],
+            asset_keys=[asset.key],  # with its `key_prefix`, if any
             partition_key=row.partition_key,
-            ops_config={dataset: {"config": {"restate": True}}},
+            ops_config={asset.node_def.name: {"config": {"restate": True}}},
             log_level="DEBUG" if verbose else "CRITICAL",
             log_file=log_file,
         )

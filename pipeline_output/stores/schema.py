@@ -2,9 +2,11 @@
 
 Owns type mapping between polars/Arrow and Iceberg: the create-time schema (primary key = required
 identifier fields, sort order on the key), and on re-deploys the evolution rules — new columns are
-added, types widen where Iceberg allows it (int->long, float->double, decimal precision), dropped
-columns stay (null in new rows), anything else is a `SchemaMismatch` naming the column and both
-types. Pure apart from the `UpdateSchema` it is handed.
+added, types widen where Iceberg allows it (int->long, float->double, decimal precision; not a
+primary-key column's), dropped columns stay (null in new rows), anything else is a
+`SchemaMismatch` naming the column, both types and the documented way forward
+(`TYPE_CHANGE_DOC`, docs/concepts.md "Changing a column type"). Pure apart from the
+`UpdateSchema` it is handed.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from pyiceberg.types import (
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import BadInput, SchemaMismatch
+
+# where a refused type change points (the options: a cast, a new column, a rebuild)
+TYPE_CHANGE_DOC = "see docs/concepts.md#changing-a-column-type"
 
 
 def arrow_schema_of(frame: pl.DataFrame) -> pa.Schema:
@@ -185,7 +190,8 @@ def plan_evolution(spec: DatasetSpec, table_schema: Schema, frame: pl.DataFrame)
             continue
         raise SchemaMismatch(
             f"dataset {spec.name!r}: column {name!r} has type {new_type} in the compute but "
-            f"{old_type} in the table; that change is not compatible (nothing was written)"
+            f"{old_type} in the table; that change is not compatible (nothing was written): "
+            f"cast it to {old_type} in the compute, or {TYPE_CHANGE_DOC}"
         )
     return evolution
 

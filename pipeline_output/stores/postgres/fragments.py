@@ -1,9 +1,13 @@
 """SQL fragments of the legacy arm: the canonical key, typed values of a document, a window, a
-Dagster partition's slice."""
+Dagster partition's slice.
+
+A condition on values (a window's bounds, a partition's key) is a `Bound`: SQL with `%s`
+placeholders and the values they stand for, in order. Values never become SQL text: a partition
+key such as `100%_` or `%s` stays a value whatever else the statement binds."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import polars as pl
 from psycopg import sql
@@ -25,6 +29,16 @@ BTREE_MAX_BYTES = 2704  # Postgres' btree limit on one index entry (8 kB pages, 
 # -- SQL fragments ----------------------------------------------------------------------------
 
 
+class Bound(NamedTuple):
+    """SQL with `%s` placeholders, and the values they stand for in the order they appear."""
+
+    sql: sql.Composable
+    params: tuple[Any, ...]
+
+
+VALUE = sql.Placeholder()  # `%s`
+
+
 def pk_expr(spec: DatasetSpec, doc: sql.Composable) -> sql.Composable:
     """The canonical key text of a document: `doc->>'k'`, or a JSON array for composite keys."""
     pk = spec.primary_key
@@ -43,16 +57,16 @@ def typed_value(doc: sql.Composable, column: str, pg_type: sql.Composable) -> sq
 
 def window_condition(
     doc: sql.Composable, column: str, pg_type: sql.Composable, window: Window
-) -> sql.Composable:
+) -> Bound:
     """`low < watermark <= high` on a document's typed watermark (nulls are never inside)."""
     value = typed_value(doc, column, pg_type)
     if pg_type in (sql.SQL("timestamptz"), sql.SQL("timestamp")):
         # the bound's zone follows the column's, never the session's TimeZone
         window = window.aligned(aware=pg_type == sql.SQL("timestamptz"))
-    high = sql.SQL("{} <= {}").format(value, sql.Literal(window.high))
+    high = sql.SQL("{} <= {}").format(value, VALUE)
     if window.low is None:
-        return high
-    return sql.SQL("({} > {} AND {})").format(value, sql.Literal(window.low), high)
+        return Bound(high, (window.high,))
+    return Bound(sql.SQL("({} > {} AND {})").format(value, VALUE, high), (window.low, window.high))
 
 
 # the polars type whose values a staged Postgres type compares with (a slice's bounds)
@@ -68,23 +82,21 @@ _BOUND_TYPES: dict[str, Any] = {
 
 def slice_condition(
     doc: sql.Composable, partition: PartitionSlice, types: dict[str, sql.Composable]
-) -> sql.Composable:
+) -> Bound:
     """The rows of a Dagster partition: every term on a document's typed value (nulls, and
     documents without the column, are never inside)."""
     parts: list[sql.Composable] = []
+    params: list[Any] = []
     for term in partition.terms:
         pg_type = types.get(term.column)
         if pg_type is None:
-            return sql.SQL("FALSE")  # the dataset never had the column: no row is inside
+            return Bound(sql.SQL("FALSE"), ())  # the dataset never had the column: none inside
         dtype = next((t for n, t in _BOUND_TYPES.items() if pg_type == sql.SQL(n)), None)
         value = typed_value(doc, term.column, pg_type)
         if isinstance(term, TimeRange):
-            low, high = term.bounds(dtype)
-            parts.append(
-                sql.SQL("({} >= {} AND {} < {})").format(
-                    value, sql.Literal(low), value, sql.Literal(high)
-                )
-            )
+            parts.append(sql.SQL("({} >= {} AND {} < {})").format(value, VALUE, value, VALUE))
+            params.extend(term.bounds(dtype))
         else:
-            parts.append(sql.SQL("{} = {}").format(value, sql.Literal(term.typed(dtype))))
-    return sql.SQL("({})").format(sql.SQL(" AND ").join(parts))
+            parts.append(sql.SQL("{} = {}").format(value, VALUE))
+            params.append(term.typed(dtype))
+    return Bound(sql.SQL("({})").format(sql.SQL(" AND ").join(parts)), tuple(params))

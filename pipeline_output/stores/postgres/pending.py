@@ -92,11 +92,15 @@ class PendingWrite:
 
 
 def rows_as_frame(
-    conn: psycopg.Connection[Any], query: Any, target: dict[str, pl.DataType]
+    conn: psycopg.Connection[Any],
+    query: Any,
+    target: dict[str, pl.DataType],
+    *,
+    params: tuple[Any, ...] = (),
 ) -> pl.DataFrame:
-    """Run `query` on `conn` (inside its transaction) and type its rows by `target` — the same
-    casts `PostgresStore.read` applies to its Arrow result."""
-    cur = conn.execute(query)
+    """Run `query` with `params` on `conn` (inside its transaction) and type its rows by `target`
+    — the same casts `PostgresStore.read` applies to its Arrow result."""
+    cur = conn.execute(query, params)
     names = [d.name for d in cur.description or []]
     rows = cur.fetchall()
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in names]

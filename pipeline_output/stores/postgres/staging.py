@@ -23,6 +23,7 @@ from pipeline_output.stores.postgres.fragments import (
     IN_TABLE,
     ORD_COLUMN,
     ROWS,
+    Bound,
     pk_expr,
     slice_condition,
     window_condition,
@@ -93,7 +94,7 @@ def apply_plan(
     name = spec.name
     mode = plan.write_mode
     counts = LegacyCounts()
-    window_cond: sql.Composable | None = None
+    window_cond: Bound | None = None  # its values are placeholders: `name` is bound first
     if plan.window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
         wm = spec.watermark
         if wm is None or wm not in types:
@@ -117,9 +118,9 @@ def apply_plan(
             )
             counts.deleted = conn.execute(
                 sql.SQL("DELETE FROM {} AS r WHERE r.dataset_id = %s AND ({}{})").format(
-                    ROWS, window_cond, moved
+                    ROWS, window_cond.sql, moved
                 ),
-                (name,),
+                (name, *window_cond.params),
             ).rowcount
             counts.preserved = total_before - counts.deleted
             counts.inserted = _insert(conn, name, base=_next_index(conn, name))
@@ -163,13 +164,13 @@ def apply_plan(
     ).rowcount
     counts.unchanged = matched - counts.updated
     if mode == "sync":
-        scope = sql.SQL(" AND {}").format(window_cond) if window_cond is not None else sql.SQL("")
+        scope = window_cond or Bound(sql.SQL("TRUE"), ())
         counts.deleted = conn.execute(
             sql.SQL(
                 "DELETE FROM {} AS r WHERE r.dataset_id = %s"
-                " AND NOT EXISTS (SELECT 1 FROM {} AS b WHERE b.pk = r.pk){}"
-            ).format(ROWS, BATCH_TABLE, scope),
-            (name,),
+                " AND NOT EXISTS (SELECT 1 FROM {} AS b WHERE b.pk = r.pk) AND {}"
+            ).format(ROWS, BATCH_TABLE, scope.sql),
+            (name, *scope.params),
         ).rowcount
     counts.inserted = _insert(conn, name, base=base, only_new=True)
     counts.preserved = total_before - matched - counts.deleted

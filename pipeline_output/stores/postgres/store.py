@@ -322,8 +322,10 @@ class PostgresStore:
     def read(self, spec: DatasetSpec | str, **options: Unpack[ReadOptions]) -> pl.DataFrame:
         """The dataset's rows in `row_index` order, typed by its registered schema."""
         name = spec if isinstance(spec, str) else spec.name
-        query, target, wanted = self._read_query(spec, self.schema(name), options)
-        table = self._fetch_arrow(query.as_string(None))
+        query, params, target, wanted = self._read_query(spec, self.schema(name), options)
+        with pgsession.connect(self.url) as conn:  # values quoted by psycopg, never SQL text
+            text = psycopg.ClientCursor(conn).mogrify(query, params)
+        table = self._fetch_arrow(text)
         frame = from_arrow(table.replace_schema_metadata(None))
         if not wanted:
             return frame.select([])
@@ -335,14 +337,14 @@ class PostgresStore:
         name = spec if isinstance(spec, str) else spec.name
         conn = pending.connection
         arrow = self.ledger.registry.dataset_schema(name, conn=conn)
-        query, target, wanted = self._read_query(spec, arrow, {})
-        return rows_as_frame(conn, query, {c: target[c] for c in wanted})
+        query, params, target, wanted = self._read_query(spec, arrow, {})
+        return rows_as_frame(conn, query, {c: target[c] for c in wanted}, params=params)
 
     def _read_query(
         self, spec: DatasetSpec | str, arrow: pa.Schema | None, options: ReadOptions
-    ) -> tuple[sql.Composed, dict[str, pl.DataType], list[str]]:
-        """The SELECT of `read` (typed values, decimals as text), the registered polars schema
-        and the columns selected."""
+    ) -> tuple[sql.Composed, tuple[Any, ...], dict[str, pl.DataType], list[str]]:
+        """The SELECT of `read` (typed values, decimals as text) and the values of its `%s`
+        placeholders, the registered polars schema and the columns selected."""
         window, columns = options.get("window"), options.get("columns")
         name = spec if isinstance(spec, str) else spec.name
         if arrow is None:
@@ -363,16 +365,18 @@ class PostgresStore:
             if isinstance(target[col], pl.Decimal):
                 value = sql.SQL("{}::text").format(value)  # exact digits, cast in polars
             selects.append(sql.SQL("{} AS {}").format(value, sql.Identifier(col)))
-        where = sql.SQL("r.dataset_id = {}").format(sql.Literal(name))
+        where: sql.Composable = sql.SQL("r.dataset_id = %s")
+        params: tuple[Any, ...] = (name,)
         if window is not None:
             wm = window_column(spec, options.get("watermark"))
             if wm not in target:
                 raise InvalidArgument(f"reading a window of {name!r} needs its watermark column")
-            where = sql.SQL("{} AND {}").format(where, window_condition(doc, wm, types[wm], window))
+            inside = window_condition(doc, wm, types[wm], window)
+            where, params = sql.SQL("{} AND {}").format(where, inside.sql), (name, *inside.params)
         query = sql.SQL("SELECT {} FROM {} AS r WHERE {} ORDER BY r.row_index").format(
             sql.SQL(", ").join(selects) if selects else sql.SQL("1 AS __po_none__"), ROWS, where
         )
-        return query, dict(target), wanted
+        return query, params, dict(target), wanted
 
     def _fetch_arrow(self, query: str) -> pa.Table:
         """Run a read-only query and stream its result as Arrow (ADBC's COPY BINARY reader)."""

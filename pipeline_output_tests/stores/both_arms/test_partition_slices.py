@@ -156,3 +156,23 @@ def test_a_timestamp_column_is_sliced_by_instant(h):
     new = frame.tail(1).with_columns(id=pl.lit(3, dtype=pl.Int64))
     h.write(spec, new, partition=day_slice(DAY[1], "ts"))
     assert_same_multiset(h.rows(spec), pl.concat([frame.head(1), new]))
+
+
+PERCENT_KEYS = ("100%_", "%s", "50%%", "%(k)s", "a%b%c")
+
+
+def test_static_partition_keys_with_percent_signs_are_values(h):
+    """A key is a value, never SQL text: `100%_`, `%s`, `%(k)s` are written, replaced and kept
+    like any key (issue 42: the Postgres arm crashed on `only '%s', '%b', '%t' are allowed`)."""
+    spec = DatasetSpec(name="shares", primary_key=("id",), strategy="sync")
+    parts = {
+        key: pl.DataFrame({"id": [i * 10, i * 10 + 1], "bucket": [key, key], "v": ["a", "b"]})
+        for i, key in enumerate(PERCENT_KEYS)
+    }
+    for key, part in parts.items():
+        h.write(spec, part, partition=PartitionSlice(key, (Equals("bucket", key),)))
+    again = pl.DataFrame({"id": [1], "bucket": ["100%_"], "v": ["z"]})  # ids 0 and 1 of 100%_
+    res = h.write(spec, again, partition=PartitionSlice("100%_", (Equals("bucket", "100%_"),)))
+    kept = [part for key, part in parts.items() if key != "100%_"]
+    assert_same_multiset(h.rows(spec), pl.concat([again, *kept]))
+    assert (res.rows_inserted, res.rows_updated, res.rows_deleted) == (0, 1, 1)
