@@ -4,16 +4,34 @@ Owns the code-location options every command that needs datasets shares (`code_l
 `-m/--module`, `-f/--python-file`, `-w/--workspace`, `-a/--attribute`, as `dagster` takes them)
 and their precedence, first match wins:
 
-1. the command line (`-m`, `-f` or `-w`; `-a` names the attribute of `-m`/`-f`);
+1. the command line (`-m`, `-f` or `-w`);
 2. `PIPELINE_OUTPUT_DEFINITIONS` (`module:attribute` or `module`, read by `settings`);
 3. the nearest `pyproject.toml` from the working directory up: `[tool.dagster] module_name`
    (+ `attribute`, `working_directory`), else `[tool.dg.project] root_module` (its
-   `code_location_target_module`, default `<root_module>.definitions`);
+   `code_location_target_module`, default `<root_module>.definitions`, imported from `src/` when
+   the project has one, as `dg` does);
 4. the demo (`pipeline_output.definitions:defs`).
+
+`-a/--attribute` names the attribute of the module (or file) chosen by 1-3: with `-m`/`-f`, or
+alone for the module `PIPELINE_OUTPUT_DEFINITIONS` or the pyproject names (`-w` and the demo
+take none).
 
 As `dagster` does, the working directory (or the location's `working_directory`) is put first on
 `sys.path`, so a module beside the user's project imports without installing it. Without an
-attribute, `defs` is taken, else the module's only `Definitions` (or `@definitions` function).
+attribute, a module attribute `defs` holding a `Definitions` or a `@dg.definitions` function is
+taken, else what `dagster` itself discovers (`dagster._core.workspace.autodiscovery`): the
+module's only `@dg.definitions` function, else its only `Definitions`. A `@dg.definitions`
+function (in dagster 1.13 a `LazyDefinitions` object, not a `Definitions`) is called once, when
+the location loads; the `load_from_defs_folder(path_within_project=...)` it usually returns finds
+the project from the module's own path, whatever the working directory.
+
+Each location also carries the name Dagster shows it under (`location_name`, used by `dev`): a dg
+project's location is named as `dg dev` names it — `[tool.dg.project] code_location_name`, else
+the name of the directory holding its `pyproject.toml` (`DgContext.code_location_name` in
+dagster-dg-core) — also when `-m` or `PIPELINE_OUTPUT_DEFINITIONS` name a module of that project's
+`root_module`; any other name makes `load_from_defs_folder` warn that the project's name "does not
+match". `[tool.dagster] code_location_name` and a workspace entry's `location_name` are kept, as
+`dagster dev` keeps them; anything else is left to Dagster (the module, or the file's name).
 A workspace with several locations loads each and merges them (`Definitions.merge`). A location
 is validated as `dagster` validates it (`Definitions.validate_loadable`): what Dagster would refuse
 (a duplicate asset key, a job over unknown assets, ...) fails when it loads, in one line.
@@ -27,7 +45,7 @@ import importlib.util
 import sys
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,6 +71,7 @@ class CodeLocation:
     attribute: str | None = None
     working_directory: Path | None = None
     source: str = "demo"
+    location_name: str | None = None
 
     @property
     def is_demo(self) -> bool:
@@ -139,7 +158,13 @@ def resolve_locations(
         raise InvalidArgument("-a names the attribute of -m or -f; a workspace names its own")
     if module:
         return (
-            CodeLocation(module=module, attribute=attribute, working_directory=here, source="-m"),
+            CodeLocation(
+                module=module,
+                attribute=attribute,
+                working_directory=here,
+                source="-m",
+                location_name=_dg_location_name(here, module),
+            ),
         )
     if python_file:
         path = (here / python_file).resolve()
@@ -152,24 +177,31 @@ def resolve_locations(
         )
     if workspace:
         return _workspace(Path(workspace) if Path(workspace).is_absolute() else here / workspace)
-    if attribute:
-        raise InvalidArgument("-a needs -m or -f")
     target = definitions_target()
+    found: CodeLocation | None
     if target is not None:
         mod, _, attr = target.partition(":")
-        return (
-            CodeLocation(
-                module=mod,
-                attribute=attr or None,
-                working_directory=here,
-                source="PIPELINE_OUTPUT_DEFINITIONS",
-            ),
+        found = CodeLocation(
+            module=mod,
+            attribute=attr or None,
+            working_directory=here,
+            source="PIPELINE_OUTPUT_DEFINITIONS",
+            location_name=_dg_location_name(here, mod),
         )
-    found = _from_pyproject(here)
+    else:
+        found = _from_pyproject(here)
+    if attribute:
+        if found is None:
+            raise InvalidArgument(
+                "-a needs a module: give -m or -f, PIPELINE_OUTPUT_DEFINITIONS, or run from a "
+                "project whose pyproject.toml names one"
+            )
+        found = replace(found, attribute=attribute, source=f"{found.source}, -a")
     return (found,) if found is not None else (DEMO,)
 
 
-def _from_pyproject(start: Path) -> CodeLocation | None:
+def _nearest_pyproject(start: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The nearest `pyproject.toml` from `start` up and its `[tool]` table."""
     for folder in (start, *start.parents):
         path = folder / "pyproject.toml"
         if not path.is_file():
@@ -178,28 +210,59 @@ def _from_pyproject(start: Path) -> CodeLocation | None:
             tool = tomllib.loads(path.read_text(encoding="utf-8")).get("tool", {})
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise InvalidArgument(f"{path}: not readable TOML ({exc})") from exc
-        dagster = tool.get("dagster") or {}
-        project = (tool.get("dg") or {}).get("project") or {}
-        workdir = folder / str(dagster.get("working_directory", "."))
-        if dagster.get("module_name"):
-            return CodeLocation(
-                module=str(dagster["module_name"]),
-                attribute=dagster.get("attribute"),
-                working_directory=workdir,
-                source=f"{path} [tool.dagster]",
-            )
-        if project.get("root_module"):
-            target = project.get("code_location_target_module") or (
-                f"{project['root_module']}.definitions"
-            )
-            src = folder / "src"
-            return CodeLocation(
-                module=str(target),
-                working_directory=src if src.is_dir() else folder,
-                source=f"{path} [tool.dg.project]",
-            )
-        return None  # the nearest pyproject.toml decides, as for dagster
+        return path, tool if isinstance(tool, dict) else {}
     return None
+
+
+def _dg_name(path: Path, project: dict[str, Any]) -> str:
+    """A dg project's code location name, as `dg dev` computes it."""
+    return str(project.get("code_location_name") or path.parent.name)
+
+
+def _dg_location_name(start: Path, module: str) -> str | None:
+    """The dg project's location name when `module` belongs to the nearest pyproject's dg
+    project (its `root_module` or below), else None (Dagster's own default name)."""
+    found = _nearest_pyproject(start)
+    if found is None:
+        return None
+    path, tool = found
+    project = (tool.get("dg") or {}).get("project") or {}
+    root = str(project.get("root_module") or "")
+    if root and (module == root or module.startswith(f"{root}.")):
+        return _dg_name(path, project)
+    return None
+
+
+def _from_pyproject(start: Path) -> CodeLocation | None:
+    found = _nearest_pyproject(start)
+    if found is None:
+        return None
+    path = found[0]
+    folder = path.parent
+    tool = found[1]
+    dagster = tool.get("dagster") or {}
+    project = (tool.get("dg") or {}).get("project") or {}
+    workdir = folder / str(dagster.get("working_directory", "."))
+    if dagster.get("module_name"):
+        return CodeLocation(
+            module=str(dagster["module_name"]),
+            attribute=dagster.get("attribute"),
+            working_directory=workdir,
+            source=f"{path} [tool.dagster]",
+            location_name=dagster.get("code_location_name"),
+        )
+    if project.get("root_module"):
+        target = project.get("code_location_target_module") or (
+            f"{project['root_module']}.definitions"
+        )
+        src = folder / "src"
+        return CodeLocation(
+            module=str(target),
+            working_directory=src if src.is_dir() else folder,
+            source=f"{path} [tool.dg.project]",
+            location_name=_dg_name(path, project),
+        )
+    return None  # the nearest pyproject.toml decides, as for dagster
 
 
 def _workspace(path: Path) -> tuple[CodeLocation, ...]:
@@ -227,6 +290,7 @@ def _workspace(path: Path) -> tuple[CodeLocation, ...]:
                         attribute=spec.get("attribute"),
                         working_directory=workdir,
                         source=f"-w {path}",
+                        location_name=spec.get("location_name"),
                     )
                 )
                 continue
@@ -240,6 +304,7 @@ def _workspace(path: Path) -> tuple[CodeLocation, ...]:
                         attribute=spec.get("attribute"),
                         working_directory=workdir if "working_directory" in spec else file.parent,
                         source=f"-w {path}",
+                        location_name=spec.get("location_name"),
                     )
                 )
                 continue
@@ -293,22 +358,13 @@ def _load(location: CodeLocation) -> Any:
                 f"code location {where} (from {location.source}): module {exc.name!r} not found "
                 f"(working directory {location.working_directory})"
             ) from exc
-    if location.attribute:
-        if not hasattr(module, location.attribute):
-            raise InvalidArgument(f"code location {where}: no attribute {location.attribute!r}")
-        found = getattr(module, location.attribute)
-    elif isinstance(getattr(module, "defs", None), dg.Definitions):
-        found = module.defs
-    else:
-        candidates = [v for v in vars(module).values() if isinstance(v, dg.Definitions)]
-        if len(candidates) != 1:
-            raise InvalidArgument(
-                f"code location {where}: {len(candidates)} Definitions objects at module level; "
-                "name one with -a/--attribute"
-            )
-        found = candidates[0]
+    found = _definitions_of(module, location)
     if not isinstance(found, dg.Definitions) and callable(found):
-        found = found()  # a `@dg.definitions` function
+        try:  # a `@dg.definitions` function (or a plain function returning Definitions)
+            found = found()
+        except dg.DagsterError as exc:
+            message = " ".join(str(exc).split())
+            raise InvalidArgument(f"code location {where} does not load: {message}") from exc
     if not isinstance(found, dg.Definitions):
         raise InvalidArgument(
             f"code location {where}: {type(found).__name__} is not a dagster Definitions"
@@ -319,6 +375,35 @@ def _load(location: CodeLocation) -> Any:
         message = " ".join(str(exc).split())
         raise InvalidArgument(f"code location {where} does not load: {message}") from exc
     return found
+
+
+def _definitions_of(module: Any, location: CodeLocation) -> Any:
+    """The attribute of `module` holding the location's definitions: `-a`'s, else `defs`, else
+    the only `@dg.definitions` function, else the only `Definitions` (as dagster discovers)."""
+    import dagster as dg
+    from dagster.components.definitions import LazyDefinitions
+
+    where = location.describe()
+    loadable = (dg.Definitions, LazyDefinitions)
+    if location.attribute:
+        if not hasattr(module, location.attribute):
+            raise InvalidArgument(f"code location {where}: no attribute {location.attribute!r}")
+        return getattr(module, location.attribute)
+    if isinstance(getattr(module, "defs", None), loadable):
+        return module.defs
+    for kind, label in ((LazyDefinitions, "@dg.definitions functions"), (dg.Definitions, "")):
+        named = {id(v): n for n, v in vars(module).items() if isinstance(v, kind)}
+        if len(named) == 1:
+            return getattr(module, next(iter(named.values())))
+        if len(named) > 1:
+            raise InvalidArgument(
+                f"code location {where}: {len(named)} {label or 'Definitions objects'} at module "
+                f"level ({', '.join(sorted(named.values()))}); name one with -a/--attribute"
+            )
+    raise InvalidArgument(
+        f"code location {where}: no Definitions object or @dg.definitions function at module "
+        "level; name the attribute with -a/--attribute"
+    )
 
 
 def load_definitions() -> Any:
