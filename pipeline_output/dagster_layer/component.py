@@ -2,15 +2,16 @@
 
 `dg scaffold defs pipeline_output.PipelineOutputComponent <name>` writes `defs/<name>/defs.yaml`
 and, when the module it names (default `<root_module>.datasets`) does not exist yet in the project,
-that module with one working example `@dataset` for the user to edit, so `dg check defs` and
-`dg launch` work right after scaffolding (a module that still cannot be found when the location
-loads is one line naming it and the file to create). Its attributes are `module:` (the Python module — or a list of modules — holding the `@dataset`s,
-sources, model nodes and any other definitions to serve with them) and what `build_definitions`
-takes: where the datasets live (`namespace`, `default_mode`, `dual_reads_from`, and `pg_url` +
-`catalog` for a configured `PipelineOutputResource`: values, `{{ env.NAME }}` templates resolved
-when the location loads, or `{env: NAME}` — a `dg.EnvVar` read when a run needs it, and never shown
-in the UI), the executor, the sensors' interval, the parity checks, and table maintenance (the
-`maintenance` options, `maintenance_schedule_cron`/`_running`, `health_thresholds`).
+that module with one working example `@dataset` for the user to edit, so `dg check defs` and `dg
+launch` work right after scaffolding (a module that still cannot be found when the location loads
+is one line naming it and the file to create). Its attributes are `module:` (the Python module — or
+a list of modules — holding the `@dataset`s, sources, model nodes and any other definitions to
+serve with them) and what `build_definitions` takes: where the datasets live (`namespace`,
+`default_mode`, `dual_reads_from`, and `pg_url` + `catalog` for a configured
+`PipelineOutputResource`: values, `{{ env.NAME }}` templates resolved when the location loads, or
+`{env: NAME}` — a `dg.EnvVar` read when a run needs it, and never shown in the UI), the executor,
+the sensors' interval, the parity checks, and table maintenance (the `maintenance` options,
+`maintenance_schedule_cron`/`_running`, `health_thresholds`).
 
 Attributes given in `defs.yaml` win over environment variables (`namespace:` over
 `PIPELINE_OUTPUT_NAMESPACE`, …). One Component per project: it owns the location's IO manager,
@@ -128,7 +129,7 @@ from pipeline_output import dataset
 
 @dataset(primary_key="id", mode="iceberg")
 def example() -> pl.DataFrame:
-    """An example dataset (replace it): three rows, upserted by `id`."""
+    """An example dataset (replace it): three rows; re-deploys upsert by `id`."""
     return pl.DataFrame({"id": [1, 2, 3], "name": ["a", "b", "c"]})
 '''
 
