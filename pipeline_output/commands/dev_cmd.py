@@ -1,6 +1,6 @@
 """`pipeline-output dev`: the Dagster UI and daemon on the project's code location, fully wired.
 
-The code location is chosen exactly as every other command chooses it (`loading.py`: `-m/-f/-w`
+The code location is chosen exactly as every other command chooses it (`locations.py`: `-m/-f/-w`
 with `-a`, `PIPELINE_OUTPUT_DEFINITIONS`, the nearest `pyproject.toml`, the demo only as the
 fallback) and loaded once here first, so a misconfigured location fails now, in one `error:`
 line, instead of inside the UI. It is then written as a Dagster workspace file
@@ -8,6 +8,14 @@ line, instead of inside the UI. It is then written as a Dagster workspace file
 long-running gRPC code server per location, and the webserver and the daemon (sensors,
 schedules, the run queue) both talk to it — the daemon does not import the code location on
 every tick. Arguments this command does not know (`-p 3333`, `-h 0.0.0.0`, ...) are passed on.
+
+The location is named as `dg dev` names it (the workspace entry's `location_name`): a dg project
+(`[tool.dg.project]`) is shown under `[tool.dg.project] code_location_name`, else the name of the
+directory holding its `pyproject.toml` — the name `load_from_defs_folder` expects, so Dagster does
+not warn that the project's name "does not match" the location's. `[tool.dagster]
+code_location_name` and a workspace's `location_name` are kept as `dagster dev` keeps them; any
+other location keeps Dagster's default name (its module, e.g. `my_project.definitions`, or its
+file's name): no better name is known for it (`locations.py` resolves the names).
 """
 
 from __future__ import annotations
@@ -20,11 +28,11 @@ from pathlib import Path
 import click
 
 from pipeline_output.commands.loading import (
-    CodeLocation,
     code_location_options,
     current_locations,
     load_definitions,
 )
+from pipeline_output.commands.locations import CodeLocation
 from pipeline_output.errors import PipelineOutputError
 from pipeline_output.infra import dagster_home
 from pipeline_output.infra.settings import get_settings
@@ -49,6 +57,8 @@ def workspace_yaml(locations: Sequence[CodeLocation]) -> str:
             spec["attribute"] = location.attribute
         if location.working_directory is not None:
             spec["working_directory"] = str(location.working_directory)
+        if location.location_name:
+            spec["location_name"] = location.location_name
         entries.append({kind: spec})
     return str(yaml.safe_dump({"load_from": entries}, sort_keys=False))
 

@@ -1,19 +1,17 @@
-"""Which code location a command serves, and loading its `dagster.Definitions`.
+"""The code-location options of the commands, and loading the chosen location's `Definitions`.
 
-Owns the code-location options every command that needs datasets shares (`code_location_options`:
-`-m/--module`, `-f/--python-file`, `-w/--workspace`, `-a/--attribute`, as `dagster` takes them)
-and their precedence, first match wins:
-
-1. the command line (`-m`, `-f` or `-w`; `-a` names the attribute of `-m`/`-f`);
-2. `PIPELINE_OUTPUT_DEFINITIONS` (`module:attribute` or `module`, read by `settings`);
-3. the nearest `pyproject.toml` from the working directory up: `[tool.dagster] module_name`
-   (+ `attribute`, `working_directory`), else `[tool.dg.project] root_module` (its
-   `code_location_target_module`, default `<root_module>.definitions`);
-4. the demo (`pipeline_output.definitions:defs`).
+Owns the options every command that needs datasets shares (`code_location_options`:
+`-m/--module`, `-f/--python-file`, `-w/--workspace`, `-a/--attribute`, as `dagster` takes them);
+which location they choose, by which precedence and under which name, is `locations.py`.
 
 As `dagster` does, the working directory (or the location's `working_directory`) is put first on
 `sys.path`, so a module beside the user's project imports without installing it. Without an
-attribute, `defs` is taken, else the module's only `Definitions` (or `@definitions` function).
+attribute, a module attribute `defs` holding a `Definitions` or a `@dg.definitions` function is
+taken, else what `dagster` itself discovers (`dagster._core.workspace.autodiscovery`): the
+module's only `@dg.definitions` function, else its only `Definitions`. A `@dg.definitions`
+function (in dagster 1.13 a `LazyDefinitions` object, not a `Definitions`) is called once, when
+the location loads; the `load_from_defs_folder(path_within_project=...)` it usually returns finds
+the project from the module's own path, whatever the working directory.
 A workspace with several locations loads each and merges them (`Definitions.merge`). A location
 is validated as `dagster` validates it (`Definitions.validate_loadable`): what Dagster would refuse
 (a duplicate asset key, a job over unknown assets, ...) fails when it loads, in one line.
@@ -25,45 +23,20 @@ import functools
 import importlib
 import importlib.util
 import sys
-import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from pipeline_output.commands.locations import CodeLocation, resolve_locations
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import InvalidArgument, UnknownDataset
 from pipeline_output.services.runtime import Runtime
 
 DEFINITIONS = "pipeline_output.definitions:defs"
-_DEMO_MODULE = "pipeline_output.definitions"
 _META = "pipeline_output.code_location"
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True)
-class CodeLocation:
-    """One code location: a module or a Python file, its attribute, where it was chosen."""
-
-    module: str | None = None
-    python_file: Path | None = None
-    attribute: str | None = None
-    working_directory: Path | None = None
-    source: str = "demo"
-
-    @property
-    def is_demo(self) -> bool:
-        return self.python_file is None and self.module == _DEMO_MODULE
-
-    def describe(self) -> str:
-        target = str(self.python_file) if self.python_file is not None else str(self.module)
-        return f"{target}:{self.attribute}" if self.attribute else target
-
-
-DEMO = CodeLocation(module=_DEMO_MODULE, attribute="defs", source="demo")
 
 
 def code_location_options(command: F) -> F:
@@ -112,141 +85,13 @@ def code_location_options(command: F) -> F:
             "--attribute",
             "attribute",
             default=None,
-            help="Attribute of -m/-f holding the Definitions (default: `defs`).",
+            help="Attribute holding the Definitions (or @dg.definitions function), of -m/-f or "
+            "of the module PIPELINE_OUTPUT_DEFINITIONS / pyproject.toml names (default: `defs`).",
         ),
     ]
     for option in reversed(options):
         wrapper = option(wrapper)
     return wrapper  # type: ignore[return-value]
-
-
-def resolve_locations(
-    *,
-    module: str | None = None,
-    python_file: str | None = None,
-    workspace: str | None = None,
-    attribute: str | None = None,
-    cwd: Path | None = None,
-) -> tuple[CodeLocation, ...]:
-    """The code locations a command serves, by the precedence in the module docstring."""
-    from pipeline_output.infra.settings import definitions_target
-
-    here = (cwd or Path.cwd()).resolve()
-    chosen = [o for o, v in (("-m", module), ("-f", python_file), ("-w", workspace)) if v]
-    if len(chosen) > 1:
-        raise InvalidArgument(f"give one of -m, -f, -w (got {', '.join(chosen)})")
-    if attribute and workspace:
-        raise InvalidArgument("-a names the attribute of -m or -f; a workspace names its own")
-    if module:
-        return (
-            CodeLocation(module=module, attribute=attribute, working_directory=here, source="-m"),
-        )
-    if python_file:
-        path = (here / python_file).resolve()
-        if not path.is_file():
-            raise InvalidArgument(f"-f {python_file}: no such file")
-        return (
-            CodeLocation(
-                python_file=path, attribute=attribute, working_directory=path.parent, source="-f"
-            ),
-        )
-    if workspace:
-        return _workspace(Path(workspace) if Path(workspace).is_absolute() else here / workspace)
-    if attribute:
-        raise InvalidArgument("-a needs -m or -f")
-    target = definitions_target()
-    if target is not None:
-        mod, _, attr = target.partition(":")
-        return (
-            CodeLocation(
-                module=mod,
-                attribute=attr or None,
-                working_directory=here,
-                source="PIPELINE_OUTPUT_DEFINITIONS",
-            ),
-        )
-    found = _from_pyproject(here)
-    return (found,) if found is not None else (DEMO,)
-
-
-def _from_pyproject(start: Path) -> CodeLocation | None:
-    for folder in (start, *start.parents):
-        path = folder / "pyproject.toml"
-        if not path.is_file():
-            continue
-        try:
-            tool = tomllib.loads(path.read_text(encoding="utf-8")).get("tool", {})
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise InvalidArgument(f"{path}: not readable TOML ({exc})") from exc
-        dagster = tool.get("dagster") or {}
-        project = (tool.get("dg") or {}).get("project") or {}
-        workdir = folder / str(dagster.get("working_directory", "."))
-        if dagster.get("module_name"):
-            return CodeLocation(
-                module=str(dagster["module_name"]),
-                attribute=dagster.get("attribute"),
-                working_directory=workdir,
-                source=f"{path} [tool.dagster]",
-            )
-        if project.get("root_module"):
-            target = project.get("code_location_target_module") or (
-                f"{project['root_module']}.definitions"
-            )
-            src = folder / "src"
-            return CodeLocation(
-                module=str(target),
-                working_directory=src if src.is_dir() else folder,
-                source=f"{path} [tool.dg.project]",
-            )
-        return None  # the nearest pyproject.toml decides, as for dagster
-    return None
-
-
-def _workspace(path: Path) -> tuple[CodeLocation, ...]:
-    import yaml  # type: ignore[import-untyped]  # PyYAML, as dagster reads workspace.yaml
-
-    if not path.is_file():
-        raise InvalidArgument(f"-w {path}: no such file")
-    try:
-        entries = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("load_from")
-    except (OSError, yaml.YAMLError, AttributeError) as exc:
-        raise InvalidArgument(f"-w {path}: not a Dagster workspace ({exc})") from exc
-    if not isinstance(entries, list) or not entries:
-        raise InvalidArgument(f"-w {path}: no `load_from` entries")
-    out = []
-    for entry in entries:
-        kind, value = next(iter(entry.items())) if isinstance(entry, dict) and entry else ("", None)
-        spec = value if isinstance(value, dict) else {}
-        workdir = path.parent / str(spec.get("working_directory", "."))
-        if kind == "python_module":
-            name = value if isinstance(value, str) else spec.get("module_name")
-            if name:
-                out.append(
-                    CodeLocation(
-                        module=str(name),
-                        attribute=spec.get("attribute"),
-                        working_directory=workdir,
-                        source=f"-w {path}",
-                    )
-                )
-                continue
-        if kind == "python_file":
-            rel = value if isinstance(value, str) else spec.get("relative_path")
-            if rel:
-                file = (path.parent / str(rel)).resolve()
-                out.append(
-                    CodeLocation(
-                        python_file=file,
-                        attribute=spec.get("attribute"),
-                        working_directory=workdir if "working_directory" in spec else file.parent,
-                        source=f"-w {path}",
-                    )
-                )
-                continue
-        raise InvalidArgument(
-            f"-w {path}: unsupported entry {entry!r} (python_module or python_file)"
-        )
-    return tuple(out)
 
 
 def current_locations() -> tuple[CodeLocation, ...]:
@@ -293,22 +138,13 @@ def _load(location: CodeLocation) -> Any:
                 f"code location {where} (from {location.source}): module {exc.name!r} not found "
                 f"(working directory {location.working_directory})"
             ) from exc
-    if location.attribute:
-        if not hasattr(module, location.attribute):
-            raise InvalidArgument(f"code location {where}: no attribute {location.attribute!r}")
-        found = getattr(module, location.attribute)
-    elif isinstance(getattr(module, "defs", None), dg.Definitions):
-        found = module.defs
-    else:
-        candidates = [v for v in vars(module).values() if isinstance(v, dg.Definitions)]
-        if len(candidates) != 1:
-            raise InvalidArgument(
-                f"code location {where}: {len(candidates)} Definitions objects at module level; "
-                "name one with -a/--attribute"
-            )
-        found = candidates[0]
+    found = _definitions_of(module, location)
     if not isinstance(found, dg.Definitions) and callable(found):
-        found = found()  # a `@dg.definitions` function
+        try:  # a `@dg.definitions` function (or a plain function returning Definitions)
+            found = found()
+        except dg.DagsterError as exc:
+            message = " ".join(str(exc).split())
+            raise InvalidArgument(f"code location {where} does not load: {message}") from exc
     if not isinstance(found, dg.Definitions):
         raise InvalidArgument(
             f"code location {where}: {type(found).__name__} is not a dagster Definitions"
@@ -319,6 +155,35 @@ def _load(location: CodeLocation) -> Any:
         message = " ".join(str(exc).split())
         raise InvalidArgument(f"code location {where} does not load: {message}") from exc
     return found
+
+
+def _definitions_of(module: Any, location: CodeLocation) -> Any:
+    """The attribute of `module` holding the location's definitions: `-a`'s, else `defs`, else
+    the only `@dg.definitions` function, else the only `Definitions` (as dagster discovers)."""
+    import dagster as dg
+    from dagster.components.definitions import LazyDefinitions
+
+    where = location.describe()
+    loadable = (dg.Definitions, LazyDefinitions)
+    if location.attribute:
+        if not hasattr(module, location.attribute):
+            raise InvalidArgument(f"code location {where}: no attribute {location.attribute!r}")
+        return getattr(module, location.attribute)
+    if isinstance(getattr(module, "defs", None), loadable):
+        return module.defs
+    for kind, label in ((LazyDefinitions, "@dg.definitions functions"), (dg.Definitions, "")):
+        named = {id(v): n for n, v in vars(module).items() if isinstance(v, kind)}
+        if len(named) == 1:
+            return getattr(module, next(iter(named.values())))
+        if len(named) > 1:
+            raise InvalidArgument(
+                f"code location {where}: {len(named)} {label or 'Definitions objects'} at module "
+                f"level ({', '.join(sorted(named.values()))}); name one with -a/--attribute"
+            )
+    raise InvalidArgument(
+        f"code location {where}: no Definitions object or @dg.definitions function at module "
+        "level; name the attribute with -a/--attribute"
+    )
 
 
 def load_definitions() -> Any:

@@ -1,13 +1,17 @@
 """`PipelineOutputComponent`: pipeline-output datasets as a `dg` Component (`defs.yaml`).
 
-`dg scaffold defs pipeline_output.PipelineOutputComponent <name>` writes `defs/<name>/defs.yaml`;
-its attributes are `module:` (the Python module — or a list of modules — holding the `@dataset`s,
-sources, model nodes and any other definitions to serve with them) and what `build_definitions`
-takes: where the datasets live (`namespace`, `default_mode`, `dual_reads_from`, and `pg_url` +
-`catalog` for a configured `PipelineOutputResource`: values, `{{ env.NAME }}` templates resolved
-when the location loads, or `{env: NAME}` — a `dg.EnvVar` read when a run needs it, and never shown
-in the UI), the executor, the sensors' interval, the parity checks, and table maintenance (the
-`maintenance` options, `maintenance_schedule_cron`/`_running`, `health_thresholds`).
+`dg scaffold defs pipeline_output.PipelineOutputComponent <name>` writes `defs/<name>/defs.yaml`
+and, when the module it names (default `<root_module>.datasets`) does not exist yet in the project,
+that module with one working example `@dataset` for the user to edit, so `dg check defs` and `dg
+launch` work right after scaffolding (a module that still cannot be found when the location loads
+is one line naming it and the file to create). Its attributes are `module:` (the Python module — or
+a list of modules — holding the `@dataset`s, sources, model nodes and any other definitions to
+serve with them) and what `build_definitions` takes: where the datasets live (`namespace`,
+`default_mode`, `dual_reads_from`, and `pg_url` + `catalog` for a configured
+`PipelineOutputResource`: values, `{{ env.NAME }}` templates resolved when the location loads, or
+`{env: NAME}` — a `dg.EnvVar` read when a run needs it, and never shown in the UI), the executor,
+the sensors' interval, the parity checks, and table maintenance (the `maintenance` options,
+`maintenance_schedule_cron`/`_running`, `health_thresholds`).
 
 Attributes given in `defs.yaml` win over environment variables (`namespace:` over
 `PIPELINE_OUTPUT_NAMESPACE`, …). One Component per project: it owns the location's IO manager,
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import dagster as dg
@@ -78,6 +83,7 @@ class PipelineOutputScaffolder(dg.Scaffolder[ScaffoldParams]):
     def scaffold(self, request: dg.ScaffoldRequest[ScaffoldParams]) -> None:
         module = request.params.module if request.params else None
         module = module or f"{_root_module(request.project_root)}.datasets"
+        _scaffold_module(request.project_root, module)
         if request.scaffold_format != "yaml":
             dg.scaffold_component(request, {"module": module})
             return
@@ -108,10 +114,46 @@ attributes:
 """
 
 
+_DATASETS_PY = '''\
+"""The datasets of this project's PipelineOutputComponent (its defs.yaml names this module).
+
+Each `@dataset` is a Dagster asset pipeline-output writes: the compute returns the rows (a polars,
+pandas or Arrow frame); its parameters are the assets it reads (other datasets, or sources such as
+`postgres_source(...)` declared here too). Edit this example or replace it with your own.
+"""
+
+import polars as pl
+
+from pipeline_output import dataset
+
+
+@dataset(primary_key="id", mode="iceberg")
+def example() -> pl.DataFrame:
+    """An example dataset (replace it): three rows; re-deploys upsert by `id`."""
+    return pl.DataFrame({"id": [1, 2, 3], "name": ["a", "b", "c"]})
+'''
+
+
+def _module_file(project_root: Path, module: str) -> Path:
+    """Where `module` lives in the project: under `src/` when it has one (as `dg` looks)."""
+    base = project_root / "src" if (project_root / "src").is_dir() else project_root
+    return base.joinpath(*module.split("."))
+
+
+def _scaffold_module(project_root: Path | None, module: str) -> None:
+    """Write `module` with an example dataset when its package is in the project and the module
+    is not (neither `x.py` nor a package `x/`); never overwrite anything."""
+    if project_root is None or "." not in module:
+        return
+    path = _module_file(Path(project_root), module)
+    target = path.with_suffix(".py")
+    if (path.parent / "__init__.py").is_file() and not target.exists() and not path.exists():
+        target.write_text(_DATASETS_PY)
+
+
 def _root_module(project_root: Any) -> str:
     """The dg project's `root_module` (pyproject `[tool.dg.project]`), else `my_project`."""
     import tomllib
-    from pathlib import Path
 
     if project_root is None:
         return "my_project"
@@ -231,6 +273,16 @@ def collect(modules: Sequence[str]) -> dict[str, list[Any]]:
     for name in modules:
         try:
             module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (name == exc.name or name.startswith(f"{exc.name}.")):
+                raise InvalidArgument(  # the module itself is missing: say what to create
+                    f"PipelineOutputComponent: module {name!r} not found; create "
+                    f"{'/'.join(name.split('.'))}.py with your @datasets (or name another "
+                    "module in defs.yaml's `module:`)"
+                ) from None
+            raise InvalidArgument(
+                f"PipelineOutputComponent: module {name!r} cannot be imported: {exc}"
+            ) from exc
         except ImportError as exc:
             raise InvalidArgument(
                 f"PipelineOutputComponent: module {name!r} cannot be imported: {exc}"

@@ -1,10 +1,13 @@
 """`PipelineOutputComponent` in a `dg` project.
 
 In process: `defs.yaml` attributes build the same definitions `build_definitions` does, and win
-over environment variables. With the real `dg` CLI (a project built by hand in `tmp_path`:
-pyproject `[tool.dg]`, `defs/shop/defs.yaml`): `dg list components` and `dg scaffold defs` find the
-Component through its registry entry point, `dg check defs` and `dg list defs` load the project,
-`dg launch --assets` materialises, and the table is found in the catalog the attributes name.
+over environment variables; a `module:` that does not exist is one line naming the file to
+create. With the real `dg` CLI (a project built by hand in `tmp_path`: pyproject `[tool.dg]`,
+`defs/shop/defs.yaml`): `dg scaffold defs` in a project without the datasets module writes one
+with a working example that `dg check defs` loads (issue 42); `dg list components` and `dg
+scaffold defs` find the Component through its registry entry point, `dg check defs` and `dg list
+defs` load the project, `dg launch --assets` materialises, and the table is found in the catalog
+the attributes name.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import pytest
 import yaml
 
 from pipeline_output import PipelineOutputComponent
+from pipeline_output.dagster_layer.component import PipelineOutputScaffolder, ScaffoldParams
+from pipeline_output.dagster_layer.dataset_specs import spec_of
 from pipeline_output.dagster_layer.process_runtime import get_runtime
 from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
@@ -114,6 +119,18 @@ def test_a_module_that_cannot_be_imported_fails_the_load_naming_it() -> None:
     component = PipelineOutputComponent.resolve_from_dict({"module": "no_such_module_here"})
     with pytest.raises(Exception, match="no_such_module_here"):
         dg.component_defs(component=component)
+
+
+def test_a_missing_module_is_one_line_naming_the_file_to_create() -> None:
+    component = PipelineOutputComponent.resolve_from_dict({"module": "shop_nowhere.datasets"})
+    with pytest.raises(Exception) as caught:
+        dg.component_defs(component=component)
+    assert str(caught.value) == (
+        "PipelineOutputComponent: module 'shop_nowhere.datasets' not found; create "
+        "shop_nowhere/datasets.py with your @datasets (or name another module in defs.yaml's "
+        "`module:`)"
+    )
+    assert caught.value.__cause__ is None  # not chained to the ModuleNotFoundError's traceback
 
 
 def test_the_readme_shows_the_example_defs_yaml_the_dg_test_runs() -> None:
@@ -225,6 +242,53 @@ def _dg_env(tmp_path: Path, pg_db_url: str) -> dict[str, str]:
     env["PIPELINE_OUTPUT_PG_URL"] = "postgresql://nobody@127.0.0.1:9/nowhere"
     env["PIPELINE_OUTPUT_NAMESPACE"] = "not_this_one"
     return env
+
+
+def test_scaffolding_the_component_writes_an_example_datasets_module_dg_check_defs_loads(
+    dg_project: Path, tmp_path: Path, pg_db_url: str
+) -> None:
+    """`dg scaffold defs` in a project without `<root_module>.datasets` writes that module with a
+    working example (issue 42: `dg check defs` used to fail with ~40 lines of traceback)."""
+    datasets = dg_project / "shopdg" / "datasets.py"
+    datasets.unlink()
+    env = _dg_env(tmp_path, pg_db_url)
+    env["PIPELINE_OUTPUT_PG_URL"] = pg_db_url  # no pg_url/catalog attributes: the environment's
+    env["PIPELINE_OUTPUT_HOME"] = str(tmp_path / "home")
+    _dg(dg_project, env, "scaffold", "defs", TYPE, "shop")
+    assert "@dataset(" in datasets.read_text()
+    checked = _dg(dg_project, env, "check", "defs")
+    assert "All definitions loaded successfully" in checked.stdout + checked.stderr
+
+
+def test_the_scaffolder_writes_the_module_in_the_projects_package_and_never_overwrites(
+    tmp_path: Path,
+) -> None:
+    package = tmp_path / "src" / "shopsrc"
+    (package / "defs" / "a").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (tmp_path / "pyproject.toml").write_text('[tool.dg.project]\nroot_module = "shopsrc"\n')
+
+    def scaffold(module: str | None = None) -> None:
+        PipelineOutputScaffolder().scaffold(
+            dg.ScaffoldRequest(
+                type_name=TYPE,
+                target_path=package / "defs" / "a",
+                scaffold_format="yaml",
+                project_root=tmp_path,
+                params=ScaffoldParams(module=module),
+            )
+        )
+
+    scaffold()
+    written = package / "datasets.py"
+    namespace: dict[str, Any] = {}
+    exec(compile(written.read_text(), str(written), "exec"), namespace)  # a working example
+    assert spec_of(namespace["example"]) is not None
+    written.write_text("# mine\n")
+    scaffold()
+    assert written.read_text() == "# mine\n"  # never overwritten
+    scaffold("elsewhere.datasets")  # a package outside the project: nothing is written
+    assert sorted(p.name for p in tmp_path.rglob("*.py")) == ["__init__.py", "datasets.py"]
 
 
 @pytest.mark.slow
