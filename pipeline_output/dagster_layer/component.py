@@ -142,7 +142,7 @@ def _module_file(project_root: Path, module: str) -> Path:
 
 def _scaffold_module(project_root: Path | None, module: str) -> None:
     """Write `module` with an example dataset when its package is in the project and the module
-    is not (neither `x.py` nor a package `x/`); never overwrite anything."""
+    is not (neither `<name>.py` nor a package `<name>/`); never overwrite anything."""
     if project_root is None or "." not in module:
         return
     path = _module_file(Path(project_root), module)
