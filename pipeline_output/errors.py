@@ -9,7 +9,8 @@ Dagster can show it without a traceback wall. Every class derives from exactly o
 
 `from_third_party` maps the errors of our dependencies that a user can meet in normal operation
 (pyiceberg commit failures, psycopg connection errors) onto these classes, so the CLI prints one
-line for them too. Errors that keep a builtin base (`LookupError`, `ValueError`, `RuntimeError`) do
+line for them too; a connection the server refuses for its URL (`connection_refused`: no such
+database or role, authentication failed) is terminal, a server down or a dropped session retryable. Errors that keep a builtin base (`LookupError`, `ValueError`, `RuntimeError`) do
 so for callers that caught the builtin before these classes existed.
 """
 
@@ -154,6 +155,12 @@ class ShopNotSeeded(TerminalError):
     """The demo shop's tables do not exist in the database (run `pipeline-output demo seed`)."""
 
 
+class PostgresRefused(TerminalError):
+    """A Postgres server (control plane, legacy arm or SQL catalog) answered but refused the
+    connection for a reason running again will not change: the database or role does not exist,
+    authentication failed, no pg_hba.conf entry. The URL (its setting) must change first."""
+
+
 # --- retryable ------------------------------------------------------------------------------------
 
 
@@ -201,6 +208,37 @@ class PostgresUnavailable(RetryableError):
     """A Postgres server (control plane, legacy arm or SQL catalog) could not be reached."""
 
 
+# Connection failures that are the URL's fault (libpq's and the server's wording; a refusal has
+# no SQLSTATE on the client side): a server that is down, starting or full is not among them.
+_REFUSALS = (
+    r'(database|role) "[^"]*" does not exist',
+    r"authentication failed",
+    r"no pg_hba\.conf entry",
+    r"no password supplied",
+    r"permission denied for database",
+    r"server does not support SSL",
+    r"unable to open database file",  # SQLite catalog: its directory does not exist
+)
+
+
+def driver_message(exc: BaseException) -> str:
+    """The one-line message of a database error: a SQLAlchemy error's driver error (without the
+    statement and SQLAlchemy's "Background on this error" link), else the error itself."""
+    orig = getattr(exc, "orig", None)
+    source = orig if isinstance(orig, BaseException) else exc
+    return " ".join(str(source).split())[:300] or type(source).__name__
+
+
+def connection_refused(exc: BaseException) -> bool:
+    """Whether a failure to connect is the server refusing this URL (a configuration error:
+    database or role missing, authentication failed, ...), not a server that is down or a
+    connection that dropped (retryable)."""
+    import re
+
+    text = driver_message(exc)
+    return any(re.search(pattern, text, re.IGNORECASE) for pattern in _REFUSALS)
+
+
 def from_third_party(exc: BaseException) -> PipelineOutputError | None:
     """The project error for a dependency's error a user meets in normal operation, else None.
 
@@ -236,13 +274,16 @@ def _map_one(exc: BaseException) -> PipelineOutputError | None:
     except ImportError:  # pragma: no cover - psycopg is a dependency
         return None
     if isinstance(exc, psycopg.OperationalError):
+        if connection_refused(exc):
+            return PostgresRefused(f"Postgres refused the connection: {detail}")
         return PostgresUnavailable(f"Postgres unreachable or the session ended: {detail}")
     try:
         import sqlalchemy.exc
     except ImportError:  # pragma: no cover - the SQL catalog brings it
         return None
-    if isinstance(exc, sqlalchemy.exc.OperationalError) and isinstance(
-        getattr(exc, "orig", None), psycopg.OperationalError
-    ):
-        return PostgresUnavailable(f"the SQL catalog's Postgres is unreachable: {detail}")
+    if isinstance(exc, sqlalchemy.exc.OperationalError):
+        cause = driver_message(exc)  # never SQLAlchemy's "Background on this error" link
+        if connection_refused(exc):
+            return PostgresRefused(f"the SQL catalog's database refused the connection: {cause}")
+        return PostgresUnavailable(f"the SQL catalog's database is unreachable: {cause}")
     return None

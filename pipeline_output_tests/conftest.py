@@ -2,6 +2,7 @@
 test, a pyiceberg SQL catalog on it, and an environment that `get_settings()` resolves against.
 
 No mocks: every fixture hands out real servers, databases and catalogs, and removes them after.
+`seaweedfs` (pipeline_output_tests/seaweed.py): a real S3 server and Iceberg REST catalog.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from psycopg import sql
 
 from pipeline_output.infra import embedded_pg
 from pipeline_output.infra.settings import Settings, get_settings, to_sqlalchemy_url, with_database
+from pipeline_output_tests.seaweed import seaweedfs  # noqa: F401  (the SeaweedFS fixture, see there)
 
 if TYPE_CHECKING:
     from pipeline_output_tests.iceberg_harness import Harness

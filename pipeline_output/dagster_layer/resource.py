@@ -9,6 +9,14 @@ server is started, so two code locations with different control planes and catal
 side. Left empty (`PipelineOutputResource()`, what `build_definitions` binds when given none), it
 is the zero-config default: the environment's settings, with `namespace`, `default_mode` and
 `dual_reads_from` winning over their variables when given.
+
+A configured resource's mistakes are one line naming the field, and its variable when the field
+is a `dg.EnvVar` (`HELPDESK_PG (PipelineOutputResource.pg_url): ...`), in the CLI and inside a
+Dagster run alike (a run's resource holds the resolved values: the names are recalled from the
+definitions the run's process loaded, `_ENV_FIELDS`). A database that refuses the URL (no such
+database or role, authentication failed) is a `SettingsError`, a server that is down
+`PostgresUnavailable` (retryable). The catalog is opened on exactly `catalog`'s properties
+(stores/iceberg/table/catalog.py `open_catalog`): no `PYICEBERG_*` variable reaches it.
 """
 
 from __future__ import annotations
@@ -23,7 +31,11 @@ from pydantic import Field
 from pipeline_output.contract.spec import ARMS, MODES
 from pipeline_output.dagster_layer.process_runtime import cached_runtime, get_runtime
 from pipeline_output.errors import InvalidArgument
+from pipeline_output.infra.catalog_config import validate_catalog_properties
+from pipeline_output.infra.pg_urls import check_libpq_url
+from pipeline_output.infra.settings import check_control_plane, variable
 from pipeline_output.services.runtime import Runtime, connect
+from pipeline_output.stores.iceberg.table.catalog import open_catalog
 
 RESOURCE_KEY = "pipeline_output"
 """The resource key every pipeline-output definition requires (bound by `build_definitions`)."""
@@ -66,7 +78,10 @@ class PipelineOutputResource(dg.ConfigurableResource["PipelineOutputResource"]):
     def check(self, *, where: str = "PipelineOutputResource") -> None:
         """Refuse, before any I/O, what cannot work (one line naming the field): `pg_url` without
         `catalog` or the reverse, an unknown mode or arm. Values behind `dg.EnvVar`s are checked
-        when the runtime is built."""
+        when the runtime is built. Also remembers which fields are `dg.EnvVar`s (`_ENV_FIELDS`):
+        `build_definitions` calls this on the resource it binds, in every process that loads
+        the location."""
+        _remember_env_vars(self.pg_url, self.catalog)
         if (self.pg_url is None) != (self.catalog is None):
             given, missing = (
                 ("pg_url", "catalog") if self.catalog is None else ("catalog", "pg_url")
@@ -94,24 +109,46 @@ class PipelineOutputResource(dg.ConfigurableResource["PipelineOutputResource"]):
                 dual_reads_from=self.dual_reads_from,
             )
         pg_url = _value(self.pg_url)
-        catalog = {str(k): _value(v) for k, v in (self.catalog or {}).items()}
+        catalog = {str(k).lower(): _value(v) for k, v in (self.catalog or {}).items()}
         namespace = self.namespace or "datasets"
         mode = self.default_mode or "pg"
         dual = self.dual_reads_from or "pg"
         key = json.dumps(
             ["resource", pg_url, catalog, namespace, self.catalog_name, mode, dual], sort_keys=True
         )
-        return cached_runtime(
-            key,
-            lambda: connect(
+
+        def where(key: str) -> str:
+            return self._setting("catalog", key)
+
+        def build() -> Runtime:
+            check_libpq_url(pg_url, setting=self._setting("pg_url"))
+            check_control_plane(pg_url, setting=self._setting("pg_url"))
+            validate_catalog_properties(self.catalog_name, catalog, where=where)
+            return connect(
                 pg_url=pg_url,
-                catalog=catalog,
+                catalog=open_catalog(self.catalog_name, catalog, where=where),
                 namespace=namespace,
                 catalog_name=self.catalog_name,
                 default_mode=mode,  # type: ignore[arg-type]
                 dual_reads_from=dual,  # type: ignore[arg-type]
-            ),
+            )
+
+        return cached_runtime(key, build)
+
+    def _setting(self, field: str, key: str | None = None) -> str:
+        """How an error names a field (`catalog` with `key`): `PipelineOutputResource.pg_url`,
+        preceded by the variable's name when the field is a `dg.EnvVar`."""
+        raw: Any = self.pg_url if field == "pg_url" else (self.catalog or {}).get(key or "")
+        if key is not None and raw is None:  # the user's spelling of a lowercased key
+            matches = [v for k, v in (self.catalog or {}).items() if str(k).lower() == key]
+            raw = matches[0] if matches else None
+        label = f"PipelineOutputResource.{field}" + (f"[{key!r}]" if key is not None else "")
+        name = (
+            str(raw.env_var_name)
+            if isinstance(raw, dg.EnvVar)
+            else _env_var_of(field if key is None else f"{field}.{key}", raw)
         )
+        return f"{name} ({label})" if name else label
 
 
 def _value(raw: Any) -> str:
@@ -122,6 +159,27 @@ def _value(raw: Any) -> str:
             raise InvalidArgument(f"PipelineOutputResource: environment variable {raw} is not set")
         return str(value)
     return str(raw)
+
+
+_ENV_FIELDS: dict[str, set[str]] = {}
+"""Field (`pg_url`, `catalog.<key>`) -> the `dg.EnvVar` names it was given in this process. A run
+gets the resource with the values resolved (the IO manager's nested copy has no trace of the
+variable); its process built the definitions, so the names are here."""
+
+
+def _remember_env_vars(pg_url: Any, catalog: Any) -> None:
+    fields = [("pg_url", pg_url)]
+    if isinstance(catalog, Mapping):
+        fields += [(f"catalog.{str(k).lower()}", v) for k, v in catalog.items()]
+    for field, value in fields:
+        if isinstance(value, dg.EnvVar):
+            _ENV_FIELDS.setdefault(field, set()).add(str(value.env_var_name))
+
+
+def _env_var_of(field: str, value: Any) -> str | None:
+    """The one variable given for `field` in this process whose value is `value` now."""
+    names = [n for n in _ENV_FIELDS.get(field, ()) if variable(n) == value]
+    return names[0] if len(names) == 1 else None
 
 
 def resource_of(context: Any) -> PipelineOutputResource | None:

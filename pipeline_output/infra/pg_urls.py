@@ -1,13 +1,20 @@
-"""Postgres URL helpers: masking passwords, libpq URI to SQLAlchemy URL, another database.
+"""Postgres URL helpers: masking passwords, libpq URI to SQLAlchemy URL, another database, and
+the project error for a failed connection to a URL (`connect_failure`).
 
-Pure string functions (no environment, no I/O); `settings` re-exports them.
+Pure functions (no environment, no I/O); `settings` re-exports the URL helpers.
 """
 
 from __future__ import annotations
 
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from pipeline_output.errors import SettingsError
+from pipeline_output.errors import (
+    PipelineOutputError,
+    PostgresUnavailable,
+    SettingsError,
+    connection_refused,
+    driver_message,
+)
 
 PG_URL = "PIPELINE_OUTPUT_PG_URL"
 
@@ -78,3 +85,14 @@ def check_libpq_url(url: str, *, setting: str = PG_URL) -> str:
 def one_line(exc: BaseException) -> str:
     """An exception's message on one line (its class name when it has none)."""
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def connect_failure(exc: BaseException, *, setting: str, url: str) -> PipelineOutputError:
+    """The error for a failed connection to `url` (from `setting`): `SettingsError` naming the
+    setting when the server refused the URL (no such database or role, authentication failed:
+    change the setting), else `PostgresUnavailable` (down, starting, dropped: retry). One line,
+    the password masked, the driver's message without SQLAlchemy's link."""
+    cause = f"cannot connect to {mask_url(url)}: {driver_message(exc)}"
+    if connection_refused(exc):
+        return SettingsError(setting, cause)
+    return PostgresUnavailable(f"{setting}: {cause}")

@@ -5,6 +5,9 @@ config file; a bad value raises `SettingsError` naming the variable. The `Settin
 do the I/O: `control_plane_url()` checks the external Postgres or starts/reuses the embedded one,
 `catalog_properties()` describes the Iceberg catalog (the store opens it).
 
+A Postgres that refuses the URL (no such database or role, authentication failed) is a
+`SettingsError` naming the variable; one that is down is `PostgresUnavailable` (retryable).
+
 Environment:
 
 | variable | default | meaning |
@@ -40,6 +43,7 @@ from pipeline_output.infra.catalog_config import (
 )
 from pipeline_output.infra.pg_urls import (
     check_libpq_url,
+    connect_failure,
     has_password,
     mask_url,
     to_sqlalchemy_url,
@@ -85,7 +89,7 @@ class Settings:
     def control_plane_url(self) -> str:
         """libpq URI of the control-plane Postgres: checked reachable, or the embedded server."""
         if self.pg_url is not None:
-            _check_reachable(self.pg_url)
+            check_control_plane(self.pg_url, setting=PG_URL)
             return self.pg_url
         from pipeline_output.infra import embedded_pg
 
@@ -150,7 +154,9 @@ def get_settings(environ: Mapping[str, str] | None = None) -> Settings:
 # --- internals -------------------------------------------------------------------------------
 
 
-def _check_reachable(url: str) -> None:
+def check_control_plane(url: str, *, setting: str) -> None:
+    """Connect to the Postgres at `url` once: `SettingsError` naming `setting` when the server
+    refuses the URL (or it is malformed), `PostgresUnavailable` when it is down (retryable)."""
     import psycopg
 
     from pipeline_output.infra import pgsession
@@ -158,8 +164,12 @@ def _check_reachable(url: str) -> None:
     try:
         with pgsession.connect(url, connect_timeout=5):
             pass
+    except psycopg.OperationalError as exc:
+        raise connect_failure(exc, setting=setting, url=url) from exc
     except psycopg.Error as exc:
-        raise SettingsError(PG_URL, f"cannot connect to {mask_url(url)}: {_one_line(exc)}") from exc
+        raise SettingsError(
+            setting, f"cannot connect to {mask_url(url)}: {_one_line(exc)}"
+        ) from exc
 
 
 FAULT_POINTS = ("before_commit", "in_commit", "after_commit")
@@ -217,6 +227,13 @@ def dual_read_arm(environ: Mapping[str, str] | None = None) -> str:
     return value
 
 
+def variable(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of the environment variable `name` now (e.g. one a resource's `dg.EnvVar`
+    names), read here like every other variable."""
+    env = os.environ if environ is None else environ
+    return env.get(name)
+
+
 DEFINITIONS = "PIPELINE_OUTPUT_DEFINITIONS"
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?$")
 
@@ -237,6 +254,7 @@ def definitions_target(environ: Mapping[str, str] | None = None) -> str | None:
 __all__ = [
     "Settings",
     "catalog_env_prefix",
+    "check_control_plane",
     "default_mode",
     "definitions_target",
     "dual_read_arm",
@@ -246,5 +264,6 @@ __all__ = [
     "has_password",
     "mask_url",
     "to_sqlalchemy_url",
+    "variable",
     "with_database",
 ]

@@ -193,9 +193,10 @@ def test_unreachable_pg_url_is_one_error_line_and_starts_nothing(
 ) -> None:
     env = {**env, "PIPELINE_OUTPUT_PG_URL": "postgresql://app:hunter2@127.0.0.1:1/app"}
     result = run([CLI, *command], env, tmp_path)
-    assert result.returncode == 2
+    assert result.returncode == 75  # nothing listens there: a server that is down, retryable
     assert result.stderr.startswith(
-        "error: PIPELINE_OUTPUT_PG_URL: cannot connect to postgresql://app:***@127.0.0.1:1/app: "
+        "error (retryable): PIPELINE_OUTPUT_PG_URL: cannot connect to "
+        "postgresql://app:***@127.0.0.1:1/app: "
     )
     assert len(result.stderr.splitlines()) == 1
     assert "hunter2" not in result.stderr + result.stdout

@@ -19,6 +19,7 @@ sql` pyiceberg configuration); any other pyiceberg catalog works unchanged.
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -33,7 +34,7 @@ from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import Identifier
 
 from pipeline_output.errors import SettingsError
-from pipeline_output.infra.pg_urls import one_line
+from pipeline_output.infra.pg_urls import connect_failure, one_line
 from pipeline_output.stores.iceberg.snapshot.manifests import staged_metadata
 
 _CACHED_VERSIONS = 64
@@ -127,11 +128,18 @@ def open_catalog(
     namespace: str | None = None,
     where: Callable[[str], str],
 ) -> Catalog:
-    """The pyiceberg catalog `config` describes, with `namespace` created in it when given. A SQL
-    catalog is `FlatSqlCatalog`, built directly (`load_catalog` would merge a `PYICEBERG_*` `type`
-    back in) and retried (two processes creating its tables race); a Postgres one gets
-    `pool_pre_ping` (a connection the server dropped is replaced before use). `where(key)` names
-    the setting a bad `key` came from, for the `SettingsError`."""
+    """The pyiceberg catalog `config` describes — exactly those properties: nothing is merged
+    from `PYICEBERG_CATALOG__<NAME>__*` variables or `.pyiceberg.yaml` (pyiceberg's
+    `load_catalog` would; the environment's route gets them from `settings`, which reads those
+    sources itself) — with `namespace` created in it when given.
+
+    The class is the one pyiceberg's `load_catalog` picks (`py-catalog-impl`, `type`, else the
+    type the `uri` implies); a `type: sql` catalog is `FlatSqlCatalog`, retried (two processes
+    creating its tables race), and a Postgres one gets `pool_pre_ping` (a connection the server
+    dropped is replaced before use). Errors are one line naming `where(key)`, the setting a key
+    came from: `SettingsError` for a malformed config or a database that refuses the `uri` (no
+    such database, authentication failed), `PostgresUnavailable` (retryable) for one that is
+    down."""
     catalog = _load(name, config, where=where)
     if namespace is not None:
         ensure_namespace(catalog, namespace)
@@ -139,8 +147,7 @@ def open_catalog(
 
 
 def _load(name: str, config: Mapping[str, str], *, where: Callable[[str], str]) -> Catalog:
-    from pyiceberg.catalog import load_catalog
-    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.exc import DBAPIError, OperationalError
 
     props = dict(config)
     if props.get("type") == "sql" or str(props.get("uri", "")).startswith("postgresql"):
@@ -151,12 +158,42 @@ def _load(name: str, config: Mapping[str, str], *, where: Callable[[str], str]) 
             for attempt in range(3):
                 try:
                     return FlatSqlCatalog(name, **props)
+                except OperationalError:
+                    raise  # cannot connect: racing again changes nothing
                 except DBAPIError:
                     if attempt == 2:
                         raise
-        return load_catalog(name, **props)
+        return _construct(name, props, where=where)
+    except OperationalError as exc:
+        raise connect_failure(exc, setting=where("uri"), url=str(props.get("uri", ""))) from exc
     except ValueError as exc:
         raise SettingsError(where("type"), one_line(exc)) from exc
+
+
+def _construct(name: str, props: dict[str, str], *, where: Callable[[str], str]) -> Catalog:
+    """The catalog class `load_catalog` would pick, built on `props` alone (no configuration
+    merged underneath)."""
+    from pyiceberg.catalog import AVAILABLE_CATALOGS, CatalogType, infer_catalog_type
+
+    impl = props.get("py-catalog-impl")
+    if impl is not None:
+        module_name, _, class_name = impl.rpartition(".")
+        try:
+            catalog_class = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise SettingsError(
+                where("py-catalog-impl"), f"cannot import {impl!r}: {one_line(exc)}"
+            ) from exc
+        loaded = catalog_class(name, **props)
+        if not isinstance(loaded, Catalog):
+            raise SettingsError(where("py-catalog-impl"), f"{impl!r} is not a pyiceberg Catalog")
+        return loaded
+    raw_type = props.get("type")
+    conf: dict[str, Any] = dict(props)  # pyiceberg's RecursiveDict
+    catalog_type = CatalogType(raw_type.lower()) if raw_type else infer_catalog_type(name, conf)
+    if catalog_type is None:  # pragma: no cover - infer_catalog_type raises instead
+        raise SettingsError(where("uri"), "cannot tell the catalog type; set type")
+    return AVAILABLE_CATALOGS[catalog_type](name, props)
 
 
 def ensure_namespace(catalog: Catalog, namespace: str) -> None:
