@@ -69,7 +69,7 @@ def prep(cfg: dict[str, Any], engine: str, rep: int) -> dict[str, Any]:
 
     from pipeline_output import DatasetSpec
     from pipeline_output.stores.iceberg.snapshot.commit import CommitRequest, commit
-    from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
+    from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
     from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction
 
     store = ours_store(cfg)

@@ -298,7 +298,7 @@ def floor(store: Any, name: str, data: Any) -> dict[str, Any]:
 
     import polars as pl
 
-    from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
+    from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
 
     table = store.load(name)
     paths = [t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()]

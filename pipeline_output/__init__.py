@@ -36,8 +36,7 @@ _API: dict[str, tuple[str, ...]] = {
     # specs, planning, results
     "pipeline_output.contract.spec": ("DatasetSpec", "Delta"),
     "pipeline_output.contract.windows": ("Window",),
-    "pipeline_output.contract.plan": ("TargetState", "WritePlan", "plan_write"),
-    "pipeline_output.contract.result": ("WriteResult",),
+    "pipeline_output.contract.plan": ("TargetState", "WritePlan", "WriteResult", "plan_write"),
     # the runtime for a control plane and a catalog, the arms
     "pipeline_output.services.runtime": ("Runtime", "connect"),
     "pipeline_output.services.publish": ("Publisher",),
@@ -98,10 +97,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs: the table ab
         WritePlan as WritePlan,
     )
     from pipeline_output.contract.plan import (
-        plan_write as plan_write,
-    )
-    from pipeline_output.contract.result import (
         WriteResult as WriteResult,
+    )
+    from pipeline_output.contract.plan import (
+        plan_write as plan_write,
     )
     from pipeline_output.contract.spec import (
         DatasetSpec as DatasetSpec,

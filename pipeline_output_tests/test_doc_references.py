@@ -59,7 +59,12 @@ FOREIGN = {
     *("dg", "dagster", "dagster_dg_cli", "dagster_docker", "dagster_aws", "pl", "pa", "pd"),
     *("pandas", "pyiceberg", "psycopg", "sqlalchemy", "sys", "os", "gc", "random", "postmaster"),
     *("pyproject", "workspace", "defs", "s3", "namespace", "task", "shop", "context"),
-    *("my_project", "DgContext"),  # a user's module in examples; dagster-dg-core's class
+    *(
+        "my_project",
+        "DgContext",
+        "pg_hba",
+        "client",
+    ),  # a user's module in examples; dagster-dg-core's class
     *("replace", "upsert", "append", "append_new", "sync"),  # write modes
     *("Definitions", "LazyFrame", "DataFrame", "AutomationCondition", "DagsterInstance"),
     *("DeltaTable", "Transaction", "TableScan", "AssetKey", "FreshnessPolicy"),

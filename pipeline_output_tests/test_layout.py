@@ -1,6 +1,8 @@
 """The package's shape, enforced: folders by role with imports only going down, no import cycle,
 no reach into another module's private names, a pure core that imports no Dagster, a short top
-level, no basename shared across layers, and no module past 400 lines.
+level, and no basename shared across layers. A module holds one concept, whole — cut by meaning,
+never by line count; a module past 800 lines is a soft warning (is it still one concept?), not a
+failure.
 
 Layers, lowest first (a module may import its own layer and the ones below, never above):
 `errors` → `contract/` → `infra/` → `ledger/` → `stores/` → `services/` → `dagster_layer/` →
@@ -14,6 +16,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,7 +24,7 @@ import pipeline_output
 
 PACKAGE = Path(pipeline_output.__file__).parent
 DAGSTER_LAYER = ("dagster_layer/", "commands/", "cli.py", "definitions.py", "demo/code_location.py")
-MAX_LINES = 400
+SOFT_MAX_LINES = 800
 MAX_TOP_LEVEL_MODULES = 12
 # Public modules that only name the public part of a concept implemented below them (their
 # docstrings say where): they share the concept's name by design.
@@ -234,8 +237,11 @@ def test_no_basename_is_shared_across_layers() -> None:
     assert shared == {}, f"basenames shared across layers: {shared}"
 
 
-def test_no_module_in_the_package_is_over_400_lines() -> None:
+def test_a_module_past_800_lines_is_a_soft_warning() -> None:
     long = {
-        _relative(p): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_LINES
+        _relative(p): n
+        for p in _modules()
+        if (n := len(p.read_text().splitlines())) > SOFT_MAX_LINES
     }
-    assert long == {}, f"modules over {MAX_LINES} lines: {long}"
+    for module, n in sorted(long.items()):
+        warnings.warn(f"{module}: {n} lines (> {SOFT_MAX_LINES}): still one concept?", stacklevel=1)

@@ -29,8 +29,7 @@ from pipeline_output.contract.windows import Window
 from pipeline_output.errors import BadInput, InvalidSpec
 
 if TYPE_CHECKING:
-    from pipeline_output.contract.plan import TargetState, WritePlan
-    from pipeline_output.contract.result import WriteResult
+    from pipeline_output.contract.plan import TargetState, WritePlan, WriteResult
 
 ATTEMPT_MARKER = "window-attempt"  # the summary key a window attempt's marker is written under
 

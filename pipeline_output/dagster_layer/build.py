@@ -36,7 +36,7 @@ from pipeline_output.dagster_layer.window_upstreams import dataset_upstream, sou
 from pipeline_output.errors import InvalidArgument
 from pipeline_output.services.maintenance import MaintenanceOptions
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
-from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES
+from pipeline_output.stores.iceberg.table.tables import ICEBERG_CAPABILITIES
 from pipeline_output.stores.postgres.types import LEGACY_CAPABILITIES
 
 

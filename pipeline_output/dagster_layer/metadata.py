@@ -27,7 +27,7 @@ from typing import Any
 import polars as pl
 from pyiceberg.table import Table
 
-from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.plan import WriteResult
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.dagster_layer.table_metadata import (
     frame_column_schema,

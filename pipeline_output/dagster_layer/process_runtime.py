@@ -25,8 +25,13 @@ import gc
 import threading
 from collections.abc import Callable
 
-from pipeline_output.infra.catalog_config import check_namespace
-from pipeline_output.infra.settings import Settings, default_mode, dual_read_arm, get_settings
+from pipeline_output.infra.settings import (
+    Settings,
+    check_namespace,
+    default_mode,
+    dual_read_arm,
+    get_settings,
+)
 from pipeline_output.services.runtime import Runtime, connect
 from pipeline_output.stores.iceberg.table.catalog import open_catalog
 

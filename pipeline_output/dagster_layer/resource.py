@@ -31,9 +31,12 @@ from pydantic import Field
 from pipeline_output.contract.spec import ARMS, MODES
 from pipeline_output.dagster_layer.process_runtime import cached_runtime, get_runtime
 from pipeline_output.errors import InvalidArgument
-from pipeline_output.infra.catalog_config import validate_catalog_properties
-from pipeline_output.infra.pg_urls import check_libpq_url
-from pipeline_output.infra.settings import check_control_plane, variable
+from pipeline_output.infra.settings import (
+    check_control_plane,
+    check_libpq_url,
+    validate_catalog_properties,
+    variable,
+)
 from pipeline_output.services.runtime import Runtime, connect
 from pipeline_output.stores.iceberg.table.catalog import open_catalog
 

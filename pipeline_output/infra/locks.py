@@ -44,7 +44,7 @@ def iceberg_table(table: str) -> str:
 def iceberg_files(table: str) -> str:
     """Writes of one Iceberg table whose files are not committed yet (session scope): every
     writer shares it from its first file to its commit; orphan removal takes it alone
-    (`stores/iceberg/snapshot/inflight.py`)."""
+    (`stores/iceberg/snapshot/commit.py`)."""
     return f"iceberg-files:{table}"
 
 

@@ -13,8 +13,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pipeline_output.errors import InvalidArgument
-from pipeline_output.ledger.connection import RecordLog
-from pipeline_output.ledger.sql_names import column_list, ledger_table
+from pipeline_output.ledger.connection import RecordLog, column_list, ledger_table
 
 AuditState = Literal["staged", "published", "failed", "dropped"]
 AUDIT_STATES: tuple[str, ...] = get_args(AuditState)

@@ -1,18 +1,23 @@
 """`ControlPlaneDb`: connections to the control-plane database, shared by every record log of the
 ledger (`RecordLog`). A log's method opens its own short transaction, or joins the caller's when given `conn=`
-(the legacy arm records its deploy in the same transaction as its rows)."""
+(the legacy arm records its deploy in the same transaction as its rows).
+
+Names in the control-plane schema `pipeline_output`, composed with `psycopg.sql`: a table of
+the schema (`ledger_table`), a column list (`column_list`), a record's columns (`columns_of`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import fields
 from typing import Any
 
 import psycopg
 from psycopg import sql
 
 from pipeline_output.infra import pgsession
-from pipeline_output.ledger.sql_names import column_list, ledger_table
+from pipeline_output.ledger import migrations
 
 
 class ControlPlaneDb:
@@ -67,3 +72,21 @@ class RecordLog:
     ) -> AbstractContextManager[psycopg.Connection[Any]]:
         """The caller's connection, or a fresh one committed on success (`ControlPlaneDb.tx`)."""
         return self._db.tx(conn)
+
+
+SCHEMA = migrations.SCHEMA
+
+
+def ledger_table(name: str) -> sql.Identifier:
+    """`pipeline_output.<name>`."""
+    return sql.Identifier(SCHEMA, name)
+
+
+def column_list(names: Sequence[str]) -> sql.Composed:
+    """`a, b, c` as quoted identifiers."""
+    return sql.SQL(", ").join(sql.Identifier(n) for n in names)
+
+
+def columns_of(record: type) -> list[str]:
+    """A record's columns: its fields, in order (each record mirrors its table's SELECT list)."""
+    return [f.name for f in fields(record)]

@@ -9,28 +9,49 @@ Every method opens its own short transaction, or joins the caller's when given `
 composed with `psycopg.sql` and placeholders; no value is ever formatted into a query. The
 freshness oracle of the legacy arm is `deploy_log.has_succeeded_deploy(dataset, "pg")` — never a
 row count.
+
+The dataset registry: each dataset's key and the Arrow schema the legacy arm restores types
+from (`RegisteredDataset`, table `datasets`).
+
+The flip log: a dataset's persisted mode and its history (`FlipRecord`, tables `mode_flips`
+and `dataset_modes`) — `pipeline-output flip`.
+
+The parity log: each parity check of a dataset's two arms (`ParityRecord`, table
+`parity_results`).
+
+The drain log: when the legacy arm of a dataset was drained at the end of its migration (table
+`drains`) — `pipeline-output drain`.
+
+The rollback log: each rollback of a dataset's native table (`RollbackRecord`, table
+`rollbacks`). `services/time_travel.py` decides, this module only records.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
+from pipeline_output.contract.spec import MODES, check_identifier
 from pipeline_output.contract.windows import Window
-from pipeline_output.infra import pgsession
+from pipeline_output.errors import InvalidArgument, UnknownMode
+from pipeline_output.infra import locks, pgsession
 from pipeline_output.ledger import migrations
 from pipeline_output.ledger.audits import AuditLog
-from pipeline_output.ledger.connection import ControlPlaneDb
+from pipeline_output.ledger.connection import (
+    ControlPlaneDb,
+    RecordLog,
+    column_list,
+    columns_of,
+    ledger_table,
+)
 from pipeline_output.ledger.deploys import DeployLog, DeployRecord
-from pipeline_output.ledger.drains import DrainLog
-from pipeline_output.ledger.flips import FlipLog
-from pipeline_output.ledger.parity_results import ParityLog
-from pipeline_output.ledger.registry import Registry
-from pipeline_output.ledger.rollbacks import RollbackLog
-from pipeline_output.ledger.sql_names import ledger_table
 
 # Every record the control plane keeps of a dataset: (table, the column naming the dataset), in an
 # order that deletes referencing rows first (a current mode points at its flip; an audit's writes
@@ -150,3 +171,285 @@ class Ledger:
                 conn=c,
             )
         return record
+
+
+@dataclass(frozen=True)
+class RegisteredDataset:
+    """A dataset in the registry: its key and the Arrow schema the legacy arm restores types from."""
+
+    name: str
+    primary_key: tuple[str, ...]
+    arrow_schema: pa.Schema | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class Registry(RecordLog):
+    """The registry (see the module docstring)."""
+
+    def register_dataset(
+        self,
+        name: str,
+        *,
+        primary_key: Sequence[str],
+        arrow_schema: pa.Schema | None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> None:
+        """Insert or update a dataset's registry entry (key and serialized Arrow schema)."""
+        check_identifier(name, what="dataset name")
+        blob = arrow_schema.serialize().to_pybytes() if arrow_schema is not None else None
+        readable = (
+            Jsonb({f.name: str(f.type) for f in arrow_schema}) if arrow_schema is not None else None
+        )
+        query = sql.SQL(
+            "INSERT INTO {} AS d (name, primary_key, arrow_schema, schema_text)"
+            " VALUES (%s, %s, %s, %s)"
+            " ON CONFLICT (name) DO UPDATE SET primary_key = EXCLUDED.primary_key,"
+            " arrow_schema = coalesce(EXCLUDED.arrow_schema, d.arrow_schema),"
+            " schema_text = coalesce(EXCLUDED.schema_text, d.schema_text),"
+            " updated_at = clock_timestamp()"
+        ).format(ledger_table("datasets"))
+        with self.tx(conn) as c:
+            c.execute(query, (name, list(primary_key), blob, readable))
+
+    def registered(
+        self, name: str, *, conn: psycopg.Connection[Any] | None = None
+    ) -> RegisteredDataset | None:
+        """The registry entry of `name`, or None."""
+        query = sql.SQL(
+            "SELECT name, primary_key, arrow_schema, created_at, updated_at FROM {} WHERE name = %s"
+        ).format(ledger_table("datasets"))
+        with self.tx(conn) as c:
+            row = c.execute(query, (name,)).fetchone()
+        if row is None:
+            return None
+        schema = pa.ipc.read_schema(pa.py_buffer(bytes(row[2]))) if row[2] is not None else None
+        return RegisteredDataset(row[0], tuple(row[1]), schema, row[3], row[4])
+
+    def dataset_schema(
+        self, name: str, *, conn: psycopg.Connection[Any] | None = None
+    ) -> pa.Schema | None:
+        """The registered Arrow schema of `name`, or None."""
+        entry = self.registered(name, conn=conn)
+        return entry.arrow_schema if entry is not None else None
+
+
+@dataclass(frozen=True)
+class FlipRecord:
+    """One mode flip: who moved the dataset from which mode to which, when and why."""
+
+    id: int
+    dataset: str
+    from_mode: str | None
+    to_mode: str
+    who: str
+    at: datetime
+    reason: str | None
+
+
+FLIP_COLUMNS = columns_of(FlipRecord)
+
+
+class FlipLog(RecordLog):
+    """Mode flips (see the module docstring)."""
+
+    def flip(self, dataset: str, mode: str, *, who: str, reason: str | None = None) -> FlipRecord:
+        """Persist `dataset`'s mode (pg | iceberg | dual) with history; returns the history row."""
+        if mode not in MODES:
+            raise UnknownMode(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
+        check_identifier(dataset, what="dataset name")
+        if not who:
+            raise InvalidArgument("a flip needs `who` (the person or process flipping)")
+        with self.tx(None) as c:
+            locks.acquire(c, locks.mode_flip(dataset), transaction=True)
+            current = self.current_flip(dataset, conn=c)
+            row = c.execute(
+                sql.SQL(
+                    "INSERT INTO {} (dataset, from_mode, to_mode, who, reason)"
+                    " VALUES (%s, %s, %s, %s, %s) RETURNING {}"
+                ).format(ledger_table("mode_flips"), column_list(FLIP_COLUMNS)),
+                (dataset, current, mode, who, reason),
+            ).fetchone()
+            assert row is not None
+            record = FlipRecord(*row)
+            c.execute(
+                sql.SQL(
+                    "INSERT INTO {} (dataset, mode, flip_id) VALUES (%s, %s, %s)"
+                    " ON CONFLICT (dataset) DO UPDATE SET mode = EXCLUDED.mode,"
+                    " flip_id = EXCLUDED.flip_id, updated_at = clock_timestamp()"
+                ).format(ledger_table("dataset_modes")),
+                (dataset, mode, record.id),
+            )
+        return record
+
+    def current_flip(
+        self, dataset: str, *, conn: psycopg.Connection[Any] | None = None
+    ) -> str | None:
+        """The persisted mode of `dataset`, or None when it was never flipped."""
+        rows = self.select(
+            "dataset_modes", ["mode"], where={"dataset": dataset}, order="dataset", conn=conn
+        )
+        return str(rows[0][0]) if rows else None
+
+    def flips(self) -> dict[str, str]:
+        """Every persisted flip: dataset -> mode."""
+        query = sql.SQL("SELECT dataset, mode FROM {} ORDER BY dataset").format(
+            ledger_table("dataset_modes")
+        )
+        with self.tx(None) as c:
+            return {str(d): str(m) for d, m in c.execute(query).fetchall()}
+
+    def flip_history(self, dataset: str) -> list[FlipRecord]:
+        """Every flip of `dataset`, oldest first."""
+        rows = self.select("mode_flips", FLIP_COLUMNS, where={"dataset": dataset})
+        return [FlipRecord(*r) for r in rows]
+
+
+@dataclass(frozen=True)
+class ParityRecord:
+    """One parity check of a dataset's two arms."""
+
+    id: int
+    dataset: str
+    at: datetime
+    run_id: str | None
+    passed: bool
+    pg_count: int | None
+    iceberg_count: int | None
+    differing_keys: dict[str, Any]
+    details: dict[str, Any]
+
+
+PARITY_COLUMNS = columns_of(ParityRecord)
+
+
+class ParityLog(RecordLog):
+    """Parity results (see the module docstring)."""
+
+    def record_parity(
+        self,
+        dataset: str,
+        *,
+        passed: bool,
+        pg_count: int | None,
+        iceberg_count: int | None,
+        differing_keys: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+        details: Mapping[str, Any] | None = None,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> ParityRecord:
+        """Record one parity check (`differing_keys`: e.g. {"only_in_pg": [...], ...})."""
+        query = sql.SQL(
+            "INSERT INTO {} (dataset, run_id, passed, pg_count, iceberg_count, differing_keys,"
+            " details) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING {}"
+        ).format(ledger_table("parity_results"), column_list(PARITY_COLUMNS))
+        params = (
+            dataset,
+            run_id,
+            passed,
+            pg_count,
+            iceberg_count,
+            Jsonb(dict(differing_keys or {})),
+            Jsonb(dict(details or {})),
+        )
+        with self.tx(conn) as c:
+            row = c.execute(query, params).fetchone()
+        assert row is not None
+        return ParityRecord(*row)
+
+    def last_parity(
+        self, dataset: str, *, conn: psycopg.Connection[Any] | None = None
+    ) -> ParityRecord | None:
+        """The most recent parity result of `dataset`, or None."""
+        rows = self.select(
+            "parity_results",
+            PARITY_COLUMNS,
+            where={"dataset": dataset},
+            newest_first=True,
+            conn=conn,
+        )
+        return ParityRecord(*rows[0]) if rows else None
+
+
+class DrainLog(RecordLog):
+    """Drains of the legacy arm (see the module docstring)."""
+
+    def record_drain(self, dataset: str, *, rows: int) -> None:
+        """Record that the legacy rows of `dataset` were deleted."""
+        with self.tx(None) as conn:
+            conn.execute(
+                sql.SQL("INSERT INTO {} (dataset, rows) VALUES (%s, %s)").format(
+                    ledger_table("drains")
+                ),
+                (dataset, rows),
+            )
+
+    def last_drain(self, dataset: str) -> datetime | None:
+        """When the legacy rows of `dataset` were last drained (None: never, since 020)."""
+        with self.tx(None) as conn:
+            row = conn.execute(
+                sql.SQL("SELECT max(at) FROM {} WHERE dataset = %s").format(ledger_table("drains")),
+                (dataset,),
+            ).fetchone()
+        return row[0] if row else None
+
+
+@dataclass(frozen=True)
+class RollbackRecord:
+    """One rollback of a dataset's native table."""
+
+    id: int
+    dataset: str
+    from_snapshot_id: int | None
+    to_snapshot_id: int
+    who: str
+    run_id: str | None
+    reason: str | None
+    windows_reset: int
+    at: datetime
+
+
+_ROLLBACK_COLUMNS = [
+    "id",
+    "dataset",
+    "from_snapshot_id",
+    "to_snapshot_id",
+    "who",
+    "run_id",
+    "reason",
+    "windows_reset",
+    "at",
+]
+
+
+class RollbackLog(RecordLog):
+    """Rollbacks (see the module docstring)."""
+
+    def record_rollback(
+        self,
+        dataset: str,
+        *,
+        from_snapshot_id: int | None,
+        to_snapshot_id: int,
+        who: str,
+        run_id: str | None,
+        reason: str | None,
+        windows_reset: int,
+        conn: psycopg.Connection[Any] | None = None,
+    ) -> RollbackRecord:
+        """Record a rollback (who, when, why, from, to, windows reset)."""
+        with self.tx(conn) as c:
+            row = c.execute(
+                sql.SQL(
+                    "INSERT INTO {} (dataset, from_snapshot_id, to_snapshot_id, who, run_id, "
+                    "reason, windows_reset) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING {}"
+                ).format(ledger_table("rollbacks"), column_list(_ROLLBACK_COLUMNS)),
+                (dataset, from_snapshot_id, to_snapshot_id, who, run_id, reason, windows_reset),
+            ).fetchone()
+        assert row is not None
+        return RollbackRecord(*row)
+
+    def rollbacks(self, dataset: str) -> list[RollbackRecord]:
+        """A dataset's rollbacks, oldest first."""
+        rows = self.select("rollbacks", _ROLLBACK_COLUMNS, where={"dataset": dataset})
+        return [RollbackRecord(*r) for r in rows]

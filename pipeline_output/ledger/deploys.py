@@ -12,13 +12,12 @@ from typing import Any, Literal, TypedDict, Unpack, get_args
 import psycopg
 from psycopg import sql
 
-from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.plan import WriteResult
 from pipeline_output.contract.spec import ARMS, DatasetSpec
 from pipeline_output.contract.store_protocol import ATTEMPT_MARKER, WriteOptions, options_of
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import InvalidArgument
-from pipeline_output.ledger.connection import RecordLog
-from pipeline_output.ledger.sql_names import column_list, columns_of, ledger_table
+from pipeline_output.ledger.connection import RecordLog, column_list, columns_of, ledger_table
 
 DeployStatus = Literal["succeeded", "failed", "diverged"]
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from pipeline_output.contract.checked_input import CheckedInput
-from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.plan import WriteResult
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.store_protocol import ATTEMPT_MARKER, WriteOptions
 from pipeline_output.contract.windows import Window
@@ -46,7 +46,7 @@ from pipeline_output.services.audit_legacy import (
     rollback_quietly,
 )
 from pipeline_output.services.parity import ParityReport
-from pipeline_output.stores.iceberg.table.refs import (
+from pipeline_output.stores.iceberg.table.tables import (
     ancestor_ids,
     audit_branch,
     drop_branch,

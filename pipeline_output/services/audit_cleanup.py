@@ -18,7 +18,7 @@ from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.ledger.audits import AuditRecord
 from pipeline_output.services.audit import DEFAULT_RETENTION, apply_windows, attempt_of, fail
 from pipeline_output.services.audit_legacy import audit_ledger
-from pipeline_output.stores.iceberg.table.refs import ancestor_ids, drop_branch, head
+from pipeline_output.stores.iceberg.table.tables import ancestor_ids, drop_branch, head
 
 if TYPE_CHECKING:
     from pipeline_output.ledger.window_ledger import WindowLedger

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.plan import WriteResult
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.store_protocol import ATTEMPT_MARKER
 from pipeline_output.contract.windows import Window

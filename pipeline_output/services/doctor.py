@@ -5,7 +5,7 @@ before the single commit). An orphan is a Parquet file under a table's `data/` d
 snapshot of the table references (`stores/iceberg/maintenance/orphans.py` owns the rule, shared with
 `pipeline-output maintain --orphans`, which also sweeps the metadata directory), and that is older
 than a grace period. Removal deletes only the files still unreferenced once no write of the table
-is in flight (`stores/iceberg/snapshot/inflight.py`), so a write in progress never loses a file, whatever
+is in flight (`stores/iceberg/snapshot/commit.py`), so a write in progress never loses a file, whatever
 the grace. Pure core (no Dagster).
 """
 
@@ -23,7 +23,7 @@ from pipeline_output.stores.iceberg.maintenance.orphans import (
     table_orphans,
 )
 from pipeline_output.stores.iceberg.maintenance.orphans import referenced as _referenced
-from pipeline_output.stores.iceberg.snapshot.inflight import DEFAULT_WAIT_S
+from pipeline_output.stores.iceberg.snapshot.commit import DEFAULT_WAIT_S
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.store import IcebergStore

@@ -35,7 +35,7 @@ from pipeline_output.stores.iceberg.maintenance.expiry import (
 )
 from pipeline_output.stores.iceberg.maintenance.health import TableHealth, table_health
 from pipeline_output.stores.iceberg.maintenance.orphans import DEFAULT_GRACE_S, OrphanResult
-from pipeline_output.stores.iceberg.table.properties import DEFAULT_LOCK
+from pipeline_output.stores.iceberg.table.tables import DEFAULT_LOCK
 
 if TYPE_CHECKING:
     from pipeline_output.services.publish import Publisher

@@ -22,7 +22,7 @@ from typing import Any
 
 import polars as pl
 
-from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.plan import WriteResult
 from pipeline_output.contract.spec import DatasetSpec, Mode, check_identifier
 from pipeline_output.errors import BadInput, InvalidSpec
 from pipeline_output.ledger.window_ledger import WindowLedger

@@ -29,8 +29,7 @@ from pipeline_output.infra.locks import iceberg_table
 from pipeline_output.ledger import Ledger
 from pipeline_output.stores.iceberg import IcebergStore
 from pipeline_output.stores.iceberg.maintenance.orphans import filesystem
-from pipeline_output.stores.iceberg.table.freshness import total_records
-from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.table.tables import PROPERTY_PREFIX, total_records
 
 DATASET_PROPERTY = f"{PROPERTY_PREFIX}dataset"
 

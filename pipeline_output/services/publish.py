@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Unpack
 import polars as pl
 
 from pipeline_output.contract.checked_input import CheckedInput, checked_input
-from pipeline_output.contract.plan import WritePlan
-from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.plan import WritePlan, WriteResult
 from pipeline_output.contract.slices import PartitionSlice, check_in_partition
 from pipeline_output.contract.spec import MODES, Arm, DatasetSpec, Mode
 from pipeline_output.contract.store_protocol import (

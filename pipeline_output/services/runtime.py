@@ -26,10 +26,15 @@ from pipeline_output.errors import (
     from_third_party,
 )
 from pipeline_output.infra import pgsession
-from pipeline_output.infra.catalog_config import check_namespace, validate_catalog_properties
 from pipeline_output.infra.locks import AdvisoryLock
-from pipeline_output.infra.pg_urls import check_libpq_url, mask_url, one_line
-from pipeline_output.infra.settings import Settings
+from pipeline_output.infra.settings import (
+    Settings,
+    check_libpq_url,
+    check_namespace,
+    mask_url,
+    one_line,
+    validate_catalog_properties,
+)
 from pipeline_output.ledger.control_plane import Ledger
 from pipeline_output.ledger.migrations import migrate
 from pipeline_output.ledger.window_ledger import WindowLedger

@@ -23,10 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import DatasetNotWritten, InvalidArgument, RollbackRefused
-from pipeline_output.ledger.rollbacks import RollbackRecord
-from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
-from pipeline_output.stores.iceberg.table.refs import ancestry, head, main_since, move_main
+from pipeline_output.ledger.control_plane import RollbackRecord
 from pipeline_output.stores.iceberg.table.snapshot_log import snapshot_at
+from pipeline_output.stores.iceberg.table.tables import (
+    PROPERTY_PREFIX,
+    ancestry,
+    head,
+    main_since,
+    move_main,
+)
 
 if TYPE_CHECKING:
     from pipeline_output.ledger.window_ledger import WindowLedger

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from pipeline_output.infra.settings import Settings
-from pipeline_output.stores.iceberg.table.refs import head
+from pipeline_output.stores.iceberg.table.tables import head
 from pipeline_output_tests.dagster_runs import run_assets
 from pipeline_output_tests.iceberg_harness import customers
 from pipeline_output_tests.oracle import assert_same_multiset

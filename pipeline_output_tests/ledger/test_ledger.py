@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline_output import Window
-from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.plan import WriteResult
 from pipeline_output.ledger import Ledger, MigrationError, UnknownMode, migrations
 
 

@@ -19,7 +19,7 @@ from pipeline_output.services.audit import audit_parity, fail_audit, publish_aud
 from pipeline_output.services.audit_cleanup import drop_stale_audit_branches
 from pipeline_output.services.publish import Publisher
 from pipeline_output.services.window_apply import apply_window
-from pipeline_output.stores.iceberg.table.refs import head
+from pipeline_output.stores.iceberg.table.tables import head
 from pipeline_output_tests.iceberg_harness import customers
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.publishers import corrupt_pg_row, make_publisher, mode, pg_docs

@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 
 from pipeline_output import DatasetSpec
-from pipeline_output.stores.iceberg.table.refs import ancestry, head
+from pipeline_output.stores.iceberg.table.tables import ancestry, head
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.processes import run_workers
 from pipeline_output_tests.publishers import make_publisher

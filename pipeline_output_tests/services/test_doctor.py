@@ -12,7 +12,7 @@ import pytest
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.services.doctor import find_orphans, remove_orphans
-from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
+from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
 from pipeline_output_tests.iceberg_harness import scored_batches
 
 

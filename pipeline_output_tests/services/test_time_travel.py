@@ -19,7 +19,7 @@ from pipeline_output.errors import InvalidArgument, RollbackRefused, SnapshotExp
 from pipeline_output.services.canary import check_parity, drain, flip
 from pipeline_output.services.publish import Publisher
 from pipeline_output.services.time_travel import parse_as_of
-from pipeline_output.stores.iceberg.table.refs import head
+from pipeline_output.stores.iceberg.table.tables import head
 from pipeline_output_tests.dagster_runs import run_assets
 from pipeline_output_tests.iceberg_harness import customers
 from pipeline_output_tests.oracle import assert_same_multiset

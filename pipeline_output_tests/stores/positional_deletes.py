@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.table import Table
 
-from pipeline_output.stores.iceberg.snapshot.indexed_overwrite import IndexedOverwrite
+from pipeline_output.stores.iceberg.snapshot.commit import IndexedOverwrite
 from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction, read_index
 
 FILE_PATH_ID = 2147483546

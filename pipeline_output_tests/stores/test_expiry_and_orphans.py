@@ -20,7 +20,7 @@ import pytest
 from pipeline_output import DatasetSpec
 from pipeline_output.errors import InvalidArgument, SnapshotExpired
 from pipeline_output.stores.iceberg.maintenance.orphans import norm, referenced
-from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
+from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
 from pipeline_output_tests.iceberg_harness import Harness
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -206,7 +206,7 @@ def test_as_of_after_another_tools_expiry_is_refused_from_the_snapshot_log_alone
 def test_main_moving_back_to_a_snapshot_shows_the_gap_an_expiry_left(h: Harness):
     """S1, S2, main back to S1 (another tool), S3 onto S1, then S2 expired by another tool: two
     entries of S1 in a row; a time when main pointed at S2 is refused (before: S1's rows)."""
-    from pipeline_output.stores.iceberg.table.refs import head, move_main
+    from pipeline_output.stores.iceberg.table.tables import head, move_main
 
     (s1, _, _), (s2, at2, _) = _versions(h, 2)
     move_main(h.table(SPEC), s1, expected=s2)
@@ -227,7 +227,7 @@ def test_without_expiry_every_time_since_the_first_snapshot_answers_after_moves_
     h: Harness,
 ):
     """No false refusal: rollbacks and re-commits leave no gap while nothing expired."""
-    from pipeline_output.stores.iceberg.table.refs import move_main
+    from pipeline_output.stores.iceberg.table.tables import move_main
 
     (s1, at1, rows1), (s2, at2, rows2) = _versions(h, 2)
     move_main(h.table(SPEC), s1, expected=s2)

@@ -15,7 +15,7 @@ import pytest
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.errors import InvalidArgument, WriteConflict
 from pipeline_output.infra.locks import AdvisoryLock
-from pipeline_output.stores.iceberg.table.refs import ancestor_ids, head, move_main
+from pipeline_output.stores.iceberg.table.tables import ancestor_ids, head, move_main
 from pipeline_output_tests.oracle import assert_same_multiset
 
 SPEC = DatasetSpec(name="items", primary_key=("id",), strategy="snapshot_replace")

@@ -16,9 +16,9 @@ from pyiceberg.types import LongType
 
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.infra.locks import AdvisoryLock
-from pipeline_output.infra.pg_urls import to_sqlalchemy_url
+from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output.stores.iceberg.snapshot.manifests import read_index
-from pipeline_output.stores.iceberg.table.properties import MAINTENANCE_FREE_PROPERTIES
+from pipeline_output.stores.iceberg.table.tables import MAINTENANCE_FREE_PROPERTIES
 from pipeline_output_tests.oracle import assert_same_multiset, expect
 
 NS = "history"

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.infra.locks import AdvisoryLock
-from pipeline_output.stores.iceberg.write.pruning import prune_by_keys
+from pipeline_output.stores.iceberg.write.key_scan import prune_by_keys
 from pipeline_output_tests.oracle import assert_same_multiset, expect
 
 NS = "datasets"

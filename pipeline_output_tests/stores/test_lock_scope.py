@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from pipeline_output import DatasetSpec, Delta, IcebergStore, WriteConflict
-from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.plan import WriteResult
 from pipeline_output.infra.locks import AdvisoryLock, lock_key
 from pipeline_output.services.doctor import find_orphans
 from pipeline_output_tests.oracle import assert_same_multiset

@@ -1,4 +1,4 @@
-"""Manifests rewritten from their entries' own bytes (`snapshot/manifest_bytes.py`) read back, by
+"""Manifests rewritten from their entries' own bytes (`table/manifest_decoding.py`) read back, by
 pyiceberg and by fastavro, entry for entry as the manifests they came from: every field of every
 data file equal, the status and sequence numbers as the rewrite says — on a partitioned table
 whose entries carry partition values, bounds and NaN counts, and through a copy-on-write commit
@@ -14,7 +14,7 @@ import pytest
 
 from pipeline_output import DatasetSpec
 from pipeline_output.errors import CorruptManifest
-from pipeline_output.stores.iceberg.snapshot.manifest_bytes import read_manifest, rewrite_manifest
+from pipeline_output.stores.iceberg.table.manifest_decoding import read_manifest, rewrite_manifest
 from pipeline_output_tests.iceberg_harness import customers
 
 

@@ -15,8 +15,8 @@ from pyiceberg.manifest import ManifestContent
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.stores.iceberg.snapshot.manifests import read_index
-from pipeline_output.stores.iceberg.write.merge_policy import MIN_ROWS
-from pipeline_output.stores.iceberg.write.pruning import manifest_admission
+from pipeline_output.stores.iceberg.write.key_scan import manifest_admission
+from pipeline_output.stores.iceberg.write.merge import MIN_ROWS
 from pipeline_output_tests.oracle import assert_same_multiset, expect
 
 NS = "datasets"

@@ -37,7 +37,7 @@ from pipeline_output.stores.iceberg.maintenance.orphans import (
     referenced,
     table_orphans,
 )
-from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
+from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.reliability.report import record
 

@@ -24,7 +24,7 @@ from pipeline_output import DatasetSpec
 from pipeline_output.infra.settings import catalog_env_prefix, get_settings, to_sqlalchemy_url
 from pipeline_output.services.doctor import find_orphans, remove_orphans
 from pipeline_output.services.runtime import settings_catalog
-from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
+from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
 from pipeline_output_tests.iceberg_harness import (
     NS,
     WINDOW,

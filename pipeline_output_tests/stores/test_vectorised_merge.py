@@ -1,4 +1,4 @@
-"""The vectorised merge (`write/key_scan.py`, `write/scanned_merge.py`) against the file-by-file one
+"""The vectorised merge (`write/key_scan.py`, `write/merge.py`) against the file-by-file one
 and the oracle: upserts, syncs (also of a Dagster partition's slice) and append_new spread over
 several data files, with merge-on-read and copy-on-write, keys matched in every file, rows changed
 in one column only (the last one the column-by-column comparison reads), identical rows, NaN and

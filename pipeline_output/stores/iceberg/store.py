@@ -13,7 +13,7 @@ already present) its data files are written *before* the lock, against the table
 then, and committed inside it if the table's schema, partition spec and location are unchanged
 (otherwise they are deleted and the frame is written again inside the lock). `replace_streaming`
 (the model node) streams every batch to files before the lock the same way. A write registers as
-a write in flight from before its first file until its commit (`inflight.py`), so orphan removal
+a write in flight from before its first file until its commit (`commit.py`), so orphan removal
 never deletes its files, and takes the writer lock on that registration's session.
 """
 
@@ -30,8 +30,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH
 
 from pipeline_output.contract.checked_input import check_in_window
-from pipeline_output.contract.plan import TargetState, WritePlan, plan_write
-from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.plan import TargetState, WritePlan, WriteResult, plan_write
 from pipeline_output.contract.spec import Arm, DatasetSpec
 from pipeline_output.contract.store_protocol import (
     Capabilities,
@@ -47,12 +46,15 @@ from pipeline_output.stores.iceberg.maintenance.expiry import ExpiryResult
 from pipeline_output.stores.iceberg.maintenance.orphans import OrphanResult
 from pipeline_output.stores.iceberg.snapshot.summary import summary_properties
 from pipeline_output.stores.iceberg.table import reads
-from pipeline_output.stores.iceberg.table.expressions import aligned_to_field
-from pipeline_output.stores.iceberg.table.freshness import state_of
-from pipeline_output.stores.iceberg.table.properties import DEFAULT_LOCK, ICEBERG_CAPABILITIES
-from pipeline_output.stores.iceberg.table.tables import IcebergTables
+from pipeline_output.stores.iceberg.table.partitions import aligned_to_field
+from pipeline_output.stores.iceberg.table.tables import (
+    DEFAULT_LOCK,
+    ICEBERG_CAPABILITIES,
+    IcebergTables,
+    state_of,
+)
 from pipeline_output.stores.iceberg.write.branch_target import branch_view
-from pipeline_output.stores.iceberg.write.existing import create_table, write_existing
+from pipeline_output.stores.iceberg.write.merge import create_table, write_existing
 from pipeline_output.stores.iceberg.write.prepare import PreparedWrite, prepare_write
 from pipeline_output.stores.iceberg.write.streaming import replace_streaming
 
@@ -115,7 +117,7 @@ class IcebergStore:
         """Check `data` and, where the strategy writes it as it is, write its data files now.
 
         Takes no writer lock (it only registers as a write in flight: the table's files lock,
-        shared, `snapshot/inflight.py`): callers that serialize writes themselves (the window
+        shared, `snapshot/commit.py`): callers that serialize writes themselves (the window
         apply lock) prepare before their own critical section and pass the result to
         `write(prepared=...)`, which re-validates the files under the table's lock.
         `PreparedWrite.discard()` deletes files a write did not commit and ends the registration

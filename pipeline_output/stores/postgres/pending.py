@@ -9,7 +9,7 @@ from typing import Any
 import polars as pl
 import psycopg
 
-from pipeline_output.contract.result import RowCounts, WriteResult
+from pipeline_output.contract.plan import RowCounts, WriteResult
 from pipeline_output.errors import (
     LockLost,
     WriteAlreadyFinished,

@@ -41,8 +41,7 @@ from pipeline_output.contract.checked_input import (
     checked_input,
     from_arrow,
 )
-from pipeline_output.contract.plan import TargetState, WritePlan, plan_write
-from pipeline_output.contract.result import WriteResult
+from pipeline_output.contract.plan import TargetState, WritePlan, WriteResult, plan_write
 from pipeline_output.contract.slices import check_in_partition
 from pipeline_output.contract.spec import Arm, DatasetSpec, check_identifier, window_column
 from pipeline_output.contract.store_protocol import (

@@ -37,7 +37,7 @@ from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.infra.settings import to_sqlalchemy_url, with_database
 from pipeline_output.ledger import Ledger
 from pipeline_output.services.publish import Publisher, ResolvedMode
-from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES
+from pipeline_output.stores.iceberg.table.tables import ICEBERG_CAPABILITIES
 from pipeline_output.stores.postgres.types import LEGACY_CAPABILITIES, staged_type
 from pipeline_output_tests.iceberg_harness import NS, Harness
 from pipeline_output_tests.oracle import assert_same_multiset

@@ -6,7 +6,7 @@ Owns the order of a compaction:
 1. plan on the current snapshot (`compaction_plan.plan_bins`), without the table lock;
 2. read each bin's files — with their positional deletes applied — sort the rows by the table's
    sort order (the primary key by default) and write each bin as one data file, still without the
-   lock (writers keep writing meanwhile), registered as a write in flight (`inflight.py`: no
+   lock (writers keep writing meanwhile), registered as a write in flight (`commit.py`: no
    orphan removal deletes the bins before the commit);
 3. under the per-table writer lock: reload the table and check that every input data file is
    still live, with exactly the delete files it was read with, and that the schema and partition
@@ -56,13 +56,20 @@ from pipeline_output.stores.iceberg.maintenance.compaction_plan import (
     plan_bins,
     sort_keys,
 )
-from pipeline_output.stores.iceberg.snapshot.commit import delete_quietly
-from pipeline_output.stores.iceberg.snapshot.data_files import DEFAULT_TARGET_BYTES, DataFileWriter
-from pipeline_output.stores.iceberg.snapshot.inflight import verify_written, writing
+from pipeline_output.stores.iceberg.snapshot.commit import (
+    ReplaceFiles,
+    delete_quietly,
+    verify_written,
+    writing,
+)
+from pipeline_output.stores.iceberg.snapshot.files import DEFAULT_TARGET_BYTES, DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction, read_index
-from pipeline_output.stores.iceberg.snapshot.replace_files import ReplaceFiles
-from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
-from pipeline_output.stores.iceberg.table.refs import AUDIT_PREFIX, ancestor_ids, head
+from pipeline_output.stores.iceberg.table.tables import (
+    AUDIT_PREFIX,
+    PROPERTY_PREFIX,
+    ancestor_ids,
+    head,
+)
 from pipeline_output.stores.iceberg.write.frame_rows import align_to_schema
 
 if TYPE_CHECKING:
@@ -197,7 +204,7 @@ def _rewrite(
     writer = DataFileWriter(
         table.metadata, table.io, write_id=uuid.uuid4(), target_bytes=2**62
     )  # one output file per bin (and partition of the current spec)
-    # a write in flight from its first file until its commit (`inflight.py`)
+    # a write in flight from its first file until its commit (`commit.py`)
     with writing(store, store.tables.table_name(spec)) as held:
         added: list[DataFile] = []
         handed = False

@@ -47,8 +47,8 @@ from pipeline_output.infra.locks import AdvisoryLock, LockStats
 from pipeline_output.ledger.window_ledger import WindowLedger
 from pipeline_output.stores.iceberg.maintenance.orphans import ManifestReader, delete_paths
 from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction, upgrade_properties
-from pipeline_output.stores.iceberg.table.properties import DEFAULT_LOCK, PROPERTY_PREFIX
 from pipeline_output.stores.iceberg.table.snapshot_log import TRAVEL_FROM, expiry_boundary, stamp
+from pipeline_output.stores.iceberg.table.tables import DEFAULT_LOCK, PROPERTY_PREFIX
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.table.tables import HasTables

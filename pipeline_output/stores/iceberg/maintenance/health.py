@@ -16,7 +16,7 @@ from pyiceberg.table import Table
 from pipeline_output.stores.iceberg.maintenance.compaction import LAST_COMPACTION
 from pipeline_output.stores.iceberg.maintenance.compaction_plan import SMALL_FRACTION
 from pipeline_output.stores.iceberg.maintenance.expiry import LAST_EXPIRY
-from pipeline_output.stores.iceberg.snapshot.data_files import DEFAULT_TARGET_BYTES
+from pipeline_output.stores.iceberg.snapshot.files import DEFAULT_TARGET_BYTES
 from pipeline_output.stores.iceberg.snapshot.manifests import read_index
 
 MIB = 1024 * 1024

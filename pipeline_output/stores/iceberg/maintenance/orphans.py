@@ -12,7 +12,7 @@ Everything else under the location is an *orphan* once it is older than the grac
 of failed or killed writes, files expired snapshots referenced. A file younger than the grace
 period is never touched, nor a `metadata.json` whose version is above the table's current one (a
 commit under way). `remove_orphans` deletes only what is still unreferenced once no write of the
-project is in flight (`inflight.py`): a write in progress, however long, keeps all its files.
+project is in flight (`commit.py`): a write in progress, however long, keeps all its files.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.stores.iceberg.snapshot.inflight import DEFAULT_WAIT_S, quiesced
-from pipeline_output.stores.iceberg.table.properties import READ_THREADS
+from pipeline_output.stores.iceberg.snapshot.commit import DEFAULT_WAIT_S, quiesced
+from pipeline_output.stores.iceberg.table.tables import READ_THREADS
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.table.tables import HasTables
@@ -213,7 +213,7 @@ def remove_orphans(
 
     The files of a write in progress are never deleted, whatever `grace_s`: the table is listed
     first, then the files still unreferenced once no write of the project is in flight are
-    deleted (`inflight.quiesced`). Waits at most `wait_s` for the writes in flight to end, else
+    deleted (`commit.quiesced`). Waits at most `wait_s` for the writes in flight to end, else
     `LockUnavailable` and nothing is deleted."""
     from pipeline_output.errors import DatasetNotWritten
 
@@ -259,7 +259,7 @@ def sweep_table(
         current = _load(store, table)
         still = still_orphans(current, found, reader) if current is not None else []
     # Deleted after the locks: a write starting now writes new files or references files the
-    # table already references, so none of `still` can become referenced (inflight.py).
+    # table already references, so none of `still` can become referenced (commit.py).
     return still[: delete_orphans(still)], waited
 
 

@@ -4,11 +4,10 @@ attempt marker of exactly-once repair is one of them)."""
 
 from __future__ import annotations
 
-from pipeline_output.contract.plan import WritePlan
-from pipeline_output.contract.result import RowCounts
+from pipeline_output.contract.plan import RowCounts, WritePlan
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.version import VERSION
-from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.table.tables import PROPERTY_PREFIX
 
 
 def summary_properties(

@@ -34,7 +34,7 @@ from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import Identifier
 
 from pipeline_output.errors import SettingsError
-from pipeline_output.infra.pg_urls import connect_failure, one_line
+from pipeline_output.infra.settings import connect_failure, one_line
 from pipeline_output.stores.iceberg.snapshot.manifests import staged_metadata
 
 _CACHED_VERSIONS = 64

@@ -23,10 +23,13 @@ from pipeline_output.stores.iceberg.table.native_scan import (
     target_schema,
     typed,
 )
-from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
-from pipeline_output.stores.iceberg.table.refs import ancestry, head
 from pipeline_output.stores.iceberg.table.snapshot_log import resolve_as_of
-from pipeline_output.stores.iceberg.table.tables import IcebergTables
+from pipeline_output.stores.iceberg.table.tables import (
+    PROPERTY_PREFIX,
+    IcebergTables,
+    ancestry,
+    head,
+)
 
 
 def read(

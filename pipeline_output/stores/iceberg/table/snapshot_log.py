@@ -38,8 +38,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 
 from pipeline_output.errors import InvalidArgument, SnapshotExpired
-from pipeline_output.stores.iceberg.table.properties import PROPERTY_PREFIX
-from pipeline_output.stores.iceberg.table.refs import to_millis
+from pipeline_output.stores.iceberg.table.tables import PROPERTY_PREFIX, to_millis
 
 TRAVEL_FROM = f"{PROPERTY_PREFIX}time-travel-from"  # table property: set by our expiry
 

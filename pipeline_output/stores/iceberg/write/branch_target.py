@@ -1,8 +1,8 @@
 """The table a write to a branch plans against (`IcebergStore.write(branch=...)`).
 
-A view whose main is the branch head (`refs.at_branch`); a table that does not exist, or has
+A view whose main is the branch head (`tables.at_branch`); a table that does not exist, or has
 no snapshot at all, is first created — or given — an unreferenced empty snapshot, since Iceberg
-writes branches only into tables that have one (`refs.anchor`): its main stays unset, so the
+writes branches only into tables that have one (`tables.anchor`): its main stays unset, so the
 freshness oracle still sees a first deploy.
 """
 
@@ -17,7 +17,7 @@ from pyiceberg.table import Table, Transaction
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import WriteConflict
 from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction
-from pipeline_output.stores.iceberg.table.refs import anchor, at_branch, needs_anchor
+from pipeline_output.stores.iceberg.table.tables import anchor, at_branch, needs_anchor
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.table.tables import HasTables

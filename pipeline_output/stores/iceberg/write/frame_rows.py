@@ -1,20 +1,42 @@
 """Frame and row helpers of a native write: reading one data file, aligning a frame to the
 table schema, sorting, change detection, evolving the schema inside a transaction.
+
+Where a merge puts the rows of the files it rewrites: written out as data files as they come,
+so a copy-on-write merge over many files holds a bounded amount of rewritten rows in memory.
+
+Rows are buffered until `flush_bytes` (in memory) are reached, then written sorted by the
+dataset's sort columns through the write's `DataFileWriter` (files near the table's target size,
+one partition per file). What is still buffered at the end is handed back (`rest`): the merge
+writes it together with its inserts as one sorted frame, so a small write still adds one file.
+Files written here belong to no snapshot until the write commits them; the write deletes them if
+it does not commit.
+
+The target rows a scoped write may delete — a delta window of the watermark column, or a Dagster
+partition's slice — as a predicate (a mask over rows read from a data file, a filter of the
+vectorised key scan) and as a file's relation to it from its column bounds (`inside` files are dropped whole, `outside` ones are not read at all).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Transaction
 
 from pipeline_output.contract.checked_input import polars_schema
+from pipeline_output.contract.plan import SCOPED, WritePlan
+from pipeline_output.contract.slices import PartitionSlice
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.stores.iceberg.table.properties import NEW_PREFIX, POS_COLUMN
+from pipeline_output.contract.windows import Window
+from pipeline_output.errors import BadInput
+from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
+from pipeline_output.stores.iceberg.table.partitions import slice_relation, window_relation
+from pipeline_output.stores.iceberg.table.tables import NEW_PREFIX, POS_COLUMN
 from pipeline_output.stores.schema import Evolution
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -160,3 +182,105 @@ def absent_mask(
     if inside is not None:
         absent = absent & rows.select(inside).to_series()
     return absent
+
+
+FLUSH_BYTES = 128 * 1024 * 1024
+
+
+class RewriteSink:
+    """Buffers rewritten rows and writes them as data files past `flush_bytes`."""
+
+    def __init__(
+        self,
+        writer: DataFileWriter | None,
+        spec: DatasetSpec,
+        *,
+        flush_bytes: int = FLUSH_BYTES,
+    ) -> None:
+        self.writer = writer
+        self.spec = spec
+        self.flush_bytes = flush_bytes
+        self.files: list[DataFile] = []
+        self._buffer: list[pl.DataFrame] = []
+        self._size = 0
+
+    def add(self, frame: pl.DataFrame) -> None:
+        """Take the rows of one rewritten file (in the table's columns)."""
+        if frame.height == 0:
+            return
+        self._buffer.append(frame)
+        self._size += int(frame.estimated_size())
+        if self.writer is not None and self._size >= self.flush_bytes:
+            self._flush()
+
+    def rest_height(self) -> int:
+        """Rows buffered and not written yet."""
+        return sum(f.height for f in self._buffer)
+
+    def rest(self) -> list[pl.DataFrame]:
+        """The buffered rows not written yet (the buffer is emptied)."""
+        rest, self._buffer, self._size = self._buffer, [], 0
+        return rest
+
+    def _flush(self) -> None:
+        assert self.writer is not None
+        frame = pl.concat(self.rest(), how="vertical", rechunk=True)
+        self.files.extend(self.writer.write(sorted_for_write(frame, self.spec)))
+
+
+def coalesced(frames: list[pl.DataFrame], spec: DatasetSpec) -> list[pl.DataFrame]:
+    """The rewritten files' contents and the new rows as ONE frame sorted by the key: the writer
+    cuts it into files near the table's target size (and one per partition), so an upsert that
+    rewrites k files adds about max(1, touched bytes / target) files instead of k + 1, and a
+    table fed by small upserts does not gain a file per write."""
+    kept = [f for f in frames if f.height]
+    if len(kept) <= 1:
+        return kept
+    # rechunked: a frame of many chunks is written as as many row groups, and a file rewritten
+    # by every small upsert would gain a row group per write
+    return [sorted_for_write(pl.concat(kept, how="vertical", rechunk=True), spec)]
+
+
+@dataclass(frozen=True)
+class RowScope:
+    """A window over `columns[0]`, or a partition slice over its `columns`."""
+
+    schema: Schema
+    columns: tuple[str, ...]
+    window: Window | None = None
+    partition: PartitionSlice | None = None
+
+    def expr(self, schema: pl.Schema) -> pl.Expr:
+        """A predicate true for the rows inside the scope, over rows of `schema` (null values
+        are never inside)."""
+        if self.partition is not None:
+            return self.partition.contains(schema)
+        assert self.window is not None
+        wm = self.columns[0]
+        return self.window.contains(wm, schema[wm]).fill_null(False)
+
+    def mask(self, rows: pl.DataFrame) -> pl.Series:
+        """True for the rows inside the scope (null values are never inside)."""
+        return rows.select(self.expr(rows.schema)).to_series()
+
+    def relation(self, task: FileScanTask) -> str:
+        """`inside`, `outside` or `straddles`: the file's rows against the scope."""
+        if self.partition is not None:
+            return slice_relation(task, self.schema, self.partition)
+        assert self.window is not None
+        return window_relation(task, self.schema, self.columns[0], self.window)
+
+
+def row_scope(plan: WritePlan, spec: DatasetSpec, table_schema: Schema, schema: Schema) -> RowScope:
+    """The scope of a plan whose deletes are scoped (`plan.SCOPED`). `table_schema` is the table
+    before this write (a window's watermark must be in it), `schema` the one the merge reads."""
+    assert plan.delete_scope in SCOPED
+    if plan.partition is not None:
+        return RowScope(schema, plan.partition.columns, partition=plan.partition)
+    wm = spec.watermark
+    # the table as it was before this write (a column added now holds no watermarks yet)
+    if wm is None or wm not in schema_names(table_schema) or plan.window is None:
+        raise BadInput(
+            f"dataset {spec.name!r}: a windowed write needs the watermark column {wm!r} in the table"
+        )
+    return RowScope(schema, (wm,), window=plan.window)

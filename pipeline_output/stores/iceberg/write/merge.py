@@ -1,52 +1,119 @@
 """The file-level merges behind replace (of a window or a partition slice), append_new, upsert
 and sync: file statistics prune the candidate files, the key columns verify them, and only files
 that really change are touched — each either rewritten (copy-on-write) or kept with a positional
-delete file and its replaced rows written anew (merge-on-read), as `merge_policy.MergePolicy`
+delete file and its replaced rows written anew (merge-on-read), as `merge.MergePolicy`
 decides per file. Scoped deletes (a delta window, a Dagster partition's slice) are `row_scope`'s.
 
 Upserts, syncs and append_new first try one vectorised pass over every candidate file's keys
 (`key_scan.scan_candidates`, applied by `scanned_merge`); where it cannot be proven the same,
-candidate files are read one at a time with a bounded number in flight (`file_reads.FileReader`),
-and rewritten rows are written out as they come (`rewritten_rows.RewriteSink`), so memory follows
+candidate files are read one at a time with a bounded number in flight (`key_scan.FileReader`),
+and rewritten rows are written out as they come (`frame_rows.RewriteSink`), so memory follows
 the batch and the largest file, not the number of files a merge touches.
+
+Copy-on-write or merge-on-read: the choice a merge makes for each data file it changes.
+
+Copy-on-write rewrites the file without the replaced/deleted rows (reads stay as fast as on a fresh
+table; the write costs the whole file). Merge-on-read keeps the file, writes the replaced rows'
+new versions as new data and the removed rows' positions as a positional delete file (the write
+costs the changed rows; every reader then filters the file by its deletes). The choice, in order:
+
+1. the dataset's `write_strategy_hint` (`copy-on-write` / `merge-on-read`), when not `auto`;
+2. the table's own Iceberg property, as other engines read it: `write.merge.mode` for upsert and
+   sync, `write.delete.mode` for a windowed replace (values `copy-on-write` / `merge-on-read`);
+3. `auto`, by cost. A write whose changed files total at most `COW_BUDGET_PROPERTY` bytes
+   (default 16 MiB) rewrites them all — the table keeps reading like a fresh one, with no delete
+   file to apply — unless that rewrite would cost more than `COW_WEIGHT` (2) times keeping them:
+   keeping a file costs its changed rows' bytes (their new versions) plus `FIXED_BYTES` (a delete
+   file and its manifest entries, in bytes of rewriting), so an upsert changing 2 % of each of
+   twenty 1 MB files keeps them (rewriting 20 MB to change 0.4 MB would be the slower path by far)
+   while one changing a tenth of a small file rewrites it. Above the budget — an upsert whose keys are spread over
+   many files — each file is merged on read when it holds at least `MIN_ROWS` rows and, with this
+   write's deletes, at most `MAX_DELETED_SHARE` of its rows are deleted; otherwise it is rewritten,
+   which also folds the deletes it already carries, so a file never degrades past that share.
+
+A file none of whose rows would stay live is dropped whatever the mode. Format-version 1 tables
+cannot carry delete files: they are always copy-on-write, and an explicit merge-on-read hint on one
+is refused before any I/O.
+
+An upsert or sync applied from one vectorised scan of its candidate files (`key_scan`).
+
+Owns `apply_scanned`: with every candidate file's matched, changed and absent rows known from
+`key_scan.scan_candidates`, each file that changes is kept with a positional delete file of its
+changed and absent rows (merge-on-read) or rewritten without them (copy-on-write), as the merge's
+`MergePolicy` decides per file; the rewritten files are read as one scan per chunk of files (not
+one collect per file). Changed rows' new versions, and the compute's new keys, are the compute's
+own rows: they are written once, with the rewritten rows, as the write's new data. The counts and
+the refusal of keys matching two target rows are the file-by-file merge's (`merge.FileMerge`).
+
+The commit of a native write, under the table's writer lock: the first write of a missing
+table (`create_table`: the table and its first snapshot in one commit), and a write to an existing
+one (`write_existing`: schema and partition-spec evolution, the file-level merge of the plan's write
+mode, then one commit — none when nothing changes).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import polars as pl
+from pyiceberg.exceptions import TableAlreadyExistsError
 from pyiceberg.manifest import DataFileContent
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, Transaction
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH
 
 from pipeline_output.contract.checked_input import polars_schema, refuse_duplicate_matches
-from pipeline_output.contract.plan import SCOPED, WritePlan
-from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
-from pipeline_output.stores.iceberg.snapshot.delete_files import own_delete_files
-from pipeline_output.stores.iceberg.snapshot.manifests import ManifestIndex
-from pipeline_output.stores.iceberg.table.freshness import total_records
-from pipeline_output.stores.iceberg.table.properties import FILEPOS_COLUMN, NEW_PREFIX, POS_COLUMN
-from pipeline_output.stores.iceberg.write.file_reads import FileReader
+from pipeline_output.contract.plan import SCOPED, RowCounts, WritePlan, WriteResult
+from pipeline_output.contract.spec import DatasetSpec, WriteStrategyHint
+from pipeline_output.errors import EmptyComputeRefused, UnsupportedWrite, WriteConflict
+from pipeline_output.stores.iceberg.snapshot.commit import CommitRequest, commit, delete_quietly
+from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter, own_delete_files
+from pipeline_output.stores.iceberg.snapshot.manifests import (
+    FlatTransaction,
+    ManifestIndex,
+    read_index,
+    upgrade_properties,
+)
+from pipeline_output.stores.iceberg.snapshot.summary import row_properties
+from pipeline_output.stores.iceberg.table.partitions import evolve as evolve_partitioning
+from pipeline_output.stores.iceberg.table.tables import (
+    FILEPOS_COLUMN,
+    NEW_PREFIX,
+    POS_COLUMN,
+    IcebergTables,
+    head,
+    stage_branch,
+    total_records,
+)
 from pipeline_output.stores.iceberg.write.frame_rows import (
+    RewriteSink,
+    RowScope,
     absent_mask,
+    align_to_schema,
+    apply_evolution,
+    coalesced,
     differs,
     replace_rows,
+    row_scope,
     schema_names,
+    sorted_for_write,
 )
-from pipeline_output.stores.iceberg.write.key_scan import scan_candidates
-from pipeline_output.stores.iceberg.write.merge_policy import MIN_ROWS, MergePolicy
-from pipeline_output.stores.iceberg.write.prepare import MergeChanges
-from pipeline_output.stores.iceberg.write.pruning import (
+from pipeline_output.stores.iceberg.write.key_scan import (
+    CandidateRows,
+    FileReader,
+    FileRows,
+    G,
     KeySlices,
+    L,
     manifest_admission,
     prune_by_keys,
+    scan_candidates,
 )
-from pipeline_output.stores.iceberg.write.rewritten_rows import RewriteSink, coalesced
-from pipeline_output.stores.iceberg.write.row_scope import RowScope, row_scope
-from pipeline_output.stores.iceberg.write.scanned_merge import apply_scanned
+from pipeline_output.stores.iceberg.write.prepare import MergeChanges, Prewritten
+from pipeline_output.stores.schema import check_required, plan_evolution
 
 _HIT = "__po_hit__"
 
@@ -365,3 +432,317 @@ def _live_rows(task: FileScanTask) -> int:
     if not task.delete_files:
         return int(task.file.record_count)
     return int(task.file.record_count) - sum(d.record_count for d in own_delete_files(task))
+
+
+MODE_PROPERTY = {
+    "upsert": "write.merge.mode",
+    "sync": "write.merge.mode",
+    "replace": "write.delete.mode",
+}
+MIN_ROWS = 10_000  # smaller files cost less to rewrite than to carry deletes for
+MAX_DELETED_SHARE = 0.2  # past this share of deleted rows a file is rewritten (deletes folded)
+# a write whose changed files total at most this many bytes rewrites them (auto mode)
+COW_BUDGET_PROPERTY = "pipeline-output.merge.copy-on-write-max-bytes"
+COW_BUDGET_BYTES = 16 * 1024 * 1024  # ~1.5M rows of six columns (zstd)
+# auto rewrites under the budget only while that costs at most COW_WEIGHT x keeping the files
+COW_WEIGHT = 2.0
+FIXED_BYTES = 256 * 1024  # keeping one file (a delete file, manifest entries) in rewritten bytes
+
+
+@dataclass(frozen=True)
+class MergePolicy:
+    """The resolved mode of one write, and the per-file decision."""
+
+    mode: WriteStrategyHint
+    source: str  # where the mode came from, for metadata and errors
+    cow_budget_bytes: int = COW_BUDGET_BYTES
+
+    @classmethod
+    def resolve(cls, spec: DatasetSpec, metadata: TableMetadata, write_mode: str) -> MergePolicy:
+        """The policy of a `write_mode` write of `spec` into a table with `metadata`."""
+        mode: WriteStrategyHint = "auto"
+        source = "auto"
+        prop = MODE_PROPERTY.get(write_mode)
+        table_value = metadata.properties.get(prop) if prop else None
+        if spec.write_strategy_hint != "auto":
+            mode, source = spec.write_strategy_hint, "write_strategy_hint"
+        elif table_value in ("copy-on-write", "merge-on-read"):
+            mode, source = table_value, f"table property {prop}"  # type: ignore[assignment]
+        if metadata.format_version < 2:
+            if mode == "merge-on-read":
+                raise UnsupportedWrite(
+                    f"dataset {spec.name!r}: {source} asks for merge-on-read, but the table is "
+                    "Iceberg format version 1, which has no delete files; upgrade the table "
+                    "(format-version 2) or use copy-on-write (nothing was written)"
+                )
+            return cls(mode="copy-on-write", source="format version 1")
+        raw_budget = metadata.properties.get(COW_BUDGET_PROPERTY)
+        try:
+            budget = int(raw_budget) if raw_budget is not None else COW_BUDGET_BYTES
+        except ValueError as exc:
+            raise UnsupportedWrite(
+                f"dataset {spec.name!r}: table property {COW_BUDGET_PROPERTY}={raw_budget!r} is "
+                "not a whole number of bytes (nothing was written)"
+            ) from exc
+        return cls(mode=mode, source=source, cow_budget_bytes=budget)
+
+    def within_budget(self, changed_bytes: int, *, keep_bytes: int | None = None) -> MergePolicy:
+        """The policy for a write whose changed files total `changed_bytes`: `auto` under the
+        budget rewrites them all — unless `keep_bytes` (what keeping them costs: their changed
+        rows' bytes plus `FIXED_BYTES` per file, when known) is less than `changed_bytes` /
+        `COW_WEIGHT`."""
+        if self.mode != "auto" or changed_bytes > self.cow_budget_bytes:
+            return self
+        if keep_bytes is not None and changed_bytes > COW_WEIGHT * keep_bytes:
+            return MergePolicy(
+                mode="auto",
+                source="auto, cheaper to keep",
+                cow_budget_bytes=self.cow_budget_bytes,
+            )
+        return MergePolicy(mode="copy-on-write", source="auto, under the budget")
+
+    def merge_on_read(self, *, file_rows: int, deleted_before: int, deleting: int) -> bool:
+        """Whether to keep a file of `file_rows` rows (`deleted_before` of them already deleted)
+        and delete `deleting` more of its rows by position, rather than rewrite it."""
+        if deleting <= 0 or deleted_before + deleting >= file_rows:
+            return False  # nothing to delete, or nothing would stay live: drop or keep the file
+        if self.mode != "auto":
+            return self.mode == "merge-on-read"
+        return file_rows >= MIN_ROWS and deleted_before + deleting <= MAX_DELETED_SHARE * file_rows
+
+
+CHUNK_BYTES = 64 * 1024 * 1024  # stored bytes of the rewritten files read by one scan
+
+
+def apply_scanned(
+    merge: FileMerge,
+    changes: MergeChanges,
+    scanned: CandidateRows,
+    policy: MergePolicy,
+    tasks: Sequence[FileScanTask],
+) -> MergeChanges:
+    """`changes` completed from `scanned` (the candidates of `tasks`, the files planned)."""
+    spec, frame = merge.spec, merge.frame
+    pk = list(spec.primary_key)
+    relevant = [r for r in scanned.files if r.matched or r.absent.len()]
+    changes.preserved += sum(r.live for r in scanned.files if not (r.matched or r.absent.len()))
+    policy = policy.within_budget(
+        sum(r.task.file.file_size_in_bytes for r in relevant),
+        keep_bytes=sum(_keep_bytes(r) for r in relevant),
+    )
+    settled = scanned.unchanged_keys  # matched keys whose compute row is NOT written
+    rewritten: list[FileRows] = []
+    touched: set[int] = set()
+    merged_on_read = False
+    for rows in relevant:
+        n_changed, n_absent = rows.changed.len(), rows.absent.len()
+        changes.unchanged += rows.matched - n_changed
+        changes.preserved += rows.live - rows.matched - n_absent
+        if n_changed == 0 and n_absent == 0:
+            continue
+        touched.add(id(rows.task))
+        changes.updated += n_changed
+        changes.deleted += n_absent
+        file_rows = int(rows.task.file.record_count)
+        if policy.merge_on_read(
+            file_rows=file_rows,
+            deleted_before=file_rows - rows.live,
+            deleting=n_changed + n_absent,
+        ):
+            gone = pl.concat([rows.changed, rows.absent])
+            changes.delete_positions(merge.table.io, rows.task, gone, earlier=rows.own_deleted)
+            merged_on_read = True
+        else:
+            rewritten.append(rows)
+    for chunk in _chunks(rewritten):
+        _rewrite(merge, changes, scanned, chunk)
+
+    refuse_duplicate_matches(spec, scanned.matched_keys)  # before anything is committed
+    changes.inserted = frame.height - scanned.matched_keys.height
+    new_rows = frame
+    if settled.height:
+        new_rows = frame.join(settled, on=pk, how="anti", nulls_equal=True, maintain_order="left")
+    if merged_on_read and not merge.sink.rest_height():
+        merge.absorb_small_file(changes, tasks, touched)
+    return merge.finish(changes, [new_rows])
+
+
+def _keep_bytes(rows: FileRows) -> int:
+    """What keeping a file with a delete file costs, in bytes of rewriting (`merge_policy`)."""
+    size, count = rows.task.file.file_size_in_bytes, max(1, int(rows.task.file.record_count))
+    return FIXED_BYTES + (rows.changed.len() + rows.absent.len()) * size // count
+
+
+def _chunks(files: list[FileRows]) -> list[list[FileRows]]:
+    out: list[list[FileRows]] = []
+    size = CHUNK_BYTES
+    for rows in files:
+        if size + rows.task.file.file_size_in_bytes > CHUNK_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(rows)
+        size += rows.task.file.file_size_in_bytes
+    return out
+
+
+def _rewrite(
+    merge: FileMerge, changes: MergeChanges, scanned: CandidateRows, files_: list[FileRows]
+) -> None:
+    """Copy-on-write for `files`: their live rows but the changed and absent ones, read as one
+    scan, go to the write's rewritten rows; the files go (with their own delete files)."""
+    reader = scanned.reader
+    files = [r.index for r in files_]
+    drop = pl.Series(
+        G,
+        [
+            reader.offsets[r.index] + p
+            for r in files_
+            for s in (r.deleted, r.changed, r.absent)
+            for p in s.to_list()
+        ],
+        dtype=pl.Int64,
+    )
+    content = reader.scan(files, list(reader.target))
+    if drop.len():
+        gone = drop.to_frame().select(reader.local(files, pl.col(G)).alias(L))
+        content = content.filter(~pl.col(L).is_in(gone.get_column(L).implode()))
+    for rows in files_:
+        changes.deleted_files.append(rows.task.file)
+    merge.sink.add(content.drop(L).collect())
+
+
+def create_table(
+    tables: IcebergTables,
+    spec: DatasetSpec,
+    plan: WritePlan,
+    frame: pl.DataFrame,
+    props: dict[str, str],
+    *,
+    fence: Callable[[], None] | None = None,
+) -> WriteResult:
+    """First deploy of a missing table: create it and write its first snapshot in one commit."""
+    tx = tables.create_transaction(spec, frame)
+    data = sorted_for_write(frame, spec)
+    props = {**props, **row_properties(RowCounts(inserted=frame.height))}
+    try:
+        table = commit(
+            CommitRequest(
+                tx=tx, dataset=spec.name, properties=props, frames=[data], force=True, fence=fence
+            )
+        )
+    except TableAlreadyExistsError as exc:
+        raise WriteConflict(
+            f"dataset {spec.name!r}: {tables.table_name(spec)} was created by another writer "
+            "after this write was planned; nothing was committed — run it again"
+        ) from exc
+    snapshot = table.current_snapshot()
+    return WriteResult.of(
+        plan,
+        RowCounts(inserted=frame.height),
+        rows_in=frame.height,
+        total_before=0,
+        arm="iceberg",
+        snapshot_id=snapshot.snapshot_id if snapshot else None,
+        files_added=1 if frame.height else 0,
+    )
+
+
+def write_existing(
+    spec: DatasetSpec,
+    plan: WritePlan,
+    table: Table,
+    frame: pl.DataFrame,
+    props: dict[str, str],
+    *,
+    pre: Prewritten | None = None,
+    fence: Callable[[], None] | None = None,
+    branch: str = MAIN_BRANCH,
+) -> WriteResult:
+    tx = FlatTransaction(table)
+    if branch != MAIN_BRANCH:
+        stage_branch(tx, branch)
+    upgrade_properties(tx)
+    evolution = plan_evolution(spec, table.schema(), frame)
+    apply_evolution(tx, evolution)
+    repartitioned = evolve_partitioning(tx, spec)  # new files by the new spec, old kept
+    schema = tx.table_metadata.schema()
+    check_required(spec, frame, schema)  # the table as it is under the lock
+    if pre is not None and evolution.empty and not repartitioned:
+        frame = pre.frame  # already aligned and sorted, and its files are written
+    else:
+        pre = None
+        frame = sorted_for_write(align_to_schema(frame, schema), spec)
+    total_before = total_records(table)
+    index = read_index(table)
+    # rows the merge rewrites go to data files as they come (deleted again unless committed)
+    rewrites = DataFileWriter(tx.table_metadata, table.io, write_id=uuid.uuid4())
+    try:
+        merge = FileMerge(
+            table=table,
+            tx=tx,
+            spec=spec,
+            frame=frame,
+            schema=schema,
+            index=index,
+            writer=rewrites,
+        )
+        changes = merge.run(plan)
+        if frame.height == 0 and changes.deleted and not spec.allow_empty:
+            raise EmptyComputeRefused(
+                f"dataset {spec.name!r}: the compute returned no rows and a "
+                f"{plan.write_mode} would delete {changes.deleted} target row(s); set "
+                "allow_empty=True to allow it (nothing was written)"
+            )
+    except BaseException:
+        for path in rewrites.written:
+            delete_quietly(table.io, path)
+        raise
+    force = plan.first_deploy
+    snapshot_id: int | None = None
+    props = {**props, **row_properties(changes)}
+    if not changes.noop or force:
+        frames, ready = changes.new_frames, list(changes.written)
+        if pre is not None and frames and frames[0] is frame:
+            # the merge writes the computed frame as it is: its files are the pre-written ones
+            frames, ready = frames[1:], [*pre.files, *ready]
+            pre.handed_to_commit = True
+        new_table = commit(
+            CommitRequest(
+                tx=tx,
+                dataset=spec.name,
+                properties=props,
+                frames=frames,
+                ready=ready,
+                deleted=changes.deleted_files,
+                positional=changes.positional,
+                force=force,
+                blind_retry=plan.write_mode == "append" and not changes.deleted_files,
+                fence=fence,
+                index=index,
+                branch=branch,
+            )
+        )
+        snapshot_id = head(new_table, branch)
+    elif not evolution.empty:
+        if fence is not None:
+            fence()
+        from pyiceberg.exceptions import CommitFailedException
+
+        try:
+            tx.commit_transaction()  # a schema-only change: no snapshot
+        except CommitFailedException as exc:
+            raise WriteConflict(
+                f"dataset {spec.name!r}: the table's schema changed after this write was "
+                f"planned ({exc}); nothing was committed — run it again"
+            ) from exc
+    return WriteResult.of(
+        plan,
+        changes,
+        rows_in=frame.height,
+        total_before=total_before,
+        arm="iceberg",
+        snapshot_id=snapshot_id,
+        files_rewritten=sum(1 for f in changes.deleted_files if f.content == DataFileContent.DATA),
+        files_added=len(changes.written) + sum(1 for f in changes.new_frames if f.height),
+        files_merged_on_read=len(changes.positional),
+    )

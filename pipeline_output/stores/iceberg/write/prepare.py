@@ -1,6 +1,6 @@
 """Writes prepared before the lock: data files pre-written against the metadata read then
 (`Prewritten`, `PreparedWrite`, registered as a write in flight until `discard()`:
-`inflight.py`), and the changes a merge computes.
+`commit.py`), and the changes a merge computes.
 """
 
 from __future__ import annotations
@@ -16,19 +16,19 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
 from pipeline_output.contract.checked_input import check_in_window, checked_frame
-from pipeline_output.contract.plan import plan_write
-from pipeline_output.contract.result import RowCounts
+from pipeline_output.contract.plan import RowCounts, plan_write
 from pipeline_output.contract.slices import PartitionSlice, check_in_partition
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
 from pipeline_output.infra.locks import HeldLock
-from pipeline_output.stores.iceberg.snapshot.commit import delete_quietly
-from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
-from pipeline_output.stores.iceberg.snapshot.delete_files import deleted_positions, own_delete_files
-from pipeline_output.stores.iceberg.snapshot.inflight import writing
-from pipeline_output.stores.iceberg.table.freshness import state_of
+from pipeline_output.stores.iceberg.snapshot.commit import delete_quietly, writing
+from pipeline_output.stores.iceberg.snapshot.files import (
+    DataFileWriter,
+    deleted_positions,
+    own_delete_files,
+)
 from pipeline_output.stores.iceberg.table.partitions import needs_evolution
-from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES
+from pipeline_output.stores.iceberg.table.tables import ICEBERG_CAPABILITIES, state_of
 from pipeline_output.stores.iceberg.write.frame_rows import align_to_schema, sorted_for_write
 from pipeline_output.stores.schema import check_required, plan_evolution
 
@@ -132,7 +132,7 @@ class PreparedWrite:
     """A checked frame and, when the strategy allows, its data files written ahead of the lock.
 
     `held`: the write's registration as a write in flight (the table's files lock, shared:
-    `inflight.writing`), held from before the files are written until `discard()`; the write
+    `commit.writing`), held from before the files are written until `discard()`; the write
     takes the writer lock on its session."""
 
     spec: DatasetSpec

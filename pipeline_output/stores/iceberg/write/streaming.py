@@ -1,5 +1,5 @@
 """`replace_streaming` (the model node): every batch streamed to data files before the lock
-(registered as a write in flight: `inflight.py`), committed as one replace inside it.
+(registered as a write in flight: `commit.py`), committed as one replace inside it.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, Transaction
 
 from pipeline_output.contract.checked_input import check_keys, to_polars
-from pipeline_output.contract.plan import WritePlan, plan_write
-from pipeline_output.contract.result import RowCounts, WriteResult
+from pipeline_output.contract.plan import RowCounts, WritePlan, WriteResult, plan_write
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import (
     EmptyComputeRefused,
@@ -28,9 +27,9 @@ from pipeline_output.stores.iceberg.snapshot.commit import (
     commit,
     delete_quietly,
     stream_batches,
+    writing,
 )
-from pipeline_output.stores.iceberg.snapshot.data_files import DataFileWriter
-from pipeline_output.stores.iceberg.snapshot.inflight import writing
+from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.manifests import (
     FlatTransaction,
     ManifestIndex,
@@ -39,10 +38,14 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     upgrade_properties,
 )
 from pipeline_output.stores.iceberg.snapshot.summary import row_properties, summary_properties
-from pipeline_output.stores.iceberg.table.freshness import state_of, total_records
 from pipeline_output.stores.iceberg.table.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.table.partitions import needs_evolution
-from pipeline_output.stores.iceberg.table.properties import ICEBERG_CAPABILITIES, PROPERTY_PREFIX
+from pipeline_output.stores.iceberg.table.tables import (
+    ICEBERG_CAPABILITIES,
+    PROPERTY_PREFIX,
+    state_of,
+    total_records,
+)
 from pipeline_output.stores.iceberg.write.frame_rows import apply_evolution
 from pipeline_output.stores.iceberg.write.prepare import Prewritten
 from pipeline_output.stores.schema import plan_evolution
@@ -158,7 +161,7 @@ def _replace_streaming_unlocked(
     """`replace_streaming` into an existing table: batches to files first, then lock + commit."""
     pre = Prewritten.of(current, first.head(0), [])
     writer = DataFileWriter(current.metadata, current.io, write_id=uuid.uuid4())
-    # a write in flight from its first file until its commit (`inflight.py`)
+    # a write in flight from its first file until its commit (`commit.py`)
     with writing(store, store.tables.table_name(spec)) as held:
         try:
             try:
