@@ -2,8 +2,8 @@
 
 Not blocking, severity WARN: it measures the dataset's Iceberg table (`stores/iceberg/health.py`:
 data files, small-file ratio, delete files, snapshots, metadata bytes, last compaction and expiry)
-and fails — as a warning — past the thresholds, saying which maintenance would help. It runs after
-unpartitioned materialisations of the dataset and in the `table_health` job; the maintenance job
+and fails — as a warning — past the thresholds, saying which maintenance would help. It runs with
+materialisations of the dataset and in the `table_health` job; the maintenance job
 reports it for every table it maintained (`health_evaluation`). Window runs leave it out (see
 `build.py`). A dataset with no Iceberg table (the legacy arm) passes, saying so.
 

@@ -15,6 +15,8 @@ import polars as pl
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 from pipeline_output import PipelineOutputComponent, build_definitions, dataset
+from pipeline_output.dagster_layer.runner import materialize
+from pipeline_output_tests.publishers import corrupt_pg_row
 
 DAYS = dg.DailyPartitionsDefinition(start_date="2026-03-01", end_date="2026-03-04")
 DAY = "2026-03-02"
@@ -111,3 +113,36 @@ def test_a_run_of_one_partition_is_one_step_that_writes_and_checks_the_dataset(
             if e.dagster_event_type == kinds.ASSET_MATERIALIZATION
         ]
         assert materialised == [DAY]
+
+
+ROWS: dict[str, pl.DataFrame] = {}
+
+
+@dataset(primary_key="id", strategy="snapshot_replace", mode="dual")
+def flat() -> pl.DataFrame:
+    return ROWS["flat"]
+
+
+@dataset(primary_key="id", mode="iceberg")
+def after(flat: pl.LazyFrame) -> pl.LazyFrame:
+    return flat
+
+
+def test_a_failed_blocking_parity_in_the_datasets_step_reads_as_before(env: str) -> None:
+    """The check fails the dataset's step now, not a step of its own: the summary still says the
+    dataset was written and names the failed check once; the asset downstream does not run."""
+    defs = build_definitions(datasets=[flat, after])
+    ids = pl.Series(list(range(1, 6)), dtype=pl.Int64)
+    ROWS["flat"] = pl.DataFrame({"id": ids, "amount": ids.cast(pl.Float64)})
+    with dg.DagsterInstance.ephemeral() as instance:
+        assert materialize(defs, instance).ok
+        # 3 is not in the next compute: snapshot_replace keeps it as each arm holds it
+        corrupt_pg_row(env, "flat", "3", "amount", 99.0)
+        ids = pl.Series([4, 5, 6], dtype=pl.Int64)
+        ROWS["flat"] = pl.DataFrame({"id": ids, "amount": ids.cast(pl.Float64)})
+        report = materialize(defs, instance)
+    [failure] = report.failures
+    assert failure.asset == "flat" and "check 'parity' failed" in failure.message, failure
+    assert "only in pg" in failure.message or "parity FAIL" in failure.message, failure
+    status = {row.asset: row.status for row in report.rows}
+    assert status == {"flat": "ok", "after": "not run"}, report.rows
