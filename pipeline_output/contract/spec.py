@@ -26,7 +26,7 @@ Mode = Literal["pg", "iceberg", "dual"]
 Arm = Literal["pg", "iceberg"]  # a store: the legacy Postgres row store or the Iceberg table
 WriteMode = Literal["replace", "upsert", "append", "append_new", "sync"]
 WriteStrategyHint = Literal[
-    "auto",  # per data file, by cost (stores/iceberg/merge_policy.py)
+    "auto",  # per data file, by cost (stores/iceberg/write/merge.py, MergePolicy)
     "copy-on-write",  # rewrite every data file a merge changes
     "merge-on-read",  # keep changed data files; positional delete files + new rows
 ]

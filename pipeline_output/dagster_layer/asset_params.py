@@ -109,17 +109,51 @@ def asset_params(
 _DEFAULTED = "__po_backfill_defaulted__"
 
 
+# what `dg.asset` takes that describes the asset (the rest describes its op)
+_ASSET_OUT_PARAMS = (
+    "description",
+    "io_manager_key",
+    "metadata",
+    "group_name",
+    "code_version",
+    "automation_condition",
+    "owners",
+    "tags",
+    "kinds",
+    "freshness_policy",
+)
+
+
 def define_asset(
-    spec: DatasetSpec, compute: Callable[..., Any], **params: Any
+    spec: DatasetSpec,
+    compute: Callable[..., Any],
+    *,
+    key: dg.AssetKey,
+    check_specs: Sequence[dg.AssetCheckSpec] = (),
+    **params: Any,
 ) -> dg.AssetsDefinition:
-    """`dg.asset(**params)(compute)`, with Dagster's own refusal of a parameter (a freshness
-    policy of the wrong kind, say) as one line naming the dataset."""
+    """The asset `key` computed by `compute`: `dg.asset(**params)` as a one-asset `multi_asset`
+    that declares `check_specs` and can be subset (a run may select the asset without some of
+    its checks, or only checks: `dataset_checks.py`); the op is named as `dg.asset` names it
+    and its one output (`result`) is optional. Dagster's own refusal of a parameter (a freshness
+    policy of the wrong kind, say) is one line naming the dataset."""
     quiet = params.pop(_DEFAULTED, False)
+    params.pop("name", None)
+    params.pop("key_prefix", None)
+    described = {k: params.pop(k) for k in _ASSET_OUT_PARAMS if params.get(k) is not None}
     try:
         with warnings.catch_warnings():
             if quiet:
                 warnings.filterwarnings("ignore", ".*backfill_policy.*", dg.BetaWarning)
-            asset: dg.AssetsDefinition = dg.asset(**params)(compute)
+            out = dg.AssetOut(key=key, is_required=False, **described)
+            asset: dg.AssetsDefinition = dg.multi_asset(
+                outs={"result": out},
+                name=key.to_python_identifier(),
+                description=described.get("description"),
+                can_subset=True,
+                check_specs=list(check_specs),
+                **{k: v for k, v in params.items() if v is not None},
+            )(compute)
         return asset
     except (dg.DagsterInvalidDefinitionError, dg.DagsterInvariantViolationError) as exc:
         raise InvalidSpec(f"@dataset {spec.name!r}: {_one_line(exc)}") from exc

@@ -16,18 +16,22 @@ from pipeline_output.contract.store_protocol import check_specs
 from pipeline_output.dagster_layer.asset_params import check_unique_names
 from pipeline_output.dagster_layer.audit_hooks import with_audit_hooks
 from pipeline_output.dagster_layer.dataset import spec_of
+from pipeline_output.dagster_layer.dataset_checks import with_location_checks
 from pipeline_output.dagster_layer.delta_assets import DEFAULT_SENSOR_INTERVAL_S
 from pipeline_output.dagster_layer.delta_sources import check_delta_sources
-from pipeline_output.dagster_layer.health_checks import table_health_check
 from pipeline_output.dagster_layer.io_manager import DatasetIOManager
-from pipeline_output.dagster_layer.keys import ALL_DATASETS_JOB, HEALTH_JOB, IO_MANAGER_KEY
+from pipeline_output.dagster_layer.keys import (
+    ALL_DATASETS_JOB,
+    HEALTH_CHECK,
+    HEALTH_JOB,
+    IO_MANAGER_KEY,
+)
 from pipeline_output.dagster_layer.load_time import at_load
 from pipeline_output.dagster_layer.maintenance_job import (
     DEFAULT_CRON,
     build_maintenance_job,
     maintenance_schedule,
 )
-from pipeline_output.dagster_layer.parity_checks import parity_check
 from pipeline_output.dagster_layer.process_runtime import freeze_long_lived
 from pipeline_output.dagster_layer.resource import RESOURCE_KEY, PipelineOutputResource
 from pipeline_output.dagster_layer.source_assets import grouped_sources, source_spec_of
@@ -64,20 +68,24 @@ def build_definitions(
 
     Every delta dataset gets its window sensor (`<dataset>__window_sensor`, polling every
     `sensor_interval_seconds`), over its source or — a chained delta dataset — over the dataset it
-    reads (planned after that one materializes); its runs execute in the run worker (in-process)
-    unless `executor` is given; with an `automation_condition` the sensor only plans windows and
-    adds their partitions, the condition runs them. `all_datasets` is a job over the unpartitioned
-    datasets. Two datasets may not share a name under different key prefixes (it names their
-    table). Each
-    dataset is checked against the declared capabilities of every arm it may be written to
-    (`store_protocol.check_specs`): a name the legacy arm cannot hold fails here, at load.
+    reads (planned after that one materializes); with an `automation_condition` the sensor only
+    plans windows and adds their partitions, the condition runs them. `all_datasets` is a job over
+    the unpartitioned datasets. Two datasets may not share a name under different key prefixes
+    (it names their table). Each dataset is checked against the declared capabilities of every
+    arm it may be written to (`store_protocol.check_specs`): a name the legacy arm cannot hold
+    fails here, at load.
+
+    Every run of the location executes its steps in the run worker (`dg.in_process_executor`)
+    unless `executor` is given (it then governs every run, window runs included). Every dataset
+    gets a blocking `parity` check unless `with_parity_checks=False`; a `@dataset` or model node
+    evaluates its checks in its own step, after the write (`dataset_checks.py`).
 
     With `with_maintenance` (default), every dataset gets a `table_health` check (warns past
     `health_thresholds`), the location gets the `table_maintenance` job (defaults from
     `maintenance`), its schedule `table_maintenance_schedule` (`maintenance_schedule_cron`,
     stopped unless `maintenance_schedule_running`) and the `table_health` job (every check).
     `table_health` runs in that job, after each maintenance run (reported by the maintenance op)
-    and with unpartitioned materialisations, but not in window runs (one step process less each).
+    and with materialisations of the dataset, but not in window runs (it reads every manifest).
 
     `resource` (a `PipelineOutputResource`, also accepted as `resources["pipeline_output"]`) says
     where the datasets live: the control plane, the Iceberg catalog and the namespace; without it,
@@ -118,10 +126,21 @@ def build_definitions(
     all_sensors = list(sensors)
     dataset_keys: list[dg.AssetKey] = []
     all_checks = list(asset_checks)
-    for asset in [*datasets, *assets]:
+    # each dataset's `parity` and `table_health` checks: declared by the asset and evaluated in
+    # its step (`dataset_checks.py`), else stand-alone checks
+    thresholds = (health_thresholds or HealthThresholds()) if with_maintenance else None
+
+    def checked(asset: Any) -> Any:
         spec = spec_of(asset) if isinstance(asset, dg.AssetsDefinition) else None
-        if spec is not None and with_parity_checks:
-            all_checks.append(parity_check(spec, asset.key))
+        if spec is None:
+            return asset
+        asset, standalone = with_location_checks(
+            asset, spec, parity=with_parity_checks, thresholds=thresholds
+        )
+        all_checks.extend(standalone)
+        return asset
+
+    datasets, assets = [checked(a) for a in datasets], [checked(a) for a in assets]
     # write-audit-publish: the dataset steps and the checks on them publish (`audit_hooks`)
     by_key = {
         key: spec
@@ -137,21 +156,28 @@ def build_definitions(
     all_jobs = list(jobs)
     all_schedules = list(schedules)
     window_checks: dict[dg.AssetKey, list[dg.AssetCheckKey]] | None = None
-    if with_maintenance and specs:
-        # window runs (the high-frequency path) leave `table_health` out: one more step process
-        # per run; the maintenance job and the `table_health` job report it
+    if thresholds is not None and specs:
+        # window runs (the high-frequency path) leave `table_health` out (it reads every
+        # manifest); the maintenance job and the `table_health` job report it
+        every_check = [
+            *(
+                k
+                for a in [*datasets, *assets]
+                if isinstance(a, dg.AssetsDefinition)
+                for k in a.check_keys
+            ),
+            *(k for c in all_checks for k in c.check_keys),
+        ]
         window_checks = {}
-        for check in all_checks:
-            for key in check.check_keys:
+        for key in every_check:
+            if key.name != HEALTH_CHECK or key.asset_key not in by_key:
                 window_checks.setdefault(key.asset_key, []).append(key)
         maintained = [
             (s, a.key)
             for a in [*datasets, *assets]
             if isinstance(a, dg.AssetsDefinition) and (s := spec_of(a)) is not None
         ]
-        thresholds = health_thresholds or HealthThresholds()
-        health = [table_health_check(s, key, thresholds) for s, key in maintained]
-        all_checks.extend(health)
+        health = [k for k in every_check if k.name == HEALTH_CHECK and k.asset_key in by_key]
         job = build_maintenance_job(
             maintained, options=maintenance or MaintenanceOptions(), thresholds=thresholds
         )
@@ -194,7 +220,8 @@ def build_definitions(
                 resource=resource,
                 # with an automation condition the sensor only plans: Dagster runs the windows
                 request_runs=all(s.automation_condition is None for s in asset.specs),
-                in_process=executor is None,
+                # the location's runs execute in process already (no run config needed)
+                in_process=False,
             )
         )
     if dataset_keys:
@@ -208,7 +235,9 @@ def build_definitions(
         schedules=all_schedules,
         jobs=all_jobs,
         resources=all_resources,
-        executor=executor,
+        # Dagster's default executor runs each step in a process of its own (~1-15 s of imports
+        # each, for a step that often takes less): in process unless one is given
+        executor=executor if executor is not None else dg.in_process_executor,
     )
     freeze_long_lived("definitions")  # the loaded code location lives as long as the process
     return defs

@@ -192,7 +192,7 @@ class PipelineOutputComponent(dg.Component, dg.Model, dg.Resolvable):
     catalog_name: str = "default"
     executor: Literal["in_process", "multiprocess"] | None = Field(
         default=None,
-        description="Dagster's executor for the location's runs (default: multiprocess).",
+        description="Dagster's executor for the location's runs (default: in_process).",
     )
     max_concurrent: int | None = Field(
         default=None, description="multiprocess: the most steps running at once."

@@ -10,7 +10,9 @@ plus Dagster's own (`group`, `description`, `owners`, `tags`, `deps`, and the pa
 `partitioned.py`'s. Every dataset asset takes run config `mode` (override the dataset's mode for this run),
 `dry_run` (plan only: report what would be written, write nothing, record no materialisation),
 `restate`, `audit` (write-audit-publish for this run: `audit_hooks.py`) and `as_of` (read the
-upstream datasets as they were at a time, or at a snapshot: a reproducible re-run).
+upstream datasets as they were at a time, or at a snapshot: a reproducible re-run). The asset
+declares its `parity` and `table_health` checks and evaluates them in its own step, after the
+write (`dataset_checks.py`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pipeline_output.dagster_layer.asset_params import (
     define_asset,
     upstream_ins,
 )
+from pipeline_output.dagster_layer.dataset_checks import declared_checks, evaluate_checks
 from pipeline_output.dagster_layer.dataset_specs import attach_spec, spec_from_metadata, spec_of
 from pipeline_output.dagster_layer.frames_io import (
     as_kind,
@@ -204,23 +207,28 @@ def build_dataset_asset(
         partitions_def = window_partitions(spec)
     frame_kinds = input_kinds(fn, dataset=spec.name, params=upstream)
 
-    def body(
-        context: dg.AssetExecutionContext, config: DatasetRunConfig, **inputs: Any
-    ) -> Iterator[Any]:
-        if config.dry_run:
-            yield from _dry_run(context, spec, config, partition_columns)
-            return
+    def write(
+        context: dg.AssetExecutionContext, config: DatasetRunConfig, inputs: dict[str, Any]
+    ) -> dg.Output[Any]:
         if delta_param is not None:
-            yield _windowed_output(context, spec, fn, config, inputs, delta_param, frame_kinds)
-            return
+            return _windowed_output(context, spec, fn, config, inputs, delta_param, frame_kinds)
         if partition_columns is not None:
             typed = typed_inputs(fn, frame_kinds)
             out = partitioned_output(context, spec, typed, inputs, columns=partition_columns)
-            yield dg.Output(out, metadata=_overrides(config))
-            return
+            return dg.Output(out, metadata=_overrides(config))
         out = fn(**convert_inputs(inputs, frame_kinds))
         check_output(spec.name, out)
-        yield dg.Output(out, metadata=_overrides(config))
+        return dg.Output(out, metadata=_overrides(config))
+
+    def body(
+        context: dg.AssetExecutionContext, config: DatasetRunConfig, **inputs: Any
+    ) -> Iterator[Any]:
+        if context.selected_asset_keys:  # else a run of its checks alone: nothing is written
+            if config.dry_run:  # nothing written: nothing to check
+                yield from _dry_run(context, spec, config, partition_columns)
+                return
+            yield write(context, config, inputs)  # the IO manager writes before this resumes
+        yield from evaluate_checks(context, spec)
 
     sig_params = [
         inspect.Parameter(
@@ -259,7 +267,8 @@ def build_dataset_asset(
     return define_asset(
         spec,
         compute,
-        name=spec.name,
+        key=key,
+        check_specs=declared_checks(spec, key),
         ins=upstream_ins(spec, upstream, ins),
         io_manager_key=IO_MANAGER_KEY,
         required_resource_keys={RESOURCE_KEY},
@@ -269,7 +278,6 @@ def build_dataset_asset(
         owners=list(owners) if owners else None,
         tags=dict(tags) if tags else None,
         deps=list(deps) if deps else None,
-        output_required=False,
         partitions_def=partitions_def,
         **passed,
     )

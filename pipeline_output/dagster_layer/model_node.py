@@ -2,15 +2,18 @@
 
 The heavy lifting is `pipeline_output.services.model.score`; this module only maps Dagster's context (run
 id, run config `mode`) onto it and reports metadata: windows/batches read, rows scored, snapshot
-id, duration and throughput.
+id, duration and throughput. Like a `@dataset`, it checks itself in its own step after the write
+(`dataset_checks.py`).
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import dagster as dg
 
 from pipeline_output.contract.spec import Mode
+from pipeline_output.dagster_layer.asset_params import define_asset
+from pipeline_output.dagster_layer.dataset_checks import declared_checks, evaluate_checks
 from pipeline_output.dagster_layer.dataset_specs import attach_spec, spec_of
 from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY
 from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
@@ -67,7 +70,12 @@ def model_node(
     )
     out_spec = model.output
 
-    def _model(
+    def _model(context: dg.AssetExecutionContext, config: ModelRunConfig) -> Iterator[Any]:
+        if context.selected_asset_keys:  # else a run of its checks alone: nothing is scored
+            yield _score(context, config)
+        yield from evaluate_checks(context, out_spec)
+
+    def _score(
         context: dg.AssetExecutionContext, config: ModelRunConfig
     ) -> dg.MaterializeResult[Any]:
         runtime = runtime_of(context)
@@ -113,8 +121,12 @@ def model_node(
         "features": ", ".join(features) if features else "(all columns)",
     }
     attach_spec(_model, out_spec, shown=shown)  # the spec rides on the function, out of sight
-    return dg.asset(
-        name=name,
+    key = dg.AssetKey(name)
+    return define_asset(
+        out_spec,
+        _model,
+        key=key,
+        check_specs=declared_checks(out_spec, key),
         deps=[source.key],
         io_manager_key=IO_MANAGER_KEY,
         metadata=shown,
@@ -124,4 +136,4 @@ def model_node(
         or f"Predictions over {source_spec.name}",
         kinds=arm_kinds(out_spec.mode),
         required_resource_keys={RESOURCE_KEY},
-    )(_model)
+    )

@@ -32,6 +32,7 @@ from pipeline_output import errors
 from pipeline_output.dagster_layer.window_metadata import ACTION_KEY, WINDOW_KEY
 
 WRITTEN = ("applied", "staged")
+_CHECK_FAILED = "DagsterAssetCheckFailedError"  # a step that yielded a failed blocking check
 
 
 @dataclass(frozen=True)
@@ -172,12 +173,16 @@ def collect(
             for key in assets:
                 step_state.setdefault(key.to_user_string(), "not run")
             continue
+        error = event.step_failure_data.error
+        checked = {k.asset_key.to_user_string() for k in keys if isinstance(k, dg.AssetCheckKey)}
+        # a blocking check that failed — in a step of its own, or in the dataset's step after
+        # the write (the dataset was written): its evaluation is the line
+        by_check = not assets or (error is not None and error.cls_name == _CHECK_FAILED)
+        if by_check and checked and all(a in failed_checks for a in checked):
+            continue
         for key in assets:
             step_state[key.to_user_string()] = "failed"
-        checked = {k.asset_key.to_user_string() for k in keys if isinstance(k, dg.AssetCheckKey)}
-        if not assets and checked and all(a in failed_checks for a in checked):
-            continue  # a blocking check that failed: its evaluation is the line
-        message, retryable = error_line(event.step_failure_data.error)
+        message, retryable = error_line(error)
         name = ", ".join(sorted(a.to_user_string() for a in assets) or sorted(checked))
         where = "" if assets else "check step: "
         outcome.failures.append(

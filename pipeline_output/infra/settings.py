@@ -22,10 +22,9 @@ Environment:
 | `PIPELINE_OUTPUT_DEFINITIONS` | (pyproject, else the demo) | the CLI's code location |
 | `PIPELINE_OUTPUT_FAULT` | | test-only fault injection point (`<point>` or `<point>:pause:<path>`) |
 
-Catalog config parsing lives in `catalog_config` and URL helpers in `pg_urls` (both handed the
-values, neither reads the environment); `settings` re-exports the URL helpers.
-
-Postgres URL helpers: masking passwords, libpq URI to SQLAlchemy URL, another database, and
+Below the settings, in this order: the Postgres URL helpers and pyiceberg's catalog config
+parsing (both handed the values: only `get_settings` and the `*(environ)` functions read the
+environment). Postgres URL helpers: masking passwords, libpq URI to SQLAlchemy URL, another database, and
 the project error for a failed connection to a URL (`connect_failure`).
 
 Pure functions (no environment, no I/O); `settings` re-exports the URL helpers.

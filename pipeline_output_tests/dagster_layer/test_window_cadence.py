@@ -96,9 +96,7 @@ def check_backlog_in_range_runs(url: str, instance: dg.DagsterInstance, n: int, 
     assert len(keys) == n
     assert len(result.run_requests) <= -(-n // per_run)
     assert requested_keys(result, instance) == keys, "the requests cover every window once"
-    assert all(
-        r.run_config == {"execution": {"config": {"in_process": {}}}} for r in result.run_requests
-    )
+    assert all("execution" not in r.run_config for r in result.run_requests)  # the location's
     for request in result.run_requests:
         assert run_request(defs, instance, request).success
     check_applied_once(url, n)
@@ -150,11 +148,9 @@ def test_the_default_executor_of_window_runs_is_in_process(env, instance):
     defs = copy_defs()
     [request] = tick(defs, instance).run_requests
     job = defs.resolve_implicit_global_asset_job_def()
-    assert job.executor_def.name == "multi_or_in_process_executor"  # Dagster's default executor
-    resolved = dg.validate_run_config(job, request.run_config)["execution"]
-    assert list(resolved["multi_or_in_process_executor"]) == ["in_process"]
-    default = dg.validate_run_config(job, {})["execution"]  # what a run without it would use
-    assert list(default["multi_or_in_process_executor"]) == ["multiprocess"]
+    assert job.executor_def is dg.in_process_executor  # the location's, for every run
+    assert "execution" not in request.run_config
+    assert "in_process" in dg.validate_run_config(job, request.run_config)["execution"]
     # a code location that sets its own executor keeps it for window runs too
     own = copy_defs(executor=dg.multiprocess_executor)
     [request] = tick(own, instance).run_requests

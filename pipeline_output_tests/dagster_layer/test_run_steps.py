@@ -1,0 +1,148 @@
+"""A location's runs as `dg launch` and the daemon launch them (issue 42, item 9): with the job's
+own executor on a persistent instance — not `execute_in_process`, which runs in process whatever
+the location says. Every step runs in the run worker unless the location names an executor, and a
+dataset's checks (`parity`, `table_health`) run in the dataset's own step: a run of one partition
+is one step, and each check reports from it.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+from dagster._core.definitions.reconstruct import ReconstructableRepository
+
+from pipeline_output import PipelineOutputComponent, build_definitions, dataset
+from pipeline_output.dagster_layer.runner import materialize
+from pipeline_output_tests.publishers import corrupt_pg_row
+
+DAYS = dg.DailyPartitionsDefinition(start_date="2026-03-01", end_date="2026-03-04")
+DAY = "2026-03-02"
+
+
+@dataset(primary_key="id", mode="dual", partitions_def=DAYS, partition_column="day")
+def daily_sales(partition_key: str) -> pl.DataFrame:
+    """Two sales a day, both arms."""
+    day = date.fromisoformat(partition_key)
+    first = day.toordinal() * 10
+    return pl.DataFrame(
+        {
+            "id": pl.Series([first, first + 1], dtype=pl.Int64),
+            "day": pl.Series([day, day], dtype=pl.Date),
+            "amount": pl.Series([1.5, 2.5], dtype=pl.Float64),
+        }
+    )
+
+
+def location(**options: object) -> dg.Definitions:
+    return build_definitions(datasets=[daily_sales], **options)  # type: ignore[arg-type]
+
+
+@dg.definitions
+def code_location() -> dg.Definitions:
+    """The code location `launched` loads, as `dg launch` loads a project's."""
+    return location()
+
+
+def launched(instance: dg.DagsterInstance, partition: str) -> str:
+    """Run one partition of `daily_sales` as `dg launch --assets daily_sales --partition ...`
+    does (`dagster asset materialize`): the location's implicit asset job, reconstructable from
+    the code location, executed with its own executor. The run's id."""
+    repository = ReconstructableRepository.for_module(__name__, "code_location")
+    job = repository.get_definition().get_implicit_job_def_for_assets([daily_sales.key])
+    assert job is not None
+    with dg.execute_job(
+        repository.get_reconstructable_job(job.name),
+        instance,
+        asset_selection=[daily_sales.key],
+        tags=job.get_tags_for_partition_key(partition, selected_asset_keys=[daily_sales.key]),
+    ) as result:
+        assert result.success
+        return result.run_id
+
+
+def executor_of(defs: dg.Definitions) -> dg.ExecutorDefinition:
+    return defs.resolve_implicit_global_asset_job_def().executor_def
+
+
+def test_the_location_runs_in_process_unless_it_names_an_executor() -> None:
+    assert executor_of(location()) is dg.in_process_executor
+    assert executor_of(location(executor=dg.multiprocess_executor)) is dg.multiprocess_executor
+    assert location().resolve_job_def("table_health").executor_def is dg.in_process_executor
+
+    def component(**attributes: object) -> dg.Definitions:
+        resolved = PipelineOutputComponent.resolve_from_dict({"module": __name__, **attributes})
+        return dg.component_defs(component=resolved)
+
+    assert executor_of(component()) is dg.in_process_executor
+    assert executor_of(component(executor="multiprocess")) is dg.multiprocess_executor
+
+
+def test_a_run_of_one_partition_is_one_step_that_writes_and_checks_the_dataset(
+    env: str, tmp_path: Path
+) -> None:
+    home = tmp_path / "dagster_home"  # a persistent instance, as `$DAGSTER_HOME` gives `dg launch`
+    home.mkdir()
+    with dg.DagsterInstance.local_temp(str(home)) as instance:
+        run_id = launched(instance, DAY)
+        run = instance.get_run_by_id(run_id)
+        assert run is not None and run.execution_plan_snapshot_id is not None
+        plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
+        assert [step.key for step in plan.steps] == ["daily_sales"]
+
+        events = [e for e in instance.all_logs(run_id) if e.dagster_event is not None]
+        kinds = dg.DagsterEventType
+        started = [e.step_key for e in events if e.dagster_event_type == kinds.STEP_START]
+        assert started == ["daily_sales"]
+        engine = [e.message for e in events if e.dagster_event_type == kinds.ENGINE_EVENT]
+        assert any("in process" in m for m in engine), engine
+        evaluations = {
+            e.dagster_event.event_specific_data.check_name: e  # type: ignore[union-attr]
+            for e in events
+            if e.dagster_event_type == kinds.ASSET_CHECK_EVALUATION
+        }
+        assert set(evaluations) == {"parity", "table_health"}
+        assert {e.step_key for e in evaluations.values()} == {"daily_sales"}
+        parity = evaluations["parity"].dagster_event.event_specific_data  # type: ignore[union-attr]
+        assert parity.passed and "parity PASS" in (parity.description or ""), parity
+        materialised = [
+            e.dagster_event.partition  # type: ignore[union-attr]
+            for e in events
+            if e.dagster_event_type == kinds.ASSET_MATERIALIZATION
+        ]
+        assert materialised == [DAY]
+
+
+ROWS: dict[str, pl.DataFrame] = {}
+
+
+@dataset(primary_key="id", strategy="snapshot_replace", mode="dual")
+def flat() -> pl.DataFrame:
+    return ROWS["flat"]
+
+
+@dataset(primary_key="id", mode="iceberg")
+def after(flat: pl.LazyFrame) -> pl.LazyFrame:
+    return flat
+
+
+def test_a_failed_blocking_parity_in_the_datasets_step_reads_as_before(env: str) -> None:
+    """The check fails the dataset's step now, not a step of its own: the summary still says the
+    dataset was written and names the failed check once; the asset downstream does not run."""
+    defs = build_definitions(datasets=[flat, after])
+    ids = pl.Series(list(range(1, 6)), dtype=pl.Int64)
+    ROWS["flat"] = pl.DataFrame({"id": ids, "amount": ids.cast(pl.Float64)})
+    with dg.DagsterInstance.ephemeral() as instance:
+        assert materialize(defs, instance).ok
+        # 3 is not in the next compute: snapshot_replace keeps it as each arm holds it
+        corrupt_pg_row(env, "flat", "3", "amount", 99.0)
+        ids = pl.Series([4, 5, 6], dtype=pl.Int64)
+        ROWS["flat"] = pl.DataFrame({"id": ids, "amount": ids.cast(pl.Float64)})
+        report = materialize(defs, instance)
+    [failure] = report.failures
+    assert failure.asset == "flat" and "check 'parity' failed" in failure.message, failure
+    assert "only in pg" in failure.message or "parity FAIL" in failure.message, failure
+    status = {row.asset: row.status for row in report.rows}
+    assert status == {"flat": "ok", "after": "not run"}, report.rows
