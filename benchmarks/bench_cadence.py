@@ -289,7 +289,7 @@ def cadence_trial(
 ) -> dict[str, Any]:
     import dagster as dg
 
-    from pipeline_output.dagster_layer.process_runtime import reset_runtime
+    from pipeline_output.dagster_layer.resource import reset_runtime
     from pipeline_output.infra.settings import to_sqlalchemy_url
 
     url = fresh_database(server)
@@ -427,7 +427,7 @@ def rows_once(url: str, rows: int) -> bool:
     """Each ledger window applied, the table holding every source row exactly once."""
     import pyarrow.compute as pc
 
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     table = get_runtime().iceberg.load("ev_copy")
     if table is None:
@@ -441,7 +441,7 @@ def baseline_write(url: str, windows: int, rows: int) -> tuple[float, float]:
     on a second dataset, each window's rows read from the source (this process)."""
     from pipeline_output import Delta, Window
     from pipeline_output.contract.spec import DatasetSpec
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
     from pipeline_output.services.sources import SourceSpec, scan_postgres
     from pipeline_output.services.window_apply import apply_window
 
@@ -478,7 +478,7 @@ def idle_trial(server: str, size: int, source_rows: int, ticks: int) -> dict[str
     import psycopg
 
     from pipeline_output import Window
-    from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime, reset_runtime
     from pipeline_output.infra.settings import to_sqlalchemy_url
 
     url = fresh_database(server)

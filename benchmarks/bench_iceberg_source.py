@@ -58,7 +58,7 @@ def main() -> int:
         import polars as pl
 
         from pipeline_output import DatasetSpec, Window
-        from pipeline_output.dagster_layer.process_runtime import get_runtime
+        from pipeline_output.dagster_layer.resource import get_runtime
         from pipeline_output.dagster_layer.source_assets import (
             iceberg_window_count,
             source_stats,

@@ -224,7 +224,7 @@ def _upstream_spec() -> Any:
 
 
 def _setup(rows: int, files: int) -> dict[str, Any]:
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     per_file = rows // files
     store = get_runtime().iceberg
@@ -265,7 +265,7 @@ def _windows(rows: int, files: int, windows: int) -> list[Any]:
 
 
 def _child(case: str, args: argparse.Namespace) -> dict[str, Any]:
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
     from pipeline_output.services.publish import ResolvedMode
     from pipeline_output.services.reads import within
 
@@ -378,7 +378,7 @@ def _apply(args: argparse.Namespace, windows: list[Any]) -> dict[str, Any]:
     import polars as pl
 
     from pipeline_output import Delta, build_definitions, dataset
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     logging.getLogger("dagster").setLevel(logging.WARNING)
     name = f"copy_{args.rep}"

@@ -158,7 +158,7 @@ def make_source(url: str, rows: int) -> None:
 
 def count_retries(names: list[str]) -> tuple[int, int]:
     """(metadata files written, commits kept) over the given tables."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     written = kept = 0
     for name in names:
@@ -176,7 +176,7 @@ def exactly_once(names: list[str], source_rows: int) -> dict[str, tuple[int, int
     (rows, distinct ids); empty when all are right."""
     import pyarrow.compute as pc
 
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     wrong = {}
     for name in names:
@@ -479,7 +479,7 @@ def trial(
 ) -> dict[str, Any]:
     import dagster as dg
 
-    from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime, reset_runtime
     from pipeline_output.infra.settings import to_sqlalchemy_url
 
     load0 = os.getloadavg()[0]

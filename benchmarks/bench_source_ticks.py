@@ -73,7 +73,7 @@ def main() -> int:
         import polars as pl
 
         from pipeline_output import Delta, build_definitions, dataset, postgres_source
-        from pipeline_output.dagster_layer.process_runtime import get_runtime
+        from pipeline_output.dagster_layer.resource import get_runtime
 
         logging.getLogger("dagster").setLevel(logging.WARNING)
 

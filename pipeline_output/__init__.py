@@ -43,8 +43,7 @@ _API: dict[str, tuple[str, ...]] = {
     "pipeline_output.stores.iceberg": ("IcebergStore",),
     "pipeline_output.stores.postgres": ("PostgresStore",),
     # write-audit-publish, rollback, time travel
-    "pipeline_output.services.audit": ("publish_audit",),
-    "pipeline_output.services.audit_cleanup": ("drop_stale_audit_branches",),
+    "pipeline_output.services.audit": ("drop_stale_audit_branches", "publish_audit"),
     "pipeline_output.services.time_travel": ("history", "rollback"),
     # table maintenance (also `pipeline_output.maintenance`)
     "pipeline_output.maintenance": (
@@ -205,10 +204,10 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs: the table ab
         remove_orphans as remove_orphans,
     )
     from pipeline_output.services.audit import (
-        publish_audit as publish_audit,
-    )
-    from pipeline_output.services.audit_cleanup import (
         drop_stale_audit_branches as drop_stale_audit_branches,
+    )
+    from pipeline_output.services.audit import (
+        publish_audit as publish_audit,
     )
     from pipeline_output.services.publish import (
         Publisher as Publisher,

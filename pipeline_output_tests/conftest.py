@@ -161,7 +161,7 @@ def settings_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, pg_db_url: str
 def runtime_env(settings_env: Settings) -> Iterator[Settings]:
     """`settings_env` with the process runtime rebuilt for it (the control plane migrated), and
     forgotten after the test."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime, reset_runtime
 
     reset_runtime()
     get_runtime()

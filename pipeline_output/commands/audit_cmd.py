@@ -65,7 +65,7 @@ def drop_stale(older_than_hours: float) -> None:
     from datetime import timedelta
 
     from pipeline_output.commands.loading import location_runtime
-    from pipeline_output.services.audit_cleanup import drop_stale_audit_branches
+    from pipeline_output.services.audit import drop_stale_audit_branches
 
     runtime = location_runtime()
     dropped = drop_stale_audit_branches(

@@ -38,7 +38,7 @@ def plan(datasets: tuple[str, ...], mode: str | None) -> None:
     arm; writes nothing."""
     from pipeline_output.commands.loading import load_definitions, location_runtime
     from pipeline_output.contract.plan import TargetState, plan_write
-    from pipeline_output.dagster_layer.dataset_specs import spec_of
+    from pipeline_output.dagster_layer.dataset import spec_of
     from pipeline_output.dagster_layer.partitioned import partition_columns_of_asset
     from pipeline_output.dagster_layer.window_preview import pending_windows
 

@@ -2,7 +2,7 @@
 
 Owns what `@dataset` hands to `dg.asset` beyond the dataset itself: the pass-through parameters
 (`automation_condition`, `freshness_policy`, `retry_policy`, `code_version`, `backfill_policy`,
-`key_prefix`, `kinds` added to the arm's (`iceberg`, `postgres` or both: `table_metadata.arm_kinds`),
+`key_prefix`, `kinds` added to the arm's (`iceberg`, `postgres` or both: `metadata.arm_kinds`),
 `metadata` beside the dataset's own), the default single-run backfill policy of a Dagster-partitioned dataset, the `ins` mapping of compute
 parameters to upstream asset keys (`AssetIn`, `AssetKey`, a string or a list of strings), and the
 conversion of what an upstream's own IO manager loads (polars, pandas, Arrow) into the LazyFrame
@@ -21,7 +21,7 @@ import polars as pl
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.dagster_layer.keys import DELTA_INPUT_KEY
-from pipeline_output.dagster_layer.table_metadata import arm_kinds
+from pipeline_output.dagster_layer.metadata import arm_kinds
 from pipeline_output.errors import InvalidSpec
 
 RESERVED_METADATA_PREFIX = "pipeline_output/"
@@ -134,7 +134,7 @@ def define_asset(
 ) -> dg.AssetsDefinition:
     """The asset `key` computed by `compute`: `dg.asset(**params)` as a one-asset `multi_asset`
     that declares `check_specs` and can be subset (a run may select the asset without some of
-    its checks, or only checks: `dataset_checks.py`); the op is named as `dg.asset` names it
+    its checks, or only checks: `checks.py`); the op is named as `dg.asset` names it
     and its one output (`result`) is optional. Dagster's own refusal of a parameter (a freshness
     policy of the wrong kind, say) is one line naming the dataset."""
     quiet = params.pop(_DEFAULTED, False)

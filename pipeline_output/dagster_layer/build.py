@@ -15,8 +15,8 @@ import dagster as dg
 from pipeline_output.contract.store_protocol import check_specs
 from pipeline_output.dagster_layer.asset_params import check_unique_names
 from pipeline_output.dagster_layer.audit_hooks import with_audit_hooks
+from pipeline_output.dagster_layer.checks import with_location_checks
 from pipeline_output.dagster_layer.dataset import spec_of
-from pipeline_output.dagster_layer.dataset_checks import with_location_checks
 from pipeline_output.dagster_layer.delta_assets import DEFAULT_SENSOR_INTERVAL_S
 from pipeline_output.dagster_layer.delta_sources import check_delta_sources
 from pipeline_output.dagster_layer.io_manager import DatasetIOManager
@@ -32,8 +32,11 @@ from pipeline_output.dagster_layer.maintenance_job import (
     build_maintenance_job,
     maintenance_schedule,
 )
-from pipeline_output.dagster_layer.process_runtime import freeze_long_lived
-from pipeline_output.dagster_layer.resource import RESOURCE_KEY, PipelineOutputResource
+from pipeline_output.dagster_layer.resource import (
+    RESOURCE_KEY,
+    PipelineOutputResource,
+    freeze_long_lived,
+)
 from pipeline_output.dagster_layer.source_assets import grouped_sources, source_spec_of
 from pipeline_output.dagster_layer.window_sensor import build_window_sensor
 from pipeline_output.dagster_layer.window_upstreams import dataset_upstream, source_upstream
@@ -78,7 +81,7 @@ def build_definitions(
     Every run of the location executes its steps in the run worker (`dg.in_process_executor`)
     unless `executor` is given (it then governs every run, window runs included). Every dataset
     gets a blocking `parity` check unless `with_parity_checks=False`; a `@dataset` or model node
-    evaluates its checks in its own step, after the write (`dataset_checks.py`).
+    evaluates its checks in its own step, after the write (`checks.py`).
 
     With `with_maintenance` (default), every dataset gets a `table_health` check (warns past
     `health_thresholds`), the location gets the `table_maintenance` job (defaults from
@@ -127,7 +130,7 @@ def build_definitions(
     dataset_keys: list[dg.AssetKey] = []
     all_checks = list(asset_checks)
     # each dataset's `parity` and `table_health` checks: declared by the asset and evaluated in
-    # its step (`dataset_checks.py`), else stand-alone checks
+    # its step (`checks.py`), else stand-alone checks
     thresholds = (health_thresholds or HealthThresholds()) if with_maintenance else None
 
     def checked(asset: Any) -> Any:

@@ -32,7 +32,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import (
 from pydantic import Field
 
 from pipeline_output.dagster_layer.build import build_definitions
-from pipeline_output.dagster_layer.dataset_specs import spec_of
+from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.maintenance_job import MaintenanceSettings
 from pipeline_output.dagster_layer.resource import PipelineOutputResource
 from pipeline_output.dagster_layer.source_assets import source_spec_of

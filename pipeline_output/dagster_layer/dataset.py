@@ -3,7 +3,7 @@
 The function's parameters name its upstream assets (sources, other datasets, or any asset under
 the key `ins` gives it), loaded as polars LazyFrames, or as the frame type a parameter's annotation
 names (`frames_io.py`); it returns polars, pandas or Arrow. The spec rides on the compute
-function, not in the metadata the UI shows (`dataset_specs.py`). Options map 1:1 onto
+function, not in the metadata the UI shows (`dataset.py`). Options map 1:1 onto
 `DatasetSpec` (validated when the code location loads, with the dataset's name in the message)
 plus Dagster's own (`group`, `description`, `owners`, `tags`, `deps`, and the pass-through ones of
 `asset_params.py`); Dagster partitions (`partitions_def`, `partition_column`) are
@@ -12,13 +12,30 @@ plus Dagster's own (`group`, `description`, `owners`, `tags`, `deps`, and the pa
 `restate`, `audit` (write-audit-publish for this run: `audit_hooks.py`) and `as_of` (read the
 upstream datasets as they were at a time, or at a snapshot: a reproducible re-run). The asset
 declares its `parity` and `table_health` checks and evaluates them in its own step, after the
-write (`dataset_checks.py`).
+write (`checks.py`).
+
+Where a dataset asset keeps its `DatasetSpec`: on the asset's compute function and in a
+per-process registry, out of the metadata the UI shows (the spec is how the IO manager, the
+checks and the CLI know a dataset, not something a user reads).
+
+`@dataset` and `model_node` attach the spec to the function they build (`attach_spec`); every copy
+Dagster makes of the asset (hooks, key prefixes, changed attributes) keeps the same op and so the
+same function. A run's IO manager finds the spec of an asset (`spec_in_run`) in the first of:
+
+1. the asset's definition in the run's job, else in the job it was subset from (a run of a
+   selection), else in the repository the run worker loaded (a job built from another selection);
+2. JSON in its definition metadata under `pipeline_output/contract/spec` (`SPEC_METADATA_KEY`): an
+   asset a user builds by hand may carry it there;
+3. the specs decorated in this process under that asset key: the only one, or the only one whose
+   shown metadata (`pipeline_output/...`) matches (an in-process run of a job that leaves the
+   upstream dataset out).
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -31,6 +48,7 @@ from pipeline_output.contract.spec import (
     Mode,
     Strategy,
     WriteStrategyHint,
+    spec_from_dict,
 )
 from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.asset_params import (
@@ -39,8 +57,7 @@ from pipeline_output.dagster_layer.asset_params import (
     define_asset,
     upstream_ins,
 )
-from pipeline_output.dagster_layer.dataset_checks import declared_checks, evaluate_checks
-from pipeline_output.dagster_layer.dataset_specs import attach_spec, spec_from_metadata, spec_of
+from pipeline_output.dagster_layer.checks import declared_checks, evaluate_checks
 from pipeline_output.dagster_layer.frames_io import (
     as_kind,
     check_output,
@@ -52,7 +69,9 @@ from pipeline_output.dagster_layer.keys import (
     AUDIT_OVERRIDE_KEY,
     IO_MANAGER_KEY,
     MODE_OVERRIDE_KEY,
+    SPEC_METADATA_KEY,
 )
+from pipeline_output.dagster_layer.metadata import definition_metadata, docstring_columns
 from pipeline_output.dagster_layer.partitioned import (
     KEY_PARAMETER,
     PARTITION_COLUMNS_KEY,
@@ -62,8 +81,106 @@ from pipeline_output.dagster_layer.partitioned import (
     slice_for,
 )
 from pipeline_output.dagster_layer.resource import RESOURCE_KEY
-from pipeline_output.dagster_layer.table_metadata import definition_metadata, docstring_columns
 from pipeline_output.errors import InvalidSpec
+
+_ATTRIBUTE = "__pipeline_output_spec__"
+_SHOWN_PREFIX = "pipeline_output/"
+_lock = threading.Lock()
+_registry: dict[dg.AssetKey, list[tuple[dict[str, str], DatasetSpec]]] = {}
+
+
+def attach_spec(
+    fn: Callable[..., Any],
+    spec: DatasetSpec,
+    *,
+    key: dg.AssetKey | None = None,
+    shown: Mapping[str, Any] | None = None,
+) -> None:
+    """Make `spec` the spec of the asset `key` (default: named `spec.name`, no key prefix) whose
+    compute function is `fn`; `shown` is the metadata its definition shows (told apart from
+    another spec under that key)."""
+    setattr(fn, _ATTRIBUTE, spec)
+    entry = (_shown(shown or {}), spec)
+    with _lock:
+        entries = _registry.setdefault(key or dg.AssetKey(spec.name), [])
+        if not any(e[1] == spec and e[0] == entry[0] for e in entries):
+            entries.append(entry)
+
+
+def spec_from_metadata(raw: Any) -> DatasetSpec:
+    """Decode the spec from metadata (a JSON string or a Dagster JSON/Text metadata value)."""
+    value = getattr(raw, "value", raw)
+    if isinstance(value, str):
+        value = json.loads(value)
+    return spec_from_dict(value)
+
+
+def spec_of(asset: Any) -> DatasetSpec | None:
+    """The `DatasetSpec` of a dataset asset (None for other assets and definitions)."""
+    if not isinstance(asset, dg.AssetsDefinition):
+        return None
+    node = asset.node_def if asset.is_executable else None
+    compute = getattr(getattr(node, "compute_fn", None), "decorated_fn", None)
+    attached = getattr(compute, _ATTRIBUTE, None)
+    if isinstance(attached, DatasetSpec):
+        return attached
+    for key in asset.keys:
+        raw = asset.metadata_by_key.get(key, {}).get(SPEC_METADATA_KEY)
+        if raw is not None:
+            return spec_from_metadata(raw)
+    return None
+
+
+def spec_in_run(context: Any, key: dg.AssetKey, metadata: Any) -> DatasetSpec | None:
+    """The spec of the asset `key` as an IO manager `context` sees it, handed the asset's
+    definition `metadata` (None: not a pipeline-output dataset). See the module docstring."""
+    for graph in _graphs(context):
+        if graph.has(key):
+            spec = spec_of(graph.get(key).assets_def)
+            if spec is not None:
+                return spec
+    meta = metadata or {}
+    raw = meta.get(SPEC_METADATA_KEY)
+    if raw is not None:
+        return spec_from_metadata(raw)
+    with _lock:
+        entries = list(_registry.get(key, ()))
+    distinct: list[DatasetSpec] = []
+    for _, spec in entries:
+        if spec not in distinct:
+            distinct.append(spec)
+    if len(distinct) == 1:
+        return distinct[0]
+    shown = _shown(meta)
+    matching = [spec for seen, spec in entries if seen == shown]
+    return matching[0] if len(matching) == 1 else None
+
+
+def _graphs(context: Any) -> Iterator[Any]:
+    """The asset graphs a run step can see: its job's, the jobs it was subset from, the loaded
+    repository's."""
+    try:
+        step = context.step_context
+    except (dg.DagsterInvariantViolationError, AttributeError):
+        return
+    job = step.job_def
+    while job is not None:
+        yield job.asset_layer.asset_graph
+        selection = job.asset_selection_data
+        job = selection.parent_job_def if selection is not None else None
+    try:
+        repository = step.job.get_repository_definition()
+    except Exception:  # an in-memory job has none; a broken pointer is not ours to report
+        repository = None
+    if repository is not None:
+        yield repository.asset_graph
+
+
+def _shown(metadata: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        k: str(getattr(v, "value", v)) for k, v in metadata.items() if k.startswith(_SHOWN_PREFIX)
+    }
+
 
 __all__ = ["DatasetRunConfig", "build_dataset_asset", "dataset", "spec_from_metadata", "spec_of"]
 

@@ -15,7 +15,8 @@ from pipeline_output.contract.checked_input import to_polars
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.audit_hooks import audited_snapshot, gating_checks, step_of
-from pipeline_output.dagster_layer.dataset_specs import spec_in_run
+from pipeline_output.dagster_layer.checks import PARITY
+from pipeline_output.dagster_layer.dataset import spec_in_run
 from pipeline_output.dagster_layer.delta_assets import (
     WindowedOutput,
     WindowReader,
@@ -27,15 +28,14 @@ from pipeline_output.dagster_layer.keys import (
     MODE_OVERRIDE_KEY,
     SOURCE_METADATA_KEY,
 )
-from pipeline_output.dagster_layer.metadata import publish_metadata
-from pipeline_output.dagster_layer.parity_checks import PARITY
-from pipeline_output.dagster_layer.partitioned import partitioned_output_of, write_partitions
-from pipeline_output.dagster_layer.resource import PipelineOutputResource
-from pipeline_output.dagster_layer.window_metadata import (
+from pipeline_output.dagster_layer.metadata import (
+    publish_metadata,
     record_window_metadata,
     run_metadata,
     run_table_metadata,
 )
+from pipeline_output.dagster_layer.partitioned import partitioned_output_of, write_partitions
+from pipeline_output.dagster_layer.resource import PipelineOutputResource
 from pipeline_output.dagster_layer.windows_context import windows_of
 from pipeline_output.services.publish import PublishResult, ResolvedMode
 from pipeline_output.services.reads import within

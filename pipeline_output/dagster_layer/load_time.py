@@ -27,14 +27,14 @@ from dagster._core.definitions.definitions_load_context import (
 )
 
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.dagster_layer.dataset_specs import spec_of
-from pipeline_output.dagster_layer.resource import PipelineOutputResource
-from pipeline_output.dagster_layer.table_metadata import (
+from pipeline_output.dagster_layer.dataset import spec_of
+from pipeline_output.dagster_layer.metadata import (
     arm_kinds,
     iceberg_table_metadata,
     iceberg_table_name,
     legacy_table_metadata,
 )
+from pipeline_output.dagster_layer.resource import PipelineOutputResource
 from pipeline_output.errors import RetryableError
 from pipeline_output.services.runtime import Runtime
 

@@ -20,7 +20,7 @@ import dagster as dg
 from pydantic import BaseModel
 
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.dagster_layer.health_checks import health_evaluation
+from pipeline_output.dagster_layer.checks import health_evaluation
 from pipeline_output.dagster_layer.keys import MAINTENANCE_JOB, MAINTENANCE_SCHEDULE
 from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
 from pipeline_output.services.maintenance import MaintenanceOptions

@@ -3,7 +3,7 @@
 The heavy lifting is `pipeline_output.services.model.score`; this module only maps Dagster's context (run
 id, run config `mode`) onto it and reports metadata: windows/batches read, rows scored, snapshot
 id, duration and throughput. Like a `@dataset`, it checks itself in its own step after the write
-(`dataset_checks.py`).
+(`checks.py`).
 """
 
 from collections.abc import Iterator, Sequence
@@ -13,16 +13,16 @@ import dagster as dg
 
 from pipeline_output.contract.spec import Mode
 from pipeline_output.dagster_layer.asset_params import define_asset
-from pipeline_output.dagster_layer.dataset_checks import declared_checks, evaluate_checks
-from pipeline_output.dagster_layer.dataset_specs import attach_spec, spec_of
+from pipeline_output.dagster_layer.checks import declared_checks, evaluate_checks
+from pipeline_output.dagster_layer.dataset import attach_spec, spec_of
 from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY
-from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
-from pipeline_output.dagster_layer.table_metadata import (
+from pipeline_output.dagster_layer.metadata import (
     arm_kinds,
     definition_metadata,
     iceberg_table_metadata,
     legacy_table_metadata,
 )
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
 from pipeline_output.errors import InvalidSpec
 from pipeline_output.services.model import DEFAULT_BATCH_ROWS, ModelSpec, Predict, score
 

@@ -29,7 +29,7 @@ from typing import Any
 import dagster as dg
 
 from pipeline_output import errors
-from pipeline_output.dagster_layer.window_metadata import ACTION_KEY, WINDOW_KEY
+from pipeline_output.dagster_layer.metadata import ACTION_KEY, WINDOW_KEY
 
 WRITTEN = ("applied", "staged")
 _CHECK_FAILED = "DagsterAssetCheckFailedError"  # a step that yielded a failed blocking check

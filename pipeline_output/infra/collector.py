@@ -10,7 +10,7 @@ production cadence").
 
 `imports_paused()` disables automatic collection for the duration of such an import and then moves
 what the process holds into the permanent generation (`gc.freeze()`), as
-`dagster_layer/process_runtime.py` does once the definitions are built: later collections walk
+`dagster_layer/resource.py` does once the definitions are built: later collections walk
 only objects created afterwards. A process that disabled the collector itself is left alone;
 the collector is enabled again however the import ends.
 """

@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import PipelineOutputError, from_third_party
-from pipeline_output.ledger.audits import AuditRecord
+from pipeline_output.ledger.control_plane import AuditRecord
 from pipeline_output.ledger.window_ledger import WindowLedger
-from pipeline_output.services.audit import DEFAULT_RETENTION
-from pipeline_output.services.audit_cleanup import drop_stale_audit_branches
+from pipeline_output.services.audit import DEFAULT_RETENTION, drop_stale_audit_branches
 from pipeline_output.stores.iceberg import IcebergStore
 from pipeline_output.stores.iceberg.maintenance.compaction import CompactionResult
 from pipeline_output.stores.iceberg.maintenance.compaction_plan import DEFAULT_MIN_INPUT_FILES

@@ -33,7 +33,7 @@ from pipeline_output.errors import (
     PipelineOutputError,
     UnsupportedWrite,
 )
-from pipeline_output.ledger.audits import AuditRecord
+from pipeline_output.ledger.control_plane import AuditRecord
 from pipeline_output.services import reads as lazy_reads
 from pipeline_output.stores.iceberg import IcebergStore, PreparedWrite
 from pipeline_output.stores.postgres import PostgresStore

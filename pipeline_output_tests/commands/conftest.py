@@ -26,7 +26,7 @@ def cli(settings_env: Settings, tmp_path: Path) -> Run:
 @pytest.fixture
 def runtime(settings_env: Settings) -> Iterator[Any]:
     """This process's runtime on the test database (reset before and after)."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime, reset_runtime
 
     reset_runtime()
     yield get_runtime()

@@ -26,7 +26,7 @@ SEEN: dict[str, list[int]] = {}
 
 @pytest.fixture
 def runtime_env(settings_env: Settings) -> Iterator[Settings]:
-    from pipeline_output.dagster_layer.process_runtime import reset_runtime
+    from pipeline_output.dagster_layer.resource import reset_runtime
 
     reset_runtime()
     ROWS.clear()
@@ -69,7 +69,7 @@ def evaluations(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
 
 
 def main_snapshot(name: str = "items") -> int | None:
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     table = get_runtime().iceberg.load(name)
     return head(table) if table is not None else None
@@ -80,7 +80,7 @@ def upsert(before: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
 
 
 def test_an_audited_run_publishes_one_snapshot_after_its_checks_read_the_branch(runtime_env):
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     defs = audited_defs()
     instance = dg.DagsterInstance.ephemeral()
@@ -116,7 +116,7 @@ def test_an_audited_run_publishes_one_snapshot_after_its_checks_read_the_branch(
 def test_a_failing_user_check_leaves_main_and_readers_unchanged_and_keeps_the_branch(
     runtime_env,
 ):
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     defs = audited_defs(bad_id=42)
     instance = dg.DagsterInstance.ephemeral()
@@ -139,7 +139,7 @@ def test_a_failing_user_check_leaves_main_and_readers_unchanged_and_keeps_the_br
 
 
 def test_a_dual_audit_with_an_injected_parity_mismatch_changes_neither_arm(runtime_env, pg_db_url):
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     defs = audited_defs(mode="dual")
     instance = dg.DagsterInstance.ephemeral()
@@ -164,7 +164,7 @@ def test_a_dual_audit_with_an_injected_parity_mismatch_changes_neither_arm(runti
 
 
 def test_a_dual_audit_that_passes_writes_the_legacy_arm_at_the_publish(runtime_env, pg_db_url):
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     defs = audited_defs(mode="dual")
     instance = dg.DagsterInstance.ephemeral()
@@ -180,7 +180,7 @@ def test_a_dual_audit_that_passes_writes_the_legacy_arm_at_the_publish(runtime_e
 
 
 def test_asset_config_audit_stages_one_run_of_a_dataset_declared_without_audit(runtime_env):
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     defs = audited_defs(audit=False, bad_id=42)
     instance = dg.DagsterInstance.ephemeral()
@@ -202,7 +202,7 @@ def test_asset_config_audit_stages_one_run_of_a_dataset_declared_without_audit(r
 def test_an_audited_run_without_blocking_checks_publishes_when_its_step_ends(runtime_env):
     from pipeline_output.dagster_layer.build import build_definitions
     from pipeline_output.dagster_layer.dataset import dataset
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     @dataset("items", primary_key="id", mode="iceberg", audit=True)
     def items() -> pl.DataFrame:

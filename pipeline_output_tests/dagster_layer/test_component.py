@@ -29,8 +29,8 @@ import yaml
 
 from pipeline_output import PipelineOutputComponent
 from pipeline_output.dagster_layer.component import PipelineOutputScaffolder, ScaffoldParams
-from pipeline_output.dagster_layer.dataset_specs import spec_of
-from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.dagster_layer.dataset import spec_of
+from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
 from pipeline_output_tests.dagster_runs import mat_meta

@@ -21,7 +21,7 @@ import pytest
 from pipeline_output import DatasetSpec, Delta, Window, build_definitions
 from pipeline_output.contract.spec import spec_to_dict
 from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY, SPEC_METADATA_KEY
-from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+from pipeline_output.dagster_layer.resource import get_runtime, reset_runtime
 from pipeline_output_tests.oracle import assert_same_multiset
 
 NAME = "ev_custom"

@@ -259,7 +259,7 @@ def _drop_db(admin: str, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def shop(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
-    from pipeline_output.dagster_layer.process_runtime import reset_runtime
+    from pipeline_output.dagster_layer.resource import reset_runtime
     from pipeline_output.dagster_layer.runner import materialize
     from pipeline_output.demo import shop_data
 
@@ -401,7 +401,7 @@ def test_rematerialising_without_source_changes_is_a_reported_noop(shop: Shop, n
 @pytest.fixture
 def seeded(settings_env: Settings, pg_db_url: str) -> Iterator[tuple[str, Any]]:
     """The demo shop seeded into this test's database; (url, independent catalog)."""
-    from pipeline_output.dagster_layer.process_runtime import reset_runtime
+    from pipeline_output.dagster_layer.resource import reset_runtime
     from pipeline_output.demo import shop_data
 
     reset_runtime()
@@ -490,7 +490,7 @@ def test_dry_run_after_a_deploy_reports_the_redeploy_plan_and_keeps_the_snapshot
 
 
 def test_dry_run_of_a_delta_window_plans_it_without_applying_it(seeded: tuple[str, Any]) -> None:
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
     from pipeline_output.dagster_layer.runner import plan_windows
     from pipeline_output.demo.code_location import defs
 
@@ -511,7 +511,7 @@ def test_dry_run_of_a_delta_window_plans_it_without_applying_it(seeded: tuple[st
 def test_mode_override_pg_uses_the_legacy_arm_or_fails_clearly_when_it_is_missing(
     seeded: tuple[str, Any],
 ) -> None:
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
     from pipeline_output.demo.code_location import defs
 
     _, catalog = seeded
@@ -546,7 +546,7 @@ def test_unknown_mode_override_fails_the_run_naming_the_dataset(seeded: tuple[st
 def test_single_run_backfill_applies_a_range_of_windows_in_order(
     seeded: tuple[str, Any],
 ) -> None:
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
     from pipeline_output.dagster_layer.runner import plan_windows
     from pipeline_output.demo import shop_data
     from pipeline_output.demo.code_location import defs
@@ -587,7 +587,7 @@ def test_single_run_backfill_applies_a_range_of_windows_in_order(
 @pytest.fixture
 def people(settings_env: Settings, pg_db_url: str) -> Iterator[Any]:
     """Table public.people (10 rows) in the test database; yields an independent catalog."""
-    from pipeline_output.dagster_layer.process_runtime import reset_runtime
+    from pipeline_output.dagster_layer.resource import reset_runtime
 
     reset_runtime()
     with psycopg.connect(pg_db_url, autocommit=True) as conn:

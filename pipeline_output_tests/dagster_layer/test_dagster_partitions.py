@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 
 from pipeline_output import DatasetSpec, build_definitions, dataset
-from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.services.publish import ResolvedMode
 from pipeline_output_tests.oracle import assert_same_multiset
 

@@ -19,7 +19,7 @@ import pytest
 
 from pipeline_output import Delta, InvalidSpec, build_definitions, dataset, postgres_source
 from pipeline_output.dagster_layer.dataset import spec_of
-from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output_tests.oracle import assert_same_multiset
 
 DAILY = dg.DailyPartitionsDefinition(start_date="2024-01-01")

@@ -17,8 +17,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline_output import build_definitions, dataset
-from pipeline_output.dagster_layer.process_runtime import get_runtime
-from pipeline_output.dagster_layer.resource import PipelineOutputResource
+from pipeline_output.dagster_layer.resource import PipelineOutputResource, get_runtime
 from pipeline_output.errors import InvalidSpec
 from pipeline_output_tests.dagster_runs import mat_meta, run_assets
 from pipeline_output_tests.oracle import assert_same_multiset
@@ -113,7 +112,7 @@ def test_pandas_and_arrow_out_and_annotated_inputs_on_each_arm(env: str, arm: st
 
 
 def _spec(asset: dg.AssetsDefinition) -> Any:
-    from pipeline_output.dagster_layer.dataset_specs import spec_of
+    from pipeline_output.dagster_layer.dataset import spec_of
 
     spec = spec_of(asset)
     assert spec is not None

@@ -18,7 +18,7 @@ import psycopg
 
 from pipeline_output import Delta, build_definitions, dataset, postgres_source
 from pipeline_output.dagster_layer.dataset import spec_of
-from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
 from pipeline_output_tests.oracle import assert_same_multiset
 

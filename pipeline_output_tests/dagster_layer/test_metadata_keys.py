@@ -29,10 +29,10 @@ from pipeline_output import (
     dataset,
     postgres_source,
 )
-from pipeline_output.dagster_layer.dataset_specs import spec_of
-from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.dagster_layer.dataset import spec_of
+from pipeline_output.dagster_layer.metadata import docstring_columns
+from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.dagster_layer.runner import materialize
-from pipeline_output.dagster_layer.table_metadata import docstring_columns
 from pipeline_output_tests.dagster_runs import mat_meta, run_assets
 
 ICEBERG_TYPES = {

@@ -15,7 +15,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from pipeline_output import Delta, build_definitions, dataset, model_node, postgres_source
-from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output_tests.dagster_runs import requested_keys
 from pipeline_output_tests.oracle import assert_same_multiset
 

@@ -19,7 +19,7 @@ from pipeline_output import (
     build_definitions,
     dataset,
 )
-from pipeline_output.dagster_layer.process_runtime import reset_runtime
+from pipeline_output.dagster_layer.resource import reset_runtime
 from pipeline_output.errors import InvalidArgument
 from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output.ledger import Ledger
@@ -48,7 +48,7 @@ def no_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[
         raise AssertionError("the environment's settings were read")
 
     monkeypatch.setattr("pipeline_output.infra.settings.get_settings", refuse)
-    monkeypatch.setattr("pipeline_output.dagster_layer.process_runtime.get_settings", refuse)
+    monkeypatch.setattr("pipeline_output.dagster_layer.resource.get_settings", refuse)
     reset_runtime()
     yield work
     reset_runtime()

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from pipeline_output import DatasetSpec, Window
-from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.dagster_layer.source_assets import iceberg_window_count, source_stats
 from pipeline_output.errors import InvalidSpec
 from pipeline_output.services.sources import SourceSpec

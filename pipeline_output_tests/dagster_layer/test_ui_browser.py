@@ -239,7 +239,7 @@ def test_an_asset_page_shows_the_iceberg_column_schema_and_the_table_link(
     Columns the Iceberg type names with the primary key's constraint."""
     from playwright.sync_api import expect, sync_playwright
 
-    from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime, reset_runtime
 
     cli = runner(env=isolated_env(tmp_path, pg_db_url), cwd=tmp_path)
     materialised = cli("materialize", "--select", "active_products")

@@ -103,7 +103,7 @@ def _assert_rows(got: pl.DataFrame, expected: pl.DataFrame, key: str) -> None:
 
 @pytest.fixture
 def user_env(settings_env: Settings, pg_db_url: str, catalog: Any) -> Iterator[tuple[str, Any]]:
-    from pipeline_output.dagster_layer.process_runtime import reset_runtime
+    from pipeline_output.dagster_layer.resource import reset_runtime
 
     reset_runtime()
     _create_sales(pg_db_url)
@@ -214,7 +214,7 @@ def test_postgres_numeric_column_reaches_the_compute_as_a_number(
     settings_env: Settings, pg_db_url: str, catalog: Any, tmp_path: Path
 ) -> None:
     """Money columns are usually `numeric`: the example's arithmetic must work on them too."""
-    from pipeline_output.dagster_layer.process_runtime import reset_runtime
+    from pipeline_output.dagster_layer.resource import reset_runtime
 
     reset_runtime()
     _create_sales(pg_db_url, price_type="numeric(10, 2)")

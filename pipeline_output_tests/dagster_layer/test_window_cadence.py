@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from pipeline_output import Delta, Window, build_definitions, dataset, postgres_source
-from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.ledger.window_reads import WindowReads
 from pipeline_output_tests.dagster_runs import requested_keys, run_request
 from pipeline_output_tests.oracle import assert_same_multiset

@@ -29,7 +29,7 @@ import psycopg
 import pytest
 
 from pipeline_output import Window
-from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+from pipeline_output.dagster_layer.resource import get_runtime, reset_runtime
 from pipeline_output_tests.oracle import assert_same_multiset
 
 NAME = "ev_scale"

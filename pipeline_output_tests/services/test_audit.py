@@ -15,8 +15,12 @@ import pytest
 from pipeline_output import DatasetSpec, Delta, Window
 from pipeline_output.errors import AuditConflict, AuditFailed, InvalidArgument
 from pipeline_output.ledger.window_ledger import WindowLedger
-from pipeline_output.services.audit import audit_parity, fail_audit, publish_audit
-from pipeline_output.services.audit_cleanup import drop_stale_audit_branches
+from pipeline_output.services.audit import (
+    audit_parity,
+    drop_stale_audit_branches,
+    fail_audit,
+    publish_audit,
+)
 from pipeline_output.services.publish import Publisher
 from pipeline_output.services.window_apply import apply_window
 from pipeline_output.stores.iceberg.table.tables import head

@@ -465,7 +465,7 @@ def small_defs(*, with_down: bool = True) -> dg.Definitions:
 
 
 def test_run_config_mode_overrides_the_flip_for_that_run_only(runtime_env, pg_db_url):
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     ROWS["up"] = customers(range(1, 11))
     defs = small_defs(with_down=False)
@@ -495,7 +495,7 @@ def test_run_config_mode_overrides_the_flip_for_that_run_only(runtime_env, pg_db
 def test_dual_run_parity_check_passes_then_a_preserved_corrupt_row_fails_it_and_blocks_downstream(
     runtime_env, pg_db_url
 ):
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     ROWS["up"] = customers(range(1, 21))
     defs = small_defs()
@@ -540,7 +540,7 @@ def test_dual_run_parity_check_passes_then_a_preserved_corrupt_row_fails_it_and_
 def test_downstream_reads_the_authoritative_arm_of_an_upstream_whose_arms_differ(
     runtime_env, pg_db_url, monkeypatch, flipped, dual_reads_from, expected_arm
 ):
-    from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime, reset_runtime
 
     if dual_reads_from:
         monkeypatch.setenv("PIPELINE_OUTPUT_DUAL_READS_FROM", dual_reads_from)
@@ -600,7 +600,7 @@ DEMO = ["customers", "orders", "order_events", "daily_revenue", "active_products
 def test_demo_every_dataset_in_dual_passes_parity_and_a_corrupted_row_fails_it(
     runtime_env, pg_db_url
 ):
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
     from pipeline_output.dagster_layer.runner import materialize
     from pipeline_output.demo import shop_data
     from pipeline_output.demo.code_location import defs

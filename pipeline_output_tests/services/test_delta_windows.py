@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql
 
 from pipeline_output import Delta, Window, build_definitions, dataset, postgres_source
-from pipeline_output.dagster_layer.process_runtime import get_runtime
+from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.errors import InvalidSpec
 from pipeline_output_tests.dagster_runs import requested_keys
 from pipeline_output_tests.oracle import assert_same_multiset

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from pipeline_output import DatasetSpec, Delta, Window
-from pipeline_output.dagster_layer.process_runtime import Runtime, get_runtime, reset_runtime
+from pipeline_output.dagster_layer.resource import Runtime, get_runtime, reset_runtime
 from pipeline_output.services.window_apply import apply_window
 from pipeline_output_tests.oracle import assert_same_multiset
 

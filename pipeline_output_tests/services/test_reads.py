@@ -37,7 +37,7 @@ from pyiceberg.io import InputFile
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from pipeline_output import Delta, Window, build_definitions, dataset
-from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+from pipeline_output.dagster_layer.resource import get_runtime, reset_runtime
 from pipeline_output.infra.settings import to_sqlalchemy_url, with_database
 from pipeline_output_tests.oracle import assert_same_multiset
 

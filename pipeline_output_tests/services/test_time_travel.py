@@ -221,7 +221,7 @@ def two_step_defs() -> dg.Definitions:
 
 
 def test_asset_config_as_of_reads_the_upstream_as_it_was(runtime_env):
-    from pipeline_output.dagster_layer.process_runtime import get_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime
 
     defs = two_step_defs()
     instance = dg.DagsterInstance.ephemeral()

@@ -26,7 +26,7 @@ from psycopg import sql
 from pipeline_output import Delta, Window, build_definitions, dataset, postgres_source
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.dagster_layer.delta_assets import WindowReader
-from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+from pipeline_output.dagster_layer.resource import get_runtime, reset_runtime
 from pipeline_output.errors import EmptyWindowRead
 from pipeline_output_tests.oracle import assert_same_multiset
 

@@ -238,7 +238,7 @@ def test_the_project_catalog_survives_a_dropped_control_plane_connection(
 ) -> None:
     """pool_pre_ping: after the server drops the catalog's pooled connections the next write
     works (it used to fail once with a raw sqlalchemy OperationalError)."""
-    from pipeline_output.dagster_layer.process_runtime import get_runtime, reset_runtime
+    from pipeline_output.dagster_layer.resource import get_runtime, reset_runtime
 
     reset_runtime()
     try:

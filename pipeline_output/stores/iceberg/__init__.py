@@ -14,7 +14,7 @@ the files of a write in flight; `files`, `manifests`, `summary`); `maintenance/`
 
 from __future__ import annotations
 
-from pipeline_output.stores.iceberg.snapshot.summary import summary_properties
+from pipeline_output.stores.iceberg.snapshot.commit import summary_properties
 from pipeline_output.stores.iceberg.store import IcebergStore
 from pipeline_output.stores.iceberg.table.partitions import aligned_to_field, window_filter
 from pipeline_output.stores.iceberg.table.tables import PROPERTY_PREFIX, TABLE_PROPERTIES

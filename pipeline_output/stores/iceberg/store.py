@@ -44,7 +44,7 @@ from pipeline_output.stores.iceberg.maintenance import TableMaintenance
 from pipeline_output.stores.iceberg.maintenance.compaction import CompactionResult
 from pipeline_output.stores.iceberg.maintenance.expiry import ExpiryResult
 from pipeline_output.stores.iceberg.maintenance.orphans import OrphanResult
-from pipeline_output.stores.iceberg.snapshot.summary import summary_properties
+from pipeline_output.stores.iceberg.snapshot.commit import summary_properties
 from pipeline_output.stores.iceberg.table import reads
 from pipeline_output.stores.iceberg.table.partitions import aligned_to_field
 from pipeline_output.stores.iceberg.table.tables import (

@@ -56,6 +56,10 @@ A commit's new `metadata.json` (written by the catalog just before its swap) is 
 while its version is above the table's current one (`orphans.table_orphans`): that also covers a
 committer outside the project. Other files of writers outside the project's locks (other engines)
 are protected by the grace period only.
+
+The `pipeline-output.*` properties of a snapshot's summary: which dataset, strategy, write
+mode, run and window (or Dagster partition) wrote it, and its row counts (`pipeline-output history` shows them; the
+attempt marker of exactly-once repair is one of them).
 """
 
 from __future__ import annotations
@@ -89,7 +93,9 @@ from pyiceberg.typedef import EMPTY_DICT
 from pyiceberg.utils.properties import property_as_bool, property_as_int
 
 from pipeline_output.contract.checked_input import check_keys, to_polars
+from pipeline_output.contract.plan import RowCounts, WritePlan
 from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.version import VERSION
 from pipeline_output.errors import (
     BadInput,
     FilesRemoved,
@@ -120,12 +126,44 @@ from pipeline_output.stores.iceberg.table.manifest_decoding import (
     packed,
     rewrite_manifest,
 )
-from pipeline_output.stores.iceberg.table.tables import READ_THREADS
+from pipeline_output.stores.iceberg.table.tables import PROPERTY_PREFIX, READ_THREADS
 from pipeline_output.stores.iceberg.write.frame_rows import align_to_schema
 from pipeline_output.stores.schema import check_required
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.table.tables import HasTables
+
+
+def summary_properties(
+    spec: DatasetSpec, plan: WritePlan, run_id: str | None, extra: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The namespaced properties every snapshot of ours carries."""
+    props = {
+        f"{PROPERTY_PREFIX}dataset": spec.name,
+        f"{PROPERTY_PREFIX}strategy": spec.strategy,
+        f"{PROPERTY_PREFIX}write-mode": plan.write_mode,
+        f"{PROPERTY_PREFIX}first-deploy": str(plan.first_deploy).lower(),
+        f"{PROPERTY_PREFIX}run-id": run_id or "",
+        f"{PROPERTY_PREFIX}version": VERSION,
+    }
+    if plan.window is not None:
+        props[f"{PROPERTY_PREFIX}window"] = str(plan.window)
+        props[f"{PROPERTY_PREFIX}window-key"] = plan.window.to_key()
+    if plan.partition is not None:
+        props[f"{PROPERTY_PREFIX}partition"] = plan.partition.key
+    for key, value in (extra or {}).items():
+        props[f"{PROPERTY_PREFIX}{key}"] = value
+    return props
+
+
+def row_properties(counts: RowCounts) -> dict[str, str]:
+    """The row counters of a write, kept in its snapshot summary (`pipeline-output history`
+    shows them: Iceberg's own added/deleted records count rewritten files' rows too)."""
+    return {
+        f"{PROPERTY_PREFIX}rows-inserted": str(counts.inserted),
+        f"{PROPERTY_PREFIX}rows-updated": str(counts.updated),
+        f"{PROPERTY_PREFIX}rows-deleted": str(counts.deleted),
+    }
 
 
 DEFAULT_WAIT_S = 300.0  # how long orphan removal waits for the writes in flight to end

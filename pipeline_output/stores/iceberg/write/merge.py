@@ -69,7 +69,12 @@ from pipeline_output.contract.checked_input import polars_schema, refuse_duplica
 from pipeline_output.contract.plan import SCOPED, RowCounts, WritePlan, WriteResult
 from pipeline_output.contract.spec import DatasetSpec, WriteStrategyHint
 from pipeline_output.errors import EmptyComputeRefused, UnsupportedWrite, WriteConflict
-from pipeline_output.stores.iceberg.snapshot.commit import CommitRequest, commit, delete_quietly
+from pipeline_output.stores.iceberg.snapshot.commit import (
+    CommitRequest,
+    commit,
+    delete_quietly,
+    row_properties,
+)
 from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter, own_delete_files
 from pipeline_output.stores.iceberg.snapshot.manifests import (
     FlatTransaction,
@@ -77,7 +82,6 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     read_index,
     upgrade_properties,
 )
-from pipeline_output.stores.iceberg.snapshot.summary import row_properties
 from pipeline_output.stores.iceberg.table.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.table.tables import (
     FILEPOS_COLUMN,

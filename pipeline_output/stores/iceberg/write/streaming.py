@@ -26,7 +26,9 @@ from pipeline_output.stores.iceberg.snapshot.commit import (
     CommitRequest,
     commit,
     delete_quietly,
+    row_properties,
     stream_batches,
+    summary_properties,
     writing,
 )
 from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
@@ -37,7 +39,6 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     read_index,
     upgrade_properties,
 )
-from pipeline_output.stores.iceberg.snapshot.summary import row_properties, summary_properties
 from pipeline_output.stores.iceberg.table.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.table.partitions import needs_evolution
 from pipeline_output.stores.iceberg.table.tables import (
