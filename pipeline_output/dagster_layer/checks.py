@@ -246,15 +246,7 @@ def health_result(
             passed=True,
             metadata={"note": "no Iceberg table yet; nothing to measure"},
         )
-    passed, description, metadata = health_verdict(table_health(table), thresholds)
-    return dg.AssetCheckResult(
-        asset_key=asset_key,
-        check_name=HEALTH_CHECK,
-        passed=passed,
-        severity=dg.AssetCheckSeverity.WARN,
-        description=description,
-        metadata=metadata,
-    )
+    return dg.AssetCheckResult(**_health_fields(asset_key, table_health(table), thresholds))
 
 
 def table_health_check(
@@ -293,12 +285,19 @@ def health_evaluation(
     asset_key: dg.AssetKey, health: TableHealth, thresholds: HealthThresholds
 ) -> dg.AssetCheckEvaluation:
     """The `table_health` check's evaluation, reported from another op (the maintenance job)."""
+    return dg.AssetCheckEvaluation(**_health_fields(asset_key, health, thresholds))
+
+
+def _health_fields(
+    asset_key: dg.AssetKey, health: TableHealth, thresholds: HealthThresholds
+) -> dict[str, Any]:
+    """What a `table_health` result says, whether the asset's step or another op reports it."""
     passed, description, metadata = health_verdict(health, thresholds)
-    return dg.AssetCheckEvaluation(
-        asset_key=asset_key,
-        check_name=HEALTH_CHECK,
-        passed=passed,
-        severity=dg.AssetCheckSeverity.WARN,
-        description=description,
-        metadata=metadata,
-    )
+    return {
+        "asset_key": asset_key,
+        "check_name": HEALTH_CHECK,
+        "passed": passed,
+        "severity": dg.AssetCheckSeverity.WARN,
+        "description": description,
+        "metadata": metadata,
+    }
