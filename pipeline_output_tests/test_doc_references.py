@@ -301,6 +301,37 @@ def stale_references() -> list[str]:
     return stale
 
 
+LAYOUT_MAP = REPO / "docs" / "concepts.md"
+LAYOUT_HEADING = "## Where each concept lives"
+
+
+def _layout_map_modules() -> list[str]:
+    """The modules docs/concepts.md's layout map names: the `.py` paths of its table's second
+    column, relative to the package."""
+    text = LAYOUT_MAP.read_text(encoding="utf-8")
+    section = text.split(LAYOUT_HEADING, 1)[1].split("\n## ", 1)[0]
+    named = []
+    for line in section.splitlines():
+        cells = line.split(" | ")
+        if line.startswith("| ") and len(cells) == 2:
+            named += [t for t in TOKEN.findall(cells[1]) if t.endswith(".py")]
+    return named
+
+
+def _package_modules() -> set[str]:
+    """Every module of the package, relative to it; a sub-package's `__init__.py` only when it
+    defines a class or a function (the others only re-export or hold a docstring)."""
+    modules = set()
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if path.name == "__init__.py" and path.parent != PACKAGE:
+            body = ast.parse(path.read_text(encoding="utf-8")).body
+            if not any(isinstance(n, ast.ClassDef | ast.FunctionDef) for n in body):
+                continue
+        modules.add(rel)
+    return modules
+
+
 def test_every_backticked_module_path_and_dotted_name_resolves() -> None:
     stale = stale_references()
     assert not stale, f"{len(stale)} stale references:\n" + "\n".join(stale)
@@ -317,3 +348,14 @@ def test_the_reference_check_fails_on_a_stale_name_and_a_stale_path() -> None:
     assert _resolves_path("commands/no_such_file.py") is False
     assert _resolves_path("no_such_file.py") is False
     assert _resolves_path("$PIPELINE_OUTPUT_HOME/logs") is None
+
+
+def test_the_layout_map_lists_every_module_of_the_package_once() -> None:
+    named = _layout_map_modules()
+    twice = sorted({m for m in named if named.count(m) > 1})
+    missing = sorted(_package_modules() - set(named))
+    unknown = sorted(set(named) - _package_modules())
+    assert not (twice or missing or unknown), (
+        f"docs/concepts.md, {LAYOUT_HEADING!r}: listed twice {twice}, missing {missing}, "
+        f"not a module of the package {unknown}"
+    )

@@ -1,14 +1,17 @@
-"""The package's shape, enforced: folders by role with imports only going down, no import cycle,
-no reach into another module's private names, a pure core that imports no Dagster, a short top
-level, and no basename shared across layers. A module holds one concept, whole — cut by meaning,
-never by line count; a module past 800 lines is a soft warning (is it still one concept?), not a
-failure.
+"""The package's shape, enforced (which module owns which concept is the layout map,
+docs/concepts.md, "Where each concept lives", checked by test_doc_references.py):
 
-Layers, lowest first (a module may import its own layer and the ones below, never above):
-`errors` → `contract/` → `infra/` → `ledger/` → `stores/` → `services/` → `dagster_layer/` →
-`demo/` → `commands/` → the entry points (`cli.py`, `definitions.py`, the `__init__` facade).
-The Dagster layer is `dagster_layer/`, `commands/`, `cli.py`, `definitions.py` and
-`demo/code_location.py`; everything else is the core.
+- every module sits in a layer and imports only its own layer and the ones below, lowest first:
+  `errors` → `contract/` → `infra/` → `ledger/` → `stores/` → `services/` → `maintenance` (the
+  public facade) → `dagster_layer/` → `demo/` → `commands/` → `cli`, `definitions`, and the
+  `__init__` facade on top;
+- no import cycle between modules, type-only imports included;
+- no module imports another module's private (`_x`) name;
+- the core — everything but `dagster_layer/`, `commands/`, `cli.py`, `definitions.py` and
+  `demo/code_location.py` — imports no Dagster, and importing all of it loads none;
+- at most twelve modules at the top level;
+- no basename shared across layers (an arm's own modules and the public facades excepted);
+- a module past 800 lines is a soft warning (is it still one concept?), not a failure.
 """
 
 from __future__ import annotations

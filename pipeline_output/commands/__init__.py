@@ -1,1 +1,2 @@
-"""CLI commands, one module each; `pipeline_output.cli` registers them on the `main` group."""
+"""The CLI: one module per command or command group, registered on `pipeline_output.cli`'s `main`
+group. Its modules, by concept: `docs/concepts.md`, "Where each concept lives"."""

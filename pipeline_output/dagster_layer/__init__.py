@@ -1,5 +1,4 @@
-"""The Dagster layer: thin mapping from Dagster contexts to the pure core.
-
-`@dataset` and the source factories build assets; `DatasetIOManager` maps an output context to a
-publish call; `build_definitions` wires resources, jobs, sensors and checks.
+"""The Dagster layer: a thin mapping from Dagster (assets, the IO manager, sensors, checks, jobs,
+the Component) onto the services; it decides nothing the CLI also needs.
+Its modules, by concept: `docs/concepts.md`, "Where each concept lives".
 """

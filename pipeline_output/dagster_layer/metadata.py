@@ -2,7 +2,7 @@
 
 Keys, grouped so that related ones sit together and numbers stay numbers (plottable across runs):
 
-- Dagster's standard keys (`metadata.py`): `dagster/row_count` (rows in the table after the
+- Dagster's standard keys (`table_metadata`): `dagster/row_count` (rows in the table after the
   write), `dagster/partition_row_count` (a window run: rows the window wrote), `dagster/table_name`
   (`<catalog>.<namespace>.<table>`), `dagster/uri` (the table's location) and
   `dagster/column_schema` (Iceberg type names, the primary key as constraints, descriptions);

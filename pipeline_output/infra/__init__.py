@@ -1,2 +1,3 @@
-"""Infrastructure: settings (the one reader of the environment), catalog configuration, Postgres
-URLs and sessions, the embedded server, the Dagster home, and every lock."""
+"""Infrastructure: the one reader of the environment, Postgres sessions and the embedded server,
+the Dagster home, every lock. Its modules, by concept: `docs/concepts.md`, "Where each concept
+lives"."""

@@ -1,6 +1,6 @@
-"""The Postgres control plane: migrations and the `Ledger` (one log per record type).
-
-SQL schema changes live in `sql/<NNN>_<name>.sql`, applied in order by `Ledger.migrate()`.
+"""The Postgres control plane: the `Ledger` and its record logs, the watermark ledger, and the
+schema's migrations (`sql/<NNN>_<name>.sql`, applied in order by `Ledger.migrate()`).
+Its modules, by concept: `docs/concepts.md`, "Where each concept lives".
 """
 
 from __future__ import annotations

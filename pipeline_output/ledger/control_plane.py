@@ -1,7 +1,8 @@
-"""`Ledger`: the Postgres control plane on one database — one log per record type, each in its own
-module beside its SQL: `registry` (datasets), `deploy_log` (deploys), `flip_log` (mode flips),
-`parity_log` (parity results), `audit_log` (write-audit-publish audits), `rollback_log`, `drain_log`;
-the window ledger is `window_ledger.WindowLedger`. `Ledger` itself owns what spans several logs:
+"""`Ledger`: the Postgres control plane on one database — one log per record type, each an
+attribute of the `Ledger` whose class lives in this module (the deploy log's in `deploys.py`):
+`registry` (datasets), `deploy_log` (deploys), `flip_log` (mode flips), `parity_log` (parity
+results), `audit_log` (write-audit-publish audits), `rollback_log`, `drain_log`; the window ledger
+is `window_ledger.WindowLedger`. `Ledger` itself owns what spans several logs:
 migrations, a divergence (a deploy and a parity result in one transaction), the datasets the control
 plane knows of.
 

@@ -1,3 +1,3 @@
-"""The use cases, Dagster-free: publish, delta windows, write-audit-publish, reads, sources, the
-canary and parity, time travel, maintenance, doctor, the model node, and the composition root
-(`runtime.connect`)."""
+"""The use cases, Dagster-free: publishing, delta windows, write-audit-publish, reads, the canary,
+time travel, maintenance and the model node, composed by `runtime.connect`.
+Its modules, by concept: `docs/concepts.md`, "Where each concept lives"."""

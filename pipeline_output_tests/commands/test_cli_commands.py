@@ -1,5 +1,5 @@
-"""The README's other commands as real processes on one database: demo seed/tick, materialize,
-plan, windows, windows restate, doctor, maintain, status."""
+"""The reference's other commands (`docs/reference.md`) as real processes on one database: demo
+seed/tick, materialize, plan, windows, windows restate, doctor, maintain, status."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""A newcomer's own project, as the README tells them to write it, for tests that drive the CLI as a
-real process from its directory (never the demo).
+"""A newcomer's own project, as README's first project tells them to write it, for tests that drive
+the CLI as a real process from its directory (never the demo).
 
 `make_project(root, pg_url)` writes `root/pyproject.toml` (`[tool.dagster] module_name =
 "orders_pipeline.definitions"`) and the package `orders_pipeline`, and creates the Postgres table

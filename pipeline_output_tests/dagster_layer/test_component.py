@@ -133,9 +133,9 @@ def test_a_missing_module_is_one_line_naming_the_file_to_create() -> None:
     assert caught.value.__cause__ is None  # not chained to the ModuleNotFoundError's traceback
 
 
-def test_the_readme_shows_the_example_defs_yaml_the_dg_test_runs() -> None:
+def test_the_reference_shows_the_example_defs_yaml_the_dg_test_runs() -> None:
     text = EXAMPLE.read_text()
-    assert f"```yaml\n{text}```" in (REPO / "README.md").read_text()
+    assert f"```yaml\n{text}```" in (REPO / "docs" / "reference.md").read_text()
     assert yaml.safe_load(text)["attributes"]["module"] == "shopdg.datasets"
 
 
@@ -304,7 +304,7 @@ def test_a_dg_project_scaffolds_checks_lists_and_launches_the_component(
     scaffolded = yaml.safe_load(defs_yaml.read_text())
     assert scaffolded == {"type": TYPE, "attributes": {"module": "shopdg.datasets"}}
 
-    # the README's defs.yaml (docs/example_component_defs.yaml) in place of the scaffold
+    # the reference's defs.yaml (docs/example_component_defs.yaml) in place of the scaffold
     defs_yaml.write_text(EXAMPLE.read_text())
     warehouse = tmp_path / "warehouse"
     env["SHOP_WAREHOUSE"] = f"file://{warehouse}"

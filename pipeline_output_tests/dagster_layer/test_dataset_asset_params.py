@@ -197,12 +197,12 @@ def test_two_datasets_may_not_share_a_name_under_different_prefixes():
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "example_partitions.py"
-README = EXAMPLE.parents[1] / "README.md"
+REFERENCE = EXAMPLE.parent / "reference.md"
 
 
-def test_readme_partitions_example_is_quoted_verbatim_and_materialises_a_day(env, instance):
+def test_reference_partitions_example_is_quoted_verbatim_and_materialises_a_day(env, instance):
     text = EXAMPLE.read_text(encoding="utf-8")
-    assert f"```python\n{text}```" in README.read_text(encoding="utf-8")
+    assert f"```python\n{text}```" in REFERENCE.read_text(encoding="utf-8")
     defs = runpy.run_path(str(EXAMPLE))["defs"]
     job = defs.resolve_implicit_global_asset_job_def()
     for day in ("2026-12-01", "2026-12-02"):

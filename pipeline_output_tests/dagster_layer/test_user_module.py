@@ -23,6 +23,7 @@ from pipeline_output.infra.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "example_definitions.py"
+README = REPO / "README.md"
 DAGSTER = Path(sys.executable).parent / "dagster"
 
 SALES = [  # sale_id, region, quantity, unit_price
@@ -122,8 +123,10 @@ def _load_example(tmp_path: Path) -> ModuleType:
     return module
 
 
-def test_readme_example_is_short_complete_and_uses_the_public_api() -> None:
+def test_readme_example_is_quoted_verbatim_short_complete_and_uses_the_public_api() -> None:
     text = EXAMPLE.read_text(encoding="utf-8")
+    code = text.split('"""\n\n', 1)[1]  # README quotes the file's code, its docstring aside
+    assert f"```python\n{code}```" in README.read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 40
     tree = ast.parse(text)
     imported = {

@@ -1,7 +1,8 @@
 """The pure-Python runtime through the public API only (`from pipeline_output import connect`): on
 a fresh database and a fresh catalog it migrates the control plane, creates the namespace, and
-the publisher it builds writes and reads a dataset; README's Python API example (the file
-`docs/example_python_api.py`, quoted verbatim) is executed as it is (issue 30, item 8).
+the publisher it builds writes and reads a dataset; the reference's Python API example (the file
+`docs/example_python_api.py`, quoted verbatim in `docs/reference.md`) is executed as it is (issue
+30, item 8).
 
 It used to be impossible: README showed `Publisher(iceberg=..., postgres=..., ledger=...)` but no
 ledger was exported, and on a fresh database the obvious `Ledger(url)` raised psycopg's
@@ -26,7 +27,7 @@ from pipeline_output_tests.oracle import assert_same_multiset
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "example_python_api.py"
-README = REPO / "README.md"
+REFERENCE = REPO / "docs" / "reference.md"
 
 
 def control_plane_schema_exists(url: str) -> bool:
@@ -44,9 +45,9 @@ def iceberg_rows(catalog: Any, identifier: str) -> pl.DataFrame:
     return frame
 
 
-def test_readme_python_api_example_is_quoted_verbatim_and_uses_only_the_public_api() -> None:
+def test_reference_python_api_example_is_quoted_verbatim_and_uses_only_the_public_api() -> None:
     text = EXAMPLE.read_text(encoding="utf-8")
-    assert f"```python\n{text}```" in README.read_text(encoding="utf-8")
+    assert f"```python\n{text}```" in REFERENCE.read_text(encoding="utf-8")
     imported = {
         node.module if isinstance(node, ast.ImportFrom) else alias.name
         for node in ast.walk(ast.parse(text))
@@ -56,7 +57,7 @@ def test_readme_python_api_example_is_quoted_verbatim_and_uses_only_the_public_a
     assert imported == {"os", "polars", "pipeline_output"}
 
 
-def test_readme_python_api_example_publishes_and_reads_back_on_a_fresh_database(
+def test_reference_python_api_example_publishes_and_reads_back_on_a_fresh_database(
     pg_db_url: str,
     catalog_warehouse: str,
     fresh_catalog: Callable[[], Any],

@@ -1,15 +1,7 @@
-"""The native arm: `IcebergStore` writes every write mode as one atomic commit and reads back.
-
-`store.IcebergStore` owns the order of a write (its docstring). By role:
-`table/` the table as it is (`tables`: naming, loading, its properties, refs and branches, its
-state; `partitions`: its partition spec and windows as pyiceberg filters; `native_scan` and
-`scan_planning` reads; `manifest_decoding` reading manifests); `write/` a write before its commit
-(`prepare.prewrite` the files written before the lock, `merge` the file-level merges, `key_scan`
-which target rows a merge touches, `frame_rows` frame helpers and the rewritten rows,
-`streaming` the model node's streaming replace); `snapshot/` the files and the one commit
-(`commit`: the producers, the one commit, and the in-flight registry by which no sweep deletes
-the files of a write in flight; `files`, `manifests`, `summary`); `maintenance/` (`compaction`, `expiry`, `orphans`
-— what a table references, shared with `pipeline-output doctor` — and `health`).
+"""The native arm: `IcebergStore` (`store.py`, the order of a write) writes every write mode as one
+atomic commit and reads back. Below it, by role: `table/` the table as it is, `write/` a write
+before its commit, `snapshot/` the files, manifests and the one commit, `maintenance/` table
+maintenance. Its modules, by concept: `docs/concepts.md`, "Where each concept lives".
 """
 
 from __future__ import annotations

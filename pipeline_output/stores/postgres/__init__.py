@@ -1,9 +1,6 @@
-"""The legacy arm: a dataset's rows as jsonb documents in `pipeline_output.dataset_rows`.
-
-`store.PostgresStore` is the arm (its docstring has the transaction and the JSON encoding);
-`types` maps polars columns to Postgres types and evolves the registered schema, `fragments`
-holds the SQL pieces (key, typed value, window), `staging` COPYs a batch and applies a write mode
-with set-based SQL, `pending` is a write stopped before its commit.
+"""The legacy arm: a dataset's rows as jsonb documents in `pipeline_output.dataset_rows`, written
+with set-based SQL inside one transaction (`store.PostgresStore`'s docstring).
+Its modules, by concept: `docs/concepts.md`, "Where each concept lives".
 """
 
 from __future__ import annotations

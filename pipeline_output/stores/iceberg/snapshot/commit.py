@@ -7,12 +7,13 @@ pyiceberg's overwrite producer, planned from a `manifests.ManifestIndex` (read o
 instead of re-reading every manifest twice, and aware of delete files:
 
 - it rewrites only the manifests that hold a removed file (a data manifest the write did not
-  plan from is carried forward unread), from their entries' own bytes (`manifest_bytes`), packed
-  near the merge target size, and drops manifests with no live file left;
+  plan from is carried forward unread), from their entries' own bytes
+  (`manifest_decoding.RawManifest`), packed near the merge target size, and drops manifests with
+  no live file left;
 - it merges small data manifests on commit with Iceberg's `commit.manifest-merge.*` semantics
   (pyiceberg's merge manager), and folds the delete manifests earlier writes left into one once
   there are as many as `min-count-to-merge`;
-- added positional delete files go to a DELETES manifest (`manifest_codec`: with
+- added positional delete files go to a DELETES manifest (`manifests.manifest_writer`: with
   `referenced_data_file`); removing a data file also removes every delete file that applies to
   that data file only, so no delete file outlives the rows it deletes.
 
@@ -464,7 +465,7 @@ class IndexedOverwrite(_OverwriteFiles):
     def _deleted_with_bytes(
         self, index: ManifestIndex
     ) -> list[tuple[ManifestEntry, RawManifest | None, bytes | None]]:
-        """`_deleted_entries`, each with its source manifest's bytes (`manifest_bytes`)."""
+        """`_deleted_entries`, each with its source manifest's bytes (`RawManifest`)."""
         deleted = self._deleted_data_files
         out: list[tuple[ManifestEntry, RawManifest | None, bytes | None]] = []
         for manifest in index.read_manifests():

@@ -44,8 +44,8 @@ Merging small data manifests on commit without re-encoding their entries.
 Owns `BytesMergeManager`: pyiceberg's manifest merge manager (Iceberg's
 `commit.manifest-merge.*` semantics: bins of about the target size, the bin holding this commit's
 new manifest merged only past `min-count-to-merge`), whose merged manifest is written from the
-entries' own bytes (`manifest_bytes`) when every manifest of the bin can give them — a manifest
-this commit rewrote, or one the write read — and their entries are all carried forward
+entries' own bytes (`manifest_decoding.RawManifest`) when every manifest of the bin can give them —
+a manifest this commit rewrote, or one the write read — and their entries are all carried forward
 (EXISTING). Otherwise (a bin with this commit's added or deleted entries, or a manifest nobody
 read) pyiceberg re-encodes the bin as before.
 """
@@ -157,7 +157,7 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
                 self._read.setdefault(manifest.manifest_path, entries)
 
     def raw(self, path: str) -> RawManifest | None:
-        """The read manifest's raw entry bytes (`manifest_bytes`), when they can be reused."""
+        """The read manifest's raw entry bytes (`manifest_decoding.RawManifest`), when reusable."""
         return self._raw.get(path)
 
     def _fetch(self, manifest: ManifestFile) -> list[ManifestEntry]:
@@ -357,7 +357,7 @@ def manifest_spec(spec: PartitionSpec) -> PartitionSpec:
 
 class MergeAppend(_MergeAppendFiles):
     """pyiceberg's merge-append (a write that only adds files), with `manifest_spec`, its
-    manifests encoded by `manifest_codec`."""
+    manifests encoded by `manifest_writer`."""
 
     def spec(self, spec_id: int) -> PartitionSpec:
         return manifest_spec(super().spec(spec_id))

@@ -1,2 +1,2 @@
-"""A native table as it is: refs, branches and history, the snapshot log, partitions, expressions,
-properties, reads, and the catalog."""
+"""A native table as it is: naming and loading, its properties, refs and history, partitions, reads
+and the catalog. Its modules, by concept: `docs/concepts.md`, "Where each concept lives"."""

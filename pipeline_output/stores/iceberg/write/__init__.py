@@ -1,2 +1,3 @@
-"""A native write: its input prepared before the lock, the file-level merges, which files they touch,
-reading those files, and streaming batches to files."""
+"""A native write before its commit: its files prepared before the lock, the file-level merges and
+which rows they touch, streaming batches to files. Its modules, by concept: `docs/concepts.md`,
+"Where each concept lives"."""
