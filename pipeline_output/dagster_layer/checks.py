@@ -44,7 +44,8 @@ step, after the write (`checks.py`); the thresholds ride on the check's declarat
 dataset asset built by other code.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: Dagster reads the checks' `context` annotations
+# at definition time and refuses them as strings.
 
 from collections.abc import Iterator
 from dataclasses import asdict
