@@ -28,6 +28,7 @@ from pathlib import Path
 import click
 
 from pipeline_output.commands.loading import (
+    check_environment_catalog,
     code_location_options,
     current_locations,
     load_definitions,
@@ -70,6 +71,7 @@ def dev(dagster_args: tuple[str, ...]) -> None:
     """Start the embedded Postgres if needed and exec `dagster dev` on the project's code
     location (extra args are passed on, e.g. `-p 3001`)."""
     settings = get_settings()
+    check_environment_catalog(settings)
     dagster_home.activate(settings)
     executable = shutil.which("dagster")
     if executable is None:

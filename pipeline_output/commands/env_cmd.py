@@ -29,6 +29,7 @@ _SECRET_WORDS = ("secret", "password", "token", "credential", "session")
 def env() -> None:
     """Print the resolved settings (passwords masked) and `export` lines for other tools."""
     settings = get_settings()
+    settings.check_catalog()  # the catalog printed below is the environment's
     exported = dagster_home.activate(settings)
     url = exported[PG_URL]
     source = "embedded server" if settings.pg_url is None else PG_URL

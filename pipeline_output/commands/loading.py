@@ -31,6 +31,7 @@ import click
 from pipeline_output.commands.locations import CodeLocation, resolve_locations
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import InvalidArgument, UnknownDataset
+from pipeline_output.infra.settings import Settings
 from pipeline_output.services.runtime import Runtime
 
 DEFINITIONS = "pipeline_output.definitions:defs"
@@ -192,6 +193,20 @@ def load_definitions() -> Any:
 
     loaded = [_load(location) for location in current_locations()]
     return loaded[0] if len(loaded) == 1 else dg.Definitions.merge(*loaded)
+
+
+def check_environment_catalog(settings: Settings) -> None:
+    """Before a command starts anything (the embedded Postgres, a run): fail on the environment's
+    malformed pyiceberg catalog config (`Settings.check_catalog`, one line naming the setting)
+    unless every chosen location's `PipelineOutputResource` names its own catalog, which then is
+    the only one used. Only with such a config are the definitions loaded this early."""
+    if settings.catalog_error is None:
+        return
+    from pipeline_output.dagster_layer.resource import names_its_catalog
+
+    for location in current_locations():
+        if location.is_demo or not names_its_catalog(_load(location).resources):
+            settings.check_catalog()
 
 
 def runs_demo() -> bool:

@@ -20,7 +20,12 @@ from pathlib import Path
 
 import click
 
-from pipeline_output.commands.loading import code_location_options, load_definitions, runs_demo
+from pipeline_output.commands.loading import (
+    check_environment_catalog,
+    code_location_options,
+    load_definitions,
+    runs_demo,
+)
 from pipeline_output.errors import PipelineOutputError
 from pipeline_output.infra import dagster_home
 from pipeline_output.infra.settings import get_settings
@@ -70,6 +75,7 @@ def log_path(home: Path, command: str) -> Path:
 def materialize(select: tuple[str, ...], verbose: bool) -> None:
     """Materialise assets in this process, recording the runs in the project's instance."""
     settings = get_settings()
+    check_environment_catalog(settings)
     dagster_home.activate(settings)
 
     import warnings

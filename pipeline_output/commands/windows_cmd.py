@@ -138,7 +138,7 @@ def restate(dataset: str, window: str, verbose: bool) -> None:
     `windows DATASET` lists it (or its partition key `low..high`)."""
     import dagster as dg
 
-    from pipeline_output.commands.loading import load_definitions
+    from pipeline_output.commands.loading import check_environment_catalog, load_definitions
     from pipeline_output.commands.materialize_cmd import finish, log_path, python_logs
     from pipeline_output.dagster_layer.runner import execute, format_table
     from pipeline_output.infra import dagster_home
@@ -147,6 +147,7 @@ def restate(dataset: str, window: str, verbose: bool) -> None:
     _spec(dataset)
     row = window_row(dataset, window)
     settings = get_settings()
+    check_environment_catalog(settings)
     dagster_home.activate(settings)
     defs = load_definitions()
     asset = _dataset_asset(defs, dataset)

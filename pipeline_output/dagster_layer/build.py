@@ -18,7 +18,7 @@ from pipeline_output.dagster_layer.audit_hooks import with_audit_hooks
 from pipeline_output.dagster_layer.checks import with_location_checks
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.delta_assets import DEFAULT_SENSOR_INTERVAL_S
-from pipeline_output.dagster_layer.delta_sources import check_delta_sources
+from pipeline_output.dagster_layer.delta_sources import check_delta_sources, delta_upstream_key
 from pipeline_output.dagster_layer.io_manager import DatasetIOManager
 from pipeline_output.dagster_layer.keys import (
     ALL_DATASETS_JOB,
@@ -116,7 +116,9 @@ def build_definitions(
     ]
     check_specs(specs, {"pg": LEGACY_CAPABILITIES, "iceberg": ICEBERG_CAPABILITIES})
     check_unique_names([*datasets, *assets], spec_of)
-    source_specs = {s.name: s for s in (source_spec_of(a) for a in sources) if s is not None}
+    source_specs = {
+        dg.AssetKey(s.name): s for s in (source_spec_of(a) for a in sources) if s is not None
+    }
     check_delta_sources(
         [
             (s, a)
@@ -198,15 +200,15 @@ def build_definitions(
             if asset.partitions_def is None:  # Dagster-partitioned ones run by partition
                 dataset_keys.extend(asset.keys)
             continue
-        source = source_specs.get(spec.delta.source)
-        upstream_spec = by_key.get(dg.AssetKey(spec.delta.source))
+        upstream_key = delta_upstream_key(spec, asset)  # with the upstream's key_prefix, if any
+        source, upstream_spec = source_specs.get(upstream_key), by_key.get(upstream_key)
         if source is not None:
             upstream = source_upstream(spec, source, runtime=resource.runtime)
         elif upstream_spec is not None:  # a chained delta dataset: cut on the dataset it reads
             upstream = dataset_upstream(
                 upstream_spec,
                 watermark=spec.delta.watermark,
-                asset_key=dg.AssetKey(spec.delta.source),
+                asset_key=upstream_key,
                 runtime=resource.runtime,
             )
         else:

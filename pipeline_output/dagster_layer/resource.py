@@ -300,6 +300,13 @@ def runtime_of(context: Any) -> Runtime:
     return resource.runtime() if resource is not None else get_runtime()
 
 
+def names_its_catalog(resources: Mapping[str, Any] | None) -> bool:
+    """Whether a code location's bound `PipelineOutputResource` names its catalog (then the
+    environment's catalog config is never read for it)."""
+    resource = (resources or {}).get(RESOURCE_KEY)
+    return isinstance(resource, PipelineOutputResource) and resource.catalog is not None
+
+
 def runtime_of_definitions(resources: Mapping[str, Any] | None) -> Runtime:
     """The runtime of a code location from its bound resources (the CLI's headless runs)."""
     resource = (resources or {}).get(RESOURCE_KEY)

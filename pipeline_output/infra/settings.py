@@ -1,7 +1,10 @@
 """Settings: the only module that reads the environment, and only when asked (never at import).
 
 `get_settings()` resolves and validates every setting without I/O beyond reading pyiceberg's
-config file; a bad value raises `SettingsError` naming the variable. The `Settings` methods then
+config file; a bad value raises `SettingsError` naming the variable. A malformed pyiceberg catalog
+config is kept instead (`Settings.catalog_error`) and raised only where the environment's catalog
+is used (`Settings.check_catalog`, `catalog_properties`): a code location whose
+`PipelineOutputResource` names its own catalog never reads it. The `Settings` methods then
 do the I/O: `control_plane_url()` checks the external Postgres or starts/reuses the embedded one,
 `catalog_properties()` describes the Iceberg catalog (the store opens it).
 
@@ -44,7 +47,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
@@ -75,6 +78,8 @@ class Settings:
     catalog_name: str
     namespace: str
     catalog_config: Mapping[str, str] | None
+    catalog_error: SettingsError | None = field(default=None, compare=False)
+    """Why pyiceberg's config of `catalog_name` is unusable (then `catalog_config` is None)."""
 
     @property
     def pg_data_dir(self) -> Path:
@@ -107,10 +112,17 @@ class Settings:
         """The control plane as a SQLAlchemy URL (`postgresql+<driver>://`)."""
         return to_sqlalchemy_url(self.control_plane_url(), driver=driver)
 
+    def check_catalog(self) -> None:
+        """Raise the `SettingsError` of a malformed pyiceberg catalog config (naming the setting):
+        callers about to use the environment's catalog call it before starting anything."""
+        if self.catalog_error is not None:
+            raise SettingsError(self.catalog_error.setting, self.catalog_error.cause)
+
     def catalog_properties(self) -> dict[str, str]:
         """The Iceberg catalog's properties: pyiceberg's own config when there is one, else its SQL
         catalog on the control plane with the warehouse under the home (opened by the store's
-        `open_catalog`)."""
+        `open_catalog`). A malformed config raises its `SettingsError` (`check_catalog`)."""
+        self.check_catalog()
         if self.catalog_config is not None:
             return dict(self.catalog_config)
         from pipeline_output.infra.pgsession import session_conninfo
@@ -146,13 +158,19 @@ def get_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
     namespace = check_namespace(env.get(NAMESPACE) or "datasets", setting=NAMESPACE)
 
-    catalog_config = read_catalog_config(env, catalog_name)
+    catalog_config: Mapping[str, str] | None = None
+    catalog_error: SettingsError | None = None
+    try:
+        catalog_config = read_catalog_config(env, catalog_name)
+    except SettingsError as exc:  # raised where the environment's catalog is used
+        catalog_error = exc
     return Settings(
         home=home,
         pg_url=pg_url,
         catalog_name=catalog_name,
         namespace=namespace,
         catalog_config=catalog_config,
+        catalog_error=catalog_error,
     )
 
 
@@ -371,7 +389,8 @@ def read_catalog_config(env: Mapping[str, str], catalog_name: str) -> Mapping[st
     Same sources and precedence (first `.pyiceberg.yaml` in $PYICEBERG_HOME, ~, cwd; then
     `PYICEBERG_CATALOG__<NAME>__<KEY>` variables on top), but read from `env` so that tests and
     callers can pass an explicit environment, and each key remembers where it came from so that an
-    error names the setting. Validated here, before anything is started.
+    error names the setting. Validated here, before anything is started (`get_settings` keeps the
+    error for `Settings.check_catalog`).
     """
     config: dict[str, str] = {}
     origin: dict[str, str] = {}

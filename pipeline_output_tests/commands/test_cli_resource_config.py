@@ -258,6 +258,27 @@ def test_dependency_errors_of_a_refused_url_map_to_a_terminal_error_without_sqla
         assert "sqlalche.me" not in str(mapped) and "hunter2" not in str(mapped), mapped
 
 
+# --- a resource naming its catalog never needs the environment's catalog config -------------
+
+
+def test_a_resource_naming_its_catalog_runs_despite_a_malformed_environment_catalog(
+    cli: Run, pg_db_url: str, tmp_path: Path
+) -> None:
+    import json
+
+    broken = {"PYICEBERG_CATALOG__DEFAULT__PY_IO_IMPL": "other.Io"}  # no type, no uri
+    catalog = {"type": "sql", "uri": _catalog(pg_db_url), "warehouse": f"file://{tmp_path}/wh"}
+    env = {**broken, "HELPDESK_PG": pg_db_url, "HELPDESK_CATALOG_JSON": json.dumps(catalog)}
+    proc = cli("materialize", "-m", "helpdesk.literal", env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "open_tickets" in proc.stdout and "error" not in proc.stderr, proc.stderr
+
+    # the environment's route uses that catalog: refused up front, as before, naming the setting
+    line = _one_error_line(cli("materialize", "-m", "helpdesk.environment", env=broken), 2)
+    assert line.startswith("error: PYICEBERG_CATALOG__DEFAULT__URI: "), line
+    assert "neither a type nor a uri" in line, line
+
+
 # --- a resource's explicit catalog reads nothing from the environment (a real REST catalog) ----
 
 

@@ -74,9 +74,21 @@ def test_environment_is_read_at_call_time(clean: Path, monkeypatch: pytest.Monke
 )
 def test_bad_values_name_the_setting(clean: Path, env: dict[str, str], setting: str) -> None:
     with pytest.raises(SettingsError) as info:
-        get_settings(env)
+        get_settings(env).check_catalog()
     assert info.value.setting == setting
     assert "\n" not in str(info.value)
+
+
+def test_a_malformed_catalog_config_is_raised_only_where_the_environments_catalog_is_used(
+    clean: Path,
+) -> None:
+    settings = get_settings({"PYICEBERG_CATALOG__DEFAULT__PY_IO_IMPL": "other.Io"})  # no uri
+    assert settings.catalog_config is None
+    for use in (settings.check_catalog, settings.catalog_properties):
+        with pytest.raises(SettingsError) as info:
+            use()
+        assert info.value.setting == "PYICEBERG_CATALOG__DEFAULT__URI"
+    assert not settings.home.exists()  # nothing was started to find out
 
 
 def test_catalog_config_matches_pyiceberg_config(
@@ -117,7 +129,7 @@ def test_malformed_yaml_names_the_file(clean: Path) -> None:
     conf_dir.mkdir()
     (conf_dir / ".pyiceberg.yaml").write_text("catalog:\n  default:\n    type: nosuch\n")
     with pytest.raises(SettingsError) as info:
-        get_settings({"PYICEBERG_HOME": str(conf_dir)})
+        get_settings({"PYICEBERG_HOME": str(conf_dir)}).check_catalog()
     assert ".pyiceberg.yaml" in info.value.setting
     assert "nosuch" in info.value.cause
 
