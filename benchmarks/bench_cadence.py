@@ -443,7 +443,7 @@ def baseline_write(url: str, windows: int, rows: int) -> tuple[float, float]:
     from pipeline_output.contract.spec import DatasetSpec
     from pipeline_output.dagster_layer.resource import get_runtime
     from pipeline_output.services.sources import SourceSpec, scan_postgres
-    from pipeline_output.services.window_apply import apply_window
+    from pipeline_output.services.window_apply import ApplyRequest, apply_window
 
     runtime = get_runtime()
     spec = DatasetSpec(
@@ -459,13 +459,15 @@ def baseline_write(url: str, windows: int, rows: int) -> tuple[float, float]:
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for window in plan:
         apply_window(
+            ApplyRequest(
+                spec=spec,
+                window=window,
+                compute=lambda w=window: scan_postgres(source, url, window=w).collect(),
+                mode=mode,
+                run_id=None,
+            ),
             publisher=runtime.publisher,
             ledger=runtime.windows,
-            spec=spec,
-            window=window,
-            compute=lambda w=window: scan_postgres(source, url, window=w).collect(),
-            mode=mode,
-            run_id=None,
         )
     return (time.process_time() - cpu0) / windows, (time.perf_counter() - wall0) / windows
 

@@ -40,7 +40,8 @@ def plan(datasets: tuple[str, ...], mode: str | None) -> None:
     from pipeline_output.contract.plan import TargetState, plan_write
     from pipeline_output.dagster_layer.dataset import spec_of
     from pipeline_output.dagster_layer.partitioned import partition_columns_of_asset
-    from pipeline_output.dagster_layer.window_preview import pending_windows
+    from pipeline_output.dagster_layer.window_upstreams import source_upstream
+    from pipeline_output.services.window_planning import pending_windows
 
     specs = dataset_specs()
     partitioned = {}  # dataset -> its partition columns (Dagster-partitioned datasets only)
@@ -58,7 +59,13 @@ def plan(datasets: tuple[str, ...], mode: str | None) -> None:
         window = None
         later = 0
         if spec.delta is not None:
-            pending = pending_windows(spec, sources.get(spec.delta.source), runtime=runtime)
+            # the windows a sensor tick would plan now from the source (a delta over another
+            # dataset: the ledger's alone), counted in it
+            source = sources.get(spec.delta.source)
+            upstream = None
+            if source is not None:
+                upstream = source_upstream(spec, source, runtime=lambda: runtime)
+            pending = pending_windows(spec, upstream, ledger=runtime.windows)
             click.echo(f"{name}: {pending.describe()}")
             for w in pending.windows[:SHOW_WINDOWS]:
                 seq = f"window {w.seq}" if w.seq is not None else "new window"

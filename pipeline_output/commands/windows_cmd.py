@@ -10,7 +10,7 @@ from pipeline_output.commands.loading import code_location_options, dataset_spec
 from pipeline_output.errors import PipelineOutputError
 
 if TYPE_CHECKING:
-    from pipeline_output.ledger.window_ledger import WindowRow
+    from pipeline_output.contract.windows import WindowRow
 
 
 class _WindowsGroup(click.Group):

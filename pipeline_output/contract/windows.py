@@ -12,12 +12,20 @@ existed decode naive; `aligned` turns any window into the awareness a column nee
 against an aware column is read as UTC, the project's one convention), which every reader and
 writer applies against the column it compares with — so the comparison never depends on a server
 or session time zone.
+
+The watermark ledger's side of a window lives here too, so that the services that plan and apply
+windows depend on the contract, not on the ledger's tables: `WindowRow` (one window in the ledger),
+`Ticket` (what the apply protocol decided for one) and `WindowLog` (the ledger as the services use
+it; `ledger.window_ledger.WindowLedger` is the one in the control-plane Postgres).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
+from typing import Any, Literal, Protocol
 
 import polars as pl
 
@@ -172,3 +180,108 @@ def _decode(text: str) -> Bound:
         return date.fromisoformat(text)
     except ValueError as exc:
         raise InvalidSpec(f"not a window bound: {text!r}") from exc
+
+
+State = Literal["planned", "applying", "staged", "applied", "failed"]
+NEEDS_RUN: tuple[State, ...] = ("planned", "failed")  # what the sensor requests runs for
+Action = Literal["apply", "skip", "repair"]
+
+
+@dataclass(frozen=True)
+class WindowRow:
+    """One window in the watermark ledger: its place in the dataset's chain (`seq`), its state
+    and attempts, and where its write landed."""
+
+    id: int
+    dataset: str
+    seq: int
+    window: Window
+    partition_key: str
+    state: State
+    attempts: int
+    run_id: str | None
+    iceberg_snapshot_id: int | None
+    pg_deploy_id: int | None
+    rows_read: int | None
+    rows_written: int | None
+    error: str | None
+    started_at: datetime | None
+    applied_at: datetime | None
+
+    @property
+    def marker(self) -> str:
+        """The attempt marker of the current attempt (written into the snapshot summary)."""
+        return f"{self.id}:{self.attempts}"
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What `WindowLog.begin` decided for one window: `apply` (the attempt is recorded), `skip`
+    (already applied) or `repair` (a previous attempt may have committed)."""
+
+    action: Action
+    row: WindowRow
+
+
+class WindowLog(Protocol):
+    """The watermark ledger as the services use it: the chain of a dataset's windows (planned,
+    read) and the exactly-once apply protocol (`ledger.window_ledger` describes it)."""
+
+    def get(self, dataset: str, partition_key: str) -> WindowRow | None: ...
+
+    def last(self, dataset: str) -> WindowRow | None: ...
+
+    def pending(self, dataset: str) -> list[WindowRow]: ...
+
+    def applied_windows(self, dataset: str) -> list[WindowRow]: ...
+
+    def unapplied_ids(self, dataset: str) -> set[int]: ...
+
+    def plan(self, dataset: str, windows: Sequence[Window]) -> list[WindowRow]: ...
+
+    def apply_lock(self, dataset: str) -> AbstractContextManager[None]: ...
+
+    def begin(
+        self, dataset: str, partition_key: str, *, run_id: str | None, restate: bool = False
+    ) -> Ticket: ...
+
+    def retry_after_lost_attempt(self, row: WindowRow, *, run_id: str | None) -> WindowRow: ...
+
+    def mark_applied(
+        self,
+        row: WindowRow,
+        *,
+        iceberg_snapshot_id: int | None = None,
+        pg_deploy_id: int | None = None,
+        rows_read: int | None = None,
+        rows_written: int | None = None,
+    ) -> None: ...
+
+    def mark_staged(self, row: WindowRow, *, iceberg_snapshot_id: int | None) -> None: ...
+
+    def mark_failed(self, row: WindowRow, *, error: str) -> None: ...
+
+    def publish_staged(
+        self,
+        window_id: int,
+        attempts: int,
+        *,
+        iceberg_snapshot_id: int | None,
+        pg_deploy_id: int | None = None,
+        rows_read: int | None = None,
+        rows_written: int | None = None,
+    ) -> bool: ...
+
+    def is_staged(self, window_id: int, attempts: int) -> bool: ...
+
+    def fail_staged(self, window_id: int, attempts: int, *, error: str) -> None: ...
+
+    def reset_to_planned(
+        self,
+        dataset: str,
+        *,
+        snapshot_ids: set[int],
+        applied_after: datetime | None,
+        reason: str,
+        conn: Any = None,
+    ) -> int: ...

@@ -18,7 +18,6 @@ from pipeline_output.dagster_layer.audit_hooks import with_audit_hooks
 from pipeline_output.dagster_layer.checks import with_location_checks
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.delta_assets import DEFAULT_SENSOR_INTERVAL_S
-from pipeline_output.dagster_layer.delta_sources import check_delta_sources, delta_upstream_key
 from pipeline_output.dagster_layer.io_manager import DatasetIOManager
 from pipeline_output.dagster_layer.keys import (
     ALL_DATASETS_JOB,
@@ -39,7 +38,12 @@ from pipeline_output.dagster_layer.resource import (
 )
 from pipeline_output.dagster_layer.source_assets import grouped_sources, source_spec_of
 from pipeline_output.dagster_layer.window_sensor import build_window_sensor
-from pipeline_output.dagster_layer.window_upstreams import dataset_upstream, source_upstream
+from pipeline_output.dagster_layer.window_upstreams import (
+    check_delta_sources,
+    dataset_upstream,
+    delta_upstream_key,
+    source_upstream,
+)
 from pipeline_output.errors import InvalidArgument
 from pipeline_output.services.maintenance import MaintenanceOptions
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds

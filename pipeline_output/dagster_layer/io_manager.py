@@ -41,7 +41,7 @@ from pipeline_output.services.publish import PublishResult, ResolvedMode
 from pipeline_output.services.reads import within
 from pipeline_output.services.sources import SourceSpec
 from pipeline_output.services.time_travel import parse_as_of
-from pipeline_output.services.window_apply import apply_window
+from pipeline_output.services.window_apply import ApplyRequest, apply_window
 
 
 def _meta_value(raw: Any) -> Any:
@@ -153,9 +153,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         outcomes = []
         last: PublishResult | None = None
         for window, compute, write_window in out.items:
-            outcome = apply_window(
-                publisher=runtime.publisher,
-                ledger=runtime.windows,
+            request = ApplyRequest(
                 spec=spec,
                 window=window,
                 compute=compute,
@@ -163,8 +161,13 @@ class DatasetIOManager(dg.ConfigurableIOManager):
                 run_id=context.run_id,
                 restate=out.restate,
                 write_window=write_window,
-                on_written=_fault_hook(),
                 audit=audit,
+            )
+            outcome = apply_window(
+                request,
+                publisher=runtime.publisher,
+                ledger=runtime.windows,
+                on_written=_fault_hook(),
             )
             context.log.info(f"{spec.name}: {outcome.message}")
             outcomes.append(outcome)

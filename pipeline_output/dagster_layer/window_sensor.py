@@ -5,11 +5,11 @@
 it moved) or another dataset (a chained delta dataset: read only after that dataset has a new
 materialization, and only up to what it has fully written). One tick:
 
-1. reads the upstream when its version moved since the cursor's (a source's high-water mark on
-   the Delta's watermark column; the source read is recorded as an observation of the source:
-   row count and high-water mark) and the ledger's last window, and plans the next windows
-   (`window_planning.next_windows`: at most 1,000 per tick, each within `max_rows`; a larger
-   backlog continues on the next tick);
+1. when the upstream's version moved since the cursor's (`window_upstreams.SensorUpstream`: a
+   source's high-water mark on the Delta's watermark column), plans the next windows — the
+   planner's `window_planning.plan_next`: at most 1,000 per tick, each within `max_rows`; a larger
+   backlog continues on the next tick — and records the source read as an observation of the
+   source (row count and high-water mark);
 2. adds the partitions of the windows planned since its last tick (the cursor holds the last
    window whose partition was added; without a cursor, every missing partition is added);
 3. (unless the dataset has an `automation_condition`, which then runs them) requests runs for
@@ -28,24 +28,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
-import polars as pl
 
-from pipeline_output.contract.spec import DatasetSpec, WatermarkValue
-from pipeline_output.contract.windows import Window
+from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.windows import WindowRow
 from pipeline_output.dagster_layer.delta_assets import DEFAULT_SENSOR_INTERVAL_S, window_partitions
 from pipeline_output.dagster_layer.resource import PipelineOutputResource
-from pipeline_output.ledger.window_reads import WindowRow
-from pipeline_output.services.window_planning import (
-    CutPoints,
-    cut_points_of,
-    next_windows,
-    run_groups,
-    values_to_read,
-)
+from pipeline_output.dagster_layer.window_upstreams import SensorUpstream
+from pipeline_output.services.window_planning import plan_next, run_groups
 
 DATASET_TAG = "pipeline-output/dataset"  # lets a QueuedRunCoordinator limit runs per dataset
 RANGE_START_TAG = "dagster/asset_partition_range_start"
@@ -59,31 +51,6 @@ _IN_FLIGHT = [
     dg.DagsterRunStatus.STARTED,
     dg.DagsterRunStatus.CANCELING,
 ]
-
-
-@dataclass(frozen=True)
-class UpstreamRead:
-    """One read of an upstream: the highest watermark value whose rows may be planned now (None:
-    nothing yet), and what to record of it as an observation (a source's row count and
-    high-water mark; None for a dataset, whose materializations say it)."""
-
-    high_water_mark: WatermarkValue | None
-    observation: dg.AssetObservation | None
-
-
-@dataclass(frozen=True)
-class WindowUpstream:
-    """What a delta dataset's windows are cut from.
-
-    `read()`: its high-water mark now, and the observation of it (`UpstreamRead`).
-    `values(window, n)`: the first `n` watermark values inside `window`, ascending (where
-    `max_rows` cuts). `version(context)`: a token that changes when the upstream may have moved
-    (None: always read it) — the high-water mark is only read when it changed."""
-
-    name: str
-    read: Callable[[], UpstreamRead]
-    values: Callable[[Window, int], pl.Series]
-    version: Callable[[dg.SensorEvaluationContext], str | None] | None = None
 
 
 def _cursor(raw: str | None) -> dict[str, Any]:
@@ -161,7 +128,7 @@ def window_run_requests(
 def build_window_sensor(
     spec: DatasetSpec,
     *,
-    upstream: WindowUpstream,
+    upstream: SensorUpstream,
     asset_key: dg.AssetKey,
     minimum_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S,
     asset_check_keys: Sequence[dg.AssetCheckKey] | None = None,
@@ -192,13 +159,15 @@ def build_window_sensor(
     def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         ledger = (resource or PipelineOutputResource()).runtime().windows
         cursor = _cursor(context.cursor)
-        version = upstream.version(context) if upstream.version is not None else None
+        version = upstream.version(context)
         observations: list[dg.AssetObservation] = []
         if version is None or version != cursor.get("upstream"):
-            last, caught_up, seen = _plan(spec, upstream, ledger)
-            if seen.observation is not None:  # what was read of the source, recorded
-                observations.append(seen.observation)
-            if version is not None and caught_up:  # else the rest is planned on the next tick
+            planned = plan_next(spec, upstream, ledger=ledger)
+            last = planned.last
+            observation = upstream.observation(planned.seen)
+            if observation is not None:  # what was read of the source, recorded
+                observations.append(observation)
+            if version is not None and planned.caught_up:  # else the rest is planned next tick
                 cursor["upstream"] = version
         else:
             last = ledger.last(spec.name)
@@ -234,45 +203,3 @@ def build_window_sensor(
         )
 
     return _sensor
-
-
-def windows_now(
-    spec: DatasetSpec, upstream: WindowUpstream, *, last: WindowRow | None, seen: UpstreamRead
-) -> list[Window]:
-    """The windows a tick plans after the ledger's `last` window, given what it `seen` of the
-    upstream (each within `Delta.max_rows`; at most one plan's worth). Nothing is recorded: the
-    sensor records them, `pipeline-output plan` shows them."""
-    assert spec.delta is not None
-    delta = spec.delta
-    cut: Callable[[Any, Any], CutPoints] | None = None
-    if delta.max_rows:
-        max_rows = delta.max_rows
-
-        def cut(low: Any, high: Any) -> CutPoints:
-            n = values_to_read(max_rows)
-            values = upstream.values(Window(low=low, high=high), n)
-            complete = values.len() < n
-            return cut_points_of(values, low=low, max_rows=max_rows, complete=complete)
-
-    return next_windows(
-        last_high=last.window.high if last else None,
-        first=last is None,
-        start=delta.start,
-        high_water_mark=seen.high_water_mark,
-        cut_points=cut,
-    )
-
-
-def _plan(
-    spec: DatasetSpec, upstream: WindowUpstream, ledger: Any
-) -> tuple[WindowRow | None, bool, UpstreamRead]:
-    """Record the next windows of `spec` in the ledger (none when the upstream has not moved);
-    returns the newest window afterwards, whether the plan reached the high-water mark (a
-    backlog larger than one plan has not) and what was read of the upstream."""
-    seen = upstream.read()
-    last = ledger.last(spec.name)
-    planned = windows_now(spec, upstream, last=last, seen=seen)
-    rows: list[WindowRow] = ledger.plan(spec.name, planned)
-    if not rows:
-        return last, True, seen
-    return rows[-1], planned[-1].high == seen.high_water_mark, seen

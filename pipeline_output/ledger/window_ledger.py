@@ -15,51 +15,169 @@ becomes `applied` only when the audit publishes (`publish_staged`), or `failed` 
 (`fail_staged`). A rollback puts windows applied after its target back to `planned`
 (`reset_to_planned`), so the sensor re-applies them (they are never planned twice).
 
-The reads (`WindowRow`, `last`, `pending`, ...) are `window_reads.py`.
+Each read (`last`, `pending`, `after`, ...) reads only the rows it returns, through the table's
+indexes (`(dataset, seq)`, `(dataset, state)`), so what the window sensor reads on every tick — the
+last window, the windows that need a run, the windows planned since its last tick — costs the same
+with 100 windows in the ledger as with 100,000. `windows()` (every window of a dataset) is for
+listings and audits, never for a tick. The row type (`WindowRow`) and the protocol the services
+type the ledger by (`WindowLog`) are the contract's (`contract/windows.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import dict_row
 
-from pipeline_output.contract.windows import Window
+from pipeline_output.contract.windows import NEEDS_RUN, Ticket, Window, WindowRow
 from pipeline_output.errors import WindowLedgerError
 from pipeline_output.infra import locks, pgsession
-from pipeline_output.ledger.window_reads import (
-    WINDOW_COLUMNS,
-    WINDOWS_TABLE,
-    State,
-    WindowReads,
-    WindowRow,
-    window_row,
+
+WINDOW_COLUMNS = sql.SQL(", ").join(
+    sql.Identifier(c)
+    for c in (
+        "id",
+        "dataset",
+        "seq",
+        "low_key",
+        "high_key",
+        "partition_key",
+        "state",
+        "attempts",
+        "run_id",
+        "iceberg_snapshot_id",
+        "pg_deploy_id",
+        "rows_read",
+        "rows_written",
+        "error",
+        "started_at",
+        "applied_at",
+    )
 )
-
-Action = Literal["apply", "skip", "repair"]
-
-
-@dataclass(frozen=True)
-class Ticket:
-    """What `begin` decided for one window."""
-
-    action: Action
-    row: WindowRow
+WINDOWS_TABLE = sql.SQL("pipeline_output.windows")
 
 
-_COLS = WINDOW_COLUMNS
-_T = WINDOWS_TABLE
-_row = window_row
+def window_row(rec: dict[str, Any]) -> WindowRow:
+    """A `WindowRow` from a row selected with `WINDOW_COLUMNS`."""
+    return WindowRow(
+        id=rec["id"],
+        dataset=rec["dataset"],
+        seq=rec["seq"],
+        window=Window.from_key(rec["partition_key"]),
+        partition_key=rec["partition_key"],
+        state=rec["state"],
+        attempts=rec["attempts"],
+        run_id=rec["run_id"],
+        iceberg_snapshot_id=rec["iceberg_snapshot_id"],
+        pg_deploy_id=rec["pg_deploy_id"],
+        rows_read=rec["rows_read"],
+        rows_written=rec["rows_written"],
+        error=rec["error"],
+        started_at=rec["started_at"],
+        applied_at=rec["applied_at"],
+    )
 
 
-class WindowLedger(WindowReads):
-    """Windows of delta datasets in the control-plane Postgres: the reads (`WindowReads`) and
-    the planning and apply protocol that write them."""
+def _select(where: str, tail: str = " ORDER BY seq") -> sql.Composed:
+    """`SELECT <window columns> WHERE dataset = %s<where><tail>` (both fixed SQL text)."""
+    return sql.SQL("SELECT {} FROM {} WHERE dataset = %s{}{}").format(
+        WINDOW_COLUMNS, WINDOWS_TABLE, sql.SQL(where), sql.SQL(tail)
+    )
+
+
+class WindowLedger:
+    """Windows of delta datasets in the control-plane Postgres: the reads, and the planning and
+    apply protocol that write them (implements `contract.windows.WindowLog`)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def _connect(self) -> psycopg.Connection[dict[str, Any]]:
+        return pgsession.connect(self.url, row_factory=dict_row)
+
+    def _rows(self, query: sql.Composed, params: Sequence[Any]) -> list[WindowRow]:
+        with self._connect() as conn:
+            return [window_row(r) for r in conn.execute(query, params).fetchall()]
+
+    def windows(self, dataset: str) -> list[WindowRow]:
+        """Every window of `dataset`, in order (a listing: its cost grows with the ledger)."""
+        return self._rows(_select(""), (dataset,))
+
+    def get(self, dataset: str, partition_key: str) -> WindowRow | None:
+        """One window by its partition key."""
+        rows = self._rows(_select(" AND partition_key = %s", ""), (dataset, partition_key))
+        return rows[0] if rows else None
+
+    def last(self, dataset: str) -> WindowRow | None:
+        """The newest window of `dataset` (one row, by the `(dataset, seq)` index)."""
+        rows = self._rows(_select("", " ORDER BY seq DESC LIMIT 1"), (dataset,))
+        return rows[0] if rows else None
+
+    def recent(self, dataset: str, *, limit: int) -> list[WindowRow]:
+        """The newest `limit` windows, oldest first."""
+        rows = self._rows(_select("", " ORDER BY seq DESC LIMIT %s"), (dataset, limit))
+        return rows[::-1]
+
+    def after(self, dataset: str, seq: int) -> list[WindowRow]:
+        """The windows planned after window `seq`, in order."""
+        return self._rows(_select(" AND seq > %s"), (dataset, seq))
+
+    def around(self, dataset: str, keys: Sequence[str], *, before: int) -> list[WindowRow]:
+        """The windows from `before` windows ahead of the first of `keys` to the last of them
+        (what a run over `keys` with `Delta.lookback=before` reads), in order."""
+        query = sql.SQL(
+            "SELECT {cols} FROM {t} WHERE dataset = %s AND seq BETWEEN "
+            "(SELECT min(seq) - %s FROM {t} WHERE dataset = %s AND partition_key = ANY(%s)) AND "
+            "(SELECT max(seq) FROM {t} WHERE dataset = %s AND partition_key = ANY(%s)) "
+            "ORDER BY seq"
+        ).format(cols=WINDOW_COLUMNS, t=WINDOWS_TABLE)
+        wanted = list(keys)
+        return self._rows(query, (dataset, before, dataset, wanted, dataset, wanted))
+
+    def pending(self, dataset: str) -> list[WindowRow]:
+        """Windows that need a run: planned or failed (by the `(dataset, state)` index)."""
+        return self._rows(_select(" AND state = ANY(%s)"), (dataset, list(NEEDS_RUN)))
+
+    def applied_windows(self, dataset: str) -> list[WindowRow]:
+        """Applied windows in order (the model node reads a delta source this way)."""
+        return self._rows(_select(" AND state = 'applied'"), (dataset,))
+
+    def state_counts(self, dataset: str) -> dict[str, int]:
+        """How many windows of `dataset` are in each state."""
+        query = sql.SQL("SELECT state, count(*) AS n FROM {} WHERE dataset = %s GROUP BY state")
+        with self._connect() as conn:
+            rows = conn.execute(query.format(WINDOWS_TABLE), (dataset,)).fetchall()
+        return {str(r["state"]): int(r["n"]) for r in rows}
+
+    def applied_through(self, dataset: str) -> tuple[Window | None, bool]:
+        """(the last window of the unbroken stretch of applied windows from the first, whether
+        every window is applied): every source row up to that window's high has been written.
+        None when the first window is not applied, or there is none."""
+        gap_q = sql.SQL("SELECT min(seq) AS gap FROM {} WHERE dataset = %s AND state <> 'applied'")
+        key_q = sql.SQL(
+            "SELECT partition_key FROM {} WHERE dataset = %s AND (seq = %s OR %s::int IS NULL) "
+            "ORDER BY seq DESC LIMIT 1"
+        )
+        with self._connect() as conn:
+            gap = conn.execute(gap_q.format(WINDOWS_TABLE), (dataset,)).fetchone()
+            first_gap = gap["gap"] if gap else None
+            before = None if first_gap is None else first_gap - 1
+            rec = conn.execute(key_q.format(WINDOWS_TABLE), (dataset, before, before)).fetchone()
+        window = Window.from_key(rec["partition_key"]) if rec else None
+        return window, first_gap is None
+
+    def unapplied_ids(self, dataset: str) -> set[int]:
+        """Ids of the dataset's windows not applied (yet): a snapshot carrying one of their
+        attempt markers may be what a repair looks for, so snapshot expiry keeps it."""
+        query = sql.SQL("SELECT id FROM {} WHERE dataset = %s AND state <> 'applied'")
+        with self._connect() as conn:
+            rows = conn.execute(query.format(WINDOWS_TABLE), (dataset,)).fetchall()
+        return {int(r["id"]) for r in rows}
 
     def plan(self, dataset: str, windows: Sequence[Window]) -> list[WindowRow]:
         """Append `windows` to the chain (in one transaction); they must continue it exactly."""
@@ -70,7 +188,7 @@ class WindowLedger(WindowReads):
             last = conn.execute(
                 sql.SQL(
                     "SELECT seq, high_key FROM {} WHERE dataset = %s ORDER BY seq DESC LIMIT 1"
-                ).format(_T),
+                ).format(WINDOWS_TABLE),
                 (dataset,),
             ).fetchone()
             seq = last["seq"] if last else 0
@@ -93,11 +211,11 @@ class WindowLedger(WindowReads):
                     sql.SQL(
                         "INSERT INTO {} (dataset, seq, low_key, high_key, prev_high_key, "
                         "partition_key) VALUES (%s, %s, %s, %s, %s, %s) RETURNING {}"
-                    ).format(_T, _COLS),
+                    ).format(WINDOWS_TABLE, WINDOW_COLUMNS),
                     (dataset, seq, low_key, key.split("..", 1)[1], prev, key),
                 ).fetchone()
                 assert rec is not None
-                out.append(_row(rec))
+                out.append(window_row(rec))
                 prev = key.split("..", 1)[1]
             return out
 
@@ -120,7 +238,7 @@ class WindowLedger(WindowReads):
         if row is None:
             raise WindowLedgerError(
                 f"dataset {dataset!r}: window {partition_key!r} is not in the ledger; windows are "
-                "planned by the dataset's sensor (or `pipeline-output windows plan`)"
+                "planned by the dataset's sensor (or `pipeline-output materialize`)"
             )
         if row.state == "applied" and not restate:
             return Ticket("skip", row)
@@ -130,14 +248,14 @@ class WindowLedger(WindowReads):
             return Ticket("repair", row)
         rec = self._start_attempt(row, run_id=run_id, from_state=None)
         assert rec is not None
-        return Ticket("apply", _row(rec))
+        return Ticket("apply", window_row(rec))
 
     def retry_after_lost_attempt(self, row: WindowRow, *, run_id: str | None) -> WindowRow:
         """A crashed attempt left no write: start the next attempt."""
         rec = self._start_attempt(row, run_id=run_id, from_state=row.state)
         if rec is None:
             raise WindowLedgerError(f"window {row.partition_key!r} changed state concurrently")
-        return _row(rec)
+        return window_row(rec)
 
     def _start_attempt(self, row: WindowRow, *, run_id: str | None, from_state: str | None) -> Any:
         """Count the next attempt of `row` (a fresh marker) and mark it `applying`; with
@@ -150,7 +268,7 @@ class WindowLedger(WindowReads):
                     "UPDATE {} SET state = 'applying', attempts = attempts + 1, run_id = %s, "
                     "started_at = clock_timestamp(), updated_at = clock_timestamp(), error = NULL "
                     "WHERE id = %s{} RETURNING {}"
-                ).format(_T, guard, _COLS),
+                ).format(WINDOWS_TABLE, guard, WINDOW_COLUMNS),
                 params,
             ).fetchone()
 
@@ -170,7 +288,7 @@ class WindowLedger(WindowReads):
                     "UPDATE {} SET state = 'applied', iceberg_snapshot_id = %s, pg_deploy_id = %s, "
                     "rows_read = %s, rows_written = %s, applied_at = clock_timestamp(), "
                     "updated_at = clock_timestamp(), error = NULL WHERE id = %s"
-                ).format(_T),
+                ).format(WINDOWS_TABLE),
                 (iceberg_snapshot_id, pg_deploy_id, rows_read, rows_written, row.id),
             )
 
@@ -181,7 +299,7 @@ class WindowLedger(WindowReads):
                 sql.SQL(
                     "UPDATE {} SET state = 'staged', iceberg_snapshot_id = %s, "
                     "updated_at = clock_timestamp(), error = NULL WHERE id = %s"
-                ).format(_T),
+                ).format(WINDOWS_TABLE),
                 (iceberg_snapshot_id, row.id),
             )
 
@@ -204,7 +322,7 @@ class WindowLedger(WindowReads):
                     "rows_read = %s, rows_written = %s, applied_at = clock_timestamp(), "
                     "updated_at = clock_timestamp(), error = NULL "
                     "WHERE id = %s AND attempts = %s AND state = 'staged'"
-                ).format(_T),
+                ).format(WINDOWS_TABLE),
                 (iceberg_snapshot_id, pg_deploy_id, rows_read, rows_written, window_id, attempts),
             )
             return cur.rowcount == 1
@@ -213,7 +331,10 @@ class WindowLedger(WindowReads):
         """Whether the window is still staged by that attempt."""
         query = sql.SQL("SELECT 1 FROM {} WHERE id = %s AND attempts = %s AND state = 'staged'")
         with self._connect() as conn:
-            return conn.execute(query.format(_T), (window_id, attempts)).fetchone() is not None
+            return (
+                conn.execute(query.format(WINDOWS_TABLE), (window_id, attempts)).fetchone()
+                is not None
+            )
 
     def fail_staged(self, window_id: int, attempts: int, *, error: str) -> None:
         """A staged window's audit did not publish: failed (the sensor re-requests it)."""
@@ -222,7 +343,7 @@ class WindowLedger(WindowReads):
                 sql.SQL(
                     "UPDATE {} SET state = 'failed', error = %s, updated_at = clock_timestamp() "
                     "WHERE id = %s AND attempts = %s AND state = 'staged'"
-                ).format(_T),
+                ).format(WINDOWS_TABLE),
                 (error[:2000], window_id, attempts),
             )
 
@@ -242,7 +363,7 @@ class WindowLedger(WindowReads):
             "applied_at = NULL, error = %s, updated_at = clock_timestamp() "
             "WHERE dataset = %s AND state = 'applied' AND (iceberg_snapshot_id = ANY(%s) OR "
             "(iceberg_snapshot_id IS NULL AND %s::timestamptz IS NOT NULL AND applied_at > %s))"
-        ).format(_T)
+        ).format(WINDOWS_TABLE)
         params = (reason[:2000], dataset, list(snapshot_ids), applied_after, applied_after)
         if conn is not None:
             return conn.execute(query, params).rowcount
@@ -256,9 +377,6 @@ class WindowLedger(WindowReads):
                 sql.SQL(
                     "UPDATE {} SET state = 'failed', error = %s, updated_at = clock_timestamp() "
                     "WHERE id = %s"
-                ).format(_T),
+                ).format(WINDOWS_TABLE),
                 (error[:2000], row.id),
             )
-
-
-__all__ = ["Action", "State", "Ticket", "WindowLedger", "WindowRow"]

@@ -7,8 +7,9 @@ not the publish pipeline, and importing the pipeline from them would tie the two
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
+from pipeline_output.ledger.control_plane import Ledger
 from pipeline_output.stores.iceberg import IcebergStore
 from pipeline_output.stores.postgres import PostgresStore
 
@@ -18,4 +19,4 @@ class Arms(Protocol):
 
     iceberg: IcebergStore
     postgres: PostgresStore | None
-    ledger: Any | None
+    ledger: Ledger | None

@@ -54,7 +54,7 @@ from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.store_protocol import ATTEMPT_MARKER, WriteOptions
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import AuditConflict, AuditFailed, InvalidArgument, WriteConflict
-from pipeline_output.ledger.control_plane import AuditRecord, AuditWrite
+from pipeline_output.ledger.control_plane import AuditRecord, AuditState, AuditWrite, Ledger
 from pipeline_output.services.parity import ParityReport, compare
 from pipeline_output.stores.iceberg.table.tables import (
     ancestor_ids,
@@ -65,7 +65,7 @@ from pipeline_output.stores.iceberg.table.tables import (
 )
 
 if TYPE_CHECKING:
-    from pipeline_output.ledger.window_ledger import WindowLedger
+    from pipeline_output.contract.windows import WindowLog
     from pipeline_output.services.arms import Arms
     from pipeline_output.stores.postgres.pending import PendingWrite
 
@@ -152,7 +152,7 @@ def publish_audit(
     spec: DatasetSpec,
     *,
     run_id: str,
-    windows: WindowLedger | None = None,
+    windows: WindowLog | None = None,
 ) -> Published | None:
     """Publish `run_id`'s audit of `spec` (None when the run staged nothing for it)."""
     ledger = audit_ledger(publisher)
@@ -220,7 +220,7 @@ def fail_audit(
     *,
     run_id: str,
     reason: str,
-    windows: WindowLedger | None = None,
+    windows: WindowLog | None = None,
 ) -> bool:
     """Decide `run_id`'s staged audit of `dataset` as failed: main untouched, branch kept,
     staged windows failed. False when there is no staged audit to fail."""
@@ -254,7 +254,7 @@ def audit_parity(publisher: Arms, spec: DatasetSpec, *, run_id: str) -> ParityRe
 
 def _move(
     publisher: Arms,
-    windows: WindowLedger | None,
+    windows: WindowLog | None,
     spec: DatasetSpec,
     audit: AuditRecord,
     writes: list[AuditWrite],
@@ -300,7 +300,7 @@ def _move(
 
 
 def apply_windows(
-    windows: WindowLedger | None,
+    windows: WindowLog | None,
     audit: AuditRecord,
     attempts: list[tuple[AuditWrite, tuple[int, int] | None]],
     legacy: dict[str, WriteResult],
@@ -346,7 +346,7 @@ def _record_deploy(publisher: Arms, spec: DatasetSpec, audit: AuditRecord, w: Au
 
 def _refuse(
     publisher: Arms,
-    windows: WindowLedger | None,
+    windows: WindowLog | None,
     audit: AuditRecord,
     writes: list[AuditWrite],
     why: str,
@@ -357,11 +357,11 @@ def _refuse(
 
 def fail(
     publisher: Arms,
-    windows: WindowLedger | None,
+    windows: WindowLog | None,
     audit: AuditRecord,
     writes: list[AuditWrite],
     reason: str,
-    state: str = "failed",
+    state: AuditState = "failed",
 ) -> None:
     audit_ledger(publisher).audit_log.decide_audit(
         audit.id,
@@ -501,7 +501,7 @@ def rollback_quietly(pending: PendingWrite | None) -> None:
         pending.rollback()
 
 
-def audit_ledger(publisher: Arms) -> Any:
+def audit_ledger(publisher: Arms) -> Ledger:
     if publisher.ledger is None:
         raise InvalidArgument("write-audit-publish needs the control-plane ledger")
     return publisher.ledger
@@ -510,7 +510,7 @@ def audit_ledger(publisher: Arms) -> Any:
 def drop_stale_audit_branches(
     publisher: Arms,
     *,
-    windows: WindowLedger | None = None,
+    windows: WindowLog | None = None,
     older_than: timedelta = DEFAULT_RETENTION,
     now: datetime | None = None,
     datasets: Collection[str] | None = None,

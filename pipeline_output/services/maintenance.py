@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.windows import WindowLog
 from pipeline_output.errors import PipelineOutputError, from_third_party
 from pipeline_output.ledger.control_plane import AuditRecord
-from pipeline_output.ledger.window_ledger import WindowLedger
 from pipeline_output.services.audit import DEFAULT_RETENTION, drop_stale_audit_branches
 from pipeline_output.stores.iceberg import IcebergStore
 from pipeline_output.stores.iceberg.maintenance.compaction import CompactionResult
@@ -101,7 +101,7 @@ def maintain(
     specs: Iterable[DatasetSpec],
     *,
     options: MaintenanceOptions = MaintenanceOptions(),  # frozen: safe as a default
-    ledger: Any = DEFAULT_LOCK,
+    ledger: WindowLog | None = DEFAULT_LOCK,
     run_id: str | None = None,
     on_step: Step | None = None,
     on_bins: BinProgress | None = None,
@@ -142,7 +142,7 @@ def maintain(
                     assert publisher is not None
                     report.stale_audits = drop_stale_audit_branches(
                         publisher,
-                        windows=ledger if isinstance(ledger, WindowLedger) else None,
+                        windows=None if ledger is DEFAULT_LOCK else ledger,
                         older_than=options.audit_retention,
                         datasets=[spec.name],
                         dry_run=options.dry_run,
@@ -165,7 +165,7 @@ def _run(
     spec: DatasetSpec,
     report: TableMaintenance,
     options: MaintenanceOptions,
-    ledger: Any,
+    ledger: WindowLog | None,
     run_id: str | None,
     on_bins: BinProgress | None,
 ) -> None:

@@ -24,8 +24,8 @@ import polars as pl
 
 from pipeline_output.contract.plan import WriteResult
 from pipeline_output.contract.spec import DatasetSpec, Mode, check_identifier
+from pipeline_output.contract.windows import WindowLog
 from pipeline_output.errors import BadInput, InvalidSpec
-from pipeline_output.ledger.window_ledger import WindowLedger
 from pipeline_output.services.publish import Publisher, ResolvedMode
 from pipeline_output.services.reads import scan_table, within
 
@@ -89,7 +89,7 @@ class ModelSpec:
 def source_batches(
     *,
     publisher: Publisher,
-    ledger: WindowLedger,
+    ledger: WindowLog,
     source: DatasetSpec,
     batch_rows: int = DEFAULT_BATCH_ROWS,
 ) -> tuple[int | None, Iterator[tuple[str, pl.DataFrame]]]:
@@ -261,7 +261,7 @@ def score(
     model: ModelSpec,
     *,
     publisher: Publisher,
-    ledger: WindowLedger,
+    ledger: WindowLog,
     mode: ResolvedMode,
     run_id: str | None = None,
 ) -> ModelRun:

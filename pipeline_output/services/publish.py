@@ -33,7 +33,7 @@ from pipeline_output.errors import (
     PipelineOutputError,
     UnsupportedWrite,
 )
-from pipeline_output.ledger.control_plane import AuditRecord
+from pipeline_output.ledger.control_plane import AuditRecord, Ledger
 from pipeline_output.services import reads as lazy_reads
 from pipeline_output.stores.iceberg import IcebergStore, PreparedWrite
 from pipeline_output.stores.postgres import PostgresStore
@@ -153,7 +153,7 @@ class Publisher:
         *,
         iceberg: IcebergStore,
         postgres: PostgresStore | None = None,
-        ledger: Any | None = None,
+        ledger: Ledger | None = None,
         project_default: Mode = "pg",
         dual_reads_from: Arm = "pg",
     ) -> None:

@@ -1,6 +1,6 @@
 """Applying one delta window exactly once (planning them is `window_planning.py`).
 
-`apply_window`: the compute, the input checks and (where the strategy allows) the Iceberg
+`apply_window(ApplyRequest(...), publisher=..., ledger=...)`: the compute, the input checks and (where the strategy allows) the Iceberg
 data files come first; then, under the dataset's apply lock, the ledger decides `apply`, `skip`
 (already applied — a retry or re-materialisation is a no-op that says so) or `repair` (a crash after
 the write committed but before the ledger update: the attempt marker is found in the Iceberg
@@ -18,8 +18,7 @@ import polars as pl
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.store_protocol import ATTEMPT_MARKER
-from pipeline_output.contract.windows import Window
-from pipeline_output.ledger.window_ledger import WindowLedger, WindowRow
+from pipeline_output.contract.windows import Window, WindowLog, WindowRow
 from pipeline_output.services.publish import Prepared, Publisher, PublishResult, ResolvedMode
 
 
@@ -59,22 +58,56 @@ def _committed(
     return ice, pg
 
 
+@dataclass(frozen=True, kw_only=True)
+class ApplyRequest:
+    """One window to apply (`apply_window`): `spec`'s `window`, its rows from `compute` (a
+    zero-argument callable returning a frame), written in `mode` by run `run_id`.
+
+    `restate`: replace exactly the window's rows even when it was applied (`pipeline-output
+    windows restate`). `write_window`: the window the write is scoped to when it is wider than
+    `window` (a `replace`/`sync` over a lookback, `window_planning.window_scopes`). `audit`: the
+    write is staged on the run's audit branch: the window is `staged`, applied when the audit
+    publishes."""
+
+    spec: DatasetSpec
+    window: Window
+    compute: Callable[[], Any]
+    mode: ResolvedMode
+    run_id: str | None
+    restate: bool = False
+    write_window: Window | None = None
+    audit: bool = False
+
+    @property
+    def key(self) -> str:
+        """The window's partition key (its ledger row)."""
+        return self.window.to_key()
+
+    @property
+    def target(self) -> Window:
+        """The window the write is scoped to."""
+        return self.write_window or self.window
+
+    @property
+    def write_spec(self) -> DatasetSpec:
+        """The spec the write runs with: a restatement replaces the window's rows."""
+        return replace(self.spec, strategy="replace") if self.restate else self.spec
+
+    def computed(self) -> Any:
+        """The window's rows (a LazyFrame collected)."""
+        frame = self.compute()
+        return frame.collect() if isinstance(frame, pl.LazyFrame) else frame
+
+
 def apply_window(
+    request: ApplyRequest,
     *,
     publisher: Publisher,
-    ledger: WindowLedger,
-    spec: DatasetSpec,
-    window: Window,
-    compute: Callable[[], Any],
-    mode: ResolvedMode,
-    run_id: str | None,
-    restate: bool = False,
-    write_window: Window | None = None,
+    ledger: WindowLog,
     on_written: Callable[[], None] | None = None,
-    audit: bool = False,
 ) -> WindowOutcome:
-    """Apply one window exactly once (see the module docstring). With `audit` the write is
-    staged on the run's audit branch: the window is `staged`, applied when the audit publishes.
+    """Apply one window exactly once (see the module docstring); `on_written` (tests' fault
+    injection) runs between the commit and the ledger update.
 
     The compute runs before the apply lock is taken, and so do the input checks and, where the
     strategy writes the frame as it is, the Iceberg data files (`Publisher.prepare`); under the
@@ -82,66 +115,42 @@ def apply_window(
     update. Skipped windows delete their pre-written files. A compute (or input check) that fails
     is recorded as a failed attempt so the sensor re-requests the window.
     """
-    key = window.to_key()
-    target = write_window or window
-    write_spec = replace(spec, strategy="replace") if restate else spec
+    spec, key = request.spec, request.key
     peek = ledger.get(spec.name, key)
     frame: Any = None
     prepared: Prepared | None = None
-    if peek is None or peek.state != "applied" or restate:
+    if peek is None or peek.state != "applied" or request.restate:
         try:
-            frame = compute()
-            if isinstance(frame, pl.LazyFrame):
-                frame = frame.collect()
-            prepared = publisher.prepare(write_spec, frame, mode=mode, window=target)
+            frame = request.computed()
+            prepared = publisher.prepare(
+                request.write_spec, frame, mode=request.mode, window=request.target
+            )
         except BaseException as exc:
             with ledger.apply_lock(spec.name):
-                ticket = ledger.begin(spec.name, key, run_id=run_id, restate=restate)
+                ticket = ledger.begin(
+                    spec.name, key, run_id=request.run_id, restate=request.restate
+                )
                 if ticket.action == "apply":
                     ledger.mark_failed(ticket.row, error=f"{type(exc).__name__}: {exc}")
             raise
     try:
-        return _apply_locked(
-            publisher=publisher,
-            ledger=ledger,
-            spec=spec,
-            write_spec=write_spec,
-            window=window,
-            target=target,
-            compute=compute,
-            frame=frame,
-            prepared=prepared,
-            mode=mode,
-            run_id=run_id,
-            restate=restate,
-            on_written=on_written,
-            audit=audit,
-        )
+        return _apply_locked(request, publisher, ledger, frame, prepared, on_written)
     finally:
         if prepared is not None:
             prepared.discard()  # no-op when its files went into a commit
 
 
 def _apply_locked(
-    *,
+    request: ApplyRequest,
     publisher: Publisher,
-    ledger: WindowLedger,
-    spec: DatasetSpec,
-    write_spec: DatasetSpec,
-    window: Window,
-    target: Window,
-    compute: Callable[[], Any],
+    ledger: WindowLog,
     frame: Any,
     prepared: Prepared | None,
-    mode: ResolvedMode,
-    run_id: str | None,
-    restate: bool,
     on_written: Callable[[], None] | None,
-    audit: bool = False,
 ) -> WindowOutcome:
-    key = window.to_key()
+    spec, window, mode, run_id = request.spec, request.window, request.mode, request.run_id
     with ledger.apply_lock(spec.name):
-        ticket = ledger.begin(spec.name, key, run_id=run_id, restate=restate)
+        ticket = ledger.begin(spec.name, request.key, run_id=run_id, restate=request.restate)
         row = ticket.row
         if ticket.action == "skip":
             return WindowOutcome(window, "skipped", row)
@@ -155,18 +164,16 @@ def _apply_locked(
             row = ledger.retry_after_lost_attempt(row, run_id=run_id)
         try:
             if frame is None:  # the ledger changed under us (e.g. a restatement elsewhere)
-                frame = compute()
-                if isinstance(frame, pl.LazyFrame):
-                    frame = frame.collect()
+                frame = request.computed()
             result = publisher.publish(
-                write_spec,
+                request.write_spec,
                 frame,
                 mode=mode,
-                window=target,
+                window=request.target,
                 run_id=run_id,
                 summary={ATTEMPT_MARKER: row.marker},
                 prepared=prepared,
-                audit=audit,
+                audit=request.audit,
             )
         except BaseException as exc:
             committed = _committed(publisher, spec, mode, row)

@@ -18,7 +18,7 @@ import pytest
 
 from pipeline_output import Delta, Window, build_definitions, dataset, postgres_source
 from pipeline_output.dagster_layer.resource import get_runtime
-from pipeline_output.ledger.window_reads import WindowReads
+from pipeline_output.ledger.window_ledger import WindowLedger
 from pipeline_output_tests.dagster_runs import requested_keys, run_request
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -181,10 +181,10 @@ def test_an_idle_tick_with_a_cursor_reads_only_what_can_change(env, instance, mo
         run_request(defs, instance, request)
     assert json.loads(first.cursor or "{}")["seq"] == 5
 
-    def whole_ledger(self: WindowReads, dataset: str) -> Any:
+    def whole_ledger(self: WindowLedger, dataset: str) -> Any:
         raise AssertionError(f"an idle tick read every window of {dataset}")
 
-    monkeypatch.setattr(WindowReads, "windows", whole_ledger)
+    monkeypatch.setattr(WindowLedger, "windows", whole_ledger)
     idle = tick(defs, instance, cursor=first.cursor)
     assert idle.run_requests == [] and not idle.dynamic_partitions_requests
     make_source(env, 6, 6)

@@ -22,7 +22,7 @@ from pipeline_output.services.audit import (
     publish_audit,
 )
 from pipeline_output.services.publish import Publisher
-from pipeline_output.services.window_apply import apply_window
+from pipeline_output.services.window_apply import ApplyRequest, apply_window
 from pipeline_output.stores.iceberg.table.tables import head
 from pipeline_output_tests.iceberg_harness import customers
 from pipeline_output_tests.oracle import assert_same_multiset
@@ -170,27 +170,31 @@ def test_audited_windows_are_staged_and_applied_only_when_published(pub, pg_db_u
     windows.plan("events", [w1, w2])
     for window, ids in ((w1, range(1, 11)), (w2, range(11, 21))):
         outcome = apply_window(
+            ApplyRequest(
+                spec=spec,
+                window=window,
+                compute=lambda ids=ids: customers(ids),
+                mode=mode("iceberg"),
+                run_id="r1",
+                audit=True,
+            ),
             publisher=pub,
             ledger=windows,
-            spec=spec,
-            window=window,
-            compute=lambda ids=ids: customers(ids),
-            mode=mode("iceberg"),
-            run_id="r1",
-            audit=True,
         )
         assert outcome.action == "staged"
     assert [w.state for w in windows.windows("events")] == ["staged", "staged"]
     assert main_of(pub, spec) is None
     again = apply_window(
+        ApplyRequest(
+            spec=spec,
+            window=w1,
+            compute=lambda: customers(range(1, 11)),
+            mode=mode("iceberg"),
+            run_id="r1",
+            audit=True,
+        ),
         publisher=pub,
         ledger=windows,
-        spec=spec,
-        window=w1,
-        compute=lambda: customers(range(1, 11)),
-        mode=mode("iceberg"),
-        run_id="r1",
-        audit=True,
     )
     assert again.action == "skipped", "a window already staged by this run is not written twice"
 
@@ -209,14 +213,16 @@ def test_a_failed_audit_fails_its_staged_windows_so_the_sensor_requests_them_aga
     windows = WindowLedger(pg_db_url)
     windows.plan("events", [Window(low=None, high=10)])
     apply_window(
+        ApplyRequest(
+            spec=spec,
+            window=Window(low=None, high=10),
+            compute=lambda: customers(range(1, 11)),
+            mode=mode("iceberg"),
+            run_id="r1",
+            audit=True,
+        ),
         publisher=pub,
         ledger=windows,
-        spec=spec,
-        window=Window(low=None, high=10),
-        compute=lambda: customers(range(1, 11)),
-        mode=mode("iceberg"),
-        run_id="r1",
-        audit=True,
     )
     fail_audit(pub, "events", run_id="r1", reason="check failed", windows=windows)
     [row] = windows.pending("events")

@@ -15,7 +15,7 @@ import pytest
 
 from pipeline_output import DatasetSpec, Delta, Window
 from pipeline_output.dagster_layer.resource import Runtime, get_runtime, reset_runtime
-from pipeline_output.services.window_apply import apply_window
+from pipeline_output.services.window_apply import ApplyRequest, apply_window
 from pipeline_output_tests.oracle import assert_same_multiset
 
 SPEC = DatasetSpec(
@@ -45,13 +45,15 @@ def apply(runtime: Runtime, window: Window, *, crash: bool = False) -> str:
         raise Crash
 
     outcome = apply_window(
+        ApplyRequest(
+            spec=SPEC,
+            window=window,
+            compute=lambda: rows(window),
+            mode=runtime.publisher.resolve(SPEC, override="iceberg"),
+            run_id=f"run-{window.to_key()}",
+        ),
         publisher=runtime.publisher,
         ledger=runtime.windows,
-        spec=SPEC,
-        window=window,
-        compute=lambda: rows(window),
-        mode=runtime.publisher.resolve(SPEC, override="iceberg"),
-        run_id=f"run-{window.to_key()}",
         on_written=die if crash else None,
     )
     return outcome.action

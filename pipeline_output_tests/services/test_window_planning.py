@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import polars as pl
 
 from pipeline_output import Window
-from pipeline_output.ledger.window_ledger import WindowRow
+from pipeline_output.contract.windows import WindowRow
 from pipeline_output.services.window_planning import (
     MAX_WINDOWS_PER_PLAN,
     CutPoints,

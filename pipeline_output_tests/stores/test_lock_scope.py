@@ -254,20 +254,22 @@ def test_racing_runs_of_one_window_write_files_before_the_apply_lock_and_the_los
 ) -> None:
     from pipeline_output import Window
     from pipeline_output.services.publish import ResolvedMode
-    from pipeline_output.services.window_apply import apply_window
+    from pipeline_output.services.window_apply import ApplyRequest, apply_window
 
     publisher, ledger, spec = _window_setup(pg_db_url, catalog)
     mode = ResolvedMode("iceberg", "run config")
     first, second = Window(None, 100), Window(100, 200)
     ledger.plan("w", [first, second])
     apply_window(
+        ApplyRequest(
+            spec=spec,
+            window=first,
+            mode=mode,
+            run_id="r0",
+            compute=lambda: _window_rows(0, 100),
+        ),
         publisher=publisher,
         ledger=ledger,
-        spec=spec,
-        window=first,
-        mode=mode,
-        run_id="r0",
-        compute=lambda: _window_rows(0, 100),
     )
     before = _data_files(tmp_path, "w")
 
@@ -276,13 +278,15 @@ def test_racing_runs_of_one_window_write_files_before_the_apply_lock_and_the_los
 
     def run(run_id: str) -> Any:
         return apply_window(
+            ApplyRequest(
+                spec=spec,
+                window=second,
+                mode=mode,
+                run_id=run_id,
+                compute=lambda: _window_rows(100, 200),
+            ),
             publisher=publisher,
             ledger=ledger,
-            spec=spec,
-            window=second,
-            mode=mode,
-            run_id=run_id,
-            compute=lambda: _window_rows(100, 200),
         )
 
     threads = [_in_thread(lambda rid=rid: run(rid)) for rid in ("ra", "rb")]

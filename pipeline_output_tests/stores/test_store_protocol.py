@@ -26,7 +26,7 @@ from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.ledger import Ledger
 from pipeline_output.ledger.window_ledger import WindowLedger
 from pipeline_output.services.publish import Publisher, ResolvedMode
-from pipeline_output.services.window_apply import apply_window
+from pipeline_output.services.window_apply import ApplyRequest, apply_window
 from pipeline_output_tests.oracle import assert_same_multiset
 
 NS = "datasets"
@@ -121,13 +121,15 @@ def test_a_crashed_legacy_attempt_is_retried_not_repaired_when_another_write_of_
 
     computed = pl.DataFrame({"id": [1, 2, 3], "seq": [1, 5, 10], "v": ["a", "b", "c"]})
     outcome = apply_window(
+        ApplyRequest(
+            spec=spec,
+            window=window,
+            compute=lambda: computed,
+            mode=ResolvedMode("pg", "run config"),
+            run_id="retry",
+        ),
         publisher=publisher,
         ledger=windows,
-        spec=spec,
-        window=window,
-        compute=lambda: computed,
-        mode=ResolvedMode("pg", "run config"),
-        run_id="retry",
     )
     assert outcome.action == "applied"
     assert_same_multiset(pg.read(spec), computed)

@@ -42,6 +42,7 @@ from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotsUpdate
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.store_protocol import ATTEMPT_MARKER
+from pipeline_output.contract.windows import WindowLog
 from pipeline_output.errors import DatasetNotWritten, InvalidArgument
 from pipeline_output.infra.locks import AdvisoryLock, LockStats
 from pipeline_output.ledger.window_ledger import WindowLedger
@@ -165,7 +166,7 @@ def expire_snapshots(
     *,
     older_than: datetime | timedelta = DEFAULT_OLDER_THAN,
     retain_last: int = DEFAULT_RETAIN_LAST,
-    ledger: WindowLedger | Any | None = DEFAULT_LOCK,
+    ledger: WindowLog | None = DEFAULT_LOCK,
     dry_run: bool = False,
 ) -> ExpiryResult:
     """Expire snapshots older than `older_than` (an age, or an instant) beyond the `retain_last`
@@ -247,19 +248,19 @@ def _commit(table: Table, plan: ExpiryPlan, verify: Callable[[], None]) -> Table
     return tx.commit_transaction()
 
 
-def _apply_lock(ledger: WindowLedger | None, spec: DatasetSpec) -> AbstractContextManager[Any]:
+def _apply_lock(ledger: WindowLog | None, spec: DatasetSpec) -> AbstractContextManager[Any]:
     """The dataset's window apply lock (no window is applied while expiry decides)."""
     return ledger.apply_lock(spec.name) if ledger is not None else nullcontext()
 
 
-def _default_ledger(store: HasTables) -> WindowLedger | None:
+def _default_ledger(store: HasTables) -> WindowLog | None:
     """The window ledger of the control plane the store's lock is on (None: no lock); callers
     that hold one (`services.maintenance`, the runtime) pass it instead."""
     lock = store.tables.advisory()
     return WindowLedger(lock.url) if isinstance(lock, AdvisoryLock) else None
 
 
-def _unapplied(ledger: WindowLedger | None, spec: DatasetSpec) -> set[int] | None:
+def _unapplied(ledger: WindowLog | None, spec: DatasetSpec) -> set[int] | None:
     if ledger is None:
         return None
     try:
