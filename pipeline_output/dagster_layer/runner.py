@@ -56,7 +56,8 @@ def plan_windows(
     only: str | None = None,
     failures: list[Failure] | None = None,
 ) -> dict[str, int]:
-    """Evaluate every window sensor once; returns planned-or-pending windows per dataset.
+    """Evaluate every window sensor once; returns planned-or-pending windows per dataset. Each
+    sensor plans through the one planner (`window_planning.plan_next`), as the daemon's tick does.
 
     The partitions each sensor adds and the observations it makes (the source's row count and
     high-water mark) are recorded in `instance`, as the daemon does; `only` evaluates the sensor
