@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypedDict, Unpack
 
 import polars as pl
 
@@ -223,6 +223,15 @@ class Ticket:
     row: WindowRow
 
 
+class Landed(TypedDict, total=False):
+    """Where an applied window's write landed (a snapshot, a legacy deploy) and its rows."""
+
+    iceberg_snapshot_id: int | None
+    pg_deploy_id: int | None
+    rows_read: int | None
+    rows_written: int | None
+
+
 class WindowLog(Protocol):
     """The watermark ledger as the services use it: the chain of a dataset's windows (planned,
     read) and the exactly-once apply protocol (`ledger.window_ledger` describes it)."""
@@ -247,30 +256,13 @@ class WindowLog(Protocol):
 
     def retry_after_lost_attempt(self, row: WindowRow, *, run_id: str | None) -> WindowRow: ...
 
-    def mark_applied(
-        self,
-        row: WindowRow,
-        *,
-        iceberg_snapshot_id: int | None = None,
-        pg_deploy_id: int | None = None,
-        rows_read: int | None = None,
-        rows_written: int | None = None,
-    ) -> None: ...
+    def mark_applied(self, row: WindowRow, **landed: Unpack[Landed]) -> None: ...
 
     def mark_staged(self, row: WindowRow, *, iceberg_snapshot_id: int | None) -> None: ...
 
     def mark_failed(self, row: WindowRow, *, error: str) -> None: ...
 
-    def publish_staged(
-        self,
-        window_id: int,
-        attempts: int,
-        *,
-        iceberg_snapshot_id: int | None,
-        pg_deploy_id: int | None = None,
-        rows_read: int | None = None,
-        rows_written: int | None = None,
-    ) -> bool: ...
+    def publish_staged(self, window_id: int, attempts: int, **landed: Unpack[Landed]) -> bool: ...
 
     def is_staged(self, window_id: int, attempts: int) -> bool: ...
 

@@ -28,13 +28,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from pipeline_output.contract.windows import NEEDS_RUN, Ticket, Window, WindowRow
+from pipeline_output.contract.windows import NEEDS_RUN, Landed, Ticket, Window, WindowRow
 from pipeline_output.errors import WindowLedgerError
 from pipeline_output.infra import locks, pgsession
 
@@ -80,6 +80,24 @@ def window_row(rec: dict[str, Any]) -> WindowRow:
         error=rec["error"],
         started_at=rec["started_at"],
         applied_at=rec["applied_at"],
+    )
+
+
+# an applied window: where its write landed (`_landed`, in this order) and when
+_APPLIED = sql.SQL(
+    "state = 'applied', iceberg_snapshot_id = %s, pg_deploy_id = %s, rows_read = %s, "
+    "rows_written = %s, applied_at = clock_timestamp(), updated_at = clock_timestamp(), "
+    "error = NULL"
+)
+
+
+def _landed(landed: Landed) -> tuple[int | None, ...]:
+    """The values of `_APPLIED`'s placeholders."""
+    return (
+        landed.get("iceberg_snapshot_id"),
+        landed.get("pg_deploy_id"),
+        landed.get("rows_read"),
+        landed.get("rows_written"),
     )
 
 
@@ -272,25 +290,11 @@ class WindowLedger:
                 params,
             ).fetchone()
 
-    def mark_applied(
-        self,
-        row: WindowRow,
-        *,
-        iceberg_snapshot_id: int | None = None,
-        pg_deploy_id: int | None = None,
-        rows_read: int | None = None,
-        rows_written: int | None = None,
-    ) -> None:
+    def mark_applied(self, row: WindowRow, **landed: Unpack[Landed]) -> None:
         """The window's write is committed: record where."""
+        query = sql.SQL("UPDATE {} SET {} WHERE id = %s").format(WINDOWS_TABLE, _APPLIED)
         with self._connect() as conn:
-            conn.execute(
-                sql.SQL(
-                    "UPDATE {} SET state = 'applied', iceberg_snapshot_id = %s, pg_deploy_id = %s, "
-                    "rows_read = %s, rows_written = %s, applied_at = clock_timestamp(), "
-                    "updated_at = clock_timestamp(), error = NULL WHERE id = %s"
-                ).format(WINDOWS_TABLE),
-                (iceberg_snapshot_id, pg_deploy_id, rows_read, rows_written, row.id),
-            )
+            conn.execute(query, (*_landed(landed), row.id))
 
     def mark_staged(self, row: WindowRow, *, iceberg_snapshot_id: int | None) -> None:
         """The window's write is on its run's audit branch; applied only at the publish."""
@@ -303,28 +307,14 @@ class WindowLedger:
                 (iceberg_snapshot_id, row.id),
             )
 
-    def publish_staged(
-        self,
-        window_id: int,
-        attempts: int,
-        *,
-        iceberg_snapshot_id: int | None,
-        pg_deploy_id: int | None = None,
-        rows_read: int | None = None,
-        rows_written: int | None = None,
-    ) -> bool:
+    def publish_staged(self, window_id: int, attempts: int, **landed: Unpack[Landed]) -> bool:
         """A staged window's audit published: applied. False (nothing changed) when the window
         is no longer staged by that attempt (another run re-attempted it)."""
+        query = sql.SQL(
+            "UPDATE {} SET {} WHERE id = %s AND attempts = %s AND state = 'staged'"
+        ).format(WINDOWS_TABLE, _APPLIED)
         with self._connect() as conn:
-            cur = conn.execute(
-                sql.SQL(
-                    "UPDATE {} SET state = 'applied', iceberg_snapshot_id = %s, pg_deploy_id = %s, "
-                    "rows_read = %s, rows_written = %s, applied_at = clock_timestamp(), "
-                    "updated_at = clock_timestamp(), error = NULL "
-                    "WHERE id = %s AND attempts = %s AND state = 'staged'"
-                ).format(WINDOWS_TABLE),
-                (iceberg_snapshot_id, pg_deploy_id, rows_read, rows_written, window_id, attempts),
-            )
+            cur = conn.execute(query, (*_landed(landed), window_id, attempts))
             return cur.rowcount == 1
 
     def is_staged(self, window_id: int, attempts: int) -> bool:
