@@ -111,9 +111,7 @@ def _builds(**options: Any) -> dict[str, dg.AssetsDefinition]:
 
 def test_every_option_given_to_each_builder_reaches_its_asset_definition() -> None:
     built = _builds(**VALUES)
-    assert {name: _missed(asset) for name, asset in built.items()} == {
-        name: [] for name in built
-    }
+    assert {name: _missed(asset) for name, asset in built.items()} == {name: [] for name in built}
 
 
 def test_a_keyword_that_is_no_option_is_refused_naming_the_builder() -> None:
@@ -176,9 +174,7 @@ def test_every_option_of_the_component_reaches_each_asset_it_serves(
         name: component_defs.get_assets_def(dg.AssetKey(["px", name]))
         for name in ("orders", "scores", "events", "ice")
     }
-    assert {name: _missed(asset) for name, asset in served.items()} == {
-        name: [] for name in served
-    }
+    assert {name: _missed(asset) for name, asset in served.items()} == {name: [] for name in served}
     graph = component_defs.resolve_asset_graph()
     px = dg.AssetKey
     assert graph.get(px(["px", "orders"])).parent_keys == {px(["px", "events"])}
