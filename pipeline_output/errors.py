@@ -49,6 +49,11 @@ class InvalidSpec(TerminalError):
     """A dataset spec is invalid (raised at construction, before any I/O)."""
 
 
+class UnknownOption(InvalidSpec, TypeError):
+    """A keyword no builder takes (`dataset(poool=...)`): Python's own `TypeError` for an
+    unexpected keyword argument, naming the builder."""
+
+
 class InvalidArgument(TerminalError, ValueError):
     """A call names something that does not exist (an arm, a status, a demo table) or misses a
     required argument (who flips)."""

@@ -11,7 +11,9 @@ serve with them) and what `build_definitions` takes: where the datasets live (`n
 `PipelineOutputResource`: values, `{{ env.NAME }}` templates resolved when the location loads, or
 `{env: NAME}` — a `dg.EnvVar` read when a run needs it, and never shown in the UI), the executor,
 the sensors' interval, the parity checks, and table maintenance (the `maintenance` options,
-`maintenance_schedule_cron`/`_running`, `health_thresholds`).
+`maintenance_schedule_cron`/`_running`, `health_thresholds`), and `asset_options`: Dagster's own
+asset options (`asset_params.AssetOptions`: `group`, `pool`, …) for every dataset, model node and
+source of the modules that does not set them.
 
 Attributes given in `defs.yaml` win over environment variables (`namespace:` over
 `PIPELINE_OUTPUT_NAMESPACE`, …). One Component per project: it owns the location's IO manager,
@@ -29,8 +31,9 @@ import dagster as dg
 from dagster._core.definitions.unresolved_asset_job_definition import (
     UnresolvedAssetJobDefinition,  # what define_asset_job returns (not exported by dagster)
 )
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
+from pipeline_output.dagster_layer.asset_params import AssetOptions, with_defaults
 from pipeline_output.dagster_layer.build import build_definitions
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.maintenance_job import MaintenanceSettings
@@ -204,6 +207,15 @@ class PipelineOutputComponent(dg.Component, dg.Model, dg.Resolvable):
     maintenance_schedule_cron: str = "0 3 * * *"
     maintenance_schedule_running: bool = False
     health_thresholds: HealthAttributes | None = None
+    asset_options: AssetOptions | None = Field(
+        default=None,
+        description="Dagster's own asset options (group, owners, tags, kinds, pool, "
+        "retry_policy, …) for the datasets, model nodes and sources of `module:` that do not "
+        "set them (tags and metadata merged; key_prefix moves their reads among them too).",
+    )
+
+    # `asset_options` holds Dagster objects (an automation condition, a retry policy, …)
+    model_config = ConfigDict(**dg.Model.model_config, arbitrary_types_allowed=True)
 
     def resource(self) -> PipelineOutputResource:
         """The location's `PipelineOutputResource` from these attributes."""
@@ -223,8 +235,11 @@ class PipelineOutputComponent(dg.Component, dg.Model, dg.Resolvable):
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         modules = [self.module] if isinstance(self.module, str) else list(self.module)
         # datasets=, sources=, assets=, ... by kind, and the attributes passed as they are
+        found = collect(modules)
+        if self.asset_options is not None:
+            found = with_asset_options(found, self.asset_options)
         as_named: dict[str, Any] = {
-            **collect(modules),
+            **found,
             **self.model_dump(include=_PASSED_AS_THEY_ARE),
         }
         return build_definitions(
@@ -300,6 +315,31 @@ def collect(modules: Sequence[str]) -> dict[str, list[Any]]:
             "module(s) where the datasets are declared"
         )
     return found
+
+
+def with_asset_options(found: dict[str, list[Any]], defaults: AssetOptions) -> dict[str, list[Any]]:
+    """The definitions `collect` found, each asset pipeline-output built made again with
+    `defaults` for the options it was not given (`asset_params.with_defaults`); an asset whose
+    key moved (`key_prefix`) is read under its new key by the others."""
+    built = {kind: [with_defaults(a, defaults) for a in items] for kind, items in found.items()}
+    moved = {
+        old.key: new.key
+        for kind, items in found.items()
+        for old, new in zip(items, built[kind], strict=True)
+        if new is not old and isinstance(old, dg.AssetsDefinition) and old.key != new.key
+    }
+    if not moved:
+        return built
+
+    def follow(asset: Any) -> Any:
+        if not isinstance(asset, dg.AssetsDefinition):
+            return asset
+        reads = {up for deps in asset.asset_deps.values() for up in deps}
+        if reads.isdisjoint(moved):
+            return asset
+        return asset.with_attributes(asset_key_replacements=moved)
+
+    return {kind: [follow(a) for a in items] for kind, items in built.items()}
 
 
 def _kind(value: Any) -> str | None:

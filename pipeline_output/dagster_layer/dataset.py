@@ -5,8 +5,8 @@ the key `ins` gives it), loaded as polars LazyFrames, or as the frame type a par
 names (`frames_io.py`); it returns polars, pandas or Arrow. The spec rides on the compute
 function, not in the metadata the UI shows (`dataset.py`). Options map 1:1 onto
 `DatasetSpec` (validated when the code location loads, with the dataset's name in the message)
-plus Dagster's own (`group`, `description`, `owners`, `tags`, `deps`, and the pass-through ones of
-`asset_params.py`); Dagster partitions (`partitions_def`, `partition_column`) are
+plus `deps`, `ins` and Dagster's own asset options (`group`, `description`, `owners`, `tags`,
+`pool`, …: `asset_params.AssetOptions`); Dagster partitions (`partitions_def`, `partition_column`) are
 `partitioned.py`'s. Every dataset asset takes run config `mode` (override the dataset's mode for this run),
 `dry_run` (plan only: report what would be written, write nothing, record no materialisation),
 `restate`, `audit` (write-audit-publish for this run: `audit_hooks.py`) and `as_of` (read the
@@ -37,7 +37,8 @@ import inspect
 import json
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, Unpack
 
 import dagster as dg
 
@@ -52,9 +53,13 @@ from pipeline_output.contract.spec import (
 )
 from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.asset_params import (
+    AssetOptions,
+    AssetOptionsKwargs,
     Upstream,
+    asset_options,
     asset_params,
     define_asset,
+    remember_build,
     upstream_ins,
 )
 from pipeline_output.dagster_layer.checks import declared_checks, evaluate_checks
@@ -71,7 +76,11 @@ from pipeline_output.dagster_layer.keys import (
     MODE_OVERRIDE_KEY,
     SPEC_METADATA_KEY,
 )
-from pipeline_output.dagster_layer.metadata import definition_metadata, docstring_columns
+from pipeline_output.dagster_layer.metadata import (
+    arm_kinds,
+    definition_metadata,
+    docstring_columns,
+)
 from pipeline_output.dagster_layer.partitioned import (
     KEY_PARAMETER,
     PARTITION_COLUMNS_KEY,
@@ -211,34 +220,25 @@ def dataset(
     write_strategy_hint: WriteStrategyHint = "auto",
     audit: bool = False,
     columns: Mapping[str, str] | None = None,
-    group: str | None = None,
-    description: str | None = None,
-    owners: Sequence[str] | None = None,
-    tags: Mapping[str, str] | None = None,
     deps: Sequence[Any] | None = None,
     partitions_def: dg.PartitionsDefinition[Any] | None = None,
     partition_column: str | Mapping[str, str] | None = None,
     ins: Mapping[str, Upstream] | None = None,
-    key_prefix: str | Sequence[str] | None = None,
-    automation_condition: dg.AutomationCondition[Any] | None = None,
-    freshness_policy: dg.FreshnessPolicy | None = None,
-    retry_policy: dg.RetryPolicy | None = None,
-    backfill_policy: dg.BackfillPolicy | None = None,
-    code_version: str | None = None,
-    kinds: Sequence[str] | None = None,
-    metadata: Mapping[str, Any] | None = None,
+    **options: Unpack[AssetOptionsKwargs],
 ) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
     """Decorate `def name(upstream: pl.LazyFrame, ...) -> pl.DataFrame | pl.LazyFrame` (inputs
     and output may also be pandas or Arrow: `frames_io.py`). `columns` describes columns
     (`{"total": "quantity times unit price"}`), on top of a `Columns:` section of the docstring.
 
     `partitions_def` + `partition_column`: Dagster's own partitions, each a slice of the table
-    (`partitioned.py`); `ins`: upstream asset keys per parameter; the other Dagster parameters
-    pass through to `dg.asset` (`asset_params.py`)."""
+    (`partitioned.py`); `ins`: upstream asset keys per parameter; `deps`: upstream assets not
+    read; `options`: Dagster's own asset options (`group`, `description` — default the
+    docstring —, `key_prefix`, `pool`, …: `asset_params.AssetOptions`)."""
+    given = asset_options("dataset", **options)
 
     def decorate(fn: Callable[..., Any]) -> dg.AssetsDefinition:
         ds_name = name or fn.__name__
-        doc = description or inspect.getdoc(fn)
+        doc = given.description or inspect.getdoc(fn)
         described = {**docstring_columns(inspect.getdoc(fn)), **dict(columns or {})}
         try:
             spec = DatasetSpec(
@@ -259,26 +259,22 @@ def dataset(
         except InvalidSpec as exc:
             raise InvalidSpec(f"@dataset {ds_name!r} ({fn.__module__}): {exc}") from exc
         by_partition = partition_columns_of(spec, partitions_def, partition_column)
-        return build_dataset_asset(
-            spec,
-            fn,
-            group=group,
-            owners=owners,
-            tags=tags,
-            deps=deps,
-            description=doc,
-            partitions_def=partitions_def,
-            partition_columns=by_partition,
-            ins=ins,
-            key_prefix=key_prefix,
-            automation_condition=automation_condition,
-            freshness_policy=freshness_policy,
-            retry_policy=retry_policy,
-            backfill_policy=backfill_policy,
-            code_version=code_version,
-            kinds=kinds,
-            metadata=metadata,
-        )
+
+        def build(chosen: AssetOptions) -> dg.AssetsDefinition:
+            return build_dataset_asset(
+                spec,
+                fn,
+                options=chosen,
+                deps=deps,
+                partitions_def=partitions_def,
+                partition_columns=by_partition,
+                ins=ins,
+            )
+
+        own = replace(given, description=doc)  # the docstring is the dataset's own description
+        asset = build(own)
+        remember_build(asset, own, build)
+        return asset
 
     return decorate
 
@@ -287,22 +283,15 @@ def build_dataset_asset(
     spec: DatasetSpec,
     fn: Callable[..., Any],
     *,
-    group: str | None = None,
-    owners: Sequence[str] | None = None,
-    tags: Mapping[str, str] | None = None,
+    options: AssetOptions | None = None,
     deps: Sequence[Any] | None = None,
-    description: str | None = None,
     partitions_def: dg.PartitionsDefinition[Any] | None = None,
     extra_metadata: Mapping[str, Any] | None = None,
     partition_columns: Mapping[str, str] | None = None,
     ins: Mapping[str, Upstream] | None = None,
-    kinds: Sequence[str] | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    backfill_policy: dg.BackfillPolicy | None = None,
-    **dagster: Any,
 ) -> dg.AssetsDefinition:
-    """The Dagster asset for `spec` computed by `fn`; `dagster` holds the pass-through
-    parameters of `dg.asset` (`asset_params.asset_params`)."""
+    """The Dagster asset for `spec` computed by `fn`, with Dagster's own `options`
+    (`asset_params.asset_params`)."""
     params = [p for p in inspect.signature(fn).parameters.values()]
     for p in params:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
@@ -366,44 +355,34 @@ def build_dataset_asset(
 
     compute.__signature__ = inspect.Signature(sig_params)  # type: ignore[attr-defined]
     compute.__name__ = spec.name
+    label = f"@dataset {spec.name!r}"
+    options = options or AssetOptions()
     passed = asset_params(
-        spec,
+        options,
+        label=label,
+        kinds=arm_kinds(spec.mode),
         # a backfill of Dagster partitions or of delta windows is one run over the range
         partitioned=partition_columns is not None or spec.delta is not None,
-        kinds=kinds,
-        metadata=metadata,
-        backfill_policy=backfill_policy,
-        **dagster,
     )
-    all_metadata: dict[str, Any] = {**(metadata or {}), **definition_metadata(spec)}
+    all_metadata: dict[str, Any] = {**passed.pop("metadata", {}), **definition_metadata(spec)}
     if partition_columns is not None:
         all_metadata[PARTITION_COLUMNS_KEY] = json.dumps(dict(partition_columns))
     all_metadata.update(extra_metadata or {})
-    key = dg.AssetKey([*_prefix(dagster.get("key_prefix")), spec.name])
+    key = options.key(spec.name)
     attach_spec(compute, spec, key=key, shown=all_metadata)
     return define_asset(
-        spec,
         compute,
         key=key,
+        label=label,
         check_specs=declared_checks(spec, key),
         ins=upstream_ins(spec, upstream, ins),
         io_manager_key=IO_MANAGER_KEY,
         required_resource_keys={RESOURCE_KEY},
         metadata=all_metadata,
-        group_name=group,
-        description=description,
-        owners=list(owners) if owners else None,
-        tags=dict(tags) if tags else None,
         deps=list(deps) if deps else None,
         partitions_def=partitions_def,
         **passed,
     )
-
-
-def _prefix(key_prefix: str | Sequence[str] | None) -> list[str]:
-    if key_prefix is None:
-        return []
-    return [key_prefix] if isinstance(key_prefix, str) else list(key_prefix)
 
 
 def _windowed_output(

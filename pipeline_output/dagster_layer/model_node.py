@@ -7,12 +7,20 @@ id, duration and throughput. Like a `@dataset`, it checks itself in its own step
 """
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, Unpack
 
 import dagster as dg
 
 from pipeline_output.contract.spec import Mode
-from pipeline_output.dagster_layer.asset_params import define_asset
+from pipeline_output.dagster_layer.asset_params import (
+    AssetOptions,
+    AssetOptionsKwargs,
+    asset_options,
+    asset_params,
+    define_asset,
+    remember_build,
+)
 from pipeline_output.dagster_layer.checks import declared_checks, evaluate_checks
 from pipeline_output.dagster_layer.dataset import attach_spec, spec_of
 from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY
@@ -40,9 +48,8 @@ def model_node(
     predict: Predict,
     features: Sequence[str] | None = None,
     mode: Mode | None = None,
-    group: str | None = None,
-    description: str | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
+    **options: Unpack[AssetOptionsKwargs],
 ) -> dg.AssetsDefinition:
     """Score `source` (a `@dataset` asset) with `predict`; output rows carry `__source_row_index__`.
 
@@ -120,20 +127,30 @@ def model_node(
         "model_source": source_spec.name,
         "features": ", ".join(features) if features else "(all columns)",
     }
-    attach_spec(_model, out_spec, shown=shown)  # the spec rides on the function, out of sight
-    key = dg.AssetKey(name)
-    return define_asset(
-        out_spec,
-        _model,
-        key=key,
-        check_specs=declared_checks(out_spec, key),
-        deps=[source.key],
-        io_manager_key=IO_MANAGER_KEY,
-        metadata=shown,
-        group_name=group,
-        description=description
-        or getattr(predict, "__doc__", None)
-        or f"Predictions over {source_spec.name}",
-        kinds=arm_kinds(out_spec.mode),
-        required_resource_keys={RESOURCE_KEY},
-    )
+
+    def build(chosen: AssetOptions) -> dg.AssetsDefinition:
+        label = f"model node {name!r}"
+        passed = asset_params(chosen, label=label, kinds=arm_kinds(out_spec.mode))
+        passed.setdefault("description", f"Predictions over {source_spec.name}")
+        metadata = {**passed.pop("metadata", {}), **shown}
+        key = chosen.key(name)
+        # the spec rides on the function, out of sight
+        attach_spec(_model, out_spec, key=key, shown=metadata)
+        return define_asset(
+            _model,
+            key=key,
+            label=label,
+            check_specs=declared_checks(out_spec, key),
+            deps=[source.key],
+            io_manager_key=IO_MANAGER_KEY,
+            metadata=metadata,
+            required_resource_keys={RESOURCE_KEY},
+            **passed,
+        )
+
+    given = asset_options("model_node", **options)
+    # `predict`'s docstring is the node's own description
+    own = replace(given, description=given.description or getattr(predict, "__doc__", None))
+    asset = build(own)
+    remember_build(asset, own, build)
+    return asset

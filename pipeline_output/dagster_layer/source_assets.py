@@ -1,6 +1,7 @@
 """Source assets: `postgres_source` and `iceberg_source`, observable (row count, high-water mark).
 
-Each carries its kind (`postgres`, `iceberg`); one declared without `group=` joins the group of
+Each is an observable asset (`asset_params.define_observation`) with Dagster's own asset options
+(`group`, `pool`, …: `asset_params.AssetOptions`) and its kind (`postgres`, `iceberg`); one declared without `group=` joins the group of
 the datasets that read it (`grouped_sources`, applied by `build_definitions`). A delta dataset's
 window sensor records what it sees of its source on each tick where the source's high-water mark
 moved (`source_observation`), so the source is observed without anyone pressing "Observe".
@@ -20,13 +21,20 @@ import dagster as dg
 import polars as pl
 
 from pipeline_output.contract.windows import Window
+from pipeline_output.dagster_layer.asset_params import (
+    AssetOptions,
+    AssetOptionsKwargs,
+    asset_options,
+    asset_params,
+    define_observation,
+    remember_build,
+)
 from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY, SOURCE_METADATA_KEY
 from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
 from pipeline_output.errors import BadInput, InvalidSpec
 from pipeline_output.services.reads import scan_table, within
 from pipeline_output.services.runtime import Runtime
 from pipeline_output.services.sources import (
-    SourceOptions,
     SourceSpec,
     postgres_stats,
     scan_postgres,
@@ -121,31 +129,41 @@ def _observed(rows: int, hwm: Any, *, watermark: str | None) -> dict[str, Any]:
     return metadata
 
 
-def _source_asset(source: SourceSpec, *, group: str | None) -> dg.SourceAsset:
-    meta = {
-        SOURCE_METADATA_KEY: json.dumps(dataclasses.asdict(source)),
-        "source": f"{source.kind}: {source.display}",
-    }
-    if source.watermark:
-        meta["watermark"] = source.watermark
+def _source_asset(source: SourceSpec, options: AssetOptions) -> dg.AssetsDefinition:
+    """The observable asset of `source` with Dagster's own `options` (remembered: the Component
+    builds it again with its defaults)."""
 
-    @dg.observable_source_asset(
-        name=source.name,
-        io_manager_key=IO_MANAGER_KEY,
-        metadata=meta,
-        group_name=group,
-        description=source.description or f"{source.kind} table {source.display}",
-        tags={f"dagster/kind/{source.kind}": ""},  # the UI's kind badge
-        required_resource_keys={RESOURCE_KEY},
-    )
-    def _observe(context: dg.AssetExecutionContext) -> dg.ObserveResult:
+    def observe(context: dg.AssetExecutionContext) -> dg.ObserveResult:
         rows, hwm = source_stats(source, runtime=runtime_of(context))
         return dg.ObserveResult(
             metadata=_observed(rows, hwm, watermark=source.watermark),
             data_version=dg.DataVersion(f"{rows}:{hwm}"),
         )
 
-    return _observe
+    def build(chosen: AssetOptions) -> dg.AssetsDefinition:
+        label = f"source {source.name!r}"
+        passed = asset_params(chosen, label=label, kinds={source.kind})  # the UI's kind badge
+        passed.setdefault("description", f"{source.kind} table {source.display}")
+        meta = {
+            **passed.pop("metadata", {}),
+            SOURCE_METADATA_KEY: json.dumps(dataclasses.asdict(source)),
+            "source": f"{source.kind}: {source.display}",
+        }
+        if source.watermark:
+            meta["watermark"] = source.watermark
+        return define_observation(
+            observe,
+            key=chosen.key(source.name),
+            label=label,
+            io_manager_key=IO_MANAGER_KEY,
+            required_resource_keys={RESOURCE_KEY},
+            metadata=meta,
+            **passed,
+        )
+
+    asset = build(options)
+    remember_build(asset, options, build)
+    return asset
 
 
 def postgres_source(
@@ -154,22 +172,44 @@ def postgres_source(
     table: str,
     schema: str = "public",
     url: str | None = None,
-    group: str | None = None,
-    **options: Unpack[SourceOptions],
-) -> dg.SourceAsset:
+    watermark: str | None = None,
+    **options: Unpack[AssetOptionsKwargs],
+) -> dg.AssetsDefinition:
     """A Postgres table as an observable source asset (the control-plane database by default);
-    `options`: `watermark`, `description` (`SourceOptions`)."""
-    spec = SourceSpec(name=name, kind="postgres", table=table, schema=schema, url=url, **options)
-    return _source_asset(spec, group=group)
+    `watermark`: its high-water-mark column; `options`: Dagster's own asset options (`group`,
+    `description`, `pool`, …: `asset_params.AssetOptions`)."""
+    given = asset_options("postgres_source", **options)
+    spec = SourceSpec(
+        name=name,
+        kind="postgres",
+        table=table,
+        schema=schema,
+        url=url,
+        watermark=watermark,
+        description=given.description,
+    )
+    return _source_asset(spec, given)
 
 
 def iceberg_source(
-    name: str, *, identifier: str, group: str | None = None, **options: Unpack[SourceOptions]
-) -> dg.SourceAsset:
+    name: str,
+    *,
+    identifier: str,
+    watermark: str | None = None,
+    **options: Unpack[AssetOptionsKwargs],
+) -> dg.AssetsDefinition:
     """An existing Iceberg table (in the configured catalog) as an observable source asset;
-    `options`: `watermark`, `description` (`SourceOptions`)."""
-    spec = SourceSpec(name=name, kind="iceberg", identifier=identifier, **options)
-    return _source_asset(spec, group=group)
+    `watermark`: its high-water-mark column; `options`: Dagster's own asset options (`group`,
+    `description`, `pool`, …: `asset_params.AssetOptions`)."""
+    given = asset_options("iceberg_source", **options)
+    spec = SourceSpec(
+        name=name,
+        kind="iceberg",
+        identifier=identifier,
+        watermark=watermark,
+        description=given.description,
+    )
+    return _source_asset(spec, given)
 
 
 def source_spec_of(asset: Any) -> SourceSpec | None:
@@ -200,12 +240,22 @@ def grouped_sources(sources: Sequence[Any], readers: Sequence[Any]) -> list[Any]
                 groups.setdefault(upstream, set()).add(group)
     out = []
     for source in sources:
-        if isinstance(source, dg.SourceAsset) and source.group_name == "default":
+        if _group_of(source) == "default":
             found = groups.get(source.key, set())
             group = next(iter(found)) if len(found) == 1 else DEFAULT_SOURCE_GROUP
-            source = source.with_attributes(group_name=group)
+            if isinstance(source, dg.SourceAsset):
+                source = source.with_attributes(group_name=group)
+            else:
+                source = source.with_attributes(group_names_by_key={source.key: group})
         out.append(source)
     return out
+
+
+def _group_of(source: Any) -> str | None:
+    """The group of a source asset (an `AssetsDefinition` of one key, or a `SourceAsset`)."""
+    if isinstance(source, dg.AssetsDefinition) and len(source.keys) == 1:
+        return source.group_names_by_key.get(source.key)
+    return source.group_name if isinstance(source, dg.SourceAsset) else None
 
 
 def window_count(source: SourceSpec, window: Window, *, runtime: Runtime) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal
 
 import polars as pl
 import psycopg
@@ -26,13 +26,6 @@ from pipeline_output.infra import pgsession
 from pipeline_output.services.reads import projected_source
 
 SourceKind = Literal["postgres", "iceberg"]
-
-
-class SourceOptions(TypedDict, total=False):
-    """What every kind of source may be declared with, beside where it lives."""
-
-    watermark: str | None  # the high-water-mark column (a delta dataset's windows)
-    description: str | None  # shown in the UI (default: "<kind> table <where>")
 
 
 @dataclass(frozen=True)
