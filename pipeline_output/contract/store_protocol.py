@@ -76,9 +76,9 @@ class Capabilities:
             if decision.write_mode not in self.write_modes:
                 advice = f"; {self.advice}" if self.advice else ""
                 raise InvalidSpec(
-                    f"dataset {spec.name!r}: strategy {spec.strategy!r} writes a "
-                    f"{situation.replace('_', ' ')} as {decision.write_mode!r}, a write mode the "
-                    f"{self.label} has no handler for{advice}"
+                    f"dataset {spec.name!r}: strategy {spec.strategy!r} plans the write mode "
+                    f"{decision.write_mode!r} ({situation}), which the {self.label} has no "
+                    f"handler for{advice}"
                 )
 
     def check_plan(self, spec: DatasetSpec, plan: WritePlan) -> None:
