@@ -127,16 +127,19 @@ class Decision:
     doc: str  # its cell in docs/concepts.md's strategy table
 
 
+REPLACE_ALL = Decision("replace", "all", "replace")
+
+
 @dataclass(frozen=True)
 class StrategyDef:
     """A strategy: its row of the decision table (a `Decision` per situation; None: that
     situation is refused with `UnsupportedWrite`) and the properties that follow from it."""
 
     name: str
-    first_deploy: Decision
     re_deploy: Decision
     window: Decision | None  # a delta window
     partition: Decision | None  # a Dagster partition's slice
+    first_deploy: Decision = REPLACE_ALL  # the target's first write: every strategy's a replace
     note: str = ""  # after its name in docs/concepts.md's table, e.g. "(default)"
 
     def __post_init__(self) -> None:
@@ -181,15 +184,12 @@ class StrategyDef:
         return self.window is None or WRITE_MODES[self.window.write_mode].idempotent
 
 
-_FIRST_DEPLOY = Decision("replace", "all", "replace")
-
 STRATEGIES: dict[Strategy, StrategyDef] = {
     s.name: s
     for s in (
         StrategyDef(
             "snapshot_replace",
             note="(default)",
-            first_deploy=_FIRST_DEPLOY,
             re_deploy=Decision(
                 "upsert", "none", "upsert: update matched keys, insert new, **keep** unmatched"
             ),
@@ -200,14 +200,12 @@ STRATEGIES: dict[Strategy, StrategyDef] = {
         ),
         StrategyDef(
             "append_always",
-            first_deploy=_FIRST_DEPLOY,
             re_deploy=Decision("append", "none", "append"),
             window=Decision("append", "none", "append the window's rows"),
             partition=Decision("append", "none", "append into the slice"),
         ),
         StrategyDef(
             "append_new",
-            first_deploy=_FIRST_DEPLOY,
             re_deploy=Decision(
                 "append_new",
                 "none",
@@ -218,14 +216,12 @@ STRATEGIES: dict[Strategy, StrategyDef] = {
         ),
         StrategyDef(
             "replace",
-            first_deploy=_FIRST_DEPLOY,
             re_deploy=Decision("replace", "all", "replace"),
             window=Decision("replace", "window", "replace only the target rows inside the window"),
             partition=Decision("replace", "slice", "replace only the target rows inside the slice"),
         ),
         StrategyDef(
             "sync",
-            first_deploy=_FIRST_DEPLOY,
             re_deploy=Decision(
                 "sync",
                 "absent_keys",

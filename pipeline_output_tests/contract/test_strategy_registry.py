@@ -26,7 +26,6 @@ WRITTEN = TargetState(exists=True, has_snapshot=True)
 # A strategy that reuses existing write modes: registered here alone, for one test at a time.
 TOY = StrategyDef(
     "insert_or_refresh",
-    first_deploy=Decision("replace", "all", "replace"),
     re_deploy=Decision("append_new", "none", "insert only new keys"),
     window=Decision("upsert", "none", "upsert the window's rows"),
     partition=Decision("sync", "absent_keys_in_slice", "sync the slice"),
@@ -91,7 +90,6 @@ def test_a_registered_strategy_whose_window_appends_refuses_a_lookback(
 ) -> None:
     appends = StrategyDef(
         "toy_appender",
-        first_deploy=Decision("replace", "all", "replace"),
         re_deploy=Decision("append", "none", "append"),
         window=Decision("append", "none", "append"),
         partition=None,  # refused
@@ -109,7 +107,6 @@ def test_a_strategy_naming_an_unregistered_write_mode_cannot_be_built() -> None:
     with pytest.raises(InvalidSpec, match=r"'toy_bad'.*'merge_into' is not one of WRITE_MODES"):
         StrategyDef(
             "toy_bad",
-            first_deploy=Decision("replace", "all", "replace"),
             re_deploy=Decision("merge_into", "none", "?"),
             window=None,
             partition=None,

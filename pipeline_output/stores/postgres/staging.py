@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import polars as pl
 import psycopg
@@ -113,17 +113,23 @@ def apply_plan(
         window_cond = window_condition(sql.SQL("r.data"), wm, types[wm], plan.window)
     elif plan.partition is not None and plan.delete_scope in ("slice", "absent_keys_in_slice"):
         window_cond = slice_condition(sql.SQL("r.data"), plan.partition, types)
-    return WRITE_HANDLERS[plan.write_mode](conn, spec, plan, window_cond, n_in, total_before)
+    batch = Batch(conn, spec, plan, window_cond, n_in, total_before)
+    return WRITE_HANDLERS[plan.write_mode](batch)
 
 
-def _replace(
-    conn: psycopg.Connection[Any],
-    spec: DatasetSpec,
-    plan: WritePlan,
-    window_cond: Bound | None,
-    n_in: int,
-    total_before: int,
-) -> LegacyCounts:
+class Batch(NamedTuple):
+    """What a write mode's handler applies: the staged batch (`_po_batch`) of `spec`."""
+
+    conn: psycopg.Connection[Any]
+    spec: DatasetSpec
+    plan: WritePlan
+    window_cond: Bound | None  # the window's or slice's condition when the deletes are scoped
+    n_in: int  # the batch's rows
+    total_before: int  # the dataset's rows before the write
+
+
+def _replace(batch: Batch) -> LegacyCounts:
+    conn, spec, plan, window_cond, _, total_before = batch
     name, counts = spec.name, LegacyCounts()
     if plan.delete_scope in ("window", "slice") and window_cond is not None:
         # Rows inside the window (or the partition's slice) are replaced. For a keyed dataset a
@@ -150,43 +156,23 @@ def _replace(
     return counts
 
 
-def _append(
-    conn: psycopg.Connection[Any],
-    spec: DatasetSpec,
-    plan: WritePlan,
-    window_cond: Bound | None,
-    n_in: int,
-    total_before: int,
-) -> LegacyCounts:
-    name, counts = spec.name, LegacyCounts()
+def _append(batch: Batch) -> LegacyCounts:
+    conn, name, counts = batch.conn, batch.spec.name, LegacyCounts()
     counts.inserted = _insert(conn, name, base=_next_index(conn, name))
-    counts.preserved = total_before
+    counts.preserved = batch.total_before
     return counts
 
 
-def _append_new(
-    conn: psycopg.Connection[Any],
-    spec: DatasetSpec,
-    plan: WritePlan,
-    window_cond: Bound | None,
-    n_in: int,
-    total_before: int,
-) -> LegacyCounts:
-    name, counts = spec.name, LegacyCounts()
+def _append_new(batch: Batch) -> LegacyCounts:
+    conn, name, counts = batch.conn, batch.spec.name, LegacyCounts()
     counts.inserted = _insert(conn, name, base=_next_index(conn, name), only_new=True)
-    counts.skipped = n_in - counts.inserted
-    counts.preserved = total_before - counts.skipped
+    counts.skipped = batch.n_in - counts.inserted
+    counts.preserved = batch.total_before - counts.skipped
     return counts
 
 
-def _upsert_or_sync(
-    conn: psycopg.Connection[Any],
-    spec: DatasetSpec,
-    plan: WritePlan,
-    window_cond: Bound | None,
-    n_in: int,
-    total_before: int,
-) -> LegacyCounts:
+def _upsert_or_sync(batch: Batch) -> LegacyCounts:
+    conn, spec, plan, window_cond, _, total_before = batch
     name, mode, counts = spec.name, plan.write_mode, LegacyCounts()
     base = _next_index(conn, name)
     row = conn.execute(
@@ -222,12 +208,8 @@ def _upsert_or_sync(
     return counts
 
 
-Handler = Callable[
-    [psycopg.Connection[Any], DatasetSpec, WritePlan, Bound | None, int, int], LegacyCounts
-]
-# The legacy arm's handler of each write mode (`spec.WRITE_MODES`): (connection, spec, plan, the
-# window's or slice's condition when its deletes are scoped, rows in, rows before) -> counts.
-WRITE_HANDLERS: dict[WriteMode, Handler] = {
+# The legacy arm's handler of each write mode (`spec.WRITE_MODES`): its SQL over the batch.
+WRITE_HANDLERS: dict[WriteMode, Callable[[Batch], LegacyCounts]] = {
     "replace": _replace,
     "append": _append,
     "append_new": _append_new,

@@ -34,11 +34,9 @@ ARM_HANDLERS = {
     "iceberg": (merge.ICEBERG_CAPABILITIES, merge.WRITE_HANDLERS),
     "pg": (staging.LEGACY_CAPABILITIES, staging.WRITE_HANDLERS),
 }
-REPLACE_FIRST = Decision("replace", "all", "replace")
 # a strategy reusing existing write modes (its only site: this registry entry)
 INSERT_OR_REFRESH = StrategyDef(
     "insert_or_refresh",
-    first_deploy=REPLACE_FIRST,
     re_deploy=Decision("append_new", "none", "insert only new keys"),
     window=Decision("upsert", "none", "upsert the window's rows"),
     partition=Decision("sync", "absent_keys_in_slice", "sync the slice"),
@@ -54,9 +52,11 @@ def toy_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setitem(STRATEGIES, INSERT_OR_REFRESH.name, INSERT_OR_REFRESH)
     monkeypatch.setitem(WRITE_MODES, MERGE_INTO.name, MERGE_INTO)
     merge_into = Decision("merge_into", "none", "merge")
-    merges = StrategyDef("merges", REPLACE_FIRST, merge_into, merge_into, merge_into)
+    merges = StrategyDef("merges", re_deploy=merge_into, window=merge_into, partition=merge_into)
     monkeypatch.setitem(STRATEGIES, merges.name, merges)
-    first = StrategyDef("merges_first", merge_into, merge_into, None, None)
+    first = StrategyDef(
+        "merges_first", first_deploy=merge_into, re_deploy=merge_into, window=None, partition=None
+    )
     monkeypatch.setitem(STRATEGIES, first.name, first)
     yield
 
@@ -93,7 +93,7 @@ def test_a_write_mode_the_arm_has_no_handler_for_is_one_unsupported_write(
     message = str(err.value)
     assert "\n" not in message
     assert "'toy_merges'" in message and "'merge_into'" in message
-    assert "nothing was written" in message
+    assert ARM_HANDLERS[arm][0].label in message and "nothing was written" in message
     assert h.footprint(spec) == before  # no upsert in its place, no table, no file
 
 
