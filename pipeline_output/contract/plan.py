@@ -1,33 +1,22 @@
-"""The decision table: (spec, target state, window) -> write plan. Pure; no I/O, no Dagster.
+"""Planning a write: (spec, target state, window or partition) -> write plan. Pure; no I/O, no Dagster.
 
-| strategy          | first deploy | re-deploy                  | delta window                        |
-|-------------------|--------------|----------------------------|-------------------------------------|
-| snapshot_replace  | replace      | upsert (keep unmatched)    | upsert the window's rows            |
-| append_always     | replace      | append                     | append the window's rows            |
-| append_new        | replace      | append_new (anti-join)     | append_new of the window's rows     |
-| replace           | replace      | replace                    | replace target rows inside window   |
-| sync              | replace      | sync (upsert + delete)     | sync, deletes scoped to the window  |
+The decision table is the strategy registry (`spec.STRATEGIES`): for each strategy and situation
+(first deploy, re-deploy, a delta window, a Dagster partition) the write mode and the scope of its
+deletes; docs/concepts.md shows it as a table, checked against the registry. Every strategy's first
+deploy is a replace; a delta window's deletes are limited to the window.
 
-A Dagster partition (`contract/slices.py`) is a fourth situation: its write makes the target's
+A Dagster partition (`contract/slices.py`) is the fourth situation: its write makes the target's
 slice exactly the compute's rows — `snapshot_replace` and `sync` by key (update matched, insert
 new, delete the slice's rows whose key is absent: every change counted), `replace` by dropping
 the slice's rows (whole files on Iceberg when its partition spec matches) — while `append_always`
 and `append_new` append into the slice. Rows outside the slice are refused by every strategy.
-
-| strategy          | Dagster partition                                       |
-|-------------------|---------------------------------------------------------|
-| snapshot_replace  | sync, deletes scoped to the slice                       |
-| append_always     | append the slice's rows                                 |
-| append_new        | append_new of the slice's rows                          |
-| replace           | replace the target rows inside the slice                |
-| sync              | sync, deletes scoped to the slice                       |
 
 A dry run before the run's partitions are known (`pipeline-output plan`) plans the partition
 situation with `partitioned_by=` (the partition columns) instead of a slice, and describes the
 effect on "each partition's slice"; a partitioned dataset's first deploy is described as the
 target's first write of the partition's rows (never "every target row").
 
-A combination absent from `_DECISIONS` raises `UnsupportedWrite` before any I/O.
+A situation a strategy has no decision for raises `UnsupportedWrite` before any I/O.
 
 `WriteResult`: what one write did, in numbers. Shared by every arm.
 """
@@ -36,25 +25,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import Any
 
 from pipeline_output.contract.slices import PartitionSlice
-from pipeline_output.contract.spec import Arm, DatasetSpec, Strategy, WriteMode
+from pipeline_output.contract.spec import (
+    STRATEGIES,
+    WRITE_MODES,
+    Arm,
+    DatasetSpec,
+    DeleteScope,
+    Situation,
+    Strategy,
+    WriteMode,
+)
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import UnsupportedWrite
-
-Situation = Literal["first_deploy", "re_deploy", "window", "partition"]
-DeleteScope = Literal[
-    "none",
-    "all",
-    "window",  # the target rows inside the delta window
-    "absent_keys",
-    "absent_keys_in_window",
-    "slice",  # the target rows inside the Dagster partition's slice
-    "absent_keys_in_slice",
-]
-# scopes that limit a write's deletes to the rows of a window or a partition slice
-SCOPED = frozenset({"window", "absent_keys_in_window", "slice", "absent_keys_in_slice"})
 
 
 @dataclass(frozen=True)
@@ -102,23 +87,17 @@ class WritePlan:
 
     def describe(self) -> str:
         """The expected effect, in one sentence (used by dry runs)."""
-        effects: dict[WriteMode, str] = {
-            "replace": "replace every target row with the compute's rows",
-            "upsert": "update rows whose key matches, insert new keys, keep all other rows",
-            "append": "append every computed row",
-            "append_new": "insert only rows whose key is absent from the target; leave others",
-            "sync": "update matched keys, insert new keys, delete target rows whose key is absent",
-        }
-        effect = effects[self.write_mode]
+        mode = WRITE_MODES.get(self.write_mode)
+        if mode is None:  # no longer registered: an arm refuses it (`Capabilities.check_plan`)
+            return f"{self.write_mode} ({self.reason}): an unknown write mode"
+        effect = mode.effect
         scope = self._slice()
-        if self.write_mode == "replace" and self.window is not None and not self.first_deploy:
-            effect = f"replace only the target rows inside {self.window}"
-        elif self.write_mode == "sync" and self.window is not None:
-            effect += f" (deletion limited to rows inside {self.window})"
+        if self.window is not None and not self.first_deploy and mode.window_effect:
+            effect = mode.window_effect.format(self.window)
         elif scope is not None and self.first_deploy:
             effect = f"the target's first write: the compute's rows of {scope}"
         elif scope is not None:
-            effect = _PARTITION_EFFECTS[self.write_mode].format(scope)
+            effect = mode.slice_effect.format(scope)
         return f"{self.write_mode} ({self.reason}): {effect}"
 
     def _slice(self) -> str | None:
@@ -130,40 +109,6 @@ class WritePlan:
         columns = " and ".join(self.partitioned_by)
         verb = "lies" if len(self.partitioned_by) == 1 else "lie"
         return f"each partition's slice (the rows whose {columns} {verb} in that partition)"
-
-
-_PARTITION_EFFECTS: dict[WriteMode, str] = {
-    "replace": "replace the target rows of {} with the compute's rows",
-    "sync": "make {} exactly the compute's rows: update matched keys, insert new keys, delete "
-    "the slice's rows whose key is absent",
-    "append": "append every computed row (all inside {})",
-    "append_new": "insert only rows whose key is absent from the target (all inside {})",
-    "upsert": "update matched keys, insert new keys (all inside {})",
-}
-
-# (strategy, situation) -> (write mode, delete scope)
-_DECISIONS: dict[tuple[str, Situation], tuple[WriteMode, DeleteScope]] = {
-    ("snapshot_replace", "first_deploy"): ("replace", "all"),
-    ("snapshot_replace", "re_deploy"): ("upsert", "none"),
-    ("snapshot_replace", "window"): ("upsert", "none"),
-    ("append_always", "first_deploy"): ("replace", "all"),
-    ("append_always", "re_deploy"): ("append", "none"),
-    ("append_always", "window"): ("append", "none"),
-    ("append_new", "first_deploy"): ("replace", "all"),
-    ("append_new", "re_deploy"): ("append_new", "none"),
-    ("append_new", "window"): ("append_new", "none"),
-    ("replace", "first_deploy"): ("replace", "all"),
-    ("replace", "re_deploy"): ("replace", "all"),
-    ("replace", "window"): ("replace", "window"),
-    ("sync", "first_deploy"): ("replace", "all"),
-    ("sync", "re_deploy"): ("sync", "absent_keys"),
-    ("sync", "window"): ("sync", "absent_keys_in_window"),
-    ("snapshot_replace", "partition"): ("sync", "absent_keys_in_slice"),
-    ("append_always", "partition"): ("append", "none"),
-    ("append_new", "partition"): ("append_new", "none"),
-    ("replace", "partition"): ("replace", "slice"),
-    ("sync", "partition"): ("sync", "absent_keys_in_slice"),
-}
 
 
 def plan_write(
@@ -196,20 +141,20 @@ def plan_write(
         situation = "partition"
     else:
         situation = "re_deploy"
-    decision = _DECISIONS.get((spec.strategy, situation))
+    strategy = STRATEGIES.get(spec.strategy)
+    decision = strategy.decide(situation) if strategy is not None else None
     if decision is None:
         raise UnsupportedWrite(
             f"dataset {spec.name!r}: strategy {spec.strategy!r} has no implemented write for "
             f"{situation.replace('_', ' ')}; nothing was written"
         )
-    write_mode, scope = decision
     return WritePlan(
         dataset=spec.name,
         strategy=spec.strategy,
-        write_mode=write_mode,
+        write_mode=decision.write_mode,
         first_deploy=target.first_deploy,
         window=window,
-        delete_scope=scope,
+        delete_scope=decision.delete_scope,
         partition=partition,
         partitioned_by=() if partition is not None else tuple(partitioned_by),
     )

@@ -1,13 +1,22 @@
 """Dataset specs: the frozen, validated description of a produced dataset.
 
-Owns the closed vocabularies (strategy, mode, write mode) and `DatasetSpec` / `Delta`. Every check that
-can be made without I/O is made here, at construction, so a bad spec fails when code loads.
+Owns the closed vocabularies (mode, arm, write-strategy hint) and the strategy registry: every
+write mode (`WRITE_MODES`: what it does, whether it matches by key, whether it writes the rows as
+given, ...) and every strategy (`STRATEGIES`: the write mode and delete scope it plans in each
+situation — the decision table `plan.plan_write` reads — and what follows from them: keyed,
+window-scoped). Each arm registers a handler per write mode and declares them
+(`Capabilities.write_modes`), checked against every spec when the code location loads; docs/concepts.md's
+strategy table is checked against the registry. Adding a strategy is one `StrategyDef` here (and,
+for a new write mode, its `WriteModeDef` and a handler on each arm).
+
+Also `DatasetSpec` / `Delta`. Every check that can be made without I/O is made here, at
+construction, so a bad spec fails when code loads.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from typing import Literal, get_args
@@ -15,28 +24,239 @@ from typing import Literal, get_args
 from pipeline_output.contract.partitioning import PartitionTerm, parse_terms
 from pipeline_output.errors import InvalidArgument, InvalidSpec
 
-Strategy = Literal[
-    "snapshot_replace",  # first: replace; re-deploy: upsert by key, keep unmatched target rows
-    "append_always",  # first: replace; re-deploy: append every row
-    "append_new",  # first: replace; re-deploy: insert only rows whose key is absent
-    "replace",  # always replace (the whole table, or only the window's rows)
-    "sync",  # first: replace; re-deploy: upsert and delete target rows absent from the compute
-]
+Strategy = str  # a name in `STRATEGIES` (checked when a spec is built)
+WriteMode = str  # a name in `WRITE_MODES`: the primitive an arm executes
 Mode = Literal["pg", "iceberg", "dual"]
 Arm = Literal["pg", "iceberg"]  # a store: the legacy Postgres row store or the Iceberg table
-WriteMode = Literal["replace", "upsert", "append", "append_new", "sync"]
 WriteStrategyHint = Literal[
     "auto",  # per data file, by cost (stores/iceberg/write/merge.py, MergePolicy)
     "copy-on-write",  # rewrite every data file a merge changes
     "merge-on-read",  # keep changed data files; positional delete files + new rows
 ]
+Situation = Literal["first_deploy", "re_deploy", "window", "partition"]
+DeleteScope = Literal[
+    "none",
+    "all",
+    "window",  # the target rows inside the delta window
+    "absent_keys",
+    "absent_keys_in_window",
+    "slice",  # the target rows inside the Dagster partition's slice
+    "absent_keys_in_slice",
+]
+# scopes that limit a write's deletes to the rows of a window or a partition slice
+SCOPED = frozenset({"window", "absent_keys_in_window", "slice", "absent_keys_in_slice"})
 
-STRATEGIES: tuple[str, ...] = get_args(Strategy)
 MODES: tuple[str, ...] = get_args(Mode)
 ARMS: tuple[Arm, ...] = get_args(Arm)
-WRITE_MODES: tuple[str, ...] = get_args(WriteMode)
 WRITE_STRATEGY_HINTS: tuple[str, ...] = get_args(WriteStrategyHint)
-KEYED_STRATEGIES = frozenset({"snapshot_replace", "append_new", "sync"})
+SITUATIONS: tuple[Situation, ...] = get_args(Situation)
+
+
+@dataclass(frozen=True)
+class WriteModeDef:
+    """A write mode: the primitive an arm executes. Each arm has a handler per mode it declares
+    (`Capabilities.write_modes`): the Iceberg arm's `merge.WRITE_HANDLERS`, the legacy arm's
+    `staging.WRITE_HANDLERS`."""
+
+    name: str
+    effect: str  # what it does, in words (`WritePlan.describe`)
+    slice_effect: str  # what it does to a Dagster partition's slice `{}`
+    window_effect: str | None = None  # what it does when a delta window `{}` scopes it
+    keyed: bool = False  # matches rows by key: a strategy that uses it needs a primary_key
+    as_given: bool = False  # writes the computed rows as they are (files written before the lock)
+    idempotent: bool = True  # writing the same rows again changes nothing (Delta lookback re-reads)
+    blind_retry: bool = False  # its rows do not depend on the target: re-applied on a newer head
+    # the row-level operation it is: Iceberg's `write.<op>.mode` table property picks
+    # copy-on-write or merge-on-read for it (None: it never deletes rows by position)
+    row_level: Literal["merge", "delete"] | None = None
+
+
+WRITE_MODES: dict[WriteMode, WriteModeDef] = {
+    m.name: m
+    for m in (
+        WriteModeDef(
+            "replace",
+            effect="replace every target row with the compute's rows",
+            slice_effect="replace the target rows of {} with the compute's rows",
+            window_effect="replace only the target rows inside {}",
+            as_given=True,
+            row_level="delete",
+        ),
+        WriteModeDef(
+            "upsert",
+            effect="update rows whose key matches, insert new keys, keep all other rows",
+            slice_effect="update matched keys, insert new keys (all inside {})",
+            keyed=True,
+            row_level="merge",
+        ),
+        WriteModeDef(
+            "append",
+            effect="append every computed row",
+            slice_effect="append every computed row (all inside {})",
+            as_given=True,
+            idempotent=False,
+            blind_retry=True,
+        ),
+        WriteModeDef(
+            "append_new",
+            effect="insert only rows whose key is absent from the target; leave others",
+            slice_effect="insert only rows whose key is absent from the target (all inside {})",
+            keyed=True,
+            as_given=True,
+        ),
+        WriteModeDef(
+            "sync",
+            effect="update matched keys, insert new keys, delete target rows whose key is absent",
+            slice_effect="make {} exactly the compute's rows: update matched keys, insert new "
+            "keys, delete the slice's rows whose key is absent",
+            window_effect="update matched keys, insert new keys, delete target rows whose key is "
+            "absent (deletion limited to rows inside {})",
+            keyed=True,
+            row_level="merge",
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a strategy writes in one situation: the write mode and the scope of its deletes."""
+
+    write_mode: WriteMode
+    delete_scope: DeleteScope
+    doc: str  # its cell in docs/concepts.md's strategy table
+
+
+REPLACE_ALL = Decision("replace", "all", "replace")
+
+
+@dataclass(frozen=True)
+class StrategyDef:
+    """A strategy: its row of the decision table (a `Decision` per situation; None: that
+    situation is refused with `UnsupportedWrite`) and the properties that follow from it."""
+
+    name: str
+    re_deploy: Decision
+    window: Decision | None  # a delta window
+    partition: Decision | None  # a Dagster partition's slice
+    first_deploy: Decision = REPLACE_ALL  # the target's first write: every strategy's a replace
+    note: str = ""  # after its name in docs/concepts.md's table, e.g. "(default)"
+
+    def __post_init__(self) -> None:
+        for situation, decision in self.decisions():
+            if decision.write_mode not in WRITE_MODES:
+                raise InvalidSpec(
+                    f"strategy {self.name!r}: its {situation} write mode "
+                    f"{decision.write_mode!r} is not one of WRITE_MODES"
+                )
+
+    def decisions(self) -> Iterator[tuple[Situation, Decision]]:
+        """(situation, decision) for each situation the strategy writes."""
+        for situation in SITUATIONS:
+            decision = self.decide(situation)
+            if decision is not None:
+                yield situation, decision
+
+    def decide(self, situation: Situation) -> Decision | None:
+        """The decision in `situation` (None: not written)."""
+        decision: Decision | None = getattr(self, situation)
+        return decision
+
+    @property
+    def write_modes(self) -> frozenset[WriteMode]:
+        """Every write mode it may plan: an arm must implement them all to be written to."""
+        return frozenset(d.write_mode for _, d in self.decisions())
+
+    @property
+    def keyed(self) -> bool:
+        """Whether it matches rows by key (one of its write modes does): it needs a primary_key."""
+        return any(WRITE_MODES[m].keyed for m in self.write_modes)
+
+    @property
+    def window_scoped(self) -> bool:
+        """Whether a delta window's write deletes within its window: the window it writes is the
+        one it read (`Delta.lookback`'s earlier windows included), not only its own."""
+        return self.window is not None and self.window.delete_scope in SCOPED
+
+    @property
+    def rereads_safely(self) -> bool:
+        """Whether a window may be written again (`Delta.lookback`): its write is idempotent."""
+        return self.window is None or WRITE_MODES[self.window.write_mode].idempotent
+
+
+STRATEGIES: dict[Strategy, StrategyDef] = {
+    s.name: s
+    for s in (
+        StrategyDef(
+            "snapshot_replace",
+            note="(default)",
+            re_deploy=Decision(
+                "upsert", "none", "upsert: update matched keys, insert new, **keep** unmatched"
+            ),
+            window=Decision("upsert", "none", "upsert the window's rows"),
+            partition=Decision(
+                "sync", "absent_keys_in_slice", "sync, deletion limited to the partition's slice"
+            ),
+        ),
+        StrategyDef(
+            "append_always",
+            re_deploy=Decision("append", "none", "append"),
+            window=Decision("append", "none", "append the window's rows"),
+            partition=Decision("append", "none", "append into the slice"),
+        ),
+        StrategyDef(
+            "append_new",
+            re_deploy=Decision(
+                "append_new",
+                "none",
+                "insert only rows whose key is absent (matched rows untouched)",
+            ),
+            window=Decision("append_new", "none", "same"),
+            partition=Decision("append_new", "none", "same, into the slice"),
+        ),
+        StrategyDef(
+            "replace",
+            re_deploy=Decision("replace", "all", "replace"),
+            window=Decision("replace", "window", "replace only the target rows inside the window"),
+            partition=Decision("replace", "slice", "replace only the target rows inside the slice"),
+        ),
+        StrategyDef(
+            "sync",
+            re_deploy=Decision(
+                "sync",
+                "absent_keys",
+                "upsert **and delete** target rows whose key is absent from the compute",
+            ),
+            window=Decision(
+                "sync", "absent_keys_in_window", "same, deletion limited to rows inside the window"
+            ),
+            partition=Decision(
+                "sync", "absent_keys_in_slice", "same, deletion limited to the slice"
+            ),
+        ),
+    )
+}
+
+
+def strategy_table() -> str:
+    """docs/concepts.md's strategy table and the sentence on keys after it, from the registry."""
+    head = [
+        "| strategy | first deploy | re-deploy | delta window | Dagster partition |",
+        "|---|---|---|---|---|",
+    ]
+    rows = []
+    for s in STRATEGIES.values():
+        cells = [f"`{s.name}`" + (f" {s.note}" if s.note else "")]
+        for situation in SITUATIONS:
+            decision = s.decide(situation)
+            cells.append(decision.doc if decision is not None else "refused (`UnsupportedWrite`)")
+        rows.append("| " + " | ".join(cells) + " |")
+    keyed = [f"`{s.name}`" for s in STRATEGIES.values() if s.keyed]
+    listed = ", ".join(keyed[:-1]) + f" and {keyed[-1]}" if len(keyed) > 1 else "".join(keyed)
+    return "\n".join(
+        [*head, *rows, "", f"{listed} need a primary key (checked when the spec is built)."]
+    )
+
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The Iceberg SQL catalog's name columns hold 255 characters. An arm with a shorter limit declares
@@ -159,12 +379,13 @@ class DatasetSpec:
                 check_identifier(col, what=f"{attr} column", dataset=name)
             object.__setattr__(self, attr, cols)
 
-        if self.strategy not in STRATEGIES:
+        strategy = STRATEGIES.get(self.strategy) if isinstance(self.strategy, str) else None
+        if strategy is None:
             raise InvalidSpec(
                 f"dataset {name!r}: unknown strategy {self.strategy!r}; "
                 f"valid strategies: {', '.join(STRATEGIES)}"
             )
-        if self.strategy in KEYED_STRATEGIES and not pk:
+        if strategy.keyed and not pk:
             raise InvalidSpec(
                 f"dataset {name!r}: strategy {self.strategy!r} needs a primary_key "
                 "(it matches rows by key)"
@@ -197,11 +418,17 @@ class DatasetSpec:
         if self.delta is not None:
             if not isinstance(self.delta, Delta):
                 raise InvalidSpec(f"dataset {name!r}: delta must be a Delta(...)")
-            if self.delta.lookback and self.strategy == "append_always":
+            if self.delta.lookback and not strategy.rereads_safely:
+                mode = strategy.window.write_mode if strategy.window else ""
                 raise InvalidSpec(
                     f"dataset {name!r}: Delta lookback re-reads earlier windows, which "
-                    "append_always would append twice; use lookback=0 or an idempotent strategy"
+                    f"{self.strategy} would {mode} twice; use lookback=0 or an idempotent strategy"
                 )
+
+    @property
+    def strategy_def(self) -> StrategyDef:
+        """The strategy's registry entry (`STRATEGIES`)."""
+        return STRATEGIES[self.strategy]
 
     @property
     def key_columns(self) -> tuple[str, ...]:

@@ -7,11 +7,13 @@ returns a `WriteResult` carrying the plan it executed), `read`, and `find_marker
 any, carries a window attempt's marker: the exactly-once repair after a crash).
 
 `Capabilities` are declared up front, the way dlt destinations declare theirs: what column types an
-arm stores, which of them can be a primary-key column, its identifier length, its column limit.
-They are checked twice, both times before any I/O: against a spec when the code location loads
-(`check_spec`, called by `build_definitions`), and against the computed frame for every arm a write
-is about to touch (`check_frame`, called by the publish pipeline), so a `dual` write of a column the
-legacy arm cannot store fails before the Iceberg arm writes a file.
+arm stores, which of them can be a primary-key column, its identifier length, its column limit,
+and the write modes it has a handler for (`write_modes`). They are checked before any I/O: against
+a spec when the code location loads (`check_specs`, called by `build_definitions`: names, and every
+write mode the spec's strategy may plan), against the computed frame for every arm a write is
+about to touch (`check_frame`, called by the publish pipeline), so a `dual` write of a column the
+legacy arm cannot store fails before the Iceberg arm writes a file, and against the plan a write
+executes (`check_plan`: a write mode the arm has no handler for is one `UnsupportedWrite`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ import polars as pl
 from polars.datatypes import FloatType, IntegerType
 
 from pipeline_output.contract.slices import PartitionSlice
-from pipeline_output.contract.spec import ARMS, Arm, DatasetSpec
+from pipeline_output.contract.spec import ARMS, STRATEGIES, Arm, DatasetSpec, WriteMode
 from pipeline_output.contract.windows import Window
-from pipeline_output.errors import BadInput, InvalidSpec
+from pipeline_output.errors import BadInput, InvalidSpec, UnsupportedWrite
 
 if TYPE_CHECKING:
     from pipeline_output.contract.plan import TargetState, WritePlan, WriteResult
@@ -65,6 +67,28 @@ class Capabilities:
     scalar_types: tuple[type[pl.DataType], ...] | None  # None: every scalar type polars has
     key_types: tuple[type[pl.DataType], ...]  # the types a primary-key column may have
     advice: str  # what to do when a dataset needs more than this arm offers
+    write_modes: frozenset[WriteMode]  # the write modes it has a handler for (`spec.WRITE_MODES`)
+
+    def check_write_modes(self, spec: DatasetSpec) -> None:
+        """Refuse a spec whose strategy may plan a write mode this arm has no handler for."""
+        strategy = STRATEGIES.get(spec.strategy)
+        for situation, decision in strategy.decisions() if strategy is not None else ():
+            if decision.write_mode not in self.write_modes:
+                advice = f"; {self.advice}" if self.advice else ""
+                raise InvalidSpec(
+                    f"dataset {spec.name!r}: strategy {spec.strategy!r} plans the write mode "
+                    f"{decision.write_mode!r} ({situation}), which the {self.label} has no "
+                    f"handler for{advice}"
+                )
+
+    def check_plan(self, spec: DatasetSpec, plan: WritePlan) -> None:
+        """Refuse a plan whose write mode this arm has no handler for (before any I/O)."""
+        if plan.write_mode not in self.write_modes:
+            raise UnsupportedWrite(
+                f"dataset {spec.name!r}: the {self.label} has no handler for the write mode "
+                f"{plan.write_mode!r} (strategy {plan.strategy!r}, {plan.reason}); nothing was "
+                "written"
+            )
 
     def check_spec(self, spec: DatasetSpec) -> None:
         """Refuse a spec this arm cannot hold (names too long for it), naming the dataset."""
@@ -152,10 +176,12 @@ def arms_a_spec_may_write(spec: DatasetSpec) -> tuple[Arm, ...]:
 
 
 def check_specs(specs: Sequence[DatasetSpec], capabilities: dict[Arm, Capabilities]) -> None:
-    """The load-time check: every spec against every arm it may be written to."""
+    """The load-time check: every spec against every arm it may be written to (its names, and
+    the write modes its strategy may plan)."""
     for spec in specs:
         for arm in arms_a_spec_may_write(spec):
             capabilities[arm].check_spec(spec)
+            capabilities[arm].check_write_modes(spec)
 
 
 class WriteScope(TypedDict, total=False):

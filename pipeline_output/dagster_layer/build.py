@@ -47,8 +47,8 @@ from pipeline_output.dagster_layer.window_upstreams import (
 from pipeline_output.errors import InvalidArgument
 from pipeline_output.services.maintenance import MaintenanceOptions
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
-from pipeline_output.stores.iceberg.table.tables import ICEBERG_CAPABILITIES
-from pipeline_output.stores.postgres.types import LEGACY_CAPABILITIES
+from pipeline_output.stores.iceberg.write.merge import ICEBERG_CAPABILITIES
+from pipeline_output.stores.postgres.staging import LEGACY_CAPABILITIES
 
 
 def build_definitions(
@@ -79,8 +79,8 @@ def build_definitions(
     plans windows and adds their partitions, the condition runs them. `all_datasets` is a job over
     the unpartitioned datasets. Two datasets may not share a name under different key prefixes
     (it names their table). Each dataset is checked against the declared capabilities of every
-    arm it may be written to (`store_protocol.check_specs`): a name the legacy arm cannot hold
-    fails here, at load.
+    arm it may be written to (`store_protocol.check_specs`): a name the legacy arm cannot hold,
+    or a strategy whose write mode an arm has no handler for, fails here, at load.
 
     Every run of the location executes its steps in the run worker (`dg.in_process_executor`)
     unless `executor` is given (it then governs every run, window runs included). Every dataset

@@ -423,7 +423,7 @@ def replay_legacy(
             if w.frame is None or postgres.find_marker(spec, marker) is not None:
                 continue
             pending = postgres.begin_write(
-                replace(spec, strategy=w.strategy),  # type: ignore[arg-type]
+                replace(spec, strategy=w.strategy),
                 pl.read_ipc(io.BytesIO(w.frame)),
                 after=pending,
                 window=Window.from_key(w.window_key) if w.window_key else None,

@@ -157,7 +157,7 @@ def window_scopes(
     their own window's rows."""
     lookback = spec.delta.lookback if spec.delta is not None else 0
     keys = [row.partition_key for row in ledger_rows]
-    scoped = spec.strategy in ("replace", "sync")
+    scoped = spec.strategy_def.window_scoped
     out = []
     for window in windows:
         read = window

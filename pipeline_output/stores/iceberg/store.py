@@ -29,7 +29,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH
 
-from pipeline_output.contract.checked_input import check_in_window
+from pipeline_output.contract.checked_input import check_in_window, checked_frame
 from pipeline_output.contract.plan import TargetState, WritePlan, WriteResult, plan_write
 from pipeline_output.contract.spec import Arm, DatasetSpec
 from pipeline_output.contract.store_protocol import (
@@ -47,14 +47,13 @@ from pipeline_output.stores.iceberg.maintenance.orphans import OrphanResult
 from pipeline_output.stores.iceberg.snapshot.commit import summary_properties
 from pipeline_output.stores.iceberg.table import reads
 from pipeline_output.stores.iceberg.table.partitions import aligned_to_field
-from pipeline_output.stores.iceberg.table.tables import (
-    DEFAULT_LOCK,
-    ICEBERG_CAPABILITIES,
-    IcebergTables,
-    state_of,
-)
+from pipeline_output.stores.iceberg.table.tables import DEFAULT_LOCK, IcebergTables, state_of
 from pipeline_output.stores.iceberg.write.branch_target import branch_view
-from pipeline_output.stores.iceberg.write.merge import create_table, write_existing
+from pipeline_output.stores.iceberg.write.merge import (
+    ICEBERG_CAPABILITIES,
+    create_table,
+    write_existing,
+)
 from pipeline_output.stores.iceberg.write.prepare import PreparedWrite, prepare_write
 from pipeline_output.stores.iceberg.write.streaming import replace_streaming
 
@@ -123,8 +122,10 @@ class IcebergStore:
         `PreparedWrite.discard()` deletes files a write did not commit and ends the registration
         (`write` does both).
         """
+        frame = checked_frame(spec, data)
+        self.capabilities.check_frame(spec, frame)  # before any I/O (float or nested keys...)
         return prepare_write(
-            self, spec, data, window=scope.get("window"), partition=scope.get("partition")
+            self, spec, frame, window=scope.get("window"), partition=scope.get("partition")
         )
 
     def write(
@@ -165,6 +166,7 @@ class IcebergStore:
                 if window is not None and table is not None and spec.watermark:
                     window = aligned_to_field(window, table.schema(), spec.watermark)
                 plan = plan_write(spec, state_of(table), window, partition=partition)
+                self.capabilities.check_plan(spec, plan)  # a write mode without a handler
                 if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
                     check_in_window(spec, frame, window)
                 props = summary_properties(spec, plan, run_id, summary)

@@ -1,11 +1,13 @@
 """Staging and applying a batch on the legacy arm, inside the write's transaction: COPY into a
-typed temp table, documents with `to_jsonb`, then each write mode as set-based SQL.
+typed temp table, documents with `to_jsonb`, then each write mode as set-based SQL — its handler
+in `WRITE_HANDLERS`, declared in the arm's capabilities (`LEGACY_CAPABILITIES`).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import polars as pl
 import psycopg
@@ -13,7 +15,8 @@ from psycopg import sql
 
 from pipeline_output.contract.checked_input import MAX_EXAMPLES, duplicate_target_keys
 from pipeline_output.contract.plan import WritePlan
-from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.spec import DatasetSpec, WriteMode
+from pipeline_output.contract.store_protocol import KEY_TYPES, Capabilities
 from pipeline_output.errors import (
     BadInput,
 )
@@ -29,7 +32,12 @@ from pipeline_output.stores.postgres.fragments import (
     window_condition,
 )
 from pipeline_output.stores.postgres.pending import LegacyCounts
-from pipeline_output.stores.postgres.types import csv_ready
+from pipeline_output.stores.postgres.types import (
+    MAX_COLUMNS,
+    MAX_IDENTIFIER_BYTES,
+    SCALAR_TYPES,
+    csv_ready,
+)
 
 
 def rekey(conn: psycopg.Connection[Any], spec: DatasetSpec) -> None:
@@ -90,10 +98,10 @@ def apply_plan(
     total_before: int,
     types: dict[str, sql.Composable],
 ) -> LegacyCounts:
-    """Execute the plan's write mode with set-based SQL over `_po_batch`."""
+    """Execute the plan's write mode with set-based SQL over `_po_batch`: its handler in
+    `WRITE_HANDLERS` (a mode without one: `UnsupportedWrite`, nothing written)."""
+    LEGACY_CAPABILITIES.check_plan(spec, plan)
     name = spec.name
-    mode = plan.write_mode
-    counts = LegacyCounts()
     window_cond: Bound | None = None  # its values are placeholders: `name` is bound first
     if plan.window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
         wm = spec.watermark
@@ -105,44 +113,67 @@ def apply_plan(
         window_cond = window_condition(sql.SQL("r.data"), wm, types[wm], plan.window)
     elif plan.partition is not None and plan.delete_scope in ("slice", "absent_keys_in_slice"):
         window_cond = slice_condition(sql.SQL("r.data"), plan.partition, types)
+    batch = Batch(conn, spec, plan, window_cond, n_in, total_before)
+    return WRITE_HANDLERS[plan.write_mode](batch)
 
-    if mode == "replace":
-        if plan.delete_scope in ("window", "slice") and window_cond is not None:
-            # Rows inside the window (or the partition's slice) are replaced. For a keyed dataset a computed key whose stored
-            # row lies outside the window (its watermark moved) is replaced too: keys stay unique,
-            # as on the native arm.
-            moved = (
-                sql.SQL(" OR EXISTS (SELECT 1 FROM {} AS b WHERE b.pk = r.pk)").format(BATCH_TABLE)
-                if spec.primary_key
-                else sql.SQL("")
-            )
-            counts.deleted = conn.execute(
-                sql.SQL("DELETE FROM {} AS r WHERE r.dataset_id = %s AND ({}{})").format(
-                    ROWS, window_cond.sql, moved
-                ),
-                (name, *window_cond.params),
-            ).rowcount
-            counts.preserved = total_before - counts.deleted
-            counts.inserted = _insert(conn, name, base=_next_index(conn, name))
-        else:
-            counts.deleted = conn.execute(
-                sql.SQL("DELETE FROM {} WHERE dataset_id = %s").format(ROWS), (name,)
-            ).rowcount
-            counts.inserted = _insert(conn, name, base=0)
-        return counts
 
-    if mode == "append":
+class Batch(NamedTuple):
+    """What a write mode's handler applies: the staged batch (`_po_batch`) of `spec`."""
+
+    conn: psycopg.Connection[Any]
+    spec: DatasetSpec
+    plan: WritePlan
+    window_cond: Bound | None  # the window's or slice's condition when the deletes are scoped
+    n_in: int  # the batch's rows
+    total_before: int  # the dataset's rows before the write
+
+
+def _replace(batch: Batch) -> LegacyCounts:
+    conn, spec, plan, window_cond, _, total_before = batch
+    name, counts = spec.name, LegacyCounts()
+    if plan.delete_scope in ("window", "slice") and window_cond is not None:
+        # Rows inside the window (or the partition's slice) are replaced. For a keyed dataset a
+        # computed key whose stored row lies outside the window (its watermark moved) is
+        # replaced too: keys stay unique, as on the native arm.
+        moved = (
+            sql.SQL(" OR EXISTS (SELECT 1 FROM {} AS b WHERE b.pk = r.pk)").format(BATCH_TABLE)
+            if spec.primary_key
+            else sql.SQL("")
+        )
+        counts.deleted = conn.execute(
+            sql.SQL("DELETE FROM {} AS r WHERE r.dataset_id = %s AND ({}{})").format(
+                ROWS, window_cond.sql, moved
+            ),
+            (name, *window_cond.params),
+        ).rowcount
+        counts.preserved = total_before - counts.deleted
         counts.inserted = _insert(conn, name, base=_next_index(conn, name))
-        counts.preserved = total_before
-        return counts
+    else:
+        counts.deleted = conn.execute(
+            sql.SQL("DELETE FROM {} WHERE dataset_id = %s").format(ROWS), (name,)
+        ).rowcount
+        counts.inserted = _insert(conn, name, base=0)
+    return counts
 
-    if mode == "append_new":
-        counts.inserted = _insert(conn, name, base=_next_index(conn, name), only_new=True)
-        counts.skipped = n_in - counts.inserted
-        counts.preserved = total_before - counts.skipped
-        return counts
 
-    # upsert / sync
+def _append(batch: Batch) -> LegacyCounts:
+    conn, name, counts = batch.conn, batch.spec.name, LegacyCounts()
+    counts.inserted = _insert(conn, name, base=_next_index(conn, name))
+    counts.preserved = batch.total_before
+    return counts
+
+
+def _append_new(batch: Batch) -> LegacyCounts:
+    conn, name, counts = batch.conn, batch.spec.name, LegacyCounts()
+    counts.inserted = _insert(conn, name, base=_next_index(conn, name), only_new=True)
+    counts.skipped = batch.n_in - counts.inserted
+    counts.preserved = batch.total_before - counts.skipped
+    return counts
+
+
+def _upsert_or_sync(batch: Batch) -> LegacyCounts:
+    conn, spec, plan, window_cond, _, total_before = batch
+    name, mode, counts = spec.name, plan.write_mode, LegacyCounts()
     base = _next_index(conn, name)
     row = conn.execute(
         sql.SQL(
@@ -175,6 +206,28 @@ def apply_plan(
     counts.inserted = _insert(conn, name, base=base, only_new=True)
     counts.preserved = total_before - matched - counts.deleted
     return counts
+
+
+# The legacy arm's handler of each write mode (`spec.WRITE_MODES`): its SQL over the batch.
+WRITE_HANDLERS: dict[WriteMode, Callable[[Batch], LegacyCounts]] = {
+    "replace": _replace,
+    "append": _append,
+    "append_new": _append_new,
+    "upsert": _upsert_or_sync,
+    "sync": _upsert_or_sync,
+}
+
+LEGACY_CAPABILITIES = Capabilities(
+    arm="pg",
+    label="legacy Postgres arm",
+    nested_types=False,
+    max_identifier_length=MAX_IDENTIFIER_BYTES,
+    max_columns=MAX_COLUMNS,
+    scalar_types=SCALAR_TYPES,
+    key_types=KEY_TYPES,  # the same rule on both arms (contract/store_protocol.py)
+    advice="keep this dataset on the iceberg arm (mode='iceberg')",
+    write_modes=frozenset(WRITE_HANDLERS),
+)
 
 
 def _refuse_duplicate_matches(conn: psycopg.Connection[Any], spec: DatasetSpec) -> None:

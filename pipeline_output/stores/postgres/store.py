@@ -67,9 +67,8 @@ from pipeline_output.stores.postgres.fragments import (
     window_condition,
 )
 from pipeline_output.stores.postgres.pending import PendingWrite, rows_as_frame
-from pipeline_output.stores.postgres.staging import apply_plan, rekey, stage
+from pipeline_output.stores.postgres.staging import LEGACY_CAPABILITIES, apply_plan, rekey, stage
 from pipeline_output.stores.postgres.types import (
-    LEGACY_CAPABILITIES,
     align_to_types,
     check_text,
     evolve_schema,
@@ -253,6 +252,7 @@ class PostgresStore:
             lock_wait = self._lock(conn, spec.name)
             state = self._state(conn, spec.name)
             plan = plan_write(spec, state, window, partition=partition)
+            self.capabilities.check_plan(spec, plan)  # a write mode without a handler
             if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
                 check_in_window(spec, frame, window)
             entry = self.ledger.registry.registered(spec.name, conn=conn)

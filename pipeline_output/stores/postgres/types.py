@@ -35,7 +35,6 @@ from pyiceberg.types import NestedField
 
 from pipeline_output.contract.checked_input import polars_schema
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.contract.store_protocol import KEY_TYPES, Capabilities
 from pipeline_output.errors import (
     BadInput,
     SchemaMismatch,
@@ -57,21 +56,12 @@ _SIMPLE_TYPES: dict[type[pl.DataType], str] = {
     pl.Date: "date",
     pl.Time: "time",  # microseconds, as Iceberg's `time` (`frames` truncates nanoseconds)
 }
-_MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: longer column names would be truncated
+# What the arm's capabilities declare (`staging.LEGACY_CAPABILITIES`, beside its write modes):
+MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: longer column names would be truncated
 # Postgres allows 1,600 columns in a table; the staging table adds its row index.
-_MAX_COLUMNS = 1600 - 1
-
-LEGACY_CAPABILITIES = Capabilities(
-    arm="pg",
-    label="legacy Postgres arm",
-    nested_types=False,
-    max_identifier_length=_MAX_IDENTIFIER_BYTES,
-    max_columns=_MAX_COLUMNS,
-    # a typeless null column (polars `Null`) takes the registered type, or text when new
-    scalar_types=(*_SIMPLE_TYPES, pl.Datetime, pl.Decimal, pl.Null),
-    key_types=KEY_TYPES,  # the same rule on both arms (stores/protocol.py)
-    advice="keep this dataset on the iceberg arm (mode='iceberg')",
-)
+MAX_COLUMNS = 1600 - 1
+# a typeless null column (polars `Null`) takes the registered type, or text when new
+SCALAR_TYPES: tuple[type[pl.DataType], ...] = (*_SIMPLE_TYPES, pl.Datetime, pl.Decimal, pl.Null)
 
 
 def staged_type(spec_name: str, column: str, dtype: pl.DataType) -> sql.Composable:

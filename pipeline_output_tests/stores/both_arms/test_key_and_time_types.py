@@ -37,8 +37,9 @@ from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.infra.settings import to_sqlalchemy_url, with_database
 from pipeline_output.ledger import Ledger
 from pipeline_output.services.publish import Publisher, ResolvedMode
-from pipeline_output.stores.iceberg.table.tables import ICEBERG_CAPABILITIES
-from pipeline_output.stores.postgres.types import LEGACY_CAPABILITIES, staged_type
+from pipeline_output.stores.iceberg.write.merge import ICEBERG_CAPABILITIES
+from pipeline_output.stores.postgres.staging import LEGACY_CAPABILITIES
+from pipeline_output.stores.postgres.types import staged_type
 from pipeline_output_tests.iceberg_harness import NS, Harness
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.stores.arms import IcebergArm, PgArm, PgHarness

@@ -7,7 +7,8 @@ streaming replace and table maintenance all take an `IcebergTables` (or anything
 `.tables`, such as `IcebergStore`), never the store itself.
 
 Names the native arm shares: the `pipeline-output.` property prefix, the table properties a
-new table gets, internal column names, defaults, and the arm's declared capabilities.
+new table gets, internal column names and defaults (the arm's declared capabilities are
+`write/merge.py`'s, beside its write-mode handlers).
 
 The freshness oracle of the native arm: what the target's own history says (does the table
 exist, has it a committed snapshot, how many rows does it hold) — DESIGN.md, "The freshness
@@ -48,7 +49,6 @@ from pyiceberg.table.update.snapshot import ManageSnapshots
 
 from pipeline_output.contract.plan import TargetState
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.contract.store_protocol import KEY_TYPES, Capabilities
 from pipeline_output.errors import InvalidArgument, WriteConflict
 from pipeline_output.infra.locks import AdvisoryLock, HeldLock, LockStats, iceberg_table
 from pipeline_output.stores.iceberg.table.partitions import partition_spec
@@ -86,17 +86,6 @@ READ_THREADS = 4
 POS_COLUMN = "__po_pos__"  # every internal column name starts with frames.RESERVED_PREFIX
 FILEPOS_COLUMN = "__po_filepos__"  # a row's physical position in its data file (merge-on-read)
 NEW_PREFIX = "__po_new__"  # the compute's value of column `c` in a merge join is `__po_new__c`
-
-ICEBERG_CAPABILITIES = Capabilities(
-    arm="iceberg",
-    label="Iceberg arm",
-    nested_types=True,  # lists, arrays and structs, to any depth
-    max_identifier_length=None,
-    max_columns=None,
-    scalar_types=None,  # every type `frames.to_polars` leaves (it refuses durations and objects)
-    key_types=KEY_TYPES,  # the same rule on both arms (stores/protocol.py)
-    advice="",
-)
 
 
 class IcebergTables:

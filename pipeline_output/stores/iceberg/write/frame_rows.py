@@ -29,9 +29,9 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Transaction
 
 from pipeline_output.contract.checked_input import polars_schema
-from pipeline_output.contract.plan import SCOPED, WritePlan
+from pipeline_output.contract.plan import WritePlan
 from pipeline_output.contract.slices import PartitionSlice
-from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.spec import SCOPED, DatasetSpec
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import BadInput
 from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
@@ -272,7 +272,7 @@ class RowScope:
 
 
 def row_scope(plan: WritePlan, spec: DatasetSpec, table_schema: Schema, schema: Schema) -> RowScope:
-    """The scope of a plan whose deletes are scoped (`plan.SCOPED`). `table_schema` is the table
+    """The scope of a plan whose deletes are scoped (`spec.SCOPED`). `table_schema` is the table
     before this write (a window's watermark must be in it), `schema` the one the merge reads."""
     assert plan.delete_scope in SCOPED
     if plan.partition is not None:

@@ -45,6 +45,10 @@ one collect per file). Changed rows' new versions, and the compute's new keys, a
 own rows: they are written once, with the rewritten rows, as the write's new data. The counts and
 the refusal of keys matching two target rows are the file-by-file merge's (`merge.FileMerge`).
 
+The Iceberg arm's write modes: `WRITE_HANDLERS` maps each write mode (`spec.WRITE_MODES`) to the
+`FileMerge` method that applies it, and `ICEBERG_CAPABILITIES` declares them
+(`Capabilities.write_modes`); a plan whose mode has no handler is refused with `UnsupportedWrite`.
+
 The commit of a native write, under the table's writer lock: the first write of a missing
 table (`create_table`: the table and its first snapshot in one commit), and a write to an existing
 one (`write_existing`: schema and partition-spec evolution, the file-level merge of the plan's write
@@ -66,8 +70,15 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH
 
 from pipeline_output.contract.checked_input import polars_schema, refuse_duplicate_matches
-from pipeline_output.contract.plan import SCOPED, RowCounts, WritePlan, WriteResult
-from pipeline_output.contract.spec import DatasetSpec, WriteStrategyHint
+from pipeline_output.contract.plan import RowCounts, WritePlan, WriteResult
+from pipeline_output.contract.spec import (
+    SCOPED,
+    WRITE_MODES,
+    DatasetSpec,
+    WriteMode,
+    WriteStrategyHint,
+)
+from pipeline_output.contract.store_protocol import KEY_TYPES, Capabilities
 from pipeline_output.errors import EmptyComputeRefused, UnsupportedWrite, WriteConflict
 from pipeline_output.stores.iceberg.snapshot.commit import (
     CommitRequest,
@@ -142,14 +153,9 @@ class FileMerge:
         self._sink = RewriteSink(self.writer, self.spec)
 
     def run(self, plan: WritePlan) -> MergeChanges:
-        handlers: dict[str, Callable[[WritePlan], MergeChanges]] = {
-            "replace": self._replace,
-            "append": self._append,
-            "append_new": self._append_new,
-            "upsert": self._upsert_or_sync,
-            "sync": self._upsert_or_sync,
-        }
-        return handlers[plan.write_mode](plan)
+        """The changes of the plan's write mode (its handler in `WRITE_HANDLERS`)."""
+        ICEBERG_CAPABILITIES.check_plan(self.spec, plan)  # a mode without a handler: refused
+        return WRITE_HANDLERS[plan.write_mode](self, plan)
 
     def _policy(self, plan: WritePlan) -> MergePolicy:
         if self.policy is None:
@@ -425,6 +431,29 @@ class FileMerge:
         return prune_by_keys(self.table, self.spec, self.frame, tasks)
 
 
+# The Iceberg arm's handler of each write mode (`spec.WRITE_MODES`): what the mode changes in an
+# existing table (a missing table's first write is `create_table`).
+WRITE_HANDLERS: dict[WriteMode, Callable[[FileMerge, WritePlan], MergeChanges]] = {
+    "replace": FileMerge._replace,
+    "append": FileMerge._append,
+    "append_new": FileMerge._append_new,
+    "upsert": FileMerge._upsert_or_sync,
+    "sync": FileMerge._upsert_or_sync,
+}
+
+ICEBERG_CAPABILITIES = Capabilities(
+    arm="iceberg",
+    label="Iceberg arm",
+    nested_types=True,  # lists, arrays and structs, to any depth
+    max_identifier_length=None,
+    max_columns=None,
+    scalar_types=None,  # every type `frames.to_polars` leaves (it refuses durations and objects)
+    key_types=KEY_TYPES,  # the same rule on both arms (contract/store_protocol.py)
+    advice="",
+    write_modes=frozenset(WRITE_HANDLERS),
+)
+
+
 def _inside(within: RowScope | None, rows: pl.DataFrame) -> pl.Expr | None:
     """The window's or slice's predicate over `rows` (None: the write is not scoped)."""
     return within.expr(rows.schema) if within is not None else None
@@ -438,11 +467,6 @@ def _live_rows(task: FileScanTask) -> int:
     return int(task.file.record_count) - sum(d.record_count for d in own_delete_files(task))
 
 
-MODE_PROPERTY = {
-    "upsert": "write.merge.mode",
-    "sync": "write.merge.mode",
-    "replace": "write.delete.mode",
-}
 MIN_ROWS = 10_000  # smaller files cost less to rewrite than to carry deletes for
 MAX_DELETED_SHARE = 0.2  # past this share of deleted rows a file is rewritten (deletes folded)
 # a write whose changed files total at most this many bytes rewrites them (auto mode)
@@ -466,7 +490,8 @@ class MergePolicy:
         """The policy of a `write_mode` write of `spec` into a table with `metadata`."""
         mode: WriteStrategyHint = "auto"
         source = "auto"
-        prop = MODE_PROPERTY.get(write_mode)
+        row_level = WRITE_MODES[write_mode].row_level if write_mode in WRITE_MODES else None
+        prop = f"write.{row_level}.mode" if row_level else None  # the write mode's (`WriteModeDef`)
         table_value = metadata.properties.get(prop) if prop else None
         if spec.write_strategy_hint != "auto":
             mode, source = spec.write_strategy_hint, "write_strategy_hint"
@@ -662,6 +687,8 @@ def write_existing(
     fence: Callable[[], None] | None = None,
     branch: str = MAIN_BRANCH,
 ) -> WriteResult:
+    """A write to an existing table: its evolution, the merge of the plan's write mode, one
+    commit (none when nothing changes)."""
     tx = FlatTransaction(table)
     if branch != MAIN_BRANCH:
         stage_branch(tx, branch)
@@ -720,7 +747,7 @@ def write_existing(
                 deleted=changes.deleted_files,
                 positional=changes.positional,
                 force=force,
-                blind_retry=plan.write_mode == "append" and not changes.deleted_files,
+                blind_retry=WRITE_MODES[plan.write_mode].blind_retry and not changes.deleted_files,
                 fence=fence,
                 index=index,
                 branch=branch,

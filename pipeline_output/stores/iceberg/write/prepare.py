@@ -8,17 +8,17 @@ from __future__ import annotations
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import polars as pl
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
-from pipeline_output.contract.checked_input import check_in_window, checked_frame
+from pipeline_output.contract.checked_input import check_in_window
 from pipeline_output.contract.plan import RowCounts, plan_write
 from pipeline_output.contract.slices import PartitionSlice, check_in_partition
-from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.contract.spec import WRITE_MODES, DatasetSpec
 from pipeline_output.contract.windows import Window
 from pipeline_output.infra.locks import HeldLock
 from pipeline_output.stores.iceberg.snapshot.commit import delete_quietly, writing
@@ -28,7 +28,7 @@ from pipeline_output.stores.iceberg.snapshot.files import (
     own_delete_files,
 )
 from pipeline_output.stores.iceberg.table.partitions import needs_evolution
-from pipeline_output.stores.iceberg.table.tables import ICEBERG_CAPABILITIES, state_of
+from pipeline_output.stores.iceberg.table.tables import state_of
 from pipeline_output.stores.iceberg.write.frame_rows import align_to_schema, sorted_for_write
 from pipeline_output.stores.schema import check_required, plan_evolution
 
@@ -73,9 +73,6 @@ class MergeChanges(RowCounts):
             positions = pl.concat([earlier.cast(pl.Int64), positions.cast(pl.Int64)])
             self.deleted_files.extend(own)
         self.positional.append((task.file, positions.cast(pl.Int64).unique().sort()))
-
-
-_AS_IS_MODES = ("append", "replace", "append_new")
 
 
 @dataclass
@@ -170,15 +167,13 @@ class PreparedWrite:
 def prepare_write(
     store: HasTables,
     spec: DatasetSpec,
-    data: Any,
+    frame: pl.DataFrame,
     *,
     window: Window | None,
     partition: PartitionSlice | None = None,
 ) -> PreparedWrite:
-    """`IcebergStore.prepare`: check `data`, register the write (when the table exists: its
-    files may be written now, before the lock) and pre-write its files."""
-    frame = checked_frame(spec, data)
-    ICEBERG_CAPABILITIES.check_frame(spec, frame)  # before any I/O (float or nested keys...)
+    """`IcebergStore.prepare` of a checked `frame`: register the write (when the table exists:
+    its files may be written now, before the lock) and pre-write its files."""
     if partition is not None:
         check_in_partition(spec, frame, partition)
     table = store.tables.load(spec)
@@ -219,7 +214,8 @@ def prewrite(
     if frame.height == 0 or table is None:
         return None
     plan = plan_write(spec, state_of(table), window, partition=partition)
-    if plan.write_mode not in _AS_IS_MODES:
+    mode = WRITE_MODES.get(plan.write_mode)
+    if mode is None or not mode.as_given:
         return None
     if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
         check_in_window(spec, frame, window)

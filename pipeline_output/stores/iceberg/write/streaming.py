@@ -42,12 +42,12 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
 from pipeline_output.stores.iceberg.table.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.table.partitions import needs_evolution
 from pipeline_output.stores.iceberg.table.tables import (
-    ICEBERG_CAPABILITIES,
     PROPERTY_PREFIX,
     state_of,
     total_records,
 )
 from pipeline_output.stores.iceberg.write.frame_rows import apply_evolution
+from pipeline_output.stores.iceberg.write.merge import ICEBERG_CAPABILITIES
 from pipeline_output.stores.iceberg.write.prepare import Prewritten
 from pipeline_output.stores.schema import plan_evolution
 
