@@ -181,7 +181,9 @@ class WriteResult:
     `snapshot_id` is None for a no-op (nothing changed, nothing committed). `lock_wait_s` is how
     long the write waited for its table's writer lock, `lock_held_s` how long it held it (the
     serialized part of the write). `plan` is the plan the write executed, decided under the
-    table's lock (the one a dry run reports may be older).
+    table's lock (the one a dry run reports may be older). `merge_path` (Iceberg upsert, sync,
+    append_new) names the merge that compared the rows and why, e.g. `key_scan (1 candidate
+    file(s), ...)` or `frame (fallback: column 'x' was renamed ...)`; empty when none did.
     """
 
     dataset: str
@@ -205,6 +207,7 @@ class WriteResult:
     table: str = ""
     arm: Arm = "iceberg"
     plan: WritePlan | None = None
+    merge_path: str = ""  # Iceberg: `key_scan.choose_merge_path`'s choice, as text
 
     @classmethod
     def of(

@@ -284,6 +284,8 @@ def _arm_metadata(arm: str, res: WriteResult, *, both: bool) -> dict[str, Any]:
         }
         if res.snapshot_id is not None:  # none on a no-op
             meta["iceberg/snapshot_id"] = str(res.snapshot_id)
+        if res.merge_path:  # which merge compared the rows, and why
+            meta["iceberg/merge_path"] = res.merge_path
     else:
         meta = {"pg/rows_total_after": res.rows_total_after}
         if res.snapshot_id is not None:

@@ -131,6 +131,9 @@ def test_an_iceberg_write_reports_dagsters_table_metadata(env: str) -> None:
     assert "pipeline_output/contract/spec" not in spec.metadata
     assert spec.metadata["pipeline_output/primary_key"] == "sale_id"
     assert spec.kinds == {"iceberg"}
+    assert "iceberg/merge_path" not in meta  # a first deploy replaces: no row is compared
+    again = _run(asset)  # a re-deploy upserts: which merge compared the rows, and why
+    assert again["iceberg/merge_path"].startswith("key_scan (1 candidate file(s)"), again
 
 
 def test_a_legacy_write_reports_the_rows_table_without_credentials(env: str) -> None:

@@ -65,6 +65,10 @@ def test_an_upsert_spread_over_every_file_matches_the_oracle_on_both_paths(h, pa
     _files(h, spec)
     res, _ = h.write_and_check(spec, _spread_change(), run_id="u1")
     assert (res.rows_updated, res.rows_unchanged, res.rows_inserted) == (8, 4, 6)
+    expected = (
+        "key_scan (4 candidate file(s)" if path == "vectorised" else "frame (fallback: the key"
+    )
+    assert res.merge_path.startswith(expected), res.merge_path
     assert res.files_merged_on_read + res.files_rewritten == 4
     again, _ = h.write_and_check(spec, _spread_change(), run_id="u2")
     assert again.snapshot_id is None and again.rows_unchanged == 18
@@ -147,12 +151,13 @@ def test_a_renamed_column_leaves_the_merge_to_the_file_by_file_path(h):
         update.rename_column("name", "label")
     table = h.table(spec)
     tasks = list(table.scan().plan_files())
-    frame = customers([1]).rename({"name": "label"})
-    got = key_scan.scan_candidates(table, table.schema(), frame, tasks, pk=["id"], absent_in=None)
-    assert got is None  # a file's column `name` is today's `label`: read through pyiceberg
+    path = key_scan.choose_merge_path(table, table.schema(), tasks)
+    # a file's column `name` is today's `label`: read through pyiceberg, and said why
+    assert path == key_scan.MergePath("frame", "fallback: column 'label' was renamed (from 'name')")
     renamed = DatasetSpec(name="spread", primary_key=("id",), write_strategy_hint="merge-on-read")
     res = h.store().write(renamed, customers([1, 30], version=7).rename({"name": "label"}))
     assert res.rows_updated == 2
+    assert res.merge_path == "frame (fallback: column 'label' was renamed (from 'name'))"
     after = h.store().read(renamed).sort("id")
     assert after.filter(pl.col("id") == 30)["label"].item() == "c30-v7"
     assert after.height == 100

@@ -185,6 +185,9 @@ def _upsert_or_sync(batch: Batch) -> LegacyCounts:
     matched = int(row[0]) if row else 0
     if row and matched != int(row[1]):
         _refuse_duplicate_matches(conn, spec)
+    # a matched row changed: the Iceberg arm's `frame_rows.values_differ` over documents (null
+    # or an absent key == null, "NaN" == "NaN", -0.0 stored as 0, exact strings and numerics),
+    # pinned to it by pipeline_output_tests/stores/both_arms/test_changed_rows.py
     counts.updated = conn.execute(
         sql.SQL(
             "UPDATE {} AS r SET data = b.data FROM {} AS b"

@@ -1,5 +1,6 @@
 """Frame and row helpers of a native write: reading one data file, aligning a frame to the
-table schema, sorting, change detection, evolving the schema inside a transaction.
+table schema, sorting, evolving the schema inside a transaction — and the one definition of
+"a matched row changed" (`values_differ`, `rows_differ`) that every merge path calls.
 
 Where a merge puts the rows of the files it rewrites: written out as data files as they come,
 so a copy-on-write merge over many files holds a bounded amount of rewritten rows in memory.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import polars as pl
 import pyarrow as pa
@@ -137,20 +139,52 @@ def sorted_for_write(frame: pl.DataFrame, spec: DatasetSpec) -> pl.DataFrame:
     return frame.sort(cols, nulls_last=False, maintain_order=True)
 
 
-def differs(joined: pl.DataFrame, value_cols: list[str]) -> pl.Expr:
-    """Rows whose values differ between the target (`c`) and the compute (`__po_new__c`).
+# -- what counts as a changed row ---------------------------------------------------------
 
-    Nulls equal nulls and NaN equals NaN, so an unchanged row with NaN is never rewritten.
+
+@overload
+def values_differ(old: pl.Series, new: pl.Series) -> pl.Series: ...
+@overload
+def values_differ(old: pl.Expr, new: pl.Expr) -> pl.Expr: ...
+def values_differ(old: pl.Series | pl.Expr, new: pl.Series | pl.Expr) -> pl.Series | pl.Expr:
+    """True where a matched target value (`old`) and the compute's value (`new`) of one column
+    differ: the one definition of "changed" of every Iceberg merge. An upsert or sync rewrites a
+    matched row when `values_differ` is true for at least one of its value columns
+    (`rows_differ`), and counts it `unchanged` (left where it is) otherwise. Both merge paths
+    call it: the key scan column by column (`key_scan.scan_candidates`, cheapest column first),
+    the file-by-file fallback over each file's joined rows (`merge.FileMerge.merge_by_frame`).
+
+    Both sides are first cast to the table's column type (`align_to_schema`; the input
+    check converts a zoned timestamp to UTC and drops nanoseconds before either arm sees it).
+    Then, as polars' `eq_missing` compares:
+
+    - null equals null, and differs from any value (an absent column is null);
+    - NaN equals NaN; -0.0 equals 0.0; +inf and -inf equal themselves only; floats are otherwise
+      compared exactly (no tolerance);
+    - decimals compare by value at the column's scale (`1.50` equals `1.5`);
+    - strings compare exactly, byte for byte: `"a "` differs from `"a"` (no trimming, no case
+      folding); binary likewise;
+    - timestamps with a time zone compare as instants (the table keeps UTC); naive timestamps,
+      dates and times as they are, to the microsecond;
+    - nested values (lists, structs, fixed arrays) compare element by element with the same rules
+      at every depth (NaN equals NaN, -0.0 equals 0.0 inside a list); a null list or struct
+      differs from an empty list or a struct whose fields are all null.
+
+    The legacy Postgres arm's twin is SQL: `postgres/staging.py`, `staging.apply_plan`'s upsert
+    (`jsonb_strip_nulls(r.data) IS DISTINCT FROM jsonb_strip_nulls(b.data)` over the stored and
+    the staged `jsonb` documents, which encode NaN as `"NaN"`, -0.0 as 0 and decimals as exact
+    numerics: the same answers; it stores no nested column). A both-arms property test pins the
+    two to this definition (`pipeline_output_tests/stores/both_arms/test_changed_rows.py`).
     """
-    if not value_cols:
-        return pl.lit(False)
+    return ~old.eq_missing(new)
+
+
+def rows_differ(value_cols: Sequence[str], *, new_prefix: str = NEW_PREFIX) -> pl.Expr:
+    """True for the joined rows whose target values (`c`) differ from the compute's
+    (`new_prefix + c`) in at least one of `value_cols` (`values_differ`); false when there is
+    no value column (a row that is only its key never changes)."""
     return pl.any_horizontal(
-        [
-            ~pl.col(c).eq_missing(pl.col(NEW_PREFIX + c))
-            for c in value_cols
-            if NEW_PREFIX + c in joined.columns
-        ]
-        or [pl.lit(False)]
+        [values_differ(pl.col(c), pl.col(new_prefix + c)) for c in value_cols] or [pl.lit(False)]
     )
 
 

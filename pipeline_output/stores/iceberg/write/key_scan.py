@@ -11,15 +11,19 @@ matches, not the files).
 
 Telling changed matched rows from unchanged ones needs their values, and reading every column of
 every touched file is what made a spread upsert cost ~10x its floor. Rows are compared column by
-column instead, cheapest column first (by the files' `column_sizes`): a row that differs in one
+column instead, cheapest column first (by the files' `column_sizes`), each column by the one
+definition of a changed value (`frame_rows.values_differ`): a row that differs in one
 column is changed and not looked at again, so an upsert that changes a small column of every
 matched row (a status, a timestamp, a version) reads that column and stops; only rows equal in
 every column so far are read on. Columns are gathered at the matched positions only.
 
-Returns None — the merge then reads file by file (`key_scan.FileReader`) — when the fast path
-cannot be proven the same: a data or delete file that is not local Parquet, a table whose columns
-were ever renamed or retyped beyond widening (a file's column name then need not be today's), a
-name mapping, or files whose row counts disagree with their manifests.
+Whether the key scan may run is decided first, explicitly, by `choose_merge_path`: it returns the
+`MergePath` (`key_scan`, or `frame`: the merge reads file by file, `key_scan.FileReader`) and why.
+The fallback is chosen when the key scan cannot be proven the same: a data or delete file that
+is not local Parquet, a table whose columns were ever renamed or retyped beyond widening (a file's
+column name then need not be today's), a name mapping, or files whose row counts disagree with
+their manifests; `scan_candidates` falls back too when polars cannot read a file as the schema
+says.
 
 Which data files a merge must look at: partition values and column statistics decide, before
 any file is opened, which files can hold a row the compute's keys match, and which of the
@@ -48,7 +52,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 from pyiceberg.conversions import from_bytes
@@ -79,7 +83,11 @@ from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.stores.iceberg.snapshot.files import deleted_positions, referenced_path
 from pipeline_output.stores.iceberg.table.partitions import key_partition_values, physical
 from pipeline_output.stores.iceberg.table.tables import FILEPOS_COLUMN, READ_THREADS
-from pipeline_output.stores.iceberg.write.frame_rows import align_to_schema, read_local
+from pipeline_output.stores.iceberg.write.frame_rows import (
+    align_to_schema,
+    read_local,
+    values_differ,
+)
 
 G = "__po_g__"  # a row's index in the concatenation of the candidate files
 L = "__po_l__"  # a row's index in the concatenation of the files one scan reads
@@ -92,6 +100,33 @@ _NAME_MAPPING = "schema.name-mapping.default"
 _NONE = pl.Series(POS, [], pl.Int64)  # no positions (shared: never changed in place)
 SIZE_SAMPLE = 64  # files whose column sizes order the comparison
 VECTORISED = True  # False: every merge reads file by file (tests compare the two paths)
+
+
+@dataclass(frozen=True)
+class MergePath:
+    """Which of the two sibling merges of an upsert, sync or append_new compares the rows
+    (`merge.FileMerge.merge_by_key_scan` or `merge.FileMerge.merge_by_frame`), and why; both
+    tell changed rows by `frame_rows.values_differ`. Reported as the write's `merge_path`."""
+
+    name: Literal["key_scan", "frame"]
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.why})"
+
+
+def choose_merge_path(table: Table, schema: Schema, tasks: Sequence[FileScanTask]) -> MergePath:
+    """The merge that applies a write to the candidate files `tasks`: the vectorised key scan
+    when it is provably the same as reading file by file, else the file-by-file fallback and the
+    first reason the key scan cannot be proven the same."""
+    if not VECTORISED:
+        return MergePath("frame", "fallback: the key scan is switched off (key_scan.VECTORISED)")
+    if not tasks:
+        return MergePath("frame", "no candidate file: no target row to compare")
+    why_not = _ineligible(table, schema, tasks) or _footers_disagree(tasks)
+    if why_not is not None:
+        return MergePath("frame", f"fallback: {why_not}")
+    return MergePath("key_scan", f"{len(tasks)} candidate file(s), local Parquet, today's columns")
 
 
 @dataclass
@@ -168,11 +203,6 @@ class ColumnReader:
         starts = pl.lit(pl.Series(self.offsets[:-1], dtype=pl.Int64))
         return g - starts.gather(self.file_of(g))
 
-    def rows_match_manifests(self) -> bool:
-        """Whether the files hold as many rows as their manifests say (Parquet footers)."""
-        total = pl.scan_parquet(self.paths, glob=False).select(pl.len()).collect().item()
-        return int(total) == self.offsets[-1]
-
 
 def scan_candidates(
     table: Table,
@@ -184,26 +214,27 @@ def scan_candidates(
     absent_in: pl.Expr | None,
     scope_columns: Sequence[str] = (),
     compare: bool = True,
-) -> CandidateRows | None:
-    """Scan `tasks` against the compute's `frame` (aligned to `schema`). `absent_in` (a sync):
+) -> CandidateRows | MergePath:
+    """Scan `tasks` (for which `choose_merge_path` chose the key scan) against the compute's
+    `frame` (aligned to `schema`). `absent_in` (a sync):
     target rows whose key the frame lacks are deleted where it is true (`pl.lit(True)`: all),
     a predicate over the key columns and `scope_columns` (a window's watermark, a partition
     slice's columns) typed as `schema` says.
     Without `compare` (append_new: only which keys exist) no value is read and every matched
-    row counts as unchanged."""
-    if not VECTORISED or not tasks or not _eligible(table, schema, tasks):
-        return None
+    row counts as unchanged. Returns the fallback `MergePath` when polars cannot read a file as
+    the table's schema says (the merge then reads file by file)."""
     target = polars_schema(schema.as_arrow())
     reader = ColumnReader(tasks, target)
     try:
-        if not reader.rows_match_manifests():
-            return None
         values = [c for c in target if c not in pk] if compare else []
         order = _cheapest_first(schema, tasks, values)
         extra = [c for c in dict.fromkeys(scope_columns) if c not in pk]
         return _scan(reader, tasks, frame, list(pk), absent_in, extra, order)
-    except (pl.exceptions.PolarsError, OSError, ValueError, TypeError):
-        return None  # a file polars cannot read as the table's schema says: file by file
+    except (pl.exceptions.PolarsError, OSError, ValueError, TypeError) as exc:
+        why = (
+            f"polars cannot read a candidate file as the table's schema says ({type(exc).__name__})"
+        )
+        return MergePath("frame", f"fallback: {why}")
 
 
 def _scan(
@@ -283,8 +314,8 @@ def _deleted(reader: ColumnReader, tasks: Sequence[FileScanTask]) -> pl.DataFram
 def _changed(
     reader: ColumnReader, frame: pl.DataFrame, matched: pl.DataFrame, order: list[str]
 ) -> pl.DataFrame:
-    """`G` of the matched rows whose values differ from their compute row, column by column
-    (cheapest first); a row found to differ is not read again."""
+    """`G` of the matched rows whose values differ from their compute row (`values_differ`),
+    column by column (cheapest first); a row found to differ is not read again."""
     if not order or matched.height == 0:
         return pl.DataFrame(schema={G: pl.Int64})
     undecided = matched.select(G, B)
@@ -301,7 +332,7 @@ def _changed(
         )
         rows = undecided.join(got, on=G, how="inner")
         new = frame.get_column(column).gather(rows.get_column(B))
-        differ = ~rows.get_column(column).eq_missing(new)
+        differ = values_differ(rows.get_column(column), new)
         found.append(rows.filter(differ).select(G))
         undecided = rows.filter(~differ).select(G, B)
         if undecided.height == 0:
@@ -401,31 +432,46 @@ def _per_file(
     return out
 
 
-def _eligible(table: Table, schema: Schema, tasks: Sequence[FileScanTask]) -> bool:
-    """Whether every file is local Parquet and every column of `schema` has had one name and
-    one field id in every schema of the table (so a file's column names are today's)."""
+def _ineligible(table: Table, schema: Schema, tasks: Sequence[FileScanTask]) -> str | None:
+    """Why the key scan cannot read `tasks` (None: it can): unless every file is local Parquet
+    and every column of `schema` has had one name and one field id in every schema of the table
+    (so a file's column names are today's)."""
     if _NAME_MAPPING in table.metadata.properties:
-        return False
+        return f"the table has a name mapping ({_NAME_MAPPING})"
     for task in tasks:
         files = [task.file, *task.delete_files]
-        if any(f.file_format != FileFormat.PARQUET or not _local(f.file_path) for f in files):
-            return False
+        for f in files:
+            if f.file_format != FileFormat.PARQUET or not _local(f.file_path):
+                return f"{f.file_path} is not a local Parquet file"
         if any(d.content != DataFileContent.POSITION_DELETES for d in task.delete_files):
-            return False
+            return f"{task.file.file_path} carries equality deletes"
     current = {f.field_id: f for f in schema.fields}
     names = {f.name: f.field_id for f in schema.fields}
     for past in table.metadata.schemas:
         for old in past.fields:
             now = current.get(old.field_id)
             if names.get(old.name, old.field_id) != old.field_id:
-                return False  # the name belonged to another field
+                return f"column name {old.name!r} belonged to another field in an older schema"
             if now is None:
                 continue
             if now.name != old.name:
-                return False  # renamed
+                return f"column {now.name!r} was renamed (from {old.name!r})"
             if not isinstance(now.field_type, PrimitiveType) and now.field_type != old.field_type:
-                return False  # a nested type changed (a sub-field renamed, added, ...)
-    return True
+                return f"the nested column {now.name!r} changed type"
+    return None
+
+
+def _footers_disagree(tasks: Sequence[FileScanTask]) -> str | None:
+    """Why the files' Parquet footers cannot number their rows as the manifests do (None: they
+    hold as many rows as their manifests say)."""
+    paths = [_local(t.file.file_path) for t in tasks]
+    try:
+        total = pl.scan_parquet(paths, glob=False).select(pl.len()).collect().item()
+    except (pl.exceptions.PolarsError, OSError, ValueError, TypeError) as exc:
+        return f"polars cannot read the candidate files' footers ({type(exc).__name__})"
+    if int(total) != sum(int(t.file.record_count) for t in tasks):
+        return "the candidate files' row counts disagree with their manifests"
+    return None
 
 
 def _local(path: str) -> str:

@@ -4,11 +4,19 @@ that really change are touched — each either rewritten (copy-on-write) or kept
 delete file and its replaced rows written anew (merge-on-read), as `merge.MergePolicy`
 decides per file. Scoped deletes (a delta window, a Dagster partition's slice) are `row_scope`'s.
 
-Upserts, syncs and append_new first try one vectorised pass over every candidate file's keys
-(`key_scan.scan_candidates`, applied by `scanned_merge`); where it cannot be proven the same,
-candidate files are read one at a time with a bounded number in flight (`key_scan.FileReader`),
-and rewritten rows are written out as they come (`frame_rows.RewriteSink`), so memory follows
-the batch and the largest file, not the number of files a merge touches.
+Upserts and syncs are applied by one of two sibling merges, chosen explicitly per write by
+`key_scan.choose_merge_path` (which and why: the write's `merge_path`, also logged at debug):
+
+- `FileMerge.merge_by_key_scan`, the fast path: one vectorised pass over every candidate file's
+  keys (`key_scan.scan_candidates`), then only the columns needed to tell changed rows;
+- `FileMerge.merge_by_frame`, the fallback where the key scan cannot be proven the same (a file
+  that is not local Parquet, a renamed column, ...): candidate files read whole, one at a time
+  with a bounded number in flight (`key_scan.FileReader`), rewritten rows written out as they
+  come (`frame_rows.RewriteSink`), so memory follows the batch and the largest file.
+
+Both tell a changed matched row by the one definition, `frame_rows.values_differ` (its docstring
+holds the semantics and points to the legacy arm's SQL twin). append_new looks keys up the same
+way (the key scan, else file by file), comparing no value.
 
 Copy-on-write or merge-on-read: the choice a merge makes for each data file it changes.
 
@@ -35,16 +43,6 @@ A file none of whose rows would stay live is dropped whatever the mode. Format-v
 cannot carry delete files: they are always copy-on-write, and an explicit merge-on-read hint on one
 is refused before any I/O.
 
-An upsert or sync applied from one vectorised scan of its candidate files (`key_scan`).
-
-Owns `apply_scanned`: with every candidate file's matched, changed and absent rows known from
-`key_scan.scan_candidates`, each file that changes is kept with a positional delete file of its
-changed and absent rows (merge-on-read) or rewritten without them (copy-on-write), as the merge's
-`MergePolicy` decides per file; the rewritten files are read as one scan per chunk of files (not
-one collect per file). Changed rows' new versions, and the compute's new keys, are the compute's
-own rows: they are written once, with the rewritten rows, as the write's new data. The counts and
-the refusal of keys matching two target rows are the file-by-file merge's (`merge.FileMerge`).
-
 The Iceberg arm's write modes: `WRITE_HANDLERS` maps each write mode (`spec.WRITE_MODES`) to the
 `FileMerge` method that applies it, and `ICEBERG_CAPABILITIES` declares them
 (`Capabilities.write_modes`); a plan whose mode has no handler is refused with `UnsupportedWrite`.
@@ -57,6 +55,7 @@ mode, then one commit — none when nothing changes).
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -110,9 +109,9 @@ from pipeline_output.stores.iceberg.write.frame_rows import (
     align_to_schema,
     apply_evolution,
     coalesced,
-    differs,
     replace_rows,
     row_scope,
+    rows_differ,
     schema_names,
     sorted_for_write,
 )
@@ -123,6 +122,8 @@ from pipeline_output.stores.iceberg.write.key_scan import (
     G,
     KeySlices,
     L,
+    MergePath,
+    choose_merge_path,
     manifest_admission,
     prune_by_keys,
     scan_candidates,
@@ -131,6 +132,7 @@ from pipeline_output.stores.iceberg.write.prepare import MergeChanges, Prewritte
 from pipeline_output.stores.schema import check_required, plan_evolution
 
 _HIT = "__po_hit__"
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -147,6 +149,8 @@ class FileMerge:
     writer: DataFileWriter | None = None
     policy: MergePolicy | None = None  # None: resolved from the spec and the table
     reader: FileReader = field(init=False)
+    # which merge compared the rows and why (`key_scan.choose_merge_path`); None: no comparison
+    path: MergePath | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.reader = FileReader(self.table, self.schema)
@@ -226,9 +230,7 @@ class FileMerge:
     def _append_new(self, plan: WritePlan) -> MergeChanges:
         pk = list(self.spec.primary_key)
         candidates = self._prune_by_keys(self._keyed_tasks())
-        scanned = scan_candidates(
-            self.table, self.schema, self.frame, candidates, pk=pk, absent_in=None, compare=False
-        )
+        scanned = self._key_scan(candidates, absent_in=None, compare=False)
         if scanned is not None:  # one vectorised key read (`key_scan`)
             keys = scanned.matched_keys
         else:
@@ -246,9 +248,9 @@ class FileMerge:
     # -- the merge behind upsert and sync
 
     def _upsert_or_sync(self, plan: WritePlan) -> MergeChanges:
-        spec, frame = self.spec, self.frame
+        """The candidate files of an upsert or sync, then its merge: by the key scan, or file
+        by file (`key_scan.choose_merge_path` decides)."""
         policy = self._policy(plan)
-        pk = list(spec.primary_key)
         scope = plan.delete_scope  # none | absent_keys | absent_keys_in_window / _in_slice
         within = self._scope(plan) if scope in SCOPED else None
         if scope == "absent_keys":
@@ -264,21 +266,128 @@ class FileMerge:
         chosen = {id(t) for t in candidates}
         changes.preserved += sum(_live_rows(t) for t in tasks if id(t) not in chosen)
         changes.preserved += self._unread_rows(tasks)
-        # one vectorised pass over every candidate (`key_scan`), when provably the same
+        # the key scan (one vectorised pass over every candidate) when provably the same, else
+        # the file-by-file fallback: both tell changed rows by `frame_rows.values_differ`
         absent_in = None if scope == "none" else pl.lit(True)
         if within is not None:  # a sync deletes absent keys inside its window or slice only
             absent_in = within.expr(polars_schema(self.schema.as_arrow()))
-        scanned = scan_candidates(
-            self.table,
-            self.schema,
-            frame,
+        scanned = self._key_scan(
             candidates,
-            pk=pk,
             absent_in=absent_in,
             scope_columns=within.columns if within is not None else (),
         )
         if scanned is not None:
-            return apply_scanned(self, changes, scanned, policy, tasks)
+            return self.merge_by_key_scan(changes, scanned, policy, tasks)
+        return self.merge_by_frame(changes, candidates, policy, tasks, scope=scope, within=within)
+
+    def _key_scan(
+        self,
+        candidates: Sequence[FileScanTask],
+        *,
+        absent_in: pl.Expr | None,
+        scope_columns: Sequence[str] = (),
+        compare: bool = True,
+    ) -> CandidateRows | None:
+        """The key scan of `candidates` when `key_scan.choose_merge_path` picks it (None: the
+        file-by-file fallback); the path taken and why are kept in `path` (the write's
+        `merge_path`) and logged."""
+        path = choose_merge_path(self.table, self.schema, candidates)
+        scanned: CandidateRows | MergePath = path
+        if path.name == "key_scan":
+            scanned = scan_candidates(
+                self.table,
+                self.schema,
+                self.frame,
+                candidates,
+                pk=list(self.spec.primary_key),
+                absent_in=absent_in,
+                scope_columns=scope_columns,
+                compare=compare,
+            )
+            if isinstance(scanned, MergePath):
+                path = scanned
+        self.path = path
+        _log.debug("dataset %r: merge by %s", self.spec.name, path)
+        return None if isinstance(scanned, MergePath) else scanned
+
+    # -- the two sibling merges of an upsert or sync: by the key scan, or file by file
+
+    def merge_by_key_scan(
+        self,
+        changes: MergeChanges,
+        scanned: CandidateRows,
+        policy: MergePolicy,
+        tasks: Sequence[FileScanTask],
+    ) -> MergeChanges:
+        """The fast merge: `changes` completed from `scanned` (the candidates of `tasks`, the
+        files planned), whose matched, changed (`frame_rows.values_differ`, column by column) and
+        absent rows `key_scan.scan_candidates` found in one vectorised pass. Each file that
+        changes is kept with a positional delete file of its changed and absent rows
+        (merge-on-read) or rewritten without them (copy-on-write), as `MergePolicy` decides; the
+        rewritten files are read as one scan per chunk of files. Changed rows' new versions, and
+        the compute's new keys, are the compute's own rows, written once with the rewritten
+        rows."""
+        spec, frame = self.spec, self.frame
+        pk = list(spec.primary_key)
+        relevant = [r for r in scanned.files if r.matched or r.absent.len()]
+        changes.preserved += sum(r.live for r in scanned.files if not (r.matched or r.absent.len()))
+        policy = policy.within_budget(
+            sum(r.task.file.file_size_in_bytes for r in relevant),
+            keep_bytes=sum(_keep_bytes(r) for r in relevant),
+        )
+        settled = scanned.unchanged_keys  # matched keys whose compute row is NOT written
+        rewritten: list[FileRows] = []
+        touched: set[int] = set()
+        merged_on_read = False
+        for rows in relevant:
+            n_changed, n_absent = rows.changed.len(), rows.absent.len()
+            changes.unchanged += rows.matched - n_changed
+            changes.preserved += rows.live - rows.matched - n_absent
+            if n_changed == 0 and n_absent == 0:
+                continue
+            touched.add(id(rows.task))
+            changes.updated += n_changed
+            changes.deleted += n_absent
+            file_rows = int(rows.task.file.record_count)
+            if policy.merge_on_read(
+                file_rows=file_rows,
+                deleted_before=file_rows - rows.live,
+                deleting=n_changed + n_absent,
+            ):
+                gone = pl.concat([rows.changed, rows.absent])
+                changes.delete_positions(self.table.io, rows.task, gone, earlier=rows.own_deleted)
+                merged_on_read = True
+            else:
+                rewritten.append(rows)
+        for chunk in _chunks(rewritten):
+            _rewrite_scanned(self, changes, scanned, chunk)
+
+        refuse_duplicate_matches(spec, scanned.matched_keys)  # before anything is committed
+        changes.inserted = frame.height - scanned.matched_keys.height
+        new_rows = frame
+        if settled.height:
+            new_rows = frame.join(
+                settled, on=pk, how="anti", nulls_equal=True, maintain_order="left"
+            )
+        if merged_on_read and not self.sink.rest_height():
+            self.absorb_small_file(changes, tasks, touched)
+        return self.finish(changes, [new_rows])
+
+    def merge_by_frame(
+        self,
+        changes: MergeChanges,
+        candidates: list[FileScanTask],
+        policy: MergePolicy,
+        tasks: Sequence[FileScanTask],
+        *,
+        scope: str,
+        within: RowScope | None,
+    ) -> MergeChanges:
+        """The fallback merge (`key_scan.choose_merge_path` says why it runs): each candidate
+        file read whole, one at a time (a bounded number in flight), joined with the compute's
+        rows, its changed rows told by `frame_rows.rows_differ`."""
+        spec, frame = self.spec, self.frame
+        pk = list(spec.primary_key)
         # each file is joined only with the compute's rows its key bounds admit
         slices = KeySlices(frame, pk[0], self.table.schema())
         slices.prepare(candidates)
@@ -304,16 +413,16 @@ class FileMerge:
         settled_keys: list[pl.DataFrame] = []
         merged_on_read = False
         touched: set[int] = set()
-        value_cols = [c for c in schema_names(self.schema) if c not in pk]
         # the compute's value columns under reserved names: no user column can collide with them
         renamed = {c: NEW_PREFIX + c for c in frame.columns if c not in pk}
+        value_cols = [c for c in schema_names(self.schema) if c in renamed]
         for task, rows in self.reader.stream(candidates):
             rows = rows.with_row_index(POS_COLUMN)
             batch = slices.of(task)
             joined = rows.join(batch.rename(renamed), on=pk, how="inner", nulls_equal=True)
             if joined.height:
                 matched_keys.append(joined.select(pk))
-            changed = joined.filter(differs(joined, value_cols))
+            changed = joined.filter(rows_differ(value_cols))
             gone_rows = absent_mask(
                 rows, batch.select(pk), pk, scope=scope, inside=_inside(within, rows)
             )
@@ -339,7 +448,7 @@ class FileMerge:
                 changes.delete_positions(self.table.io, task, pl.concat(gone))
                 merged_on_read = True
                 if changed.height < joined.height:  # the changed rows are written anew
-                    settled_keys.append(joined.filter(~differs(joined, value_cols)).select(pk))
+                    settled_keys.append(joined.filter(~rows_differ(value_cols)).select(pk))
                 continue
             settled_keys.append(joined.select(pk))
             content = replace_rows(rows.drop(FILEPOS_COLUMN), changed, value_cols, pk)
@@ -543,61 +652,8 @@ class MergePolicy:
 CHUNK_BYTES = 64 * 1024 * 1024  # stored bytes of the rewritten files read by one scan
 
 
-def apply_scanned(
-    merge: FileMerge,
-    changes: MergeChanges,
-    scanned: CandidateRows,
-    policy: MergePolicy,
-    tasks: Sequence[FileScanTask],
-) -> MergeChanges:
-    """`changes` completed from `scanned` (the candidates of `tasks`, the files planned)."""
-    spec, frame = merge.spec, merge.frame
-    pk = list(spec.primary_key)
-    relevant = [r for r in scanned.files if r.matched or r.absent.len()]
-    changes.preserved += sum(r.live for r in scanned.files if not (r.matched or r.absent.len()))
-    policy = policy.within_budget(
-        sum(r.task.file.file_size_in_bytes for r in relevant),
-        keep_bytes=sum(_keep_bytes(r) for r in relevant),
-    )
-    settled = scanned.unchanged_keys  # matched keys whose compute row is NOT written
-    rewritten: list[FileRows] = []
-    touched: set[int] = set()
-    merged_on_read = False
-    for rows in relevant:
-        n_changed, n_absent = rows.changed.len(), rows.absent.len()
-        changes.unchanged += rows.matched - n_changed
-        changes.preserved += rows.live - rows.matched - n_absent
-        if n_changed == 0 and n_absent == 0:
-            continue
-        touched.add(id(rows.task))
-        changes.updated += n_changed
-        changes.deleted += n_absent
-        file_rows = int(rows.task.file.record_count)
-        if policy.merge_on_read(
-            file_rows=file_rows,
-            deleted_before=file_rows - rows.live,
-            deleting=n_changed + n_absent,
-        ):
-            gone = pl.concat([rows.changed, rows.absent])
-            changes.delete_positions(merge.table.io, rows.task, gone, earlier=rows.own_deleted)
-            merged_on_read = True
-        else:
-            rewritten.append(rows)
-    for chunk in _chunks(rewritten):
-        _rewrite(merge, changes, scanned, chunk)
-
-    refuse_duplicate_matches(spec, scanned.matched_keys)  # before anything is committed
-    changes.inserted = frame.height - scanned.matched_keys.height
-    new_rows = frame
-    if settled.height:
-        new_rows = frame.join(settled, on=pk, how="anti", nulls_equal=True, maintain_order="left")
-    if merged_on_read and not merge.sink.rest_height():
-        merge.absorb_small_file(changes, tasks, touched)
-    return merge.finish(changes, [new_rows])
-
-
 def _keep_bytes(rows: FileRows) -> int:
-    """What keeping a file with a delete file costs, in bytes of rewriting (`merge_policy`)."""
+    """What keeping a file with a delete file costs, in bytes of rewriting (the `MergePolicy` above)."""
     size, count = rows.task.file.file_size_in_bytes, max(1, int(rows.task.file.record_count))
     return FIXED_BYTES + (rows.changed.len() + rows.absent.len()) * size // count
 
@@ -614,7 +670,7 @@ def _chunks(files: list[FileRows]) -> list[list[FileRows]]:
     return out
 
 
-def _rewrite(
+def _rewrite_scanned(
     merge: FileMerge, changes: MergeChanges, scanned: CandidateRows, files_: list[FileRows]
 ) -> None:
     """Copy-on-write for `files`: their live rows but the changed and absent ones, read as one
@@ -776,4 +832,5 @@ def write_existing(
         files_rewritten=sum(1 for f in changes.deleted_files if f.content == DataFileContent.DATA),
         files_added=len(changes.written) + sum(1 for f in changes.new_frames if f.height),
         files_merged_on_read=len(changes.positional),
+        merge_path=str(merge.path) if merge.path is not None else "",
     )
