@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from pipeline_output import DatasetSpec, WriteResult
 from pipeline_output.stores.iceberg.write import key_scan
 from pipeline_output.stores.iceberg.write.frame_rows import rows_differ, values_differ
-from pipeline_output.stores.postgres.types import LEGACY_CAPABILITIES
+from pipeline_output.stores.postgres.staging import LEGACY_CAPABILITIES
 from pipeline_output_tests.iceberg_harness import Harness
 from pipeline_output_tests.stores.arms import PgHarness
 
