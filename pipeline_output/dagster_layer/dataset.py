@@ -116,6 +116,32 @@ def attach_spec(
             entries.append(entry)
 
 
+def define_dataset_asset(
+    compute: Callable[..., Any],
+    spec: DatasetSpec,
+    *,
+    key: dg.AssetKey,
+    label: str,
+    metadata: dict[str, Any],
+    **params: Any,
+) -> dg.AssetsDefinition:
+    """The asset `key` that writes `spec` (a `@dataset` or a `model_node`): the spec rides on
+    `compute`, out of sight (`attach_spec`); it declares the dataset's own checks, shows
+    `metadata` and is written by this code location's IO manager with its resource. `params`:
+    the rest of `asset_params.define_asset`'s."""
+    attach_spec(compute, spec, key=key, shown=metadata)
+    return define_asset(
+        compute,
+        key=key,
+        label=label,
+        check_specs=declared_checks(spec, key),
+        io_manager_key=IO_MANAGER_KEY,
+        required_resource_keys={RESOURCE_KEY},
+        metadata=metadata,
+        **params,
+    )
+
+
 def spec_from_metadata(raw: Any) -> DatasetSpec:
     """Decode the spec from metadata (a JSON string or a Dagster JSON/Text metadata value)."""
     value = getattr(raw, "value", raw)
@@ -369,16 +395,13 @@ def build_dataset_asset(
         all_metadata[PARTITION_COLUMNS_KEY] = json.dumps(dict(partition_columns))
     all_metadata.update(extra_metadata or {})
     key = options.key(spec.name)
-    attach_spec(compute, spec, key=key, shown=all_metadata)
-    return define_asset(
+    return define_dataset_asset(
         compute,
+        spec,
         key=key,
         label=label,
-        check_specs=declared_checks(spec, key),
-        ins=upstream_ins(spec, upstream, ins),
-        io_manager_key=IO_MANAGER_KEY,
-        required_resource_keys={RESOURCE_KEY},
         metadata=all_metadata,
+        ins=upstream_ins(spec, upstream, ins),
         deps=list(deps) if deps else None,
         partitions_def=partitions_def,
         **passed,

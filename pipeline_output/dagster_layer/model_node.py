@@ -18,19 +18,17 @@ from pipeline_output.dagster_layer.asset_params import (
     AssetOptionsKwargs,
     asset_options,
     asset_params,
-    define_asset,
     remember_build,
 )
-from pipeline_output.dagster_layer.checks import declared_checks, evaluate_checks
-from pipeline_output.dagster_layer.dataset import attach_spec, spec_of
-from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY
+from pipeline_output.dagster_layer.checks import evaluate_checks
+from pipeline_output.dagster_layer.dataset import define_dataset_asset, spec_of
 from pipeline_output.dagster_layer.metadata import (
     arm_kinds,
     definition_metadata,
     iceberg_table_metadata,
     legacy_table_metadata,
 )
-from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
+from pipeline_output.dagster_layer.resource import runtime_of
 from pipeline_output.errors import InvalidSpec
 from pipeline_output.services.model import DEFAULT_BATCH_ROWS, ModelSpec, Predict, score
 
@@ -134,18 +132,8 @@ def model_node(
         passed.setdefault("description", f"Predictions over {source_spec.name}")
         metadata = {**passed.pop("metadata", {}), **shown}
         key = chosen.key(name)
-        # the spec rides on the function, out of sight
-        attach_spec(_model, out_spec, key=key, shown=metadata)
-        return define_asset(
-            _model,
-            key=key,
-            label=label,
-            check_specs=declared_checks(out_spec, key),
-            deps=[source.key],
-            io_manager_key=IO_MANAGER_KEY,
-            metadata=metadata,
-            required_resource_keys={RESOURCE_KEY},
-            **passed,
+        return define_dataset_asset(
+            _model, out_spec, key=key, label=label, metadata=metadata, deps=[source.key], **passed
         )
 
     given = asset_options("model_node", **options)

@@ -129,9 +129,11 @@ def _observed(rows: int, hwm: Any, *, watermark: str | None) -> dict[str, Any]:
     return metadata
 
 
-def _source_asset(source: SourceSpec, options: AssetOptions) -> dg.AssetsDefinition:
+def _source_asset(source: SourceSpec, options: AssetOptionsKwargs) -> dg.AssetsDefinition:
     """The observable asset of `source` with Dagster's own `options` (remembered: the Component
-    builds it again with its defaults)."""
+    builds it again with its defaults); `options`' description is the source's."""
+    given = asset_options(f"{source.kind}_source", **options)
+    source = dataclasses.replace(source, description=given.description)
 
     def observe(context: dg.AssetExecutionContext) -> dg.ObserveResult:
         rows, hwm = source_stats(source, runtime=runtime_of(context))
@@ -161,8 +163,8 @@ def _source_asset(source: SourceSpec, options: AssetOptions) -> dg.AssetsDefinit
             **passed,
         )
 
-    asset = build(options)
-    remember_build(asset, options, build)
+    asset = build(given)
+    remember_build(asset, given, build)
     return asset
 
 
@@ -175,10 +177,9 @@ def postgres_source(
     watermark: str | None = None,
     **options: Unpack[AssetOptionsKwargs],
 ) -> dg.AssetsDefinition:
-    """A Postgres table as an observable source asset (the control-plane database by default);
-    `watermark`: its high-water-mark column; `options`: Dagster's own asset options (`group`,
-    `description`, `pool`, …: `asset_params.AssetOptions`)."""
-    given = asset_options("postgres_source", **options)
+    """A Postgres table (the control-plane database without `url`) as an observable source
+    asset; `watermark`: its high-water-mark column; `options`: Dagster's own asset options (as
+    the module docstring says)."""
     spec = SourceSpec(
         name=name,
         kind="postgres",
@@ -186,9 +187,8 @@ def postgres_source(
         schema=schema,
         url=url,
         watermark=watermark,
-        description=given.description,
     )
-    return _source_asset(spec, given)
+    return _source_asset(spec, options)
 
 
 def iceberg_source(
@@ -198,18 +198,10 @@ def iceberg_source(
     watermark: str | None = None,
     **options: Unpack[AssetOptionsKwargs],
 ) -> dg.AssetsDefinition:
-    """An existing Iceberg table (in the configured catalog) as an observable source asset;
-    `watermark`: its high-water-mark column; `options`: Dagster's own asset options (`group`,
-    `description`, `pool`, …: `asset_params.AssetOptions`)."""
-    given = asset_options("iceberg_source", **options)
-    spec = SourceSpec(
-        name=name,
-        kind="iceberg",
-        identifier=identifier,
-        watermark=watermark,
-        description=given.description,
-    )
-    return _source_asset(spec, given)
+    """An existing Iceberg table of the configured catalog as an observable source asset; its
+    `watermark` and `options` as `postgres_source`'s."""
+    spec = SourceSpec(name=name, kind="iceberg", identifier=identifier, watermark=watermark)
+    return _source_asset(spec, options)
 
 
 def source_spec_of(asset: Any) -> SourceSpec | None:

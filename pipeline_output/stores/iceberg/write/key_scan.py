@@ -59,18 +59,15 @@ from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFileContent, FileFormat, ManifestFile
-from pyiceberg.schema import Schema
+from pyiceberg.schema import Schema, index_by_id
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.types import (
     DateType,
     DoubleType,
     FloatType,
-    IcebergType,
     IntegerType,
-    ListType,
     LongType,
-    MapType,
     NestedField,
     PrimitiveType,
     StringType,
@@ -362,22 +359,10 @@ def _cheapest_first(schema: Schema, tasks: Sequence[FileScanTask], columns: list
 def _leaf_ids(schema: Schema, name: str) -> list[int]:
     """The field ids of a column's primitive leaves (itself when it is primitive)."""
     top = schema.find_field(name)
-    leaves: list[int] = []
-
-    def walk(field_id: int, field_type: IcebergType) -> None:
-        if isinstance(field_type, PrimitiveType):
-            leaves.append(field_id)
-            return
-        for child in getattr(field_type, "fields", ()):
-            walk(child.field_id, child.field_type)
-        if isinstance(field_type, ListType):
-            walk(field_type.element_id, field_type.element_type)
-        if isinstance(field_type, MapType):
-            walk(field_type.key_id, field_type.key_type)
-            walk(field_type.value_id, field_type.value_type)
-
-    walk(top.field_id, top.field_type)
-    return leaves
+    if top.field_type.is_primitive:
+        return [top.field_id]
+    nested = index_by_id(top.field_type).items()
+    return [field_id for field_id, field in nested if field.field_type.is_primitive]
 
 
 def _per_file(
