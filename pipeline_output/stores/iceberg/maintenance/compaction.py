@@ -25,9 +25,10 @@ fast-forwards main to it, so main must not move meanwhile) is skipped, saying so
 
 from __future__ import annotations
 
+import inspect
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,10 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from pyiceberg.exceptions import CommitFailedException, ValidationException
-from pyiceberg.expressions import AlwaysTrue, BooleanExpression
-from pyiceberg.io.pyarrow import ArrowScan, _read_deletes
+from pyiceberg.expressions import BooleanExpression
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import _read_deletes
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import FileScanTask, Table
+from pyiceberg.table import DataScan, FileScanTask, Table
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.version import VERSION
@@ -64,6 +66,7 @@ from pipeline_output.stores.iceberg.snapshot.commit import (
 )
 from pipeline_output.stores.iceberg.snapshot.files import DEFAULT_TARGET_BYTES, DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction, read_index
+from pipeline_output.stores.iceberg.table.native_scan import quiet, storage, target_schema, typed
 from pipeline_output.stores.iceberg.table.tables import (
     AUDIT_PREFIX,
     PROPERTY_PREFIX,
@@ -289,27 +292,87 @@ def publishable_audit(table: Table) -> str | None:
 def _read_bin(table: Table, bin_: Bin, spec: DatasetSpec) -> pl.DataFrame:
     """The bin's rows, deletes applied, aligned to the table schema and sorted.
 
-    pyiceberg's `ArrowScan` reads the files in parallel, applies their positional deletes and
-    projects each file (whatever schema it was written with) onto the table's schema."""
+    Read by polars' native Iceberg scan (`native_scan`) planned to exactly the bin's files
+    (`BinTable`): its multithreaded Parquet reader reads every file of the bin outside the GIL,
+    applies their positional delete files and deletion vectors, and projects each file
+    (whatever schema it was written with) onto the table's schema by field id. The sort runs in
+    the same query, so the bin is held once."""
     schema = table.schema()
-    try:
-        arrow = ArrowScan(table.metadata, table.io, schema, AlwaysTrue()).to_table(bin_.tasks)
-    except OSError as exc:  # an input removed by a concurrent expiry
-        raise MaintenanceConflict(
-            f"dataset {spec.name!r}: an input file of the compaction vanished: {exc}"
-        ) from exc
-    frame = pl.from_arrow(arrow)
-    assert isinstance(frame, pl.DataFrame)
-    rows = align_to_schema(frame, schema)
+    rows = typed(
+        pl.scan_iceberg(BinTable.of(table, bin_.tasks), storage_options=storage(table)),
+        target_schema(schema),
+    )
     keys = sort_keys(table.metadata, spec)
-    if keys and rows.height > 1:
+    if keys:
         rows = rows.sort(
             [k for k, _, _ in keys],
             descending=[d for _, d, _ in keys],
             nulls_last=[n for _, _, n in keys],
             maintain_order=True,
         )
-    return rows
+    try:
+        with quiet():
+            frame = rows.collect()
+    except (OSError, pl.exceptions.ComputeError) as exc:  # an input removed meanwhile
+        if all(_exists(table.io, t.file.file_path) for t in bin_.tasks):
+            raise
+        raise MaintenanceConflict(
+            f"dataset {spec.name!r}: an input file of the compaction vanished: {exc}"
+        ) from exc
+    return align_to_schema(frame, schema)
+
+
+def _exists(io: FileIO, path: str) -> bool:
+    try:
+        return io.new_input(path).exists()
+    except (OSError, ValueError):
+        return False
+
+
+class BinTable(Table):
+    """A loaded table whose scans plan exactly the given files (with their delete files): what
+    `pl.scan_iceberg` reads a bin with."""
+
+    tasks: tuple[FileScanTask, ...] = ()
+
+    @classmethod
+    def of(cls, table: Table, tasks: tuple[FileScanTask, ...]) -> BinTable:
+        out = cls(
+            identifier=table.name(),
+            metadata=table.metadata,
+            metadata_location=table.metadata_location,
+            io=table.io,
+            catalog=table.catalog,
+            config=table.config,
+        )
+        out.tasks = tasks
+        return out
+
+    def scan(self, *args: Any, **kwargs: Any) -> DataScan:
+        return BinScan.of(super().scan(*args, **kwargs), self.tasks)
+
+
+class BinScan(DataScan):
+    """pyiceberg's `DataScan` whose plan is a fixed list of scan tasks."""
+
+    tasks: tuple[FileScanTask, ...] = ()
+
+    @classmethod
+    def of(cls, scan: DataScan, tasks: tuple[FileScanTask, ...]) -> BinScan:
+        """`scan` (its constructor arguments are its attributes, as pyiceberg's `update` relies
+        on) planning `tasks`."""
+        params = inspect.signature(DataScan.__init__).parameters.keys() - {"self"}
+        out = cls(**{name: getattr(scan, name) for name in params})
+        out.tasks = tasks
+        return out
+
+    def update(self, **overrides: Any) -> BinScan:
+        out = super().update(**overrides)
+        out.tasks = self.tasks
+        return out
+
+    def plan_files(self) -> Iterable[FileScanTask]:
+        return list(self.tasks)
 
 
 def _removable_deletes(table: Table, plan: CompactionPlan) -> list[DataFile]:
