@@ -50,6 +50,7 @@ from pipeline_output.errors import (
     InvalidArgument,
     MaintenanceConflict,
 )
+from pipeline_output.infra.collector import paused
 from pipeline_output.infra.faults import fault_injection
 from pipeline_output.stores.iceberg.maintenance.compaction_plan import (
     DEFAULT_MIN_INPUT_FILES,
@@ -65,7 +66,11 @@ from pipeline_output.stores.iceberg.snapshot.commit import (
     writing,
 )
 from pipeline_output.stores.iceberg.snapshot.files import DEFAULT_TARGET_BYTES, DataFileWriter
-from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction, read_index
+from pipeline_output.stores.iceberg.snapshot.manifests import (
+    FlatTransaction,
+    ManifestIndex,
+    read_index,
+)
 from pipeline_output.stores.iceberg.table.native_scan import quiet, storage, target_schema, typed
 from pipeline_output.stores.iceberg.table.tables import (
     AUDIT_PREFIX,
@@ -146,6 +151,33 @@ def compact(
     if target_file_size is not None and target_file_size < 1:
         raise InvalidArgument("compact: target_file_size must be a positive number of bytes")
     started = time.perf_counter()
+    with paused():  # tens of thousands of manifest entries decoded: no collection walks them
+        return _attempts(
+            store,
+            spec,
+            target_file_size,
+            min_input_files,
+            where,
+            dry_run,
+            run_id,
+            max_attempts,
+            progress,
+            started,
+        )
+
+
+def _attempts(
+    store: HasTables,
+    spec: DatasetSpec,
+    target_file_size: int | None,
+    min_input_files: int,
+    where: str | BooleanExpression | None,
+    dry_run: bool,
+    run_id: str | None,
+    max_attempts: int,
+    progress: Progress | None,
+    started: float,
+) -> CompactionResult:
     for attempt in range(1, max_attempts + 1):
         table = store.tables.load(spec)
         if table is None:
@@ -157,11 +189,11 @@ def compact(
             return _result(
                 store, spec, empty, dry_run, [], 0, None, attempt, started, skipped=skipped
             )
-        plan = _plan(table, spec, target_file_size, min_input_files, where)
+        plan, index = _plan(table, spec, target_file_size, min_input_files, where)
         if dry_run or not plan.bins:
             return _result(store, spec, plan, dry_run, [], 0, None, attempt, started)
         try:
-            return _rewrite(store, spec, table, plan, run_id, attempt, started, progress)
+            return _rewrite(store, spec, table, plan, index, run_id, attempt, started, progress)
         except MaintenanceConflict:
             if attempt == max_attempts:
                 raise
@@ -174,7 +206,7 @@ def _plan(
     target: int | None,
     min_input_files: int,
     where: str | BooleanExpression | None,
-) -> CompactionPlan:
+) -> tuple[CompactionPlan, ManifestIndex]:
     index = read_index(table)
     tasks = live = index.tasks()
     if where is not None and index.snapshot_id is not None:
@@ -183,7 +215,7 @@ def _plan(
         tasks = [t for t in tasks if t.file.file_path in wanted]
     props = table.metadata.properties
     target_bytes = target or int(props.get("write.target-file-size-bytes", DEFAULT_TARGET_BYTES))
-    return plan_bins(
+    plan = plan_bins(
         tasks,
         live=live,
         schema=table.schema(),
@@ -192,6 +224,7 @@ def _plan(
         min_input_files=min_input_files,
         snapshot_id=index.snapshot_id,
     )
+    return plan, index
 
 
 def _rewrite(
@@ -199,6 +232,7 @@ def _rewrite(
     spec: DatasetSpec,
     table: Table,
     plan: CompactionPlan,
+    planned: ManifestIndex,
     run_id: str | None,
     attempt: int,
     started: float,
@@ -224,8 +258,9 @@ def _rewrite(
                 current = store.tables.load(spec)
                 if current is None:
                     raise MaintenanceConflict(f"dataset {spec.name!r}: the table was dropped")
-                index = read_index(current)
-                _check_unchanged(spec, table, current, plan, index.tasks())
+                index = _current_index(current, planned)
+                moved = index is not planned  # else every input is live, with the same deletes
+                _check_unchanged(spec, table, current, plan, index.tasks() if moved else None)
                 audit = publishable_audit(current)
                 if audit is not None:
                     raise MaintenanceConflict(
@@ -277,6 +312,15 @@ def _rewrite(
     )
 
 
+def _current_index(current: Table, planned: ManifestIndex) -> ManifestIndex:
+    """The manifest index of `current`'s snapshot: the one planned with when the table has not
+    moved since (its manifests are already read), else read again."""
+    snapshot = current.current_snapshot()
+    if snapshot is not None and snapshot.snapshot_id == planned.snapshot_id:
+        return planned
+    return read_index(current)
+
+
 def publishable_audit(table: Table) -> str | None:
     """An audit branch that can still publish — its history contains main's current snapshot,
     and publishing fast-forwards main there (`audit.publish_audit`) — if there is one."""
@@ -295,21 +339,14 @@ def _read_bin(table: Table, bin_: Bin, spec: DatasetSpec) -> pl.DataFrame:
     Read by polars' native Iceberg scan (`native_scan`) planned to exactly the bin's files
     (`BinTable`): its multithreaded Parquet reader reads every file of the bin outside the GIL,
     applies their positional delete files and deletion vectors, and projects each file
-    (whatever schema it was written with) onto the table's schema by field id. The sort runs in
-    the same query, so the bin is held once."""
+    (whatever schema it was written with) onto the table's schema by field id. Files already
+    sorted and in key order (what windows of increasing keys leave) read back sorted: the sort
+    is skipped then."""
     schema = table.schema()
     rows = typed(
         pl.scan_iceberg(BinTable.of(table, bin_.tasks), storage_options=storage(table)),
         target_schema(schema),
     )
-    keys = sort_keys(table.metadata, spec)
-    if keys:
-        rows = rows.sort(
-            [k for k, _, _ in keys],
-            descending=[d for _, d, _ in keys],
-            nulls_last=[n for _, _, n in keys],
-            maintain_order=True,
-        )
     try:
         with quiet():
             frame = rows.collect()
@@ -319,7 +356,23 @@ def _read_bin(table: Table, bin_: Bin, spec: DatasetSpec) -> pl.DataFrame:
         raise MaintenanceConflict(
             f"dataset {spec.name!r}: an input file of the compaction vanished: {exc}"
         ) from exc
+    keys = sort_keys(table.metadata, spec)
+    if keys and frame.height > 1 and not _sorted(frame, keys):
+        frame = frame.sort(
+            [k for k, _, _ in keys],
+            descending=[d for _, d, _ in keys],
+            nulls_last=[n for _, _, n in keys],
+            maintain_order=True,
+        )
     return align_to_schema(frame, schema)
+
+
+def _sorted(frame: pl.DataFrame, keys: list[tuple[str, bool, bool]]) -> bool:
+    """Whether `frame` is already in the order of `keys` (checked for a single key only)."""
+    if len(keys) != 1:
+        return False
+    name, descending, nulls_last = keys[0]
+    return frame.get_column(name).is_sorted(descending=descending, nulls_last=nulls_last)
 
 
 def _exists(io: FileIO, path: str) -> bool:
@@ -389,9 +442,14 @@ def _removable_deletes(table: Table, plan: CompactionPlan) -> list[DataFile]:
 
 
 def _check_unchanged(
-    spec: DatasetSpec, planned: Table, current: Table, plan: CompactionPlan, tasks: Any
+    spec: DatasetSpec,
+    planned: Table,
+    current: Table,
+    plan: CompactionPlan,
+    tasks: list[FileScanTask] | None,
 ) -> None:
-    """Every input still live with the same delete files; same schema and partition spec."""
+    """Every input still live with the same delete files (`tasks`: the current snapshot's; None:
+    the snapshot planned on); same schema and partition spec."""
     before, now = planned.metadata, current.metadata
     if (
         before.table_uuid != now.table_uuid
@@ -402,6 +460,8 @@ def _check_unchanged(
             f"dataset {spec.name!r}: the table was recreated or its schema or partitioning "
             "changed while compacting"
         )
+    if tasks is None:
+        return
     live: dict[str, FileScanTask] = {t.file.file_path: t for t in tasks}
     for bin_ in plan.bins:
         for task in bin_.tasks:
