@@ -234,3 +234,21 @@ def test_without_expiry_every_time_since_the_first_snapshot_answers_after_moves_
     ((_, at3, rows3),) = _versions(h, 1)
     for moment, rows in ((at1, rows1), (at2, rows2), (at3, rows3)):
         assert_same_multiset(h.store().read(SPEC, as_of=moment), rows)
+
+
+def test_local_deletes_run_in_batches_count_what_went_and_report_what_could_not(tmp_path: Path):
+    from pipeline_output.stores.iceberg.maintenance.orphans import delete_files
+
+    files = [tmp_path / f"f{i}.parquet" for i in range(700)]
+    for f in files:
+        f.write_bytes(b"x")
+    undeletable = tmp_path / "a-directory"
+    undeletable.mkdir()
+    locations = [f"file://{f}" if i % 2 else str(f) for i, f in enumerate(files)]
+
+    deleted, failed = delete_files(
+        [*locations, str(tmp_path / "already-gone.parquet"), str(undeletable)], {}
+    )
+
+    assert deleted == 700 and not any(f.exists() for f in files)
+    assert len(failed) == 1 and failed[0].startswith(str(undeletable))

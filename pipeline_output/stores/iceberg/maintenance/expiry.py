@@ -43,6 +43,7 @@ from pyiceberg.table.update import AssertRefSnapshotId, RemoveSnapshotsUpdate
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.store_protocol import ATTEMPT_MARKER
 from pipeline_output.errors import DatasetNotWritten, InvalidArgument
+from pipeline_output.infra.collector import paused
 from pipeline_output.infra.locks import AdvisoryLock, LockStats
 from pipeline_output.ledger.window_ledger import WindowLedger
 from pipeline_output.stores.iceberg.maintenance.orphans import ManifestReader, delete_paths
@@ -182,6 +183,19 @@ def expire_snapshots(
     if cutoff.tzinfo is None:
         cutoff = cutoff.replace(tzinfo=UTC)
     cutoff_ms = int(cutoff.timestamp() * 1000)
+    with paused():  # the entries of every manifest decoded: no collection walks them
+        return _expire(store, spec, cutoff_ms, retain_last, ledger, dry_run, started)
+
+
+def _expire(
+    store: HasTables,
+    spec: DatasetSpec,
+    cutoff_ms: int,
+    retain_last: int,
+    ledger: WindowLedger | None,
+    dry_run: bool,
+    started: float,
+) -> ExpiryResult:
     with ExitStack() as locks:
         stats = LockStats(key=store.tables.table_name(spec))  # a dry run takes no lock
         if not dry_run:
