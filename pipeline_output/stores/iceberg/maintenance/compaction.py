@@ -398,11 +398,30 @@ class BinTable(Table):
             catalog=table.catalog,
             config=table.config,
         )
-        out.tasks = tasks
+        out.tasks = _as_paths(tasks)
         return out
 
     def scan(self, *args: Any, **kwargs: Any) -> DataScan:
         return BinScan.of(super().scan(*args, **kwargs), self.tasks)
+
+
+def _as_paths(tasks: tuple[FileScanTask, ...]) -> tuple[FileScanTask, ...]:
+    """`tasks` with local data files named by their path instead of their `file://` URI: polars
+    reads URIs through its object-store layer, which made reading 20,000 small files a third
+    slower. Only when no task has delete files: pyiceberg's reader (polars' fallback) matches
+    positional deletes to a data file by the path the delete file holds."""
+    if any(t.delete_files for t in tasks) or not all(
+        t.file.file_path.startswith("file:///") for t in tasks
+    ):
+        return tasks
+    out = []
+    for task in tasks:
+        source = task.file
+        local = DataFile(*(source[i] for i in range(len(source))))
+        local.spec_id = source.spec_id
+        local[1] = task.file.file_path.removeprefix("file://")  # (field 1: file_path)
+        out.append(FileScanTask(local, residual=task.residual))
+    return tuple(out)
 
 
 class BinScan(DataScan):
