@@ -85,6 +85,7 @@ if TYPE_CHECKING:
 
 LAST_COMPACTION = f"{PROPERTY_PREFIX}last-compaction"  # table property: when, and what it did
 DEFAULT_MAX_ATTEMPTS = 3
+READ_BATCH_ROWS = 131_072  # rows per batch a bin is read in
 Progress = Callable[[int, int], None]  # (bins done, bins planned)
 
 
@@ -339,9 +340,11 @@ def _read_bin(table: Table, bin_: Bin, spec: DatasetSpec) -> pl.DataFrame:
     Read by polars' native Iceberg scan (`native_scan`) planned to exactly the bin's files
     (`BinTable`): its multithreaded Parquet reader reads every file of the bin outside the GIL,
     applies their positional delete files and deletion vectors, and projects each file
-    (whatever schema it was written with) onto the table's schema by field id. Files already
-    sorted and in key order (what windows of increasing keys leave) read back sorted: the sort
-    is skipped then."""
+    (whatever schema it was written with) onto the table's schema by field id. It is collected
+    in batches of `READ_BATCH_ROWS`, each made contiguous: collected at once, a bin of 20,000
+    small files became a frame of 20,000 chunks holding 2.5 times its data. Files already sorted
+    and in key order (what windows of increasing keys leave) read back sorted: the sort is
+    skipped then."""
     schema = table.schema()
     rows = typed(
         pl.scan_iceberg(BinTable.of(table, bin_.tasks), storage_options=storage(table)),
@@ -349,13 +352,14 @@ def _read_bin(table: Table, bin_: Bin, spec: DatasetSpec) -> pl.DataFrame:
     )
     try:
         with quiet():
-            frame = rows.collect()
+            parts = [b.rechunk() for b in rows.collect_batches(chunk_size=READ_BATCH_ROWS)]
     except (OSError, pl.exceptions.ComputeError) as exc:  # an input removed meanwhile
         if all(_exists(table.io, t.file.file_path) for t in bin_.tasks):
             raise
         raise MaintenanceConflict(
             f"dataset {spec.name!r}: an input file of the compaction vanished: {exc}"
         ) from exc
+    frame = pl.concat(parts, rechunk=False) if parts else rows.collect()
     keys = sort_keys(table.metadata, spec)
     if keys and frame.height > 1 and not _sorted(frame, keys):
         frame = frame.sort(
