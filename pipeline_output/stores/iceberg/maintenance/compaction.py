@@ -86,6 +86,7 @@ if TYPE_CHECKING:
 LAST_COMPACTION = f"{PROPERTY_PREFIX}last-compaction"  # table property: when, and what it did
 DEFAULT_MAX_ATTEMPTS = 3
 READ_BATCH_ROWS = 131_072  # rows per batch a bin is read in
+READ_GROUP_BYTES = 64 * 1024 * 1024  # input files read by one scan (bins of many partitions)
 Progress = Callable[[int, int], None]  # (bins done, bins planned)
 
 
@@ -247,11 +248,12 @@ def _rewrite(
         added: list[DataFile] = []
         handed = False
         try:
-            rows = 0
-            for done, bin_ in enumerate(plan.bins, start=1):
-                frame = _read_bin(table, bin_, spec)
+            rows = done = 0
+            for group in read_groups(table, plan.bins):
+                frame = _read_bins(table, group, spec)
                 rows += frame.height
-                added.extend(writer.write(frame))
+                added.extend(writer.write(frame))  # a file per partition: per bin
+                done += len(group)
                 if progress is not None:
                     progress(done, len(plan.bins))
             removable = _removable_deletes(table, plan)
@@ -334,10 +336,39 @@ def publishable_audit(table: Table) -> str | None:
     return None
 
 
-def _read_bin(table: Table, bin_: Bin, spec: DatasetSpec) -> pl.DataFrame:
-    """The bin's rows, deletes applied, aligned to the table schema and sorted.
+def read_groups(table: Table, bins: list[Bin]) -> list[list[Bin]]:
+    """The bins in groups read by one scan each: bins of distinct partitions of the table's
+    current partition spec, up to `READ_GROUP_BYTES` of input files together (a partitioned
+    table's bins are small: one scan per bin spent most of its time starting the scan). The
+    writer splits a group's rows by partition again: one file per bin. A bin of an older spec
+    is read alone (the current spec may split or merge its rows differently)."""
+    current = table.metadata.default_spec_id
+    groups: list[list[Bin]] = []
+    size = 0
+    seen: set[Any] = set()
+    for bin_ in bins:
+        alone = bin_.spec_id != current
+        key = bin_.partition
+        if (
+            not groups
+            or alone
+            or groups[-1][0].spec_id != current
+            or key in seen
+            or size + bin_.bytes > READ_GROUP_BYTES
+        ):
+            groups.append([])
+            size = 0
+            seen = set()
+        groups[-1].append(bin_)
+        size += bin_.bytes
+        seen.add(key)
+    return groups
 
-    Read by polars' native Iceberg scan (`native_scan`) planned to exactly the bin's files
+
+def _read_bins(table: Table, bins: list[Bin], spec: DatasetSpec) -> pl.DataFrame:
+    """The bins' rows, deletes applied, aligned to the table schema and sorted.
+
+    Read by polars' native Iceberg scan (`native_scan`) planned to exactly the bins' files
     (`BinTable`): its multithreaded Parquet reader reads every file of the bin outside the GIL,
     applies their positional delete files and deletion vectors, and projects each file
     (whatever schema it was written with) onto the table's schema by field id. It is collected
@@ -346,15 +377,16 @@ def _read_bin(table: Table, bin_: Bin, spec: DatasetSpec) -> pl.DataFrame:
     and in key order (what windows of increasing keys leave) read back sorted: the sort is
     skipped then."""
     schema = table.schema()
+    tasks = tuple(t for b in bins for t in b.tasks)
     rows = typed(
-        pl.scan_iceberg(BinTable.of(table, bin_.tasks), storage_options=storage(table)),
+        pl.scan_iceberg(BinTable.of(table, tasks), storage_options=storage(table)),
         target_schema(schema),
     )
     try:
         with quiet():
             parts = [b.rechunk() for b in rows.collect_batches(chunk_size=READ_BATCH_ROWS)]
     except (OSError, pl.exceptions.ComputeError) as exc:  # an input removed meanwhile
-        if all(_exists(table.io, t.file.file_path) for t in bin_.tasks):
+        if all(_exists(table.io, t.file.file_path) for t in tasks):
             raise
         raise MaintenanceConflict(
             f"dataset {spec.name!r}: an input file of the compaction vanished: {exc}"
