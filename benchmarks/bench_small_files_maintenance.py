@@ -82,9 +82,12 @@ def prep(cfg: dict[str, Any], engine: str) -> dict[str, Any]:
             (frame.drop("part") if parts else frame).write_parquet(target / f"f-{j:06d}.parquet")
         if parts:
             import pyarrow as pa
+            from deltalake import Schema
 
             convert_to_deltalake(
-                str(folder), partition_by=pa.schema([("part", pa.int64())]), partition_strategy="hive"
+                str(folder),
+                partition_by=Schema.from_arrow(pa.schema([("part", pa.int64())])),
+                partition_strategy="hive",
             )
         else:
             convert_to_deltalake(str(folder))
@@ -111,7 +114,9 @@ def prep(cfg: dict[str, Any], engine: str) -> dict[str, Any]:
     return {
         "files": len(list(table.scan().plan_files())),
         "snapshots": len(table.metadata.snapshots),
-        "data": sorted(str(p) for p in Path(table.location().removeprefix("file://")).rglob("*.parquet")),
+        "data": sorted(
+            str(p) for p in Path(table.location().removeprefix("file://")).rglob("*.parquet")
+        ),
     }
 
 
@@ -224,6 +229,7 @@ def child_main(payload_path: str) -> None:
     else:
         result = timed(p["cfg"], p["what"], p["engine"])
     print(json.dumps(result), flush=True)
+    os._exit(0)  # (deltalake's runtime can abort at interpreter exit: the result is out)
 
 
 def spawn(payload: dict[str, Any], tag: str, workdir: Path, timeout_s: float) -> dict[str, Any]:
@@ -270,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         for engine in ("ours", "delta"):
             t0 = time.perf_counter()
-            got = spawn({"what": "prep", "engine": engine, "cfg": cfg}, f"prep-{engine}", workdir, 7200)
+            got = spawn(
+                {"what": "prep", "engine": engine, "cfg": cfg}, f"prep-{engine}", workdir, 7200
+            )
             data = got.pop("data", None)
             print(f"prep {engine}: {got} in {time.perf_counter() - t0:.0f} s", flush=True)
             if got.get("files") != args.files:

@@ -37,7 +37,7 @@ from pyiceberg.table.snapshots import Snapshot
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.infra.collector import paused
 from pipeline_output.stores.iceberg.snapshot.commit import DEFAULT_WAIT_S, quiesced
-from pipeline_output.stores.iceberg.table.manifest_decoding import live_paths, manifest_files
+from pipeline_output.stores.iceberg.table.manifest_decoding import entry_paths, manifest_files
 from pipeline_output.stores.iceberg.table.tables import READ_THREADS
 
 if TYPE_CHECKING:
@@ -79,36 +79,63 @@ class Orphan:
 
 
 class ManifestReader:
-    """Reads each manifest list and each manifest's live file paths once (a manifest is shared
-    by many snapshots), with the path-only decoder (`manifest_decoding.live_paths`). A manifest
-    whose counts say it holds no live entry (a commit's removed files only) is not read."""
+    """Reads each manifest list and each manifest's entries once (a manifest is shared by many
+    snapshots), with the path-only decoder (`manifest_decoding.entry_paths`). A manifest is not
+    read when its counts say it holds none of the entries asked for (live ones; removed ones)."""
 
     def __init__(self, io: FileIO) -> None:
         self.io = io
-        self._live: dict[str, set[str]] = {}
+        self._entries: dict[str, list[tuple[int, int | None, str]]] = {}
         self._lists: dict[str, list[ManifestFile] | None] = {}
         self.locations: dict[str, str] = {}  # normalized path -> the location as referenced
 
     def files_of(self, snapshots: Iterable[Snapshot]) -> set[str]:
         """Manifest lists, manifests and live data/delete files of `snapshots` (normalized)."""
+        out, manifests = self.metadata_of(snapshots)
+        live = [m for m in manifests if m.has_added_files() or m.has_existing_files()]
+        self._load(live)  # (a manifest of removed entries only holds no live file)
+        for manifest in live:
+            out.update(p for status, _, p in self._entries[manifest.manifest_path] if status != 2)
+        return out
+
+    def removed_by(self, snapshot: Snapshot) -> set[str]:
+        """The data and delete files `snapshot` removed (normalized): the entries it marked
+        DELETED in the manifests it added. Each was live in its parent."""
+        own = [
+            m
+            for m in self._manifests(snapshot) or []
+            if m.added_snapshot_id == snapshot.snapshot_id
+            and (m.deleted_files_count is None or m.deleted_files_count > 0)
+        ]
+        self._load(own)
+        sid = snapshot.snapshot_id
+        return {
+            p
+            for m in own
+            for status, by, p in self._entries[m.manifest_path]
+            if status == 2 and by == sid
+        }
+
+    def metadata_of(self, snapshots: Iterable[Snapshot]) -> tuple[set[str], list[ManifestFile]]:
+        """The manifest lists and manifests of `snapshots` (normalized), and those manifests."""
         out: set[str] = set()
         manifests: dict[str, ManifestFile] = {}
         for snapshot in snapshots:
             out.add(self._seen(snapshot.manifest_list))
             for manifest in self._manifests(snapshot) or []:
                 manifests.setdefault(manifest.manifest_path, manifest)
-        todo = [m for path, m in manifests.items() if path not in self._live]
+        out.update(self._seen(path) for path in manifests)
+        return out, list(manifests.values())
+
+    def _load(self, manifests: list[ManifestFile]) -> None:
+        todo = [m for m in manifests if m.manifest_path not in self._entries]
         if len(todo) > 1 and not all(m.manifest_path.startswith(_LOCAL) for m in todo):
             with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(todo))) as pool:
                 read = list(pool.map(self._read, todo))  # object stores: fetch in parallel
         else:
             read = [self._read(m) for m in todo]  # decoding holds the GIL: threads gain nothing
-        for manifest, paths in zip(todo, read, strict=True):
-            self._live[manifest.manifest_path] = paths
-        for path in manifests:
-            out.add(self._seen(path))
-            out |= self._live[path]
-        return out
+        for manifest, entries in zip(todo, read, strict=True):
+            self._entries[manifest.manifest_path] = entries
 
     def _manifests(self, snapshot: Snapshot) -> list[ManifestFile] | None:
         """The snapshot's manifest list (None: gone, a concurrent cleanup removed it)."""
@@ -120,14 +147,12 @@ class ManifestReader:
             self._lists[snapshot.manifest_list] = found
         return self._lists[snapshot.manifest_list]
 
-    def _read(self, manifest: ManifestFile) -> set[str]:
-        if not (manifest.has_added_files() or manifest.has_existing_files()):
-            return set()  # only removed entries (v1 manifests without counts are read)
+    def _read(self, manifest: ManifestFile) -> list[tuple[int, int | None, str]]:
         try:
-            paths = live_paths(self.io, manifest)
+            entries = entry_paths(self.io, manifest)
         except (OSError, ValueError):
-            return set()
-        return {self._seen(path) for path in paths}
+            return []
+        return [(status, by, self._seen(path)) for status, by, path in entries]
 
     def _seen(self, location: str) -> str:
         key = norm(location)
