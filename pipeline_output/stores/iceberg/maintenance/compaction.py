@@ -86,7 +86,7 @@ if TYPE_CHECKING:
 LAST_COMPACTION = f"{PROPERTY_PREFIX}last-compaction"  # table property: when, and what it did
 DEFAULT_MAX_ATTEMPTS = 3
 READ_BATCH_ROWS = 131_072  # rows per batch a bin is read in
-READ_GROUP_BYTES = 64 * 1024 * 1024  # input files read by one scan (bins of many partitions)
+READ_GROUP_BYTES = 16 * 1024 * 1024  # input files read by one scan (bins of many partitions)
 Progress = Callable[[int, int], None]  # (bins done, bins planned)
 
 
