@@ -57,3 +57,38 @@ def test_a_process_that_disabled_the_collector_keeps_it_disabled_and_unfrozen() 
 
 def test_the_collector_is_enabled_again_when_an_import_fails() -> None:
     assert _run(FAILED_IMPORT) == "True True"
+
+
+PAUSED = """
+import gc, threading
+from pipeline_output.infra.collector import paused
+
+inside = []
+entered, release = threading.Event(), threading.Event()
+
+def other():
+    with paused():
+        entered.set()
+        release.wait()
+        inside.append(gc.isenabled())
+
+t = threading.Thread(target=other)
+t.start()
+entered.wait()
+with paused():
+    with paused():
+        inside.append(gc.isenabled())
+    inside.append(gc.isenabled())
+inside.append(gc.isenabled())  # the other thread's block is still open
+release.set()
+t.join()
+after = gc.isenabled()
+gc.disable()
+with paused():
+    pass
+print(inside, after, gc.isenabled())
+"""
+
+
+def test_paused_blocks_disable_collection_until_the_last_one_ends_in_any_thread() -> None:
+    assert _run(PAUSED) == "[False, False, False, False] True False"

@@ -126,14 +126,21 @@ def test_compaction_never_mixes_partitions(h: Harness):
         h.store().write(spec, frame, window=Window(low=w * 30, high=(w + 1) * 30))
         expected.append(frame)
     assert len(data_files(h, spec)) == 18
+    with h.table(spec).transaction() as tx:  # the summary lists each changed partition
+        tx.set_properties({"write.summary.partition-limit": "10"})
 
-    result = h.store().compact(spec)
+    result = h.store().compact(spec)  # the 3 bins are read by one scan
 
     assert (result.files_rewritten, result.files_added) == (18, 3)
     assert_same_multiset(h.contents(spec), pl.concat(expected))
     for f in data_files(h, spec):  # one partition per file, as every write keeps it
         regions = read_file(f)["region"].unique()
         assert regions.to_list() == [f.partition[0]]
+    summary = h.table(spec).current_snapshot().summary
+    assert summary["changed-partition-count"] == "3"
+    for region in ("eu", "us", "ap"):
+        changes = dict(kv.split("=") for kv in summary[f"partitions.region={region}"].split(","))
+        assert (changes["added-data-files"], changes["deleted-data-files"]) == ("1", "6")
 
 
 def test_compaction_folds_positional_deletes_and_drops_the_delete_files(h: Harness):

@@ -234,3 +234,42 @@ def test_without_expiry_every_time_since_the_first_snapshot_answers_after_moves_
     ((_, at3, rows3),) = _versions(h, 1)
     for moment, rows in ((at1, rows1), (at2, rows2), (at3, rows3)):
         assert_same_multiset(h.store().read(SPEC, as_of=moment), rows)
+
+
+def test_local_deletes_run_in_batches_count_what_went_and_report_what_could_not(tmp_path: Path):
+    from pipeline_output.stores.iceberg.maintenance.orphans import delete_files
+
+    files = [tmp_path / f"f{i}.parquet" for i in range(700)]
+    for f in files:
+        f.write_bytes(b"x")
+    undeletable = tmp_path / "a-directory"
+    undeletable.mkdir()
+    locations = [f"file://{f}" if i % 2 else str(f) for i, f in enumerate(files)]
+
+    deleted, failed = delete_files(
+        [*locations, str(tmp_path / "already-gone.parquet"), str(undeletable)], {}
+    )
+
+    assert deleted == 700 and not any(f.exists() for f in files)
+    assert len(failed) == 1 and failed[0].startswith(str(undeletable))
+
+
+def test_expired_files_found_from_removals_are_the_ones_full_reachability_finds(h: Harness):
+    """Expiry reads the tips' live entries and what each child of an expired snapshot removed,
+    not every expired snapshot's entries: the same files, whichever snapshots expire."""
+    from pipeline_output.stores.iceberg.maintenance.expiry import expired_files
+    from pipeline_output.stores.iceberg.maintenance.orphans import ManifestReader
+
+    history(h)
+    table = h.table(SPEC)
+    snaps = sorted(table.snapshots(), key=lambda s: s.sequence_number)
+    cases = [snaps[:k] for k in range(1, len(snaps))] + [snaps[2:9], snaps[5:-1], snaps[::2]]
+    data_files_doomed = 0
+    for expired in cases:
+        gone = {s.snapshot_id for s in expired}
+        reader = ManifestReader(table.io)
+        kept = reader.files_of(s for s in snaps if s.snapshot_id not in gone)
+        full = reader.files_of(expired) - kept
+        data_files_doomed += sum(p.endswith(".parquet") for p in full)
+        assert expired_files(ManifestReader(table.io), snaps, gone) - kept == full
+    assert data_files_doomed > 0

@@ -42,7 +42,11 @@ from pyiceberg.types import (
     TimeType,
 )
 
-from pipeline_output.stores.iceberg.table.manifest_decoding import manifest_entries, manifest_files
+from pipeline_output.stores.iceberg.table.manifest_decoding import (
+    live_paths,
+    manifest_entries,
+    manifest_files,
+)
 from pipeline_output.stores.iceberg.table.scan_planning import planned
 
 COLUMNS: list[tuple[str, Any, pa.DataType, list[Any]]] = [
@@ -168,6 +172,22 @@ def test_manifest_lists_are_pyiceberg_manifest_files_value_for_value(decoded, ev
             ours = manifest_files(table.io, snapshot)
             theirs = list(snapshot.manifests(table.io))
             assert [_norm_record(m) for m in ours] == [_norm_record(m) for m in theirs]
+
+
+def test_live_paths_are_the_paths_of_pyiceberg_live_entries(decoded, catalog):
+    """Reachability's path-only decoding (expiry, orphans), on manifests with removed entries."""
+    table = _evolving(catalog)
+    table.delete(EqualTo("id", 1))  # rewrites files: manifests with DELETED entries
+    table = catalog.load_table("datasets.evolving")
+    seen_deleted = False
+    for t in (decoded, table):
+        for snapshot in t.snapshots():
+            for manifest in snapshot.manifests(t.io):
+                entries = manifest.fetch_manifest_entry(t.io, discard_deleted=False)
+                seen_deleted |= any(e.status.value == 2 for e in entries)
+                live = [e.data_file.file_path for e in entries if e.status.value != 2]
+                assert live_paths(t.io, manifest) == live
+    assert seen_deleted
 
 
 def _norm_record(manifest: Any) -> list[Any]:

@@ -17,12 +17,14 @@ project is in flight (`commit.py`): a write in progress, however long, keeps all
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
@@ -33,13 +35,16 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.infra.collector import paused
 from pipeline_output.stores.iceberg.snapshot.commit import DEFAULT_WAIT_S, quiesced
+from pipeline_output.stores.iceberg.table.manifest_decoding import entry_paths, manifest_files
 from pipeline_output.stores.iceberg.table.tables import READ_THREADS
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.table.tables import HasTables
 
 DEFAULT_GRACE_S = 3600.0
+_LOCAL = ("file:", "/")
 
 
 @dataclass(frozen=True)
@@ -74,40 +79,80 @@ class Orphan:
 
 
 class ManifestReader:
-    """Reads each manifest's live file paths once (a manifest is shared by many snapshots)."""
+    """Reads each manifest list and each manifest's entries once (a manifest is shared by many
+    snapshots), with the path-only decoder (`manifest_decoding.entry_paths`). A manifest is not
+    read when its counts say it holds none of the entries asked for (live ones; removed ones)."""
 
     def __init__(self, io: FileIO) -> None:
         self.io = io
-        self._live: dict[str, set[str]] = {}
+        self._entries: dict[str, list[tuple[int, int | None, str]]] = {}
+        self._lists: dict[str, list[ManifestFile] | None] = {}
         self.locations: dict[str, str] = {}  # normalized path -> the location as referenced
 
     def files_of(self, snapshots: Iterable[Snapshot]) -> set[str]:
         """Manifest lists, manifests and live data/delete files of `snapshots` (normalized)."""
+        out, manifests = self.metadata_of(snapshots)
+        live = [m for m in manifests if m.has_added_files() or m.has_existing_files()]
+        self._load(live)  # (a manifest of removed entries only holds no live file)
+        for manifest in live:
+            out.update(p for status, _, p in self._entries[manifest.manifest_path] if status != 2)
+        return out
+
+    def removed_by(self, snapshot: Snapshot) -> set[str]:
+        """The data and delete files `snapshot` removed (normalized): the entries it marked
+        DELETED in the manifests it added. Each was live in its parent."""
+        own = [
+            m
+            for m in self._manifests(snapshot) or []
+            if m.added_snapshot_id == snapshot.snapshot_id
+            and (m.deleted_files_count is None or m.deleted_files_count > 0)
+        ]
+        self._load(own)
+        sid = snapshot.snapshot_id
+        return {
+            p
+            for m in own
+            for status, by, p in self._entries[m.manifest_path]
+            if status == 2 and by == sid
+        }
+
+    def metadata_of(self, snapshots: Iterable[Snapshot]) -> tuple[set[str], list[ManifestFile]]:
+        """The manifest lists and manifests of `snapshots` (normalized), and those manifests."""
         out: set[str] = set()
         manifests: dict[str, ManifestFile] = {}
         for snapshot in snapshots:
             out.add(self._seen(snapshot.manifest_list))
-            try:
-                for manifest in snapshot.manifests(self.io):
-                    manifests.setdefault(manifest.manifest_path, manifest)
-            except (OSError, ValueError):
-                continue  # its manifest list is gone (a concurrent cleanup): nothing to add
-        todo = [m for path, m in manifests.items() if path not in self._live]
-        if todo:
-            with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(todo))) as pool:
-                for manifest, paths in zip(todo, pool.map(self._read, todo), strict=True):
-                    self._live[manifest.manifest_path] = paths
-        for path in manifests:
-            out.add(self._seen(path))
-            out |= self._live[path]
-        return out
+            for manifest in self._manifests(snapshot) or []:
+                manifests.setdefault(manifest.manifest_path, manifest)
+        out.update(self._seen(path) for path in manifests)
+        return out, list(manifests.values())
 
-    def _read(self, manifest: ManifestFile) -> set[str]:
+    def _load(self, manifests: list[ManifestFile]) -> None:
+        todo = [m for m in manifests if m.manifest_path not in self._entries]
+        if len(todo) > 1 and not all(m.manifest_path.startswith(_LOCAL) for m in todo):
+            with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(todo))) as pool:
+                read = list(pool.map(self._read, todo))  # object stores: fetch in parallel
+        else:
+            read = [self._read(m) for m in todo]  # decoding holds the GIL: threads gain nothing
+        for manifest, entries in zip(todo, read, strict=True):
+            self._entries[manifest.manifest_path] = entries
+
+    def _manifests(self, snapshot: Snapshot) -> list[ManifestFile] | None:
+        """The snapshot's manifest list (None: gone, a concurrent cleanup removed it)."""
+        if snapshot.manifest_list not in self._lists:
+            try:
+                found: list[ManifestFile] | None = manifest_files(self.io, snapshot)
+            except (OSError, ValueError):
+                found = None
+            self._lists[snapshot.manifest_list] = found
+        return self._lists[snapshot.manifest_list]
+
+    def _read(self, manifest: ManifestFile) -> list[tuple[int, int | None, str]]:
         try:
-            entries = manifest.fetch_manifest_entry(self.io, discard_deleted=True)
+            entries = entry_paths(self.io, manifest)
         except (OSError, ValueError):
-            return set()
-        return {self._seen(e.data_file.file_path) for e in entries}
+            return []
+        return [(status, by, self._seen(path)) for status, by, path in entries]
 
     def _seen(self, location: str) -> str:
         key = norm(location)
@@ -222,7 +267,8 @@ def remove_orphans(
     if table is None:
         raise DatasetNotWritten(f"dataset {spec.name!r} has no Iceberg table to sweep")
     reader = ManifestReader(table.io)
-    found = table_orphans(table, grace_s=grace_s, reader=reader)
+    with paused():  # the live entries of every manifest decoded: no collection walks them
+        found = table_orphans(table, grace_s=grace_s, reader=reader)
     waited = 0.0
     if found and not dry_run:
         found, waited = sweep_table(
@@ -297,30 +343,154 @@ def _committing(path: str, current: int) -> bool:
 
 
 def delete_orphans(orphans: Iterable[Orphan]) -> int:
-    """Delete the given orphan files; returns how many were removed."""
-    removed = 0
+    """Delete the given orphan files (`delete_files`, per FileIO configuration); returns how many
+    were removed. A file already gone is skipped; any other failure raises, after the rest."""
+    groups: dict[tuple[tuple[str, str], ...], list[str]] = {}
     for orphan in orphans:
-        fs, path = filesystem(orphan.path, orphan.io_properties)
-        try:
-            fs.delete_file(path)
-            removed += 1
-        except FileNotFoundError:
-            continue
+        groups.setdefault(tuple(sorted(orphan.io_properties.items())), []).append(orphan.path)
+    removed = 0
+    failures: list[str] = []
+    for props, paths in groups.items():
+        done, failed = delete_files(paths, dict(props))
+        removed += done
+        failures.extend(failed)
+    if failures:
+        raise OSError(f"could not delete {len(failures)} orphan file(s): {failures[0]}")
     return removed
 
 
 def delete_paths(io: FileIO, paths: Iterable[str]) -> int:
-    """Delete files through the table's FileIO (in parallel); returns how many were deleted."""
+    """Delete files of the table whose FileIO is `io` (best effort: `delete_files`); returns how
+    many were deleted."""
+    return delete_files(paths, io.properties)[0]
 
-    def one(path: str) -> bool:
+
+DELETE_BATCH = 1000  # keys per S3 multi-object delete: the API's maximum
+_S3 = ("s3", "s3a", "s3n")
+
+
+def delete_files(locations: Iterable[str], properties: Mapping[str, str]) -> tuple[int, list[str]]:
+    """Delete files given as the table references them (local paths, `file://` or object-store
+    URIs), in parallel batches; (how many were deleted, one line per file that could not be —
+    a file already gone is neither).
+
+    Local files: `os.remove` in `READ_THREADS` threads, a batch of files per task. S3: one
+    multi-object delete per `DELETE_BATCH` keys through boto3 (what pyiceberg's SigV4 signing
+    already needs), configured from the FileIO's `s3.*` properties; without boto3, or when the
+    request itself fails, one delete per key through the table's pyarrow filesystem. Other
+    stores: one delete per file through the pyarrow filesystem."""
+    local: list[str] = []
+    s3: dict[str, list[str]] = {}
+    other: list[str] = []
+    for location in locations:
+        parsed = urlparse(location)
+        if parsed.scheme in ("", "file"):
+            local.append(parsed.path if parsed.scheme else location)
+        elif parsed.scheme in _S3:
+            s3.setdefault(parsed.netloc, []).append(location)
+        else:
+            other.append(location)
+    deleter = _Deleter(properties)
+    jobs: list[tuple[Callable[[list[str]], tuple[int, list[str]]], list[str]]] = []
+    jobs += [(_remove_local, batch) for batch in _batches(local, READ_THREADS * 4)]
+    for keys in s3.values():
+        jobs += [
+            (deleter.s3_batch, keys[i : i + DELETE_BATCH])
+            for i in range(0, len(keys), DELETE_BATCH)
+        ]
+    jobs += [(deleter.one_by_one, batch) for batch in _batches(other, READ_THREADS * 4)]
+    if not jobs:
+        return 0, []
+    if len(jobs) == 1:
+        results = [jobs[0][0](jobs[0][1])]
+    else:
+        with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(jobs))) as pool:
+            results = list(pool.map(lambda job: job[0](job[1]), jobs))
+    return sum(n for n, _ in results), [line for _, lines in results for line in lines]
+
+
+def _batches(items: list[str], parts: int) -> list[list[str]]:
+    """`items` in about `parts` batches of at least 64 (a task per file costs more than its
+    delete)."""
+    size = max(64, -(-len(items) // parts))
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _remove_local(paths: list[str]) -> tuple[int, list[str]]:
+    removed, failed = 0, []
+    for path in paths:
         try:
-            io.delete(path)
-            return True
-        except (OSError, ValueError):
-            return False
+            os.remove(path)
+            removed += 1
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            failed.append(f"{path}: {exc}")
+    return removed, failed
 
-    todo = list(paths)
-    if not todo:
-        return 0
-    with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(todo))) as pool:
-        return sum(pool.map(one, todo))
+
+class _Deleter:
+    """Deletes object-store files with one set of FileIO properties (clients made once)."""
+
+    def __init__(self, properties: Mapping[str, str]) -> None:
+        self.properties = dict(properties)
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def one_by_one(self, locations: list[str]) -> tuple[int, list[str]]:
+        removed, failed = 0, []
+        for location in locations:
+            fs, path = filesystem(location, self.properties)
+            try:
+                fs.delete_file(path)
+                removed += 1
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                failed.append(f"{location}: {exc}")
+        return removed, failed
+
+    def s3_batch(self, locations: list[str]) -> tuple[int, list[str]]:
+        """One multi-object delete of `locations` (one bucket, at most `DELETE_BATCH` keys)."""
+        client = self._s3_client()
+        if client is None:
+            return self.one_by_one(locations)
+        parsed = [urlparse(location) for location in locations]
+        try:
+            answer = client.delete_objects(
+                Bucket=parsed[0].netloc,
+                Delete={"Objects": [{"Key": p.path.lstrip("/")} for p in parsed], "Quiet": True},
+            )
+        except Exception:  # the request itself failed (credentials, endpoint): key by key
+            return self.one_by_one(locations)
+        errors = [e for e in answer.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+        failed = [f"s3://{parsed[0].netloc}/{e.get('Key')}: {e.get('Code')}" for e in errors]
+        return len(locations) - len(answer.get("Errors", [])), failed
+
+    def _s3_client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = _boto3_s3_client(self.properties) or False
+            return self._client or None
+
+
+def _boto3_s3_client(props: Mapping[str, str]) -> Any:
+    """A boto3 S3 client configured as pyiceberg configures its S3 FileIO (None: no boto3)."""
+    try:
+        import boto3  # type: ignore[import-untyped]
+        from botocore.config import Config  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    endpoint = props.get("s3.endpoint")
+    virtual = props.get("s3.force-virtual-addressing", "false").lower() == "true"
+    style = "path" if endpoint and not virtual else "virtual" if virtual else "auto"
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=props.get("s3.access-key-id") or props.get("client.access-key-id"),
+        aws_secret_access_key=props.get("s3.secret-access-key")
+        or props.get("client.secret-access-key"),
+        aws_session_token=props.get("s3.session-token") or props.get("client.session-token"),
+        region_name=props.get("s3.region") or props.get("client.region"),
+        config=Config(s3={"addressing_style": style}),
+    )

@@ -382,7 +382,7 @@ def summary(
         TableProperties.WRITE_PARTITION_SUMMARY_LIMIT,
         TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT,
     )
-    collector = SnapshotSummaryCollector(partition_summary_limit=limit or 0)
+    collector = _Collector(partition_summary_limit=limit or 0)
     for data_file in producer._added_data_files:
         spec = specs[added_spec_id(data_file)]
         collector.add_file(data_file=data_file, partition_spec=spec, schema=schema)
@@ -395,6 +395,33 @@ def summary(
         summary=Summary(operation=producer._operation, **collector.build(), **properties),
         previous_summary=previous.summary if previous is not None else None,
     )
+
+
+class _Collector(SnapshotSummaryCollector):
+    """pyiceberg's summary collector, each partition's path formatted once: it formats and
+    quotes every file's partition values, half a second for a compaction of 20,000 files in 200
+    partitions."""
+
+    def __init__(self, partition_summary_limit: int = 0) -> None:
+        super().__init__(partition_summary_limit=partition_summary_limit)
+        self._paths: dict[tuple[int, tuple[Any, ...]], str] = {}
+
+    def update_partition_metrics(
+        self, partition_spec: PartitionSpec, file: DataFile, is_add_file: bool, schema: Schema
+    ) -> None:
+        partition = file.partition
+        key = (partition_spec.spec_id, tuple(partition[i] for i in range(len(partition))))
+        try:
+            path = self._paths.get(key)
+        except TypeError:  # an unhashable partition value: formatted each time
+            path = partition_spec.partition_to_path(partition, schema)
+        if path is None:
+            path = self._paths[key] = partition_spec.partition_to_path(partition, schema)
+        metrics = self.partition_metrics[path]
+        if is_add_file:
+            metrics.add_file(file)
+        else:
+            metrics.remove_file(file)
 
 
 REFERENCED_DATA_FILE = NestedField(

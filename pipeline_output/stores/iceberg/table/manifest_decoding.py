@@ -108,6 +108,76 @@ def manifest_entries(file_io: Any, manifest: ManifestFile) -> list[ManifestEntry
     return out
 
 
+def live_paths(file_io: Any, manifest: ManifestFile) -> list[str]:
+    """The file paths of the manifest's live (added or existing) entries (`entry_paths`)."""
+    deleted = int(ManifestEntryStatus.DELETED)
+    return [path for status, _, path in entry_paths(file_io, manifest) if status != deleted]
+
+
+def entry_paths(file_io: Any, manifest: ManifestFile) -> list[tuple[int, int | None, str]]:
+    """(status, snapshot id, file path) of each entry of the manifest, in order, the snapshot id
+    inherited from the manifest when the entry has none: what reachability (snapshot expiry,
+    orphan removal) needs of it. fastavro decodes each entry against a reader schema projected
+    to these three fields, skipping the rest of the entry (partition, counts, bounds) undecoded;
+    a layout it cannot project is decoded by pyiceberg."""
+    with file_io.new_input(manifest.manifest_path).open() as stream:
+        data = stream.read()
+    writer = fastavro.reader(io.BytesIO(data))
+    text = writer.metadata.get("avro.schema", "")
+    with _LOCK:
+        known = text in _PATHS
+        projected = _PATHS.get(text)
+    if not known:
+        try:
+            projected = _path_projection(writer.writer_schema)
+        except UndecodableManifestLayout:
+            projected = None
+        with _LOCK:
+            _PATHS[text] = projected
+    inherited = manifest.added_snapshot_id
+    if projected is None:
+        entries = manifest.fetch_manifest_entry(file_io, discard_deleted=False)
+        return [(int(e.status), e.snapshot_id, e.data_file.file_path) for e in entries]
+    status, snapshot, data_file, path = projected["names"]
+    records: Any = fastavro.reader(io.BytesIO(data), reader_schema=projected["schema"])
+    out = []
+    for record in records:
+        own = record.get(snapshot) if snapshot else None
+        out.append((record[status], inherited if own is None else own, record[data_file][path]))
+    return out
+
+
+_PATHS: dict[str, dict[str, Any] | None] = {}
+
+
+def _path_projection(writer: Any) -> dict[str, Any]:
+    """The manifest entry schema `writer` cut down to the entry's status, snapshot id and data
+    file path (field ids 0, 1, 2 and 100), under the writer's own names (schema resolution
+    matches them)."""
+    if not isinstance(writer, dict) or writer.get("type") != "record":
+        raise UndecodableManifestLayout
+    top = {f.get("field-id"): f for f in writer["fields"]}
+    status, snapshot, data_file = top.get(0), top.get(1), top.get(2)
+    if status is None or data_file is None or status.get("type") != "int":
+        raise UndecodableManifestLayout
+    record = data_file["type"]
+    if not isinstance(record, dict) or record.get("type") != "record":
+        raise UndecodableManifestLayout
+    path = next((f for f in record["fields"] if f.get("field-id") == 100), None)
+    if path is None or path.get("type") != "string":
+        raise UndecodableManifestLayout
+    cut = {**data_file, "type": {"type": "record", "name": record["name"], "fields": [path]}}
+    fields = [status, *([snapshot] if snapshot is not None else []), cut]
+    schema = {"type": "record", "name": writer["name"], "fields": fields}
+    names = (
+        status["name"],
+        snapshot["name"] if snapshot else None,
+        data_file["name"],
+        path["name"],
+    )
+    return {"schema": fastavro.parse_schema(schema), "names": names}
+
+
 def _reader(file_io: Any, path: str) -> Any:
     with file_io.new_input(path).open() as stream:
         data = stream.read()
