@@ -193,7 +193,7 @@ def _expire(
     spec: DatasetSpec,
     cutoff_ms: int,
     retain_last: int,
-    ledger: WindowLedger | None,
+    ledger: WindowLog | None,
     dry_run: bool,
     started: float,
 ) -> ExpiryResult:
