@@ -25,7 +25,6 @@ fast-forwards main to it, so main must not move meanwhile) is skipped, saying so
 
 from __future__ import annotations
 
-import inspect
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -72,6 +71,7 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     read_index,
 )
 from pipeline_output.stores.iceberg.table.native_scan import quiet, storage, target_schema, typed
+from pipeline_output.stores.iceberg.table.scan_planning import built_from
 from pipeline_output.stores.iceberg.table.tables import (
     AUDIT_PREFIX,
     PROPERTY_PREFIX,
@@ -469,8 +469,7 @@ class BinScan(DataScan):
     def of(cls, scan: DataScan, tasks: tuple[FileScanTask, ...]) -> BinScan:
         """`scan` (its constructor arguments are its attributes, as pyiceberg's `update` relies
         on) planning `tasks`."""
-        params = inspect.signature(DataScan.__init__).parameters.keys() - {"self"}
-        out = cls(**{name: getattr(scan, name) for name in params})
+        out = built_from(scan, cls)
         out.tasks = tasks
         return out
 

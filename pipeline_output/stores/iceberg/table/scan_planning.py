@@ -57,7 +57,7 @@ def planned(table: Table, *, dataset: str | None = None) -> Table:
     return out
 
 
-def _built_from(source: object, cls: type[T]) -> T:
+def built_from(source: object, cls: type[T]) -> T:
     """A `cls` whose constructor arguments are `source`'s attributes of the same names (pyiceberg
     keeps a scan's constructor arguments as attributes: its own `TableScan.update` relies on it)."""
     params = inspect.signature(cls.__init__).parameters.keys() - {"self"}
@@ -85,7 +85,7 @@ class FastDataScan(DataScan):
     def of(cls, scan: DataScan, *, table: PlannedTable) -> FastDataScan:
         """`scan` (pyiceberg's own) as a `FastDataScan` of `table`: its constructor arguments
         copied as pyiceberg's `update` copies them (they are its attributes)."""
-        out = _built_from(scan, cls)
+        out = built_from(scan, cls)
         out.table = table
         return out
 
@@ -120,7 +120,7 @@ class FastDataScan(DataScan):
 
     @cached_property
     def _manifest_planner(self) -> ManifestGroupPlanner:
-        return _built_from(self, FastPlanner)
+        return built_from(self, FastPlanner)
 
 
 class FastPlanner(ManifestGroupPlanner):
