@@ -416,17 +416,22 @@ def _batches(items: list[str], parts: int) -> list[list[str]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _remove_local(paths: list[str]) -> tuple[int, list[str]]:
+def _delete_each(locations: list[str], delete: Callable[[str], object]) -> tuple[int, list[str]]:
+    """`delete` each location: (how many went, what could not with why); a missing one is fine."""
     removed, failed = 0, []
-    for path in paths:
+    for location in locations:
         try:
-            os.remove(path)
+            delete(location)
             removed += 1
         except FileNotFoundError:
             continue
         except OSError as exc:
-            failed.append(f"{path}: {exc}")
+            failed.append(f"{location}: {exc}")
     return removed, failed
+
+
+def _remove_local(paths: list[str]) -> tuple[int, list[str]]:
+    return _delete_each(paths, os.remove)
 
 
 class _Deleter:
@@ -438,17 +443,11 @@ class _Deleter:
         self._lock = threading.Lock()
 
     def one_by_one(self, locations: list[str]) -> tuple[int, list[str]]:
-        removed, failed = 0, []
-        for location in locations:
-            fs, path = filesystem(location, self.properties)
-            try:
-                fs.delete_file(path)
-                removed += 1
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                failed.append(f"{location}: {exc}")
-        return removed, failed
+        return _delete_each(locations, self._delete_one)
+
+    def _delete_one(self, location: str) -> None:
+        fs, path = filesystem(location, self.properties)
+        fs.delete_file(path)
 
     def s3_batch(self, locations: list[str]) -> tuple[int, list[str]]:
         """One multi-object delete of `locations` (one bucket, at most `DELETE_BATCH` keys)."""
