@@ -144,8 +144,7 @@ def _load(location: CodeLocation) -> Any:
         try:  # a `@dg.definitions` function (or a plain function returning Definitions)
             found = found()
         except dg.DagsterError as exc:
-            message = " ".join(str(exc).split())
-            raise InvalidArgument(f"code location {where} does not load: {message}") from exc
+            raise _does_not_load(where, exc) from exc
     if not isinstance(found, dg.Definitions):
         raise InvalidArgument(
             f"code location {where}: {type(found).__name__} is not a dagster Definitions"
@@ -153,9 +152,24 @@ def _load(location: CodeLocation) -> Any:
     try:  # what `dagster dev` would refuse, refused here when the location loads, in one line
         dg.Definitions.validate_loadable(found)
     except dg.DagsterError as exc:
-        message = " ".join(str(exc).split())
-        raise InvalidArgument(f"code location {where} does not load: {message}") from exc
+        raise _does_not_load(where, exc) from exc
     return found
+
+
+def _does_not_load(where: str, exc: Exception) -> InvalidArgument:
+    """Dagster's refusal of the location, in one line; when datasets were collected without the
+    project's resources (a `@dataset` in a plain defs folder), the line says how to provide them."""
+    from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY
+    from pipeline_output.dagster_layer.resource import RESOURCE_KEY
+
+    message = " ".join(str(exc).split())
+    if any(f"resource with key '{key}'" in message for key in (RESOURCE_KEY, IO_MANAGER_KEY)):
+        message += (
+            " — pipeline-output datasets need the project's resources: load their module through"
+            " the Component (`dg scaffold defs pipeline_output.PipelineOutputComponent NAME`,"
+            " `module:` naming it) or return `pipeline_output.build_definitions(assets=[...])`"
+        )
+    return InvalidArgument(f"code location {where} does not load: {message}")
 
 
 def _definitions_of(module: Any, location: CodeLocation) -> Any:

@@ -193,3 +193,33 @@ def test_a_dg_projects_code_location_name_names_its_dev_location(
     env = {"PATH": f"{fake_bin}:{project.env['PATH']}", "FAKE_DAGSTER_OUT": str(out)}
     up.ok(project.cli("dev", cwd=named, env=env))
     assert "location_name: x\n" in out.read_text(), out.read_text()
+
+
+def test_a_dataset_in_a_plain_defs_folder_is_one_line_saying_how_to_give_it_its_resources(
+    tmp_path: Path, pg_db_url: str
+) -> None:
+    root = tmp_path / PROJECT_DIR
+    package = root / "src" / "shop"
+    (package / "defs").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(PYPROJECT)
+    (package / "__init__.py").write_text("")
+    (package / "definitions.py").write_text(DEFINITIONS)
+    (package / "defs" / "__init__.py").write_text("")
+    (package / "defs" / "sales.py").write_text(
+        textwrap.dedent(
+            """\
+            import polars as pl
+            from pipeline_output import dataset
+
+            @dataset(primary_key="id", strategy="snapshot_replace", mode="iceberg")
+            def sales() -> pl.DataFrame:
+                return pl.DataFrame({"id": [1, 2], "amount": [3.0, 4.5]})
+            """
+        )
+    )
+    run = runner(env=isolated_env(tmp_path, pg_db_url), cwd=root)
+    result = run("plan")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert "resource with key 'pipeline_output'" in result.stderr
+    assert "PipelineOutputComponent" in result.stderr and "build_definitions" in result.stderr
