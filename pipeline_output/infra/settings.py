@@ -158,20 +158,18 @@ def get_settings(environ: Mapping[str, str] | None = None) -> Settings:
 
     namespace = check_namespace(env.get(NAMESPACE) or "datasets", setting=NAMESPACE)
 
-    catalog_config: Mapping[str, str] | None = None
-    catalog_error: SettingsError | None = None
+    return Settings(home, pg_url, catalog_name, namespace, *_catalog_config(env, catalog_name))
+
+
+def _catalog_config(
+    env: Mapping[str, str], catalog_name: str
+) -> tuple[Mapping[str, str] | None, SettingsError | None]:
+    """pyiceberg's config of `catalog_name` in `env`, or why it is unusable: the error is raised
+    where the environment's catalog is used (`Settings.check_catalog`), not here."""
     try:
-        catalog_config = read_catalog_config(env, catalog_name)
-    except SettingsError as exc:  # raised where the environment's catalog is used
-        catalog_error = exc
-    return Settings(
-        home=home,
-        pg_url=pg_url,
-        catalog_name=catalog_name,
-        namespace=namespace,
-        catalog_config=catalog_config,
-        catalog_error=catalog_error,
-    )
+        return read_catalog_config(env, catalog_name), None
+    except SettingsError as exc:
+        return None, exc
 
 
 # --- internals -------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Unpack, get_args
 
 import psycopg
 import pyarrow as pa
@@ -44,7 +44,6 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pipeline_output.contract.spec import MODES, check_identifier
-from pipeline_output.contract.windows import Window
 from pipeline_output.errors import InvalidArgument, UnknownMode
 from pipeline_output.infra import locks, pgsession
 from pipeline_output.ledger import migrations
@@ -55,7 +54,7 @@ from pipeline_output.ledger.connection import (
     columns_of,
     ledger_table,
 )
-from pipeline_output.ledger.deploys import DeployLog, DeployRecord
+from pipeline_output.ledger.deploys import DeployFields, DeployLog, DeployRecord
 
 # Every record the control plane keeps of a dataset: (table, the column naming the dataset), in an
 # order that deletes referencing rows first (a current mode points at its flip; an audit's writes
@@ -132,43 +131,24 @@ class Ledger:
                 removed[table] = c.execute(query, (dataset,)).rowcount
         return removed
 
-    def record_divergence(
-        self,
-        dataset: str,
-        *,
-        run_id: str | None,
-        error: str,
-        window: Window | str | None = None,
-        snapshot_id: int | None = None,
-        strategy: str | None = None,
-        write_mode: str | None = None,
-        started_at: datetime | None = None,
-    ) -> DeployRecord:
+    def record_divergence(self, dataset: str, **fields: Unpack[DeployFields]) -> DeployRecord:
         """The Postgres commit failed after the Iceberg commit of a `dual` write: record both a
-        `diverged` legacy deploy and a failed parity result (so status and drain see it)."""
+        `diverged` legacy deploy (`fields`, its `error` saying why) and a failed parity result
+        (so status and drain see it)."""
+        snapshot_id = fields.get("snapshot_id")
         with self._db.tx(None) as c:
             record = self.deploy_log.record_deploy(
-                dataset,
-                "pg",
-                status="diverged",
-                run_id=run_id,
-                strategy=strategy,
-                write_mode=write_mode,
-                window=window,
-                snapshot_id=snapshot_id,
-                started_at=started_at,
-                error=error,
-                conn=c,
+                dataset, "pg", status="diverged", conn=c, **fields
             )
             self.parity_log.record_parity(
                 dataset,
                 passed=False,
                 pg_count=None,
                 iceberg_count=None,
-                run_id=run_id,
+                run_id=fields.get("run_id"),
                 details={
                     "reason": "diverged",
-                    "error": error,
+                    "error": fields.get("error"),
                     "deploy_id": record.id,
                     "iceberg_snapshot_id": snapshot_id,
                 },

@@ -71,7 +71,7 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     read_index,
 )
 from pipeline_output.stores.iceberg.table.native_scan import quiet, storage, target_schema, typed
-from pipeline_output.stores.iceberg.table.scan_planning import built_from
+from pipeline_output.stores.iceberg.table.scan_planning import CarryingScan, table_as
 from pipeline_output.stores.iceberg.table.tables import (
     AUDIT_PREFIX,
     PROPERTY_PREFIX,
@@ -426,19 +426,12 @@ class BinTable(Table):
 
     @classmethod
     def of(cls, table: Table, tasks: tuple[FileScanTask, ...]) -> BinTable:
-        out = cls(
-            identifier=table.name(),
-            metadata=table.metadata,
-            metadata_location=table.metadata_location,
-            io=table.io,
-            catalog=table.catalog,
-            config=table.config,
-        )
+        out = table_as(table, cls)
         out.tasks = _as_paths(tasks)
         return out
 
     def scan(self, *args: Any, **kwargs: Any) -> DataScan:
-        return BinScan.of(super().scan(*args, **kwargs), self.tasks)
+        return BinScan.of(super().scan(*args, **kwargs), tasks=self.tasks)
 
 
 def _as_paths(tasks: tuple[FileScanTask, ...]) -> tuple[FileScanTask, ...]:
@@ -460,23 +453,11 @@ def _as_paths(tasks: tuple[FileScanTask, ...]) -> tuple[FileScanTask, ...]:
     return tuple(out)
 
 
-class BinScan(DataScan):
+class BinScan(CarryingScan):
     """pyiceberg's `DataScan` whose plan is a fixed list of scan tasks."""
 
+    carried = ("tasks",)
     tasks: tuple[FileScanTask, ...] = ()
-
-    @classmethod
-    def of(cls, scan: DataScan, tasks: tuple[FileScanTask, ...]) -> BinScan:
-        """`scan` (its constructor arguments are its attributes, as pyiceberg's `update` relies
-        on) planning `tasks`."""
-        out = built_from(scan, cls)
-        out.tasks = tasks
-        return out
-
-    def update(self, **overrides: Any) -> BinScan:
-        out = super().update(**overrides)
-        out.tasks = self.tasks
-        return out
 
     def plan_files(self) -> Iterable[FileScanTask]:
         return list(self.tasks)

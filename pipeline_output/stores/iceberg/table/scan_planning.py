@@ -25,7 +25,7 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from functools import cached_property
-from typing import Any, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntry, ManifestFile
 from pyiceberg.table import DataScan, FileScanTask, ManifestGroupPlanner, Table
@@ -45,7 +45,18 @@ def planned(table: Table, *, dataset: str | None = None) -> Table:
     """`table` whose scans plan with fastavro-decoded manifests (`FastDataScan`); a scan whose
     planning fails because expiry removed its snapshot since `table` was loaded raises
     `SnapshotExpired` naming `dataset` (default: the table's name) and the snapshot."""
-    out = PlannedTable(
+    out = table_as(table, PlannedTable)
+    out.dataset = dataset or ".".join(table.name())
+    return out
+
+
+TableT = TypeVar("TableT", bound=Table)
+
+
+def table_as(table: Table, cls: type[TableT]) -> TableT:
+    """The loaded `table` (same metadata, IO and catalog) as an instance of `cls`, a subclass of
+    pyiceberg's `Table` that plans its scans its own way."""
+    return cls(
         identifier=table.name(),
         metadata=table.metadata,
         metadata_location=table.metadata_location,
@@ -53,8 +64,6 @@ def planned(table: Table, *, dataset: str | None = None) -> Table:
         catalog=table.catalog,
         config=table.config,
     )
-    out.dataset = dataset or ".".join(table.name())
-    return out
 
 
 def built_from(source: object, cls: type[T]) -> T:
@@ -73,27 +82,36 @@ class PlannedTable(Table):
         return FastDataScan.of(super().scan(*args, **kwargs), table=self)
 
 
-class FastDataScan(DataScan):
-    """pyiceberg's `DataScan` planned by `FastPlanner` (the manifests decoded by fastavro).
+class CarryingScan(DataScan):
+    """pyiceberg's `DataScan` with attributes of ours (`carried`) that are not its constructor
+    arguments: `of` sets them on a copy of pyiceberg's scan, `update` (`filter`, `select`, ...)
+    carries them over."""
 
-    `table`: the `PlannedTable` it scans, asked again when planning fails (`update` — `filter`,
-    `select` — carries it over)."""
-
-    table: PlannedTable | None = None
+    carried: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
-    def of(cls, scan: DataScan, *, table: PlannedTable) -> FastDataScan:
-        """`scan` (pyiceberg's own) as a `FastDataScan` of `table`: its constructor arguments
-        copied as pyiceberg's `update` copies them (they are its attributes)."""
+    def of(cls, scan: DataScan, **values: Any) -> Self:
+        """`scan` (its constructor arguments are its attributes, as pyiceberg's `update` relies
+        on) as a `cls`, with the `carried` attributes `values`."""
         out = built_from(scan, cls)
-        out.table = table
+        for name in cls.carried:
+            setattr(out, name, values[name])
         return out
 
-    def update(self, **overrides: Any) -> FastDataScan:
-        """pyiceberg's `update` (`filter`, `select`, ...), keeping the table planning asks."""
+    def update(self, **overrides: Any) -> Self:
         out = super().update(**overrides)
-        out.table = self.table
+        for name in self.carried:
+            setattr(out, name, getattr(self, name))
         return out
+
+
+class FastDataScan(CarryingScan):
+    """pyiceberg's `DataScan` planned by `FastPlanner` (the manifests decoded by fastavro).
+
+    `table`: the `PlannedTable` it scans, asked again when planning fails."""
+
+    carried = ("table",)
+    table: PlannedTable | None = None
 
     def plan_files(self) -> Iterable[FileScanTask]:
         """pyiceberg's plan; a failure because expiry removed the scanned snapshot (and its
