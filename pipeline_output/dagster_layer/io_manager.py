@@ -22,6 +22,12 @@ from pipeline_output.dagster_layer.delta_assets import (
     WindowReader,
     windowed_frame,
 )
+from pipeline_output.dagster_layer.incremental import (
+    CHANGES_INPUT_KEY,
+    ChangesOutput,
+    ChangesSource,
+    changes_metadata,
+)
 from pipeline_output.dagster_layer.keys import (
     AUDIT_OVERRIDE_KEY,
     DELTA_INPUT_KEY,
@@ -37,6 +43,7 @@ from pipeline_output.dagster_layer.metadata import (
 from pipeline_output.dagster_layer.partitioned import partitioned_output_of, write_partitions
 from pipeline_output.dagster_layer.resource import PipelineOutputResource
 from pipeline_output.dagster_layer.windows_context import windows_of
+from pipeline_output.services.incremental import ConsumeRequest, consume_changes
 from pipeline_output.services.publish import PublishResult, ResolvedMode
 from pipeline_output.services.reads import within
 from pipeline_output.services.sources import SourceSpec
@@ -101,6 +108,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             obj = windowed_frame(spec, to_polars(spec, obj), windows_of(context, spec))
         if isinstance(obj, WindowedOutput):
             self._apply_windows(context, spec, obj, mode, audit=audit)
+            return
+        if isinstance(obj, ChangesOutput):
+            self._consume_changes(context, spec, obj, mode)
             return
         partitioned = partitioned_output_of(context, spec, obj)
         if partitioned is not None:  # Dagster's own partitions: one slice write each
@@ -184,6 +194,34 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         if audit:
             self._gate(context, spec)
 
+    def _consume_changes(
+        self, context: dg.OutputContext, spec: DatasetSpec, out: ChangesOutput, mode: ResolvedMode
+    ) -> None:
+        """One run of an incremental downstream, exactly once (`incremental.consume_changes`)."""
+        runtime = self.pipeline_output.runtime()
+        request = ConsumeRequest(
+            spec=spec,
+            upstream=out.source.upstream,
+            compute=out.compute,
+            mode=mode,
+            upstream_mode=out.source.mode,
+            run_id=context.run_id,
+        )
+        outcome = consume_changes(
+            request, publisher=runtime.publisher, ledger=runtime.ledger, on_written=_fault_hook()
+        )
+        context.log.info(f"{spec.name}: {outcome.message}")
+        meta = changes_metadata(outcome)
+        if outcome.result is not None:
+            meta.update(publish_metadata(outcome.result, runtime=runtime, spec=spec))
+        else:
+            meta["note"] = (
+                "no-op: no upstream change since the last run; nothing written"
+                if outcome.action == "noop"
+                else "the recomputed keys changed nothing; the range is recorded"
+            )
+        context.add_output_metadata(meta)
+
     def load_input(self, context: dg.InputContext) -> Any:
         upstream = context.upstream_output
         meta = (upstream.definition_metadata if upstream is not None else None) or {}
@@ -191,6 +229,14 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         if (context.definition_metadata or {}).get(DELTA_INPUT_KEY):
             return self._window_reader(context, meta)
         spec = spec_in_run(context, context.asset_key, meta) if context.has_asset_key else None
+        if (context.definition_metadata or {}).get(CHANGES_INPUT_KEY):
+            if spec is None:
+                key = context.asset_key.to_user_string() if context.has_asset_key else "?"
+                raise dg.Failure(
+                    f"input {key}: a Changes input reads a pipeline-output dataset's table, "
+                    "and this is not one"
+                )
+            return ChangesSource(spec, runtime.publisher.resolve(spec))
         if spec is not None:
             mode = runtime.publisher.resolve(spec)
             # lazy: the compute's projection and filters are pushed to the arm at collect time;
