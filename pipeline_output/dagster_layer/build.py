@@ -15,10 +15,10 @@ import dagster as dg
 from pipeline_output.contract.store_protocol import check_specs
 from pipeline_output.dagster_layer.asset_params import check_unique_names
 from pipeline_output.dagster_layer.audit_hooks import with_audit_hooks
+from pipeline_output.dagster_layer.changes_assets import CHANGES_OF_KEY, check_changes_upstreams
 from pipeline_output.dagster_layer.checks import with_location_checks
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.delta_assets import DEFAULT_SENSOR_INTERVAL_S
-from pipeline_output.dagster_layer.incremental import CHANGES_OF_KEY, check_changes_upstreams
 from pipeline_output.dagster_layer.io_manager import DatasetIOManager
 from pipeline_output.dagster_layer.keys import (
     ALL_DATASETS_JOB,

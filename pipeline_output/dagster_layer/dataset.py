@@ -62,6 +62,13 @@ from pipeline_output.dagster_layer.asset_params import (
     remember_build,
     upstream_ins,
 )
+from pipeline_output.dagster_layer.changes_assets import (
+    CHANGES_OF_KEY,
+    ChangesOutput,
+    ChangesSource,
+    changes_param,
+    mark_changes_input,
+)
 from pipeline_output.dagster_layer.checks import declared_checks, evaluate_checks
 from pipeline_output.dagster_layer.frames_io import (
     as_kind,
@@ -69,13 +76,6 @@ from pipeline_output.dagster_layer.frames_io import (
     convert_inputs,
     input_kinds,
     typed_inputs,
-)
-from pipeline_output.dagster_layer.incremental import (
-    CHANGES_OF_KEY,
-    ChangesOutput,
-    ChangesSource,
-    changes_param,
-    mark_changes_input,
 )
 from pipeline_output.dagster_layer.keys import (
     AUDIT_OVERRIDE_KEY,
@@ -482,7 +482,7 @@ def _changes_output(
     kinds: Mapping[str, Any],
 ) -> dg.Output[Any]:
     """An incremental downstream's output: its compute, called by the IO manager with the
-    changes it reads under the downstream's lock (`incremental.py`)."""
+    changes it reads under the downstream's lock (`changes_assets.py`)."""
     source = inputs[param]
     if not isinstance(source, ChangesSource):
         raise dg.Failure(

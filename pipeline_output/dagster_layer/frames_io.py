@@ -7,7 +7,7 @@ runs. A compute may return polars (eager or lazy), pandas or Arrow; the write co
 (`contract.checked_input.to_polars`). pandas is optional: it is imported only when a compute
 annotates or returns a pandas frame. An annotation of anything else fails when the code location
 loads, naming the dataset and the parameter. A parameter annotated `pipeline_output.Changes`
-receives the upstream's changes since this dataset's last run (`dagster_layer/incremental.py`).
+receives the upstream's changes since this dataset's last run (`dagster_layer/changes_assets.py`).
 """
 
 from __future__ import annotations

@@ -15,18 +15,18 @@ from pipeline_output.contract.checked_input import to_polars
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.audit_hooks import audited_snapshot, gating_checks, step_of
+from pipeline_output.dagster_layer.changes_assets import (
+    CHANGES_INPUT_KEY,
+    ChangesOutput,
+    ChangesSource,
+    changes_metadata,
+)
 from pipeline_output.dagster_layer.checks import PARITY
 from pipeline_output.dagster_layer.dataset import spec_in_run
 from pipeline_output.dagster_layer.delta_assets import (
     WindowedOutput,
     WindowReader,
     windowed_frame,
-)
-from pipeline_output.dagster_layer.incremental import (
-    CHANGES_INPUT_KEY,
-    ChangesOutput,
-    ChangesSource,
-    changes_metadata,
 )
 from pipeline_output.dagster_layer.keys import (
     AUDIT_OVERRIDE_KEY,

@@ -11,7 +11,7 @@ lock:
    downstream's main history missing from the ledger (a run killed between its commit and the
    ledger record) records it first (`repaired`), and reads on from there.
 2. **Changes.** The upstream's net change from the position (exclusive) to its main head now
-   (inclusive): `stores/iceberg/table/changes.read_changes`, keyed by the upstream's primary key
+   (inclusive): `read_changes` (`stores/iceberg/table/changes.py`), keyed by the upstream's primary key
    (a multiset of whole rows without one). No position (the first run), or a position expiry
    removed (a forced expiry): a **full refresh** — every live upstream row an insert, and the
    downstream's whole table replaced — whose `reason` says why. No upstream commit since the

@@ -149,12 +149,12 @@ def test_a_run_killed_after_its_commit_is_repaired_not_consumed_twice(
 
 
 def test_an_upstream_on_the_legacy_arm_is_refused_when_the_location_loads(env: str) -> None:
-    with pytest.raises(InvalidSpec, match="'customer_totals' reads the changes of 'orders'.*'pg'"):
+    with pytest.raises(InvalidSpec, match=r"'customer_totals' reads the changes of 'orders'.*'pg'"):
         _defs(upstream_mode="pg")
 
 
 def test_a_downstream_that_cannot_delete_keys_is_refused_at_load() -> None:
-    with pytest.raises(InvalidSpec, match="append_always cannot delete|strategy 'append_always'"):
+    with pytest.raises(InvalidSpec, match=r"strategy 'append_always'"):
 
         @dataset(primary_key="k", strategy="append_always", mode="iceberg")
         def appended(orders: Changes) -> pl.DataFrame:
