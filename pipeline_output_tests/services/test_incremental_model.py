@@ -84,13 +84,13 @@ class Killed(BaseException):
 class Model:
     """The upstream as the writes' semantics say, per snapshot; the downstream's position."""
 
-    def __init__(self, runtime: Any) -> None:
+    def __init__(self, runtime: Any, *, down_mode: str = "iceberg") -> None:
         n = next(_names)
         self.runtime = runtime
         self.up = DatasetSpec(name=f"orders_{n}", primary_key=("id",), mode="iceberg")
         self.up = replace(self.up, allow_empty=True)
         self.down = DatasetSpec(
-            name=f"totals_{n}", primary_key=("grp",), strategy="sync", mode="iceberg"
+            name=f"totals_{n}", primary_key=("grp",), strategy="sync", mode=down_mode
         )
         self.rows: dict[int, Row] = {}
         self.states: dict[int, dict[int, Row]] = {}
@@ -350,3 +350,13 @@ def test_a_forced_expiry_makes_the_next_run_a_full_refresh_that_says_why(runtime
     model.run(None)  # checked: a full refresh, equal to the recompute
     last = runtime.ledger.consumed_log.last(model.down.name, model.up.name)
     assert last.full_refresh
+
+
+def test_a_dual_downstream_deletes_and_upserts_the_changed_keys_on_both_arms(runtime: Any) -> None:
+    model = Model(runtime, down_mode="dual")
+    model.write("upsert_cow", [(1, "a", 1), (2, "b", 2), (3, "b", 1)])
+    model.run(None)
+    model.write("replace", [(1, "a", 5), (4, "c", 1)])  # b loses every row: deleted downstream
+    model.run(None)
+    legacy = runtime.postgres.read(model.down).sort("grp")
+    assert legacy.select("grp", "total", "n").rows() == _aggregate(model.rows)
