@@ -171,3 +171,39 @@ def _replace_strategy(spec: Any) -> Any:
     from dataclasses import replace
 
     return replace(spec, strategy="replace")
+
+
+def test_an_eager_downstream_is_requested_when_the_upstream_commits(env: str) -> None:
+    SEEN.clear()
+
+    @dataset(primary_key="order_id", mode="iceberg")
+    def orders() -> pl.DataFrame:
+        return ORDERS["now"]
+
+    @dataset(
+        primary_key="customer",
+        strategy="sync",
+        mode="iceberg",
+        automation_condition=dg.AutomationCondition.eager(),
+    )
+    def customer_totals(orders: Changes) -> pl.DataFrame:
+        assert orders.current is not None
+        now = orders.current.join(orders.keys("customer").lazy(), on="customer", how="semi")
+        return orders.with_deletions(
+            now.group_by("customer").agg(pl.col("amount").sum().alias("total")), "customer"
+        )
+
+    defs = build_definitions(
+        datasets=[orders, customer_totals], with_maintenance=False, with_parity_checks=False
+    )
+    ORDERS["now"] = _orders([(1, "ann", 10)])
+    with dg.DagsterInstance.ephemeral() as instance:
+        run_assets(defs, instance, ["orders", "customer_totals"])
+        quiet = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        assert quiet.total_requested == 0
+        ORDERS["now"] = _orders([(1, "ann", 12)])
+        run_assets(defs, instance, ["orders"])  # the upstream commits a snapshot
+        ticked = dg.evaluate_automation_conditions(
+            defs=defs, instance=instance, cursor=quiet.cursor
+        )
+        assert ticked.get_requested_partitions(dg.AssetKey("customer_totals")) == {None}
