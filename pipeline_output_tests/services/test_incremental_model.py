@@ -1,7 +1,8 @@
 """Model-based test of incremental downstreams (issue 46), through the service layer.
 
 Random sequences of upstream writes — upsert (copy-on-write and merge-on-read), replace,
-append, append_new, sync, a Dagster partition's slice (a sync inside it), a column added
+append, append_new, sync, a Dagster partition's slice (a sync inside it), a delta window's
+replace, write-audit-publish (a staged write is invisible until published), a column added
 (schema evolution) — compactions, expiries (kept for the downstream, or forced), rollbacks, and
 runs of a downstream per-group aggregate (recomputed for the changed groups only, a group with no
 row left deleted), some of which fail: the compute raises (nothing recorded: the next run reads
@@ -31,8 +32,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline_output import DatasetSpec
+from pipeline_output import DatasetSpec, Delta, Window
 from pipeline_output.contract.slices import Equals, PartitionSlice
+from pipeline_output.services.audit import publish_audit
 from pipeline_output.services.incremental import (
     CHANGE_TYPE,
     Changes,
@@ -59,6 +61,10 @@ op_st = st.one_of(
         rows_st,
     ),
     st.tuples(st.just("slice"), st.sampled_from(GROUPS), rows_st),
+    # a windowed replace over the watermark `id`: (low, low + width]
+    st.tuples(st.just("window"), st.integers(-1, KEYS - 2), st.integers(1, 4), rows_st),
+    # write-audit-publish: an upsert staged on a branch, published or not
+    st.tuples(st.just("audit"), rows_st, st.booleans()),
     st.tuples(st.just("compact")),
     st.tuples(st.just("expire"), st.booleans()),
     st.tuples(st.just("rollback"), st.integers(1, 3)),
@@ -157,6 +163,43 @@ class Model:
             self.rows = {i: r for i, r in self.rows.items() if r[0] != group or i in batch}
             self.rows.update(batch)
         else:
+            self.rows.update(batch)
+        self._remember()
+
+    def window(self, low: int, width: int, drawn: list[tuple[int, str, int]]) -> None:
+        high = min(low + width, KEYS - 1)
+        inside = [(i, g, a) for i, g, a in drawn if low < i <= high]
+        batch = {i: (g, a, None) for i, g, a in inside}
+        first = self._head() is None
+        spec = replace(self.up, strategy="replace", delta=Delta(source="raw", watermark="id"))
+        publisher = self.runtime.publisher
+        frame = self._frame(batch)
+        publisher.publish(
+            spec,
+            frame,
+            mode=publisher.resolve(self.up),
+            window=Window(low if low >= 0 else None, high),
+        )
+        if first:
+            self.rows = dict(batch)
+        else:
+            self.rows = {i: r for i, r in self.rows.items() if not (low < i <= high)}
+            self.rows.update(batch)
+        self._remember()
+
+    def audit(self, drawn: list[tuple[int, str, int]], publish: bool) -> None:
+        if self._head() is None:
+            return
+        batch = {i: (g, a, None) for i, g, a in drawn}
+        publisher = self.runtime.publisher
+        run_id = f"audit-{self.up.name}-{self.runs}"
+        self.runs += 1
+        publisher.publish(
+            self.up, self._frame(batch), mode=publisher.resolve(self.up), audit=True, run_id=run_id
+        )
+        # staged on a branch: main, and so the changes a downstream reads, unchanged
+        if publish:
+            publish_audit(publisher, self.up, run_id=run_id, windows=self.runtime.windows)
             self.rows.update(batch)
         self._remember()
 
@@ -308,6 +351,10 @@ def _apply(model: Model, op: tuple[Any, ...]) -> None:
     name = op[0]
     if name == "slice":
         model.write("slice", op[2], group=op[1])
+    elif name == "window":
+        model.window(op[1], op[2], op[3])
+    elif name == "audit":
+        model.audit(op[1], op[2])
     elif name == "compact":
         model.compact()
     elif name == "expire":
