@@ -6,7 +6,8 @@ lock:
 
 1. **Position.** The downstream's position in the upstream is the `to` of the newest range it
    consumed. The atomic record of a range is the downstream's own snapshot summary
-   (`pipeline-output.changes.<upstream>` = `<from>:<to>`, committed with its rows); the ledger's
+   (`pipeline-output.changes.<upstream>` = `<from>:<to>`, `:full` after a full refresh,
+   committed with its rows); the ledger's
    `consumed_changes` is written after it. A run that finds the newest marked snapshot of the
    downstream's main history missing from the ledger (a run killed between its commit and the
    ledger record) records it first (`repaired`), and reads on from there.
@@ -173,14 +174,15 @@ class ConsumeOutcome:
 
 
 def summary_value(changes: Changes) -> str:
-    """The consumed range as a snapshot summary value: `<from>:<to>` (from empty: none)."""
+    """The consumed range as a snapshot summary value: `<from>:<to>` (from empty: none), then
+    `:full` for a full refresh."""
     low = "" if changes.from_snapshot is None else str(changes.from_snapshot)
-    return f"{low}:{changes.to_snapshot}"
+    return f"{low}:{changes.to_snapshot}" + (":full" if changes.full_refresh else "")
 
 
-def _parse(value: str) -> tuple[int | None, int]:
-    low, _, high = value.partition(":")
-    return (int(low) if low else None), int(high)
+def _parse(value: str) -> tuple[int | None, int, bool]:
+    low, high, *rest = value.split(":")
+    return (int(low) if low else None), int(high), rest == ["full"]
 
 
 def position(
@@ -193,7 +195,7 @@ def position(
     repaired = False
     if found is not None:
         snapshot_id, value = found
-        low, high = _parse(value)
+        low, high, full = _parse(value)
         before = log.last(spec.name, upstream)
         record = log.record(
             spec.name,
@@ -201,7 +203,7 @@ def position(
             from_snapshot=low,
             to_snapshot=high,
             downstream_snapshot=snapshot_id,
-            full_refresh=low is None,
+            full_refresh=full,
             run_id=run_id,
         )
         repaired = before is None or record.id > before.id

@@ -207,3 +207,17 @@ def test_an_eager_downstream_is_requested_when_the_upstream_commits(env: str) ->
             defs=defs, instance=instance, cursor=quiet.cursor
         )
         assert ticked.get_requested_partitions(dg.AssetKey("customer_totals")) == {None}
+
+
+def test_a_downstream_keyed_by_two_columns_or_with_two_changes_inputs_is_refused_at_load() -> None:
+    with pytest.raises(InvalidSpec, match=r"primary key of one column"):
+
+        @dataset(primary_key=("k", "j"), strategy="sync", mode="iceberg")
+        def pairs(orders: Changes) -> pl.DataFrame:
+            return orders.frame
+
+    with pytest.raises(InvalidSpec, match=r"consumes the changes of one upstream"):
+
+        @dataset(primary_key="k", strategy="sync", mode="iceberg")
+        def both(orders: Changes, customers: Changes) -> pl.DataFrame:
+            return orders.frame
