@@ -43,6 +43,7 @@ from pipeline_output.dagster_layer.metadata import (
 from pipeline_output.dagster_layer.partitioned import partitioned_output_of, write_partitions
 from pipeline_output.dagster_layer.resource import PipelineOutputResource
 from pipeline_output.dagster_layer.windows_context import windows_of
+from pipeline_output.errors import UnsupportedWrite
 from pipeline_output.services.incremental import ConsumeRequest, consume_changes
 from pipeline_output.services.publish import PublishResult, ResolvedMode
 from pipeline_output.services.reads import within
@@ -110,6 +111,12 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             self._apply_windows(context, spec, obj, mode, audit=audit)
             return
         if isinstance(obj, ChangesOutput):
+            if audit:
+                raise UnsupportedWrite(
+                    f"dataset {spec.name!r}: write-audit-publish of an incremental downstream is "
+                    "not supported (its consumed range commits with its rows on main); nothing "
+                    "was written"
+                )
             self._consume_changes(context, spec, obj, mode)
             return
         partitioned = partitioned_output_of(context, spec, obj)

@@ -132,6 +132,16 @@ def check_downstream(spec: DatasetSpec, upstream: str) -> None:
         )
     if spec.delta is not None:
         raise InvalidSpec(f"{where}: an incremental downstream cannot also be a delta dataset")
+    if spec.mode == "pg":
+        raise InvalidSpec(
+            f"{where}: an incremental downstream records what it consumed in its Iceberg "
+            "snapshots; declare it mode='iceberg' or 'dual', not 'pg'"
+        )
+    if spec.audit:
+        raise InvalidSpec(
+            f"{where}: write-audit-publish of an incremental downstream is not supported (its "
+            "consumed range commits with its rows on main)"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
