@@ -16,7 +16,8 @@ the difference by key of the model as of its two snapshots, and the downstream's
 aggregate of the model as of the range's end (its full recompute).
 
 Examples: `PIPELINE_OUTPUT_HYPOTHESIS_EXAMPLES` (default 8; the `deep` profile of
-`PIPELINE_OUTPUT_HYPOTHESIS_PROFILE` runs 60).
+`PIPELINE_OUTPUT_HYPOTHESIS_PROFILE` runs 60); the slow variant (`pytest -m slow`) runs 80 longer
+sequences.
 """
 
 from __future__ import annotations
@@ -381,6 +382,18 @@ def runtime(env: str) -> Any:
 def test_every_run_consumes_the_oracle_changes_once_and_equals_its_recompute(
     runtime: Any, ops: list[tuple[Any, ...]]
 ) -> None:
+    model = Model(runtime)
+    for op in [*ops, ("run", None)]:
+        _apply(model, op)
+
+
+@pytest.mark.slow
+@settings(_settings(), max_examples=80)
+@given(ops=st.lists(op_st, min_size=8, max_size=24))
+def test_deep_every_run_consumes_the_oracle_changes_once(
+    runtime: Any, ops: list[tuple[Any, ...]]
+) -> None:
+    """The same, longer sequences and more examples (`pytest -m slow`)."""
     model = Model(runtime)
     for op in [*ops, ("run", None)]:
         _apply(model, op)
