@@ -76,6 +76,18 @@ def _fault_hook() -> Any:
     return lambda: fault_injection("after_commit")
 
 
+def _data_version(context: dg.OutputContext, snapshot_id: int | None) -> None:
+    """The materialisation's data version: the Iceberg snapshot the write left main at (a
+    downstream's eager automation condition and staleness follow the table, not the run)."""
+    if snapshot_id is None:
+        return
+    try:
+        step = context.step_context
+    except (dg.DagsterInvariantViolationError, AttributeError):
+        return  # a direct call outside a run: no materialisation to version
+    step.set_data_version(context.asset_key, dg.DataVersion(str(snapshot_id)))
+
+
 class DatasetIOManager(dg.ConfigurableIOManager):
     """Writes dataset outputs through the core's publish step; reads inputs as LazyFrames.
 
@@ -138,6 +150,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         )
         meta = publish_metadata(result, runtime=runtime, spec=spec, schema=frame.schema)
         context.add_output_metadata(meta)
+        ice = result.results.get("iceberg")
+        if ice is not None and not result.staged:
+            _data_version(context, ice.snapshot_id)
         if audit:
             self._gate(context, spec)
 
@@ -218,6 +233,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             request, publisher=runtime.publisher, ledger=runtime.ledger, on_written=_fault_hook()
         )
         context.log.info(f"{spec.name}: {outcome.message}")
+        ice = outcome.result.results.get("iceberg") if outcome.result is not None else None
+        if ice is not None:
+            _data_version(context, ice.snapshot_id)
         meta = changes_metadata(outcome)
         if outcome.result is not None:
             meta.update(publish_metadata(outcome.result, runtime=runtime, spec=spec))

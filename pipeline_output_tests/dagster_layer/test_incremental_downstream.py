@@ -221,3 +221,20 @@ def test_a_downstream_keyed_by_two_columns_or_with_two_changes_inputs_is_refused
         @dataset(primary_key="k", strategy="sync", mode="iceberg")
         def both(orders: Changes, customers: Changes) -> pl.DataFrame:
             return orders.frame
+
+
+def test_a_datasets_data_version_is_its_iceberg_snapshot(env: str) -> None:
+    defs = _defs()
+    ORDERS["now"] = _orders([(1, "ann", 10)])
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = run_assets(defs, instance, ["orders", "customer_totals"])
+        versions = {
+            e.asset_key.path[-1]: e.event_specific_data.materialization.tags.get(  # type: ignore[union-attr]
+                "dagster/data_version"
+            )
+            for e in result.get_asset_materialization_events()
+        }
+    runtime = get_runtime()
+    for name in ("orders", "customer_totals"):
+        snapshot = runtime.iceberg.load(name).current_snapshot()  # type: ignore[union-attr]
+        assert versions[name] == str(snapshot.snapshot_id)
