@@ -31,7 +31,7 @@ _API: dict[str, tuple[str, ...]] = {
         *("AuditConflict", "AuditFailed", "BadInput", "DuplicateKeys", "EmptyComputeRefused"),
         *("InvalidSpec", "LockUnavailable", "MaintenanceConflict", "MissingKeyColumn", "NullKey"),
         *("PipelineOutputError", "RollbackRefused", "RowsOutsideWindow", "SchemaMismatch"),
-        *("SettingsError", "UnsupportedWrite", "WriteConflict"),
+        *("SettingsError", "UnsupportedWrite", "WriteConflict", "ChangesExpired"),
     ),
     # specs, planning, results
     "pipeline_output.contract.spec": ("DatasetSpec", "Delta"),
@@ -45,6 +45,8 @@ _API: dict[str, tuple[str, ...]] = {
     # write-audit-publish, rollback, time travel
     "pipeline_output.services.audit": ("drop_stale_audit_branches", "publish_audit"),
     "pipeline_output.services.time_travel": ("history", "rollback"),
+    # incremental downstreams: an upstream's changes since the last run, exactly once
+    "pipeline_output.services.incremental": ("DELETED", "Changes"),
     # table maintenance (also `pipeline_output.maintenance`)
     "pipeline_output.maintenance": (
         *("HealthThresholds", "MaintenanceOptions", "compact", "expire_snapshots", "maintain"),
@@ -144,6 +146,9 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs: the table ab
         BadInput as BadInput,
     )
     from pipeline_output.errors import (
+        ChangesExpired as ChangesExpired,
+    )
+    from pipeline_output.errors import (
         DuplicateKeys as DuplicateKeys,
     )
     from pipeline_output.errors import (
@@ -208,6 +213,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs: the table ab
     )
     from pipeline_output.services.audit import (
         publish_audit as publish_audit,
+    )
+    from pipeline_output.services.incremental import (
+        DELETED as DELETED,
+    )
+    from pipeline_output.services.incremental import (
+        Changes as Changes,
     )
     from pipeline_output.services.publish import (
         Publisher as Publisher,

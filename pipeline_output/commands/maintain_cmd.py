@@ -54,6 +54,12 @@ def parse_age(text: str, *, option: str = "--expire") -> timedelta:
 )
 @click.option("--orphans", "do_orphans", is_flag=True, help="Remove unreferenced files.")
 @click.option("--dry-run", is_flag=True, help="Plan and count; change nothing.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Expire even snapshots an incremental downstream has not consumed yet (its next run "
+    "is then a full refresh).",
+)
 @click.option("--retain-last", default=1, show_default=True, help="Snapshots always kept.")
 @click.option(
     "--grace",
@@ -72,6 +78,7 @@ def maintain(
     expire: str | None,
     do_orphans: bool,
     dry_run: bool,
+    force: bool,
     retain_last: int,
     grace_s: float,
     target_file_size: int | None,
@@ -98,6 +105,7 @@ def maintain(
         target_file_size=target_file_size,
         min_input_files=min_input_files,
         dry_run=dry_run,
+        force=force,
     )
     chosen = [specs[name] for name in (datasets or sorted(specs))]
     steps = len(chosen) * sum((options.audits, options.compact, options.expire, options.orphans))

@@ -6,13 +6,15 @@ lists its pending windows — the ledger's planned and failed ones and those its
 now from new source rows (shown, not recorded) — with the source rows each holds; its arms'
 lines describe the first of them (and the write mode of the ones after, when it differs). A
 Dagster-partitioned dataset is planned as its runs write it: each partition's slice (by its
-partition columns), not the whole table.
+partition columns), not the whole table. An incremental downstream (a `Changes` input) first
+lists the upstream changes its next run would consume (the range and the counts by type, or why
+it would be a full refresh).
 Nothing is written, nothing is planned in the ledger.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -36,8 +38,11 @@ SHOW_WINDOWS = 10
 def plan(datasets: tuple[str, ...], mode: str | None) -> None:
     """Show pending windows, the write mode, why, the target state and the expected effect per
     arm; writes nothing."""
+    import dagster as dg
+
     from pipeline_output.commands.loading import load_definitions, location_runtime
     from pipeline_output.contract.plan import TargetState, plan_write
+    from pipeline_output.dagster_layer.changes_assets import CHANGES_OF_KEY
     from pipeline_output.dagster_layer.dataset import spec_of
     from pipeline_output.dagster_layer.partitioned import partition_columns_of_asset
     from pipeline_output.dagster_layer.window_upstreams import source_upstream
@@ -45,10 +50,15 @@ def plan(datasets: tuple[str, ...], mode: str | None) -> None:
 
     specs = dataset_specs()
     partitioned = {}  # dataset -> its partition columns (Dagster-partitioned datasets only)
+    changes_of = {}  # incremental downstream -> the upstream whose changes it consumes
     for asset in load_definitions().assets or []:
         found, columns = spec_of(asset), partition_columns_of_asset(asset)
         if found is not None and columns:
             partitioned[found.name] = columns
+        if found is not None and isinstance(asset, dg.AssetsDefinition):
+            raw = asset.metadata_by_key.get(asset.key, {}).get(CHANGES_OF_KEY)
+            if raw is not None:
+                changes_of[found.name] = str(getattr(raw, "value", raw))
     for name in datasets:
         spec_named(name)  # an unknown one fails naming the code location and the known ones
     sources = source_specs()
@@ -58,6 +68,9 @@ def plan(datasets: tuple[str, ...], mode: str | None) -> None:
         resolved = runtime.publisher.resolve(spec, override=mode)
         window = None
         later = 0
+        upstream_name = changes_of.get(name)
+        if upstream_name is not None and upstream_name in specs:
+            click.echo(_pending_changes(runtime, spec, specs[upstream_name]))
         if spec.delta is not None:
             # the windows a sensor tick would plan now from the source (a delta over another
             # dataset: the ledger's alone), counted in it
@@ -97,3 +110,24 @@ def plan(datasets: tuple[str, ...], mode: str | None) -> None:
                 after = plan_write(spec, written, partitioned_by=columns).write_mode
                 text += f"; then each partition: {after}"
             click.echo(text)
+
+
+def _pending_changes(runtime: Any, spec: Any, upstream: Any) -> str:
+    """One line: the upstream changes the incremental downstream's next run would consume."""
+    from pipeline_output.services.incremental import CHANGE_TYPES, pending_changes
+
+    changes = pending_changes(
+        spec,
+        upstream,
+        publisher=runtime.publisher,
+        ledger=runtime.ledger,
+        upstream_mode=runtime.publisher.resolve(upstream),
+    )
+    where = f"{spec.name}: changes of {upstream.name}"
+    if changes is None:
+        return f"{where}: none yet (the upstream has no table)"
+    if changes.from_snapshot == changes.to_snapshot and not changes.full_refresh:
+        return f"{where}: no pending change (consumed up to snapshot {changes.to_snapshot})"
+    counts = ", ".join(f"{kind} {changes.counts.get(kind, 0)}" for kind in CHANGE_TYPES)
+    text = f"{where} ({changes.from_snapshot}, {changes.to_snapshot}] pending: {counts}"
+    return text + (f"; full refresh: {changes.reason}" if changes.full_refresh else "")

@@ -12,6 +12,9 @@ partition key to a `PartitionSlice`: one term per dimension, all of which a row 
   timestamps, as for delta windows).
 - `Equals(column, value)`: `column == value` — a static or dynamic partition key on a string
   column, or on an integer column when the key is an integer's text.
+- `OneOf(column, values)`: `column` is one of `values` — not a Dagster partition but the keys an
+  incremental downstream recomputes (`services/incremental.py`): its write is a sync scoped to
+  them, so a key it returns no row for is deleted.
 
 Any other column type cannot hold a partition and is refused (`BadInput`) with the column named.
 Pure core: no I/O, no Dagster (the Dagster layer builds slices: `dagster_layer/partitioned.py`).
@@ -112,7 +115,21 @@ class Equals:
         return pl.col(self.column) == pl.lit(value)
 
 
-Term = TimeRange | Equals
+@dataclass(frozen=True)
+class OneOf:
+    """`column` is one of `values` (values of the column's own type; nulls are never inside)."""
+
+    column: str
+    values: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        return f"{self.column} in {len(self.values)} key(s)"
+
+    def expr(self, dtype: Any) -> pl.Expr:
+        return pl.col(self.column).is_in(pl.Series(self.values, dtype=dtype).implode())
+
+
+Term = TimeRange | Equals | OneOf
 
 
 @dataclass(frozen=True)
@@ -177,4 +194,4 @@ def _ceil_date(moment: datetime) -> date:
     return day + timedelta(days=1)
 
 
-__all__ = ["Equals", "PartitionSlice", "Term", "TimeRange", "check_in_partition"]
+__all__ = ["Equals", "OneOf", "PartitionSlice", "Term", "TimeRange", "check_in_partition"]

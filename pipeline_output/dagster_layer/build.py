@@ -15,6 +15,7 @@ import dagster as dg
 from pipeline_output.contract.store_protocol import check_specs
 from pipeline_output.dagster_layer.asset_params import check_unique_names
 from pipeline_output.dagster_layer.audit_hooks import with_audit_hooks
+from pipeline_output.dagster_layer.changes_assets import CHANGES_OF_KEY, check_changes_upstreams
 from pipeline_output.dagster_layer.checks import with_location_checks
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.delta_assets import DEFAULT_SENSOR_INTERVAL_S
@@ -25,7 +26,7 @@ from pipeline_output.dagster_layer.keys import (
     HEALTH_JOB,
     IO_MANAGER_KEY,
 )
-from pipeline_output.dagster_layer.load_time import at_load
+from pipeline_output.dagster_layer.load_time import at_load, location_default_mode
 from pipeline_output.dagster_layer.maintenance_job import (
     DEFAULT_CRON,
     build_maintenance_job,
@@ -120,6 +121,17 @@ def build_definitions(
     ]
     check_specs(specs, {"pg": LEGACY_CAPABILITIES, "iceberg": ICEBERG_CAPABILITIES})
     check_unique_names([*datasets, *assets], spec_of)
+    check_changes_upstreams(
+        {s.name: s for s in specs},
+        {
+            spec.name: str(getattr(raw, "value", raw))
+            for a in [*datasets, *assets]
+            if isinstance(a, dg.AssetsDefinition) and (spec := spec_of(a)) is not None
+            for raw in [a.metadata_by_key.get(a.key, {}).get(CHANGES_OF_KEY)]
+            if raw is not None
+        },
+        default_mode=location_default_mode(resource),
+    )
     source_specs = {
         dg.AssetKey(s.name): s for s in (source_spec_of(a) for a in sources) if s is not None
     }

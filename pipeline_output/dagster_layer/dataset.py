@@ -62,6 +62,13 @@ from pipeline_output.dagster_layer.asset_params import (
     remember_build,
     upstream_ins,
 )
+from pipeline_output.dagster_layer.changes_assets import (
+    CHANGES_OF_KEY,
+    ChangesOutput,
+    ChangesSource,
+    changes_param,
+    mark_changes_input,
+)
 from pipeline_output.dagster_layer.checks import declared_checks, evaluate_checks
 from pipeline_output.dagster_layer.frames_io import (
     as_kind,
@@ -91,6 +98,7 @@ from pipeline_output.dagster_layer.partitioned import (
 )
 from pipeline_output.dagster_layer.resource import RESOURCE_KEY
 from pipeline_output.errors import InvalidSpec
+from pipeline_output.services.incremental import Changes, check_downstream
 
 _ATTRIBUTE = "__pipeline_output_spec__"
 _SHOWN_PREFIX = "pipeline_output/"
@@ -338,12 +346,20 @@ def build_dataset_asset(
 
         partitions_def = window_partitions(spec)
     frame_kinds = input_kinds(fn, dataset=spec.name, params=upstream)
+    changes_of = changes_param(frame_kinds, dataset=spec.name)
+    if changes_of is not None and (partition_columns is not None or spec.delta is not None):
+        raise InvalidSpec(
+            f"@dataset {spec.name!r}: a Changes input cannot be combined with Dagster partitions "
+            "or a Delta: the changes since the last run are the increment"
+        )
 
     def write(
         context: dg.AssetExecutionContext, config: DatasetRunConfig, inputs: dict[str, Any]
     ) -> dg.Output[Any]:
         if delta_param is not None:
             return _windowed_output(context, spec, fn, config, inputs, delta_param, frame_kinds)
+        if changes_of is not None:
+            return _changes_output(spec, fn, config, inputs, changes_of, frame_kinds)
         if partition_columns is not None:
             typed = typed_inputs(fn, frame_kinds)
             out = partitioned_output(context, spec, typed, inputs, columns=partition_columns)
@@ -395,13 +411,18 @@ def build_dataset_asset(
         all_metadata[PARTITION_COLUMNS_KEY] = json.dumps(dict(partition_columns))
     all_metadata.update(extra_metadata or {})
     key = options.key(spec.name)
+    asset_ins = upstream_ins(spec, upstream, ins)
+    if changes_of is not None:
+        upstream_name = mark_changes_input(asset_ins, changes_of)
+        check_downstream(spec, upstream_name)
+        all_metadata[CHANGES_OF_KEY] = upstream_name
     return define_dataset_asset(
         compute,
         spec,
         key=key,
         label=label,
         metadata=all_metadata,
-        ins=upstream_ins(spec, upstream, ins),
+        ins=asset_ins,
         deps=list(deps) if deps else None,
         partitions_def=partitions_def,
         **passed,
@@ -450,6 +471,32 @@ def _windowed_output(
     return dg.Output(
         WindowedOutput(tuple(items), restate=config.restate), metadata=_overrides(config)
     )
+
+
+def _changes_output(
+    spec: DatasetSpec,
+    fn: Callable[..., Any],
+    config: DatasetRunConfig,
+    inputs: dict[str, Any],
+    param: str,
+    kinds: Mapping[str, Any],
+) -> dg.Output[Any]:
+    """An incremental downstream's output: its compute, called by the IO manager with the
+    changes it reads under the downstream's lock (`changes_assets.py`)."""
+    source = inputs[param]
+    if not isinstance(source, ChangesSource):
+        raise dg.Failure(
+            f"dataset {spec.name!r}: its Changes input {param!r} was not loaded by "
+            "pipeline-output's IO manager (an upstream dataset's changes come from its table)"
+        )
+    others = convert_inputs({k: v for k, v in inputs.items() if k != param}, kinds)
+
+    def compute(changes: Changes) -> Any:
+        out = fn(**{param: changes}, **others)
+        check_output(spec.name, out)
+        return out
+
+    return dg.Output(ChangesOutput(source, compute), metadata=_overrides(config))
 
 
 def _overrides(config: DatasetRunConfig) -> dict[str, Any]:

@@ -6,7 +6,8 @@ and filters pushed down to the arm when it is collected; one annotated `pl.DataF
 runs. A compute may return polars (eager or lazy), pandas or Arrow; the write converts it once
 (`contract.checked_input.to_polars`). pandas is optional: it is imported only when a compute
 annotates or returns a pandas frame. An annotation of anything else fails when the code location
-loads, naming the dataset and the parameter.
+loads, naming the dataset and the parameter. A parameter annotated `pipeline_output.Changes`
+receives the upstream's changes since this dataset's last run (`dagster_layer/changes_assets.py`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import polars as pl
 import pyarrow as pa
 
 from pipeline_output.errors import BadInput, InvalidSpec
+from pipeline_output.services.incremental import Changes
 
-FrameKind = Literal["lazy", "polars", "pandas", "arrow"]
+FrameKind = Literal["lazy", "polars", "pandas", "arrow", "changes"]
 
 # annotation spellings when the annotation is a string that cannot be evaluated (e.g. pandas
 # imported under TYPE_CHECKING): the last two dotted parts
@@ -37,6 +39,9 @@ _SPELLINGS: dict[str, FrameKind] = {
     "pa.Table": "arrow",
     "pyarrow.Table": "arrow",
     "LazyFrame": "lazy",
+    "Changes": "changes",
+    "pipeline_output.Changes": "changes",
+    "po.Changes": "changes",
 }
 
 
@@ -59,7 +64,8 @@ def input_kinds(
         if kind is None:
             raise InvalidSpec(
                 f"@dataset {dataset!r}: parameter {param.name!r} is annotated {annotation!r}; "
-                "an input is a pl.LazyFrame (default), pl.DataFrame, pd.DataFrame or pa.Table"
+                "an input is a pl.LazyFrame (default), pl.DataFrame, pd.DataFrame, pa.Table or "
+                "pipeline_output.Changes"
             )
         kinds[param.name] = kind
     return kinds
@@ -70,9 +76,11 @@ def _kind_of(annotation: Any) -> FrameKind | None:
         return "lazy"
     if isinstance(annotation, str):
         text = annotation.strip().strip("'\"")
-        return _SPELLINGS.get(".".join(text.split(".")[-2:]))
+        return _SPELLINGS.get(".".join(text.split(".")[-2:])) or _SPELLINGS.get(text)
     if annotation is pl.LazyFrame:
         return "lazy"
+    if annotation is Changes:
+        return "changes"
     if annotation is pl.DataFrame:
         return "polars"
     if annotation is pa.Table:
@@ -93,7 +101,7 @@ def _is_pandas_frame_type(annotation: Any) -> bool:
 
 def as_kind(frame: pl.LazyFrame | pl.DataFrame, kind: FrameKind) -> Any:
     """`frame` (an input as the arms read it) as the type the parameter asked for."""
-    if kind == "lazy":
+    if kind == "lazy" or kind == "changes":
         return frame.lazy() if isinstance(frame, pl.DataFrame) else frame
     eager = frame.collect() if isinstance(frame, pl.LazyFrame) else frame
     if kind == "polars":

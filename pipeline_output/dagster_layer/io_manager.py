@@ -15,6 +15,12 @@ from pipeline_output.contract.checked_input import to_polars
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.audit_hooks import audited_snapshot, gating_checks, step_of
+from pipeline_output.dagster_layer.changes_assets import (
+    CHANGES_INPUT_KEY,
+    ChangesOutput,
+    ChangesSource,
+    changes_metadata,
+)
 from pipeline_output.dagster_layer.checks import PARITY
 from pipeline_output.dagster_layer.dataset import spec_in_run
 from pipeline_output.dagster_layer.delta_assets import (
@@ -37,6 +43,8 @@ from pipeline_output.dagster_layer.metadata import (
 from pipeline_output.dagster_layer.partitioned import partitioned_output_of, write_partitions
 from pipeline_output.dagster_layer.resource import PipelineOutputResource
 from pipeline_output.dagster_layer.windows_context import windows_of
+from pipeline_output.errors import UnsupportedWrite
+from pipeline_output.services.incremental import ConsumeRequest, consume_changes
 from pipeline_output.services.publish import PublishResult, ResolvedMode
 from pipeline_output.services.reads import within
 from pipeline_output.services.sources import SourceSpec
@@ -66,6 +74,18 @@ def _fault_hook() -> Any:
     if fault_point() != "after_commit":
         return None
     return lambda: fault_injection("after_commit")
+
+
+def _data_version(context: dg.OutputContext, snapshot_id: int | None) -> None:
+    """The materialisation's data version: the Iceberg snapshot the write left main at (a
+    downstream's eager automation condition and staleness follow the table, not the run)."""
+    if snapshot_id is None:
+        return
+    try:
+        step = context.step_context
+    except (dg.DagsterInvariantViolationError, AttributeError):
+        return  # a direct call outside a run: no materialisation to version
+    step.set_data_version(context.asset_key, dg.DataVersion(str(snapshot_id)))
 
 
 class DatasetIOManager(dg.ConfigurableIOManager):
@@ -102,6 +122,15 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         if isinstance(obj, WindowedOutput):
             self._apply_windows(context, spec, obj, mode, audit=audit)
             return
+        if isinstance(obj, ChangesOutput):
+            if audit:
+                raise UnsupportedWrite(
+                    f"dataset {spec.name!r}: write-audit-publish of an incremental downstream is "
+                    "not supported (its consumed range commits with its rows on main); nothing "
+                    "was written"
+                )
+            self._consume_changes(context, spec, obj, mode)
+            return
         partitioned = partitioned_output_of(context, spec, obj)
         if partitioned is not None:  # Dagster's own partitions: one slice write each
             context.add_output_metadata(
@@ -121,6 +150,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         )
         meta = publish_metadata(result, runtime=runtime, spec=spec, schema=frame.schema)
         context.add_output_metadata(meta)
+        ice = result.results.get("iceberg")
+        if ice is not None and not result.staged:
+            _data_version(context, ice.snapshot_id)
         if audit:
             self._gate(context, spec)
 
@@ -184,6 +216,37 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         if audit:
             self._gate(context, spec)
 
+    def _consume_changes(
+        self, context: dg.OutputContext, spec: DatasetSpec, out: ChangesOutput, mode: ResolvedMode
+    ) -> None:
+        """One run of an incremental downstream, exactly once (`incremental.consume_changes`)."""
+        runtime = self.pipeline_output.runtime()
+        request = ConsumeRequest(
+            spec=spec,
+            upstream=out.source.upstream,
+            compute=out.compute,
+            mode=mode,
+            upstream_mode=out.source.mode,
+            run_id=context.run_id,
+        )
+        outcome = consume_changes(
+            request, publisher=runtime.publisher, ledger=runtime.ledger, on_written=_fault_hook()
+        )
+        context.log.info(f"{spec.name}: {outcome.message}")
+        ice = outcome.result.results.get("iceberg") if outcome.result is not None else None
+        if ice is not None:
+            _data_version(context, ice.snapshot_id)
+        meta = changes_metadata(outcome)
+        if outcome.result is not None:
+            meta.update(publish_metadata(outcome.result, runtime=runtime, spec=spec))
+        else:
+            meta["note"] = (
+                "no-op: no upstream change since the last run; nothing written"
+                if outcome.action == "noop"
+                else "the recomputed keys changed nothing; the range is recorded"
+            )
+        context.add_output_metadata(meta)
+
     def load_input(self, context: dg.InputContext) -> Any:
         upstream = context.upstream_output
         meta = (upstream.definition_metadata if upstream is not None else None) or {}
@@ -191,6 +254,14 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         if (context.definition_metadata or {}).get(DELTA_INPUT_KEY):
             return self._window_reader(context, meta)
         spec = spec_in_run(context, context.asset_key, meta) if context.has_asset_key else None
+        if (context.definition_metadata or {}).get(CHANGES_INPUT_KEY):
+            if spec is None:
+                key = context.asset_key.to_user_string() if context.has_asset_key else "?"
+                raise dg.Failure(
+                    f"input {key}: a Changes input reads a pipeline-output dataset's table, "
+                    "and this is not one"
+                )
+            return ChangesSource(spec, runtime.publisher.resolve(spec))
         if spec is not None:
             mode = runtime.publisher.resolve(spec)
             # lazy: the compute's projection and filters are pushed to the arm at collect time;

@@ -63,6 +63,11 @@ def window_apply(dataset: str) -> str:
     return f"windows:apply:{dataset}"
 
 
+def consume_changes(dataset: str) -> str:
+    """Runs of one incremental downstream: read its position, write, record (session scope)."""
+    return f"changes:consume:{dataset}"
+
+
 def mode_flip(dataset: str) -> str:
     """Flips of a dataset's mode (transaction scope)."""
     return f"flip:{dataset}"

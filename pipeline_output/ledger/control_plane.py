@@ -26,6 +26,11 @@ The drain log: when the legacy arm of a dataset was drained at the end of its mi
 The rollback log: each rollback of a dataset's native table (`RollbackRecord`, table
 `rollbacks`). `services/time_travel.py` decides, this module only records.
 
+The consumed-changes log of incremental downstreams: each range (from, to] of an upstream's
+snapshots a downstream consumed, and the downstream snapshot that applied it (`ConsumedRange`,
+table `consumed_changes`, migration 030). `services/incremental.py` decides, this module only
+records; expiry keeps every upstream snapshot a downstream's position names (`positions_of`).
+
 The audit log of write-audit-publish: audited runs and the writes they staged (`AuditRecord`,
 `AuditWrite`; tables `audits`, `audit_writes`, migration 020). `services/audit.py` decides, this
 module only records.
@@ -33,7 +38,8 @@ module only records.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Unpack, get_args
@@ -68,6 +74,7 @@ PER_DATASET = (
     ("audits", "dataset"),
     ("rollbacks", "dataset"),
     ("drains", "dataset"),
+    ("consumed_changes", "dataset"),
     ("dataset_rows", "dataset_id"),
     ("datasets", "name"),
 )
@@ -87,6 +94,7 @@ class Ledger:
         self.audit_log = AuditLog(db)
         self.rollback_log = RollbackLog(db)
         self.drain_log = DrainLog(db)
+        self.consumed_log = ConsumedLog(db)
 
     def connect(self) -> psycopg.Connection[Any]:
         """A new connection (not autocommit) to the control-plane database."""
@@ -437,6 +445,110 @@ class RollbackLog(RecordLog):
         """A dataset's rollbacks, oldest first."""
         rows = self.select("rollbacks", _ROLLBACK_COLUMNS, where={"dataset": dataset})
         return [RollbackRecord(*r) for r in rows]
+
+
+@dataclass(frozen=True)
+class ConsumedRange:
+    """One range (from, to] of `upstream`'s snapshots `dataset` consumed (see the module
+    docstring)."""
+
+    id: int
+    dataset: str
+    upstream: str
+    from_snapshot: int | None
+    to_snapshot: int
+    downstream_snapshot: int | None
+    full_refresh: bool
+    run_id: str | None
+    recorded_at: datetime
+
+
+class ConsumedLog(RecordLog):
+    """Ranges of upstream changes incremental downstreams consumed (see the module docstring)."""
+
+    def record(
+        self,
+        dataset: str,
+        upstream: str,
+        *,
+        from_snapshot: int | None,
+        to_snapshot: int,
+        downstream_snapshot: int | None,
+        full_refresh: bool,
+        run_id: str | None,
+    ) -> ConsumedRange:
+        """Record that `dataset` consumed (from, to] of `upstream` (idempotent per downstream
+        snapshot: a repair of an already recorded one returns it)."""
+        if downstream_snapshot is not None:
+            found = self.select(
+                "consumed_changes",
+                columns_of(ConsumedRange),
+                where={
+                    "dataset": dataset,
+                    "upstream": upstream,
+                    "downstream_snapshot": downstream_snapshot,
+                },
+            )
+            if found:
+                return ConsumedRange(*found[0])
+        with self.tx(None) as c:
+            row = c.execute(
+                sql.SQL(
+                    "INSERT INTO {} (dataset, upstream, from_snapshot, to_snapshot, "
+                    "downstream_snapshot, full_refresh, run_id) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+                    "RETURNING {}"
+                ).format(ledger_table("consumed_changes"), column_list(columns_of(ConsumedRange))),
+                (
+                    dataset,
+                    upstream,
+                    from_snapshot,
+                    to_snapshot,
+                    downstream_snapshot,
+                    full_refresh,
+                    run_id,
+                ),
+            ).fetchone()
+        assert row is not None
+        return ConsumedRange(*row)
+
+    @contextmanager
+    def consume_lock(self, dataset: str) -> Iterator[None]:
+        """Serialize the runs of one incremental downstream (held by the running process)."""
+        with pgsession.connect(self._db.url, autocommit=True) as conn:
+            name = locks.consume_changes(dataset)
+            locks.acquire(conn, name, transaction=False)
+            try:
+                yield
+            finally:
+                conn.execute("SELECT pg_advisory_unlock(%s)", (locks.lock_key(name),))
+
+    def last(self, dataset: str, upstream: str) -> ConsumedRange | None:
+        """The newest range `dataset` consumed of `upstream` (None: never)."""
+        rows = self.select(
+            "consumed_changes",
+            columns_of(ConsumedRange),
+            where={"dataset": dataset, "upstream": upstream},
+            newest_first=True,
+            limit=1,
+        )
+        return ConsumedRange(*rows[0]) if rows else None
+
+    def history(self, dataset: str) -> list[ConsumedRange]:
+        """Every range `dataset` consumed, oldest first."""
+        rows = self.select(
+            "consumed_changes", columns_of(ConsumedRange), where={"dataset": dataset}
+        )
+        return [ConsumedRange(*r) for r in rows]
+
+    def positions_of(self, upstream: str) -> dict[str, int]:
+        """Per downstream of `upstream`, the snapshot its next run reads the changes from (the
+        `to` of its newest range): the snapshots expiry keeps unless forced."""
+        query = sql.SQL(
+            "SELECT DISTINCT ON (dataset) dataset, to_snapshot FROM {} WHERE upstream = %s "
+            "ORDER BY dataset, id DESC"
+        ).format(ledger_table("consumed_changes"))
+        with self.tx(None) as c:
+            return {str(r[0]): int(r[1]) for r in c.execute(query, (upstream,)).fetchall()}
 
 
 AuditState = Literal["staged", "published", "failed", "dropped"]

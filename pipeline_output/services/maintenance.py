@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import WindowLog
 from pipeline_output.errors import PipelineOutputError, from_third_party
-from pipeline_output.ledger.control_plane import AuditRecord
+from pipeline_output.infra.locks import AdvisoryLock
+from pipeline_output.ledger.control_plane import AuditRecord, Ledger
 from pipeline_output.services.audit import DEFAULT_RETENTION, drop_stale_audit_branches
 from pipeline_output.stores.iceberg import IcebergStore
 from pipeline_output.stores.iceberg.maintenance.compaction import CompactionResult
@@ -58,6 +59,9 @@ class MaintenanceOptions:
     grace_s: float = DEFAULT_GRACE_S
     audit_retention: timedelta = DEFAULT_RETENTION
     dry_run: bool = False
+    # expire even the snapshots an incremental downstream has not consumed past (its next run
+    # is then a full refresh that says why)
+    force: bool = False
 
 
 @dataclass
@@ -185,8 +189,19 @@ def _run(
             retain_last=options.retain_last,
             ledger=ledger,
             dry_run=options.dry_run,
+            keep=() if options.force else consumer_positions(store, spec),
         )
     else:
         report.orphans = store.remove_orphans(
             spec, grace_s=options.grace_s, dry_run=options.dry_run
         )
+
+
+def consumer_positions(store: IcebergStore, spec: DatasetSpec) -> set[int]:
+    """The snapshots of `spec`'s table that incremental downstreams read their next changes
+    from (the ledger's `consumed_changes` on the control plane the store's lock is on; none
+    without one): expiry keeps them unless forced."""
+    lock = store.tables.advisory()
+    if not isinstance(lock, AdvisoryLock):
+        return set()
+    return set(Ledger(lock.url).consumed_log.positions_of(spec.name).values())

@@ -224,6 +224,13 @@ class IcebergStore:
         """The snapshot of `ref`'s history carrying the window attempt `marker`, if any."""
         return reads.find_marker(self.tables, spec, marker, ref=ref)
 
+    def last_summary(
+        self, spec: DatasetSpec | str, key: str, *, ref: str = MAIN_BRANCH
+    ) -> tuple[int, str] | None:
+        """The newest snapshot of `ref`'s history carrying the summary property `key`, and its
+        value: `reads.last_summary`."""
+        return reads.last_summary(self.tables, spec, key, ref=ref)
+
     # -- table maintenance (`store.maintenance`; these are its methods, kept on the store) -----
 
     def compact(self, spec: DatasetSpec, **options: Any) -> CompactionResult:

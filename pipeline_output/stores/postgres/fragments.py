@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import polars as pl
 from psycopg import sql
 
-from pipeline_output.contract.slices import PartitionSlice, TimeRange
+from pipeline_output.contract.slices import OneOf, PartitionSlice, TimeRange
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
 from pipeline_output.ledger.migrations import SCHEMA
@@ -96,6 +96,9 @@ def slice_condition(
         if isinstance(term, TimeRange):
             parts.append(sql.SQL("({} >= {} AND {} < {})").format(value, VALUE, value, VALUE))
             params.extend(term.bounds(dtype))
+        elif isinstance(term, OneOf):
+            parts.append(sql.SQL("{} = ANY({})").format(value, VALUE))
+            params.append(list(term.values))
         else:
             parts.append(sql.SQL("{} = {}").format(value, VALUE))
             params.append(term.typed(dtype))

@@ -11,7 +11,9 @@ Owns which snapshots go and the cleanup after:
   to complete a window whose commit landed but whose ledger update did not; without a ledger,
   every snapshot carrying a marker. Repair looks along main's history from its head
   (`find_marker`), so main's history down to the oldest such snapshot is kept too (expiring one
-  in between would cut it). The decision is taken under the dataset's window apply lock and the
+  in between would cut it). Also kept: the snapshots the caller names (`keep`: the upstream
+  snapshots incremental downstreams have not consumed past, `services/maintenance.py`). The
+  decision is taken under the dataset's window apply lock and the
   table's writer lock, so no window is being applied meanwhile;
 - the removal is one metadata commit (no new snapshot), fenced to the current snapshot; it also
   records `pipeline-output.last-expiry` (a table property: durable, unlike snapshot summaries),
@@ -27,7 +29,7 @@ Owns which snapshots go and the cleanup after:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -99,11 +101,13 @@ def plan_expiry(
     older_than_ms: int,
     retain_last: int,
     unapplied_windows: set[int] | None,
+    keep_ids: Collection[int] = (),
 ) -> ExpiryPlan:
-    """The expiry decision (module docstring); `unapplied_windows` None: no ledger to ask."""
+    """The expiry decision (module docstring); `unapplied_windows` None: no ledger to ask;
+    `keep_ids`: snapshots kept whatever their age."""
     snapshots = sorted(metadata.snapshots, key=lambda s: (s.timestamp_ms, s.sequence_number or 0))
     main = _ancestry(metadata, _head(metadata, MAIN_BRANCH))  # newest first
-    keep = {ref.snapshot_id for ref in metadata.refs.values()}
+    keep = {ref.snapshot_id for ref in metadata.refs.values()} | set(keep_ids)
     keep |= _branch_histories(metadata, set(main))
     keep.update(s.snapshot_id for s in snapshots[-retain_last:])
     keep.update(s.snapshot_id for s in snapshots if s.timestamp_ms >= older_than_ms)
@@ -169,11 +173,13 @@ def expire_snapshots(
     retain_last: int = DEFAULT_RETAIN_LAST,
     ledger: WindowLog | None = DEFAULT_LOCK,
     dry_run: bool = False,
+    keep: Collection[int] = (),
 ) -> ExpiryResult:
     """Expire snapshots older than `older_than` (an age, or an instant) beyond the `retain_last`
     newest, keep what window repair needs (asking `ledger`: by default the window ledger on the
-    control plane the store's lock uses), and delete the files only the expired snapshots
-    referenced (module docstring). `dry_run`: decide and count, change nothing.
+    control plane the store's lock uses) and the snapshots `keep` names, and delete the files
+    only the expired snapshots referenced (module docstring). `dry_run`: decide and count,
+    change nothing.
     """
     if ledger is DEFAULT_LOCK:
         ledger = _default_ledger(store)
@@ -185,7 +191,7 @@ def expire_snapshots(
         cutoff = cutoff.replace(tzinfo=UTC)
     cutoff_ms = int(cutoff.timestamp() * 1000)
     with paused():  # the entries of every manifest decoded: no collection walks them
-        return _expire(store, spec, cutoff_ms, retain_last, ledger, dry_run, started)
+        return _expire(store, spec, cutoff_ms, retain_last, ledger, dry_run, started, keep)
 
 
 def _expire(
@@ -196,6 +202,7 @@ def _expire(
     ledger: WindowLog | None,
     dry_run: bool,
     started: float,
+    keep: Collection[int] = (),
 ) -> ExpiryResult:
     with ExitStack() as locks:
         stats = LockStats(key=store.tables.table_name(spec))  # a dry run takes no lock
@@ -210,6 +217,7 @@ def _expire(
             older_than_ms=cutoff_ms,
             retain_last=retain_last,
             unapplied_windows=_unapplied(ledger, spec),
+            keep_ids=keep,
         )
         snapshots = list(before.metadata.snapshots)  # the commit updates `before` in place
         if plan.expire and not dry_run:

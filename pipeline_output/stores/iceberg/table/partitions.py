@@ -48,7 +48,7 @@ from pyiceberg.types import (
 )
 
 from pipeline_output.contract.partitioning import PartitionTerm
-from pipeline_output.contract.slices import Equals, PartitionSlice, Term
+from pipeline_output.contract.slices import Equals, OneOf, PartitionSlice, Term
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import Window
 from pipeline_output.errors import InvalidSpec
@@ -316,6 +316,9 @@ def _term_relation(task: FileScanTask, schema: Schema, term: Term) -> str:
     assert isinstance(ftype, PrimitiveType)
     nulls = (task.file.null_value_counts or {}).get(field.field_id, 0)
     lo, hi = from_bytes(ftype, lo_b), from_bytes(ftype, hi_b)
+    if isinstance(term, OneOf):
+        inside = [_bound_value(v, ftype) for v in term.values if v is not None]
+        return "straddles" if any(lo <= v <= hi for v in inside) else "outside"
     if isinstance(term, Equals):
         value = _bound_value(term.typed(dtype), ftype)
         if value < lo or value > hi:

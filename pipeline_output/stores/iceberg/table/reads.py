@@ -1,6 +1,8 @@
 """The native arm's reads: the current rows (a window, some columns), a past version (`as_of`:
 a snapshot id or the time main pointed at it), and the attempt-marker lookup of exactly-once
-repair, which only counts snapshots in main's history (not an audit branch's, not rolled back).
+repair, which only counts snapshots in main's history (not an audit branch's, not rolled back) —
+by equality (`find_marker`) or the newest under a key (`last_summary`: an incremental
+downstream's consumed range).
 Functions over a namespace's tables (`tables.IcebergTables`); `IcebergStore` exposes them.
 """
 
@@ -109,4 +111,20 @@ def find_marker(
     for snap in ancestry(table, head(table, ref)):
         if snap.summary is not None and snap.summary.get(key) == marker:
             return snap.snapshot_id
+    return None
+
+
+def last_summary(
+    tables: IcebergTables, spec: DatasetSpec | str, key: str, *, ref: str = MAIN_BRANCH
+) -> tuple[int, str] | None:
+    """The newest snapshot in `ref`'s history whose summary carries the property `key` (without
+    the `pipeline-output.` prefix), and its value; None when none does."""
+    table = tables.load(spec)
+    if table is None:
+        return None
+    full = f"{PROPERTY_PREFIX}{key}"
+    for snap in ancestry(table, head(table, ref)):
+        value = snap.summary.get(full) if snap.summary is not None else None
+        if value is not None:
+            return snap.snapshot_id, value
     return None

@@ -1,0 +1,240 @@
+"""An incremental downstream through Dagster: a `@dataset` parameter annotated `Changes` receives
+the upstream's changes since its last run; a per-customer aggregate recomputed for the changed
+customers only equals its full recompute after every run (a customer with no order left is
+deleted); a re-run without an upstream commit writes nothing; the metadata names the range and
+the counts; a killed run (between the downstream's commit and the ledger record) is repaired by
+the next run without consuming the range twice; an upstream on the legacy arm is refused when the
+location loads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from pipeline_output import DELETED, Changes, build_definitions, dataset
+from pipeline_output.dagster_layer.resource import get_runtime
+from pipeline_output.errors import InvalidSpec
+from pipeline_output_tests.dagster_runs import mat_meta, run_assets
+from pipeline_output_tests.oracle import assert_same_multiset
+
+ORDERS: dict[str, pl.DataFrame] = {}
+SEEN: list[Changes] = []
+
+
+def _defs(upstream_mode: str = "iceberg") -> dg.Definitions:
+    @dataset(primary_key="order_id", mode=upstream_mode)  # type: ignore[arg-type]
+    def orders() -> pl.DataFrame:
+        return ORDERS["now"]
+
+    @dataset(primary_key="customer", strategy="sync", mode="iceberg")
+    def customer_totals(orders: Changes) -> pl.DataFrame:
+        SEEN.append(orders)
+        assert orders.current is not None
+        changed = orders.keys("customer")
+        now = (
+            orders.current.join(changed.lazy(), on="customer", how="semi")
+            .group_by("customer")
+            .agg(pl.col("amount").sum().alias("total"), pl.len().cast(pl.Int64).alias("n"))
+        )
+        return orders.with_deletions(now, "customer")
+
+    return build_definitions(
+        datasets=[orders, customer_totals], with_maintenance=False, with_parity_checks=False
+    )
+
+
+def _recompute(orders: pl.DataFrame) -> pl.DataFrame:
+    return orders.group_by("customer").agg(
+        pl.col("amount").sum().alias("total"), pl.len().cast(pl.Int64).alias("n")
+    )
+
+
+def _stored(name: str) -> pl.DataFrame:
+    return get_runtime().iceberg.read(name)
+
+
+def _orders(rows: list[tuple[int, str, int]]) -> pl.DataFrame:
+    return pl.DataFrame(
+        rows, schema={"order_id": pl.Int64, "customer": pl.String, "amount": pl.Int64}, orient="row"
+    )
+
+
+def test_changes_input_recomputes_changed_keys_and_deletes_emptied_ones(env: str) -> None:
+    SEEN.clear()
+    defs = _defs()
+    with dg.DagsterInstance.ephemeral() as instance:
+        # an upsert upstream keeps unmatched rows: the oracle is the upstream's own table
+        ORDERS["now"] = _orders([(1, "ann", 10), (2, "bob", 5), (3, "bob", 7)])
+        first = run_assets(defs, instance, ["orders", "customer_totals"])
+        meta = mat_meta(first, "customer_totals")
+        assert meta["pipeline_output/changes_full_refresh"] is True
+        assert meta["pipeline_output/changes_insert"] == 3
+        assert_same_multiset(_stored("customer_totals"), _recompute(_stored("orders")))
+
+        # update ann's order, add carl's; bob untouched: only ann and carl are recomputed
+        ORDERS["now"] = _orders([(1, "ann", 11), (4, "carl", 3)])
+        second = run_assets(defs, instance, ["orders", "customer_totals"])
+        meta = mat_meta(second, "customer_totals")
+        assert meta["pipeline_output/changes_full_refresh"] is False
+        assert (
+            meta["pipeline_output/changes_insert"],
+            meta["pipeline_output/changes_update_after"],
+        ) == (1, 1)
+        assert meta["pipeline_output/changes_from_snapshot"] == str(SEEN[0].to_snapshot)
+        assert set(SEEN[-1].keys("customer").get_column("customer")) == {"ann", "carl"}
+        assert_same_multiset(_stored("customer_totals"), _recompute(_stored("orders")))
+
+        # nothing committed upstream since: the downstream writes and records nothing
+        before = get_runtime().iceberg.load("customer_totals").current_snapshot().snapshot_id  # type: ignore[union-attr]
+        third = run_assets(defs, instance, ["customer_totals"])
+        assert mat_meta(third, "customer_totals")["pipeline_output/changes_action"] == "noop"
+        after = get_runtime().iceberg.load("customer_totals").current_snapshot().snapshot_id  # type: ignore[union-attr]
+        assert after == before
+
+    # bob's orders are all deleted upstream (a replace of the upstream): bob disappears
+    ORDERS["now"] = _orders([(1, "ann", 11), (4, "carl", 3)])
+    runtime = get_runtime()
+    spec = next(s for s in [_spec(defs, "orders")] if s is not None)
+    runtime.publisher.publish(
+        _replace_strategy(spec), ORDERS["now"], mode=runtime.publisher.resolve(spec)
+    )
+    with dg.DagsterInstance.ephemeral() as instance:
+        fourth = run_assets(defs, instance, ["customer_totals"])
+    assert mat_meta(fourth, "customer_totals")["pipeline_output/changes_delete"] == 2
+    stored = _stored("customer_totals")
+    assert "bob" not in stored.get_column("customer").to_list()
+    assert DELETED not in stored.columns
+    assert_same_multiset(stored, _recompute(_stored("orders")))
+    history = runtime.ledger.consumed_log.history("customer_totals")
+    assert [r.from_snapshot for r in history[1:]] == [r.to_snapshot for r in history[:-1]]
+
+
+def test_a_run_killed_after_its_commit_is_repaired_not_consumed_twice(
+    env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline_output.services import incremental
+
+    SEEN.clear()
+    defs = _defs()
+    ORDERS["now"] = _orders([(1, "ann", 10), (2, "bob", 5)])
+    with dg.DagsterInstance.ephemeral() as instance:
+        run_assets(defs, instance, ["orders", "customer_totals"])
+        ORDERS["now"] = _orders([(1, "ann", 20)])
+        run_assets(defs, instance, ["orders"])
+
+        real = incremental.consume_changes
+
+        def killed(request: Any, **kw: Any) -> Any:
+            def boom() -> None:
+                raise KeyboardInterrupt("killed between the commit and the ledger record")
+
+            return real(request, **{**kw, "on_written": boom})
+
+        monkeypatch.setattr("pipeline_output.dagster_layer.io_manager.consume_changes", killed)
+        with pytest.raises(KeyboardInterrupt):
+            run_assets(defs, instance, ["customer_totals"])
+        log = get_runtime().ledger.consumed_log
+        assert len(log.history("customer_totals")) == 1  # the ledger is behind the commit
+        monkeypatch.setattr("pipeline_output.dagster_layer.io_manager.consume_changes", real)
+        retry = run_assets(defs, instance, ["customer_totals"])
+    meta = mat_meta(retry, "customer_totals")
+    assert meta["pipeline_output/changes_action"] == "noop"
+    assert meta["pipeline_output/changes_repaired"] is True
+    history = log.history("customer_totals")
+    assert len(history) == 2 and history[1].downstream_snapshot is not None
+    assert_same_multiset(_stored("customer_totals"), _recompute(_stored("orders")))
+
+
+def test_an_upstream_on_the_legacy_arm_is_refused_when_the_location_loads(env: str) -> None:
+    with pytest.raises(InvalidSpec, match=r"'customer_totals' reads the changes of 'orders'.*'pg'"):
+        _defs(upstream_mode="pg")
+
+
+def test_a_downstream_that_cannot_delete_keys_is_refused_at_load() -> None:
+    with pytest.raises(InvalidSpec, match=r"strategy 'append_always'"):
+
+        @dataset(primary_key="k", strategy="append_always", mode="iceberg")
+        def appended(orders: Changes) -> pl.DataFrame:
+            return orders.frame
+
+
+def _spec(defs: dg.Definitions, name: str) -> Any:
+    from pipeline_output.dagster_layer.dataset import spec_of
+
+    return spec_of(defs.resolve_assets_def(name))
+
+
+def _replace_strategy(spec: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(spec, strategy="replace")
+
+
+def test_an_eager_downstream_is_requested_when_the_upstream_commits(env: str) -> None:
+    SEEN.clear()
+
+    @dataset(primary_key="order_id", mode="iceberg")
+    def orders() -> pl.DataFrame:
+        return ORDERS["now"]
+
+    @dataset(
+        primary_key="customer",
+        strategy="sync",
+        mode="iceberg",
+        automation_condition=dg.AutomationCondition.eager(),
+    )
+    def customer_totals(orders: Changes) -> pl.DataFrame:
+        assert orders.current is not None
+        now = orders.current.join(orders.keys("customer").lazy(), on="customer", how="semi")
+        return orders.with_deletions(
+            now.group_by("customer").agg(pl.col("amount").sum().alias("total")), "customer"
+        )
+
+    defs = build_definitions(
+        datasets=[orders, customer_totals], with_maintenance=False, with_parity_checks=False
+    )
+    ORDERS["now"] = _orders([(1, "ann", 10)])
+    with dg.DagsterInstance.ephemeral() as instance:
+        run_assets(defs, instance, ["orders", "customer_totals"])
+        quiet = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        assert quiet.total_requested == 0
+        ORDERS["now"] = _orders([(1, "ann", 12)])
+        run_assets(defs, instance, ["orders"])  # the upstream commits a snapshot
+        ticked = dg.evaluate_automation_conditions(
+            defs=defs, instance=instance, cursor=quiet.cursor
+        )
+        assert ticked.get_requested_partitions(dg.AssetKey("customer_totals")) == {None}
+
+
+def test_a_downstream_keyed_by_two_columns_or_with_two_changes_inputs_is_refused_at_load() -> None:
+    with pytest.raises(InvalidSpec, match=r"primary key of one column"):
+
+        @dataset(primary_key=("k", "j"), strategy="sync", mode="iceberg")
+        def pairs(orders: Changes) -> pl.DataFrame:
+            return orders.frame
+
+    with pytest.raises(InvalidSpec, match=r"consumes the changes of one upstream"):
+
+        @dataset(primary_key="k", strategy="sync", mode="iceberg")
+        def both(orders: Changes, customers: Changes) -> pl.DataFrame:
+            return orders.frame
+
+
+def test_a_datasets_data_version_is_its_iceberg_snapshot(env: str) -> None:
+    defs = _defs()
+    ORDERS["now"] = _orders([(1, "ann", 10)])
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = run_assets(defs, instance, ["orders", "customer_totals"])
+        versions = {
+            e.asset_key.path[-1]: e.event_specific_data.materialization.tags.get(  # type: ignore[union-attr]
+                "dagster/data_version"
+            )
+            for e in result.get_asset_materialization_events()
+        }
+    runtime = get_runtime()
+    for name in ("orders", "customer_totals"):
+        snapshot = runtime.iceberg.load(name).current_snapshot()  # type: ignore[union-attr]
+        assert versions[name] == str(snapshot.snapshot_id)
