@@ -65,6 +65,11 @@ class SnapshotExpired(InvalidArgument, LookupError):
     answered), or a snapshot a lazy read was pinned to. Nothing was read or moved."""
 
 
+class ChangesExpired(SnapshotExpired):
+    """A read of a table's changes starts at a snapshot expiry removed: the change since it can no
+    longer be computed (the message names the table and the snapshot); read from scratch instead."""
+
+
 class UnknownMode(InvalidArgument):
     """A flip names a mode that does not exist."""
 
