@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
-from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntry
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry
 from pyiceberg.table import DataScan, FileScanTask, Table
 from pyiceberg.table.delete_file_index import DeleteFileIndex
 from pyiceberg.table.snapshots import Operation, Snapshot
@@ -72,6 +72,7 @@ CHANGE_TYPES = (INSERT, DELETE, UPDATE_BEFORE, UPDATE_AFTER)
 
 BATCH_ROWS = 100_000
 _POS = "__po_pos__"
+_PATH = "__po_path__"
 _AFTER = "__po_after__"
 _NTH = "__po_nth__"
 _ORDER = "__po_order__"
@@ -230,25 +231,46 @@ def _sides(
         d for d in new.deletes if d.data_file.file_path not in old_deletes
     ]
     kept = _touched(changed, old.data.keys() & new.data.keys())
-    before_rows: list[tuple[FileScanTask, pl.Series]] = []
-    after_rows: list[tuple[FileScanTask, pl.Series]] = []
-    for path in kept:
-        at_old, at_new = old.task(old.data[path]), new.task(new.data[path])
-        if {d.file_path for d in at_old.delete_files} == {d.file_path for d in at_new.delete_files}:
-            continue
-        gone_old = deleted_positions(table.io, at_old)
-        gone_new = deleted_positions(table.io, at_new)
-        bare = FileScanTask(new.data[path].data_file)
-        dropped = _minus(gone_new, gone_old)  # live at `from`, deleted by `to`
-        revived = _minus(gone_old, gone_new)  # deleted at `from`, live again at `to`
-        if len(dropped):
-            before_rows.append((bare, dropped))
-        if len(revived):
-            after_rows.append((bare, revived))
+    pairs = [(old.task(old.data[p]), new.task(new.data[p])) for p in kept]
+    pairs = [
+        (o, n)
+        for o, n in pairs
+        if {d.file_path for d in o.delete_files} != {d.file_path for d in n.delete_files}
+    ]
+    gone_old = _deleted(table, [o for o, _ in pairs])
+    gone_new = _deleted(table, [n for _, n in pairs])
+    on = [_PATH, _POS]
+    dropped = gone_new.join(gone_old, on=on, how="anti")  # live at `from`, deleted by `to`
+    revived = gone_old.join(gone_new, on=on, how="anti")  # deleted at `from`, live at `to`
+    bare = [FileScanTask(n.file) for _, n in pairs]
     return (
-        _read(table, before, before_rows, to_id=end.snapshot_id, target=target),
-        _read(table, after, after_rows, to_id=end.snapshot_id, target=target),
+        _read(table, before, bare, dropped, to_id=end.snapshot_id, target=target),
+        _read(table, after, bare, revived, to_id=end.snapshot_id, target=target),
     )
+
+
+def _deleted(table: Table, tasks: list[FileScanTask]) -> pl.DataFrame:
+    """(data file path, position) of every row the tasks' delete files delete: the file-scoped
+    Parquet delete files this project writes read in one scan, any other kind (another engine's
+    partition-scoped files, deletion vectors) file by file (`files.deleted_positions`)."""
+    own: set[str] = set()
+    parts = []
+    for task in tasks:
+        path = task.file.file_path
+        for d in task.delete_files:
+            if d.file_format == FileFormat.PARQUET and referenced_path(d) == path:
+                own.add(d.file_path)
+            else:
+                pos = deleted_positions(table.io, task, files=[d])
+                parts.append(pl.DataFrame({_PATH: [path] * len(pos), _POS: pos}))
+    if own:
+        read = pl.scan_parquet(sorted(own), storage_options=storage(table) or None)
+        parts.append(
+            read.select(pl.col("file_path").alias(_PATH), pl.col("pos").alias(_POS)).collect()
+        )
+    if not parts:
+        return pl.DataFrame(schema={_PATH: pl.String, _POS: pl.Int64})
+    return pl.concat([p.cast({_PATH: pl.String, _POS: pl.Int64}) for p in parts]).unique()
 
 
 def _touched(changed: list[ManifestEntry], kept: Iterable[str]) -> list[str]:
@@ -262,35 +284,44 @@ def _touched(changed: list[ManifestEntry], kept: Iterable[str]) -> list[str]:
     return sorted({r for r in referenced if r is not None} & kept)
 
 
-def _minus(left: pl.Series, right: pl.Series) -> pl.Series:
-    return left.filter(~left.is_in(right.implode())) if len(right) else left
-
-
 def _read(
     table: Table,
     tasks: list[FileScanTask],
-    rows: list[tuple[FileScanTask, pl.Series]],
+    bare: list[FileScanTask],
+    positions: pl.DataFrame,
     *,
     to_id: int,
     target: pl.Schema,
 ) -> pl.DataFrame:
-    """The live rows of `tasks` and the rows at the given positions of the `rows` files (their
-    deletes ignored), read under `target` (snapshot `to_id`'s schema) by polars' native scan."""
-    if not tasks and not rows:
-        return _empty(target)
+    """The live rows of `tasks` and the rows of the `bare` files (no delete applied) at
+    `positions` (data file path, position), read under `target` (snapshot `to_id`'s schema) by
+    polars' native scan: the `bare` files in one scan whose row index, less each file's offset
+    (the physical rows of the files before it), is the position in the file."""
     frames: list[pl.LazyFrame] = []
     if tasks:
         frames.append(_scan(table, tasks, to_id))
-    for task, positions in rows:
-        picked = pl.DataFrame({_POS: positions.cast(pl.UInt32)})
+    touched = set(positions.get_column(_PATH).unique()) if positions.height else set()
+    bare = [t for t in bare if t.file.file_path in touched]
+    if bare:
+        starts, offset = [], 0
+        for task in bare:
+            starts.append(offset)
+            offset += task.file.record_count
+        offsets = pl.DataFrame({_PATH: [t.file.file_path for t in bare], "__start": starts})
+        wanted = positions.join(offsets, on=_PATH).select(
+            (pl.col(_POS) + pl.col("__start")).cast(pl.UInt64).alias(_POS)
+        )
         frames.append(
-            _scan(table, [task], to_id)
+            _scan(table, bare, to_id)
             .with_row_index(_POS)
-            .join(picked.lazy(), on=_POS, how="semi")
+            .with_columns(pl.col(_POS).cast(pl.UInt64))
+            .join(wanted.lazy(), on=_POS, how="semi")
             .drop(_POS)
         )
+    if not frames:
+        return _empty(target)
     with quiet():
-        read = pl.concat(frames, how="vertical_relaxed").collect() if frames else _empty(target)
+        read = pl.concat(frames, how="vertical_relaxed").collect()
     return typed(read.select([c for c in target if c in read.columns]), target)
 
 
