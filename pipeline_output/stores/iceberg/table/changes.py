@@ -371,24 +371,45 @@ class _FixedScan(DataScan):
 
 
 def _net_by_key(before: pl.DataFrame, after: pl.DataFrame, pk: list[str]) -> pl.DataFrame:
-    """Per key: deleted, inserted, or updated (before and after rows) when a value differs."""
-    values = [c for c in before.columns if c not in pk]
-    deleted = before.join(after.select(pk), on=pk, how="anti", nulls_equal=True)
-    inserted = after.join(before.select(pk), on=pk, how="anti", nulls_equal=True)
-    renamed = after.rename({c: _AFTER + c for c in values})
-    both = before.join(renamed, on=pk, how="inner", nulls_equal=True).filter(
-        rows_differ(values, new_prefix=_AFTER)
+    """Per key: deleted, inserted, or updated (before and after rows) when a value differs. One
+    full join of the two sides (a copy-on-write rewrite's untouched rows meet and drop out)."""
+    cols = before.columns
+    values = [c for c in cols if c not in pk]
+    left, right = "__po_left__", "__po_right__"
+    joined = before.with_columns(pl.lit(True).alias(left)).join(
+        after.select(*[pl.col(c).alias(_AFTER + c) for c in cols], pl.lit(True).alias(right)),
+        left_on=pk,
+        right_on=[_AFTER + c for c in pk],
+        how="full",
+        nulls_equal=True,
     )
-    old = both.select(before.columns)
-    new = both.select(*pk, *[pl.col(_AFTER + c).alias(c) for c in values]).select(before.columns)
-    return pl.concat(
-        [
-            deleted.with_columns(pl.lit(DELETE).alias(CHANGE_TYPE)),
-            old.with_columns(pl.lit(UPDATE_BEFORE).alias(CHANGE_TYPE)),
-            new.with_columns(pl.lit(UPDATE_AFTER).alias(CHANGE_TYPE)),
-            inserted.with_columns(pl.lit(INSERT).alias(CHANGE_TYPE)),
-        ]
-    ).sort([*pk, pl.col(CHANGE_TYPE).replace_strict(_ORDER_OF, return_dtype=pl.Int8)])
+    at_from, at_to = pl.col(left).is_not_null(), pl.col(right).is_not_null()
+    joined = joined.filter(~at_from | ~at_to | rows_differ(values, new_prefix=_AFTER))
+    old = joined.select(*cols, at_from.alias(left), at_to.alias(right))
+    new = joined.select(
+        *[pl.col(_AFTER + c).alias(c) for c in cols], at_from.alias(left), at_to.alias(right)
+    )
+    kind = pl.col(left) & pl.col(right)
+    return (
+        pl.concat(
+            [
+                old.filter(pl.col(left)).with_columns(
+                    pl.when(kind)
+                    .then(pl.lit(UPDATE_BEFORE))
+                    .otherwise(pl.lit(DELETE))
+                    .alias(CHANGE_TYPE)
+                ),
+                new.filter(pl.col(right)).with_columns(
+                    pl.when(kind)
+                    .then(pl.lit(UPDATE_AFTER))
+                    .otherwise(pl.lit(INSERT))
+                    .alias(CHANGE_TYPE)
+                ),
+            ]
+        )
+        .drop(left, right)
+        .sort([*pk, pl.col(CHANGE_TYPE).replace_strict(_ORDER_OF, return_dtype=pl.Int8)])
+    )
 
 
 def _net_as_multisets(before: pl.DataFrame, after: pl.DataFrame) -> pl.DataFrame:
