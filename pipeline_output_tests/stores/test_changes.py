@@ -440,3 +440,16 @@ def test_any_pair_of_snapshots_after_random_writes_reads_as_the_oracle_differenc
             check(table, a, b, up.key)
 
     run()
+
+
+def test_the_to_snapshot_defaults_to_the_branch_head_and_a_missing_branch_is_refused(
+    h: Any,
+) -> None:
+    s1 = write(h, keyed("snapshot_replace"), customers(range(1, 5)))
+    h.store().write(keyed("snapshot_replace"), customers(range(1, 3), version=1), branch="audit")
+    table = h.table("up")
+    staged = read_changes(table, from_snapshot=s1, primary_key=KEY, branch="audit")
+    assert staged.counts["update_after"] == 2
+    assert read_changes(table, from_snapshot=s1, primary_key=KEY).frame.height == 0
+    with pytest.raises(ChangesUnsupported, match="no branch 'nope'"):
+        read_changes(table, from_snapshot=s1, primary_key=KEY, branch="nope")

@@ -107,6 +107,8 @@ def read_changes(
     metadata (expired): `ChangesExpired`, naming the table and the snapshot."""
     name = ".".join(table.name())
     to_id = to_snapshot if to_snapshot is not None else head(table, branch)
+    if to_id is None and table.metadata.snapshots:
+        raise ChangesUnsupported(f"table {name!r} has no branch {branch!r}")
     start = _snapshot(table, from_snapshot, name=name)
     end = _snapshot(table, to_id, name=name)
     target = target_schema(snapshot_schema(table, to_id))
