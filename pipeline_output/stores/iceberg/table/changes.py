@@ -337,7 +337,9 @@ def _scan(table: Table, tasks: list[FileScanTask], snapshot_id: int | None) -> p
 
 class _FixedTable(Table):
     """`table` whose scans plan exactly `tasks` (the files `_sides` chose), so polars' native
-    scan reads them with its own field-id mapping, defaults and positional deletes."""
+    scan reads them with its own field-id mapping, defaults and positional deletes. Relies on
+    polars planning through the table's own `scan` (pyiceberg's planner), as `scan_planning.planned`
+    does: polars' optional `polars_iceberg` planning plugin is not a dependency."""
 
     tasks: list[FileScanTask]
 
