@@ -70,6 +70,11 @@ class ChangesExpired(SnapshotExpired):
     longer be computed (the message names the table and the snapshot); read from scratch instead."""
 
 
+class ChangesUnsupported(TerminalError):
+    """A table's changes cannot be read as asked: a primary key not in its schema, or a delete
+    file kind the change feed does not read (equality deletes, which this project never writes)."""
+
+
 class UnknownMode(InvalidArgument):
     """A flip names a mode that does not exist."""
 

@@ -1,34 +1,64 @@
 """The change feed: what changed in a native table between two of its snapshots.
 
-Owns `read_changes`: the net change between the table as of `from_snapshot` (exclusive) and as
-of `to_snapshot` (inclusive), as rows tagged with a change type (`CHANGE_TYPE`), the `to`
-snapshot (`CHANGE_SNAPSHOT`) and its commit time (`CHANGE_COMMIT_TIME`).
+Owns `read_changes`: the **net** change between the table as of `from_snapshot` (exclusive; None
+is the empty table) and as of `to_snapshot` (inclusive; default the branch's head), as the rows of
+the table under `to_snapshot`'s schema tagged with a change type (`CHANGE_TYPE`: insert, delete,
+update_before, update_after), the `to` snapshot (`CHANGE_SNAPSHOT`) and its commit time
+(`CHANGE_COMMIT_TIME`). A state difference, not the intermediate versions: any pair of snapshots
+works, `to` need not descend from `from` (a rollback reads as the reverse change).
 
-This version is the simple one: both versions of the table are read whole (`native_scan`) and
-compared by key (`frame_rows.values_differ`, the merges' own definition of a changed row), or as
-multisets of whole rows for a table without a key. Correct for every kind of snapshot (a rewrite
-changes nothing, a rollback is the reverse change), not fast: its cost is two full reads.
+- Keyed (`primary_key`): per key, only at `to` → insert; only at `from` → delete; at both with a
+  value that differs (`frame_rows.values_differ`, the project's one definition) → update_before
+  (the `from` row) and update_after (the `to` row); equal → nothing.
+- Unkeyed: the multiset difference of rows (duplicates counted).
+
+Cost follows the change, not the table. The two snapshots' live files are diffed from their
+manifests (decoded by fastavro, `manifest_decoding`; a manifest in both lists is read once):
+
+- data files live only at `from` give their live rows (at `from`) to the `from` side, data files
+  live only at `to` give theirs (at `to`) to the `to` side;
+- a data file live at both whose positional deletes differ gives the rows deleted in between:
+  positions deleted at `to` but not at `from` to the `from` side, the reverse to the `to` side
+  (only that file's rows at those positions are kept);
+- every other row (files live at both with the same delete files) is unchanged and never read.
+
+Both sides are then netted by key (or as multisets): a copy-on-write rewrite puts a file's
+untouched rows on both sides, and they cancel. Files are read by polars' native Iceberg scan
+(`native_scan`: field ids, so renamed columns match, added ones read as null, dropped ones are not
+in `to`'s schema), planned here instead of by pyiceberg. A range made only of rewrite snapshots
+(operation `replace`: compaction, whose rows are the same by definition) is empty without reading
+a file. Equality delete files (the project never writes them) are refused (`ChangesUnsupported`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 
 import polars as pl
-from pyiceberg.table import Table
-from pyiceberg.table.refs import MAIN_BRANCH
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry
+from pyiceberg.table import DataScan, FileScanTask, Table
+from pyiceberg.table.delete_file_index import DeleteFileIndex
+from pyiceberg.table.snapshots import Operation, Snapshot
 
-from pipeline_output.errors import ChangesExpired
+from pipeline_output.errors import ChangesExpired, ChangesUnsupported
+from pipeline_output.stores.iceberg.snapshot.files import deleted_positions, referenced_path
+from pipeline_output.stores.iceberg.table.manifest_decoding import (
+    manifest_entries,
+    manifest_files,
+)
 from pipeline_output.stores.iceberg.table.native_scan import (
     quiet,
-    snapshot_scan,
     snapshot_schema,
+    storage,
     target_schema,
     typed,
 )
-from pipeline_output.stores.iceberg.table.tables import head
-from pipeline_output.stores.iceberg.write.frame_rows import values_differ
+from pipeline_output.stores.iceberg.table.scan_planning import built_from
+from pipeline_output.stores.iceberg.table.tables import ancestry, head
+from pipeline_output.stores.iceberg.write.frame_rows import rows_differ
 
 CHANGE_TYPE = "_change_type"
 CHANGE_SNAPSHOT = "_change_snapshot_id"
@@ -39,6 +69,14 @@ DELETE = "delete"
 UPDATE_BEFORE = "update_before"
 UPDATE_AFTER = "update_after"
 CHANGE_TYPES = (INSERT, DELETE, UPDATE_BEFORE, UPDATE_AFTER)
+
+BATCH_ROWS = 100_000
+_POS = "__po_pos__"
+_PATH = "__po_path__"
+_AFTER = "__po_after__"
+_NTH = "__po_nth__"
+_ORDER = "__po_order__"
+_ORDER_OF = {DELETE: 0, UPDATE_BEFORE: 1, UPDATE_AFTER: 2, INSERT: 3}
 
 
 @dataclass(frozen=True)
@@ -64,110 +102,28 @@ def read_changes(
     primary_key: Sequence[str] = (),
     branch: str = "main",
 ) -> ChangeSet:
-    """The net change of `table` from `from_snapshot` (exclusive) to `to_snapshot` (default: the
-    branch's head). Keyed (`primary_key`): per key an insert, a delete, or an update (its
-    `update_before` and `update_after` rows) when a column of the `to` schema differs; unkeyed:
-    the multiset difference of whole rows (inserts and deletes only). `ChangesExpired` when
-    `from_snapshot` is no longer in the table's metadata."""
-    name = ".".join(table.name()[1:]) or str(table.name())
-    if from_snapshot is not None and table.snapshot_by_id(from_snapshot) is None:
-        raise ChangesExpired(
-            f"table {name!r}: snapshot {from_snapshot} was expired; the changes since it can no "
-            "longer be read (read from scratch instead)"
-        )
-    to = to_snapshot if to_snapshot is not None else head(table, branch or MAIN_BRANCH)
-    if to is not None and table.snapshot_by_id(to) is None:
-        raise ChangesExpired(f"table {name!r}: snapshot {to} does not exist (expired?)")
-    target = target_schema(snapshot_schema(table, to))
-    new = _rows(table, to, target)
-    old = _rows(table, from_snapshot, target)
+    """The net change of `table` from `from_snapshot` (exclusive; None: from the empty table) to
+    `to_snapshot` (inclusive; default: `branch`'s head). A snapshot no longer in the table's
+    metadata (expired): `ChangesExpired`, naming the table and the snapshot."""
+    name = ".".join(table.name())
+    to_id = to_snapshot if to_snapshot is not None else head(table, branch)
+    if to_id is None and table.metadata.snapshots:
+        raise ChangesUnsupported(f"table {name!r} has no branch {branch!r}")
+    start = _snapshot(table, from_snapshot, name=name)
+    end = _snapshot(table, to_id, name=name)
+    target = target_schema(snapshot_schema(table, to_id))
     pk = list(primary_key)
-    parts = _keyed(old, new, pk) if pk else _unkeyed(old, new)
-    snap = table.snapshot_by_id(to) if to is not None else None
-    when = (
-        pl.lit(snap.timestamp_ms).cast(pl.Datetime("ms", "UTC")).cast(pl.Datetime("us", "UTC"))
-        if snap is not None
-        else pl.lit(None, dtype=pl.Datetime("us", "UTC"))
-    )
-    frame = (
-        pl.concat(parts, how="vertical")
-        .with_columns(
-            pl.lit(to, dtype=pl.Int64).alias(CHANGE_SNAPSHOT), when.alias(CHANGE_COMMIT_TIME)
+    missing = [c for c in pk if c not in target]
+    if missing:
+        raise ChangesUnsupported(
+            f"table {name!r}: primary key column(s) {missing} are not in its schema "
+            f"(columns: {list(target)})"
         )
-        .select([*target, CHANGE_TYPE, CHANGE_SNAPSHOT, CHANGE_COMMIT_TIME])
-    )
-    found = frame.get_column(CHANGE_TYPE).value_counts()
-    counts = {t: 0 for t in CHANGE_TYPES}
-    for kind, n in found.iter_rows():
-        counts[str(kind)] = int(n)
-    return ChangeSet(frame=frame, from_snapshot=from_snapshot, to_snapshot=to, counts=counts)
-
-
-def _rows(table: Table, snapshot_id: int | None, target: pl.Schema) -> pl.DataFrame:
-    """The table as of `snapshot_id` in the columns of `target` (a column it lacks: nulls)."""
-    if snapshot_id is None:
-        return pl.DataFrame(schema=target)
-    with quiet():
-        frame = snapshot_scan(table, snapshot_id).collect()
-    missing = [pl.lit(None, dtype=t).alias(c) for c, t in target.items() if c not in frame.columns]
-    return typed(frame.with_columns(missing).select(list(target)), target)
-
-
-def _tagged(frame: pl.DataFrame, kind: str) -> pl.DataFrame:
-    return frame.with_columns(pl.lit(kind).alias(CHANGE_TYPE))
-
-
-def _keyed(old: pl.DataFrame, new: pl.DataFrame, pk: list[str]) -> list[pl.DataFrame]:
-    values = [c for c in new.columns if c not in pk]
-    hit = "__po_changes_hit__"
-    inserted = new.join(old.select(pk), on=pk, how="anti", nulls_equal=True)
-    deleted = old.join(new.select(pk), on=pk, how="anti", nulls_equal=True)
-    both = new.join(
-        old.rename({c: f"{hit}{c}" for c in values}), on=pk, how="inner", nulls_equal=True
-    )
-    changed = pl.lit(False)
-    for c in values:
-        changed = changed | values_differ(pl.col(f"{hit}{c}"), pl.col(c))
-    moved = both.filter(changed)
-    after = moved.select(new.columns)
-    before = moved.select(
-        [*(pl.col(c) for c in pk), *(pl.col(f"{hit}{c}").alias(c) for c in values)]
-    ).select(new.columns)
-    pairs = pl.concat(
-        [_tagged(before, UPDATE_BEFORE), _tagged(after, UPDATE_AFTER)], how="vertical"
-    )
-    if pairs.height:  # each update's before row next to its after row
-        order = "__po_changes_order__"
-        n = before.height
-        pairs = (
-            pairs.with_columns(pl.Series(order, [*range(n), *range(n)]))
-            .sort(order, maintain_order=True)
-            .drop(order)
-        )
-    return [_tagged(inserted, INSERT), _tagged(deleted, DELETE), pairs]
-
-
-def _unkeyed(old: pl.DataFrame, new: pl.DataFrame) -> list[pl.DataFrame]:
-    """Multiset difference: a row held n times before and m times after is |m - n| inserts or
-    deletes (nulls and NaNs equal themselves, as in `values_differ`)."""
-    n = "__po_changes_n__"
-    cols = list(new.columns)
-    if not cols:
-        return [_tagged(new, INSERT)]
-    before = old.group_by(cols, maintain_order=True).agg(pl.len().alias(f"{n}o"))
-    after = new.group_by(cols, maintain_order=True).agg(pl.len().alias(n))
-    joined = after.join(before, on=cols, how="full", nulls_equal=True, coalesce=True).with_columns(
-        (pl.col(n).fill_null(0).cast(pl.Int64) - pl.col(f"{n}o").fill_null(0).cast(pl.Int64)).alias(
-            n
-        )
-    )
-    ins = joined.filter(pl.col(n) > 0)
-    dels = joined.filter(pl.col(n) < 0).with_columns(-pl.col(n))
-    out = []
-    for part, kind in ((ins, INSERT), (dels, DELETE)):
-        rep = part.select(pl.int_ranges(pl.col(n)).alias(f"{n}r"), *cols).explode(f"{n}r")
-        out.append(_tagged(rep.select(cols), kind))
-    return out
+    if end is None or from_snapshot == to_id or _only_rewrites(table, start, end):
+        return _change_set(_empty(target), target, from_snapshot, end)
+    before, after = _sides(table, start, end, target=target)
+    netted = _net_by_key(before, after, pk) if pk else _net_as_multisets(before, after)
+    return _change_set(netted, target, from_snapshot, end)
 
 
 def iter_change_batches(
@@ -178,7 +134,9 @@ def iter_change_batches(
     primary_key: Sequence[str] = (),
     branch: str = "main",
 ) -> Iterator[pl.DataFrame]:
-    """`read_changes`' frame in batches."""
+    """`read_changes`' frame in slices of at most `BATCH_ROWS` rows (an update's before and after
+    rows may fall in consecutive slices). The change is computed whole first: memory follows the
+    change's rows, not the table's."""
     changes = read_changes(
         table,
         from_snapshot=from_snapshot,
@@ -186,4 +144,320 @@ def iter_change_batches(
         primary_key=primary_key,
         branch=branch,
     )
-    yield from changes.frame.iter_slices()
+    yield from changes.frame.iter_slices(BATCH_ROWS)
+
+
+def _snapshot(table: Table, snapshot_id: int | None, *, name: str) -> Snapshot | None:
+    if snapshot_id is None:
+        return None
+    found = table.snapshot_by_id(snapshot_id)
+    if found is None:
+        raise ChangesExpired(
+            f"table {name!r}: snapshot {snapshot_id} is not in its metadata any more (expired, "
+            "or never one of its snapshots); its changes since then cannot be read"
+        )
+    return found
+
+
+def _only_rewrites(table: Table, start: Snapshot | None, end: Snapshot) -> bool:
+    """Whether one snapshot descends from the other through rewrite (`replace`) snapshots only:
+    the same rows at both ends, proven from the metadata alone."""
+    if start is None:
+        return False
+    for newer, older in ((end, start), (start, end)):
+        for snap in ancestry(table, newer.snapshot_id):
+            if snap.snapshot_id == older.snapshot_id:
+                return True
+            if snap.summary is None or snap.summary.operation != Operation.REPLACE:
+                break
+    return False
+
+
+@dataclass
+class _Live:
+    """A snapshot's live data files (path → manifest entry) and its delete files."""
+
+    data: dict[str, ManifestEntry] = field(default_factory=dict)
+    deletes: list[ManifestEntry] = field(default_factory=list)
+    _index: DeleteFileIndex | None = None
+
+    def delete_files(self, entry: ManifestEntry) -> set[DataFile]:
+        """The delete files that apply to the data file of `entry` at this snapshot."""
+        if self._index is None:
+            self._index = DeleteFileIndex()
+            for d in self.deletes:
+                self._index.add_delete_file(d, partition_key=d.data_file.partition)
+        return self._index.for_data_file(
+            entry.sequence_number or 0, entry.data_file, partition_key=entry.data_file.partition
+        )
+
+    def task(self, entry: ManifestEntry) -> FileScanTask:
+        return FileScanTask(entry.data_file, delete_files=self.delete_files(entry))
+
+
+def _live(table: Table, snapshot: Snapshot | None, cache: dict[str, list[ManifestEntry]]) -> _Live:
+    out = _Live()
+    if snapshot is None:
+        return out
+    for manifest in manifest_files(table.io, snapshot):
+        entries = cache.get(manifest.manifest_path)
+        if entries is None:
+            entries = cache[manifest.manifest_path] = manifest_entries(table.io, manifest)
+        for entry in entries:
+            content = entry.data_file.content
+            if content == DataFileContent.DATA:
+                out.data[entry.data_file.file_path] = entry
+            elif content == DataFileContent.POSITION_DELETES:
+                out.deletes.append(entry)
+            else:
+                raise ChangesUnsupported(
+                    f"table {'.'.join(table.name())!r}: snapshot {snapshot.snapshot_id} carries "
+                    f"an equality delete file ({entry.data_file.file_path}), which this project "
+                    "never writes and its change feed does not read"
+                )
+    return out
+
+
+def _sides(
+    table: Table, start: Snapshot | None, end: Snapshot, *, target: pl.Schema
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The rows live at `start` only (`from` side) and at `end` only (`to` side) of the files
+    that differ between them, under `target` (the `to` schema); unchanged files are not read."""
+    cache: dict[str, list[ManifestEntry]] = {}
+    old, new = _live(table, start, cache), _live(table, end, cache)
+    before = [old.task(e) for p, e in old.data.items() if p not in new.data]
+    after = [new.task(e) for p, e in new.data.items() if p not in old.data]
+    old_deletes = {d.data_file.file_path for d in old.deletes}
+    new_deletes = {d.data_file.file_path for d in new.deletes}
+    changed = [d for d in old.deletes if d.data_file.file_path not in new_deletes] + [
+        d for d in new.deletes if d.data_file.file_path not in old_deletes
+    ]
+    kept = _touched(changed, old.data.keys() & new.data.keys())
+    pairs = [(old.task(old.data[p]), new.task(new.data[p])) for p in kept]
+    pairs = [
+        (o, n)
+        for o, n in pairs
+        if {d.file_path for d in o.delete_files} != {d.file_path for d in n.delete_files}
+    ]
+    gone_old = _deleted(table, [o for o, _ in pairs])
+    gone_new = _deleted(table, [n for _, n in pairs])
+    on = [_PATH, _POS]
+    dropped = gone_new.join(gone_old, on=on, how="anti")  # live at `from`, deleted by `to`
+    revived = gone_old.join(gone_new, on=on, how="anti")  # deleted at `from`, live at `to`
+    bare = [FileScanTask(n.file) for _, n in pairs]
+    return (
+        _read(table, before, bare, dropped, to_id=end.snapshot_id, target=target),
+        _read(table, after, bare, revived, to_id=end.snapshot_id, target=target),
+    )
+
+
+def _deleted(table: Table, tasks: list[FileScanTask]) -> pl.DataFrame:
+    """(data file path, position) of every row the tasks' delete files delete: the file-scoped
+    Parquet delete files this project writes read in one scan, any other kind (another engine's
+    partition-scoped files, deletion vectors) file by file (`files.deleted_positions`)."""
+    own: set[str] = set()
+    parts = []
+    for task in tasks:
+        path = task.file.file_path
+        for d in task.delete_files:
+            if d.file_format == FileFormat.PARQUET and referenced_path(d) == path:
+                own.add(d.file_path)
+            else:
+                pos = deleted_positions(table.io, task, files=[d])
+                parts.append(pl.DataFrame({_PATH: [path] * len(pos), _POS: pos}))
+    if own:
+        read = pl.scan_parquet(sorted(own), storage_options=storage(table) or None)
+        parts.append(
+            read.select(pl.col("file_path").alias(_PATH), pl.col("pos").alias(_POS)).collect()
+        )
+    if not parts:
+        return pl.DataFrame(schema={_PATH: pl.String, _POS: pl.Int64})
+    return pl.concat([p.cast({_PATH: pl.String, _POS: pl.Int64}) for p in parts]).unique()
+
+
+def _touched(changed: list[ManifestEntry], kept: Iterable[str]) -> list[str]:
+    """The data files live at both ends that a delete file live at one end only may apply to."""
+    kept = set(kept)
+    if not changed:
+        return []
+    referenced = [referenced_path(d.data_file) for d in changed]
+    if any(r is None for r in referenced):  # a delete file of another engine's: any file
+        return sorted(kept)
+    return sorted({r for r in referenced if r is not None} & kept)
+
+
+def _read(
+    table: Table,
+    tasks: list[FileScanTask],
+    bare: list[FileScanTask],
+    positions: pl.DataFrame,
+    *,
+    to_id: int,
+    target: pl.Schema,
+) -> pl.DataFrame:
+    """The live rows of `tasks` and the rows of the `bare` files (no delete applied) at
+    `positions` (data file path, position), read under `target` (snapshot `to_id`'s schema) by
+    polars' native scan: the `bare` files in one scan whose row index, less each file's offset
+    (the physical rows of the files before it), is the position in the file."""
+    frames: list[pl.LazyFrame] = []
+    if tasks:
+        frames.append(_scan(table, tasks, to_id))
+    touched = set(positions.get_column(_PATH).unique()) if positions.height else set()
+    bare = [t for t in bare if t.file.file_path in touched]
+    if bare:
+        starts, offset = [], 0
+        for task in bare:
+            starts.append(offset)
+            offset += task.file.record_count
+        offsets = pl.DataFrame({_PATH: [t.file.file_path for t in bare], "__start": starts})
+        wanted = positions.join(offsets, on=_PATH).select(
+            (pl.col(_POS) + pl.col("__start")).cast(pl.UInt64).alias(_POS)
+        )
+        frames.append(
+            _scan(table, bare, to_id)
+            .with_row_index(_POS)
+            .with_columns(pl.col(_POS).cast(pl.UInt64))
+            .join(wanted.lazy(), on=_POS, how="semi")
+            .drop(_POS)
+        )
+    if not frames:
+        return _empty(target)
+    with quiet():
+        read = pl.concat(frames, how="vertical_relaxed").collect()
+    return typed(read.select([c for c in target if c in read.columns]), target)
+
+
+def _scan(table: Table, tasks: list[FileScanTask], snapshot_id: int | None) -> pl.LazyFrame:
+    return pl.scan_iceberg(
+        _FixedTable.of(table, tasks),
+        snapshot_id=snapshot_id,
+        storage_options=storage(table),
+    )
+
+
+class _FixedTable(Table):
+    """`table` whose scans plan exactly `tasks` (the files `_sides` chose), so polars' native
+    scan reads them with its own field-id mapping, defaults and positional deletes. Relies on
+    polars planning through the table's own `scan` (pyiceberg's planner), as `scan_planning.planned`
+    does: polars' optional `polars_iceberg` planning plugin is not a dependency."""
+
+    tasks: list[FileScanTask]
+
+    @classmethod
+    def of(cls, table: Table, tasks: list[FileScanTask]) -> _FixedTable:
+        out = cls(
+            identifier=table.name(),
+            metadata=table.metadata,
+            metadata_location=table.metadata_location,
+            io=table.io,
+            catalog=table.catalog,
+            config=table.config,
+        )
+        out.tasks = tasks
+        return out
+
+    def scan(self, *args: Any, **kwargs: Any) -> DataScan:
+        scan = built_from(super().scan(*args, **kwargs), _FixedScan)
+        scan.tasks = self.tasks
+        return scan
+
+
+class _FixedScan(DataScan):
+    tasks: list[FileScanTask]
+
+    def update(self, **overrides: Any) -> _FixedScan:
+        out = built_from(super().update(**overrides), _FixedScan)
+        out.tasks = self.tasks
+        return out
+
+    def plan_files(self) -> Iterable[FileScanTask]:
+        return list(self.tasks)
+
+
+def _net_by_key(before: pl.DataFrame, after: pl.DataFrame, pk: list[str]) -> pl.DataFrame:
+    """Per key: deleted, inserted, or updated (before and after rows) when a value differs. One
+    full join of the two sides (a copy-on-write rewrite's untouched rows meet and drop out)."""
+    cols = before.columns
+    values = [c for c in cols if c not in pk]
+    left, right = "__po_left__", "__po_right__"
+    joined = before.with_columns(pl.lit(True).alias(left)).join(
+        after.select(*[pl.col(c).alias(_AFTER + c) for c in cols], pl.lit(True).alias(right)),
+        left_on=pk,
+        right_on=[_AFTER + c for c in pk],
+        how="full",
+        nulls_equal=True,
+    )
+    at_from, at_to = pl.col(left).is_not_null(), pl.col(right).is_not_null()
+    joined = joined.filter(~at_from | ~at_to | rows_differ(values, new_prefix=_AFTER))
+    old = joined.select(*cols, at_from.alias(left), at_to.alias(right))
+    new = joined.select(
+        *[pl.col(_AFTER + c).alias(c) for c in cols], at_from.alias(left), at_to.alias(right)
+    )
+    kind = pl.col(left) & pl.col(right)
+    return (
+        pl.concat(
+            [
+                old.filter(pl.col(left)).with_columns(
+                    pl.when(kind)
+                    .then(pl.lit(UPDATE_BEFORE))
+                    .otherwise(pl.lit(DELETE))
+                    .alias(CHANGE_TYPE)
+                ),
+                new.filter(pl.col(right)).with_columns(
+                    pl.when(kind)
+                    .then(pl.lit(UPDATE_AFTER))
+                    .otherwise(pl.lit(INSERT))
+                    .alias(CHANGE_TYPE)
+                ),
+            ]
+        )
+        .drop(left, right)
+        .sort([*pk, pl.col(CHANGE_TYPE).replace_strict(_ORDER_OF, return_dtype=pl.Int8)])
+    )
+
+
+def _net_as_multisets(before: pl.DataFrame, after: pl.DataFrame) -> pl.DataFrame:
+    """Rows at `to` not matched at `from` (inserts) and the reverse (deletes), counting copies."""
+    cols = before.columns
+
+    def numbered(frame: pl.DataFrame) -> pl.DataFrame:
+        if not cols:
+            return frame
+        return frame.with_columns(pl.int_range(pl.len()).over(cols).alias(_NTH))
+
+    b, a = numbered(before), numbered(after)
+    on = [*cols, _NTH]
+    deleted = b.join(a, on=on, how="anti", nulls_equal=True).select(cols)
+    inserted = a.join(b, on=on, how="anti", nulls_equal=True).select(cols)
+    return pl.concat(
+        [
+            deleted.with_columns(pl.lit(DELETE).alias(CHANGE_TYPE)),
+            inserted.with_columns(pl.lit(INSERT).alias(CHANGE_TYPE)),
+        ]
+    )
+
+
+def _empty(target: pl.Schema) -> pl.DataFrame:
+    return pl.DataFrame(schema=target)
+
+
+def _change_set(
+    rows: pl.DataFrame, target: pl.Schema, from_snapshot: int | None, end: Snapshot | None
+) -> ChangeSet:
+    if CHANGE_TYPE not in rows.columns:
+        rows = rows.with_columns(pl.lit(None, dtype=pl.String).alias(CHANGE_TYPE))
+    committed = datetime.fromtimestamp(end.timestamp_ms / 1000, tz=UTC) if end is not None else None
+    frame = rows.select(
+        *target,
+        pl.col(CHANGE_TYPE).cast(pl.String),
+        pl.lit(end.snapshot_id if end is not None else None, dtype=pl.Int64).alias(CHANGE_SNAPSHOT),
+        pl.lit(committed, dtype=pl.Datetime("us", "UTC")).alias(CHANGE_COMMIT_TIME),
+    )
+    found = dict(frame.get_column(CHANGE_TYPE).value_counts().iter_rows())
+    counts = {kind: int(found.get(kind, 0)) for kind in CHANGE_TYPES}
+    return ChangeSet(
+        frame=frame,
+        from_snapshot=from_snapshot,
+        to_snapshot=end.snapshot_id if end is not None else None,
+        counts=counts,
+    )
