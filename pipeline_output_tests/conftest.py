@@ -25,6 +25,7 @@ from pipeline_output.infra import embedded_pg
 from pipeline_output.infra.settings import Settings, get_settings, to_sqlalchemy_url, with_database
 from pipeline_output_tests.seaweed import (  # noqa: F401  (the SeaweedFS fixture, see there)
     SeaweedFS,
+    rest_variant_marks,
     seaweedfs,
 )
 
@@ -108,12 +109,18 @@ def catalog_properties() -> dict[str, str]:
 @pytest.fixture
 def catalog_backend() -> str:
     """Which catalog `fresh_catalog` hands out: "sql" (the project's SQL catalog on the test
-    database, local files) or "rest" (SeaweedFS's Iceberg REST catalog over S3). A suite that runs
-    on both parametrises it (`pytest.mark.parametrize("catalog_backend", CATALOG_BACKENDS)`)."""
+    database, local files) or "rest" (SeaweedFS's Iceberg REST catalog over S3). A test marked
+    `both_catalogs` runs on both (`pytest_generate_tests` below)."""
     return "sql"
 
 
-CATALOG_BACKENDS = ("sql", "rest")
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked `both_catalogs` runs on the SQL catalog and on SeaweedFS's REST catalog over
+    S3 (`catalog_backend` "sql" / "rest"; the REST variant slow unless marked `rest_default`)."""
+    marked = metafunc.definition.get_closest_marker("both_catalogs")
+    if marked and "catalog_backend" in metafunc.fixturenames:  # a test without a catalog: once
+        rest = pytest.param("rest", id="rest", marks=rest_variant_marks(metafunc.definition))
+        metafunc.parametrize("catalog_backend", [pytest.param("sql", id="sql"), rest])
 
 
 @pytest.fixture

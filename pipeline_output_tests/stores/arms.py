@@ -202,9 +202,7 @@ def data_files_under(table: Any) -> list[str]:
     assert isinstance(table.io, PyArrowFileIO), type(table.io)
     fs = table.io.fs_by_scheme(scheme, netloc)
     infos = fs.get_file_info(FileSelector(path, recursive=True, allow_not_found=True))
-    return sorted(
-        i.path for i in infos if i.type == FileType.File and i.path.endswith(".parquet")
-    )
+    return sorted(i.path for i in infos if i.type == FileType.File and i.path.endswith(".parquet"))
 
 
 @dataclass

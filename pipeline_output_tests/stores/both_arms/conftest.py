@@ -17,13 +17,14 @@ from __future__ import annotations
 import pytest
 
 from pipeline_output_tests.iceberg_harness import Harness
+from pipeline_output_tests.seaweed import rest_variant_marks
 from pipeline_output_tests.stores.arms import ARMS, IcebergArm, PgArm, PgHarness
 
 
 def arm_variants(metafunc: pytest.Metafunc) -> list[object]:
     """`(arm, catalog_backend)` for each arm; the REST variant slow unless the test says
     `rest_default`."""
-    rest_marks = () if metafunc.definition.get_closest_marker("rest_default") else (pytest.mark.slow,)
+    rest_marks = rest_variant_marks(metafunc.definition)
     variants: list[object] = []
     for arm in ARMS:
         variants.append(pytest.param(arm, "sql", id=f"arm={arm}"))
