@@ -7,6 +7,7 @@ No mocks: every fixture hands out real servers, databases and catalogs, and remo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -18,10 +19,15 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 import pytest
 from psycopg import sql
+from pyiceberg.exceptions import NoSuchTableError
 
 from pipeline_output.infra import embedded_pg
 from pipeline_output.infra.settings import Settings, get_settings, to_sqlalchemy_url, with_database
-from pipeline_output_tests.seaweed import seaweedfs  # noqa: F401  (the SeaweedFS fixture, see there)
+from pipeline_output_tests.seaweed import (  # noqa: F401  (the SeaweedFS fixture, see there)
+    SeaweedFS,
+    rest_variant_marks,
+    seaweedfs,
+)
 
 if TYPE_CHECKING:
     from pipeline_output_tests.iceberg_harness import Harness
@@ -101,12 +107,38 @@ def catalog_properties() -> dict[str, str]:
 
 
 @pytest.fixture
+def catalog_backend() -> str:
+    """Which catalog `fresh_catalog` hands out: "sql" (the project's SQL catalog on the test
+    database, local files) or "rest" (SeaweedFS's Iceberg REST catalog over S3). A test marked
+    `both_catalogs` runs on both (`pytest_generate_tests` below)."""
+    return "sql"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked `both_catalogs` runs on the SQL catalog and on SeaweedFS's REST catalog over
+    S3 (`catalog_backend` "sql" / "rest"; the REST variant slow unless marked `rest_default`)."""
+    marked = metafunc.definition.get_closest_marker("both_catalogs")
+    if marked and "catalog_backend" in metafunc.fixturenames:  # a test without a catalog: once
+        rest = pytest.param("rest", id="rest", marks=rest_variant_marks(metafunc.definition))
+        metafunc.parametrize("catalog_backend", [pytest.param("sql", id="sql"), rest])
+
+
+@pytest.fixture
 def fresh_catalog(
-    pg_db_url: str, catalog_warehouse: str, catalog_properties: dict[str, str]
+    request: pytest.FixtureRequest,
+    catalog_backend: str,
+    pg_db_url: str,
+    catalog_warehouse: str,
+    catalog_properties: dict[str, str],
 ) -> Iterator[Callable[[], Any]]:
-    """Zero-arg factory of NEW SQL catalog handles on the test database (same properties): the
-    project's default `FlatSqlCatalog` (pyiceberg's SqlCatalog with parsed metadata kept per
-    file location), so every handle sees other handles' commits through the database."""
+    """Zero-arg factory of NEW catalog handles on one catalog (same properties), so every handle
+    sees other handles' commits. `catalog_backend` "sql": the project's default `FlatSqlCatalog`
+    (pyiceberg's SqlCatalog with parsed metadata kept per file location) on the test database;
+    "rest": a `RestCatalog` on the session's SeaweedFS, whose `datasets` namespace is emptied and
+    dropped after the test (the server is shared by the session)."""
+    if catalog_backend == "rest":
+        yield from rest_catalogs(request.getfixturevalue("seaweedfs"))
+        return
     from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
 
     handles: list[Any] = []
@@ -126,9 +158,23 @@ def fresh_catalog(
         handle.engine.dispose()
 
 
+def rest_catalogs(server: SeaweedFS, namespace: str = "datasets") -> Iterator[Callable[[], Any]]:
+    """`fresh_catalog` on SeaweedFS: new `RestCatalog` handles; after the test every table of
+    `namespace` is purged and the namespace dropped, so the next test starts empty."""
+    yield server.catalog
+    catalog = server.catalog()
+    if not catalog.namespace_exists(namespace):
+        return
+    for ident in catalog.list_tables(namespace):
+        with contextlib.suppress(NoSuchTableError):
+            catalog.purge_table(ident)
+    catalog.drop_namespace(namespace)
+
+
 @pytest.fixture
 def catalog(fresh_catalog: Callable[[], Any]) -> Any:
-    """A pyiceberg SQL catalog on the test database, namespace `datasets` created."""
+    """A catalog handle of `catalog_backend` (the SQL catalog on the test database by default),
+    namespace `datasets` created."""
     cat = fresh_catalog()
     cat.create_namespace("datasets")
     return cat

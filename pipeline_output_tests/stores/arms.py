@@ -27,7 +27,6 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, ClassVar
 
 import polars as pl
@@ -189,9 +188,21 @@ class IcebergArm:
         """Whether the table exists, its snapshot ids and the data files under its location."""
         if not self.iceberg.exists(spec):
             return (False, [], [])
-        location = Path(self.iceberg.table(spec).location().removeprefix("file://"))
-        files = sorted(str(p) for p in location.rglob("*.parquet"))
-        return (True, self.commits(spec), files)
+        return (True, self.commits(spec), data_files_under(self.iceberg.table(spec)))
+
+
+def data_files_under(table: Any) -> list[str]:
+    """The Parquet files under the table's location, listed through its FileIO's filesystem
+    (a local directory or an S3 prefix alike)."""
+    from pyarrow.fs import FileSelector, FileType
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    location = table.location()
+    scheme, netloc, path = PyArrowFileIO.parse_location(location)
+    assert isinstance(table.io, PyArrowFileIO), type(table.io)
+    fs = table.io.fs_by_scheme(scheme, netloc)
+    infos = fs.get_file_info(FileSelector(path, recursive=True, allow_not_found=True))
+    return sorted(i.path for i in infos if i.type == FileType.File and i.path.endswith(".parquet"))
 
 
 @dataclass

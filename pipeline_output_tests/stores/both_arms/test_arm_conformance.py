@@ -41,6 +41,7 @@ from pipeline_output_tests.stores.arms import (
 # --- first deploy, run twice ---------------------------------------------------------------------
 
 
+@pytest.mark.rest_default
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_first_deploy_replaces_and_identical_rerun_is_safe(h, arm, strategy):
     spec = spec_for(strategy)
@@ -83,6 +84,7 @@ def test_first_deploy_of_empty_compute_is_recorded(h):
 # --- re-deploy, run twice ------------------------------------------------------------------------
 
 
+@pytest.mark.rest_default
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_redeploy_matches_oracle_and_rerun_is_idempotent(h, strategy):
     spec = spec_for(strategy)
@@ -175,6 +177,7 @@ def test_composite_key_sync_and_append_new_match_oracle_and_rerun(h):
 # --- windows -------------------------------------------------------------------------------------
 
 
+@pytest.mark.rest_default
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_windowed_redeploy_matches_oracle_and_rerun(h, strategy):
     spec = spec_for(strategy, delta=True)
@@ -322,6 +325,7 @@ def test_nan_to_number_and_null_to_value_count_as_updates(h):
 # --- schema evolution ----------------------------------------------------------------------------
 
 
+@pytest.mark.rest_default
 def test_added_column_evolves_schema_in_the_same_commit(h, arm):
     spec = spec_for("snapshot_replace")
     h.write_and_check(spec, base())

@@ -46,6 +46,7 @@ def three_days(h: Any, spec: DatasetSpec) -> pl.DataFrame:
     return pl.concat(parts)
 
 
+@pytest.mark.rest_default
 @pytest.mark.parametrize("strategy", ["snapshot_replace", "sync"])
 def test_a_partition_becomes_exactly_the_computes_rows_with_every_change_counted(h, strategy):
     spec = DatasetSpec(name="daily", primary_key=("id",), strategy=strategy)  # type: ignore[arg-type]

