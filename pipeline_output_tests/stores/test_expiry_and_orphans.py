@@ -254,36 +254,6 @@ def test_local_deletes_run_in_batches_count_what_went_and_report_what_could_not(
     assert len(failed) == 1 and failed[0].startswith(str(undeletable))
 
 
-def test_deletions_delete_files_as_they_are_added_each_once_and_count_what_went(tmp_path: Path):
-    """Expiry deletes a block of removed files while the next is decoded (`Deletions`)."""
-    from pipeline_output.stores.iceberg.maintenance.orphans import Deletions
-
-    files = [tmp_path / f"f{i}.parquet" for i in range(600)]
-    for f in files:
-        f.write_bytes(b"x")
-    with Deletions({}, batch=100) as deletions:
-        deletions.add(str(f) for f in files[:300])
-        deletions.add([f"file://{f}" for f in files[250:]])  # 50 of them twice, as URIs
-        deletions.add([str(files[0]), str(tmp_path / "already-gone.parquet")])
-        deleted, failed = deletions.wait()
-    assert (deleted, failed) == (600, []) and not any(f.exists() for f in files)
-
-
-def test_expired_files_are_reported_block_by_block_as_they_are_decoded(h: Harness):
-    from pipeline_output.stores.iceberg.maintenance.expiry import expired_files
-    from pipeline_output.stores.iceberg.maintenance.orphans import ManifestReader
-
-    history(h)
-    table = h.table(SPEC)
-    snaps = sorted(table.snapshots(), key=lambda s: s.sequence_number)
-    gone = {s.snapshot_id for s in snaps[:-1]}
-    blocks: list[set[str]] = []
-    found = expired_files(ManifestReader(table.io), snaps, gone, found=blocks.append)
-    streamed = set().union(*blocks)
-    assert streamed and streamed <= found
-    assert {p for p in found if p.endswith(".parquet")} <= streamed  # every removed data file
-
-
 def test_expired_files_found_from_removals_are_the_ones_full_reachability_finds(h: Harness):
     """Expiry reads the tips' live entries and what each child of an expired snapshot removed,
     not every expired snapshot's entries: the same files, whichever snapshots expire."""

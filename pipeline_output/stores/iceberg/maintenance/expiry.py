@@ -47,7 +47,7 @@ from pipeline_output.errors import DatasetNotWritten, InvalidArgument
 from pipeline_output.infra.collector import paused
 from pipeline_output.infra.locks import AdvisoryLock, LockStats
 from pipeline_output.ledger.window_ledger import WindowLedger
-from pipeline_output.stores.iceberg.maintenance.orphans import Deletions, ManifestReader
+from pipeline_output.stores.iceberg.maintenance.orphans import ManifestReader, delete_paths
 from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction, upgrade_properties
 from pipeline_output.stores.iceberg.table.snapshot_log import TRAVEL_FROM, expiry_boundary, stamp
 from pipeline_output.stores.iceberg.table.tables import DEFAULT_LOCK, PROPERTY_PREFIX
@@ -216,23 +216,17 @@ def _expire(
             _commit(before, plan, stats.verify)
     gone = set(plan.expire)
     reader = ManifestReader(before.io)
-    deleted = 0
+    doomed: set[str] = set()
     if gone:
         remaining = [s for s in snapshots if s.snapshot_id not in gone]
         if not dry_run:  # the table now (commits after ours reference only live files)
             now = store.tables.load(spec)
             remaining = list(now.metadata.snapshots) if now is not None else remaining
         kept = reader.files_of(remaining)
-        if dry_run:
-            deleted = len(expired_files(reader, snapshots, gone) - kept)
-        else:
-            with Deletions(before.io.properties) as deletions:
-
-                def delete(paths: set[str]) -> None:  # as they are decoded, a block at a time
-                    deletions.add(reader.locations[p] for p in paths - kept)
-
-                delete(expired_files(reader, snapshots, gone, found=delete))
-                deleted = deletions.wait()[0]  # best effort: what stays is an orphan
+        doomed = expired_files(reader, snapshots, gone) - kept
+    deleted = len(doomed)
+    if doomed and not dry_run:
+        deleted = delete_paths(before.io, (reader.locations[p] for p in doomed))
     return ExpiryResult(
         dataset=spec.name,
         table=store.tables.table_name(spec),
@@ -245,13 +239,7 @@ def _expire(
     )
 
 
-def expired_files(
-    reader: ManifestReader,
-    snapshots: list[Snapshot],
-    gone: set[int],
-    *,
-    found: Callable[[set[str]], None] | None = None,
-) -> set[str]:
+def expired_files(reader: ManifestReader, snapshots: list[Snapshot], gone: set[int]) -> set[str]:
     """The files the expired snapshots (`gone`, among `snapshots`) referenced that may be
     referenced by none of the others (normalized): their manifest lists and manifests, and of
     their data and delete files only those that can have left the table since.
@@ -263,8 +251,7 @@ def expired_files(
     compaction of 20,000 small files that is its 20,000 removed entries, not the ~40,000
     entries the appends before it listed. A removal another writer did not record as a DELETED
     entry leaves its file behind: an orphan for `remove_orphans`, never a file deleted while
-    referenced (the caller subtracts everything the remaining snapshots reference). `found` is
-    called with the removed files as each block of them is decoded (`removed_by`)."""
+    referenced (the caller subtracts everything the remaining snapshots reference)."""
     by_id = {s.snapshot_id: s for s in snapshots}
     expired = [s for s in snapshots if s.snapshot_id in gone]
     parents = {s.parent_snapshot_id for s in snapshots}
@@ -273,7 +260,7 @@ def expired_files(
     for snapshot in snapshots:
         parent = snapshot.parent_snapshot_id
         if parent in gone and parent in by_id:
-            out |= reader.removed_by(snapshot, found=found)
+            out |= reader.removed_by(snapshot)
     return out
 
 

@@ -37,10 +37,7 @@ from pyiceberg.table.snapshots import Snapshot
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.infra.collector import paused
 from pipeline_output.stores.iceberg.snapshot.commit import DEFAULT_WAIT_S, quiesced
-from pipeline_output.stores.iceberg.table.manifest_decoding import (
-    entry_path_blocks,
-    manifest_files,
-)
+from pipeline_output.stores.iceberg.table.manifest_decoding import entry_paths, manifest_files
 from pipeline_output.stores.iceberg.table.tables import READ_THREADS
 
 if TYPE_CHECKING:
@@ -81,9 +78,6 @@ class Orphan:
     io_properties: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
 
-_OnBlock = Callable[[list[tuple[int, int | None, str]]], None]
-
-
 class ManifestReader:
     """Reads each manifest list and each manifest's entries once (a manifest is shared by many
     snapshots), with the path-only decoder (`manifest_decoding.entry_paths`). A manifest is not
@@ -104,25 +98,23 @@ class ManifestReader:
             out.update(p for status, _, p in self._entries[manifest.manifest_path] if status != 2)
         return out
 
-    def removed_by(
-        self, snapshot: Snapshot, *, found: Callable[[set[str]], None] | None = None
-    ) -> set[str]:
+    def removed_by(self, snapshot: Snapshot) -> set[str]:
         """The data and delete files `snapshot` removed (normalized): the entries it marked
-        DELETED in the manifests it added. Each was live in its parent. `found` is called with
-        them a decoded block at a time, as they are read (a manifest read before: not at all)."""
+        DELETED in the manifests it added. Each was live in its parent."""
         own = [
             m
             for m in self._manifests(snapshot) or []
             if m.added_snapshot_id == snapshot.snapshot_id
             and (m.deleted_files_count is None or m.deleted_files_count > 0)
         ]
+        self._load(own)
         sid = snapshot.snapshot_id
-
-        def removed(entries: Iterable[tuple[int, int | None, str]]) -> set[str]:
-            return {p for status, by, p in entries if status == 2 and by == sid}
-
-        self._load(own, on_block=None if found is None else lambda block: found(removed(block)))
-        return {p for m in own for p in removed(self._entries[m.manifest_path])}
+        return {
+            p
+            for m in own
+            for status, by, p in self._entries[m.manifest_path]
+            if status == 2 and by == sid
+        }
 
     def metadata_of(self, snapshots: Iterable[Snapshot]) -> tuple[set[str], list[ManifestFile]]:
         """The manifest lists and manifests of `snapshots` (normalized), and those manifests."""
@@ -135,17 +127,13 @@ class ManifestReader:
         out.update(self._seen(path) for path in manifests)
         return out, list(manifests.values())
 
-    def _load(self, manifests: list[ManifestFile], *, on_block: _OnBlock | None = None) -> None:
+    def _load(self, manifests: list[ManifestFile]) -> None:
         todo = [m for m in manifests if m.manifest_path not in self._entries]
-
-        def read_one(manifest: ManifestFile) -> list[tuple[int, int | None, str]]:
-            return self._read(manifest, on_block)
-
         if len(todo) > 1 and not all(m.manifest_path.startswith(_LOCAL) for m in todo):
             with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(todo))) as pool:
-                read = list(pool.map(read_one, todo))  # object stores: fetch in parallel
+                read = list(pool.map(self._read, todo))  # object stores: fetch in parallel
         else:
-            read = [read_one(m) for m in todo]  # decoding holds the GIL: threads gain nothing
+            read = [self._read(m) for m in todo]  # decoding holds the GIL: threads gain nothing
         for manifest, entries in zip(todo, read, strict=True):
             self._entries[manifest.manifest_path] = entries
 
@@ -159,19 +147,12 @@ class ManifestReader:
             self._lists[snapshot.manifest_list] = found
         return self._lists[snapshot.manifest_list]
 
-    def _read(
-        self, manifest: ManifestFile, on_block: _OnBlock | None
-    ) -> list[tuple[int, int | None, str]]:
-        out: list[tuple[int, int | None, str]] = []
+    def _read(self, manifest: ManifestFile) -> list[tuple[int, int | None, str]]:
         try:
-            for block in entry_path_blocks(self.io, manifest):
-                seen = [(status, by, self._seen(path)) for status, by, path in block]
-                if on_block is not None:
-                    on_block(seen)
-                out.extend(seen)
+            entries = entry_paths(self.io, manifest)
         except (OSError, ValueError):
             return []
-        return out
+        return [(status, by, self._seen(path)) for status, by, path in entries]
 
     def _seen(self, location: str) -> str:
         key = norm(location)
@@ -411,23 +392,6 @@ def delete_files(locations: Iterable[str], properties: Mapping[str, str]) -> tup
     already needs), configured from the FileIO's `s3.*` properties; without boto3, or when the
     request itself fails, one delete per key through the table's pyarrow filesystem. Other
     stores: one delete per file through the pyarrow filesystem."""
-    jobs = _delete_jobs(list(locations), _Deleter(properties), parts=READ_THREADS * 4)
-    if not jobs:
-        return 0, []
-    if len(jobs) == 1:
-        results = [jobs[0][0](jobs[0][1])]
-    else:
-        with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(jobs))) as pool:
-            results = list(pool.map(lambda job: job[0](job[1]), jobs))
-    return sum(n for n, _ in results), [line for _, lines in results for line in lines]
-
-
-_Job = tuple[Callable[[list[str]], tuple[int, list[str]]], list[str]]
-
-
-def _delete_jobs(locations: list[str], deleter: _Deleter, *, parts: int) -> list[_Job]:
-    """`locations` as delete tasks: local files in about `parts` batches, S3 keys by bucket in
-    multi-object deletes, other stores in batches of single deletes."""
     local: list[str] = []
     s3: dict[str, list[str]] = {}
     other: list[str] = []
@@ -443,59 +407,23 @@ def _delete_jobs(locations: list[str], deleter: _Deleter, *, parts: int) -> list
             s3.setdefault(parsed.netloc, []).append(location)
         else:
             other.append(location)
-    jobs: list[_Job] = [(_remove_local, batch) for batch in _batches(local, parts)]
+    deleter = _Deleter(properties)
+    jobs: list[tuple[Callable[[list[str]], tuple[int, list[str]]], list[str]]] = []
+    jobs += [(_remove_local, batch) for batch in _batches(local, READ_THREADS * 4)]
     for keys in s3.values():
         jobs += [
             (deleter.s3_batch, keys[i : i + DELETE_BATCH])
             for i in range(0, len(keys), DELETE_BATCH)
         ]
-    jobs += [(deleter.one_by_one, batch) for batch in _batches(other, parts)]
-    return jobs
-
-
-class Deletions:
-    """Deletes files while the caller is still finding them (`delete_files`' tasks on a pool of
-    `READ_THREADS`: deletes release the GIL, so they overlap the decoding that finds them).
-    `add` takes locations as the table references them (each deleted once); `wait` returns
-    (how many were deleted, what could not be)."""
-
-    def __init__(self, properties: Mapping[str, str], *, batch: int = 256) -> None:
-        self._deleter = _Deleter(properties)
-        self._pool = ThreadPoolExecutor(max_workers=READ_THREADS)
-        self._pending: list[str] = []
-        self._added: set[str] = set()
-        self._futures: list[Any] = []
-        self._batch = batch
-        self._lock = threading.Lock()
-
-    def add(self, locations: Iterable[str]) -> None:
-        with self._lock:
-            for location in locations:
-                if location not in self._added:
-                    self._added.add(location)
-                    self._pending.append(location)
-            if len(self._pending) >= self._batch:
-                self._flush()
-
-    def _flush(self) -> None:
-        for fn, batch in _delete_jobs(self._pending, self._deleter, parts=1):
-            self._futures.append(self._pool.submit(fn, batch))
-        self._pending = []
-
-    def wait(self) -> tuple[int, list[str]]:
-        with self._lock:
-            self._flush()
-        try:
-            results = [f.result() for f in self._futures]
-        finally:
-            self._pool.shutdown()
-        return sum(n for n, _ in results), [line for _, lines in results for line in lines]
-
-    def __enter__(self) -> Deletions:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._pool.shutdown()
+    jobs += [(deleter.one_by_one, batch) for batch in _batches(other, READ_THREADS * 4)]
+    if not jobs:
+        return 0, []
+    if len(jobs) == 1:
+        results = [jobs[0][0](jobs[0][1])]
+    else:
+        with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(jobs))) as pool:
+            results = list(pool.map(lambda job: job[0](job[1]), jobs))
+    return sum(n for n, _ in results), [line for _, lines in results for line in lines]
 
 
 def _batches(items: list[str], parts: int) -> list[list[str]]:

@@ -37,7 +37,7 @@ import io
 import json
 import os
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from threading import Lock
@@ -117,17 +117,9 @@ def live_paths(file_io: Any, manifest: ManifestFile) -> list[str]:
 def entry_paths(file_io: Any, manifest: ManifestFile) -> list[tuple[int, int | None, str]]:
     """(status, snapshot id, file path) of each entry of the manifest, in order, the snapshot id
     inherited from the manifest when the entry has none: what reachability (snapshot expiry,
-    orphan removal) needs of it (`entry_path_blocks`, all blocks)."""
-    return [entry for block in entry_path_blocks(file_io, manifest) for entry in block]
-
-
-def entry_path_blocks(
-    file_io: Any, manifest: ManifestFile
-) -> Iterator[list[tuple[int, int | None, str]]]:
-    """`entry_paths` one Avro block at a time (a caller can act on a block — delete its files —
-    while the next is decoded). fastavro decodes each entry against a reader schema projected
-    to the three fields, skipping the rest of the entry (partition, counts, bounds) undecoded;
-    a layout it cannot project is decoded by pyiceberg (one block)."""
+    orphan removal) needs of it. fastavro decodes each entry against a reader schema projected
+    to these three fields, skipping the rest of the entry (partition, counts, bounds) undecoded;
+    a layout it cannot project is decoded by pyiceberg."""
     with file_io.new_input(manifest.manifest_path).open() as stream:
         data = stream.read()
     writer = fastavro.reader(io.BytesIO(data))
@@ -145,16 +137,14 @@ def entry_path_blocks(
     inherited = manifest.added_snapshot_id
     if projected is None:
         entries = manifest.fetch_manifest_entry(file_io, discard_deleted=False)
-        yield [(int(e.status), e.snapshot_id, e.data_file.file_path) for e in entries]
-        return
+        return [(int(e.status), e.snapshot_id, e.data_file.file_path) for e in entries]
     status, snapshot, data_file, path = projected["names"]
-    blocks: Any = fastavro.block_reader(io.BytesIO(data), reader_schema=projected["schema"])
-    for block in blocks:
-        out = []
-        for record in block:
-            own = record.get(snapshot) if snapshot else None
-            out.append((record[status], inherited if own is None else own, record[data_file][path]))
-        yield out
+    records: Any = fastavro.reader(io.BytesIO(data), reader_schema=projected["schema"])
+    out = []
+    for record in records:
+        own = record.get(snapshot) if snapshot else None
+        out.append((record[status], inherited if own is None else own, record[data_file][path]))
+    return out
 
 
 _PATHS: dict[str, dict[str, Any] | None] = {}
