@@ -12,9 +12,9 @@ serve with them) and what `build_definitions` takes: where the datasets live (`n
 `{env: NAME}` — a `dg.EnvVar` read when a run needs it, and never shown in the UI), the executor,
 the sensors' interval, the parity checks, and table maintenance (the `maintenance` options,
 `maintenance_schedule_cron`/`_running`, `maintenance_sensor_running`/`_interval_seconds`,
-`health_thresholds`), and `asset_options`: Dagster's own
-asset options (`asset_params.AssetOptions`: `group`, `pool`, …) for every dataset, model node and
-source of the modules that does not set them.
+`health_thresholds`), and `asset_options`: Dagster's own asset options
+(`asset_params.AssetOptions`: `group`, `pool`, …) for every dataset, model node and source of the
+modules that does not set them.
 
 Attributes given in `defs.yaml` win over environment variables (`namespace:` over
 `PIPELINE_OUTPUT_NAMESPACE`, …). One Component per project: it owns the location's IO manager,
