@@ -7,7 +7,6 @@ processes in `test_compaction_concurrency.py`.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import polars as pl
@@ -112,41 +111,6 @@ def test_compaction_packs_bins_up_to_the_target_size_and_leaves_few_files_alone(
     assert result.bins == result.files_added == 3  # three files per bin
     assert_same_multiset(h.contents(spec), expected)
     assert len(data_files(h, spec)) == 3
-
-
-def test_partition_bins_read_one_group_ahead_of_the_writes_keep_every_row_in_its_partition(
-    h: Harness, monkeypatch: pytest.MonkeyPatch
-):
-    from pipeline_output.stores.iceberg.maintenance import compaction
-
-    monkeypatch.setattr(compaction, "READ_GROUP_BYTES", 1)  # a group per bin: 4 groups
-    reads: list[int] = []
-    read_bins = compaction._read_bins
-
-    def counted(table: Any, bins: Any, spec: Any) -> pl.DataFrame:
-        reads.append(len(bins))
-        assert threading.current_thread() is not threading.main_thread()  # beside the writes
-        return read_bins(table, bins, spec)
-
-    monkeypatch.setattr(compaction, "_read_bins", counted)
-    spec = windowed(partition_by=("region",))
-    expected = []
-    for w in range(5):  # 5 files a partition: each a bin
-        frame = pl.concat(
-            [
-                rows(range(w * 40 + r * 10 + 1, w * 40 + r * 10 + 11), region=g)
-                for r, g in enumerate(("eu", "us", "ap", "sa"))
-            ]
-        )
-        h.store().write(spec, frame, window=Window(low=w * 40, high=(w + 1) * 40))
-        expected.append(frame)
-
-    result = h.store().compact(spec)
-
-    assert (result.files_rewritten, result.files_added, reads) == (20, 4, [1, 1, 1, 1])
-    assert_same_multiset(h.contents(spec), pl.concat(expected))
-    for f in data_files(h, spec):
-        assert read_file(f)["region"].unique().to_list() == [f.partition[0]]
 
 
 def test_compaction_never_mixes_partitions(h: Harness):

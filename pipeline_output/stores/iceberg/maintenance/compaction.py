@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -250,7 +249,8 @@ def _rewrite(
         handed = False
         try:
             rows = done = 0
-            for group, frame in read_ahead(table, read_groups(table, plan.bins), spec):
+            for group in read_groups(table, plan.bins):
+                frame = _read_bins(table, group, spec)
                 rows += frame.height
                 added.extend(writer.write(frame))  # a file per partition: per bin
                 done += len(group)
@@ -363,25 +363,6 @@ def read_groups(table: Table, bins: list[Bin]) -> list[list[Bin]]:
         size += bin_.bytes
         seen.add(key)
     return groups
-
-
-def read_ahead(
-    table: Table, groups: list[list[Bin]], spec: DatasetSpec
-) -> Iterator[tuple[list[Bin], pl.DataFrame]]:
-    """Each group with its rows (`_read_bins`), the next group read in a thread while the
-    caller writes this one (polars reads and pyarrow writes outside the GIL): at most two
-    groups' rows in memory, each bounded by `READ_GROUP_BYTES` of input files (or one bin)."""
-    if len(groups) < 2:
-        yield from ((group, _read_bins(table, group, spec)) for group in groups)
-        return
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(_read_bins, table, groups[0], spec)
-        for i, group in enumerate(groups):
-            frame = pending.result()
-            if i + 1 < len(groups):
-                pending = pool.submit(_read_bins, table, groups[i + 1], spec)
-            yield group, frame
-            del frame
 
 
 def _read_bins(table: Table, bins: list[Bin], spec: DatasetSpec) -> pl.DataFrame:
