@@ -31,6 +31,10 @@ from pipeline_output.dagster_layer.maintenance_job import (
     DEFAULT_CRON,
     build_maintenance_job,
     maintenance_schedule,
+    maintenance_sensor,
+)
+from pipeline_output.dagster_layer.maintenance_job import (
+    DEFAULT_SENSOR_INTERVAL_S as DEFAULT_MAINTENANCE_SENSOR_INTERVAL_S,
 )
 from pipeline_output.dagster_layer.resource import (
     RESOURCE_KEY,
@@ -70,6 +74,8 @@ def build_definitions(
     maintenance: MaintenanceOptions | None = None,
     maintenance_schedule_cron: str = DEFAULT_CRON,
     maintenance_schedule_running: bool = False,
+    maintenance_sensor_running: bool = False,
+    maintenance_sensor_interval_seconds: int = DEFAULT_MAINTENANCE_SENSOR_INTERVAL_S,
     health_thresholds: HealthThresholds | None = None,
 ) -> dg.Definitions:
     """Definitions for pipeline-output datasets and their sources.
@@ -91,7 +97,10 @@ def build_definitions(
     With `with_maintenance` (default), every dataset gets a `table_health` check (warns past
     `health_thresholds`), the location gets the `table_maintenance` job (defaults from
     `maintenance`), its schedule `table_maintenance_schedule` (`maintenance_schedule_cron`,
-    stopped unless `maintenance_schedule_running`) and the `table_health` job (every check).
+    stopped unless `maintenance_schedule_running`), the `table_health` job (every check) and the
+    opt-in `table_maintenance_sensor` (stopped unless `maintenance_sensor_running`; every
+    `maintenance_sensor_interval_seconds` it launches the job for each table past its
+    `health_thresholds` on small files, delete files or snapshots).
     `table_health` runs in that job, after each maintenance run (reported by the maintenance op)
     and with materialisations of the dataset, but not in window runs (it reads every manifest).
 
@@ -208,6 +217,17 @@ def build_definitions(
         all_schedules.append(
             maintenance_schedule(
                 job, cron=maintenance_schedule_cron, running=maintenance_schedule_running
+            )
+        )
+        all_sensors.append(
+            maintenance_sensor(
+                job,
+                [s for s, _ in maintained],
+                thresholds=thresholds,
+                options=maintenance or MaintenanceOptions(),
+                resource=resource,
+                minimum_interval_seconds=maintenance_sensor_interval_seconds,
+                running=maintenance_sensor_running,
             )
         )
     for asset in datasets:

@@ -11,9 +11,10 @@ serve with them) and what `build_definitions` takes: where the datasets live (`n
 `PipelineOutputResource`: values, `{{ env.NAME }}` templates resolved when the location loads, or
 `{env: NAME}` — a `dg.EnvVar` read when a run needs it, and never shown in the UI), the executor,
 the sensors' interval, the parity checks, and table maintenance (the `maintenance` options,
-`maintenance_schedule_cron`/`_running`, `health_thresholds`), and `asset_options`: Dagster's own
-asset options (`asset_params.AssetOptions`: `group`, `pool`, …) for every dataset, model node and
-source of the modules that does not set them.
+`maintenance_schedule_cron`/`_running`, `maintenance_sensor_running`/`_interval_seconds`,
+`health_thresholds`), and `asset_options`: Dagster's own asset options
+(`asset_params.AssetOptions`: `group`, `pool`, …) for every dataset, model node and source of the
+modules that does not set them.
 
 Attributes given in `defs.yaml` win over environment variables (`namespace:` over
 `PIPELINE_OUTPUT_NAMESPACE`, …). One Component per project: it owns the location's IO manager,
@@ -112,6 +113,7 @@ attributes:
   # executor: in_process
   # maintenance_schedule_cron: "0 3 * * *"
   # maintenance_schedule_running: false
+  # maintenance_sensor_running: false  # maintenance of tables past their health thresholds
   # health_thresholds:
   #   max_snapshots: 500
 """
@@ -206,6 +208,8 @@ class PipelineOutputComponent(dg.Component, dg.Model, dg.Resolvable):
     maintenance: MaintenanceAttributes | None = None
     maintenance_schedule_cron: str = "0 3 * * *"
     maintenance_schedule_running: bool = False
+    maintenance_sensor_running: bool = False
+    maintenance_sensor_interval_seconds: int = 600
     health_thresholds: HealthAttributes | None = None
     asset_options: AssetOptions | None = Field(
         default=None,
@@ -269,6 +273,8 @@ _PASSED_AS_THEY_ARE = {
     "with_maintenance",
     "maintenance_schedule_cron",
     "maintenance_schedule_running",
+    "maintenance_sensor_running",
+    "maintenance_sensor_interval_seconds",
 }
 
 

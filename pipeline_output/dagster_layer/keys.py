@@ -9,5 +9,6 @@ DELTA_INPUT_KEY = "pipeline_output/delta_input"
 AUDIT_OVERRIDE_KEY = "pipeline_output/audit_override"
 MAINTENANCE_JOB = "table_maintenance"  # compaction, snapshot expiry, orphan removal
 MAINTENANCE_SCHEDULE = "table_maintenance_schedule"
+MAINTENANCE_SENSOR = "table_maintenance_sensor"  # opt-in: maintenance past the health thresholds
 HEALTH_JOB = "table_health"  # runs every dataset's `table_health` check
 HEALTH_CHECK = "table_health"

@@ -1,4 +1,5 @@
-"""The `table_maintenance` job and its schedule, built by `build_definitions` for a code location.
+"""The `table_maintenance` job, its schedule and its health sensor, built by `build_definitions`
+for a code location.
 
 One op, `maintain_tables`, runs the core's maintenance (`pipeline_output/services/maintenance.py`:
 stale audit branches, compaction, snapshot expiry, orphan removal) over the location's datasets
@@ -9,6 +10,13 @@ maintenance, with the values before) and its `table_health` check evaluation. Ru
 plus `datasets` and `dry_run`) picks datasets and operations; its defaults come from
 `build_definitions(maintenance=...)`. A dataset whose maintenance fails does not stop the others;
 the run fails at the end, naming them.
+
+The opt-in sensor (`table_maintenance_sensor`, stopped unless turned on) launches the job for
+each table past one of its `table_health` thresholds on small files, delete files or snapshots
+(metadata bytes grow with those; alone they launch nothing) between scheduled runs: one run per table, keyed by the table's current snapshot (a table
+maintenance could not fix is not maintained again until it changes), none while a run for it is
+queued or in progress. It reads the cheap counts of the current snapshot first and measures the
+full health only of tables whose counts could be past a threshold.
 """
 
 from collections.abc import Sequence
@@ -21,13 +29,27 @@ from pydantic import BaseModel
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.dagster_layer.checks import health_evaluation
-from pipeline_output.dagster_layer.keys import MAINTENANCE_JOB, MAINTENANCE_SCHEDULE
-from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
+from pipeline_output.dagster_layer.keys import (
+    MAINTENANCE_JOB,
+    MAINTENANCE_SCHEDULE,
+    MAINTENANCE_SENSOR,
+)
+from pipeline_output.dagster_layer.resource import (
+    RESOURCE_KEY,
+    PipelineOutputResource,
+    runtime_of,
+)
 from pipeline_output.services.maintenance import MaintenanceOptions
-from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
+from pipeline_output.stores.iceberg.maintenance.health import (
+    HealthThresholds,
+    file_counts,
+    table_health,
+)
 
 OP_NAME = "maintain_tables"
 DEFAULT_CRON = "0 3 * * *"  # daily at 03:00 (the schedule is stopped unless turned on)
+DEFAULT_SENSOR_INTERVAL_S = 600  # the sensor reads manifests of tables that may be unhealthy
+DATASET_TAG = "pipeline-output/maintained-dataset"  # the table a sensor-launched run maintains
 
 
 class MaintenanceSettings(BaseModel):
@@ -168,3 +190,85 @@ def maintenance_schedule(
         ),
         description=f"Table maintenance ({cron})",
     )
+
+
+_IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+
+
+def maintenance_sensor(
+    job: dg.JobDefinition,
+    datasets: Sequence[DatasetSpec],
+    *,
+    thresholds: HealthThresholds,
+    options: MaintenanceOptions,
+    resource: PipelineOutputResource | None = None,
+    minimum_interval_seconds: int = DEFAULT_SENSOR_INTERVAL_S,
+    running: bool = False,
+) -> dg.SensorDefinition:
+    """The sensor launching `job` (with `options`) for each of `datasets` whose table is past
+    `thresholds` (module docstring); stopped unless `running`. `resource`: where the tables
+    live (None: the environment's settings)."""
+    config = MaintenanceConfig.of(options).model_dump()
+
+    @dg.sensor(
+        name=MAINTENANCE_SENSOR,
+        job=job,
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=(
+            dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
+        ),
+        description="Table maintenance of each table past its table_health thresholds",
+    )
+    def table_maintenance_sensor(
+        context: dg.SensorEvaluationContext,
+    ) -> dg.SensorResult | dg.SkipReason:
+        store = (resource or PipelineOutputResource()).runtime().iceberg
+        requests, healthy = [], 0
+        for spec in datasets:
+            table = store.load(spec)
+            if table is None:  # not written yet, or a legacy (Postgres) dataset
+                continue
+            snapshot = table.current_snapshot()
+            counts = file_counts(table)
+            if not (
+                counts.data_files > thresholds.max_small_files
+                or counts.delete_files > thresholds.max_delete_files
+                or counts.snapshots > thresholds.max_snapshots
+            ):  # past none of the thresholds that launch maintenance, whatever the manifests say
+                healthy += 1
+                continue
+            warnings = table_health(table).warnings(thresholds, metadata_bytes=False)
+            if not warnings:
+                healthy += 1
+                continue
+            if _in_flight(context.instance, spec.name):
+                context.log.info(f"{spec.name}: a maintenance run is in flight")
+                continue
+            context.log.info(f"{spec.name}: {'; '.join(warnings)}")
+            requests.append(
+                dg.RunRequest(
+                    run_key=f"{spec.name}:{snapshot.snapshot_id if snapshot else 0}",
+                    run_config={"ops": {OP_NAME: {"config": {**config, "datasets": [spec.name]}}}},
+                    tags={DATASET_TAG: spec.name, "pipeline-output/health": "; ".join(warnings)},
+                )
+            )
+        if not requests:
+            return dg.SkipReason(f"{healthy} table(s) within their health thresholds")
+        return dg.SensorResult(run_requests=requests)
+
+    return table_maintenance_sensor
+
+
+def _in_flight(instance: dg.DagsterInstance, dataset: str) -> bool:
+    runs = instance.get_run_records(
+        filters=dg.RunsFilter(
+            job_name=MAINTENANCE_JOB, statuses=_IN_FLIGHT, tags={DATASET_TAG: dataset}
+        ),
+        limit=1,
+    )
+    return bool(runs)

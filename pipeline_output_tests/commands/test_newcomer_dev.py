@@ -70,7 +70,7 @@ def test_dev_serves_the_project_it_is_started_in_and_leaves_nothing_running(
     assert set(nodes) == {"orders_raw", "orders", "order_changes", "region_totals", "order_scores"}
     assert not set(nodes) & DEMO_ASSETS
     assert location["name"] == "orders_pipeline.definitions"
-    assert sensors == {"order_changes__window_sensor"}
+    assert sensors == {"order_changes__window_sensor", "table_maintenance_sensor"}
     # the source: its kind, its readers' group, observed by the sensor (materialize ran it)
     assert nodes["orders_raw"]["kinds"] == ["postgres"]
     assert nodes["orders_raw"]["groupName"] == "orders"

@@ -91,6 +91,8 @@ def test_defs_yaml_attributes_build_the_location_and_win_over_the_environment(
             "namespace": "from_yaml",
             "executor": "in_process",
             "maintenance_schedule_cron": "0 4 * * *",
+            "maintenance_sensor_running": True,
+            "maintenance_sensor_interval_seconds": 900,
             "health_thresholds": {"max_snapshots": 7},
             "maintenance": {"compact": False, "older_than_hours": 48},
         }
@@ -101,7 +103,11 @@ def test_defs_yaml_attributes_build_the_location_and_win_over_the_environment(
     assert defaults is not None
     config = defaults["ops"]["maintain_tables"]["config"]
     assert (config["compact"], config["older_than_hours"], config["dry_run"]) == (False, 48, False)
-    assert {s.name for s in defs.sensors or []} == set()  # no delta dataset, no window sensor
+    # no delta dataset, no window sensor; the maintenance sensor turned on
+    assert {s.name for s in defs.sensors or []} == {"table_maintenance_sensor"}
+    sensor = defs.get_sensor_def("table_maintenance_sensor")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    assert sensor.minimum_interval_seconds == 900
     with dg.DagsterInstance.ephemeral() as instance:
         job = defs.resolve_implicit_global_asset_job_def()
         result = job.execute_in_process(

@@ -19,6 +19,7 @@ import psycopg
 from pipeline_output import Delta, build_definitions, dataset, postgres_source
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.resource import get_runtime
+from pipeline_output.stores.iceberg.maintenance.compaction import LAST_COMPACTION
 from pipeline_output.stores.iceberg.maintenance.health import HealthThresholds
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -221,3 +222,85 @@ def test_maintenance_drops_stale_audit_branches_so_they_no_longer_hold_compactio
     assert "audit-abandoned" not in table.metadata.refs and len(table.snapshots()) == 1
     assert runtime.publisher.ledger.audit_log.audit("ledgerless", "abandoned").state == "dropped"
     assert_same_multiset(runtime.iceberg.read(spec), pl.concat(written))  # never published
+
+
+@dataset(primary_key="id", strategy="snapshot_replace", mode="iceberg")
+def tidy() -> pl.DataFrame:
+    """A table of one file (never past its thresholds)."""
+    return SEED
+
+
+def test_the_opt_in_sensor_launches_maintenance_for_a_table_past_its_thresholds_only(env, instance):
+    defs = build_definitions(
+        datasets=[ledgerless, tidy],
+        health_thresholds=HealthThresholds(max_small_files=8),
+        maintenance_sensor_interval_seconds=60,
+    )
+    sensor = defs.get_sensor_def("table_maintenance_sensor")
+    assert sensor.default_status == dg.DefaultSensorStatus.STOPPED  # opt-in
+    assert sensor.minimum_interval_seconds == 60 and sensor.job_name == "table_maintenance"
+
+    def tick() -> Any:
+        return sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+
+    assert isinstance(tick(), dg.SkipReason)  # no tables yet
+    assert dg.materialize([ledgerless, tidy], instance=instance, resources=defs.resources).success
+    healthy = tick()
+    assert isinstance(healthy, dg.SkipReason) and "2 table(s) within" in str(healthy.skip_message)
+
+    spec = spec_of(ledgerless)
+    assert spec is not None
+    written = [SEED]
+    for w in range(1, 21):  # 21 small files: past max_small_files=8
+        rows = pl.DataFrame({"id": [w * 100 + i for i in range(5)], "v": [f"w{w}"] * 5})
+        get_runtime().iceberg.write(spec, rows)
+        written.append(rows)
+    due = tick()
+    assert isinstance(due, dg.SensorResult)
+    (request,) = due.run_requests or []  # for ledgerless only, not for tidy
+    assert request.tags["pipeline-output/maintained-dataset"] == "ledgerless"
+    assert "21 small data files" in request.tags["pipeline-output/health"]
+
+    # the run the daemon launches for it: the maintenance job with the request's config
+    run = defs.get_job_def("table_maintenance").execute_in_process(
+        instance=instance, run_config=request.run_config, tags=dict(request.tags)
+    )
+    assert run.success
+    table = get_runtime().iceberg.load(spec)
+    assert table is not None and len(list(table.scan().plan_files())) == 1
+    assert_same_multiset(get_runtime().iceberg.read(spec), pl.concat(written))
+    assert isinstance(tick(), dg.SkipReason)  # healthy again: nothing launched
+    untouched = get_runtime().iceberg.load("tidy")
+    assert untouched is not None and LAST_COMPACTION not in untouched.metadata.properties
+
+
+def test_the_maintenance_sensor_can_start_running_and_launches_nothing_while_a_run_is_in_flight(
+    env, instance
+):
+    defs = build_definitions(
+        datasets=[ledgerless],
+        health_thresholds=HealthThresholds(max_snapshots=2),
+        maintenance_sensor_running=True,
+    )
+    sensor = defs.get_sensor_def("table_maintenance_sensor")
+    assert sensor.default_status == dg.DefaultSensorStatus.RUNNING
+    assert dg.materialize([ledgerless], instance=instance, resources=defs.resources).success
+    spec = spec_of(ledgerless)
+    assert spec is not None
+    for w in range(1, 4):  # 4 snapshots: past max_snapshots=2
+        get_runtime().iceberg.write(spec, pl.DataFrame({"id": [w * 100], "v": ["x"]}))
+    due = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+    assert isinstance(due, dg.SensorResult) and len(due.run_requests or []) == 1
+    (request,) = due.run_requests or []
+    assert "4 snapshots" in request.tags["pipeline-output/health"]
+    instance.add_run(  # a maintenance run of the table, in progress
+        dg.DagsterRun(
+            job_name="table_maintenance",
+            run_id="in-flight",
+            status=dg.DagsterRunStatus.STARTED,
+            tags=dict(request.tags),
+        )
+    )
+    assert isinstance(
+        sensor(dg.build_sensor_context(instance=instance, definitions=defs)), dg.SkipReason
+    )

@@ -67,8 +67,9 @@ class TableHealth:
         done = [x for x in (self.last_compaction, self.last_expiry) if x]
         return max(done) if done else None
 
-    def warnings(self, thresholds: HealthThresholds) -> list[str]:
-        """One line per threshold the table is past (empty: healthy)."""
+    def warnings(self, thresholds: HealthThresholds, *, metadata_bytes: bool = True) -> list[str]:
+        """One line per threshold the table is past (empty: healthy); without `metadata_bytes`,
+        of the file and snapshot thresholds only (what the maintenance sensor acts on)."""
         t, out = thresholds, []
         if self.small_files > t.max_small_files and self.small_file_ratio > t.max_small_file_ratio:
             out.append(
@@ -81,7 +82,7 @@ class TableHealth:
             )
         if self.snapshots > t.max_snapshots:
             out.append(f"{self.snapshots} snapshots (over {t.max_snapshots}): run snapshot expiry")
-        if self.metadata_bytes > t.max_metadata_bytes:
+        if metadata_bytes and self.metadata_bytes > t.max_metadata_bytes:
             out.append(
                 f"{self.metadata_bytes} metadata bytes (over {t.max_metadata_bytes}): run "
                 "compaction and snapshot expiry"

@@ -174,10 +174,23 @@ def referenced(table: Table, reader: ManifestReader | None = None) -> set[str]:
 
 def norm(path: str) -> str:
     """A location as the filesystem lists it: a local path, or `bucket/key` for object stores."""
+    local = _local_path(path)
+    if local is not None:  # (urlparse costs ~7 µs a path: 20,000 paths in a cleanup)
+        return local
     parsed = urlparse(path)
     if parsed.scheme in ("", "file"):
         return path.removeprefix("file://")
     return f"{parsed.netloc}{parsed.path}"
+
+
+def _local_path(location: str) -> str | None:
+    """The path of a plain local location (`/x` or `file:///x`) without parsing it (None: parse
+    it)."""
+    if location.startswith("/"):
+        return location
+    if location.startswith("file:///"):
+        return location[7:]
+    return None
 
 
 def filesystem(
@@ -383,6 +396,10 @@ def delete_files(locations: Iterable[str], properties: Mapping[str, str]) -> tup
     s3: dict[str, list[str]] = {}
     other: list[str] = []
     for location in locations:
+        path = _local_path(location)
+        if path is not None:
+            local.append(path)
+            continue
         parsed = urlparse(location)
         if parsed.scheme in ("", "file"):
             local.append(parsed.path if parsed.scheme else location)
