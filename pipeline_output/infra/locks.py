@@ -138,6 +138,19 @@ class LockStats:
             self._verify()
 
 
+@contextmanager
+def held(url: str, name: str) -> Iterator[None]:
+    """Hold `name` for the block on a session of its own, waiting as long as it takes: released
+    when the block ends, or by the server when the process dies."""
+    with pgsession.connect(url, autocommit=True) as conn:
+        acquire(conn, name, transaction=False)
+        try:
+            yield
+        finally:
+            with suppress(psycopg.Error):
+                conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(name),))
+
+
 @dataclass(frozen=True)
 class HeldLock:
     """A lock held on its own session (`share`, `alone`): `hold(..., on=it)` takes another lock

@@ -514,13 +514,8 @@ class ConsumedLog(RecordLog):
     @contextmanager
     def consume_lock(self, dataset: str) -> Iterator[None]:
         """Serialize the runs of one incremental downstream (held by the running process)."""
-        with pgsession.connect(self._db.url, autocommit=True) as conn:
-            name = locks.consume_changes(dataset)
-            locks.acquire(conn, name, transaction=False)
-            try:
-                yield
-            finally:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (locks.lock_key(name),))
+        with locks.held(self._db.url, locks.consume_changes(dataset)):
+            yield
 
     def last(self, dataset: str, upstream: str) -> ConsumedRange | None:
         """The newest range `dataset` consumed of `upstream` (None: never)."""

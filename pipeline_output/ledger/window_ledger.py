@@ -240,13 +240,8 @@ class WindowLedger:
     @contextmanager
     def apply_lock(self, dataset: str) -> Iterator[None]:
         """Serialize window application of one dataset (held by the applying process)."""
-        with pgsession.connect(self.url, autocommit=True) as conn:
-            name = locks.window_apply(dataset)
-            locks.acquire(conn, name, transaction=False)
-            try:
-                yield
-            finally:
-                conn.execute("SELECT pg_advisory_unlock(%s)", (locks.lock_key(name),))
+        with locks.held(self.url, locks.window_apply(dataset)):
+            yield
 
     def begin(
         self, dataset: str, partition_key: str, *, run_id: str | None, restate: bool = False

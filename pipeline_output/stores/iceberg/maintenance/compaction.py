@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -39,7 +39,7 @@ from pyiceberg.expressions import BooleanExpression
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import _read_deletes
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import DataScan, FileScanTask, Table
+from pyiceberg.table import FileScanTask, Table
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.version import VERSION
@@ -71,7 +71,7 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     read_index,
 )
 from pipeline_output.stores.iceberg.table.native_scan import quiet, storage, target_schema, typed
-from pipeline_output.stores.iceberg.table.scan_planning import CarryingScan, table_as
+from pipeline_output.stores.iceberg.table.scan_planning import FixedTable
 from pipeline_output.stores.iceberg.table.tables import (
     AUDIT_PREFIX,
     PROPERTY_PREFIX,
@@ -369,7 +369,7 @@ def _read_bins(table: Table, bins: list[Bin], spec: DatasetSpec) -> pl.DataFrame
     """The bins' rows, deletes applied, aligned to the table schema and sorted.
 
     Read by polars' native Iceberg scan (`native_scan`) planned to exactly the bins' files
-    (`BinTable`): its multithreaded Parquet reader reads every file of the bin outside the GIL,
+    (`scan_planning.FixedTable`): its multithreaded Parquet reader reads every file of the bin outside the GIL,
     applies their positional delete files and deletion vectors, and projects each file
     (whatever schema it was written with) onto the table's schema by field id. It is collected
     in batches of `READ_BATCH_ROWS`, each made contiguous: collected at once, a bin of 20,000
@@ -379,7 +379,7 @@ def _read_bins(table: Table, bins: list[Bin], spec: DatasetSpec) -> pl.DataFrame
     schema = table.schema()
     tasks = tuple(t for b in bins for t in b.tasks)
     rows = typed(
-        pl.scan_iceberg(BinTable.of(table, tasks), storage_options=storage(table)),
+        pl.scan_iceberg(FixedTable.of(table, tasks), storage_options=storage(table)),
         target_schema(schema),
     )
     try:
@@ -416,51 +416,6 @@ def _exists(io: FileIO, path: str) -> bool:
         return io.new_input(path).exists()
     except (OSError, ValueError):
         return False
-
-
-class BinTable(Table):
-    """A loaded table whose scans plan exactly the given files (with their delete files): what
-    `pl.scan_iceberg` reads a bin with."""
-
-    tasks: tuple[FileScanTask, ...] = ()
-
-    @classmethod
-    def of(cls, table: Table, tasks: tuple[FileScanTask, ...]) -> BinTable:
-        out = table_as(table, cls)
-        out.tasks = _as_paths(tasks)
-        return out
-
-    def scan(self, *args: Any, **kwargs: Any) -> DataScan:
-        return BinScan.of(super().scan(*args, **kwargs), tasks=self.tasks)
-
-
-def _as_paths(tasks: tuple[FileScanTask, ...]) -> tuple[FileScanTask, ...]:
-    """`tasks` with local data files named by their path instead of their `file://` URI: polars
-    reads URIs through its object-store layer, which made reading 20,000 small files a third
-    slower. Only when no task has delete files: pyiceberg's reader (polars' fallback) matches
-    positional deletes to a data file by the path the delete file holds."""
-    if any(t.delete_files for t in tasks) or not all(
-        t.file.file_path.startswith("file:///") for t in tasks
-    ):
-        return tasks
-    out = []
-    for task in tasks:
-        source = task.file
-        local = DataFile(*(source[i] for i in range(len(source))))
-        local.spec_id = source.spec_id
-        local[1] = task.file.file_path.removeprefix("file://")  # (field 1: file_path)
-        out.append(FileScanTask(local, residual=task.residual))
-    return tuple(out)
-
-
-class BinScan(CarryingScan):
-    """pyiceberg's `DataScan` whose plan is a fixed list of scan tasks."""
-
-    carried = ("tasks",)
-    tasks: tuple[FileScanTask, ...] = ()
-
-    def plan_files(self) -> Iterable[FileScanTask]:
-        return list(self.tasks)
 
 
 def _removable_deletes(table: Table, plan: CompactionPlan) -> list[DataFile]:

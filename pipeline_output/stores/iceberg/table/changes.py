@@ -35,11 +35,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 import polars as pl
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry
-from pyiceberg.table import DataScan, FileScanTask, Table
+from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.delete_file_index import DeleteFileIndex
 from pyiceberg.table.snapshots import Operation, Snapshot
 
@@ -56,7 +55,7 @@ from pipeline_output.stores.iceberg.table.native_scan import (
     target_schema,
     typed,
 )
-from pipeline_output.stores.iceberg.table.scan_planning import built_from
+from pipeline_output.stores.iceberg.table.scan_planning import FixedTable
 from pipeline_output.stores.iceberg.table.tables import ancestry, head
 from pipeline_output.stores.iceberg.write.frame_rows import rows_differ
 
@@ -329,49 +328,10 @@ def _read(
 
 def _scan(table: Table, tasks: list[FileScanTask], snapshot_id: int | None) -> pl.LazyFrame:
     return pl.scan_iceberg(
-        _FixedTable.of(table, tasks),
+        FixedTable.of(table, tuple(tasks)),
         snapshot_id=snapshot_id,
         storage_options=storage(table),
     )
-
-
-class _FixedTable(Table):
-    """`table` whose scans plan exactly `tasks` (the files `_sides` chose), so polars' native
-    scan reads them with its own field-id mapping, defaults and positional deletes. Relies on
-    polars planning through the table's own `scan` (pyiceberg's planner), as `scan_planning.planned`
-    does: polars' optional `polars_iceberg` planning plugin is not a dependency."""
-
-    tasks: list[FileScanTask]
-
-    @classmethod
-    def of(cls, table: Table, tasks: list[FileScanTask]) -> _FixedTable:
-        out = cls(
-            identifier=table.name(),
-            metadata=table.metadata,
-            metadata_location=table.metadata_location,
-            io=table.io,
-            catalog=table.catalog,
-            config=table.config,
-        )
-        out.tasks = tasks
-        return out
-
-    def scan(self, *args: Any, **kwargs: Any) -> DataScan:
-        scan = built_from(super().scan(*args, **kwargs), _FixedScan)
-        scan.tasks = self.tasks
-        return scan
-
-
-class _FixedScan(DataScan):
-    tasks: list[FileScanTask]
-
-    def update(self, **overrides: Any) -> _FixedScan:
-        out = built_from(super().update(**overrides), _FixedScan)
-        out.tasks = self.tasks
-        return out
-
-    def plan_files(self) -> Iterable[FileScanTask]:
-        return list(self.tasks)
 
 
 def _net_by_key(before: pl.DataFrame, after: pl.DataFrame, pk: list[str]) -> pl.DataFrame:

@@ -181,3 +181,50 @@ class FastPlanner(ManifestGroupPlanner):
             executor: Executor = ExecutorFactory.get_or_create()
             return executor.map(matching, todo)  # object stores: fetch in parallel
         return iter([matching(m) for m in todo])
+
+
+class FixedTable(Table):
+    """A loaded table whose scans plan exactly the given files (with their delete files), so
+    polars' native scan (`pl.scan_iceberg`, planning through the table's own `scan`) reads just
+    them with its own field-id mapping, defaults and positional deletes: a compaction bin, the
+    files a change feed diffs."""
+
+    tasks: tuple[FileScanTask, ...] = ()
+
+    @classmethod
+    def of(cls, table: Table, tasks: tuple[FileScanTask, ...]) -> FixedTable:
+        out = table_as(table, cls)
+        out.tasks = _as_paths(tasks)
+        return out
+
+    def scan(self, *args: Any, **kwargs: Any) -> DataScan:
+        return FixedScan.of(super().scan(*args, **kwargs), tasks=self.tasks)
+
+
+def _as_paths(tasks: tuple[FileScanTask, ...]) -> tuple[FileScanTask, ...]:
+    """`tasks` with local data files named by their path instead of their `file://` URI: polars
+    reads URIs through its object-store layer, which made reading 20,000 small files a third
+    slower. Only when no task has delete files: pyiceberg's reader (polars' fallback) matches
+    positional deletes to a data file by the path the delete file holds."""
+    if any(t.delete_files for t in tasks) or not all(
+        t.file.file_path.startswith("file:///") for t in tasks
+    ):
+        return tasks
+    out = []
+    for task in tasks:
+        source = task.file
+        local = DataFile(*(source[i] for i in range(len(source))))
+        local.spec_id = source.spec_id
+        local[1] = task.file.file_path.removeprefix("file://")  # (field 1: file_path)
+        out.append(FileScanTask(local, residual=task.residual))
+    return tuple(out)
+
+
+class FixedScan(CarryingScan):
+    """pyiceberg's `DataScan` whose plan is a fixed list of scan tasks."""
+
+    carried = ("tasks",)
+    tasks: tuple[FileScanTask, ...] = ()
+
+    def plan_files(self) -> Iterable[FileScanTask]:
+        return list(self.tasks)
