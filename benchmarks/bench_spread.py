@@ -16,7 +16,11 @@ ours' table of the same repetition just before ours: plan the snapshot's files (
 the touched files' key column (one polars scan of `id`), write the batch once as a data file,
 and one commit (a fast append, to a branch `floor` so main is left for ours). The `spread2_*`
 cases are the issue-36 series: 2 % of the table upserted, keys in every file, 20 / 50 / 100 / 200
-files of 100,000 rows (targets: ours / floor <= 2x and ours / delta-rs <= 0.5x).
+files of 100,000 rows (targets: ours / floor <= 2x and ours / delta-rs <= 0.5x). `narrow4_2m`
+(issue 44) is the spread2_2m upsert on a table of four narrow columns (`id`, `v_int`, `v_float`,
+`flag`; twenty ~0.4 MB files, 8 MB under the copy-on-write budget), where `auto` must choose
+between rewriting and keeping the files; ours with `auto` is also timed against ours forced to
+copy-on-write (engine `cow`, its own tables), target ours / delta-rs <= 0.5x.
 
 How: one embedded Postgres (the project's SQL catalog, FlatSqlCatalog, and the writer lock) under
 `benchmarks/.work/spread/` (git-ignored; removed at the end unless --keep). Prep processes build
@@ -55,7 +59,13 @@ from bench_iceberg_arm import CATALOG_NAME, NAMESPACE, _rows, fmt_mb, fmt_s, mac
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-ENGINES = ("ours", "delta", "floor")
+ENGINES = ("ours", "delta", "floor", "cow")  # cow: ours forced to copy-on-write (narrow cases)
+
+
+def engines_of(case: Case) -> tuple[str, ...]:
+    """The engines measured on `case`: the narrow case also forces ours to copy-on-write, so the
+    run shows what `auto`'s choice saves (or costs)."""
+    return ENGINES if case.columns == "narrow" else ENGINES[:3]
 
 
 @dataclass(frozen=True)
@@ -64,9 +74,11 @@ class Case:
     rows: int  # N
     files: int  # F
     batch: int  # B
+    columns: str = "wide"  # "wide": the six columns of `_rows`; "narrow": four narrow ones
 
 
 CASES = [
+    Case("narrow4_2m", 2_000_000, 20, 40_000, "narrow"),
     Case("spread2_2m", 2_000_000, 20, 40_000),
     Case("spread2_5m", 5_000_000, 50, 100_000),
     Case("spread2_10m", 10_000_000, 100, 200_000),
@@ -78,8 +90,16 @@ CASES = [
 ]
 
 
-def table_name(case: Case, rep: int) -> str:
-    return f"{case.name}_r{rep}"
+def rows_of(case: Case, ids: Any, *, changed: bool) -> Any:
+    """The case's columns for `ids`: `_rows`' six, or (narrow) its four narrow ones: `id`,
+    `v_int`, `v_float`, `flag` (issue 44's `auto` case: ~1 MB files, cheap to rewrite)."""
+    frame = _rows(ids, changed=changed)
+    return frame.select("id", "v_int", "v_float", "flag") if case.columns == "narrow" else frame
+
+
+def table_name(case: Case, rep: int, engine: str = "ours") -> str:
+    """The table of `engine` (ours, the floor and delta-rs share names; `cow` has its own)."""
+    return f"{case.name}_cow_r{rep}" if engine == "cow" else f"{case.name}_r{rep}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -96,12 +116,18 @@ def ours_store(cfg: dict[str, Any]) -> Any:
     return IcebergStore(catalog, NAMESPACE, lock=AdvisoryLock(cfg["libpq_uri"]))
 
 
-def ours_spec(name: str, upsert: bool) -> Any:
-    """`append_always` builds the table file by file; a `snapshot_replace` re-deploy upserts."""
+def ours_spec(name: str, upsert: bool, hint: str = "auto") -> Any:
+    """`append_always` builds the table file by file; a `snapshot_replace` re-deploy upserts
+    (`hint`: its `write_strategy_hint`)."""
     from pipeline_output import DatasetSpec
 
     if upsert:
-        return DatasetSpec(name=name, primary_key=("id",), strategy="snapshot_replace")
+        return DatasetSpec(
+            name=name,
+            primary_key=("id",),
+            strategy="snapshot_replace",
+            write_strategy_hint=hint,  # type: ignore[arg-type]
+        )
     return DatasetSpec(name=name, primary_key=("id",), strategy="append_always")
 
 
@@ -115,12 +141,13 @@ def prep(cfg: dict[str, Any], case: Case, engine: str, reps: int) -> dict[str, A
 
     per_file = case.rows // case.files
     counts = []
-    store = ours_store(cfg) if engine == "ours" else None
+    store = ours_store(cfg) if engine in ("ours", "cow") else None
     for rep in range(reps):
-        name = table_name(case, rep)
+        name = table_name(case, rep, engine)
         path = str(Path(cfg["delta_root"]) / name)
         for j in range(case.files):
-            frame = _rows(pl.int_range(j * per_file, (j + 1) * per_file, eager=True), changed=False)
+            ids = pl.int_range(j * per_file, (j + 1) * per_file, eager=True)
+            frame = rows_of(case, ids, changed=False)
             if store is not None:
                 store.write(ours_spec(name, upsert=False), frame)
             else:
@@ -243,7 +270,7 @@ def id_counts(engine: str, *, store: Any = None, name: str = "", path: str = "")
 def timed(cfg: dict[str, Any], case: Case, engine: str, rep: int) -> dict[str, Any]:
     """One upsert; only the call is timed. Rep 0 also checks the table afterwards."""
 
-    name = table_name(case, rep)
+    name = table_name(case, rep, engine)
     detail: dict[str, Any] = {}
     if engine == "floor":
         import polars as pl
@@ -254,9 +281,11 @@ def timed(cfg: dict[str, Any], case: Case, engine: str, rep: int) -> dict[str, A
         def call() -> None:
             detail.update(floor(store, name, data))
 
-    elif engine == "ours":
+    elif engine in ("ours", "cow"):
         store = ours_store(cfg)
-        call = ours_upsert(store, ours_spec(name, upsert=True), cfg["batch"][case.name], detail)
+        hint = "copy-on-write" if engine == "cow" else "auto"
+        spec = ours_spec(name, upsert=True, hint=hint)
+        call = ours_upsert(store, spec, cfg["batch"][case.name], detail)
     else:
         from deltalake import DeltaTable
 
@@ -270,7 +299,7 @@ def timed(cfg: dict[str, Any], case: Case, engine: str, rep: int) -> dict[str, A
     expected = case.rows + case.batch // 2
     if engine == "floor":
         pass
-    elif engine == "ours":
+    elif engine in ("ours", "cow"):
         detail["files_after"] = ours_files(store, name)
         summary = store.load(name).current_snapshot().summary
         # rows the write put in data files (rewritten + new) and rows it deleted by position
@@ -377,7 +406,7 @@ def make_batch(case: Case, path: Path) -> None:
     half = case.batch // 2
     matched = pl.int_range(0, case.rows, eager=True).sample(half, seed=13)
     new = pl.int_range(case.rows, case.rows + half, eager=True)
-    frame = pl.concat([_rows(matched, changed=True), _rows(new, changed=False)])
+    frame = pl.concat([rows_of(case, matched, changed=True), rows_of(case, new, changed=False)])
     frame.sample(fraction=1.0, shuffle=True, seed=18).write_parquet(path)
 
 
@@ -464,6 +493,25 @@ def verdicts(cases: list[Case], res: dict[tuple[str, str], Outcome]) -> list[str
     for c in cases:
         o, d = res[(c.name, "ours")], res[(c.name, "delta")]
         t = ratio(o.seconds, d.seconds)
+        if c.name == "narrow4_2m":  # issue 44: `auto` chooses between rewriting and keeping
+            fl = ratio(o.seconds, res[(c.name, "floor")].seconds)
+            out.append(
+                line(f"{c.name} time, ours / delta-rs <= 0.5x", t, 0.5, fmt_x(t))
+                + f" [{fmt_s(o.seconds)} s vs {fmt_s(d.seconds)} s; ours / floor {fmt_x(fl)}]"
+            )
+            cow = res[(c.name, "cow")]
+            od = o.runs[0]["detail"] if o.runs else {}
+            chose = (
+                f"{od.get('rewritten', '-')} file(s) rewritten, "
+                f"{od.get('merged_on_read', '-')} kept with delete files"
+            )
+            out.append(
+                f"- {c.name} auto's choice ({chose}) / forced copy-on-write: "
+                f"{fmt_x(ratio(o.seconds, cow.seconds))} [{fmt_s(o.seconds)} s vs "
+                f"{cow.time_cell()} s; delta-rs / forced copy-on-write "
+                f"{fmt_x(ratio(d.seconds, cow.seconds))}]"
+            )
+            continue
         if c.name.startswith("spread2_"):  # issue 36
             fl = ratio(o.seconds, res[(c.name, "floor")].seconds)
             out.append(
@@ -558,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
         if not cases:
             ap.error(f"--only {args.only!r} matches none of {[c.name for c in CASES]}")
     if args.quick:
-        cases = [Case(c.name, c.rows // 10, c.files, c.batch // 10) for c in cases]
+        cases = [Case(c.name, c.rows // 10, c.files, c.batch // 10, c.columns) for c in cases]
     reps = args.reps or (1 if args.quick else 3)
 
     workdir = HERE / ".work" / "spread"
@@ -590,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
 
         res = {(c.name, e): Outcome() for c in cases for e in ENGINES}
         for c in cases:  # setup, never timed (the floor runs on ours' tables)
-            for e in ("ours", "delta"):
+            for e in [e for e in engines_of(c) if e != "floor"]:
                 t0 = time.perf_counter()
                 payload = {"what": "prep", "case": asdict(c), "engine": e, "reps": reps, "cfg": cfg}
                 got = spawn(payload, f"prep-{c.name}-{e}", workdir, 3600)
@@ -608,8 +656,12 @@ def main(argv: list[str] | None = None) -> int:
             for i, c in enumerate(cases):
                 # the floor runs on ours' table, before ours (it leaves main as it was)
                 first = (rep + i) % 2 == 0
-                order = ("floor", "ours", "delta") if first else ("delta", "floor", "ours")
-                for e in order:
+                order = (
+                    ("floor", "ours", "delta", "cow")
+                    if first
+                    else ("cow", "delta", "floor", "ours")
+                )
+                for e in [e for e in order if e in engines_of(c)]:
                     oc = res[(c.name, e)]
                     if e == "floor" and res[(c.name, "ours")].failure:
                         oc.failure = "ours' table failed"

@@ -155,6 +155,32 @@ def test_auto_keeps_a_large_file_for_a_small_change_and_rewrites_it_past_a_fifth
     assert _delete_files(h, spec) == []
 
 
+def _narrow(ids: range, *, version: int = 0) -> pl.DataFrame:
+    """id + a float that compresses like measurements do (~7.5 stored bytes a row)."""
+    frame = pl.DataFrame({"id": pl.Series(list(ids), dtype=pl.Int64)})
+    noise = (pl.col("id").hash(seed=7) % (1 << 52)).cast(pl.Float64)
+    return frame.with_columns(value=noise + version)
+
+
+def test_auto_keeps_many_mid_size_files_when_an_upsert_changes_a_hundredth_of_each(
+    h: Any,
+) -> None:
+    """Under the budget, rewriting six ~0.43 MB files to change 1 % of each costs more than twice
+    the write keeping them (delete files + the changed rows' new versions): auto keeps them."""
+    spec = spec_for("snapshot_replace", name="narrow")
+    per = 50_000
+    for j in range(6):  # six files: one append each
+        h.write_and_check(
+            spec_for("append_always", name="narrow"), _narrow(range(j * per, (j + 1) * per))
+        )
+    changed = pl.concat(
+        [_narrow(range(0, 6 * per, 100), version=1), _narrow(range(10**6, 10**6 + 50))]
+    )
+    res, _ = h.write_and_check(spec, changed, run_id="spread")
+    assert (res.files_merged_on_read, res.files_rewritten) == (6, 0)
+    assert len(_delete_files(h, spec)) == 6
+
+
 def test_the_hint_wins_over_the_table_property_and_the_property_over_the_cost(h: Any) -> None:
     spec = spec_for("snapshot_replace")
     h.write_and_check(spec, customers(range(20_000)))

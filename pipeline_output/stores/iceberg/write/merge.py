@@ -30,14 +30,17 @@ costs the changed rows; every reader then filters the file by its deletes). The 
    sync, `write.delete.mode` for a windowed replace (values `copy-on-write` / `merge-on-read`);
 3. `auto`, by cost. A write whose changed files total at most `COW_BUDGET_PROPERTY` bytes
    (default 16 MiB) rewrites them all — the table keeps reading like a fresh one, with no delete
-   file to apply — unless that rewrite would cost more than `COW_WEIGHT` (2) times keeping them:
-   keeping a file costs its changed rows' bytes (their new versions) plus `FIXED_BYTES` (a delete
-   file and its manifest entries, in bytes of rewriting), so an upsert changing 2 % of each of
-   twenty 1 MB files keeps them (rewriting 20 MB to change 0.4 MB would be the slower path by far)
-   while one changing a tenth of a small file rewrites it. Above the budget — an upsert whose keys are spread over
-   many files — each file is merged on read when it holds at least `MIN_ROWS` rows and, with this
-   write's deletes, at most `MAX_DELETED_SHARE` of its rows are deleted; otherwise it is rewritten,
-   which also folds the deletes it already carries, so a file never degrades past that share.
+   file to apply — unless the whole write would then cost more than `COW_WEIGHT` (2) times the
+   write keeping them. Costs are in bytes of rewriting: either way the write costs `WRITE_BYTES`
+   (its lock, plan, key read and commit) plus its inserted rows; rewriting adds the changed
+   files' bytes, keeping adds each file's changed rows' bytes (their new versions) plus
+   `FIXED_BYTES` (a delete file and its manifest entries). So an upsert changing 1 % of each of
+   twenty 0.4 MB files keeps them (rewriting 8 MB to change 80 KB was 3x slower than keeping
+   them), while one changing a few rows of one small file rewrites it. Above the budget — an
+   upsert whose keys are spread over many files — each file is merged on read when it holds at
+   least `MIN_ROWS` rows and, with this write's deletes, at most `MAX_DELETED_SHARE` of its rows
+   are deleted; otherwise it is rewritten, which also folds the deletes it already carries, so a
+   file never degrades past that share.
 
 A file none of whose rows would stay live is dropped whatever the mode. Format-version 1 tables
 cannot carry delete files: they are always copy-on-write, and an explicit merge-on-read hint on one
@@ -334,6 +337,7 @@ class FileMerge:
         policy = policy.within_budget(
             sum(r.task.file.file_size_in_bytes for r in relevant),
             keep_bytes=sum(_keep_bytes(r) for r in relevant),
+            common_bytes=_inserted_bytes(relevant, frame.height - scanned.matched_keys.height),
         )
         settled = scanned.unchanged_keys  # matched keys whose compute row is NOT written
         rewritten: list[FileRows] = []
@@ -581,9 +585,11 @@ MAX_DELETED_SHARE = 0.2  # past this share of deleted rows a file is rewritten (
 # a write whose changed files total at most this many bytes rewrites them (auto mode)
 COW_BUDGET_PROPERTY = "pipeline-output.merge.copy-on-write-max-bytes"
 COW_BUDGET_BYTES = 16 * 1024 * 1024  # ~1.5M rows of six columns (zstd)
-# auto rewrites under the budget only while that costs at most COW_WEIGHT x keeping the files
+# auto rewrites under the budget only while the whole write costs at most COW_WEIGHT x what it
+# costs keeping the files; costs in bytes of rewriting (~55 ms a MiB here, measured: issue 44)
 COW_WEIGHT = 2.0
-FIXED_BYTES = 256 * 1024  # keeping one file (a delete file, manifest entries) in rewritten bytes
+WRITE_BYTES = 1024 * 1024  # a write's own work either way (lock, plan, key read, commit)
+FIXED_BYTES = 64 * 1024  # keeping one file (its delete file, manifest entries)
 
 
 @dataclass(frozen=True)
@@ -624,14 +630,18 @@ class MergePolicy:
             ) from exc
         return cls(mode=mode, source=source, cow_budget_bytes=budget)
 
-    def within_budget(self, changed_bytes: int, *, keep_bytes: int | None = None) -> MergePolicy:
+    def within_budget(
+        self, changed_bytes: int, *, keep_bytes: int | None = None, common_bytes: int = 0
+    ) -> MergePolicy:
         """The policy for a write whose changed files total `changed_bytes`: `auto` under the
-        budget rewrites them all — unless `keep_bytes` (what keeping them costs: their changed
-        rows' bytes plus `FIXED_BYTES` per file, when known) is less than `changed_bytes` /
-        `COW_WEIGHT`."""
+        budget rewrites them all — unless the whole write would then cost more than `COW_WEIGHT`
+        times the write keeping them. Either way the write costs `WRITE_BYTES` plus
+        `common_bytes` (its inserted rows); rewriting adds `changed_bytes`, keeping adds
+        `keep_bytes` (the changed rows' new versions plus `FIXED_BYTES` a file, when known)."""
         if self.mode != "auto" or changed_bytes > self.cow_budget_bytes:
             return self
-        if keep_bytes is not None and changed_bytes > COW_WEIGHT * keep_bytes:
+        either = WRITE_BYTES + common_bytes
+        if keep_bytes is not None and either + changed_bytes > COW_WEIGHT * (either + keep_bytes):
             return MergePolicy(
                 mode="auto",
                 source="auto, cheaper to keep",
@@ -656,6 +666,13 @@ def _keep_bytes(rows: FileRows) -> int:
     """What keeping a file with a delete file costs, in bytes of rewriting (the `MergePolicy` above)."""
     size, count = rows.task.file.file_size_in_bytes, max(1, int(rows.task.file.record_count))
     return FIXED_BYTES + (rows.changed.len() + rows.absent.len()) * size // count
+
+
+def _inserted_bytes(files: list[FileRows], inserted: int) -> int:
+    """What writing `inserted` new rows costs, at the changed `files`' stored bytes a row."""
+    rows = sum(int(r.task.file.record_count) for r in files)
+    size = sum(r.task.file.file_size_in_bytes for r in files)
+    return inserted * size // rows if rows else 0
 
 
 def _chunks(files: list[FileRows]) -> list[list[FileRows]]:
