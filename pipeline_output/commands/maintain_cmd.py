@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import sys
 from datetime import timedelta
+from typing import Any
 
 import click
 
@@ -77,15 +78,12 @@ def maintain(
     do_compact: bool,
     expire: str | None,
     do_orphans: bool,
-    dry_run: bool,
-    force: bool,
-    retain_last: int,
-    grace_s: float,
-    target_file_size: int | None,
-    min_input_files: int,
+    **settings: Any,
 ) -> None:
     """Drop stale audit branches, compact, expire snapshots and remove orphan files (all four
     unless some are chosen)."""
+    # `settings`: the options named as `MaintenanceOptions`' fields (--dry-run, --force,
+    # --retain-last, --grace, --target-file-size, --min-input-files), passed as they are
     from pipeline_output.commands.loading import location_runtime
     from pipeline_output.services.maintenance import maintain as run
 
@@ -100,19 +98,14 @@ def maintain(
         expire=expire is not None or everything,
         orphans=do_orphans or everything,
         older_than=parse_age(expire or DEFAULT_EXPIRE),
-        retain_last=retain_last,
-        grace_s=grace_s,
-        target_file_size=target_file_size,
-        min_input_files=min_input_files,
-        dry_run=dry_run,
-        force=force,
+        **settings,
     )
     chosen = [specs[name] for name in (datasets or sorted(specs))]
     steps = len(chosen) * sum((options.audits, options.compact, options.expire, options.orphans))
     runtime = location_runtime()
     with click.progressbar(
         length=steps,
-        label="maintenance" + (" (dry run)" if dry_run else ""),
+        label="maintenance" + (" (dry run)" if options.dry_run else ""),
         file=sys.stderr,
         show_pos=True,
         item_show_func=lambda item: item,
@@ -135,7 +128,7 @@ def maintain(
             on_bins=bins,
             publisher=runtime.publisher,
         )
-    _table(reports, dry_run=dry_run)
+    _table(reports, dry_run=options.dry_run)
     for report in reports:
         for line in report.lines():
             click.echo(line)
