@@ -78,7 +78,6 @@ def worker(args: argparse.Namespace) -> dict[str, object]:
 
     warnings.simplefilter("ignore")
     import dagster as dg
-    import polars as pl
 
     logging.getLogger("dagster").setLevel(logging.ERROR)
     keys = days(args.partitions)
@@ -147,8 +146,10 @@ def _definitions(args: argparse.Namespace, daily, table: str):  # type: ignore[n
 
     def produce(context: dg.AssetExecutionContext) -> pl.DataFrame:
         keys = sorted(context.partition_keys)
-        return pl.concat([frame_for(k, rows) for k in keys]) if len(keys) > 1 else frame_for(
-            keys[0], rows
+        return (
+            pl.concat([frame_for(k, rows) for k in keys])
+            if len(keys) > 1
+            else frame_for(keys[0], rows)
         )
 
     def downstream(up_key: dg.AssetKey, kind: type) -> dg.AssetsDefinition:
@@ -160,7 +161,9 @@ def _definitions(args: argparse.Namespace, daily, table: str):  # type: ignore[n
         def down(up: kind) -> dg.MaterializeResult:  # type: ignore[valid-type]
             frame = up.collect() if isinstance(up, pl.LazyFrame) else up
             if isinstance(frame, dict):  # a per-partition mapping
-                frame = pl.concat([f.collect() if isinstance(f, pl.LazyFrame) else f for f in frame.values()])
+                frame = pl.concat(
+                    [f.collect() if isinstance(f, pl.LazyFrame) else f for f in frame.values()]
+                )
             return dg.MaterializeResult(metadata={"rows": int(frame.height)})
 
         return down
@@ -202,7 +205,8 @@ def _definitions(args: argparse.Namespace, daily, table: str):  # type: ignore[n
         key = dg.AssetKey(table)
         down = downstream(key, pl.DataFrame)
         return dg.Definitions(
-            assets=[noop, down], resources={"io_manager": dg.IOManagerDefinition.hardcoded_io_manager(Discard())}
+            assets=[noop, down],
+            resources={"io_manager": dg.IOManagerDefinition.hardcoded_io_manager(Discard())},
         ), key
 
     if args.engine == "deltalake":
@@ -248,7 +252,9 @@ def python_for(engine: str) -> str:
         import dagster
 
         plugin = _plugin_version(dagster.__version__)
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True
+        )
         pkgs = [p.format(plugin=plugin) for p in PEER_PACKAGES[engine]]
         env = {**os.environ, "PIP_CONSTRAINT": ""}
         subprocess.run(
@@ -265,7 +271,9 @@ def _plugin_version(core: str) -> str:
     return f"0.{minor + 16}.{patch}" if major == 1 else core
 
 
-def measure(args: argparse.Namespace, engine: str, workload: str, env: dict[str, str]) -> dict[str, object]:
+def measure(
+    args: argparse.Namespace, engine: str, workload: str, env: dict[str, str]
+) -> dict[str, object]:
     cmd = [
         python_for(engine),
         __file__,
@@ -366,7 +374,9 @@ def main() -> int:
                     "-c",
                     "import sys,json; from pyiceberg.catalog.sql import SqlCatalog; "
                     "SqlCatalog('bench', **json.loads(sys.argv[1])).create_namespace('bench')",
-                    json.dumps({k: v for k, v in _iceberg_peer_catalog(str(root)).items() if k != "type"}),
+                    json.dumps(
+                        {k: v for k, v in _iceberg_peer_catalog(str(root)).items() if k != "type"}
+                    ),
                 ],
                 check=True,
             )
@@ -415,7 +425,11 @@ def _fmt(r: dict[str, object]) -> str:
 
 
 def report(results, engines, order, *, n: int, encode: float, commit: float) -> None:  # type: ignore[no-untyped-def]
-    floors = {"runs": n * (encode + commit), "backfill": n * encode + commit, "one": encode + commit}
+    floors = {
+        "runs": n * (encode + commit),
+        "backfill": n * encode + commit,
+        "one": encode + commit,
+    }
     print(f"\nfloor: Parquet encode {encode:.3f} s per partition (zstd), one commit {commit:.3f} s")
     print(f"{'workload':10s} " + " ".join(f"{e:>22s}" for e in engines) + f" {'floor':>8s}")
 

@@ -19,8 +19,11 @@ Pure core: no I/O, no Dagster (the Dagster layer builds slices: `dagster_layer/p
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from functools import reduce
 from typing import Any
 
 import polars as pl
@@ -146,6 +149,32 @@ class PartitionSlice:
         for term in self.terms:
             expr = expr & term.expr(schema[term.column])
         return expr.fill_null(False)
+
+
+def covering(slices: Sequence[PartitionSlice], schema: pl.Schema | dict[str, Any]) -> pl.Expr:
+    """A predicate true for the rows of any of `slices` (in the definition's order): consecutive
+    one-term time ranges of one column merge into one range, so a run over days `d1 .. d7` reads
+    through a single `d1 <= column < d8` filter pushed into the scan; other slices are OR-ed."""
+    merged: list[PartitionSlice] = []
+    for part in slices:
+        last = merged[-1].terms if merged else ()
+        (term,) = part.terms if len(part.terms) == 1 else (None,)
+        if (
+            len(last) == 1
+            and isinstance(last[0], TimeRange)
+            and isinstance(term, TimeRange)
+            and last[0].column == term.column
+            and last[0].end == term.start
+        ):
+            joined = TimeRange(term.column, last[0].start, term.end)
+            merged[-1] = PartitionSlice(merged[-1].key, (joined,))
+        else:
+            merged.append(part)
+    if not merged or any(c not in schema for c in merged[0].columns):
+        return pl.lit(False)
+    # plain comparisons, no `fill_null`: a filter drops nulls anyway, and the scan pushes these
+    ors = [reduce(operator.and_, [t.expr(schema[t.column]) for t in p.terms]) for p in merged]
+    return reduce(operator.or_, ors)
 
 
 def check_in_partition(spec: DatasetSpec, frame: pl.DataFrame, partition: PartitionSlice) -> None:
