@@ -26,7 +26,14 @@ import dagster as dg
 import polars as pl
 
 from pipeline_output.contract.checked_input import collect_frame, to_polars
-from pipeline_output.contract.slices import Equals, PartitionSlice, Term, TimeRange, covering
+from pipeline_output.contract.slices import (
+    Equals,
+    PartitionSlice,
+    Term,
+    TimeRange,
+    covering,
+    split_by_slices,
+)
 from pipeline_output.contract.spec import DatasetSpec, check_identifier
 from pipeline_output.dagster_layer.asset_params import as_lazy
 from pipeline_output.errors import InvalidSpec, RowsOutsideWindow, UnsupportedWrite
@@ -279,8 +286,7 @@ def partitioned_frame(
         )
     if len(slices) == 1:
         return PartitionedOutput(((slices[0], lambda: frame),))
-    parts = [frame.filter(s.contains(frame.schema)) for s in slices]
-    outside = frame.height - sum(p.height for p in parts)
+    parts, outside = split_by_slices(frame, slices)  # one pass for consecutive time windows
     if outside:
         raise RowsOutsideWindow(
             f"dataset {spec.name!r}: {outside} row(s) lie outside the partitions "
