@@ -437,6 +437,10 @@ def report(results, engines, order, *, n: int, encode: float, commit: float) -> 
         r = results.get((e, w), {})
         return float(r["seconds"]) if "seconds" in r else None  # type: ignore[arg-type]
 
+    def right(e: str, w: str) -> float | None:  # a peer that returned other rows did not complete
+        r = results.get((e, w), {})
+        return secs(e, w) if r.get("rows") == r.get("expected") else None
+
     for w in order:
         cells = []
         for e in engines:
@@ -460,7 +464,7 @@ def report(results, engines, order, *, n: int, encode: float, commit: float) -> 
         if dl is not None:
             md = dl - base
             line += f", deltalake {md:.2f} s: {m / md if md > 0 else float('inf'):.2f}x"
-        peers = [s for s in (secs("deltalake", w), secs("iceberg", w)) if s is not None]
+        peers = [s for s in (right("deltalake", w), right("iceberg", w)) if s is not None]
         if peers:
             line += f"; total ours / best peer {ours / min(peers):.2f}x"
         if w in floors and w != "runs":
