@@ -22,8 +22,12 @@ Pure core: no I/O, no Dagster (the Dagster layer builds slices: `dagster_layer/p
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from functools import reduce
+from itertools import pairwise
 from typing import Any
 
 import polars as pl
@@ -165,6 +169,32 @@ class PartitionSlice:
         return expr.fill_null(False)
 
 
+def covering(slices: Sequence[PartitionSlice], schema: pl.Schema | dict[str, Any]) -> pl.Expr:
+    """A predicate true for the rows of any of `slices` (in the definition's order): consecutive
+    one-term time ranges of one column merge into one range, so a run over days `d1 .. d7` reads
+    through a single `d1 <= column < d8` filter pushed into the scan; other slices are OR-ed."""
+    merged: list[PartitionSlice] = []
+    for part in slices:
+        last = merged[-1].terms if merged else ()
+        (term,) = part.terms if len(part.terms) == 1 else (None,)
+        if (
+            len(last) == 1
+            and isinstance(last[0], TimeRange)
+            and isinstance(term, TimeRange)
+            and last[0].column == term.column
+            and last[0].end == term.start
+        ):
+            joined = TimeRange(term.column, last[0].start, term.end)
+            merged[-1] = PartitionSlice(merged[-1].key, (joined,))
+        else:
+            merged.append(part)
+    if not merged or any(c not in schema for c in merged[0].columns):
+        return pl.lit(False)
+    # plain comparisons, no `fill_null`: a filter drops nulls anyway, and the scan pushes these
+    ors = [reduce(operator.and_, [t.expr(schema[t.column]) for t in p.terms]) for p in merged]
+    return reduce(operator.or_, ors)
+
+
 def check_in_partition(spec: DatasetSpec, frame: pl.DataFrame, partition: PartitionSlice) -> None:
     """Refuse a frame with a row outside `partition` (`RowsOutsideWindow`), or without its
     columns (`MissingKeyColumn`), before any I/O."""
@@ -176,7 +206,10 @@ def check_in_partition(spec: DatasetSpec, frame: pl.DataFrame, partition: Partit
         )
     if not frame.height:
         return
-    outside = frame.filter(~partition.contains(frame.schema))
+    inside = partition.contains(frame.schema)
+    if frame.select(inside.all()).item():  # one pass, nothing gathered when every row fits
+        return
+    outside = frame.filter(~inside)
     if outside.height:
         sample = outside.select(partition.columns).head(MAX_EXAMPLES).rows()
         shown = ", ".join(repr(r[0] if len(r) == 1 else r) for r in sample)
@@ -184,6 +217,53 @@ def check_in_partition(spec: DatasetSpec, frame: pl.DataFrame, partition: Partit
             f"dataset {spec.name!r}: {outside.height} row(s) lie outside {partition}, e.g. "
             f"{shown}; nothing was written"
         )
+
+
+def split_by_slices(
+    frame: pl.DataFrame, slices: Sequence[PartitionSlice]
+) -> tuple[list[pl.DataFrame], int]:
+    """`frame`'s rows per slice (in `slices`' order) and how many rows lie in none of them.
+
+    Consecutive one-column time windows (a range run of a daily, hourly... definition) on a
+    `Date`, naive or UTC `Datetime` column are split in one vectorised pass: each row's slice is
+    found by binary search over the windows' bounds, then one `partition_by`; other slices are
+    filtered one by one."""
+    merged = _contiguous_range(slices)
+    dtype = frame.schema.get(merged.column) if merged is not None else None
+    plain = isinstance(dtype, pl.Date) or (
+        isinstance(dtype, pl.Datetime) and dtype.time_zone in (None, "UTC")
+    )
+    if merged is None or dtype is None or not plain:
+        parts = [frame.filter(s.contains(frame.schema)) for s in slices]
+        return parts, frame.height - sum(p.height for p in parts)
+    ranges = [s.terms[0] for s in slices]
+    lows = [r.bounds(dtype)[0] for r in ranges if isinstance(r, TimeRange)]
+    high = merged.bounds(dtype)[1]
+    edges = pl.Series([*lows, high], dtype=dtype)
+    column = frame.get_column(merged.column)
+    index = edges.search_sorted(column, side="right").cast(pl.Int64) - 1
+    valid = column.is_not_null() & (index >= 0) & (index < len(slices))
+    bucket = pl.when(valid).then(index).otherwise(-1)
+    by_index = frame.with_columns(__po_slice__=bucket).partition_by(
+        "__po_slice__", as_dict=True, include_key=False
+    )
+    empty = frame.clear()
+    parts = [by_index.get((n,), empty) for n in range(len(slices))]
+    return parts, by_index[(-1,)].height if (-1,) in by_index else 0
+
+
+def _contiguous_range(slices: Sequence[PartitionSlice]) -> TimeRange | None:
+    """The one time window `slices` cover when each is one window of the same column, each
+    starting where the previous ends; None otherwise."""
+    ranges = [s.terms[0] for s in slices if len(s.terms) == 1]
+    if len(ranges) != len(slices) or not ranges:
+        return None
+    if not all(isinstance(r, TimeRange) and r.column == ranges[0].column for r in ranges):
+        return None
+    windows = [r for r in ranges if isinstance(r, TimeRange)]
+    if any(a.end != b.start for a, b in pairwise(windows)):
+        return None
+    return TimeRange(windows[0].column, windows[0].start, windows[-1].end)
 
 
 def _ceil_date(moment: datetime) -> date:
@@ -194,4 +274,13 @@ def _ceil_date(moment: datetime) -> date:
     return day + timedelta(days=1)
 
 
-__all__ = ["Equals", "OneOf", "PartitionSlice", "Term", "TimeRange", "check_in_partition"]
+__all__ = [
+    "Equals",
+    "OneOf",
+    "PartitionSlice",
+    "Term",
+    "TimeRange",
+    "check_in_partition",
+    "covering",
+    "split_by_slices",
+]

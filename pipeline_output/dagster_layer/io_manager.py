@@ -40,7 +40,11 @@ from pipeline_output.dagster_layer.metadata import (
     run_metadata,
     run_table_metadata,
 )
-from pipeline_output.dagster_layer.partitioned import partitioned_output_of, write_partitions
+from pipeline_output.dagster_layer.partitioned import (
+    narrowed_to_input_partitions,
+    partitioned_output_of,
+    write_partitions,
+)
 from pipeline_output.dagster_layer.resource import PipelineOutputResource
 from pipeline_output.dagster_layer.windows_context import windows_of
 from pipeline_output.errors import UnsupportedWrite
@@ -266,7 +270,8 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             mode = runtime.publisher.resolve(spec)
             # lazy: the compute's projection and filters are pushed to the arm at collect time;
             # an Iceberg read is pinned to the snapshot current now (or `as_of`'s)
-            return runtime.publisher.scan(spec, mode=mode, as_of=self._as_of(context, spec))
+            scan = runtime.publisher.scan(spec, mode=mode, as_of=self._as_of(context, spec))
+            return narrowed_to_input_partitions(context, scan, meta)
         if SOURCE_METADATA_KEY in meta:
             source = source_from_metadata(meta[SOURCE_METADATA_KEY])
             from pipeline_output.dagster_layer.source_assets import scan_source

@@ -256,10 +256,13 @@ def table_metadata(
     arms: Sequence[str],
     schema: pl.Schema | None = None,
 ) -> dict[str, Any]:
-    """The dataset's table as it is now, written to `arms`: Dagster's table keys (name, link,
-    column schema) and the Iceberg table's file counts (one table load). `schema`: the written
-    frame's, the legacy arm's column schema."""
-    table = runtime.iceberg.load(spec) if "iceberg" in arms else None
+    """The dataset's table as the write left it, written to `arms`: Dagster's table keys (name,
+    link, column schema) and the Iceberg table's file counts (the table as this process's write
+    left it — no catalog request —, else one table load). `schema`: the written frame's, the
+    legacy arm's column schema."""
+    table = None
+    if "iceberg" in arms:
+        table = runtime.iceberg.tables.as_written(spec) or runtime.iceberg.load(spec)
     meta: dict[str, Any] = {}
     if table is not None:
         meta.update(iceberg_table_metadata(runtime, spec, table))

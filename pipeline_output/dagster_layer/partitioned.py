@@ -26,7 +26,14 @@ import dagster as dg
 import polars as pl
 
 from pipeline_output.contract.checked_input import collect_frame, to_polars
-from pipeline_output.contract.slices import Equals, PartitionSlice, Term, TimeRange
+from pipeline_output.contract.slices import (
+    Equals,
+    PartitionSlice,
+    Term,
+    TimeRange,
+    covering,
+    split_by_slices,
+)
 from pipeline_output.contract.spec import DatasetSpec, check_identifier
 from pipeline_output.dagster_layer.asset_params import as_lazy
 from pipeline_output.errors import InvalidSpec, RowsOutsideWindow, UnsupportedWrite
@@ -130,7 +137,11 @@ def _ranker(partitions_def: Any, instance: Any) -> Callable[[str], Any]:
 def _instance(context: Any) -> Any:
     """The run's instance (it holds the dynamic partitions), or None outside a run."""
     try:
-        step = context.step_context if isinstance(context, dg.OutputContext) else context
+        step = (
+            context.step_context
+            if isinstance(context, (dg.OutputContext, dg.InputContext))
+            else context
+        )
         return step.instance
     except dg.DagsterInvariantViolationError:  # a context built outside a run (a unit test)
         return None
@@ -239,6 +250,30 @@ def _for_key(value: Any, key: str, columns: dict[str, str] | None, partitions_de
     return lazy.filter(slice_for(partitions_def, columns, key).contains(lazy.collect_schema()))
 
 
+def narrowed_to_input_partitions(
+    context: dg.InputContext, lazy: pl.LazyFrame, upstream_meta: Mapping[str, Any]
+) -> pl.LazyFrame:
+    """A Dagster-partitioned dataset read as an input, narrowed to the upstream partitions the
+    step reads (a 7-day range run of a daily downstream: those 7 days), as one filter the scan
+    pushes down (consecutive days: one range, `covering`); the whole table when the step reads
+    every partition, when the upstream is not a partitioned dataset or the input has none."""
+    raw = upstream_meta.get(PARTITION_COLUMNS_KEY)
+    if raw is None or not context.has_asset_partitions:
+        return lazy
+    partitions_def = context.asset_partitions_def
+    instance = _instance(context)
+    keys = set(context.asset_partition_keys)
+    every = partitions_def.get_partition_keys(dynamic_partitions_store=instance)
+    if keys >= set(every):
+        return lazy
+    columns = columns_from_metadata(raw)
+    slices = [
+        slice_for(partitions_def, columns, k)
+        for k in sorted(keys, key=_ranker(partitions_def, instance))
+    ]
+    return lazy.filter(covering(slices, lazy.collect_schema()))
+
+
 def partitioned_frame(
     spec: DatasetSpec, frame: pl.DataFrame, slices: Sequence[PartitionSlice]
 ) -> PartitionedOutput:
@@ -251,8 +286,7 @@ def partitioned_frame(
         )
     if len(slices) == 1:
         return PartitionedOutput(((slices[0], lambda: frame),))
-    parts = [frame.filter(s.contains(frame.schema)) for s in slices]
-    outside = frame.height - sum(p.height for p in parts)
+    parts, outside = split_by_slices(frame, slices)  # one pass for consecutive time windows
     if outside:
         raise RowsOutsideWindow(
             f"dataset {spec.name!r}: {outside} row(s) lie outside the partitions "

@@ -1,8 +1,9 @@
 """Every lock the project takes, named in one place, and same-table writer serialization: a
 Postgres session advisory lock keyed by the table identifier (`AdvisoryLock`).
 
-The lock lives on a dedicated connection to the control-plane Postgres and is released when the
-`with` block exits or the process dies (the server drops session locks of a closed connection), so a
+The lock lives on a session of the process's pool of control-plane sessions (`pgsession.pooled`:
+no new connection per write) and is released when the `with` block exits (the session closed
+when the block raised) or the process dies (the server drops session locks of a closed connection), so a
 crashed writer never leaves a table locked.
 
 The same property means a writer can lose the lock while it works: an idle-session killer, a pooler
@@ -168,69 +169,87 @@ class AdvisoryLock:
         self.url = url
         self.timeout_s = timeout_s
 
-    def _connect(self, name: str) -> psycopg.Connection[Any]:
+    @contextmanager
+    def _session(self, name: str) -> Iterator[psycopg.Connection[Any]]:
+        """A session of the process's pool (`pgsession.pooled`) for the lock `name`: the block
+        releases what it took on it, else it raises and the session is closed."""
         try:
-            return pgsession.connect(self.url, autocommit=True)
+            lease = pgsession.pooled(self.url)
         except psycopg.Error as exc:
             raise LockUnavailable(
                 f"cannot reach the control-plane Postgres for the lock on {name}: "
                 f"{type(exc).__name__}"
             ) from exc
+        with lease as conn:
+            yield conn
 
     @contextmanager
     def hold(self, name: str, *, on: HeldLock | None = None) -> Iterator[LockStats]:
         """Hold the advisory lock for `name` for the duration of the block (on the session of
-        `on` when given: released then, that session goes on)."""
+        `on` when given: released then, that session goes on; else on a pooled session)."""
         stats = LockStats(key=name)
-        conn = on.conn if on is not None else self._connect(name)
+        if on is not None:
+            with self._held(name, on.conn, stats, on=on) as held:
+                yield held
+            return
+        with self._session(name) as conn, self._held(name, conn, stats, on=None) as held:
+            yield held
+
+    @contextmanager
+    def _held(
+        self,
+        name: str,
+        conn: psycopg.Connection[Any],
+        stats: LockStats,
+        *,
+        on: HeldLock | None,
+    ) -> Iterator[LockStats]:
+        """Take `name` on `conn` (the session of `on`, or a pooled one) for the block, then
+        release it: on `on`'s session whatever happened, on a pooled one after a clean exit
+        (an exception closes that session instead, which releases it)."""
         try:
-            try:
-                stats.wait_s = acquire(
-                    conn,
-                    name,
-                    transaction=False,
-                    timeout_s=self.timeout_s,
-                    what=f"the writer lock on {name}",
-                )
-            except psycopg.OperationalError as exc:
-                if on is None:
-                    raise
-                raise LockLost(
-                    f"the session holding {on.name} ended before the writer lock on {name} was "
-                    f"taken ({type(exc).__name__}); nothing was committed"
-                ) from exc
-            stats._verify = lambda: _verify_held(conn, name)
-            acquired = time.perf_counter()
-            try:
-                yield stats
-            finally:
-                stats.held_s = time.perf_counter() - acquired
-                stats._verify = None
-                if on is not None:
-                    with suppress(psycopg.Error):
-                        conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(name),))
-        finally:
+            stats.wait_s = acquire(
+                conn,
+                name,
+                transaction=False,
+                timeout_s=self.timeout_s,
+                what=f"the writer lock on {name}",
+            )
+        except psycopg.OperationalError as exc:
             if on is None:
-                conn.close()
+                raise
+            raise LockLost(
+                f"the session holding {on.name} ended before the writer lock on {name} was "
+                f"taken ({type(exc).__name__}); nothing was committed"
+            ) from exc
+        stats._verify = lambda: _verify_held(conn, name)
+        acquired = time.perf_counter()
+        try:
+            yield stats
+        finally:
+            stats.held_s = time.perf_counter() - acquired
+            stats._verify = None
+            if on is not None:
+                with suppress(psycopg.Error):
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (lock_key(name),))
+        if on is None:
+            _release(conn, name)
 
     @contextmanager
     def share(self, name: str) -> Iterator[HeldLock]:
-        """Hold `name` shared (beside any other shared holder) on a session of its own; waits
-        only while someone holds it alone."""
-        conn = self._connect(name)
-        try:
+        """Hold `name` shared (beside any other shared holder) on a pooled session of its own;
+        waits only while someone holds it alone."""
+        with self._session(name) as conn:
             waited = acquire(conn, name, transaction=False, timeout_s=self.timeout_s, shared=True)
             yield HeldLock(name=name, conn=conn, wait_s=waited)
-        finally:
-            conn.close()
+            _release(conn, name, shared=True)
 
     @contextmanager
     def alone(self, name: str, *, wait_s: float, what: str | None = None) -> Iterator[HeldLock]:
         """Hold `name` alone, on a session of its own. Never queues (a queued request would make
         every new shared holder wait behind it): tries every 50-500 ms for at most `wait_s`
         seconds, then `LockUnavailable` naming `what`."""
-        conn = self._connect(name)
-        try:
+        with self._session(name) as conn:
             started = time.perf_counter()
             pause = 0.05
             while not _try(conn, name):
@@ -242,7 +261,17 @@ class AdvisoryLock:
                 time.sleep(min(pause, wait_s - waited))
                 pause = min(pause * 2, 0.5)
             yield HeldLock(name=name, conn=conn, wait_s=time.perf_counter() - started)
-        finally:
+            _release(conn, name)
+
+
+def _release(conn: psycopg.Connection[Any], name: str, *, shared: bool = False) -> None:
+    """Release the session lock `name` so that its pooled session can be reused; a session that
+    cannot (it ended: the lock is gone with it) is closed, never pooled."""
+    unlock = "SELECT pg_advisory_unlock_shared(%s)" if shared else "SELECT pg_advisory_unlock(%s)"
+    try:
+        conn.execute(unlock, (lock_key(name),))
+    except psycopg.Error:
+        with suppress(psycopg.Error):
             conn.close()
 
 

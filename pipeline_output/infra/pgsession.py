@@ -5,14 +5,24 @@ with `timestamptz` columns and how `timestamptz` values are rendered; nothing th
 writes may depend on it. Every connection is opened with `options=-c TimeZone=UTC` (merged with any
 `options` the URL already carries), so the setting holds from the first statement of the session,
 for every transaction, whatever the server's default. Pure core: no Dagster.
+
+`pooled(url)`: this process's reusable autocommit sessions (the ledger's short transactions, the
+advisory locks of a write), so a write opens no new connection: a session is handed to one caller
+at a time (threads each get their own), checked with an empty query before reuse, returned only
+when it is idle and its caller ended cleanly (else closed), and a forked child never touches the
+sessions it inherited (they stay its parent's).
 """
 
 from __future__ import annotations
 
+import os
+import threading
+from contextlib import suppress
 from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
+from psycopg import pq
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 SESSION_OPTIONS = "-c TimeZone=UTC"
@@ -41,6 +51,82 @@ def connect(url: str, **kwargs: Any) -> psycopg.Connection[Any]:
     return psycopg.connect(session_conninfo(url), **kwargs)
 
 
+MAX_IDLE = 4  # idle sessions kept per URL
+
+
+class _Pool:
+    """Idle autocommit sessions per URL, of the process that opened them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pid = os.getpid()
+        self.idle: dict[str, list[psycopg.Connection[Any]]] = {}
+        self.inherited: list[psycopg.Connection[Any]] = []  # a parent's: never used nor closed
+
+    def _mine(self) -> None:
+        if self.pid != os.getpid():  # forked: the sessions belong to the parent
+            self.inherited.extend(c for idle in self.idle.values() for c in idle)
+            self.idle, self.pid = {}, os.getpid()
+
+    def take(self, url: str) -> psycopg.Connection[Any] | None:
+        while True:
+            with self.lock:
+                self._mine()
+                idle = self.idle.get(url)
+                conn = idle.pop() if idle else None
+            if conn is None:
+                return None
+            try:
+                conn.execute("")  # the server may have ended it while it was idle
+                return conn
+            except psycopg.Error:
+                with suppress(psycopg.Error):
+                    conn.close()
+
+    def give(self, url: str, conn: psycopg.Connection[Any], *, clean: bool) -> None:
+        with self.lock:
+            self._mine()
+            idle = self.idle.setdefault(url, [])
+            reuse = (
+                clean
+                and not conn.closed
+                and not conn.broken
+                and conn.info.transaction_status == pq.TransactionStatus.IDLE
+                and len(idle) < MAX_IDLE
+            )
+            if reuse:
+                idle.append(conn)
+                return
+        with suppress(psycopg.Error):
+            conn.close()
+
+
+_POOL = _Pool()
+
+
+class _Lease:
+    """One pooled session, for one `with` block."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.conn = _POOL.take(url) or connect(url, autocommit=True)
+
+    def __enter__(self) -> psycopg.Connection[Any]:
+        return self.conn
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        _POOL.give(self.url, self.conn, clean=kind is None)
+
+
+def pooled(url: str) -> _Lease:
+    """An autocommit session of this process's pool (opened now when none is idle: a
+    `psycopg.Error` then), for a `with` block; returned to the pool after it when the block ended
+    without an exception and the session is idle — the caller leaves no session state behind
+    (its session advisory locks released, settings reset); a failed block's session is closed
+    (closing releases whatever it held)."""
+    return _Lease(url)
+
+
 def adbc_connect(url: str) -> Any:
     """An ADBC Postgres connection with the session pinned to UTC."""
     import adbc_driver_postgresql.dbapi as adbc
@@ -48,4 +134,4 @@ def adbc_connect(url: str) -> Any:
     return adbc.connect(session_conninfo(url))
 
 
-__all__ = ["SESSION_OPTIONS", "adbc_connect", "connect", "session_conninfo"]
+__all__ = ["SESSION_OPTIONS", "adbc_connect", "connect", "pooled", "session_conninfo"]

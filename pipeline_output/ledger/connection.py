@@ -1,5 +1,5 @@
 """`ControlPlaneDb`: connections to the control-plane database, shared by every record log of the
-ledger (`RecordLog`). A log's method opens its own short transaction, or joins the caller's when given `conn=`
+ledger (`RecordLog`). A log's method opens its own short transaction (on the process's pooled session), or joins the caller's when given `conn=`
 (the legacy arm records its deploy in the same transaction as its rows).
 
 Names in the control-plane schema `pipeline_output`, composed with `psycopg.sql`: a table of
@@ -32,11 +32,13 @@ class ControlPlaneDb:
 
     @contextmanager
     def tx(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
-        """The caller's connection (its transaction), or a fresh one committed on success."""
+        """The caller's connection (its transaction), or a transaction of its own on this
+        process's pooled session (`pgsession.pooled`: no new connection per record), committed
+        on success and rolled back on an exception."""
         if conn is not None:
             yield conn
             return
-        with pgsession.connect(self.url) as own:
+        with pgsession.pooled(self.url) as own, own.transaction():
             yield own
 
 

@@ -157,8 +157,32 @@ def _widens_to(source: IcebergType, target: IcebergType) -> bool:
     )
 
 
+_PLANNED: dict[tuple[object, ...], Evolution] = {}  # plan_evolution's results, by their inputs
+_PLANNED_MAX = 256
+
+
 def plan_evolution(spec: DatasetSpec, table_schema: Schema, frame: pl.DataFrame) -> Evolution:
-    """Compare the compute's columns with the table's; raise `SchemaMismatch` when they cannot fit."""
+    """Compare the compute's columns with the table's; raise `SchemaMismatch` when they cannot fit.
+
+    Planned once per table schema (its id and fields) and frame schema: a write plans twice
+    (before the lock and under it) and every partition of a range run plans the same shapes."""
+    key = (
+        spec.name,
+        spec.primary_key,
+        table_schema.schema_id,
+        tuple((f.field_id, f.name, str(f.field_type), f.required) for f in table_schema.fields),
+        tuple(frame.schema.items()),
+    )
+    planned = _PLANNED.get(key)
+    if planned is None:
+        planned = _plan_evolution(spec, table_schema, frame)
+        if len(_PLANNED) >= _PLANNED_MAX:
+            _PLANNED.clear()
+        _PLANNED[key] = planned
+    return Evolution(add=list(planned.add), widen=list(planned.widen))
+
+
+def _plan_evolution(spec: DatasetSpec, table_schema: Schema, frame: pl.DataFrame) -> Evolution:
     arrow = arrow_schema_of(frame)
     evolution = Evolution()
     table_names = {f.name for f in table_schema.fields}

@@ -15,6 +15,8 @@ from pipeline_output.contract.slices import (
     PartitionSlice,
     TimeRange,
     check_in_partition,
+    covering,
+    split_by_slices,
 )
 from pipeline_output.errors import BadInput, MissingKeyColumn, RowsOutsideWindow, UnsupportedWrite
 from pipeline_output_tests.oracle import DECISIONS
@@ -112,3 +114,27 @@ def test_a_delta_dataset_is_not_written_by_dagster_partition():
     spec = DatasetSpec(name="d", primary_key=("id",), delta=Delta(source="s", watermark="seq"))
     with pytest.raises(UnsupportedWrite, match="written by window, not by Dagster partition"):
         plan_write(spec, WRITTEN, Window(low=1, high=2), partition=day(date(2024, 1, 2)))
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        pl.Series([date(2024, 1, 30) + timedelta(days=n % 6) for n in range(30)] + [None]),
+        pl.Series([datetime(2024, 1, 30, n % 24) + timedelta(days=n % 6) for n in range(30)]),
+        pl.Series(
+            [datetime(2024, 1, 30, n % 24, tzinfo=UTC) + timedelta(days=n % 6) for n in range(30)]
+        ),
+    ],
+    ids=["date", "naive", "utc"],
+)
+def test_a_frame_splits_by_consecutive_days_as_filtering_each_day_would(column):
+    """The vectorised split of a range run's frame and the one range covering its days agree with
+    a filter per day (the oracle), rows outside every day (and nulls) counted, across a month."""
+    frame = pl.DataFrame({"day": column, "n": range(len(column))})
+    days = [day(date(2024, 1, 31) + timedelta(days=n)) for n in range(4)]  # Jan 31 .. Feb 3
+    parts, outside = split_by_slices(frame, days)
+    expected = [frame.filter(d.contains(frame.schema)) for d in days]
+    assert [p.sort("n").rows() for p in parts] == [e.sort("n").rows() for e in expected]
+    assert outside == frame.height - sum(e.height for e in expected) > 0
+    within = frame.filter(covering(days, frame.schema))
+    assert sorted(within["n"]) == sorted(pl.concat(expected)["n"])

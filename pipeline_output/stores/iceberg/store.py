@@ -172,6 +172,8 @@ class IcebergStore:
                 props = summary_properties(spec, plan, run_id, summary)
                 if table is None:
                     result = create_table(self.tables, spec, plan, frame, props, fence=stats.verify)
+                    # the created table, for this process's next write (still under the lock)
+                    self.tables.remember(spec, self.load(spec) if branch is None else None)
                 else:
                     usable = pre if pre is not None and pre.fits(table) else None
                     result = write_existing(
@@ -184,6 +186,8 @@ class IcebergStore:
                         fence=stats.verify,
                         branch=branch or MAIN_BRANCH,
                     )
+                    # its commit updated `table` in place (a branch's: a view, not kept)
+                    self.tables.remember(spec, table if branch is None else None)
         finally:
             prep.discard()
         return replace(

@@ -101,6 +101,21 @@ class IcebergTables:
         self.namespace = namespace
         self._lock: AdvisoryLock | Any | None = lock
         self._namespace_checked = False
+        self._written: dict[tuple[str, str], Table] = {}
+
+    def remember(self, spec: DatasetSpec | str, table: Table | None) -> None:
+        """Keep `table` as this process's last write of it left it (its commit updated it in
+        place); None forgets it (a write whose resulting table this process does not hold)."""
+        if table is None:
+            self._written.pop(self.identifier(spec), None)
+        else:
+            self._written[self.identifier(spec)] = table
+
+    def as_written(self, spec: DatasetSpec | str) -> Table | None:
+        """The table as this process's last write of it left it (no catalog request), or None
+        when this process has not written it: what the next write pre-writes its files against
+        (re-checked under the writer lock) and what the write's metadata reports."""
+        return self._written.get(self.identifier(spec))
 
     def identifier(self, spec: DatasetSpec | str) -> tuple[str, str]:
         """The table identifier of a dataset."""

@@ -176,7 +176,9 @@ def prepare_write(
     its files may be written now, before the lock) and pre-write its files."""
     if partition is not None:
         check_in_partition(spec, frame, partition)
-    table = store.tables.load(spec)
+    # against the table as this process's last write left it (no catalog request), else as it
+    # is now; the write loads it again under its lock and re-checks the files (`fits`)
+    table = store.tables.as_written(spec) or store.tables.load(spec)
     if table is None:  # a first deploy writes its files under the writer lock
         return PreparedWrite(spec=spec, window=window, frame=frame, pre=None, partition=partition)
     check_required(spec, frame, table.schema())  # a table made elsewhere may have NOT NULLs
