@@ -178,26 +178,20 @@ def prepare_write(
         check_in_partition(spec, frame, partition)
     # against the table as this process's last write left it (no catalog request), else as it
     # is now; the write loads it again under its lock and re-checks the files (`fits`)
+    out = PreparedWrite(spec=spec, window=window, frame=frame, pre=None, partition=partition)
     table = store.tables.as_written(spec) or store.tables.load(spec)
     if table is None:  # a first deploy writes its files under the writer lock
-        return PreparedWrite(spec=spec, window=window, frame=frame, pre=None, partition=partition)
+        return out
     check_required(spec, frame, table.schema())  # a table made elsewhere may have NOT NULLs
     registration = ExitStack()
     try:
-        held = registration.enter_context(writing(store, store.tables.table_name(spec)))
-        pre = prewrite(table, spec, frame, window, partition=partition)
+        out.held = registration.enter_context(writing(store, store.tables.table_name(spec)))
+        out.pre = prewrite(table, spec, frame, window, partition=partition)
     except BaseException:
         registration.close()
         raise
-    return PreparedWrite(
-        spec=spec,
-        window=window,
-        frame=frame,
-        pre=pre,
-        held=held,
-        _registration=registration,
-        partition=partition,
-    )
+    out._registration = registration
+    return out
 
 
 def prewrite(
