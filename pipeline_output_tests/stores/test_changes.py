@@ -96,9 +96,40 @@ def canonical(frame: pl.DataFrame) -> list[tuple[Any, ...]]:
     return sorted(frame.rows(), key=lambda r: tuple((v is None, str(type(v)), str(v)) for v in r))
 
 
+COMPOSED = {"composed": 0, "diffed": 0}  # how often each path was checked (the property's)
+
+
 def check(table: Any, from_id: int | None, to_id: int, key: list[str]) -> dict[str, int]:
-    got = read_changes(table, from_snapshot=from_id, to_snapshot=to_id, primary_key=key)
+    """`read_changes` equals the oracle by both paths: the manifest diff (`composed=False`) and,
+    when the range's snapshots recorded their change (`composed=True` does not refuse), the
+    composed change files; the default takes one of them."""
     expected = oracle(table, from_id, to_id, key)
+    counts = matches(table, from_id, to_id, key, expected, composed=None)
+    assert matches(table, from_id, to_id, key, expected, composed=False) == counts
+    COMPOSED["diffed"] += 1
+    if key:
+        try:
+            composed = matches(table, from_id, to_id, key, expected, composed=True)
+        except ChangesUnsupported:
+            pass
+        else:
+            assert composed == counts
+            COMPOSED["composed"] += 1
+    return counts
+
+
+def matches(
+    table: Any,
+    from_id: int | None,
+    to_id: int,
+    key: list[str],
+    expected: pl.DataFrame,
+    *,
+    composed: bool | None,
+) -> dict[str, int]:
+    got = read_changes(
+        table, from_snapshot=from_id, to_snapshot=to_id, primary_key=key, composed=composed
+    )
     frame = got.frame
     assert frame.columns == [
         *expected.columns[:-1],
@@ -439,7 +470,10 @@ def test_any_pair_of_snapshots_after_random_writes_reads_as_the_oracle_differenc
             b = data.draw(st.sampled_from(up.snaps))
             check(table, a, b, up.key)
 
+    before = dict(COMPOSED)
     run()
+    if keyed_upstream:  # the composed path was exercised, not only the fallback
+        assert COMPOSED["composed"] > before["composed"]
 
 
 def test_the_to_snapshot_defaults_to_the_branch_head_and_a_missing_branch_is_refused(

@@ -38,12 +38,23 @@ from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestEntry,
+    ManifestEntryStatus,
+)
 from pyiceberg.table import DataScan, FileScanTask, Table
 from pyiceberg.table.delete_file_index import DeleteFileIndex
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from pipeline_output.errors import ChangesExpired, ChangesUnsupported
+from pipeline_output.stores.iceberg.snapshot.commit import (
+    ADDED_ARE_INSERTS,
+    CHANGE_ADDED,
+    CHANGE_FILE,
+)
 from pipeline_output.stores.iceberg.snapshot.files import deleted_positions, referenced_path
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
     manifest_entries,
@@ -101,10 +112,13 @@ def read_changes(
     to_snapshot: int | None = None,
     primary_key: Sequence[str] = (),
     branch: str = "main",
+    composed: bool | None = None,
 ) -> ChangeSet:
     """The net change of `table` from `from_snapshot` (exclusive; None: from the empty table) to
     `to_snapshot` (inclusive; default: `branch`'s head). A snapshot no longer in the table's
-    metadata (expired): `ChangesExpired`, naming the table and the snapshot."""
+    metadata (expired): `ChangesExpired`, naming the table and the snapshot. `composed` (tests,
+    benchmarks): None composes the range's change files when it can, else diffs manifests; True
+    only composes (`ChangesUnsupported` when it cannot); False only diffs."""
     name = ".".join(table.name())
     to_id = to_snapshot if to_snapshot is not None else head(table, branch)
     if to_id is None and table.metadata.snapshots:
@@ -121,6 +135,12 @@ def read_changes(
         )
     if end is None or from_snapshot == to_id or _only_rewrites(table, start, end):
         return _change_set(_empty(target), target, from_snapshot, end)
+    if pk and composed is not False:
+        found = _composed(table, start, end, target=target, pk=pk)
+        if found is not None:
+            return _change_set(found, target, from_snapshot, end)
+        if composed:
+            raise ChangesUnsupported(f"table {name!r}: the range has no change files to compose")
     before, after = _sides(table, start, end, target=target)
     netted = _net_by_key(before, after, pk) if pk else _net_as_multisets(before, after)
     return _change_set(netted, target, from_snapshot, end)
@@ -157,6 +177,86 @@ def _snapshot(table: Table, snapshot_id: int | None, *, name: str) -> Snapshot |
             "or never one of its snapshots); its changes since then cannot be read"
         )
     return found
+
+
+def _composed(
+    table: Table, start: Snapshot | None, end: Snapshot, *, target: pl.Schema, pk: list[str]
+) -> pl.DataFrame | None:
+    """The net change from `start` to `end` composed from the change each snapshot on the way
+    recorded at write time (`commit.CHANGE_FILE`, `commit.CHANGE_ADDED`), reading only those;
+    rewrites (`replace`) change nothing. None when that is not possible: `end` does not descend
+    from `start`, a snapshot on the way carries no change of its own (another writer, a replace
+    write, a rollback's cherry-pick...), a schema differs from `end`'s, or a change file cannot be
+    read. Per key: the first change's before and the last change's after, netted as the manifest
+    diff nets (`_net_by_key`)."""
+    path: list[Snapshot] = []
+    stop = start.snapshot_id if start is not None else None
+    for snap in ancestry(table, end.snapshot_id):
+        if snap.snapshot_id == stop:
+            break
+        path.append(snap)
+    else:
+        if stop is not None:
+            return None  # `start` is not an ancestor of `end`
+        if path and path[-1].parent_snapshot_id is not None:
+            return None  # history before the oldest snapshot kept was expired
+    parts: list[pl.LazyFrame] = []
+    for seq, snap in enumerate(reversed(path)):
+        if snap.summary is None:
+            return None
+        if snap.summary.operation == Operation.REPLACE:
+            continue  # a rewrite: the same rows
+        if snap.schema_id != end.schema_id:
+            return None
+        change_file = snap.summary.get(CHANGE_FILE)
+        if change_file is not None:
+            frame = pl.scan_parquet(change_file, storage_options=storage(table) or None)
+        elif snap.summary.get(CHANGE_ADDED) == ADDED_ARE_INSERTS:
+            frame = _added(table, snap).with_columns(pl.lit(INSERT).alias(CHANGE_TYPE))
+        else:
+            return None
+        parts.append(
+            typed(frame, target)
+            .select(*target, CHANGE_TYPE)
+            .with_columns(pl.lit(seq).alias(_ORDER))
+        )
+    if not parts:
+        return _empty(target)
+    try:
+        with quiet():
+            events = pl.concat(parts, how="vertical_relaxed").collect()
+    except (OSError, pl.exceptions.PolarsError):
+        return None  # a change file gone or unreadable: the manifest diff instead
+    bounds = events.group_by(pk).agg(
+        pl.col(_ORDER).min().alias("__po_first__"), pl.col(_ORDER).max().alias("__po_last__")
+    )
+    events = events.join(bounds, on=pk, how="inner", nulls_equal=True)
+    kind = pl.col(CHANGE_TYPE)
+    before = events.filter(
+        kind.is_in([DELETE, UPDATE_BEFORE]) & (pl.col(_ORDER) == pl.col("__po_first__"))
+    )
+    after = events.filter(
+        kind.is_in([INSERT, UPDATE_AFTER]) & (pl.col(_ORDER) == pl.col("__po_last__"))
+    )
+    cols = list(target)
+    return _net_by_key(before.select(cols), after.select(cols), pk)
+
+
+def _added(table: Table, snapshot: Snapshot) -> pl.LazyFrame:
+    """The rows of the data files `snapshot` added (its inserts, when it says so)."""
+    sid = snapshot.snapshot_id
+    tasks = [
+        FileScanTask(entry.data_file)
+        for manifest in manifest_files(table.io, snapshot)
+        if manifest.added_snapshot_id == sid
+        for entry in manifest_entries(table.io, manifest)
+        if entry.status == ManifestEntryStatus.ADDED
+        and entry.snapshot_id == sid
+        and entry.data_file.content == DataFileContent.DATA
+    ]
+    if not tasks:
+        return pl.LazyFrame(schema=target_schema(snapshot_schema(table, sid)))
+    return _scan(table, tasks, sid)
 
 
 def _only_rewrites(table: Table, start: Snapshot | None, end: Snapshot) -> bool:

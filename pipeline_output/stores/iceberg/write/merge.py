@@ -80,6 +80,8 @@ from pipeline_output.contract.spec import (
 from pipeline_output.contract.store_protocol import KEY_TYPES, Capabilities
 from pipeline_output.errors import EmptyComputeRefused, UnsupportedWrite, WriteConflict
 from pipeline_output.stores.iceberg.snapshot.commit import (
+    ADDED_ARE_INSERTS,
+    CHANGE_ADDED,
     CommitRequest,
     commit,
     delete_quietly,
@@ -91,6 +93,13 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     ManifestIndex,
     read_index,
     upgrade_properties,
+)
+from pipeline_output.stores.iceberg.table.changes import (
+    CHANGE_TYPE,
+    DELETE,
+    INSERT,
+    UPDATE_AFTER,
+    UPDATE_BEFORE,
 )
 from pipeline_output.stores.iceberg.table.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.table.tables import (
@@ -151,6 +160,10 @@ class FileMerge:
     reader: FileReader = field(init=False)
     # which merge compared the rows and why (`key_scan.choose_merge_path`); None: no comparison
     path: MergePath | None = field(default=None, init=False)
+    # the write's own change for the change feed (`change`): the old rows it updated or deleted
+    # (tagged update_before / delete) and the keys it matched; None: not collected
+    _change_before: list[pl.DataFrame] | None = field(default=None, init=False)
+    _change_matched: pl.DataFrame | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.reader = FileReader(self.table, self.schema)
@@ -160,6 +173,26 @@ class FileMerge:
         """The changes of the plan's write mode (its handler in `WRITE_HANDLERS`)."""
         ICEBERG_CAPABILITIES.check_plan(self.spec, plan)  # a mode without a handler: refused
         return WRITE_HANDLERS[plan.write_mode](self, plan)
+
+    def change(self) -> pl.DataFrame | None:
+        """The change an upsert or sync made (`commit.CHANGE_FILE`): the old rows it updated or
+        deleted, the compute's rows of the keys it updated (update_after) or did not match
+        (insert); None when it was not collected (other modes)."""
+        if self._change_before is None or self._change_matched is None:
+            return None
+        pk, names = list(self.spec.primary_key), schema_names(self.schema)
+        before = [b.select(*names, CHANGE_TYPE) for b in self._change_before if b.height]
+        old = pl.concat(before, how="vertical_relaxed") if before else None
+        updated = (
+            old.filter(pl.col(CHANGE_TYPE) == UPDATE_BEFORE).select(pk) if old is not None else None
+        )
+        inserted = self.frame.join(self._change_matched, on=pk, how="anti", nulls_equal=True)
+        parts = [inserted.select(names).with_columns(pl.lit(INSERT).alias(CHANGE_TYPE))]
+        if old is not None and updated is not None:
+            parts.insert(0, old)
+            after = self.frame.join(updated, on=pk, how="semi", nulls_equal=True)
+            parts.append(after.select(names).with_columns(pl.lit(UPDATE_AFTER).alias(CHANGE_TYPE)))
+        return pl.concat(parts, how="vertical_relaxed")
 
     def _policy(self, plan: WritePlan) -> MergePolicy:
         if self.policy is None:
@@ -359,6 +392,8 @@ class FileMerge:
                 merged_on_read = True
             else:
                 rewritten.append(rows)
+        self._change_before = [_old_rows(scanned, [r for r in relevant if id(r.task) in touched])]
+        self._change_matched = scanned.matched_keys
         for chunk in _chunks(rewritten):
             _rewrite_scanned(self, changes, scanned, chunk)
 
@@ -413,6 +448,8 @@ class FileMerge:
         settled_keys: list[pl.DataFrame] = []
         merged_on_read = False
         touched: set[int] = set()
+        names = schema_names(self.schema)
+        self._change_before = before = []
         # the compute's value columns under reserved names: no user column can collide with them
         renamed = {c: NEW_PREFIX + c for c in frame.columns if c not in pk}
         value_cols = [c for c in schema_names(self.schema) if c in renamed]
@@ -433,6 +470,12 @@ class FileMerge:
                 changes.preserved += rows.height - joined.height
                 continue
             touched.add(id(task))
+            before.append(
+                changed.select(names).with_columns(pl.lit(UPDATE_BEFORE).alias(CHANGE_TYPE))
+            )
+            if gone_rows is not None and n_absent:
+                absent = rows.filter(gone_rows).select(names)
+                before.append(absent.with_columns(pl.lit(DELETE).alias(CHANGE_TYPE)))
             changes.updated += changed.height
             changes.unchanged += joined.height - changed.height
             changes.deleted += n_absent
@@ -457,6 +500,7 @@ class FileMerge:
             self._rewrite(changes, task, content.drop(POS_COLUMN))
 
         all_matched = pl.concat(matched_keys) if matched_keys else frame.head(0).select(pk)
+        self._change_matched = all_matched
         refuse_duplicate_matches(spec, all_matched)  # before anything is committed
         changes.inserted = frame.height - all_matched.height
         # inserts, and the new versions of rows deleted by position: one pass, the frame's order
@@ -670,6 +714,36 @@ def _chunks(files: list[FileRows]) -> list[list[FileRows]]:
     return out
 
 
+def _old_rows(scanned: CandidateRows, files_: list[FileRows]) -> pl.DataFrame:
+    """The old rows `files_` lose (their changed rows, tagged update_before, and absent ones,
+    tagged delete), read as one scan of those files: the change's before side."""
+    reader = scanned.reader
+    target = list(reader.target)
+    kinds = pl.DataFrame(
+        {
+            G: [
+                reader.offsets[r.index] + p
+                for r in files_
+                for s in (r.changed, r.absent)
+                for p in s.to_list()
+            ],
+            CHANGE_TYPE: [
+                kind
+                for r in files_
+                for s, kind in ((r.changed, UPDATE_BEFORE), (r.absent, DELETE))
+                for _ in range(s.len())
+            ],
+        },
+        schema={G: pl.Int64, CHANGE_TYPE: pl.String},
+    )
+    if not kinds.height:
+        return pl.DataFrame(schema={**reader.target, CHANGE_TYPE: pl.String})
+    files = [r.index for r in files_]
+    wanted = kinds.with_columns(reader.local(files, pl.col(G)).alias(L)).drop(G)
+    content = reader.scan(files, target).filter(pl.col(L).is_in(wanted.get_column(L).implode()))
+    return content.collect().join(wanted, on=L, how="inner").select(*target, CHANGE_TYPE)
+
+
 def _rewrite_scanned(
     merge: FileMerge, changes: MergeChanges, scanned: CandidateRows, files_: list[FileRows]
 ) -> None:
@@ -709,6 +783,7 @@ def create_table(
     tx = tables.create_transaction(spec, frame)
     data = sorted_for_write(frame, spec)
     props = {**props, **row_properties(RowCounts(inserted=frame.height))}
+    props[CHANGE_ADDED] = ADDED_ARE_INSERTS  # the first snapshot's files are its inserts
     try:
         table = commit(
             CommitRequest(
@@ -787,6 +862,8 @@ def write_existing(
     force = plan.first_deploy
     snapshot_id: int | None = None
     props = {**props, **row_properties(changes)}
+    if plan.write_mode in ("append", "append_new") and not changes.deleted_files:
+        props[CHANGE_ADDED] = ADDED_ARE_INSERTS  # its added data files are its inserts
     if not changes.noop or force:
         frames, ready = changes.new_frames, list(changes.written)
         if pre is not None and frames and frames[0] is frame:
@@ -807,6 +884,7 @@ def write_existing(
                 fence=fence,
                 index=index,
                 branch=branch,
+                change=merge.change(),
             )
         )
         snapshot_id = head(new_table, branch)
