@@ -200,31 +200,28 @@ def _composed(
             return None  # `start` is not an ancestor of `end`
         if path and path[-1].parent_snapshot_id is not None:
             return None  # history before the oldest snapshot kept was expired
-    parts: list[pl.LazyFrame] = []
+    parts: list[tuple[int, Snapshot]] = []
     for seq, snap in enumerate(reversed(path)):
         if snap.summary is None:
             return None
         if snap.summary.operation == Operation.REPLACE:
             continue  # a rewrite: the same rows
-        if snap.schema_id != end.schema_id:
+        if snap.schema_id != end.schema_id or not (
+            snap.summary.get(CHANGE_FILE) or snap.summary.get(CHANGE_ADDED) == ADDED_ARE_INSERTS
+        ):
             return None
-        change_file = snap.summary.get(CHANGE_FILE)
-        if change_file is not None:
-            frame = pl.scan_parquet(change_file, storage_options=storage(table) or None)
-        elif snap.summary.get(CHANGE_ADDED) == ADDED_ARE_INSERTS:
-            frame = _added(table, snap).with_columns(pl.lit(INSERT).alias(CHANGE_TYPE))
-        else:
-            return None
-        parts.append(
-            typed(frame, target)
-            .select(*target, CHANGE_TYPE)
-            .with_columns(pl.lit(seq).alias(_ORDER))
-        )
+        parts.append((seq, snap))
     if not parts:
         return _empty(target)
     try:
         with quiet():
-            events = pl.concat(parts, how="vertical_relaxed").collect()
+            events = pl.concat(
+                [
+                    _recorded(table, snap, target).with_columns(pl.lit(seq).alias(_ORDER))
+                    for seq, snap in parts
+                ],
+                how="vertical_relaxed",
+            ).collect()
     except (OSError, pl.exceptions.PolarsError):
         return None  # a change file gone or unreadable: the manifest diff instead
     bounds = events.group_by(pk).agg(
@@ -240,6 +237,16 @@ def _composed(
     )
     cols = list(target)
     return _net_by_key(before.select(cols), after.select(cols), pk)
+
+
+def _recorded(table: Table, snap: Snapshot, target: pl.Schema) -> pl.LazyFrame:
+    """The change `snap` recorded at write time: its change file, or its added files' rows."""
+    change_file = snap.summary.get(CHANGE_FILE) if snap.summary is not None else None
+    if change_file:
+        frame = pl.scan_parquet(change_file, storage_options=storage(table) or None)
+    else:
+        frame = _added(table, snap).with_columns(pl.lit(INSERT).alias(CHANGE_TYPE))
+    return typed(frame, target).select(*target, CHANGE_TYPE)
 
 
 def _added(table: Table, snapshot: Snapshot) -> pl.LazyFrame:
