@@ -187,19 +187,17 @@ def _composed(
     rewrites (`replace`) change nothing. None when that is not possible: `end` does not descend
     from `start`, a snapshot on the way carries no change of its own (another writer, a replace
     write, a rollback's cherry-pick...), a schema differs from `end`'s, or a change file cannot be
-    read. Per key: the first change's before and the last change's after, netted as the manifest
+    read, or `start` is None. Per key: the first change's before and the last change's after, netted as the manifest
     diff nets (`_net_by_key`)."""
+    if start is None:  # every live row: reading the live files is that already (and expiry
+        return None  # may have dropped the first snapshots, leaving a root that is not one)
     path: list[Snapshot] = []
-    stop = start.snapshot_id if start is not None else None
     for snap in ancestry(table, end.snapshot_id):
-        if snap.snapshot_id == stop:
+        if snap.snapshot_id == start.snapshot_id:
             break
         path.append(snap)
     else:
-        if stop is not None:
-            return None  # `start` is not an ancestor of `end`
-        if path and path[-1].parent_snapshot_id is not None:
-            return None  # history before the oldest snapshot kept was expired
+        return None  # `start` is not an ancestor of `end`
     parts: list[tuple[int, Snapshot]] = []
     for seq, snap in enumerate(reversed(path)):
         if snap.summary is None:
