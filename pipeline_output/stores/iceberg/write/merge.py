@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -392,8 +392,10 @@ class FileMerge:
                 merged_on_read = True
             else:
                 rewritten.append(rows)
-        self._change_before = [_old_rows(scanned, [r for r in relevant if id(r.task) in touched])]
-        self._change_matched = scanned.matched_keys
+        losing = [r for r in relevant if id(r.task) in touched]
+        if ChangeFilePolicy.of(self.table).records(r.task.file.file_size_in_bytes for r in losing):
+            self._change_before = [_old_rows(scanned, losing)]  # an extra read of those files
+            self._change_matched = scanned.matched_keys
         for chunk in _chunks(rewritten):
             _rewrite_scanned(self, changes, scanned, chunk)
 
@@ -449,7 +451,9 @@ class FileMerge:
         merged_on_read = False
         touched: set[int] = set()
         names = schema_names(self.schema)
-        self._change_before = before = []
+        before: list[pl.DataFrame] = []
+        if ChangeFilePolicy.of(self.table).mode != "never":  # the rows are in hand
+            self._change_before = before
         # the compute's value columns under reserved names: no user column can collide with them
         renamed = {c: NEW_PREFIX + c for c in frame.columns if c not in pk}
         value_cols = [c for c in schema_names(self.schema) if c in renamed]
@@ -618,6 +622,36 @@ def _live_rows(task: FileScanTask) -> int:
     if not task.delete_files:
         return int(task.file.record_count)
     return int(task.file.record_count) - sum(d.record_count for d in own_delete_files(task))
+
+
+# when an upsert or sync writes its change file (`commit.CHANGE_FILE`): `always`, `never`, or
+# `auto` (default) — when its before rows are in hand (the file-by-file merge), or reading them
+# costs little: the files losing rows total at most CHANGE_READ_BYTES
+CHANGE_FILES_PROPERTY = "pipeline-output.change-files"
+CHANGE_READ_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ChangeFilePolicy:
+    """Whether a merge that would have to read its before rows records its change."""
+
+    mode: str
+
+    @classmethod
+    def of(cls, table: Table) -> ChangeFilePolicy:
+        mode = table.metadata.properties.get(CHANGE_FILES_PROPERTY, "auto")
+        if mode not in ("auto", "always", "never"):
+            raise UnsupportedWrite(
+                f"table {'.'.join(table.name())!r}: property {CHANGE_FILES_PROPERTY}={mode!r} is "
+                "not one of auto, always, never (nothing was written)"
+            )
+        return cls(mode)
+
+    def records(self, sizes: Iterable[int]) -> bool:
+        """Whether to read the before rows of files of `sizes` bytes to record the change."""
+        if self.mode != "auto":
+            return self.mode == "always"
+        return sum(sizes) <= CHANGE_READ_BYTES
 
 
 MIN_ROWS = 10_000  # smaller files cost less to rewrite than to carry deletes for
