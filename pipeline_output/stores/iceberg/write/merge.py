@@ -478,8 +478,8 @@ class FileMerge:
                 changed.select(names).with_columns(pl.lit(UPDATE_BEFORE).alias(CHANGE_TYPE))
             )
             if gone_rows is not None and n_absent:
-                absent = rows.filter(gone_rows).select(names)
-                before.append(absent.with_columns(pl.lit(DELETE).alias(CHANGE_TYPE)))
+                lost = rows.filter(gone_rows).select(names)
+                before.append(lost.with_columns(pl.lit(DELETE).alias(CHANGE_TYPE)))
             changes.updated += changed.height
             changes.unchanged += joined.height - changed.height
             changes.deleted += n_absent
