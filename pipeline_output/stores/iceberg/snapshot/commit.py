@@ -304,7 +304,12 @@ def commit(request: CommitRequest) -> Table:
     change_written: list[str] = []
     if request.change is not None:
         path = change_path(tx.table_metadata.location, commit_uuid)
-        write_change_file(tx._table.io, path, request.change)  # fails: nothing committed
+        try:
+            write_change_file(tx._table.io, path, request.change)
+        except BaseException:  # the write fails whole: nothing committed, its files go
+            for data_file in ready:
+                delete_quietly(tx._table.io, data_file.file_path)
+            raise
         change_written.append(path)
         props[CHANGE_FILE] = path
     if deleted or request.force or positional:
