@@ -12,6 +12,11 @@ works, `to` need not descend from `from` (a rollback reads as the reverse change
   (the `from` row) and update_after (the `to` row); equal → nothing.
 - Unkeyed: the multiset difference of rows (duplicates counted).
 
+Composed from change files first (`_composed`): when every snapshot from `from` to `to` recorded
+its own change at write time (`commit.CHANGE_FILE`, `commit.CHANGE_ADDED`) or is a rewrite, only
+those are read and netted per key; otherwise (module docs/concepts.md "The change feed" lists
+when) the manifest diff below, which is always correct.
+
 Cost follows the change, not the table. The two snapshots' live files are diffed from their
 manifests (decoded by fastavro, `manifest_decoding`; a manifest in both lists is read once):
 
