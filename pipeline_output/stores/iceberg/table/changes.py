@@ -227,6 +227,9 @@ def _composed(
             ).collect()
     except (OSError, pl.exceptions.PolarsError):
         return None  # a change file gone or unreadable: the manifest diff instead
+    cols = list(target)
+    if len(parts) == 1:  # one write's change is net already (its merge compared the rows)
+        return events.select(*cols, CHANGE_TYPE)
     bounds = events.group_by(pk).agg(
         pl.col(_ORDER).min().alias("__po_first__"), pl.col(_ORDER).max().alias("__po_last__")
     )
@@ -238,7 +241,6 @@ def _composed(
     after = events.filter(
         kind.is_in([INSERT, UPDATE_AFTER]) & (pl.col(_ORDER) == pl.col("__po_last__"))
     )
-    cols = list(target)
     return _net_by_key(before.select(cols), after.select(cols), pk)
 
 
