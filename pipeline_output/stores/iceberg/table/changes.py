@@ -248,7 +248,10 @@ def _recorded(table: Table, snap: Snapshot, target: pl.Schema) -> pl.LazyFrame:
     """The change `snap` recorded at write time: its change file, or its added files' rows."""
     change_file = snap.summary.get(CHANGE_FILE) if snap.summary is not None else None
     if change_file:
-        frame = pl.scan_parquet(change_file, storage_options=storage(table) or None)
+        if change_file.startswith("file://"):  # polars' local reader: no object store to set up
+            frame = pl.scan_parquet(change_file.removeprefix("file://"))
+        else:
+            frame = pl.scan_parquet(change_file, storage_options=storage(table) or None)
     else:
         frame = _added(table, snap).with_columns(pl.lit(INSERT).alias(CHANGE_TYPE))
     return typed(frame, target).select(*target, CHANGE_TYPE)
