@@ -372,9 +372,9 @@ def commit(request: CommitRequest) -> Table:
 
 
 def write_change_file(io: FileIO, path: str, change: pl.DataFrame) -> None:
-    """Write a snapshot's change rows to `path` (one small Parquet file, zstd)."""
+    """Write a snapshot's change rows to `path` (one small Parquet file, lz4)."""
     buffer = io_module.BytesIO()
-    change.write_parquet(buffer, compression="zstd", statistics=False)
+    change.write_parquet(buffer, compression="lz4", statistics=False)  # read fast (cold too)
     with io.new_output(path).create(overwrite=True) as out:
         out.write(buffer.getvalue())
 

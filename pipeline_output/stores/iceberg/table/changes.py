@@ -218,18 +218,16 @@ def _composed(
         return _empty(target)
     try:
         with quiet():
-            events = pl.concat(
-                [
-                    _recorded(table, snap, target).with_columns(pl.lit(seq).alias(_ORDER))
-                    for seq, snap in parts
-                ],
-                how="vertical_relaxed",
-            ).collect()
+            recorded = [(seq, _recorded(table, snap, target)) for seq, snap in parts]
     except (OSError, pl.exceptions.PolarsError):
         return None  # a change file gone or unreadable: the manifest diff instead
     cols = list(target)
-    if len(parts) == 1:  # one write's change is net already (its merge compared the rows)
-        return events.select(*cols, CHANGE_TYPE)
+    if len(recorded) == 1:  # one write's change is net already (its merge compared the rows)
+        return recorded[0][1]
+    events = pl.concat(
+        [frame.with_columns(pl.lit(seq).alias(_ORDER)) for seq, frame in recorded],
+        how="vertical_relaxed",
+    )
     bounds = events.group_by(pk).agg(
         pl.col(_ORDER).min().alias("__po_first__"), pl.col(_ORDER).max().alias("__po_last__")
     )
@@ -244,16 +242,16 @@ def _composed(
     return _net_by_key(before.select(cols), after.select(cols), pk)
 
 
-def _recorded(table: Table, snap: Snapshot, target: pl.Schema) -> pl.LazyFrame:
+def _recorded(table: Table, snap: Snapshot, target: pl.Schema) -> pl.DataFrame:
     """The change `snap` recorded at write time: its change file, or its added files' rows."""
     change_file = snap.summary.get(CHANGE_FILE) if snap.summary is not None else None
     if change_file:
         if change_file.startswith("file://"):  # polars' local reader: no object store to set up
-            frame = pl.scan_parquet(change_file.removeprefix("file://"))
+            frame = pl.read_parquet(change_file.removeprefix("file://"))
         else:
-            frame = pl.scan_parquet(change_file, storage_options=storage(table) or None)
+            frame = pl.read_parquet(change_file, storage_options=storage(table) or None)
     else:
-        frame = _added(table, snap).with_columns(pl.lit(INSERT).alias(CHANGE_TYPE))
+        frame = _added(table, snap).with_columns(pl.lit(INSERT).alias(CHANGE_TYPE)).collect()
     return typed(frame, target).select(*target, CHANGE_TYPE)
 
 
@@ -568,8 +566,9 @@ def _change_set(
         pl.lit(end.snapshot_id if end is not None else None, dtype=pl.Int64).alias(CHANGE_SNAPSHOT),
         pl.lit(committed, dtype=pl.Datetime("us", "UTC")).alias(CHANGE_COMMIT_TIME),
     )
-    found = dict(frame.get_column(CHANGE_TYPE).value_counts().iter_rows())
-    counts = {kind: int(found.get(kind, 0)) for kind in CHANGE_TYPES}
+    kind = pl.col(CHANGE_TYPE)
+    found = frame.select([(kind == k).sum().alias(k) for k in CHANGE_TYPES]).row(0, named=True)
+    counts = {k: int(found[k] or 0) for k in CHANGE_TYPES}
     return ChangeSet(
         frame=frame,
         from_snapshot=from_snapshot,
