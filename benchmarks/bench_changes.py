@@ -148,7 +148,12 @@ def build(work: Path, rows: int) -> dict[str, Any]:
         for j in range(FILES):
             frame = _rows(pl.int_range(j * per, (j + 1) * per, eager=True), changed=False)
             store.write(_spec(name, "append_always"), frame)
-        cfg[f"{name}_from"] = store.load(name).current_snapshot().snapshot_id
+        table = store.load(name)
+        cfg[f"{name}_from"] = table.current_snapshot().snapshot_id
+        # record the upsert's change at write time, like delta.enableChangeDataFeed (its
+        # touched files exceed `auto`'s read budget: merge.CHANGE_FILES_PROPERTY)
+        with table.transaction() as tx:
+            tx.set_properties({"pipeline-output.change-files": "always"})
         res = store.write(_spec(name, "snapshot_replace", hint), batch)
         cfg[f"{name}_to"] = store.load(name).current_snapshot().snapshot_id
         cfg[f"{name}_write"] = {
@@ -358,7 +363,7 @@ def child(cfg: dict[str, Any], case: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=10_000_000)
-    parser.add_argument("--work", default="/tmp/bench_changes")
+    parser.add_argument("--work", default="/tmp/bench_changes_cf")  # tables with change files
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--child")
     parser.add_argument("--build-only", action="store_true")

@@ -21,6 +21,7 @@ from pyiceberg.types import StringType
 from pipeline_output import DatasetSpec, Delta, Window
 from pipeline_output.contract.slices import PartitionSlice, TimeRange
 from pipeline_output.errors import ChangesExpired, ChangesUnsupported
+from pipeline_output.stores.iceberg.snapshot.commit import CHANGE_ADDED, CHANGE_FILE
 from pipeline_output.stores.iceberg.table.changes import (
     CHANGE_COMMIT_TIME,
     CHANGE_SNAPSHOT,
@@ -29,6 +30,7 @@ from pipeline_output.stores.iceberg.table.changes import (
     iter_change_batches,
     read_changes,
 )
+from pipeline_output.stores.iceberg.write.merge import CHANGE_FILES_PROPERTY
 from pipeline_output_tests.iceberg_harness import customers
 
 KEY = ["id"]
@@ -96,9 +98,40 @@ def canonical(frame: pl.DataFrame) -> list[tuple[Any, ...]]:
     return sorted(frame.rows(), key=lambda r: tuple((v is None, str(type(v)), str(v)) for v in r))
 
 
+COMPOSED = {"composed": 0, "diffed": 0}  # how often each path was checked (the property's)
+
+
 def check(table: Any, from_id: int | None, to_id: int, key: list[str]) -> dict[str, int]:
-    got = read_changes(table, from_snapshot=from_id, to_snapshot=to_id, primary_key=key)
+    """`read_changes` equals the oracle by both paths: the manifest diff (`composed=False`) and,
+    when the range's snapshots recorded their change (`composed=True` does not refuse), the
+    composed change files; the default takes one of them."""
     expected = oracle(table, from_id, to_id, key)
+    counts = matches(table, from_id, to_id, key, expected, composed=None)
+    assert matches(table, from_id, to_id, key, expected, composed=False) == counts
+    COMPOSED["diffed"] += 1
+    if key:
+        try:
+            composed = matches(table, from_id, to_id, key, expected, composed=True)
+        except ChangesUnsupported:
+            pass
+        else:
+            assert composed == counts
+            COMPOSED["composed"] += 1
+    return counts
+
+
+def matches(
+    table: Any,
+    from_id: int | None,
+    to_id: int,
+    key: list[str],
+    expected: pl.DataFrame,
+    *,
+    composed: bool | None,
+) -> dict[str, int]:
+    got = read_changes(
+        table, from_snapshot=from_id, to_snapshot=to_id, primary_key=key, composed=composed
+    )
     frame = got.frame
     assert frame.columns == [
         *expected.columns[:-1],
@@ -439,7 +472,10 @@ def test_any_pair_of_snapshots_after_random_writes_reads_as_the_oracle_differenc
             b = data.draw(st.sampled_from(up.snaps))
             check(table, a, b, up.key)
 
+    before = dict(COMPOSED)
     run()
+    if keyed_upstream:  # the composed path was exercised, not only the fallback
+        assert COMPOSED["composed"] > before["composed"]
 
 
 def test_the_to_snapshot_defaults_to_the_branch_head_and_a_missing_branch_is_refused(
@@ -453,3 +489,44 @@ def test_the_to_snapshot_defaults_to_the_branch_head_and_a_missing_branch_is_ref
     assert read_changes(table, from_snapshot=s1, primary_key=KEY).frame.height == 0
     with pytest.raises(ChangesUnsupported, match="no branch 'nope'"):
         read_changes(table, from_snapshot=s1, primary_key=KEY, branch="nope")
+
+
+# --- change files written at write time (`commit.CHANGE_FILE`) ---------------------------------
+
+
+def change_file(h: Any, snapshot_id: int) -> str | None:
+    summary = h.table("up").snapshot_by_id(snapshot_id).summary
+    return summary.get(CHANGE_FILE) if summary is not None else None
+
+
+@pytest.mark.parametrize("mode", ["always", "never"])
+def test_the_change_files_property_decides_whether_an_upsert_records_its_change(
+    h: Any, mode: str
+) -> None:
+    spec = keyed("sync", "merge-on-read")
+    s1 = write(h, spec, customers(range(1, 201)))
+    assert h.table("up").snapshot_by_id(s1).summary.get(CHANGE_ADDED) == "inserts"
+    with h.table("up").transaction() as tx:
+        tx.set_properties({CHANGE_FILES_PROPERTY: mode})
+    s2 = write(h, spec, pl.concat([customers(range(3, 150), version=1), customers([500])]))
+    assert (change_file(h, s2) is not None) == (mode == "always")
+    counts = check(h.table("up"), s1, s2, KEY)  # composed (always) or diffed (never): the same
+    assert counts == {"insert": 1, "delete": 53, "update_before": 147, "update_after": 147}
+    if mode == "never":
+        with pytest.raises(ChangesUnsupported, match="no change files"):
+            read_changes(h.table("up"), from_snapshot=s1, primary_key=KEY, composed=True)
+
+
+def test_a_change_file_that_cannot_be_written_fails_the_write_and_commits_nothing(
+    h: Any,
+) -> None:
+    spec = keyed("snapshot_replace", "copy-on-write")
+    s1 = write(h, spec, customers(range(1, 50)))
+    location = h.table("up").location().removeprefix("file://")
+    blocker = f"{location}/data/changes"
+    with open(blocker, "w") as f:  # a file where the change files' directory goes
+        f.write("not a directory")
+    files = len(list(h.table("up").scan().plan_files()))
+    with pytest.raises(OSError):
+        h.store().write(spec, customers(range(1, 5), version=1), run_id="r")
+    assert head(h, "up") == s1 and len(list(h.table("up").scan().plan_files())) == files

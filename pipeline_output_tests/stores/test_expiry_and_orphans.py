@@ -18,9 +18,11 @@ import polars as pl
 import pytest
 
 from pipeline_output import DatasetSpec
-from pipeline_output.errors import InvalidArgument, SnapshotExpired
+from pipeline_output.errors import ChangesUnsupported, InvalidArgument, SnapshotExpired
 from pipeline_output.stores.iceberg.maintenance.orphans import norm, referenced
+from pipeline_output.stores.iceberg.snapshot.commit import CHANGE_FILE
 from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
+from pipeline_output.stores.iceberg.table.changes import read_changes
 from pipeline_output_tests.iceberg_harness import Harness
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -273,3 +275,66 @@ def test_expired_files_found_from_removals_are_the_ones_full_reachability_finds(
         data_files_doomed += sum(p.endswith(".parquet") for p in full)
         assert expired_files(ManifestReader(table.io), snaps, gone) - kept == full
     assert data_files_doomed > 0
+
+
+# -- the change files of the change feed (`commit.CHANGE_FILE`) ---------------------------------
+
+
+def _change_files(table: Any) -> dict[int, str]:
+    """Snapshot id -> the local path of its change file, for the snapshots that carry one."""
+    out = {}
+    for s in table.snapshots():
+        path = s.summary.get(CHANGE_FILE) if s.summary is not None else None
+        if path:
+            out[s.snapshot_id] = path.removeprefix("file://")
+    return out
+
+
+def test_change_files_are_referenced_by_their_snapshot_and_expire_with_it(h: Harness):
+    history(h)
+    table = h.table(SPEC)
+    changes = _change_files(table)
+    assert len(changes) >= 8 and all(Path(p).exists() for p in changes.values())
+    assert all("/data/changes/" in p for p in changes.values())  # under the data location
+
+    assert h.store().remove_orphans(SPEC, grace_s=0).files == 0  # live snapshots' change files
+    assert all(Path(p).exists() for p in changes.values())
+
+    snaps = sorted(table.snapshots(), key=lambda s: s.timestamp_ms)
+    keep_from = snaps[-5]
+    cutoff = datetime.fromtimestamp(keep_from.timestamp_ms / 1000, tz=UTC)
+    h.store().expire_snapshots(SPEC, older_than=cutoff, retain_last=1, ledger=None)
+
+    kept = {s.snapshot_id for s in h.table(SPEC).snapshots()}
+    for snapshot_id, path in changes.items():  # the expired snapshots' change files are gone
+        assert Path(path).exists() == (snapshot_id in kept), (snapshot_id, path)
+    assert unreferenced(h.table(SPEC)) == []
+    first, last = snaps[-5].snapshot_id, snaps[-1].snapshot_id
+    table = h.table(SPEC)  # the remaining range still composes from its change files
+    composed = read_changes(table, from_snapshot=first, primary_key=["id"], composed=True)
+    diffed = read_changes(table, from_snapshot=first, primary_key=["id"], composed=False)
+    assert composed.to_snapshot == last
+    assert_same_multiset(composed.frame, diffed.frame)
+
+
+def test_an_unreferenced_change_file_is_an_orphan_and_a_missing_one_falls_back_to_the_diff(
+    h: Harness,
+):
+    h.store().write(SPEC, frame(range(0, 10), 0))
+    s1 = h.table(SPEC).current_snapshot().snapshot_id
+    h.store().write(SPEC, frame(range(5, 15), 1))
+    table = h.table(SPEC)
+    (path,) = _change_files(table).values()
+    stray = Path(path).with_name(f"{uuid.uuid4()}.parquet")  # a commit that never landed
+    stray.write_bytes(Path(path).read_bytes())
+    _age([str(stray)], 7200)
+    assert h.store().remove_orphans(SPEC).files == 1
+    assert not stray.exists() and Path(path).exists()
+
+    expected = read_changes(table, from_snapshot=s1, primary_key=["id"], composed=True)
+    assert expected.counts["update_after"] == 5 and expected.counts["insert"] == 5
+    Path(path).unlink()  # lost: the change feed diffs the manifests instead
+    got = read_changes(table, from_snapshot=s1, primary_key=["id"])
+    assert_same_multiset(got.frame, expected.frame)
+    with pytest.raises(ChangesUnsupported):
+        read_changes(table, from_snapshot=s1, primary_key=["id"], composed=True)

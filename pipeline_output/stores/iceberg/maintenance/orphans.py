@@ -36,7 +36,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.infra.collector import paused
-from pipeline_output.stores.iceberg.snapshot.commit import DEFAULT_WAIT_S, quiesced
+from pipeline_output.stores.iceberg.snapshot.commit import CHANGE_FILE, DEFAULT_WAIT_S, quiesced
 from pipeline_output.stores.iceberg.table.manifest_decoding import entry_paths, manifest_files
 from pipeline_output.stores.iceberg.table.tables import READ_THREADS
 
@@ -117,11 +117,15 @@ class ManifestReader:
         }
 
     def metadata_of(self, snapshots: Iterable[Snapshot]) -> tuple[set[str], list[ManifestFile]]:
-        """The manifest lists and manifests of `snapshots` (normalized), and those manifests."""
+        """The manifest lists, change files and manifests of `snapshots` (normalized), and those
+        manifests."""
         out: set[str] = set()
         manifests: dict[str, ManifestFile] = {}
         for snapshot in snapshots:
             out.add(self._seen(snapshot.manifest_list))
+            change = snapshot.summary.get(CHANGE_FILE) if snapshot.summary is not None else None
+            if change:  # the snapshot's own change file (`commit.CHANGE_FILE`): its own
+                out.add(self._seen(change))
             for manifest in self._manifests(snapshot) or []:
                 manifests.setdefault(manifest.manifest_path, manifest)
         out.update(self._seen(path) for path in manifests)

@@ -61,10 +61,20 @@ are protected by the grace period only.
 The `pipeline-output.*` properties of a snapshot's summary: which dataset, strategy, write
 mode, run and window (or Dagster partition) wrote it, and its row counts (`pipeline-output history` shows them; the
 attempt marker of exactly-once repair is one of them).
+
+A write's own change, recorded at write time for the change feed (`changes.read_changes` composes
+these instead of diffing manifests): `CHANGE_FILE` names a small Parquet file under the table's
+data location holding the rows the snapshot inserted, deleted, and the before and after of those
+it updated (the table's columns and `_change_type`), written by `commit` before the swap — a
+failure to write it fails the write with nothing committed; `CHANGE_ADDED` = `inserts` says the
+snapshot's added data files are exactly its inserts (append, append_new: nothing to write).
+Orphan removal counts a live snapshot's change file as referenced; expiry deletes those of the
+snapshots it expires (`orphans.ManifestReader.metadata_of`).
 """
 
 from __future__ import annotations
 
+import io as io_module
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -133,6 +143,17 @@ from pipeline_output.stores.schema import check_required
 
 if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.table.tables import HasTables
+
+
+CHANGE_FILE = f"{PROPERTY_PREFIX}change-file"
+CHANGE_ADDED = f"{PROPERTY_PREFIX}change"
+ADDED_ARE_INSERTS = "inserts"
+CHANGE_DIR = "changes"  # under the table's data location
+
+
+def change_path(location: str, commit_uuid: uuid.UUID) -> str:
+    """Where the change file of the commit `commit_uuid` of the table at `location` goes."""
+    return f"{location.rstrip('/')}/data/{CHANGE_DIR}/{commit_uuid}.parquet"
 
 
 def summary_properties(
@@ -245,6 +266,8 @@ class CommitRequest:
     fence: Callable[[], None] | None = None  # the writer lock's `verify`, right before the swap
     index: ManifestIndex | None = None  # the manifests the write was planned from
     branch: str = MAIN_BRANCH  # the ref committed to (an audited write: its run's branch)
+    # the write's own change (table columns + `_change_type`): written as the `CHANGE_FILE`
+    change: pl.DataFrame | None = None
 
 
 def commit(request: CommitRequest) -> Table:
@@ -277,6 +300,18 @@ def commit(request: CommitRequest) -> Table:
     )
     index, branch, fence = request.index, request.branch, request.fence
     producer: _SnapshotProducer[Any]
+    commit_uuid = uuid.uuid4()
+    change_written: list[str] = []
+    if request.change is not None:
+        path = change_path(tx.table_metadata.location, commit_uuid)
+        try:
+            write_change_file(tx._table.io, path, request.change)
+        except BaseException:  # the write fails whole: nothing committed, its files go
+            for data_file in ready:
+                delete_quietly(tx._table.io, data_file.file_path)
+            raise
+        change_written.append(path)
+        props[CHANGE_FILE] = path
     if deleted or request.force or positional:
         producer = IndexedOverwrite(
             tx, tx._table.io, index=index, snapshot_properties=props, branch=branch
@@ -300,7 +335,7 @@ def commit(request: CommitRequest) -> Table:
         for delete_file in deletes.write_many(positional):
             producer.append_data_file(delete_file)
     except BaseException:
-        for path in [*writer.written, *deletes.written]:
+        for path in [*writer.written, *deletes.written, *change_written]:
             delete_quietly(tx._table.io, path)
         raise
     for data_file in deleted:
@@ -317,7 +352,7 @@ def commit(request: CommitRequest) -> Table:
         verify_written(  # none of its files removed meanwhile (`commit.py`)
             tx._table.io,
             producer,
-            [*writer.written, *deletes.written, *(f.file_path for f in ready)],
+            [*writer.written, *deletes.written, *(f.file_path for f in ready), *change_written],
             dataset=dataset,
         )
         return tx.commit_transaction()
@@ -325,7 +360,8 @@ def commit(request: CommitRequest) -> Table:
         # certain: the catalog did not swap, so the files written for this commit are garbage
         with suppress(Exception):
             producer._clean_all_uncommitted()
-        for path in [*writer.written, *deletes.written, *(f.file_path for f in ready)]:
+        written = [*writer.written, *deletes.written, *(f.file_path for f in ready)]
+        for path in [*written, *change_written]:
             delete_quietly(tx._table.io, path)
         if isinstance(exc, WriteConflict):
             raise
@@ -333,6 +369,14 @@ def commit(request: CommitRequest) -> Table:
             f"dataset {dataset!r}: the table changed after this write was planned "
             f"({type(exc).__name__}: {exc}); nothing was committed — run it again"
         ) from exc
+
+
+def write_change_file(io: FileIO, path: str, change: pl.DataFrame) -> None:
+    """Write a snapshot's change rows to `path` (one small Parquet file, lz4)."""
+    buffer = io_module.BytesIO()
+    change.write_parquet(buffer, compression="lz4", statistics=False)  # read fast (cold too)
+    with io.new_output(path).create(overwrite=True) as out:
+        out.write(buffer.getvalue())
 
 
 def stream_batches(

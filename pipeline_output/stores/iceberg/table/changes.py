@@ -12,6 +12,11 @@ works, `to` need not descend from `from` (a rollback reads as the reverse change
   (the `from` row) and update_after (the `to` row); equal → nothing.
 - Unkeyed: the multiset difference of rows (duplicates counted).
 
+Composed from change files first (`_composed`): when every snapshot from `from` to `to` recorded
+its own change at write time (`commit.CHANGE_FILE`, `commit.CHANGE_ADDED`) or is a rewrite, only
+those are read and netted per key; otherwise (module docs/concepts.md "The change feed" lists
+when) the manifest diff below, which is always correct.
+
 Cost follows the change, not the table. The two snapshots' live files are diffed from their
 manifests (decoded by fastavro, `manifest_decoding`; a manifest in both lists is read once):
 
@@ -37,12 +42,23 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import polars as pl
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestEntry
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestEntry,
+    ManifestEntryStatus,
+)
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.delete_file_index import DeleteFileIndex
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from pipeline_output.errors import ChangesExpired, ChangesUnsupported
+from pipeline_output.stores.iceberg.snapshot.commit import (
+    ADDED_ARE_INSERTS,
+    CHANGE_ADDED,
+    CHANGE_FILE,
+)
 from pipeline_output.stores.iceberg.snapshot.files import deleted_positions, referenced_path
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
     manifest_entries,
@@ -100,10 +116,13 @@ def read_changes(
     to_snapshot: int | None = None,
     primary_key: Sequence[str] = (),
     branch: str = "main",
+    composed: bool | None = None,
 ) -> ChangeSet:
     """The net change of `table` from `from_snapshot` (exclusive; None: from the empty table) to
     `to_snapshot` (inclusive; default: `branch`'s head). A snapshot no longer in the table's
-    metadata (expired): `ChangesExpired`, naming the table and the snapshot."""
+    metadata (expired): `ChangesExpired`, naming the table and the snapshot. `composed` (tests,
+    benchmarks): None composes the range's change files when it can, else diffs manifests; True
+    only composes (`ChangesUnsupported` when it cannot); False only diffs."""
     name = ".".join(table.name())
     to_id = to_snapshot if to_snapshot is not None else head(table, branch)
     if to_id is None and table.metadata.snapshots:
@@ -120,6 +139,12 @@ def read_changes(
         )
     if end is None or from_snapshot == to_id or _only_rewrites(table, start, end):
         return _change_set(_empty(target), target, from_snapshot, end)
+    if pk and composed is not False:
+        found = _composed(table, start, end, target=target, pk=pk)
+        if found is not None:
+            return _change_set(found, target, from_snapshot, end)
+        if composed:
+            raise ChangesUnsupported(f"table {name!r}: the range has no change files to compose")
     before, after = _sides(table, start, end, target=target)
     netted = _net_by_key(before, after, pk) if pk else _net_as_multisets(before, after)
     return _change_set(netted, target, from_snapshot, end)
@@ -156,6 +181,94 @@ def _snapshot(table: Table, snapshot_id: int | None, *, name: str) -> Snapshot |
             "or never one of its snapshots); its changes since then cannot be read"
         )
     return found
+
+
+def _composed(
+    table: Table, start: Snapshot | None, end: Snapshot, *, target: pl.Schema, pk: list[str]
+) -> pl.DataFrame | None:
+    """The net change from `start` to `end` composed from the change each snapshot on the way
+    recorded at write time (`commit.CHANGE_FILE`, `commit.CHANGE_ADDED`), reading only those;
+    rewrites (`replace`) change nothing. None when that is not possible: `end` does not descend
+    from `start`, a snapshot on the way carries no change of its own (another writer, a replace
+    write, a rollback's cherry-pick...), a schema differs from `end`'s, or a change file cannot be
+    read, or `start` is None. Per key: the first change's before and the last change's after, netted as the manifest
+    diff nets (`_net_by_key`)."""
+    if start is None:  # every live row: reading the live files is that already (and expiry
+        return None  # may have dropped the first snapshots, leaving a root that is not one)
+    path: list[Snapshot] = []
+    for snap in ancestry(table, end.snapshot_id):
+        if snap.snapshot_id == start.snapshot_id:
+            break
+        path.append(snap)
+    else:
+        return None  # `start` is not an ancestor of `end`
+    parts: list[tuple[int, Snapshot]] = []
+    for seq, snap in enumerate(reversed(path)):
+        if snap.summary is None:
+            return None
+        if snap.summary.operation == Operation.REPLACE:
+            continue  # a rewrite: the same rows
+        if snap.schema_id != end.schema_id or not (
+            snap.summary.get(CHANGE_FILE) or snap.summary.get(CHANGE_ADDED) == ADDED_ARE_INSERTS
+        ):
+            return None
+        parts.append((seq, snap))
+    if not parts:
+        return _empty(target)
+    try:
+        with quiet():
+            recorded = [(seq, _recorded(table, snap, target)) for seq, snap in parts]
+    except (OSError, pl.exceptions.PolarsError):
+        return None  # a change file gone or unreadable: the manifest diff instead
+    cols = list(target)
+    if len(recorded) == 1:  # one write's change is net already (its merge compared the rows)
+        return recorded[0][1]
+    events = pl.concat(
+        [frame.with_columns(pl.lit(seq).alias(_ORDER)) for seq, frame in recorded],
+        how="vertical_relaxed",
+    )
+    bounds = events.group_by(pk).agg(
+        pl.col(_ORDER).min().alias("__po_first__"), pl.col(_ORDER).max().alias("__po_last__")
+    )
+    events = events.join(bounds, on=pk, how="inner", nulls_equal=True)
+    kind = pl.col(CHANGE_TYPE)
+    before = events.filter(
+        kind.is_in([DELETE, UPDATE_BEFORE]) & (pl.col(_ORDER) == pl.col("__po_first__"))
+    )
+    after = events.filter(
+        kind.is_in([INSERT, UPDATE_AFTER]) & (pl.col(_ORDER) == pl.col("__po_last__"))
+    )
+    return _net_by_key(before.select(cols), after.select(cols), pk)
+
+
+def _recorded(table: Table, snap: Snapshot, target: pl.Schema) -> pl.DataFrame:
+    """The change `snap` recorded at write time: its change file, or its added files' rows."""
+    change_file = snap.summary.get(CHANGE_FILE) if snap.summary is not None else None
+    if change_file:
+        if change_file.startswith("file://"):  # polars' local reader: no object store to set up
+            frame = pl.read_parquet(change_file.removeprefix("file://"))
+        else:
+            frame = pl.read_parquet(change_file, storage_options=storage(table) or None)
+    else:
+        frame = _added(table, snap).with_columns(pl.lit(INSERT).alias(CHANGE_TYPE)).collect()
+    return typed(frame, target).select(*target, CHANGE_TYPE)
+
+
+def _added(table: Table, snapshot: Snapshot) -> pl.LazyFrame:
+    """The rows of the data files `snapshot` added (its inserts, when it says so)."""
+    sid = snapshot.snapshot_id
+    tasks = [
+        FileScanTask(entry.data_file)
+        for manifest in manifest_files(table.io, snapshot)
+        if manifest.added_snapshot_id == sid
+        for entry in manifest_entries(table.io, manifest)
+        if entry.status == ManifestEntryStatus.ADDED
+        and entry.snapshot_id == sid
+        and entry.data_file.content == DataFileContent.DATA
+    ]
+    if not tasks:
+        return pl.LazyFrame(schema=target_schema(snapshot_schema(table, sid)))
+    return _scan(table, tasks, sid)
 
 
 def _only_rewrites(table: Table, start: Snapshot | None, end: Snapshot) -> bool:
@@ -413,8 +526,9 @@ def _change_set(
         pl.lit(end.snapshot_id if end is not None else None, dtype=pl.Int64).alias(CHANGE_SNAPSHOT),
         pl.lit(committed, dtype=pl.Datetime("us", "UTC")).alias(CHANGE_COMMIT_TIME),
     )
-    found = dict(frame.get_column(CHANGE_TYPE).value_counts().iter_rows())
-    counts = {kind: int(found.get(kind, 0)) for kind in CHANGE_TYPES}
+    kind = pl.col(CHANGE_TYPE)
+    found = frame.select([(kind == k).sum().alias(k) for k in CHANGE_TYPES]).row(0, named=True)
+    counts = {k: int(found[k] or 0) for k in CHANGE_TYPES}
     return ChangeSet(
         frame=frame,
         from_snapshot=from_snapshot,

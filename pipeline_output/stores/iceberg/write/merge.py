@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -83,6 +83,8 @@ from pipeline_output.contract.spec import (
 from pipeline_output.contract.store_protocol import KEY_TYPES, Capabilities
 from pipeline_output.errors import EmptyComputeRefused, UnsupportedWrite, WriteConflict
 from pipeline_output.stores.iceberg.snapshot.commit import (
+    ADDED_ARE_INSERTS,
+    CHANGE_ADDED,
     CommitRequest,
     commit,
     delete_quietly,
@@ -94,6 +96,13 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     ManifestIndex,
     read_index,
     upgrade_properties,
+)
+from pipeline_output.stores.iceberg.table.changes import (
+    CHANGE_TYPE,
+    DELETE,
+    INSERT,
+    UPDATE_AFTER,
+    UPDATE_BEFORE,
 )
 from pipeline_output.stores.iceberg.table.partitions import evolve as evolve_partitioning
 from pipeline_output.stores.iceberg.table.tables import (
@@ -154,6 +163,10 @@ class FileMerge:
     reader: FileReader = field(init=False)
     # which merge compared the rows and why (`key_scan.choose_merge_path`); None: no comparison
     path: MergePath | None = field(default=None, init=False)
+    # the write's own change for the change feed (`change`): the old rows it updated or deleted
+    # (tagged update_before / delete) and the keys it matched; None: not collected
+    _change_before: list[pl.DataFrame] | None = field(default=None, init=False)
+    _change_matched: pl.DataFrame | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.reader = FileReader(self.table, self.schema)
@@ -163,6 +176,26 @@ class FileMerge:
         """The changes of the plan's write mode (its handler in `WRITE_HANDLERS`)."""
         ICEBERG_CAPABILITIES.check_plan(self.spec, plan)  # a mode without a handler: refused
         return WRITE_HANDLERS[plan.write_mode](self, plan)
+
+    def change(self) -> pl.DataFrame | None:
+        """The change an upsert or sync made (`commit.CHANGE_FILE`): the old rows it updated or
+        deleted, the compute's rows of the keys it updated (update_after) or did not match
+        (insert); None when it was not collected (other modes)."""
+        if self._change_before is None or self._change_matched is None:
+            return None
+        pk, names = list(self.spec.primary_key), schema_names(self.schema)
+        before = [b.select(*names, CHANGE_TYPE) for b in self._change_before if b.height]
+        old = pl.concat(before, how="vertical_relaxed") if before else None
+        updated = (
+            old.filter(pl.col(CHANGE_TYPE) == UPDATE_BEFORE).select(pk) if old is not None else None
+        )
+        inserted = self.frame.join(self._change_matched, on=pk, how="anti", nulls_equal=True)
+        parts = [inserted.select(names).with_columns(pl.lit(INSERT).alias(CHANGE_TYPE))]
+        if old is not None and updated is not None:
+            parts.insert(0, old)
+            after = self.frame.join(updated, on=pk, how="semi", nulls_equal=True)
+            parts.append(after.select(names).with_columns(pl.lit(UPDATE_AFTER).alias(CHANGE_TYPE)))
+        return pl.concat(parts, how="vertical_relaxed")
 
     def _policy(self, plan: WritePlan) -> MergePolicy:
         if self.policy is None:
@@ -363,6 +396,10 @@ class FileMerge:
                 merged_on_read = True
             else:
                 rewritten.append(rows)
+        losing = [r for r in relevant if id(r.task) in touched]
+        if ChangeFilePolicy.of(self.table).records(r.task.file.file_size_in_bytes for r in losing):
+            self._change_before = [_old_rows(scanned, losing)]  # an extra read of those files
+            self._change_matched = scanned.matched_keys
         for chunk in _chunks(rewritten):
             _rewrite_scanned(self, changes, scanned, chunk)
 
@@ -417,6 +454,10 @@ class FileMerge:
         settled_keys: list[pl.DataFrame] = []
         merged_on_read = False
         touched: set[int] = set()
+        names = schema_names(self.schema)
+        before: list[pl.DataFrame] = []
+        if ChangeFilePolicy.of(self.table).mode != "never":  # the rows are in hand
+            self._change_before = before
         # the compute's value columns under reserved names: no user column can collide with them
         renamed = {c: NEW_PREFIX + c for c in frame.columns if c not in pk}
         value_cols = [c for c in schema_names(self.schema) if c in renamed]
@@ -437,6 +478,12 @@ class FileMerge:
                 changes.preserved += rows.height - joined.height
                 continue
             touched.add(id(task))
+            before.append(
+                changed.select(names).with_columns(pl.lit(UPDATE_BEFORE).alias(CHANGE_TYPE))
+            )
+            if gone_rows is not None and n_absent:
+                lost = rows.filter(gone_rows).select(names)
+                before.append(lost.with_columns(pl.lit(DELETE).alias(CHANGE_TYPE)))
             changes.updated += changed.height
             changes.unchanged += joined.height - changed.height
             changes.deleted += n_absent
@@ -461,6 +508,7 @@ class FileMerge:
             self._rewrite(changes, task, content.drop(POS_COLUMN))
 
         all_matched = pl.concat(matched_keys) if matched_keys else frame.head(0).select(pk)
+        self._change_matched = all_matched
         refuse_duplicate_matches(spec, all_matched)  # before anything is committed
         changes.inserted = frame.height - all_matched.height
         # inserts, and the new versions of rows deleted by position: one pass, the frame's order
@@ -580,6 +628,36 @@ def _live_rows(task: FileScanTask) -> int:
     return int(task.file.record_count) - sum(d.record_count for d in own_delete_files(task))
 
 
+# when an upsert or sync writes its change file (`commit.CHANGE_FILE`): `always`, `never`, or
+# `auto` (default) — when its before rows are in hand (the file-by-file merge), or reading them
+# costs little: the files losing rows total at most CHANGE_READ_BYTES
+CHANGE_FILES_PROPERTY = "pipeline-output.change-files"
+CHANGE_READ_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ChangeFilePolicy:
+    """Whether a merge that would have to read its before rows records its change."""
+
+    mode: str
+
+    @classmethod
+    def of(cls, table: Table) -> ChangeFilePolicy:
+        mode = table.metadata.properties.get(CHANGE_FILES_PROPERTY, "auto")
+        if mode not in ("auto", "always", "never"):
+            raise UnsupportedWrite(
+                f"table {'.'.join(table.name())!r}: property {CHANGE_FILES_PROPERTY}={mode!r} is "
+                "not one of auto, always, never (nothing was written)"
+            )
+        return cls(mode)
+
+    def records(self, sizes: Iterable[int]) -> bool:
+        """Whether to read the before rows of files of `sizes` bytes to record the change."""
+        if self.mode != "auto":
+            return self.mode == "always"
+        return sum(sizes) <= CHANGE_READ_BYTES
+
+
 MIN_ROWS = 10_000  # smaller files cost less to rewrite than to carry deletes for
 MAX_DELETED_SHARE = 0.2  # past this share of deleted rows a file is rewritten (deletes folded)
 # a write whose changed files total at most this many bytes rewrites them (auto mode)
@@ -687,6 +765,36 @@ def _chunks(files: list[FileRows]) -> list[list[FileRows]]:
     return out
 
 
+def _old_rows(scanned: CandidateRows, files_: list[FileRows]) -> pl.DataFrame:
+    """The old rows `files_` lose (their changed rows, tagged update_before, and absent ones,
+    tagged delete), read as one scan of those files: the change's before side."""
+    reader = scanned.reader
+    target = list(reader.target)
+    kinds = pl.DataFrame(
+        {
+            G: [
+                reader.offsets[r.index] + p
+                for r in files_
+                for s in (r.changed, r.absent)
+                for p in s.to_list()
+            ],
+            CHANGE_TYPE: [
+                kind
+                for r in files_
+                for s, kind in ((r.changed, UPDATE_BEFORE), (r.absent, DELETE))
+                for _ in range(s.len())
+            ],
+        },
+        schema={G: pl.Int64, CHANGE_TYPE: pl.String},
+    )
+    if not kinds.height:
+        return pl.DataFrame(schema={**reader.target, CHANGE_TYPE: pl.String})
+    files = [r.index for r in files_]
+    wanted = kinds.with_columns(reader.local(files, pl.col(G)).alias(L)).drop(G)
+    content = reader.scan(files, target).filter(pl.col(L).is_in(wanted.get_column(L).implode()))
+    return content.collect().join(wanted, on=L, how="inner").select(*target, CHANGE_TYPE)
+
+
 def _rewrite_scanned(
     merge: FileMerge, changes: MergeChanges, scanned: CandidateRows, files_: list[FileRows]
 ) -> None:
@@ -726,6 +834,7 @@ def create_table(
     tx = tables.create_transaction(spec, frame)
     data = sorted_for_write(frame, spec)
     props = {**props, **row_properties(RowCounts(inserted=frame.height))}
+    props[CHANGE_ADDED] = ADDED_ARE_INSERTS  # the first snapshot's files are its inserts
     try:
         table = commit(
             CommitRequest(
@@ -804,6 +913,8 @@ def write_existing(
     force = plan.first_deploy
     snapshot_id: int | None = None
     props = {**props, **row_properties(changes)}
+    if plan.write_mode in ("append", "append_new") and not changes.deleted_files:
+        props[CHANGE_ADDED] = ADDED_ARE_INSERTS  # its added data files are its inserts
     if not changes.noop or force:
         frames, ready = changes.new_frames, list(changes.written)
         if pre is not None and frames and frames[0] is frame:
@@ -824,6 +935,7 @@ def write_existing(
                 fence=fence,
                 index=index,
                 branch=branch,
+                change=merge.change(),
             )
         )
         snapshot_id = head(new_table, branch)
