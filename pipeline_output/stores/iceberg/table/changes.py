@@ -37,7 +37,7 @@ a file. Equality delete files (the project never writes them) are refused (`Chan
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -85,7 +85,6 @@ UPDATE_BEFORE = "update_before"
 UPDATE_AFTER = "update_after"
 CHANGE_TYPES = (INSERT, DELETE, UPDATE_BEFORE, UPDATE_AFTER)
 
-BATCH_ROWS = 100_000
 _POS = "__po_pos__"
 _PATH = "__po_path__"
 _AFTER = "__po_after__"
@@ -148,27 +147,6 @@ def read_changes(
     before, after = _sides(table, start, end, target=target)
     netted = _net_by_key(before, after, pk) if pk else _net_as_multisets(before, after)
     return _change_set(netted, target, from_snapshot, end)
-
-
-def iter_change_batches(
-    table: Table,
-    *,
-    from_snapshot: int | None,
-    to_snapshot: int | None = None,
-    primary_key: Sequence[str] = (),
-    branch: str = "main",
-) -> Iterator[pl.DataFrame]:
-    """`read_changes`' frame in slices of at most `BATCH_ROWS` rows (an update's before and after
-    rows may fall in consecutive slices). The change is computed whole first: memory follows the
-    change's rows, not the table's."""
-    changes = read_changes(
-        table,
-        from_snapshot=from_snapshot,
-        to_snapshot=to_snapshot,
-        primary_key=primary_key,
-        branch=branch,
-    )
-    yield from changes.frame.iter_slices(BATCH_ROWS)
 
 
 def _snapshot(table: Table, snapshot_id: int | None, *, name: str) -> Snapshot | None:
