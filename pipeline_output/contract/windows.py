@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Literal, Protocol, TypedDict, Unpack
+from typing import Any, Literal, Protocol, TypedDict, Unpack
 
 import polars as pl
 
@@ -267,3 +267,13 @@ class WindowLog(Protocol):
     def is_staged(self, window_id: int, attempts: int) -> bool: ...
 
     def fail_staged(self, window_id: int, attempts: int, *, error: str) -> None: ...
+
+    def reset_to_planned(
+        self,
+        dataset: str,
+        *,
+        snapshot_ids: set[int],
+        applied_after: datetime | None,
+        reason: str,
+        conn: Any = None,
+    ) -> int: ...

@@ -34,7 +34,7 @@ from pipeline_output.stores.iceberg.table.tables import (
 )
 
 if TYPE_CHECKING:
-    from pipeline_output.ledger.window_ledger import WindowLedger
+    from pipeline_output.contract.windows import WindowLog
     from pipeline_output.services.publish import Publisher
     from pipeline_output.stores.iceberg import IcebergStore
 
@@ -141,7 +141,7 @@ def rollback(
     reason: str | None = None,
     who: str | None = None,
     run_id: str | None = None,
-    windows: WindowLedger | None = None,
+    windows: WindowLog | None = None,
 ) -> RollbackRecord:
     """Point the dataset's main back at an earlier snapshot of its history, in one catalog
     commit, and record it (who, when, why, from, to). Exactly one target: `to_snapshot`, the
