@@ -50,6 +50,7 @@ from pipeline_output.stores.iceberg.table.changes import (
     CHANGE_SNAPSHOT,
     CHANGE_TYPE,
     CHANGE_TYPES,
+    ChangeSet,
     read_changes,
 )
 
@@ -221,15 +222,14 @@ def position(
     return (last.to_snapshot if last is not None else None), repaired
 
 
-def _upstream_table(request: ConsumeRequest, publisher: Publisher) -> Any:
-    up = request.upstream
-    if "iceberg" not in request.upstream_mode.arms:
+def _check_upstream_arm(spec: DatasetSpec, upstream: DatasetSpec, mode: ResolvedMode) -> None:
+    """Changes come from the upstream's Iceberg arm: a `pg` upstream is refused."""
+    if "iceberg" not in mode.arms:
         raise UnsupportedWrite(
-            f"dataset {request.spec.name!r} reads the changes of {up.name!r}, whose mode is "
-            f"'pg' (from {request.upstream_mode.source}): changes come from the Iceberg arm "
+            f"dataset {spec.name!r} reads the changes of {upstream.name!r}, whose mode is "
+            f"'pg' (from {mode.source}): changes come from the Iceberg arm "
             "(flip it to iceberg or dual); nothing was written"
         )
-    return publisher.iceberg.load(up)
 
 
 def read_since(table: Any, upstream: DatasetSpec, since: int | None, to: int | None) -> Changes:
@@ -252,7 +252,12 @@ def read_since(table: Any, upstream: DatasetSpec, since: int | None, to: int | N
 
 
 def _changes(
-    got: Any, upstream: str, *, full_refresh: bool = False, reason: str = "", since: Any = None
+    got: ChangeSet,
+    upstream: str,
+    *,
+    full_refresh: bool = False,
+    reason: str = "",
+    since: int | None = None,
 ) -> Changes:
     return Changes(
         frame=got.frame,
@@ -275,14 +280,8 @@ def pending_changes(
 ) -> Changes | None:
     """What the downstream's next run would consume (a dry run: reads, writes nothing; None: the
     upstream has no table yet)."""
-    request = ConsumeRequest(
-        spec=spec,
-        upstream=upstream,
-        compute=lambda c: None,
-        mode=upstream_mode,
-        upstream_mode=upstream_mode,
-    )
-    table = _upstream_table(request, publisher)
+    _check_upstream_arm(spec, upstream, upstream_mode)
+    table = publisher.iceberg.load(upstream)
     if table is None:
         return None
     last = ledger.consumed_log.last(spec.name, upstream.name)
@@ -316,15 +315,15 @@ def consume_changes(
             f"Iceberg snapshot, but its mode is 'pg' (from {request.mode.source}); nothing was "
             "written"
         )
-    table = _upstream_table(request, publisher)
+    _check_upstream_arm(spec, up, request.upstream_mode)
     with ledger.consumed_log.consume_lock(spec.name):
         since, repaired = position(
             spec, up.name, publisher=publisher, ledger=ledger, run_id=request.run_id
         )
+        table = publisher.iceberg.load(up)  # its head now, under the lock
         if table is None:
             empty = Changes(pl.DataFrame(), up.name, since, None)
             return ConsumeOutcome("noop", empty, repaired=repaired)
-        table = publisher.iceberg.load(up) or table  # its head now, under the lock
         head = table.current_snapshot()
         to = head.snapshot_id if head is not None else None
         if to is None or (since is not None and since == to):
