@@ -69,8 +69,10 @@ def plan(datasets: tuple[str, ...], mode: str | None) -> None:
         window = None
         later = 0
         upstream_name = changes_of.get(name)
+        incremental: str | None = None  # an incremental downstream: what its next run writes
         if upstream_name is not None and upstream_name in specs:
-            click.echo(_pending_changes(runtime, spec, specs[upstream_name]))
+            line, incremental = _pending_changes(runtime, spec, specs[upstream_name])
+            click.echo(line)
         if spec.delta is not None:
             # the windows a sensor tick would plan now from the source (a delta over another
             # dataset: the ledger's alone), counted in it
@@ -97,8 +99,9 @@ def plan(datasets: tuple[str, ...], mode: str | None) -> None:
             target = "first deploy" if p.first_deploy else "re-deploy"
             if state.total_rows is not None and state.exists:
                 target += f", {state.total_rows} row(s) now"
+            effect = incremental if incremental is not None else p.describe()
             text = (
-                f"{name} [{arm}, mode {resolved.mode} from {resolved.source}]: {p.describe()} "
+                f"{name} [{arm}, mode {resolved.mode} from {resolved.source}]: {effect} "
                 f"(target: {target})"
             )
             if later and window is not None:
@@ -112,9 +115,10 @@ def plan(datasets: tuple[str, ...], mode: str | None) -> None:
             click.echo(text)
 
 
-def _pending_changes(runtime: Any, spec: Any, upstream: Any) -> str:
-    """One line: the upstream changes the incremental downstream's next run would consume."""
-    from pipeline_output.services.incremental import CHANGE_TYPES, pending_changes
+def _pending_changes(runtime: Any, spec: Any, upstream: Any) -> tuple[str, str]:
+    """One line: the upstream changes the incremental downstream's next run would consume; and
+    what that run writes (`incremental.planned_effect`)."""
+    from pipeline_output.services.incremental import CHANGE_TYPES, pending_changes, planned_effect
 
     changes = pending_changes(
         spec,
@@ -124,10 +128,12 @@ def _pending_changes(runtime: Any, spec: Any, upstream: Any) -> str:
         upstream_mode=runtime.publisher.resolve(upstream),
     )
     where = f"{spec.name}: changes of {upstream.name}"
+    effect = planned_effect(spec, changes)
     if changes is None:
-        return f"{where}: none yet (the upstream has no table)"
+        return f"{where}: none yet (the upstream has no table)", effect
     if changes.from_snapshot == changes.to_snapshot and not changes.full_refresh:
-        return f"{where}: no pending change (consumed up to snapshot {changes.to_snapshot})"
+        line = f"{where}: no pending change (consumed up to snapshot {changes.to_snapshot})"
+        return line, effect
     counts = ", ".join(f"{kind} {changes.counts.get(kind, 0)}" for kind in CHANGE_TYPES)
     text = f"{where} ({changes.from_snapshot}, {changes.to_snapshot}] pending: {counts}"
-    return text + (f"; full refresh: {changes.reason}" if changes.full_refresh else "")
+    return text + (f"; full refresh: {changes.reason}" if changes.full_refresh else ""), effect

@@ -352,6 +352,22 @@ def consume_changes(
         return ConsumeOutcome(action, changes, result, record, repaired)
 
 
+def planned_effect(spec: DatasetSpec, pending: Changes | None) -> str:
+    """What the downstream's next run writes, in one sentence (`plan`): a full refresh replaces
+    its table; otherwise its strategy's write scoped to the keys the compute returns."""
+    if pending is None:
+        return "nothing yet (the upstream has no table)"
+    if pending.full_refresh:
+        return "replace (full refresh): the downstream's table becomes the compute's rows"
+    if pending.from_snapshot == pending.to_snapshot:
+        return "nothing (no upstream change to consume)"
+    (key,) = spec.primary_key
+    return (
+        f"{spec.strategy} scoped to the {key} values the compute returns: those rows upserted, "
+        f"keys flagged {DELETED} deleted, every other row untouched"
+    )
+
+
 def split_deleted(spec: DatasetSpec, frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(rows to upsert, keys to delete) of a computed frame: rows whose `DELETED` is true are
     deletions (only their key is kept); the column itself is never written."""

@@ -35,10 +35,18 @@ defs = build_definitions(datasets=[orders, totals], with_maintenance=False)
 """
 
 
-def _pending(cli: Run, path: Path) -> str:
+def _plan(cli: Run, path: Path) -> list[str]:
     proc = cli("plan", "-f", str(path), "totals")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    return next(line for line in proc.stdout.splitlines() if "changes of orders" in line)
+    return proc.stdout.splitlines()
+
+
+def _pending(cli: Run, path: Path) -> str:
+    return next(line for line in _plan(cli, path) if "changes of orders" in line)
+
+
+def _effect(cli: Run, path: Path) -> str:
+    return next(line for line in _plan(cli, path) if line.startswith("totals [iceberg"))
 
 
 def test_plan_shows_the_upstream_changes_the_next_run_would_consume(
@@ -69,3 +77,7 @@ def test_plan_shows_the_upstream_changes_the_next_run_would_consume(
     line = _pending(cli, path)
     assert "pending: insert 1, delete 0, update_before 1, update_after 1" in line
     assert "full refresh" not in line
+    # the write it plans is scoped to the changed keys, not the strategy's whole-table sync
+    effect = _effect(cli, path)
+    assert "sync scoped to the grp values the compute returns" in effect, effect
+    assert "delete target rows whose key is absent" not in effect, effect
