@@ -2,11 +2,11 @@
 changes of that upstream dataset since the snapshot this dataset last consumed
 (`services/incremental.py`).
 
-The input's IO-manager load reads nothing: it hands over a `ChangesSource` (the upstream's spec
-and mode). The asset's output is a `ChangesOutput` (that source and the compute, still to call);
-the IO manager runs `consume_changes` — position, changes, compute, write, ledger record, under
-the downstream's lock — and reports the consumed range and the change counts as the
-materialisation's metadata. The definition carries the upstream's name (`CHANGES_OF_KEY`), so
+The input's IO-manager load reads nothing: it hands over the upstream's `DatasetSpec`. The
+asset's output is a `ChangesOutput` (that upstream and the compute, still to call); the IO
+manager resolves the upstream's mode and runs `consume_changes` — position, changes, compute,
+write, ledger record, under the downstream's lock — and reports the consumed range and the change
+counts as the materialisation's metadata. The definition carries the upstream's name (`CHANGES_OF_KEY`), so
 the location refuses, when it loads, an upstream written only to the legacy arm.
 """
 
@@ -21,26 +21,17 @@ import dagster as dg
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.errors import InvalidSpec
 from pipeline_output.services.incremental import CHANGE_TYPES, Changes, ConsumeOutcome
-from pipeline_output.services.publish import ResolvedMode
 
 CHANGES_OF_KEY = "pipeline_output/changes_of"  # definition metadata: the upstream's dataset name
 CHANGES_INPUT_KEY = "pipeline_output/changes_input"  # input metadata: this input is a `Changes`
 
 
 @dataclass(frozen=True)
-class ChangesSource:
-    """A `Changes` input as loaded: whose changes (the upstream's spec and resolved mode)."""
-
-    upstream: DatasetSpec
-    mode: ResolvedMode
-
-
-@dataclass(frozen=True)
 class ChangesOutput:
     """An incremental downstream's output: the compute of its rows from the changes of
-    `source`, called by the IO manager once the changes are read (`consume_changes`)."""
+    `upstream`, called by the IO manager once the changes are read (`consume_changes`)."""
 
-    source: ChangesSource
+    upstream: DatasetSpec
     compute: Callable[[Changes], Any]
 
 

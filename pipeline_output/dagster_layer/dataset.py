@@ -37,8 +37,8 @@ import inspect
 import json
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
-from typing import Any, Unpack
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Unpack
 
 import dagster as dg
 
@@ -65,12 +65,12 @@ from pipeline_output.dagster_layer.asset_params import (
 from pipeline_output.dagster_layer.changes_assets import (
     CHANGES_OF_KEY,
     ChangesOutput,
-    ChangesSource,
     changes_param,
     mark_changes_input,
 )
 from pipeline_output.dagster_layer.checks import declared_checks, evaluate_checks
 from pipeline_output.dagster_layer.frames_io import (
+    FrameKind,
     as_kind,
     check_output,
     convert_inputs,
@@ -98,7 +98,10 @@ from pipeline_output.dagster_layer.partitioned import (
 )
 from pipeline_output.dagster_layer.resource import RESOURCE_KEY
 from pipeline_output.errors import InvalidSpec
-from pipeline_output.services.incremental import Changes, check_downstream
+from pipeline_output.services.incremental import check_downstream
+
+if TYPE_CHECKING:
+    from pipeline_output.dagster_layer.delta_assets import WindowedOutput
 
 _ATTRIBUTE = "__pipeline_output_spec__"
 _SHOWN_PREFIX = "pipeline_output/"
@@ -356,16 +359,17 @@ def build_dataset_asset(
     def write(
         context: dg.AssetExecutionContext, config: DatasetRunConfig, inputs: dict[str, Any]
     ) -> dg.Output[Any]:
+        call = _Call(spec, fn, inputs, frame_kinds)
+        out: Any
         if delta_param is not None:
-            return _windowed_output(context, spec, fn, config, inputs, delta_param, frame_kinds)
-        if changes_of is not None:
-            return _changes_output(spec, fn, config, inputs, changes_of, frame_kinds)
-        if partition_columns is not None:
+            out = _windowed_output(context, call, delta_param, restate=config.restate)
+        elif changes_of is not None:
+            out = _changes_output(call, changes_of)
+        elif partition_columns is not None:
             typed = typed_inputs(fn, frame_kinds)
             out = partitioned_output(context, spec, typed, inputs, columns=partition_columns)
-            return dg.Output(out, metadata=_overrides(config))
-        out = fn(**convert_inputs(inputs, frame_kinds))
-        check_output(spec.name, out)
+        else:
+            out = call()
         return dg.Output(out, metadata=_overrides(config))
 
     def body(
@@ -429,21 +433,41 @@ def build_dataset_asset(
     )
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One run's call of the user's function `fn`: its `inputs` as loaded, each converted to its
+    parameter's kind (`kinds`) when called; its output checked (`check_output`)."""
+
+    spec: DatasetSpec
+    fn: Callable[..., Any]
+    inputs: Mapping[str, Any]
+    kinds: Mapping[str, FrameKind]
+
+    def __call__(self) -> Any:
+        """The output from every input."""
+        return self._checked(self.fn(**convert_inputs(self.inputs, self.kinds)))
+
+    def given(self, param: str) -> Callable[[Any], Any]:
+        """The output as a function of `param`'s value (a window's read, the changes), the other
+        inputs converted once, now."""
+        others = convert_inputs({k: v for k, v in self.inputs.items() if k != param}, self.kinds)
+        return lambda value: self._checked(self.fn(**{param: value}, **others))
+
+    def _checked(self, out: Any) -> Any:
+        check_output(self.spec.name, out)
+        return out
+
+
 def _windowed_output(
-    context: dg.AssetExecutionContext,
-    spec: DatasetSpec,
-    fn: Callable[..., Any],
-    config: DatasetRunConfig,
-    inputs: dict[str, Any],
-    delta_param: str,
-    kinds: Mapping[str, Any],
-) -> dg.Output[Any]:
+    context: dg.AssetExecutionContext, call: _Call, param: str, *, restate: bool
+) -> WindowedOutput:
     """Per window: a thunk computing that window's rows from the windowed source read."""
     from pipeline_output.dagster_layer.delta_assets import WindowedOutput
     from pipeline_output.dagster_layer.resource import runtime_of
     from pipeline_output.dagster_layer.windows_context import windows_of
     from pipeline_output.services.window_planning import window_scopes
 
+    spec = call.spec
     assert spec.delta is not None
     windows = windows_of(context, spec)
     if not windows:
@@ -451,8 +475,8 @@ def _windowed_output(
             f"dataset {spec.name!r} is a delta dataset: materialise it for window partitions "
             "(planned by its sensor), not unpartitioned"
         )
-    reader = inputs[delta_param]
-    others = convert_inputs({k: v for k, v in inputs.items() if k != delta_param}, kinds)
+    reader, kind = call.inputs[param], call.kinds[param]
+    compute = call.given(param)
     lookback = spec.delta.lookback
     keys = [w.to_key() for w in windows]
     ledger = runtime_of(context).windows
@@ -461,42 +485,24 @@ def _windowed_output(
     for window, read_window, write_window in window_scopes(spec, windows, ledger_rows):
 
         def thunk(rw: Window = read_window) -> Any:
-            out = fn(**{delta_param: as_kind(reader.scan(rw), kinds[delta_param])}, **others)
-            check_output(spec.name, out)
-            out = collect_frame(spec, out)  # the read happens here: then check what it returned
-            reader.check_read(rw, dataset=spec.name)
+            out = collect_frame(spec, compute(as_kind(reader.scan(rw), kind)))
+            reader.check_read(rw, dataset=spec.name)  # the read happened at the collect: check it
             return out
 
         items.append((window, thunk, write_window))
-    return dg.Output(
-        WindowedOutput(tuple(items), restate=config.restate), metadata=_overrides(config)
-    )
+    return WindowedOutput(tuple(items), restate=restate)
 
 
-def _changes_output(
-    spec: DatasetSpec,
-    fn: Callable[..., Any],
-    config: DatasetRunConfig,
-    inputs: dict[str, Any],
-    param: str,
-    kinds: Mapping[str, Any],
-) -> dg.Output[Any]:
+def _changes_output(call: _Call, param: str) -> ChangesOutput:
     """An incremental downstream's output: its compute, called by the IO manager with the
     changes it reads under the downstream's lock (`changes_assets.py`)."""
-    source = inputs[param]
-    if not isinstance(source, ChangesSource):
+    upstream = call.inputs[param]
+    if not isinstance(upstream, DatasetSpec):
         raise dg.Failure(
-            f"dataset {spec.name!r}: its Changes input {param!r} was not loaded by "
+            f"dataset {call.spec.name!r}: its Changes input {param!r} was not loaded by "
             "pipeline-output's IO manager (an upstream dataset's changes come from its table)"
         )
-    others = convert_inputs({k: v for k, v in inputs.items() if k != param}, kinds)
-
-    def compute(changes: Changes) -> Any:
-        out = fn(**{param: changes}, **others)
-        check_output(spec.name, out)
-        return out
-
-    return dg.Output(ChangesOutput(source, compute), metadata=_overrides(config))
+    return ChangesOutput(upstream, call.given(param))
 
 
 def _overrides(config: DatasetRunConfig) -> dict[str, Any]:

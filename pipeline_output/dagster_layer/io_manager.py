@@ -18,7 +18,6 @@ from pipeline_output.dagster_layer.audit_hooks import audited_snapshot, gating_c
 from pipeline_output.dagster_layer.changes_assets import (
     CHANGES_INPUT_KEY,
     ChangesOutput,
-    ChangesSource,
     changes_metadata,
 )
 from pipeline_output.dagster_layer.checks import PARITY
@@ -227,10 +226,10 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         runtime = self.pipeline_output.runtime()
         request = ConsumeRequest(
             spec=spec,
-            upstream=out.source.upstream,
+            upstream=out.upstream,
             compute=out.compute,
             mode=mode,
-            upstream_mode=out.source.mode,
+            upstream_mode=runtime.publisher.resolve(out.upstream),
             run_id=context.run_id,
         )
         outcome = consume_changes(
@@ -265,7 +264,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
                     f"input {key}: a Changes input reads a pipeline-output dataset's table, "
                     "and this is not one"
                 )
-            return ChangesSource(spec, runtime.publisher.resolve(spec))
+            return spec  # the changes are read when the output is handled (`ChangesOutput`)
         if spec is not None:
             mode = runtime.publisher.resolve(spec)
             # lazy: the compute's projection and filters are pushed to the arm at collect time;
