@@ -376,7 +376,9 @@ class Model:
             return
         where = None if group is None else EqualTo("grp", group)
         done = self.runtime.iceberg.compact(self.up, min_input_files=2, where=where)
-        _event(f"compaction: {done.skipped or ('rewrote' if not done.noop else 'nothing')}")
+        _event(
+            f"compaction: {'skipped' if done.skipped else 'nothing' if done.noop else 'rewrote'}"
+        )
         self._remember()
 
     def rewrite(self) -> None:
