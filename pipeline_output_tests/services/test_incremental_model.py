@@ -62,6 +62,7 @@ from pipeline_output.services.incremental import (
     Changes,
     ConsumeRequest,
     consume_changes,
+    pending_changes,
 )
 from pipeline_output.services.maintenance import MaintenanceOptions, maintain
 from pipeline_output.services.model import ROW_INDEX, ModelSpec, score
@@ -470,6 +471,14 @@ class Model:
         self.runs += 1
         now = self._head(feed.up)
         written = self._head(feed.down)
+        # what `pipeline-output plan` shows: the changes this run consumes
+        pending = pending_changes(
+            feed.down,
+            feed.up,
+            publisher=publisher,
+            ledger=self.runtime.ledger,
+            upstream_mode=request.upstream_mode,
+        )
         try:
             outcome = consume_changes(
                 request,
@@ -492,7 +501,15 @@ class Model:
             assert outcome.action == "noop" and not seen
             return
         assert len(seen) == 1
-        self._check(feed, seen[0], now)
+        got = seen[0]
+        assert pending is not None
+        assert (pending.from_snapshot, pending.to_snapshot, pending.full_refresh) == (
+            got.from_snapshot,
+            got.to_snapshot,
+            got.full_refresh,
+        )
+        assert dict(pending.counts) == dict(got.counts)
+        self._check(feed, got, now)
         feed.position, feed.expired_position = now, False
 
     def _check(self, feed: Feed, changes: Changes, now: int | None) -> None:
