@@ -45,6 +45,7 @@ from pipeline_output.errors import ChangesExpired, InvalidSpec, UnsupportedWrite
 from pipeline_output.ledger.control_plane import ConsumedRange, Ledger
 from pipeline_output.services.publish import Publisher, PublishResult, ResolvedMode
 from pipeline_output.services.reads import scan_iceberg_dataset
+from pipeline_output.stores.iceberg import IcebergStore
 from pipeline_output.stores.iceberg.table.changes import (
     CHANGE_COMMIT_TIME,
     CHANGE_SNAPSHOT,
@@ -196,6 +197,14 @@ def _parse(value: str) -> tuple[int | None, int, bool]:
     return (int(low) if low else None), int(high), rest == ["full"]
 
 
+def committed_position(store: IcebergStore, downstream: str, upstream: str) -> int | None:
+    """The upstream snapshot `downstream`'s newest marked snapshot consumed to (None: none), read
+    from its summary: ahead of the ledger when a run was killed between its commit and the
+    ledger record."""
+    found = store.last_summary(downstream, SUMMARY_PREFIX + upstream)
+    return _parse(found[1])[1] if found is not None else None
+
+
 def position(
     spec: DatasetSpec, upstream: str, *, publisher: Publisher, ledger: Ledger, run_id: str | None
 ) -> tuple[int | None, bool]:
@@ -244,8 +253,9 @@ def read_since(table: Any, upstream: DatasetSpec, since: int | None, to: int | N
     except ChangesExpired:
         got = read_changes(table, from_snapshot=None, to_snapshot=to, primary_key=pk)
         reason = (
-            f"the snapshot last consumed ({since}) was expired (a forced expiry): the whole "
-            "upstream is read again and the downstream replaced"
+            f"the snapshot last consumed ({since}) was expired (a forced expiry, or one before "
+            "a killed first run was recorded): the whole upstream is read again and the "
+            "downstream replaced"
         )
         return _changes(got, upstream.name, full_refresh=True, reason=reason, since=since)
     return _changes(got, upstream.name)

@@ -25,6 +25,7 @@ from pipeline_output.errors import PipelineOutputError, from_third_party
 from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.ledger.control_plane import AuditRecord, Ledger
 from pipeline_output.services.audit import DEFAULT_RETENTION, drop_stale_audit_branches
+from pipeline_output.services.incremental import committed_position
 from pipeline_output.stores.iceberg import IcebergStore
 from pipeline_output.stores.iceberg.maintenance.compaction import CompactionResult
 from pipeline_output.stores.iceberg.maintenance.compaction_plan import DEFAULT_MIN_INPUT_FILES
@@ -204,4 +205,8 @@ def consumer_positions(store: IcebergStore, spec: DatasetSpec) -> set[int]:
     lock = store.tables.advisory()
     if not isinstance(lock, AdvisoryLock):
         return set()
-    return set(Ledger(lock.url).consumed_log.positions_of(spec.name).values())
+    positions = Ledger(lock.url).consumed_log.positions_of(spec.name)
+    # a run killed between its commit and the ledger record consumed further: its downstream's
+    # snapshot says where (the next run records it and reads on from there)
+    committed = {committed_position(store, down, spec.name) for down in positions}
+    return set(positions.values()) | {p for p in committed if p is not None}

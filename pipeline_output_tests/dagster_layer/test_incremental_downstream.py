@@ -148,6 +148,30 @@ def test_a_run_killed_after_its_commit_is_repaired_not_consumed_twice(
     assert_same_multiset(_stored("customer_totals"), _recompute(_stored("orders")))
 
 
+def test_after_a_forced_expiry_the_next_run_is_a_full_refresh_whose_metadata_says_why(
+    env: str,
+) -> None:
+    from datetime import timedelta
+
+    from pipeline_output.services.maintenance import MaintenanceOptions, maintain
+
+    defs = _defs()
+    runtime = get_runtime()
+    with dg.DagsterInstance.ephemeral() as instance:
+        ORDERS["now"] = _orders([(1, "ann", 10), (2, "bob", 5)])
+        run_assets(defs, instance, ["orders", "customer_totals"])
+        ORDERS["now"] = _orders([(1, "ann", 20), (3, "carl", 1)])
+        run_assets(defs, instance, ["orders"])  # the position is no longer the head
+        options = MaintenanceOptions(
+            audits=False, compact=False, orphans=False, older_than=timedelta(0), force=True
+        )
+        maintain(runtime.iceberg, [_spec(defs, "orders")], options=options, ledger=runtime.windows)
+        meta = mat_meta(run_assets(defs, instance, ["customer_totals"]), "customer_totals")
+    assert meta["pipeline_output/changes_full_refresh"] is True
+    assert "expired" in str(meta["pipeline_output/changes_reason"])
+    assert_same_multiset(_stored("customer_totals"), _recompute(_stored("orders")))
+
+
 def test_an_upstream_on_the_legacy_arm_is_refused_when_the_location_loads(env: str) -> None:
     with pytest.raises(InvalidSpec, match=r"'customer_totals' reads the changes of 'orders'.*'pg'"):
         _defs(upstream_mode="pg")

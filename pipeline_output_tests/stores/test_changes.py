@@ -307,6 +307,12 @@ def test_schema_evolution_reads_both_states_under_the_to_schema_by_field_id(h: A
     assert "label" in table.schema().column_names and "extra" in table.schema().column_names
     counts = check(table, s1, s2, KEY)
     assert counts["update_after"] == 3
+    # the contract (docs/concepts.md "Schema changes upstream"): before rows under `to`'s names
+    frame = read_changes(table, from_snapshot=s1, to_snapshot=s2, primary_key=KEY).frame
+    assert "name" not in frame.columns and "day" not in frame.columns
+    before = frame.filter(pl.col(CHANGE_TYPE) == "update_before").sort("id")
+    assert before.get_column("label").to_list() == ["c1-v0", "c2-v0", "c3-v0"]
+    assert before.get_column("extra").null_count() == 3
     check(table, s2, s1, KEY)
 
 
