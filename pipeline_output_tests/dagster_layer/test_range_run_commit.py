@@ -173,3 +173,19 @@ def test_a_range_run_rewrites_a_compacted_file_straddling_its_slices(env, instan
     source[DAYS[2]] = day_rows(DAYS[2], [29], version=1)
     assert run(defs, instance, *DAYS[1:3])
     assert_same_multiset(table(), pl.concat(source.values()))
+
+
+def test_a_partition_adding_a_column_ends_the_one_commit_there(env, instance):
+    source: dict[str, Any] = {
+        d: day_rows(d, [n * 10 + i for i in range(2)]) for n, d in enumerate(DAYS)
+    }
+    defs = defs_for(source)
+    assert run(defs, instance, *DAYS)
+    history = len(snapshots())
+    for day in DAYS[2:]:  # from the third day on the compute has a new column
+        source[day] = source[day].with_columns(note=pl.lit("new"))
+    assert run(defs, instance, *DAYS)
+    # days 1-2 together, then day 3 (its evolution under the lock) and day 4 one by one
+    assert len(snapshots()) == history + 3
+    expected = pl.concat(source.values(), how="diagonal")
+    assert_same_multiset(table(), expected)

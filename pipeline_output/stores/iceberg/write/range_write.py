@@ -252,6 +252,11 @@ def _commit(
             f"dataset {spec.name!r}: {name} was created by another writer after this range run "
             "was planned; nothing was committed — run it again"
         )
+    if target.create is None and table is None:
+        raise WriteConflict(
+            f"dataset {spec.name!r}: {name} was dropped while this range run wrote its files; "
+            "nothing was committed — run it again"
+        )
     if table is not None and not target.same_table(table):
         raise WriteConflict(
             f"dataset {spec.name!r}: {name}'s schema or partitioning changed while this range "
