@@ -286,7 +286,7 @@ class Publisher:
         (`range_write.combines`): one table load, one writer lock and one commit — one snapshot
         — for every partition, each computed and written to files in turn (one partition in
         memory), nothing committed when any fails (`IcebergStore.write_range`); each partition
-        keeps its own result and deploy record. Otherwise, and from a partition whose frame
+        keeps its own result and deploy record (recorded in one ledger transaction). Otherwise, and from a partition whose frame
         evolves the table's schema on: one `publish` (one commit) per partition."""
         pending = iter(items)
         done: list[tuple[PartitionSlice, PublishResult]] = []
@@ -294,10 +294,15 @@ class Publisher:
             ranged = self.iceberg.write_range(spec, pending, run_id=run_id)
             for part, written in ranged.results:
                 out = PublishResult(dataset=spec.name, mode=mode)
-                out.results["iceberg"] = self._record(
-                    spec, written, {"run_id": run_id, "partition": part}
-                )
+                out.results["iceberg"] = written
                 done.append((part, out))
+            if self.ledger is not None and ranged.results:  # one ledger transaction
+                deploys = self.ledger.deploy_log
+                with deploys.tx(None) as conn:
+                    for part, written in ranged.results:
+                        deploys.record_write(
+                            spec, written, conn=conn, run_id=run_id, partition=part
+                        )
             if ranged.stopped is not None:
                 part, frame = ranged.stopped
                 pending = itertools.chain([(part, lambda: frame)], pending)

@@ -264,7 +264,7 @@ def _commit(
         )
     state = state_of(table)
     plans = [plan_write(spec, state, partition=p.partition) for p in parts]
-    keys = _run_keys(spec, parts)
+    _check_unique_keys(spec, parts)
     props = summary_properties(spec, plans[0], run_id)
     props[f"{PROPERTY_PREFIX}partition"] = f"{parts[0].partition.key}..{parts[-1].partition.key}"
     ready = [f for p in parts for f in p.files]
@@ -308,7 +308,7 @@ def _commit(
     index = read_index(table)
     schema = tx.table_metadata.schema()
     total_before = total_records(table)
-    changes, deleted = _replace_slices(spec, table, tx, index.tasks(), schema, parts, keys)
+    changes, deleted = _replace_slices(spec, table, tx, index.tasks(), schema, parts)
     try:
         for p, gone in zip(parts, deleted, strict=True):
             if p.rows_in == 0 and gone and not spec.allow_empty:
@@ -357,31 +357,35 @@ def _totals(results: list[WriteResult], total_after: int) -> list[WriteResult]:
     return [replace(r, rows_total_after=total_after) for r in results]
 
 
-def _run_keys(spec: DatasetSpec, parts: list[SlicePart]) -> pl.DataFrame | None:
-    """The keys the run writes, each with its partition's index; `DuplicateKeys` when a key
-    is in two partitions' rows (a key lies in one slice: nothing is committed). Partitions whose
-    one-column key ranges do not overlap (ids growing with the day) are not hashed."""
-    if not spec.primary_key:
-        return None
+def _check_unique_keys(spec: DatasetSpec, parts: list[SlicePart]) -> None:
+    """`DuplicateKeys` when a key is in two partitions' rows (a key lies in one slice: nothing
+    is committed). Partitions whose one-column key ranges do not overlap (ids growing with the
+    day) are not hashed."""
     pk = list(spec.primary_key)
+    if not pk or _disjoint(pk, [p.keys for p in parts if p.keys is not None]):
+        return
+    keys = _keys_frame(parts)
+    assert keys is not None
+    dup = keys.filter(keys.select(pk).is_duplicated())
+    if dup.height:
+        first = dup.row(0, named=True)
+        where = sorted({parts[n].partition.key for n in dup.get_column(_PART).to_list()})
+        raise DuplicateKeys(
+            f"dataset {spec.name!r}: key {tuple(first[c] for c in pk)!r} (and "
+            f"{dup.select(pk).n_unique() - 1} more) is in the rows of several partitions "
+            f"of this range run ({', '.join(where[:4])}); a key lies in one partition's "
+            "slice — nothing was written"
+        )
+
+
+def _keys_frame(parts: list[SlicePart]) -> pl.DataFrame | None:
+    """The keys the run writes, each with its partition's index (None: an unkeyed dataset)."""
     frames = [
         p.keys.with_columns(pl.lit(n, dtype=pl.Int64).alias(_PART))
         for n, p in enumerate(parts)
         if p.keys is not None
     ]
-    keys = pl.concat(frames)
-    if not _disjoint(pk, [p.keys for p in parts if p.keys is not None]):
-        dup = keys.filter(keys.select(pk).is_duplicated())
-        if dup.height:
-            first = dup.row(0, named=True)
-            where = sorted({parts[n].partition.key for n in dup.get_column(_PART).to_list()})
-            raise DuplicateKeys(
-                f"dataset {spec.name!r}: key {tuple(first[c] for c in pk)!r} (and "
-                f"{dup.select(pk).n_unique() - 1} more) is in the rows of several partitions "
-                f"of this range run ({', '.join(where[:4])}); a key lies in one partition's "
-                "slice — nothing was written"
-            )
-    return keys
+    return pl.concat(frames) if frames else None
 
 
 def _disjoint(pk: list[str], frames: list[pl.DataFrame]) -> bool:
@@ -408,18 +412,23 @@ def _replace_slices(
     tasks: list[FileScanTask],
     schema: Schema,
     parts: list[SlicePart],
-    keys: pl.DataFrame | None,
 ) -> tuple[MergeChanges, list[int]]:
     """What one snapshot replacing every slice of `parts` removes (the run's own files are
     added by the caller), and how many target rows each partition's slice loses."""
     slices = [p.partition for p in parts]
     deleted = [0] * len(parts)
     pk = list(spec.primary_key)
-    by_key = {id(t) for t in prune_by_keys(table, spec, keys, tasks)} if keys is not None else set()
     changes = MergeChanges(inserted=sum(p.rows_in for p in parts))
+    relations = [(task, _relation(task, schema, slices)) for task in tasks]
+    outside = [task for task, where in relations if where is None]
+    reads = outside or any(w == "straddles" or t.delete_files for t, w in relations)
+    keys = _keys_frame(parts) if pk and reads else None  # only when a file is read
+    # a file outside every slice is read only when it may hold a key the run writes
+    by_key = (
+        {id(t) for t in prune_by_keys(table, spec, keys, outside)} if keys is not None else set()
+    )
     straddling: list[FileScanTask] = []
-    for task in tasks:
-        where = _relation(task, schema, slices)
+    for task, where in relations:
         if where is None and id(task) not in by_key:
             changes.preserved += _live(task)
         elif isinstance(where, int) and not task.delete_files:
