@@ -19,7 +19,7 @@ from pipeline_output.dagster_layer.changes_assets import CHANGES_OF_KEY, check_c
 from pipeline_output.dagster_layer.checks import with_location_checks
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.delta_assets import DEFAULT_SENSOR_INTERVAL_S
-from pipeline_output.dagster_layer.io_manager import DatasetIOManager
+from pipeline_output.dagster_layer.io_manager import DatasetIOManager, default_io_manager
 from pipeline_output.dagster_layer.keys import (
     ALL_DATASETS_JOB,
     HEALTH_CHECK,
@@ -121,6 +121,7 @@ def build_definitions(
         RESOURCE_KEY: resource,
     }
     all_resources.update(given)
+    all_resources.setdefault("io_manager", default_io_manager())  # Dagster's, built on first use
     # kinds by arm; the column schema of tables that exist (when Dagster loads the location)
     datasets, assets = at_load(datasets, resource), at_load(assets, resource)
     specs = [

@@ -7,8 +7,10 @@ dynamic one is `column == key`, a multi-partition one is one term per dimension
 partition key of the run (a range run: in the definition's order) with `partition_key=` when it declares that
 parameter; inputs from a dataset partitioned by the same definition are narrowed to that key's
 slice, and a partitioned plain upstream loaded as `{key: frame}` gives that key's frame. The
-IO manager then writes each partition in turn through the publish step (`write_partitions`): one
-commit per partition, the slice made exactly the compute's rows (see `contract/plan.py`).
+IO manager then writes each partition in turn through the publish step (`write_partitions`), the
+slice made exactly the compute's rows (see `contract/plan.py`): one commit per partition, except
+a range run of a `replace` dataset in iceberg mode — one load, one lock, one commit for the run
+(`stores/iceberg/write/range_write.py`).
 
 Checked when the code location loads: the definition's kind (time window, static, dynamic, or
 multi-partitions of those), one identifier column per dimension, no `Delta` beside it.
@@ -325,39 +327,52 @@ def write_partitions(
     runtime: Runtime,
     audit: bool,
 ) -> dict[str, Any]:
-    """Compute and write each partition in order (one commit each); returns the step's
-    materialisation metadata. A one-partition run: its write's metadata, with
+    """Compute and write each partition in order (`Publisher.publish_range`: a `replace`
+    dataset's range run in iceberg mode as one commit, otherwise one commit per partition);
+    returns the step's materialisation metadata. A one-partition run: its write's metadata, with
     `dagster/partition_row_count` (the rows it wrote) and `partitions` (its line). A range run:
     only what is true of every partition (`run_metadata`), while each partition's
     materialisation gets its own write's metadata (`partition_metadata`): Dagster puts a
     partition's own keys over the step's, so no partition shows another one's figures."""
     from pipeline_output.dagster_layer.metadata import publish_metadata, table_metadata
 
-    written: list[tuple[PartitionSlice, PublishResult]] = []
+    schemas: list[pl.Schema] = []
+
+    def rows_of(compute: Callable[[], Any]) -> Callable[[], pl.DataFrame]:
+        def rows() -> pl.DataFrame:
+            frame = to_polars(spec, compute())
+            schemas[:] = [frame.schema]  # the last partition's (the legacy arm's column schema)
+            return frame
+
+        return rows
+
+    written = runtime.publisher.publish_range(
+        spec,
+        ((part, rows_of(compute)) for part, compute in out.items),
+        mode=mode,
+        run_id=context.run_id,
+        audit=audit,
+    )
     lines = []
-    for part, compute in out.items:
-        frame = to_polars(spec, compute())
-        result = runtime.publisher.publish(
-            spec, frame, mode=mode, run_id=context.run_id, partition=part, audit=audit
-        )
+    for part, result in written:
         r = result.primary
         lines.append(
             f"{part.key}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted} "
             + ("no-op" if r.noop else f"({r.write_mode}, commit {r.snapshot_id})")
         )
         context.log.info(f"{spec.name}: partition {lines[-1]}")
-        written.append((part, result))
         if len(out.items) > 1:  # a range run: each partition's materialisation its own write
             context.step_context.add_asset_metadata(
                 partition_metadata(result), asset_key=context.asset_key, partition_key=part.key
             )
+    schema = schemas[0] if schemas else None
     last = written[-1][1]
     if len(written) == 1:
-        meta = publish_metadata(last, runtime=runtime, spec=spec, schema=frame.schema)
+        meta = publish_metadata(last, runtime=runtime, spec=spec, schema=schema)
         meta["dagster/partition_row_count"] = last.primary.rows_in
     else:
         meta = run_metadata(written, mode)
-        meta.update(table_metadata(runtime, spec, arms=tuple(last.results), schema=frame.schema))
+        meta.update(table_metadata(runtime, spec, arms=tuple(last.results), schema=schema))
         meta["dagster/row_count"] = last.primary.rows_total_after
     meta["partitions"] = "; ".join(lines)
     return meta

@@ -9,6 +9,7 @@ unchanged. Pure core: no Dagster.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Unpack
@@ -36,6 +37,7 @@ from pipeline_output.errors import (
 from pipeline_output.ledger.control_plane import AuditRecord, Ledger
 from pipeline_output.services import reads as lazy_reads
 from pipeline_output.stores.iceberg import IcebergStore, PreparedWrite
+from pipeline_output.stores.iceberg.write import range_write
 from pipeline_output.stores.postgres import PostgresStore
 
 if TYPE_CHECKING:
@@ -267,6 +269,49 @@ class Publisher:
             return out
         finally:
             prep.discard()
+
+    def publish_range(
+        self,
+        spec: DatasetSpec,
+        items: Iterable[tuple[PartitionSlice, Callable[[], Any]]],
+        *,
+        mode: ResolvedMode,
+        run_id: str | None = None,
+        audit: bool = False,
+    ) -> list[tuple[PartitionSlice, PublishResult]]:
+        """Write the partitions of a Dagster range run, each `items` entry a slice and a
+        zero-argument compute of its rows, called in order.
+
+        In `iceberg` mode, unaudited, for a dataset whose partition write is a replace
+        (`range_write.combines`): one table load, one writer lock and one commit — one snapshot
+        — for every partition, each computed and written to files in turn (one partition in
+        memory), nothing committed when any fails (`IcebergStore.write_range`); each partition
+        keeps its own result and deploy record (recorded in one ledger transaction). Otherwise, and from a partition whose frame
+        evolves the table's schema on: one `publish` (one commit) per partition."""
+        pending = iter(items)
+        done: list[tuple[PartitionSlice, PublishResult]] = []
+        if mode.mode == "iceberg" and not audit and range_write.combines(spec):
+            ranged = self.iceberg.write_range(spec, pending, run_id=run_id)
+            for part, written in ranged.results:
+                out = PublishResult(dataset=spec.name, mode=mode)
+                out.results["iceberg"] = written
+                done.append((part, out))
+            if self.ledger is not None and ranged.results:  # one ledger transaction
+                deploys = self.ledger.deploy_log
+                with deploys.tx(None) as conn:
+                    for part, written in ranged.results:
+                        deploys.record_write(
+                            spec, written, conn=conn, run_id=run_id, partition=part
+                        )
+            if ranged.stopped is not None:
+                part, frame = ranged.stopped
+                pending = itertools.chain([(part, lambda: frame)], pending)
+        for part, compute in pending:
+            one = self.publish(
+                spec, compute(), mode=mode, run_id=run_id, partition=part, audit=audit
+            )
+            done.append((part, one))
+        return done
 
     def _publish_dual(
         self, spec: DatasetSpec, prep: Prepared, *, out: PublishResult, options: WriteOptions

@@ -20,6 +20,7 @@ never deletes its files, and takes the writer lock on that registration's sessio
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Unpack
@@ -31,6 +32,7 @@ from pyiceberg.table.refs import MAIN_BRANCH
 
 from pipeline_output.contract.checked_input import check_in_window, checked_frame
 from pipeline_output.contract.plan import TargetState, WritePlan, WriteResult, plan_write
+from pipeline_output.contract.slices import PartitionSlice
 from pipeline_output.contract.spec import Arm, DatasetSpec
 from pipeline_output.contract.store_protocol import (
     Capabilities,
@@ -55,6 +57,7 @@ from pipeline_output.stores.iceberg.write.merge import (
     write_existing,
 )
 from pipeline_output.stores.iceberg.write.prepare import PreparedWrite, prepare_write
+from pipeline_output.stores.iceberg.write.range_write import RangeWrite, write_range
 from pipeline_output.stores.iceberg.write.streaming import replace_streaming
 
 
@@ -197,6 +200,18 @@ class IcebergStore:
             lock_held_s=stats.held_s,
             table=self.table_name(spec),
         )
+
+    def write_range(
+        self,
+        spec: DatasetSpec,
+        items: Iterator[tuple[PartitionSlice, Callable[[], Any]]],
+        *,
+        run_id: str | None = None,
+    ) -> RangeWrite:
+        """A range run's partitions of a `replace` dataset (`range_write.combines`): each
+        computed and written to files in turn, then one load, one lock and one commit replacing
+        every slice: `range_write.write_range`."""
+        return write_range(self, spec, items, capabilities=self.capabilities, run_id=run_id)
 
     def replace_streaming(self, spec: DatasetSpec, batches: Any, **options: Any) -> WriteResult:
         """Replace the whole table with batches written to data files as they arrive (one batch

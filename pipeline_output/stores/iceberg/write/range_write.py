@@ -1,0 +1,503 @@
+"""A range run's partitions as one commit (issue 44): a Dagster single-run backfill of N
+partitions of a `replace` dataset is one table load, one writer lock and one snapshot.
+
+Each partition is computed, checked (its rows inside its slice, the capabilities, NOT NULLs)
+and written to data files in turn — one partition in memory at a time, only its key columns
+kept (keys stay unique across the run) — against the table as this process's last write left
+it, else as loaded once (or, for a table that does not exist yet, against the transaction that
+creates it). Then, under the table's writer lock, the table is loaded once and one snapshot
+replaces every slice of the run: files wholly inside a slice are dropped unread, files
+straddling one are read and rewritten or kept with a positional delete file (`MergePolicy`),
+and a keyed dataset's rows outside the slices whose key the run writes go too (a key moved
+into a slice), as a one-partition replace does. A failure anywhere before the commit — a
+compute raising, a row outside its slice, an empty partition that would delete rows — commits
+nothing and deletes the files written.
+
+Each partition keeps its own `WriteResult` (its rows in, inserted, deleted from its slice)
+and so its own deploy record and Dagster materialisation; they share the snapshot id. The
+snapshot's summary names the run's first and last partition (`pipeline-output.partition`:
+`first..last`).
+
+A partition whose frame needs a schema or partition-spec evolution stops the range: the
+partitions before it commit as one snapshot (`RangeWrite.stopped` hands back that partition
+and its frame), and the publish step writes the rest one by one, each evolution under the
+lock as a single write does. Only `replace` plans take this path (`combines`); other
+strategies write partition by partition.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+from pyiceberg.exceptions import TableAlreadyExistsError
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
+from pyiceberg.table import FileScanTask, Table, Transaction
+from pyiceberg.table.metadata import TableMetadata
+
+from pipeline_output.contract.checked_input import checked_frame
+from pipeline_output.contract.plan import RowCounts, WriteResult, plan_write
+from pipeline_output.contract.slices import PartitionSlice, check_in_partition
+from pipeline_output.contract.spec import STRATEGIES, DatasetSpec
+from pipeline_output.errors import DuplicateKeys, EmptyComputeRefused, WriteConflict
+from pipeline_output.stores.iceberg.snapshot.commit import (
+    ADDED_ARE_INSERTS,
+    CHANGE_ADDED,
+    CommitRequest,
+    commit,
+    delete_quietly,
+    row_properties,
+    summary_properties,
+    writing,
+)
+from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter, own_delete_files
+from pipeline_output.stores.iceberg.snapshot.manifests import (
+    FlatTransaction,
+    read_index,
+    upgrade_properties,
+)
+from pipeline_output.stores.iceberg.table.partitions import needs_evolution, slice_relation
+from pipeline_output.stores.iceberg.table.tables import (
+    FILEPOS_COLUMN,
+    PROPERTY_PREFIX,
+    IcebergTables,
+    head,
+    state_of,
+    total_records,
+)
+from pipeline_output.stores.iceberg.write.frame_rows import (
+    RewriteSink,
+    align_to_schema,
+    sorted_for_write,
+)
+from pipeline_output.stores.iceberg.write.key_scan import FileReader, prune_by_keys
+from pipeline_output.stores.iceberg.write.merge import MergePolicy
+from pipeline_output.stores.iceberg.write.prepare import MergeChanges
+from pipeline_output.stores.schema import check_required, plan_evolution
+
+if TYPE_CHECKING:
+    from pipeline_output.contract.store_protocol import Capabilities
+    from pipeline_output.stores.iceberg.table.tables import HasTables
+
+_PART = "__po_part__"  # the index of the partition a key belongs to
+
+
+def combines(spec: DatasetSpec) -> bool:
+    """Whether a range run of `spec` is written as one commit: its partition write is a
+    `replace` of the slice (the rows are written as they are; nothing is compared)."""
+    strategy = STRATEGIES.get(spec.strategy)
+    decision = strategy.decide("partition") if strategy is not None else None
+    return (
+        decision is not None
+        and decision.write_mode == "replace"
+        and decision.delete_scope == "slice"
+        and spec.delta is None
+    )
+
+
+@dataclass
+class SlicePart:
+    """One partition of the run, its data files written: what the commit needs of it."""
+
+    partition: PartitionSlice
+    rows_in: int
+    files: list[DataFile]
+    keys: pl.DataFrame | None  # its key columns (keyed datasets)
+
+
+@dataclass
+class RangeWrite:
+    """What `write_range` did: each committed partition's result, in order, and the partition
+    it stopped at (its frame needs an evolution: written one by one from there), if any."""
+
+    results: list[tuple[PartitionSlice, WriteResult]] = field(default_factory=list)
+    stopped: tuple[PartitionSlice, pl.DataFrame] | None = None
+
+
+@dataclass
+class _Target:
+    """The table metadata the run's files are written against: the table as loaded, or the
+    transaction creating it (`create`)."""
+
+    metadata: TableMetadata
+    io: FileIO
+    create: Transaction | None = None
+    handed: bool = False  # its files went to a commit attempt (its outcome deletes them)
+    writer: DataFileWriter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.writer = DataFileWriter(self.metadata, self.io, write_id=uuid.uuid4())
+
+    @property
+    def schema(self) -> Schema:
+        return self.metadata.schema()
+
+    def fits(self, spec: DatasetSpec, frame: pl.DataFrame) -> bool:
+        """Whether `frame` is written as it is against this schema and partition spec."""
+        check_required(spec, frame, self.schema)
+        return plan_evolution(spec, self.schema, frame).empty and not needs_evolution(
+            spec, self.metadata
+        )
+
+    def write(self, spec: DatasetSpec, part: PartitionSlice, frame: pl.DataFrame) -> SlicePart:
+        aligned = sorted_for_write(align_to_schema(frame, self.schema), spec)
+        pk = list(spec.primary_key)
+        keys = aligned.select(pk) if pk else None
+        return SlicePart(part, aligned.height, self.writer.write(aligned), keys)
+
+    def same_table(self, table: Table) -> bool:
+        meta, mine = table.metadata, self.metadata
+        return (
+            meta.table_uuid == mine.table_uuid
+            and meta.location == mine.location
+            and meta.current_schema_id == mine.current_schema_id
+            and meta.default_spec_id == mine.default_spec_id
+        )
+
+
+def write_range(
+    store: HasTables,
+    spec: DatasetSpec,
+    items: Iterator[tuple[PartitionSlice, Callable[[], Any]]],
+    *,
+    capabilities: Capabilities,
+    run_id: str | None = None,
+) -> RangeWrite:
+    """Compute, check and write each partition of `items` to data files in turn, then replace
+    every slice in one commit under the writer lock (see the module doc). `items` is consumed
+    up to the partition the run stops at (`RangeWrite.stopped`), if any."""
+    started = time.perf_counter()
+    tables = store.tables
+    base = tables.as_written(spec) or tables.load(spec)
+    out = RangeWrite()
+    target: _Target | None = None
+    parts: list[SlicePart] = []
+    with ExitStack() as stack:
+        held = stack.enter_context(writing(store, tables.table_name(spec)))
+        try:
+            for part, compute in items:
+                frame = checked_frame(spec, compute())
+                capabilities.check_frame(spec, frame)
+                check_in_partition(spec, frame, part)
+                if target is None:
+                    target = _target(tables, spec, base, frame)
+                if not target.fits(spec, frame):
+                    out.stopped = (part, frame)
+                    break
+                parts.append(target.write(spec, part, frame))
+                del frame
+            if target is None or not parts:
+                return out
+            with tables.hold(spec, on=held) as stats:
+                table = tables.load(spec)
+                results, committed = _commit(
+                    tables, spec, target, table, parts, run_id=run_id, fence=stats.verify
+                )
+                tables.remember(spec, committed)
+        except BaseException:
+            if target is not None and not target.handed:
+                for path in target.writer.written:
+                    delete_quietly(target.io, path)
+            raise
+    elapsed = time.perf_counter() - started
+    name = tables.table_name(spec)
+    out.results = [
+        (
+            p.partition,
+            replace(
+                r,
+                duration_s=elapsed,
+                lock_wait_s=stats.wait_s,
+                lock_held_s=stats.held_s,
+                table=name,
+            ),
+        )
+        for p, r in zip(parts, results, strict=True)
+    ]
+    return out
+
+
+def _target(
+    tables: IcebergTables, spec: DatasetSpec, base: Table | None, frame: pl.DataFrame
+) -> _Target:
+    if base is not None:
+        return _Target(base.metadata, base.io)
+    tx = tables.create_transaction(spec, frame)
+    return _Target(tx.table_metadata, tx._table.io, create=tx)
+
+
+def _commit(
+    tables: IcebergTables,
+    spec: DatasetSpec,
+    target: _Target,
+    table: Table | None,
+    parts: list[SlicePart],
+    *,
+    run_id: str | None,
+    fence: Callable[[], None],
+) -> tuple[list[WriteResult], Table | None]:
+    """The one commit of the run, under the writer lock: each partition's result, and the
+    table as the commit left it (None: reload it next time)."""
+    name = tables.table_name(spec)
+    if target.create is not None and table is not None:
+        raise WriteConflict(
+            f"dataset {spec.name!r}: {name} was created by another writer after this range run "
+            "was planned; nothing was committed — run it again"
+        )
+    if target.create is None and table is None:
+        raise WriteConflict(
+            f"dataset {spec.name!r}: {name} was dropped while this range run wrote its files; "
+            "nothing was committed — run it again"
+        )
+    if table is not None and not target.same_table(table):
+        raise WriteConflict(
+            f"dataset {spec.name!r}: {name}'s schema or partitioning changed while this range "
+            "run wrote its files; nothing was committed — run it again"
+        )
+    state = state_of(table)
+    plans = [plan_write(spec, state, partition=p.partition) for p in parts]
+    _check_unique_keys(spec, parts)
+    props = summary_properties(spec, plans[0], run_id)
+    props[f"{PROPERTY_PREFIX}partition"] = f"{parts[0].partition.key}..{parts[-1].partition.key}"
+    ready = [f for p in parts for f in p.files]
+    if table is None or state.first_deploy:  # nothing to replace: every file is an insert
+        inserted = sum(p.rows_in for p in parts)
+        props.update(row_properties(RowCounts(inserted=inserted)))
+        props[CHANGE_ADDED] = ADDED_ARE_INSERTS
+        tx = target.create if table is None else FlatTransaction(table)
+        assert tx is not None
+        target.handed = True
+        try:
+            committed = commit(
+                CommitRequest(
+                    tx=tx, dataset=spec.name, properties=props, ready=ready, force=True, fence=fence
+                )
+            )
+        except TableAlreadyExistsError as exc:
+            for data_file in ready:
+                delete_quietly(target.io, data_file.file_path)
+            raise WriteConflict(
+                f"dataset {spec.name!r}: {name} was created by another writer after this range "
+                "run was planned; nothing was committed — run it again"
+            ) from exc
+        after = tables.load(spec) if table is None else committed
+        snap = after.current_snapshot() if after is not None else None
+        results = [
+            WriteResult.of(
+                plan,
+                RowCounts(inserted=p.rows_in),
+                rows_in=p.rows_in,
+                total_before=0,
+                arm="iceberg",
+                snapshot_id=snap.snapshot_id if snap else None,
+                files_added=len(p.files),
+            )
+            for plan, p in zip(plans, parts, strict=True)
+        ]
+        return _totals(results, inserted), after
+    tx = FlatTransaction(table)
+    upgrade_properties(tx)
+    index = read_index(table)
+    schema = tx.table_metadata.schema()
+    total_before = total_records(table)
+    changes, deleted = _replace_slices(spec, table, tx, index.tasks(), schema, parts)
+    try:
+        for p, gone in zip(parts, deleted, strict=True):
+            if p.rows_in == 0 and gone and not spec.allow_empty:
+                raise EmptyComputeRefused(
+                    f"dataset {spec.name!r}: the compute returned no rows for partition "
+                    f"{p.partition.key} and its replace would delete {gone} target row(s); set "
+                    "allow_empty=True to allow it (nothing was written)"
+                )
+    except BaseException:
+        for data_file in changes.written:
+            delete_quietly(table.io, data_file.file_path)
+        raise
+    props.update(row_properties(changes))
+    target.handed = True  # the commit deletes its files when it certainly failed
+    committed = commit(
+        CommitRequest(
+            tx=tx,
+            dataset=spec.name,
+            properties=props,
+            frames=changes.new_frames,
+            ready=[*ready, *changes.written],
+            deleted=changes.deleted_files,
+            positional=changes.positional,
+            fence=fence,
+            index=index,
+        )
+    )
+    snapshot_id = head(committed)
+    results = [
+        WriteResult.of(
+            plan,
+            RowCounts(inserted=p.rows_in, deleted=gone),
+            rows_in=p.rows_in,
+            total_before=total_before,
+            arm="iceberg",
+            snapshot_id=snapshot_id,
+            files_added=len(p.files),
+        )
+        for plan, p, gone in zip(plans, parts, deleted, strict=True)
+    ]
+    return _totals(results, total_before + changes.inserted - changes.deleted), committed
+
+
+def _totals(results: list[WriteResult], total_after: int) -> list[WriteResult]:
+    """Every partition's result with the table's row count after the run's one commit."""
+    return [replace(r, rows_total_after=total_after) for r in results]
+
+
+def _check_unique_keys(spec: DatasetSpec, parts: list[SlicePart]) -> None:
+    """`DuplicateKeys` when a key is in two partitions' rows (a key lies in one slice: nothing
+    is committed). Partitions whose one-column key ranges do not overlap (ids growing with the
+    day) are not hashed."""
+    pk = list(spec.primary_key)
+    if not pk or _disjoint(pk, [p.keys for p in parts if p.keys is not None]):
+        return
+    keys = _keys_frame(parts)
+    assert keys is not None
+    dup = keys.filter(keys.select(pk).is_duplicated())
+    if dup.height:
+        first = dup.row(0, named=True)
+        where = sorted({parts[n].partition.key for n in dup.get_column(_PART).to_list()})
+        raise DuplicateKeys(
+            f"dataset {spec.name!r}: key {tuple(first[c] for c in pk)!r} (and "
+            f"{dup.select(pk).n_unique() - 1} more) is in the rows of several partitions "
+            f"of this range run ({', '.join(where[:4])}); a key lies in one partition's "
+            "slice — nothing was written"
+        )
+
+
+def _keys_frame(parts: list[SlicePart]) -> pl.DataFrame | None:
+    """The keys the run writes, each with its partition's index (None: an unkeyed dataset)."""
+    frames = [
+        p.keys.with_columns(pl.lit(n, dtype=pl.Int64).alias(_PART))
+        for n, p in enumerate(parts)
+        if p.keys is not None
+    ]
+    return pl.concat(frames) if frames else None
+
+
+def _disjoint(pk: list[str], frames: list[pl.DataFrame]) -> bool:
+    """Whether no key can be in two of `frames` by their one-column key's min and max alone
+    (each frame's keys are unique already: `checked_input`)."""
+    if len(pk) != 1:
+        return False
+    bounds: list[tuple[Any, Any]] = [
+        (f.get_column(pk[0]).min(), f.get_column(pk[0]).max()) for f in frames if f.height
+    ]
+    if any(lo is None or hi is None for lo, hi in bounds):
+        return False
+    try:
+        bounds.sort()
+        return all(a[1] < b[0] for a, b in itertools.pairwise(bounds))
+    except TypeError:  # keys that do not order
+        return False
+
+
+def _replace_slices(
+    spec: DatasetSpec,
+    table: Table,
+    tx: Transaction,
+    tasks: list[FileScanTask],
+    schema: Schema,
+    parts: list[SlicePart],
+) -> tuple[MergeChanges, list[int]]:
+    """What one snapshot replacing every slice of `parts` removes (the run's own files are
+    added by the caller), and how many target rows each partition's slice loses."""
+    slices = [p.partition for p in parts]
+    deleted = [0] * len(parts)
+    pk = list(spec.primary_key)
+    changes = MergeChanges(inserted=sum(p.rows_in for p in parts))
+    relations = [(task, _relation(task, schema, slices)) for task in tasks]
+    outside = [task for task, where in relations if where is None]
+    reads = outside or any(w == "straddles" or t.delete_files for t, w in relations)
+    keys = _keys_frame(parts) if pk and reads else None  # only when a file is read
+    # a file outside every slice is read only when it may hold a key the run writes
+    by_key = (
+        {id(t) for t in prune_by_keys(table, spec, keys, outside)} if keys is not None else set()
+    )
+    straddling: list[FileScanTask] = []
+    for task, where in relations:
+        if where is None and id(task) not in by_key:
+            changes.preserved += _live(task)
+        elif isinstance(where, int) and not task.delete_files:
+            changes.deleted_files.append(task.file)
+            changes.deleted += task.file.record_count
+            deleted[where] += task.file.record_count
+        else:
+            straddling.append(task)
+    if not straddling:
+        return changes, deleted
+    policy = MergePolicy.resolve(spec, tx.table_metadata, "replace").within_budget(
+        sum(t.file.file_size_in_bytes for t in straddling)
+    )
+    writer = DataFileWriter(tx.table_metadata, table.io, write_id=uuid.uuid4())
+    sink = RewriteSink(writer, spec)
+    reader = FileReader(table, schema)
+    try:
+        for task, rows in reader.stream(straddling):
+            owner = pl.Series(_PART, [-1] * rows.height, dtype=pl.Int64)
+            for n, part in enumerate(slices):
+                inside = rows.select(part.contains(rows.schema)).to_series()
+                owner = owner.zip_with(~inside | (owner >= 0), pl.Series([n] * rows.height))
+            if keys is not None:
+                hit = rows.select(pk).join(keys, on=pk, how="left", nulls_equal=True)
+                moved = hit.get_column(_PART).fill_null(-1).cast(pl.Int64)
+                owner = owner.zip_with(owner >= 0, moved)
+            drop = owner >= 0
+            n_drop = int(drop.sum())
+            if n_drop == 0:
+                changes.preserved += rows.height
+                continue
+            for n, count in owner.filter(drop).value_counts().iter_rows():
+                deleted[n] += count
+            changes.deleted += n_drop
+            changes.preserved += rows.height - n_drop
+            if policy.merge_on_read(
+                file_rows=task.file.record_count,
+                deleted_before=task.file.record_count - rows.height,
+                deleting=n_drop,
+            ):
+                changes.delete_positions(
+                    table.io, task, rows.filter(drop).get_column(FILEPOS_COLUMN)
+                )
+            else:
+                changes.deleted_files.append(task.file)
+                sink.add(rows.filter(~drop).drop(FILEPOS_COLUMN, strict=False))
+    except BaseException:
+        for path in writer.written:
+            delete_quietly(table.io, path)
+        raise
+    changes.written = sink.files
+    changes.new_frames = sink.rest()
+    return changes, deleted
+
+
+def _relation(task: FileScanTask, schema: Schema, slices: list[PartitionSlice]) -> int | str | None:
+    """The index of the slice `task`'s file lies wholly inside, None when it lies outside
+    every slice, `straddles` otherwise."""
+    straddles = False
+    for n, part in enumerate(slices):
+        relation = slice_relation(task, schema, part)
+        if relation == "inside":
+            return n
+        straddles = straddles or relation == "straddles"
+    return "straddles" if straddles else None
+
+
+def _live(task: FileScanTask) -> int:
+    """The file's rows its (file-scoped) delete files leave."""
+    if not task.delete_files:
+        return int(task.file.record_count)
+    return int(task.file.record_count) - sum(d.record_count for d in own_delete_files(task))

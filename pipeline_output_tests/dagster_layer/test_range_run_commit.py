@@ -1,0 +1,191 @@
+"""A single-run backfill (a Dagster range run) of a `replace` dataset in iceberg mode is one
+commit (issue 44): one snapshot for its N partitions, each partition's deploy record and
+materialisation its own, the table equal to the computes' rows (plain polars), a re-run the same
+result, and a failure anywhere in the range leaving the table — and its data directory — as it
+was. Files straddling the run's slices (after a compaction) are rewritten without the slices'
+rows.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import polars as pl
+
+from pipeline_output import DatasetSpec, build_definitions, dataset
+from pipeline_output.dagster_layer.resource import get_runtime
+from pipeline_output.services.publish import ResolvedMode
+from pipeline_output_tests.oracle import assert_same_multiset
+
+DAYS = ["2024-01-30", "2024-01-31", "2024-02-01", "2024-02-02"]  # across a month boundary
+DAILY = dg.DailyPartitionsDefinition(start_date=DAYS[0], end_date="2024-02-03")
+NAME = "ranged"
+
+
+def day_rows(day: str, ids: list[int], *, version: int = 0) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "id": pl.Series(ids, dtype=pl.Int64),
+            "day": pl.Series([date.fromisoformat(day)] * len(ids), dtype=pl.Date),
+            "amount": pl.Series([i * 1.5 + version for i in ids], dtype=pl.Float64),
+        }
+    )
+
+
+def defs_for(source: dict[str, Any]) -> dg.Definitions:
+    """A daily `replace` dataset reading `source[partition_key]` (an exception: raised)."""
+
+    @dataset(
+        name=NAME,
+        primary_key="id",
+        strategy="replace",
+        mode="iceberg",
+        partitions_def=DAILY,
+        partition_column="day",
+    )
+    def ranged(partition_key: str) -> pl.DataFrame:
+        value = source[partition_key]
+        if isinstance(value, Exception):
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    return build_definitions(datasets=[ranged], with_maintenance=False)
+
+
+def run(defs: dg.Definitions, instance: dg.DagsterInstance, *keys: str) -> bool:
+    """One run of the range `keys[0]..keys[-1]`; whether it succeeded."""
+    job = defs.resolve_implicit_global_asset_job_def()
+    tags = {
+        "dagster/asset_partition_range_start": keys[0],
+        "dagster/asset_partition_range_end": keys[-1],
+    }
+    result = job.execute_in_process(
+        instance=instance, asset_selection=[dg.AssetKey(NAME)], tags=tags, raise_on_error=False
+    )
+    return result.success
+
+
+def table() -> pl.DataFrame:
+    spec = DatasetSpec(name=NAME, primary_key=("id",))
+    return get_runtime().publisher.read(spec, mode=ResolvedMode("iceberg", "run config"))
+
+
+def snapshots() -> list[Any]:
+    loaded = get_runtime().iceberg.load(NAME)
+    assert loaded is not None
+    return list(loaded.snapshots())
+
+
+def data_files_on_disk() -> set[str]:
+    loaded = get_runtime().iceberg.load(NAME)
+    assert loaded is not None
+    root = Path(loaded.metadata.location.removeprefix("file://")) / "data"
+    return {str(p) for p in root.rglob("*.parquet")}
+
+
+def partition_meta(instance: dg.DagsterInstance, key: str) -> dict[str, Any]:
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(NAME), asset_partitions=[key]), limit=1
+    ).records
+    mat = records[0].asset_materialization
+    assert mat is not None
+    return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+
+
+def test_a_replace_range_run_is_one_snapshot_and_a_rerun_gives_the_same_table(env, instance):
+    source: dict[str, Any] = {
+        d: day_rows(d, [n * 10 + i for i in range(3)]) for n, d in enumerate(DAYS)
+    }
+    defs = defs_for(source)
+
+    assert run(defs, instance, *DAYS)  # the table's first write: created with every partition
+    assert len(snapshots()) == 1
+    assert_same_multiset(table(), pl.concat(source.values()))
+    first = {d: partition_meta(instance, d) for d in DAYS}
+    assert {m["rows_inserted"] for m in first.values()} == {3}
+    assert len({m["iceberg/snapshot_id"] for m in first.values()}) == 1  # one shared commit
+
+    # days 2 and 3 change (a row fewer, other values); days 1 and 4 are computed the same
+    source[DAYS[1]] = day_rows(DAYS[1], [10, 11], version=1)
+    source[DAYS[2]] = day_rows(DAYS[2], [20, 21, 22, 23], version=2)
+    assert run(defs, instance, *DAYS[1:3])
+    assert len(snapshots()) == 2  # two partitions, one snapshot
+    expected = pl.concat(source.values())
+    assert_same_multiset(table(), expected)
+    got = {d: partition_meta(instance, d) for d in DAYS[1:3]}
+    assert {d: (m["rows_inserted"], m["rows_deleted"]) for d, m in got.items()} == {
+        DAYS[1]: (2, 3),
+        DAYS[2]: (4, 3),
+    }
+    assert all(m["why"] == f"partition {d}" for d, m in got.items())
+    deploys = get_runtime().ledger.deploy_log.deploys(NAME, arm="iceberg")  # type: ignore[union-attr]
+    assert len(deploys) == len(DAYS) + 2  # each partition of each run its own record
+    files = data_files_on_disk()
+
+    assert run(defs, instance, *DAYS)  # the same backfill again: the same table, one commit
+    assert len(snapshots()) == 3
+    assert_same_multiset(table(), expected)
+    assert len(data_files_on_disk() - files) >= len(DAYS)  # each partition's files written anew
+
+
+def test_a_failure_mid_range_commits_nothing_and_leaves_no_files(env, instance):
+    source: dict[str, Any] = {
+        d: day_rows(d, [n * 10 + i for i in range(3)]) for n, d in enumerate(DAYS)
+    }
+    defs = defs_for(source)
+    assert run(defs, instance, *DAYS)
+    before, history, files = table(), len(snapshots()), data_files_on_disk()
+    good = dict(source)
+
+    source[DAYS[0]] = day_rows(DAYS[0], [0, 1], version=5)  # would change, but ...
+    source[DAYS[2]] = RuntimeError("the compute of the third day fails")
+    assert not run(defs, instance, *DAYS)
+    source[DAYS[2]] = day_rows(DAYS[2], [1])  # ... a key of the first day's rows again
+    assert not run(defs, instance, *DAYS)
+    source[DAYS[2]] = day_rows(DAYS[2], [])  # ... an empty day would delete its 3 rows
+    assert not run(defs, instance, *DAYS)
+
+    assert len(snapshots()) == history
+    assert_same_multiset(table(), before)
+    assert_same_multiset(before, pl.concat(good.values()))
+    assert data_files_on_disk() == files  # the files written for the failed runs are gone
+
+
+def test_a_range_run_rewrites_a_compacted_file_straddling_its_slices(env, instance):
+    source: dict[str, Any] = {
+        d: day_rows(d, [n * 10 + i for i in range(3)]) for n, d in enumerate(DAYS)
+    }
+    defs = defs_for(source)
+    assert run(defs, instance, *DAYS[:2])
+    assert run(defs, instance, *DAYS[2:])
+    runtime = get_runtime()
+    spec = DatasetSpec(name=NAME, primary_key=("id",), strategy="replace")
+    assert not runtime.iceberg.compact(spec, min_input_files=2).noop  # files spanning days
+    loaded = runtime.iceberg.load(NAME)
+    assert loaded is not None and len(loaded.inspect.files()) < len(DAYS)
+
+    source[DAYS[1]] = day_rows(DAYS[1], [11, 15], version=1)
+    source[DAYS[2]] = day_rows(DAYS[2], [], version=1)
+    assert run(defs, instance, *DAYS[1:3]) is False  # an empty day: refused (allow_empty)
+    source[DAYS[2]] = day_rows(DAYS[2], [29], version=1)
+    assert run(defs, instance, *DAYS[1:3])
+    assert_same_multiset(table(), pl.concat(source.values()))
+
+
+def test_a_partition_adding_a_column_ends_the_one_commit_there(env, instance):
+    source: dict[str, Any] = {
+        d: day_rows(d, [n * 10 + i for i in range(2)]) for n, d in enumerate(DAYS)
+    }
+    defs = defs_for(source)
+    assert run(defs, instance, *DAYS)
+    history = len(snapshots())
+    for day in DAYS[2:]:  # from the third day on the compute has a new column
+        source[day] = source[day].with_columns(note=pl.lit("new"))
+    assert run(defs, instance, *DAYS)
+    # days 1-2 together, then day 3 (its evolution under the lock) and day 4 one by one
+    assert len(snapshots()) == history + 3
+    expected = pl.concat(source.values(), how="diagonal")
+    assert_same_multiset(table(), expected)
