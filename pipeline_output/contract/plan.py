@@ -233,6 +233,13 @@ class WriteResult:
             **extra,
         )
 
+    @classmethod
+    def inserts(cls, plan: WritePlan, rows: int, *, arm: Arm, **extra: Any) -> WriteResult:
+        """The result of writing `rows` into a table that had none (a first deploy): all inserts."""
+        return cls.of(
+            plan, RowCounts(inserted=rows), rows_in=rows, total_before=0, arm=arm, **extra
+        )
+
     @property
     def noop(self) -> bool:
         """True when nothing was committed."""

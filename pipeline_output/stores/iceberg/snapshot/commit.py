@@ -178,14 +178,19 @@ def summary_properties(
     return props
 
 
-def row_properties(counts: RowCounts) -> dict[str, str]:
+def row_properties(counts: RowCounts, *, added_are_inserts: bool = False) -> dict[str, str]:
     """The row counters of a write, kept in its snapshot summary (`pipeline-output history`
-    shows them: Iceberg's own added/deleted records count rewritten files' rows too)."""
-    return {
+    shows them: Iceberg's own added/deleted records count rewritten files' rows too); with
+    `added_are_inserts` (a first deploy, an append that removed no file) also `CHANGE_ADDED`, so
+    the change feed reads the snapshot's added files as its inserts."""
+    props = {
         f"{PROPERTY_PREFIX}rows-inserted": str(counts.inserted),
         f"{PROPERTY_PREFIX}rows-updated": str(counts.updated),
         f"{PROPERTY_PREFIX}rows-deleted": str(counts.deleted),
     }
+    if added_are_inserts:
+        props[CHANGE_ADDED] = ADDED_ARE_INSERTS
+    return props
 
 
 DEFAULT_WAIT_S = 300.0  # how long orphan removal waits for the writes in flight to end

@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 from pyiceberg.exceptions import TableAlreadyExistsError
+from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFileContent
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, Transaction
@@ -83,8 +84,6 @@ from pipeline_output.contract.spec import (
 from pipeline_output.contract.store_protocol import KEY_TYPES, Capabilities
 from pipeline_output.errors import EmptyComputeRefused, UnsupportedWrite, WriteConflict
 from pipeline_output.stores.iceberg.snapshot.commit import (
-    ADDED_ARE_INSERTS,
-    CHANGE_ADDED,
     CommitRequest,
     commit,
     delete_quietly,
@@ -243,22 +242,9 @@ class FileMerge:
             if keys is not None:
                 hit = rows.select(pk).join(keys, on=pk, how="left", nulls_equal=True)
                 drop = drop | hit.get_column(_HIT).is_not_null()
-            n_drop = int(drop.sum())
-            if n_drop == 0:
-                changes.preserved += rows.height
-                continue
-            changes.deleted += n_drop
-            changes.preserved += rows.height - n_drop
-            if policy.merge_on_read(
-                file_rows=task.file.record_count,
-                deleted_before=task.file.record_count - rows.height,
-                deleting=n_drop,
-            ):
-                changes.delete_positions(
-                    self.table.io, task, rows.filter(drop).get_column(FILEPOS_COLUMN)
-                )
-            else:
-                self._rewrite(changes, task, rows.filter(~drop))
+            drop_from_file(
+                changes, task, rows, drop, policy=policy, io=self.table.io, sink=self._sink
+            )
         changes.written = self._sink.files
         changes.new_frames = [self.frame, *self._sink.rest()]
         return changes
@@ -670,6 +656,36 @@ WRITE_BYTES = 1024 * 1024  # a write's own work either way (lock, plan, key read
 FIXED_BYTES = 64 * 1024  # keeping one file (its delete file, manifest entries)
 
 
+def drop_from_file(
+    changes: MergeChanges,
+    task: FileScanTask,
+    rows: pl.DataFrame,
+    drop: pl.Series,
+    *,
+    policy: MergePolicy,
+    io: FileIO,
+    sink: RewriteSink,
+) -> int:
+    """Remove the rows `drop` marks from `task`'s file (`rows`: its live rows, with their
+    positions): by a positional delete file when `policy` says merge-on-read, else the file goes
+    and its kept rows go to `sink` (copy-on-write). Counts them in `changes`; returns how many."""
+    n_drop = int(drop.sum())
+    changes.deleted += n_drop
+    changes.preserved += rows.height - n_drop
+    if n_drop == 0:
+        return 0
+    if policy.merge_on_read(
+        file_rows=task.file.record_count,
+        deleted_before=task.file.record_count - rows.height,
+        deleting=n_drop,
+    ):
+        changes.delete_positions(io, task, rows.filter(drop).get_column(FILEPOS_COLUMN))
+    else:
+        changes.deleted_files.append(task.file)
+        sink.add(rows.filter(~drop).drop(FILEPOS_COLUMN, strict=False))
+    return n_drop
+
+
 @dataclass(frozen=True)
 class MergePolicy:
     """The resolved mode of one write, and the per-file decision."""
@@ -833,8 +849,8 @@ def create_table(
     """First deploy of a missing table: create it and write its first snapshot in one commit."""
     tx = tables.create_transaction(spec, frame)
     data = sorted_for_write(frame, spec)
-    props = {**props, **row_properties(RowCounts(inserted=frame.height))}
-    props[CHANGE_ADDED] = ADDED_ARE_INSERTS  # the first snapshot's files are its inserts
+    # the first snapshot's files are its inserts
+    props = {**props, **row_properties(RowCounts(inserted=frame.height), added_are_inserts=True)}
     try:
         table = commit(
             CommitRequest(
@@ -847,11 +863,9 @@ def create_table(
             "after this write was planned; nothing was committed — run it again"
         ) from exc
     snapshot = table.current_snapshot()
-    return WriteResult.of(
+    return WriteResult.inserts(
         plan,
-        RowCounts(inserted=frame.height),
-        rows_in=frame.height,
-        total_before=0,
+        frame.height,
         arm="iceberg",
         snapshot_id=snapshot.snapshot_id if snapshot else None,
         files_added=1 if frame.height else 0,
@@ -912,9 +926,9 @@ def write_existing(
         raise
     force = plan.first_deploy
     snapshot_id: int | None = None
-    props = {**props, **row_properties(changes)}
-    if plan.write_mode in ("append", "append_new") and not changes.deleted_files:
-        props[CHANGE_ADDED] = ADDED_ARE_INSERTS  # its added data files are its inserts
+    # an append that removed no file: its added data files are its inserts
+    appended = plan.write_mode in ("append", "append_new") and not changes.deleted_files
+    props = {**props, **row_properties(changes, added_are_inserts=appended)}
     if not changes.noop or force:
         frames, ready = changes.new_frames, list(changes.written)
         if pre is not None and frames and frames[0] is frame:

@@ -49,8 +49,6 @@ from pipeline_output.contract.slices import PartitionSlice, check_in_partition
 from pipeline_output.contract.spec import STRATEGIES, DatasetSpec
 from pipeline_output.errors import DuplicateKeys, EmptyComputeRefused, WriteConflict
 from pipeline_output.stores.iceberg.snapshot.commit import (
-    ADDED_ARE_INSERTS,
-    CHANGE_ADDED,
     CommitRequest,
     commit,
     delete_quietly,
@@ -66,7 +64,6 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
 )
 from pipeline_output.stores.iceberg.table.partitions import needs_evolution, slice_relation
 from pipeline_output.stores.iceberg.table.tables import (
-    FILEPOS_COLUMN,
     PROPERTY_PREFIX,
     IcebergTables,
     head,
@@ -79,7 +76,7 @@ from pipeline_output.stores.iceberg.write.frame_rows import (
     sorted_for_write,
 )
 from pipeline_output.stores.iceberg.write.key_scan import FileReader, prune_by_keys
-from pipeline_output.stores.iceberg.write.merge import MergePolicy
+from pipeline_output.stores.iceberg.write.merge import MergePolicy, drop_from_file
 from pipeline_output.stores.iceberg.write.prepare import MergeChanges
 from pipeline_output.stores.schema import check_required, plan_evolution
 
@@ -270,8 +267,7 @@ def _commit(
     ready = [f for p in parts for f in p.files]
     if table is None or state.first_deploy:  # nothing to replace: every file is an insert
         inserted = sum(p.rows_in for p in parts)
-        props.update(row_properties(RowCounts(inserted=inserted)))
-        props[CHANGE_ADDED] = ADDED_ARE_INSERTS
+        props.update(row_properties(RowCounts(inserted=inserted), added_are_inserts=True))
         tx = target.create if table is None else FlatTransaction(table)
         assert tx is not None
         target.handed = True
@@ -291,11 +287,9 @@ def _commit(
         after = tables.load(spec) if table is None else committed
         snap = after.current_snapshot() if after is not None else None
         results = [
-            WriteResult.of(
+            WriteResult.inserts(
                 plan,
-                RowCounts(inserted=p.rows_in),
-                rows_in=p.rows_in,
-                total_before=0,
+                p.rows_in,
                 arm="iceberg",
                 snapshot_id=snap.snapshot_id if snap else None,
                 files_added=len(p.files),
@@ -456,25 +450,9 @@ def _replace_slices(
                 moved = hit.get_column(_PART).fill_null(-1).cast(pl.Int64)
                 owner = owner.zip_with(owner >= 0, moved)
             drop = owner >= 0
-            n_drop = int(drop.sum())
-            if n_drop == 0:
-                changes.preserved += rows.height
-                continue
-            for n, count in owner.filter(drop).value_counts().iter_rows():
-                deleted[n] += count
-            changes.deleted += n_drop
-            changes.preserved += rows.height - n_drop
-            if policy.merge_on_read(
-                file_rows=task.file.record_count,
-                deleted_before=task.file.record_count - rows.height,
-                deleting=n_drop,
-            ):
-                changes.delete_positions(
-                    table.io, task, rows.filter(drop).get_column(FILEPOS_COLUMN)
-                )
-            else:
-                changes.deleted_files.append(task.file)
-                sink.add(rows.filter(~drop).drop(FILEPOS_COLUMN, strict=False))
+            if drop_from_file(changes, task, rows, drop, policy=policy, io=table.io, sink=sink):
+                for n, count in owner.filter(drop).value_counts().iter_rows():
+                    deleted[n] += count
     except BaseException:
         for path in writer.written:
             delete_quietly(table.io, path)
