@@ -277,6 +277,50 @@ def test_expired_files_found_from_removals_are_the_ones_full_reachability_finds(
     assert data_files_doomed > 0
 
 
+def test_a_compactions_removed_entries_are_decoded_natively_path_for_path(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """The manifest of a compaction's removed entries (blocks of many entries) is decoded by
+    polars' native Avro reader, not entry by entry: the same (status, snapshot, path) as
+    pyiceberg's decoder, and expiry deletes exactly those files."""
+    from pipeline_output.stores.iceberg.maintenance import orphans
+    from pipeline_output.stores.iceberg.snapshot.commit import CommitRequest, commit
+    from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction
+    from pipeline_output.stores.iceberg.table import manifest_decoding
+
+    h.store().write(SPEC, frame([0], 0))
+    table = h.table(SPEC)
+    tx = FlatTransaction(table)
+    writer = DataFileWriter(tx.table_metadata, table.io, write_id=uuid.uuid4())
+    ready = [f for i in range(1, 121) for f in writer.write(frame([i], 0))]
+    commit(CommitRequest(tx=tx, dataset=SPEC.name, properties={}, ready=ready, blind_retry=True))
+    before = files_under(h.table(SPEC))
+    h.store().compact(SPEC, min_input_files=2)
+    table = h.table(SPEC)
+    native = []
+    decode = manifest_decoding._native_paths
+
+    def spy(data: bytes, names: Any) -> Any:
+        native.append(decode(data, names))
+        return native[-1]
+
+    monkeypatch.setattr(manifest_decoding, "_native_paths", spy)
+    current = table.current_snapshot()
+    removed = []
+    for manifest in current.manifests(table.io):
+        entries = manifest.fetch_manifest_entry(table.io, discard_deleted=False)
+        expected = [(int(e.status), e.snapshot_id, e.data_file.file_path) for e in entries]
+        assert manifest_decoding.entry_paths(table.io, manifest) == expected
+        removed += [path for status, _, path in expected if status == 2]
+    assert len(removed) == 121 and len(native) == 1 and native[0] is not None
+
+    monkeypatch.setattr(orphans, "LOCAL_DELETE_THREADS", 3)  # more batches than threads
+    h.store().expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
+    left = files_under(h.table(SPEC))
+    assert {norm(p) for p in removed} <= {norm(p) for p in before} - {norm(p) for p in left}
+    assert_same_multiset(h.store().read(SPEC.name), frame(range(121), 0))
+
+
 # -- the change files of the change feed (`commit.CHANGE_FILE`) ---------------------------------
 
 

@@ -44,6 +44,7 @@ from threading import Lock
 from typing import Any, cast
 
 import fastavro
+import polars as pl
 from pyiceberg.avro.codecs.codec import Codec
 from pyiceberg.avro.codecs.deflate import DeflateCodec
 from pyiceberg.avro.decoder import new_decoder
@@ -122,7 +123,9 @@ def entry_paths(file_io: Any, manifest: ManifestFile) -> list[tuple[int, int | N
     a layout it cannot project is decoded by pyiceberg."""
     with file_io.new_input(manifest.manifest_path).open() as stream:
         data = stream.read()
-    writer = fastavro.reader(io.BytesIO(data))
+    buffer = io.BytesIO(data)
+    writer = fastavro.reader(buffer)
+    first_block = _varint(data, buffer.tell())  # entries in the first block (after the header)
     text = writer.metadata.get("avro.schema", "")
     with _LOCK:
         known = text in _PATHS
@@ -139,6 +142,13 @@ def entry_paths(file_io: Any, manifest: ManifestFile) -> list[tuple[int, int | N
         entries = manifest.fetch_manifest_entry(file_io, discard_deleted=False)
         return [(int(e.status), e.snapshot_id, e.data_file.file_path) for e in entries]
     status, snapshot, data_file, path = projected["names"]
+    columns = _native_paths(data, projected["names"]) if first_block >= NATIVE_BLOCK else None
+    if columns is not None:
+        statuses, owners, paths = columns
+        return [
+            (s, inherited if own is None else own, p)
+            for s, own, p in zip(statuses, owners, paths, strict=True)
+        ]
     records: Any = fastavro.reader(io.BytesIO(data), reader_schema=projected["schema"])
     out = []
     for record in records:
@@ -148,6 +158,51 @@ def entry_paths(file_io: Any, manifest: ManifestFile) -> list[tuple[int, int | N
 
 
 _PATHS: dict[str, dict[str, Any] | None] = {}
+
+
+# Blocks of at least this many entries are decoded by polars: it pays per block (~0.5 ms), fastavro
+# per entry (~20 µs). pyiceberg's writer puts each entry in a block of its own; ours
+# (`rewrite_manifest`, a commit's removed entries) up to `BLOCK_ENTRIES`.
+NATIVE_BLOCK = 100
+
+
+def _varint(data: bytes, at: int) -> int:
+    """The zigzag varint at `at` in `data` (-1: none there)."""
+    shift = value = 0
+    while at < len(data):
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (value >> 1) ^ -(value & 1)
+        at += 1
+        shift += 7
+    return -1
+
+
+def _native_paths(
+    data: bytes, names: tuple[str, str | None, str, str]
+) -> tuple[list[int], list[int | None], list[str]] | None:
+    """The status, snapshot id and file path columns of the manifest `data`, decoded by polars'
+    native Avro reader (~10x fastavro's projected decode: a compaction's 20,000 removed entries
+    in ~0.05 s, and without the GIL); None when polars cannot read it (fastavro then)."""
+    status, snapshot, data_file, path = names
+    wanted = [status, *([snapshot] if snapshot else []), data_file]
+    try:
+        frame = pl.read_avro(io.BytesIO(data), columns=wanted)
+        statuses = frame.get_column(status)
+        paths = frame.get_column(data_file).struct.field(path)
+        owners = frame.get_column(snapshot) if snapshot else pl.Series([None] * frame.height)
+    except Exception:  # a layout or codec polars does not read: fastavro decodes it
+        return None
+    if (
+        not statuses.dtype.is_integer()
+        or not (owners.dtype.is_integer() or owners.dtype == pl.Null)
+        or paths.dtype != pl.String
+        or statuses.null_count()
+        or paths.null_count()
+    ):
+        return None
+    return statuses.to_list(), owners.to_list(), paths.to_list()
 
 
 def _path_projection(writer: Any) -> dict[str, Any]:
