@@ -10,6 +10,7 @@ import os
 import re
 import time
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -291,6 +292,7 @@ def _change_files(table: Any) -> dict[int, str]:
 
 
 def test_change_files_are_referenced_by_their_snapshot_and_expire_with_it(h: Harness):
+    h = replace(h, change_consumers=lambda dataset: True)  # a downstream consumes its changes
     history(h)
     table = h.table(SPEC)
     changes = _change_files(table)
