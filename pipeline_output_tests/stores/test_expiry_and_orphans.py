@@ -322,6 +322,7 @@ def test_change_files_are_referenced_by_their_snapshot_and_expire_with_it(h: Har
 def test_an_unreferenced_change_file_is_an_orphan_and_a_missing_one_falls_back_to_the_diff(
     h: Harness,
 ):
+    h = replace(h, change_consumers=lambda dataset: True)  # a downstream consumes its changes
     h.store().write(SPEC, frame(range(0, 10), 0))
     s1 = h.table(SPEC).current_snapshot().snapshot_id
     h.store().write(SPEC, frame(range(5, 15), 1))
