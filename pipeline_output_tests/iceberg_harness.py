@@ -7,7 +7,7 @@ The input frames and specs (`customers`, `spec_for`, `base`, `redeploy_rows`, `w
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
@@ -134,10 +134,16 @@ class Harness:
     catalog: Any
     fresh_catalog: Any
     pg_db_url: str
+    # whether a downstream consumes a dataset's changes (`IcebergStore(change_consumers=)`; the
+    # runtime asks the ledger): None, like a bare store, knows of none
+    change_consumers: Callable[[str], bool] | None = None
 
     def store(self, catalog: Any = None) -> IcebergStore:
         return IcebergStore(
-            catalog if catalog is not None else self.catalog, NS, lock=AdvisoryLock(self.pg_db_url)
+            catalog if catalog is not None else self.catalog,
+            NS,
+            lock=AdvisoryLock(self.pg_db_url),
+            change_consumers=self.change_consumers,
         )
 
     def fresh(self) -> Any:

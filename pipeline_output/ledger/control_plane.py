@@ -535,6 +535,16 @@ class ConsumedLog(RecordLog):
         )
         return [ConsumedRange(*r) for r in rows]
 
+    def consumed(self, upstream: str) -> bool:
+        """Whether any downstream has consumed `upstream`'s changes (once it ran: its writes then
+        record their change files under the `auto` default, `IcebergStore(change_consumers=)`)."""
+        query = sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE upstream = %s)").format(
+            ledger_table("consumed_changes")
+        )
+        with self.tx(None) as c:
+            row = c.execute(query, (upstream,)).fetchone()
+        return bool(row is not None and row[0])
+
     def positions_of(self, upstream: str) -> dict[str, int]:
         """Per downstream of `upstream`, the snapshot its next run reads the changes from (the
         `to` of its newest range): the snapshots expiry keeps unless forced."""

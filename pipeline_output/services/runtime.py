@@ -109,7 +109,12 @@ def connect(
         namespace=namespace,
         windows=WindowLedger(pg_url),
         publisher=Publisher(
-            iceberg=IcebergStore(loaded, namespace, lock=AdvisoryLock(pg_url)),
+            iceberg=IcebergStore(
+                loaded,
+                namespace,
+                lock=AdvisoryLock(pg_url),
+                change_consumers=ledger.consumed_log.consumed,
+            ),
             postgres=PostgresStore(pg_url, ledger=ledger),
             ledger=ledger,
             project_default=default_mode,

@@ -17,6 +17,8 @@ import pytest
 from pipeline_output import DELETED, Changes, build_definitions, dataset
 from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.errors import InvalidSpec
+from pipeline_output.stores.iceberg.snapshot.commit import CHANGE_FILE
+from pipeline_output.stores.iceberg.table.changes import read_changes
 from pipeline_output_tests.dagster_runs import mat_meta, run_assets
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -169,6 +171,44 @@ def test_after_a_forced_expiry_the_next_run_is_a_full_refresh_whose_metadata_say
         meta = mat_meta(run_assets(defs, instance, ["customer_totals"]), "customer_totals")
     assert meta["pipeline_output/changes_full_refresh"] is True
     assert "expired" in str(meta["pipeline_output/changes_reason"])
+
+
+def test_an_upstream_records_change_files_once_a_downstream_consumed_it_not_before(
+    env: str,
+) -> None:
+    defs = _defs()
+    runtime = get_runtime()
+    spec = _spec(defs, "orders")
+    mode = runtime.publisher.resolve(spec)
+
+    def upsert(rows: list[tuple[int, str, int]]) -> Any:
+        runtime.publisher.publish(spec, _orders(rows), mode=mode)
+        snapshot = runtime.iceberg.load("orders").current_snapshot()  # type: ignore[union-attr]
+        return snapshot.snapshot_id, (snapshot.summary or {}).get(CHANGE_FILE)
+
+    upsert([(1, "ann", 10), (2, "bob", 5)])
+    s2, recorded = upsert([(1, "ann", 11)])
+    assert recorded is None  # no downstream has consumed `orders` yet: nothing recorded
+    assert not runtime.ledger.consumed_log.consumed("orders")
+    with dg.DagsterInstance.ephemeral() as instance:
+        first = run_assets(defs, instance, ["customer_totals"])  # the whole upstream
+        assert mat_meta(first, "customer_totals")["pipeline_output/changes_full_refresh"] is True
+        assert runtime.ledger.consumed_log.consumed("orders")
+        s3, recorded = upsert([(2, "bob", 6), (3, "carl", 1)])
+        assert recorded is not None  # consumed now: the upsert records its change
+        table = runtime.iceberg.load("orders")
+        assert table is not None
+        composed = read_changes(  # from the change file alone (refused when it cannot)
+            table, from_snapshot=s2, to_snapshot=s3, primary_key=["order_id"], composed=True
+        )
+        assert composed.counts == {
+            "insert": 1,
+            "delete": 0,
+            "update_before": 1,
+            "update_after": 1,
+        }
+        second = run_assets(defs, instance, ["customer_totals"])
+        assert mat_meta(second, "customer_totals")["pipeline_output/changes_insert"] == 1
     assert_same_multiset(_stored("customer_totals"), _recompute(_stored("orders")))
 
 

@@ -30,9 +30,17 @@ from pipeline_output.stores.iceberg.table.changes import (
     read_changes,
 )
 from pipeline_output.stores.iceberg.write.merge import CHANGE_FILES_PROPERTY
-from pipeline_output_tests.iceberg_harness import customers
+from pipeline_output_tests.iceberg_harness import Harness, customers
 
 KEY = ["id"]
+
+
+@pytest.fixture
+def h(catalog: Any, fresh_catalog: Any, pg_db_url: str) -> Harness:
+    """The harness with every table's changes consumed (what the ledger answers once a
+    downstream ran): under the `auto` default upserts record change files, so the composed path
+    is checked too."""
+    return Harness(catalog, fresh_catalog, pg_db_url, change_consumers=lambda dataset: True)
 
 
 # --- the oracle ---------------------------------------------------------------------------------
@@ -502,20 +510,38 @@ def change_file(h: Any, snapshot_id: int) -> str | None:
     return summary.get(CHANGE_FILE) if summary is not None else None
 
 
-@pytest.mark.parametrize("mode", ["always", "never"])
-def test_the_change_files_property_decides_whether_an_upsert_records_its_change(
-    h: Any, mode: str
+@pytest.mark.parametrize(
+    ("mode", "consumed", "recorded"),
+    [
+        ("always", False, True),
+        ("never", True, False),
+        ("auto", True, True),  # a downstream consumes the table's changes
+        ("auto", False, False),  # nobody does: no before rows read, no change file
+    ],
+)
+def test_the_change_files_property_and_a_consumer_decide_whether_an_upsert_records_its_change(
+    h: Harness, mode: str, consumed: bool, recorded: bool
 ) -> None:
+    asked: list[str] = []
+
+    def consumers(dataset: str) -> bool:
+        asked.append(dataset)
+        return consumed
+
+    h = dataclasses.replace(h, change_consumers=consumers)
     spec = keyed("sync", "merge-on-read")
     s1 = write(h, spec, customers(range(1, 201)))
     assert h.table("up").snapshot_by_id(s1).summary.get(CHANGE_ADDED) == "inserts"
-    with h.table("up").transaction() as tx:
-        tx.set_properties({CHANGE_FILES_PROPERTY: mode})
+    if mode != "auto":
+        with h.table("up").transaction() as tx:
+            tx.set_properties({CHANGE_FILES_PROPERTY: mode})
+    asked.clear()
     s2 = write(h, spec, pl.concat([customers(range(3, 150), version=1), customers([500])]))
-    assert (change_file(h, s2) is not None) == (mode == "always")
-    counts = check(h.table("up"), s1, s2, KEY)  # composed (always) or diffed (never): the same
+    assert (change_file(h, s2) is not None) == recorded
+    assert asked == (["up"] if mode == "auto" else [])  # asked once, and only when it decides
+    counts = check(h.table("up"), s1, s2, KEY)  # composed or diffed: the same
     assert counts == {"insert": 1, "delete": 53, "update_before": 147, "update_after": 147}
-    if mode == "never":
+    if not recorded:
         with pytest.raises(ChangesUnsupported, match="no change files"):
             read_changes(h.table("up"), from_snapshot=s1, primary_key=KEY, composed=True)
 

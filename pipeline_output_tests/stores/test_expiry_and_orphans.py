@@ -10,6 +10,7 @@ import os
 import re
 import time
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -335,6 +336,7 @@ def _change_files(table: Any) -> dict[int, str]:
 
 
 def test_change_files_are_referenced_by_their_snapshot_and_expire_with_it(h: Harness):
+    h = replace(h, change_consumers=lambda dataset: True)  # a downstream consumes its changes
     history(h)
     table = h.table(SPEC)
     changes = _change_files(table)
@@ -364,6 +366,7 @@ def test_change_files_are_referenced_by_their_snapshot_and_expire_with_it(h: Har
 def test_an_unreferenced_change_file_is_an_orphan_and_a_missing_one_falls_back_to_the_diff(
     h: Harness,
 ):
+    h = replace(h, change_consumers=lambda dataset: True)  # a downstream consumes its changes
     h.store().write(SPEC, frame(range(0, 10), 0))
     s1 = h.table(SPEC).current_snapshot().snapshot_id
     h.store().write(SPEC, frame(range(5, 15), 1))

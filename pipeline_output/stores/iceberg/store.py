@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import datetime
+from functools import cache
 from typing import Any, Unpack
 
 import polars as pl
@@ -73,8 +74,16 @@ class IcebergStore:
     arm: Arm = "iceberg"
     capabilities: Capabilities = ICEBERG_CAPABILITIES
 
-    def __init__(self, catalog: Catalog, namespace: str, *, lock: Any = DEFAULT_LOCK) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        namespace: str,
+        *,
+        lock: Any = DEFAULT_LOCK,
+        change_consumers: Callable[[str], bool] | None = None,
+    ) -> None:
         self.tables = IcebergTables(catalog, namespace, lock=lock)
+        self.change_consumers = change_consumers
 
     @property
     def catalog(self) -> Catalog:
@@ -188,6 +197,7 @@ class IcebergStore:
                         pre=usable,
                         fence=stats.verify,
                         branch=branch or MAIN_BRANCH,
+                        consumed=self._consumed(spec.name),
                     )
                     # its commit updated `table` in place (a branch's: a view, not kept)
                     self.tables.remember(spec, table if branch is None else None)
@@ -212,6 +222,11 @@ class IcebergStore:
         computed and written to files in turn, then one load, one lock and one commit replacing
         every slice: `range_write.write_range`."""
         return write_range(self, spec, items, capabilities=self.capabilities, run_id=run_id)
+
+    def _consumed(self, dataset: str) -> Callable[[], bool]:
+        """Whether a downstream consumes `dataset`'s changes, asked at most once, when needed."""
+        lookup = self.change_consumers
+        return cache(lambda: lookup is not None and lookup(dataset))
 
     def replace_streaming(self, spec: DatasetSpec, batches: Any, **options: Any) -> WriteResult:
         """Replace the whole table with batches written to data files as they arrive (one batch

@@ -7,7 +7,8 @@ it stages a commit. `metadata.json` holds every snapshot, so after 1,000 writes 
 took ~0.27 s of every write. Metadata files are written once and never changed, so the parsed
 metadata is kept by file location (a small LRU per catalog handle): a load still asks the catalog
 database for the current location — another process's commit is seen at once — and parses only a
-location it has not seen. A commit stages its metadata without the deep copy
+location it has not seen (one plain query, not pyiceberg's ORM select, whose compiling costs
+~10 ms on a process's first load). A commit stages its metadata without the deep copy
 (`manifests.staged_metadata`) and caches what it wrote. It honours Iceberg's
 `write.metadata.compression-codec=gzip` (pyiceberg's catalog does not): the new metadata file is
 `<version>-<uuid>.gz.metadata.json`, gzip'd, which every Iceberg reader opens by its name; each
@@ -26,18 +27,32 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
+from pyiceberg.catalog.sql import ICEBERG_TABLE_TYPE, IcebergTables, SqlCatalog
+from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.io import load_file_io
+from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import CommitTableResponse, StagedTable, Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import Identifier
+from sqlalchemy import text
 
 from pipeline_output.errors import SettingsError
 from pipeline_output.infra.settings import connect_failure, one_line
 from pipeline_output.stores.iceberg.snapshot.manifests import staged_metadata
 
 _CACHED_VERSIONS = 64
+# pyiceberg's `SqlCatalog.load_table` lookup (`IcebergTables`), without its ORM
+_LOAD = text(
+    "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = :catalog "
+    "AND table_namespace = :namespace AND table_name = :table"
+)
+_LOAD_V1 = text(
+    "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = :catalog "
+    "AND table_namespace = :namespace AND table_name = :table "
+    "AND (iceberg_type = :kind OR iceberg_type IS NULL)"
+)
 METADATA_CODEC = "write.metadata.compression-codec"  # Iceberg's table property: none | gzip
 
 
@@ -56,24 +71,48 @@ class FlatSqlCatalog(SqlCatalog):
             while len(self._po_parsed) > _CACHED_VERSIONS:
                 self._po_parsed.popitem(last=False)
 
+    def load_table(self, identifier: str | Identifier) -> Table:
+        """pyiceberg's lookup as one plain query: its ORM select costs ~10 ms of statement
+        compiling and mapper setup on a process's first load (every Dagster step, every CLI
+        command). The same rows match (`_iceberg_type_filter`: tables, not views, on a v1
+        schema)."""
+        namespace = Catalog.namespace_to_string(Catalog.namespace_from(identifier))
+        table_name = Catalog.table_name_from(identifier)
+        query = _LOAD_V1 if self._schema_version == "v1" else _LOAD
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                query,
+                {
+                    "catalog": self.name,
+                    "namespace": namespace,
+                    "table": table_name,
+                    "kind": ICEBERG_TABLE_TYPE,
+                },
+            ).first()
+        if row is None:
+            raise NoSuchTableError(f"Table does not exist: {namespace}.{table_name}")
+        return self._po_table(namespace, table_name, row[0])
+
     def _convert_orm_to_iceberg(self, orm_table: IcebergTables) -> Table:
-        location = orm_table.metadata_location
+        return self._po_table(
+            orm_table.table_namespace, orm_table.table_name, orm_table.metadata_location
+        )
+
+    def _po_table(self, namespace: str, table_name: str, location: str | None) -> Table:
+        """The table at metadata file `location`, parsed once per location (as pyiceberg's
+        `_convert_orm_to_iceberg` otherwise)."""
+        if not location:
+            raise NoSuchTableError("Table property metadata_location is missing")
+        if not namespace or not table_name:
+            raise NoSuchTableError(f"Table {namespace}.{table_name}: its name is missing")
         with self._po_guard:
-            metadata = self._po_parsed.get(location) if location else None
-        if (
-            location is None
-            or metadata is None
-            or not orm_table.table_namespace
-            or not orm_table.table_name
-        ):
-            table = super()._convert_orm_to_iceberg(orm_table)
-            self._po_remember(table.metadata_location, table.metadata)
-            return table
+            metadata = self._po_parsed.get(location)
+        if metadata is None:
+            io = load_file_io(properties=self.properties, location=location)
+            metadata = FromInputFile.table_metadata(io.new_input(location))
+            self._po_remember(location, metadata)
         return Table(
-            identifier=(
-                *Catalog.identifier_to_tuple(orm_table.table_namespace),
-                orm_table.table_name,
-            ),
+            identifier=(*Catalog.identifier_to_tuple(namespace), table_name),
             metadata=metadata,
             metadata_location=location,
             io=self._load_file_io(metadata.properties, location),

@@ -146,6 +146,11 @@ _HIT = "__po_hit__"
 _log = logging.getLogger(__name__)
 
 
+def _nobody() -> bool:
+    """No downstream consumes the table's changes (`ChangeFilePolicy`, when nobody says)."""
+    return False
+
+
 @dataclass
 class FileMerge:
     """Decides, file by file, what a write mode changes in an existing table."""
@@ -166,6 +171,8 @@ class FileMerge:
     # (tagged update_before / delete) and the keys it matched; None: not collected
     _change_before: list[pl.DataFrame] | None = field(default=None, init=False)
     _change_matched: pl.DataFrame | None = field(default=None, init=False)
+    # whether a downstream consumes the table's changes (`ChangeFilePolicy`; asked when needed)
+    consumed: Callable[[], bool] = _nobody
 
     def __post_init__(self) -> None:
         self.reader = FileReader(self.table, self.schema)
@@ -195,6 +202,9 @@ class FileMerge:
             after = self.frame.join(updated, on=pk, how="semi", nulls_equal=True)
             parts.append(after.select(names).with_columns(pl.lit(UPDATE_AFTER).alias(CHANGE_TYPE)))
         return pl.concat(parts, how="vertical_relaxed")
+
+    def _change_policy(self) -> ChangeFilePolicy:
+        return ChangeFilePolicy.of(self.table, consumed=self.consumed)
 
     def _policy(self, plan: WritePlan) -> MergePolicy:
         if self.policy is None:
@@ -383,7 +393,7 @@ class FileMerge:
             else:
                 rewritten.append(rows)
         losing = [r for r in relevant if id(r.task) in touched]
-        if ChangeFilePolicy.of(self.table).records(r.task.file.file_size_in_bytes for r in losing):
+        if self._change_policy().records(r.task.file.file_size_in_bytes for r in losing):
             self._change_before = [_old_rows(scanned, losing)]  # an extra read of those files
             self._change_matched = scanned.matched_keys
         for chunk in _chunks(rewritten):
@@ -442,7 +452,7 @@ class FileMerge:
         touched: set[int] = set()
         names = schema_names(self.schema)
         before: list[pl.DataFrame] = []
-        if ChangeFilePolicy.of(self.table).mode != "never":  # the rows are in hand
+        if self._change_policy().in_hand():
             self._change_before = before
         # the compute's value columns under reserved names: no user column can collide with them
         renamed = {c: NEW_PREFIX + c for c in frame.columns if c not in pk}
@@ -615,33 +625,41 @@ def _live_rows(task: FileScanTask) -> int:
 
 
 # when an upsert or sync writes its change file (`commit.CHANGE_FILE`): `always`, `never`, or
-# `auto` (default) — when its before rows are in hand (the file-by-file merge), or reading them
-# costs little: the files losing rows total at most CHANGE_READ_BYTES
+# `auto` (default) — only for a table whose changes a downstream consumes (`consumed`: the
+# ledger's `ConsumedLog.consumed`, through `IcebergStore(change_consumers=...)`), and then when its
+# before rows are in hand (the file-by-file merge), or reading them costs little: the files losing
+# rows total at most CHANGE_READ_BYTES
 CHANGE_FILES_PROPERTY = "pipeline-output.change-files"
 CHANGE_READ_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
 class ChangeFilePolicy:
-    """Whether a merge that would have to read its before rows records its change."""
+    """Whether a merge records its change: `mode` is the table's property; `consumed` (whether a
+    downstream consumes the table's changes) is asked only when `auto` needs it."""
 
     mode: str
+    consumed: Callable[[], bool] = _nobody
 
     @classmethod
-    def of(cls, table: Table) -> ChangeFilePolicy:
+    def of(cls, table: Table, *, consumed: Callable[[], bool] = _nobody) -> ChangeFilePolicy:
         mode = table.metadata.properties.get(CHANGE_FILES_PROPERTY, "auto")
         if mode not in ("auto", "always", "never"):
             raise UnsupportedWrite(
                 f"table {'.'.join(table.name())!r}: property {CHANGE_FILES_PROPERTY}={mode!r} is "
                 "not one of auto, always, never (nothing was written)"
             )
-        return cls(mode)
+        return cls(mode, consumed)
+
+    def in_hand(self) -> bool:
+        """Whether to record the change when the merge has the before rows in hand."""
+        return self.mode == "always" or (self.mode == "auto" and self.consumed())
 
     def records(self, sizes: Iterable[int]) -> bool:
         """Whether to read the before rows of files of `sizes` bytes to record the change."""
         if self.mode != "auto":
             return self.mode == "always"
-        return sum(sizes) <= CHANGE_READ_BYTES
+        return sum(sizes) <= CHANGE_READ_BYTES and self.consumed()
 
 
 MIN_ROWS = 10_000  # smaller files cost less to rewrite than to carry deletes for
@@ -882,9 +900,11 @@ def write_existing(
     pre: Prewritten | None = None,
     fence: Callable[[], None] | None = None,
     branch: str = MAIN_BRANCH,
+    consumed: Callable[[], bool] = _nobody,
 ) -> WriteResult:
     """A write to an existing table: its evolution, the merge of the plan's write mode, one
-    commit (none when nothing changes)."""
+    commit (none when nothing changes). `consumed`: whether a downstream consumes the table's
+    changes (`ChangeFilePolicy`)."""
     tx = FlatTransaction(table)
     if branch != MAIN_BRANCH:
         stage_branch(tx, branch)
@@ -912,6 +932,7 @@ def write_existing(
             schema=schema,
             index=index,
             writer=rewrites,
+            consumed=consumed,
         )
         changes = merge.run(plan)
         if frame.height == 0 and changes.deleted and not spec.allow_empty:
