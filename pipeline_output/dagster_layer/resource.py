@@ -99,10 +99,13 @@ def get_runtime(
     key = repr(("settings", settings, project_mode, dual))
 
     def build() -> Runtime:
-        # `connect` creates the namespace: the catalog is opened without (`settings_catalog`
-        # would create it too, a second round trip in every run worker)
+        # the catalog's opening probe also asks whether the namespace exists (a SQL catalog
+        # handle then remembers it: `connect`'s check of it costs no second round trip)
         catalog = open_catalog(
-            settings.catalog_name, settings.catalog_properties(), where=settings.catalog_setting
+            settings.catalog_name,
+            settings.catalog_properties(),
+            namespace=settings.namespace,
+            where=settings.catalog_setting,
         )
         return connect(
             pg_url=settings.control_plane_url(),

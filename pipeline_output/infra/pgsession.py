@@ -107,9 +107,13 @@ _POOL = _Pool()
 class _Lease:
     """One pooled session, for one `with` block."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, connect_timeout: int | None) -> None:
         self.url = url
-        self.conn = _POOL.take(url) or connect(url, autocommit=True)
+        conn = _POOL.take(url)
+        if conn is None:
+            timeout = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
+            conn = connect(url, autocommit=True, **timeout)
+        self.conn = conn
 
     def __enter__(self) -> psycopg.Connection[Any]:
         return self.conn
@@ -118,13 +122,13 @@ class _Lease:
         _POOL.give(self.url, self.conn, clean=kind is None)
 
 
-def pooled(url: str) -> _Lease:
-    """An autocommit session of this process's pool (opened now when none is idle: a
-    `psycopg.Error` then), for a `with` block; returned to the pool after it when the block ended
+def pooled(url: str, *, connect_timeout: int | None = None) -> _Lease:
+    """An autocommit session of this process's pool (opened now when none is idle — within
+    `connect_timeout` seconds when given —: a `psycopg.Error` then), for a `with` block; returned to the pool after it when the block ended
     without an exception and the session is idle — the caller leaves no session state behind
     (its session advisory locks released, settings reset); a failed block's session is closed
     (closing releases whatever it held)."""
-    return _Lease(url)
+    return _Lease(url, connect_timeout)
 
 
 def adbc_connect(url: str) -> Any:

@@ -177,13 +177,15 @@ def _catalog_config(
 
 def check_control_plane(url: str, *, setting: str) -> None:
     """Connect to the Postgres at `url` once: `SettingsError` naming `setting` when the server
-    refuses the URL (or it is malformed), `PostgresUnavailable` when it is down (retryable)."""
+    refuses the URL (or it is malformed), `PostgresUnavailable` when it is down (retryable).
+    The session is this process's pooled one (`pgsession.pooled`: the control plane's ledger
+    and locks then open no new connection; an idle one is checked with an empty query)."""
     import psycopg
 
     from pipeline_output.infra import pgsession
 
     try:
-        with pgsession.connect(url, connect_timeout=5):
+        with pgsession.pooled(url, connect_timeout=5):
             pass
     except psycopg.OperationalError as exc:
         raise connect_failure(exc, setting=setting, url=url) from exc

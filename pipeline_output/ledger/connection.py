@@ -1,6 +1,7 @@
 """`ControlPlaneDb`: connections to the control-plane database, shared by every record log of the
 ledger (`RecordLog`). A log's method opens its own short transaction (on the process's pooled session), or joins the caller's when given `conn=`
-(the legacy arm records its deploy in the same transaction as its rows).
+(the legacy arm records its deploy in the same transaction as its rows); a method of one statement
+(a select, a deploy record) runs it alone on the pooled autocommit session (`statement`).
 
 Names in the control-plane schema `pipeline_output`, composed with `psycopg.sql`: a table of
 the schema (`ledger_table`), a column list (`column_list`), a record's columns (`columns_of`).
@@ -41,6 +42,16 @@ class ControlPlaneDb:
         with pgsession.pooled(self.url) as own, own.transaction():
             yield own
 
+    @contextmanager
+    def statement(self, conn: psycopg.Connection[Any] | None) -> Iterator[psycopg.Connection[Any]]:
+        """The caller's connection (its transaction), or this process's pooled autocommit
+        session, for ONE statement (atomic by itself: no transaction around it)."""
+        if conn is not None:
+            yield conn
+            return
+        with pgsession.pooled(self.url) as own:
+            yield own
+
 
 class RecordLog:
     """The base of every record log of the ledger: the database its records live in."""
@@ -66,7 +77,7 @@ class RecordLog:
         query = sql.SQL("SELECT {} FROM {} WHERE {} ORDER BY {} {} LIMIT %s").format(
             column_list(columns), ledger_table(table), match, sql.Identifier(order), direction
         )
-        with self.tx(conn) as c:
+        with self.statement(conn) as c:
             return c.execute(query, (*where.values(), limit)).fetchall()
 
     def tx(
@@ -74,6 +85,14 @@ class RecordLog:
     ) -> AbstractContextManager[psycopg.Connection[Any]]:
         """The caller's connection, or a fresh one committed on success (`ControlPlaneDb.tx`)."""
         return self._db.tx(conn)
+
+    def statement(
+        self, conn: psycopg.Connection[Any] | None
+    ) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """For one statement: the caller's connection (its transaction), or this process's
+        pooled autocommit session — a single statement is atomic on its own, so it needs no
+        BEGIN and COMMIT around it (`ControlPlaneDb.statement`)."""
+        return self._db.statement(conn)
 
 
 SCHEMA = migrations.SCHEMA

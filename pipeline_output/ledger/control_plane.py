@@ -38,6 +38,8 @@ module only records.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -615,7 +617,30 @@ def _audit(row: Sequence[Any]) -> AuditRecord:
 
 
 class AuditLog(RecordLog):
-    """Audited runs and their staged writes (see the module docstring)."""
+    """Audited runs and their staged writes (see the module docstring).
+
+    A run decides once whether it audits a dataset (the spec's `audit`, or the run's override):
+    a write of `run_id` to `dataset` that this process made unaudited (`note_unaudited`) means
+    the run staged no audit of it, so `audit` answers None for it without a query (the checks
+    and hooks after an unaudited write then cost no round trip). A staged write of the pair
+    forgets the note."""
+
+    _NOTED = 1024  # (dataset, run_id) pairs remembered
+
+    def __init__(self, db: ControlPlaneDb) -> None:
+        super().__init__(db)
+        self._unaudited: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._guard = threading.Lock()
+
+    def note_unaudited(self, dataset: str, run_id: str | None) -> None:
+        """This process writes `dataset` in run `run_id` without an audit."""
+        if run_id is None:
+            return
+        with self._guard:
+            self._unaudited[(dataset, run_id)] = None
+            self._unaudited.move_to_end((dataset, run_id))
+            while len(self._unaudited) > self._NOTED:
+                self._unaudited.popitem(last=False)
 
     def stage_write(
         self,
@@ -630,6 +655,8 @@ class AuditLog(RecordLog):
         """Record one staged write of `run_id`'s audit of `dataset` (the audit row is created by
         its first write; the branch head moves to the write's snapshot when it made one, and the
         base — main's snapshot the branch started from — is the parent of the first one)."""
+        with self._guard:
+            self._unaudited.pop((dataset, run_id), None)
         with self.tx(None) as conn:
             row = conn.execute(
                 sql.SQL(
@@ -680,7 +707,11 @@ class AuditLog(RecordLog):
             )
 
     def audit(self, dataset: str, run_id: str) -> AuditRecord | None:
-        """The audit of `run_id`'s writes to `dataset`, if that run staged any."""
+        """The audit of `run_id`'s writes to `dataset`, if that run staged any (None without a
+        query after this process's unaudited write of the pair: `note_unaudited`)."""
+        with self._guard:
+            if (dataset, run_id) in self._unaudited:
+                return None
         rows = self.select("audits", _AUDIT_COLUMNS, where={"dataset": dataset, "run_id": run_id})
         return _audit(rows[0]) if rows else None
 

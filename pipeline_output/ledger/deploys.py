@@ -121,7 +121,7 @@ class DeployLog(RecordLog):
             sql.SQL(", ").join(sql.Placeholder() * len(names)),
             column_list(DEPLOY_COLUMNS),
         )
-        with self.tx(conn) as c:
+        with self.statement(conn) as c:
             row = c.execute(query, [values[n] for n in names]).fetchone()
         assert row is not None
         return DeployRecord(*row)

@@ -59,8 +59,14 @@ def available() -> list[Migration]:
 
 
 def migrate(conn: psycopg.Connection[Any]) -> list[int]:
-    """Apply pending migrations on `conn` (committed here); returns the versions applied now."""
+    """Apply pending migrations on `conn` (committed here); returns the versions applied now.
+
+    On an autocommit session outside a transaction, an up-to-date schema costs one statement:
+    the applied records are read first, and the locked pass runs only when a file is not applied
+    as shipped (or the table is not there)."""
     migrations = available()
+    if _up_to_date(conn, migrations):
+        return []
     applied_now: list[int] = []
     table = sql.Identifier(SCHEMA, MIGRATIONS_TABLE)
     with conn.transaction():
@@ -98,6 +104,22 @@ def migrate(conn: psycopg.Connection[Any]) -> list[int]:
             )
             applied_now.append(migration.version)
     return applied_now
+
+
+def _up_to_date(conn: psycopg.Connection[Any], migrations: list[Migration]) -> bool:
+    """Every file of `migrations` recorded as applied with its checksum (read without the lock:
+    a migration still in flight elsewhere is not visible, so the locked pass waits for it).
+    False — the locked pass decides — on a session inside a transaction or not autocommit."""
+    if not conn.autocommit or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        return False
+    query = sql.SQL("SELECT version, checksum FROM {}").format(
+        sql.Identifier(SCHEMA, MIGRATIONS_TABLE)
+    )
+    try:
+        done = {int(v): str(c) for v, c in conn.execute(query).fetchall()}
+    except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+        return False
+    return all(done.get(m.version) == m.checksum for m in migrations)
 
 
 def applied(conn: psycopg.Connection[Any]) -> list[int]:

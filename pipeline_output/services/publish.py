@@ -248,6 +248,8 @@ class Publisher:
             )
         prep = prepared or self.prepare(spec, data, mode=mode, window=window, partition=partition)
         out = PublishResult(dataset=spec.name, mode=mode, window=window)
+        if self.ledger is not None and not (audit and "iceberg" in mode.arms):
+            self.ledger.audit_log.note_unaudited(spec.name, options.get("run_id"))
         try:
             if audit and "iceberg" in mode.arms:
                 from pipeline_output.services.audit import stage_write
@@ -291,6 +293,8 @@ class Publisher:
         pending = iter(items)
         done: list[tuple[PartitionSlice, PublishResult]] = []
         if mode.mode == "iceberg" and not audit and range_write.combines(spec):
+            if self.ledger is not None:
+                self.ledger.audit_log.note_unaudited(spec.name, run_id)
             ranged = self.iceberg.write_range(spec, pending, run_id=run_id)
             for part, written in ranged.results:
                 out = PublishResult(dataset=spec.name, mode=mode)
@@ -298,7 +302,9 @@ class Publisher:
                 done.append((part, out))
             if self.ledger is not None and ranged.results:  # one ledger transaction
                 deploys = self.ledger.deploy_log
-                with deploys.tx(None) as conn:
+                # one record is one statement: atomic alone, no transaction around it
+                single = len(ranged.results) == 1
+                with deploys.statement(None) if single else deploys.tx(None) as conn:
                     for part, written in ranged.results:
                         deploys.record_write(
                             spec, written, conn=conn, run_id=run_id, partition=part

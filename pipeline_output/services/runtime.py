@@ -124,9 +124,10 @@ def connect(
 
 
 def _migrate(pg_url: str) -> None:
-    """Apply the control plane's pending migrations (a no-op when none is pending)."""
+    """Apply the control plane's pending migrations (a no-op when none is pending), on this
+    process's pooled session (the ledger's records then open no new connection)."""
     try:
-        with pgsession.connect(pg_url, connect_timeout=10) as conn:
+        with pgsession.pooled(pg_url, connect_timeout=10) as conn:
             migrate(conn)
     except psycopg.OperationalError as exc:
         raise PostgresUnavailable(

@@ -246,3 +246,44 @@ def test_registry_round_trips_the_arrow_schema(ledger):
     ledger.registry.register_dataset("ds", primary_key=("id",), arrow_schema=wider)
     assert ledger.registry.dataset_schema("ds").equals(wider)
     assert ledger.registry.dataset_schema("nope") is None
+
+
+def test_an_up_to_date_schema_is_checked_in_one_read_without_the_migrations_lock(
+    pg_db_url: str,
+) -> None:
+    from pipeline_output.infra import locks, pgsession
+
+    with pgsession.connect(pg_db_url, autocommit=True) as conn:  # an empty database
+        assert migrations.migrate(conn) == [m.version for m in migrations.available()]
+    with pgsession.connect(pg_db_url) as holder, holder.transaction():
+        locks.acquire(holder, locks.MIGRATIONS, transaction=True)  # another process migrating
+        with pgsession.connect(pg_db_url, autocommit=True) as conn:
+            conn.execute("SET lock_timeout = '2s'")
+            assert migrations.migrate(conn) == []  # nothing pending: the lock is not waited for
+
+
+def test_a_run_that_wrote_a_dataset_unaudited_has_no_audit_of_it_without_a_query(
+    pg_db_url: str,
+) -> None:
+    from pipeline_output.ledger.connection import ControlPlaneDb
+    from pipeline_output.ledger.control_plane import AuditLog, AuditWrite
+
+    down = AuditLog(ControlPlaneDb("postgresql://postgres@/none?host=/nonexistent-po-socket"))
+    down.note_unaudited("events", "r1")
+    assert down.audit("events", "r1") is None  # answered without the database
+    with pytest.raises(psycopg.OperationalError):
+        down.audit("events", "r2")  # any other pair is looked up
+    ledger = Ledger(pg_db_url)
+    ledger.migrate()
+    log = ledger.audit_log
+    log.note_unaudited("events", "r1")
+    staged = log.stage_write(
+        "events",
+        run_id="r1",
+        branch="audit-r1",
+        mode="iceberg",
+        base_snapshot_id=None,
+        write=AuditWrite(seq=1, snapshot_id=7, strategy="upsert"),
+    )
+    found = log.audit("events", "r1")  # a staged write forgets the note
+    assert found is not None and found.id == staged.id and found.state == "staged"

@@ -2,19 +2,27 @@
 commit — on pyiceberg's SQL catalog (calls counted on the real catalog object) and on a real REST
 catalog (SeaweedFS; HTTP requests counted on pyiceberg's own `requests` session). Counted for a
 process's first write of an existing table (a fresh store: one more load, to pre-write its files
-before the lock) and for its next write; the rows are checked against the frames written."""
+before the lock) and for its next write; the rows are checked against the frames written. On the
+SQL catalog, the statements themselves: a load and a commit are one statement each, outside a
+transaction, and opening the catalog is one probe that also finds the namespace."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.infra.locks import AdvisoryLock
+from pipeline_output.infra.settings import to_sqlalchemy_url
+from pipeline_output.stores.iceberg.table.catalog import ensure_namespace, open_catalog
 from pipeline_output_tests.oracle import assert_same_multiset
 from pipeline_output_tests.seaweed import SeaweedFS, unique_namespace
 
@@ -112,3 +120,82 @@ def test_a_write_on_the_rest_catalog_makes_at_most_two_catalog_requests(
     assert len(first) <= 3 and len(then) <= 2, (first, then)
     for requests in counted:
         assert sum(r.startswith("POST") for r in requests) == 1, requests  # the commit
+
+
+@contextmanager
+def catalog_statements(target: Any = Engine) -> Iterator[list[tuple[str, bool]]]:
+    """The statements on the catalog's tables an engine (every engine: `Engine`) sends during
+    the block, each with whether it ran outside a transaction (autocommit: no BEGIN / COMMIT
+    round trips around it)."""
+    seen: list[tuple[str, bool]] = []
+
+    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "iceberg_" in statement:
+            seen.append(
+                (statement.split()[0].upper(), bool(conn.connection.dbapi_connection.autocommit))
+            )
+
+    event.listen(target, "before_cursor_execute", before)
+    try:
+        yield seen
+    finally:
+        event.remove(target, "before_cursor_execute", before)
+
+
+def test_a_write_on_the_sql_catalog_is_one_load_and_one_update_outside_transactions(
+    catalog: Any, pg_db_url: str
+) -> None:
+    counted = write_twice(
+        lambda: IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url)),
+        lambda: catalog_statements(catalog.engine),
+    )
+    first, then = counted
+    assert first == [("SELECT", True), ("SELECT", True), ("UPDATE", True)], first
+    assert then == [("SELECT", True), ("UPDATE", True)], then  # no reload inside the commit
+
+
+def test_opening_the_sql_catalog_is_one_probe_that_also_finds_the_namespace(
+    fresh_catalog: Callable[[], Any], pg_db_url: str, catalog_warehouse: str
+) -> None:
+    fresh_catalog().create_namespace("datasets")  # an empty database: pyiceberg creates tables
+    props = {
+        "type": "sql",
+        "uri": to_sqlalchemy_url(pg_db_url, driver="psycopg"),
+        "warehouse": catalog_warehouse,
+    }
+    with catalog_statements() as seen:
+        opened = open_catalog("default", props, namespace="datasets", where=str)
+        ensure_namespace(opened, "datasets")  # the probe saw it: no second check
+    try:
+        assert seen == [("SELECT", True)], seen
+        assert opened.knows_namespace("datasets")
+        other = open_catalog("default", props, namespace="other", where=str)  # created
+        assert fresh_catalog().namespace_exists("other")
+        other.engine.dispose()
+    finally:
+        opened.engine.dispose()
+
+
+def metadata_files(table: Any) -> list[str]:
+    folder = table.metadata.location.removeprefix("file://") + "/metadata"
+    return sorted(str(p) for p in Path(folder).glob("*.metadata.json"))
+
+
+def test_a_commit_from_a_table_another_writer_moved_is_pyicebergs_own(
+    fresh_catalog: Callable[[], Any],
+) -> None:
+    catalog = fresh_catalog()
+    catalog.create_namespace("datasets")
+    table = catalog.create_table("datasets.t", schema=pa.schema([pa.field("id", pa.int64())]))
+    table.append(pa.table({"id": pa.array([1], pa.int64())}))
+    stale = catalog.load_table("datasets.t")
+    fresh_catalog().load_table("datasets.t").append(pa.table({"id": pa.array([2], pa.int64())}))
+    # main moved under it: pyiceberg's own commit (its append retries on the current table)
+    stale.append(pa.table({"id": pa.array([3], pa.int64())}))
+    # a change that does not depend on main is applied to the current metadata, as pyiceberg's
+    stale.transaction().set_properties(owner="x").commit_transaction()
+    current = fresh_catalog().load_table("datasets.t")
+    assert current.properties["owner"] == "x"
+    assert sorted(current.scan().to_arrow()["id"].to_pylist()) == [1, 2, 3]
+    # every metadata file is one the table lists: the one staged against the stale table is gone
+    assert len(metadata_files(current)) == len(current.metadata.metadata_log) + 1

@@ -14,6 +14,16 @@ location it has not seen (one plain query, not pyiceberg's ORM select, whose com
 `<version>-<uuid>.gz.metadata.json`, gzip'd, which every Iceberg reader opens by its name; each
 file then takes about a tenth of the space of the table's history it lists.
 
+Its round trips to the catalog database are the fewest that keep pyiceberg's behaviour: opening
+it is one probe (both tables and the v1 column present, and — when asked — whether the dataset
+namespace exists; pyiceberg's checks, which create a missing table, only when the probe fails),
+a load is one statement outside a transaction, and a commit of a table as this handle loaded it
+updates the row it loaded from (`UPDATE ... WHERE metadata_location = <the loaded one>`, one
+statement) without loading the table again — when the row moved since (another writer
+committed), or the table is a view of other metadata, pyiceberg's own commit runs:
+it reloads, checks the requirements against the current metadata and commits or refuses as
+before. A handle remembers the namespaces it has seen exist (`ensure_namespace` asks once).
+
 It is the project's default catalog (settings: the embedded/control-plane Postgres, or a `type:
 sql` pyiceberg configuration); any other pyiceberg catalog works unchanged.
 """
@@ -24,11 +34,12 @@ import importlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from typing import Any
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import ICEBERG_TABLE_TYPE, IcebergTables, SqlCatalog
-from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.io import load_file_io
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import CommitTableResponse, StagedTable, Table
@@ -36,7 +47,8 @@ from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import Identifier
-from sqlalchemy import text
+from sqlalchemy import Connection, text
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from pipeline_output.errors import SettingsError
 from pipeline_output.infra.settings import connect_failure, one_line
@@ -53,16 +65,83 @@ _LOAD_V1 = text(
     "AND table_namespace = :namespace AND table_name = :table "
     "AND (iceberg_type = :kind OR iceberg_type IS NULL)"
 )
+# the commit of a table loaded from `previous`: pyiceberg's UPDATE, as one plain statement
+_MOVE = text(
+    "UPDATE iceberg_tables SET metadata_location = :location, previous_metadata_location = "
+    ":previous WHERE catalog_name = :catalog AND table_namespace = :namespace AND table_name = "
+    ":table AND metadata_location = :previous"
+)
+# pyiceberg's `_init_catalog` checks in one statement: both tables and the v1 column exist
+_PROBE = text(
+    "SELECT (SELECT iceberg_type FROM iceberg_tables LIMIT 0), "
+    "(SELECT 1 FROM iceberg_namespace_properties LIMIT 0)"
+)
+# ... and whether a namespace exists (pyiceberg's `namespace_exists`: a table or a property of
+# it or of a namespace under it)
+_PROBE_NAMESPACE = text(
+    "SELECT (SELECT iceberg_type FROM iceberg_tables LIMIT 0), "
+    "EXISTS (SELECT 1 FROM iceberg_tables WHERE catalog_name = :catalog AND "
+    "(table_namespace = :namespace OR table_namespace LIKE :under ESCAPE '!')) OR "
+    "EXISTS (SELECT 1 FROM iceberg_namespace_properties WHERE catalog_name = :catalog AND "
+    "(namespace = :namespace OR namespace LIKE :under ESCAPE '!'))"
+)
 METADATA_CODEC = "write.metadata.compression-codec"  # Iceberg's table property: none | gzip
 
 
 class FlatSqlCatalog(SqlCatalog):
     """A `SqlCatalog` that parses each metadata file once and stages commits without copies."""
 
-    def __init__(self, name: str, **properties: Any) -> None:
-        super().__init__(name, **properties)
+    def __init__(self, name: str, *, probe_namespace: str | None = None, **properties: Any) -> None:
+        """pyiceberg's `SqlCatalog(name, **properties)`; `probe_namespace`: a namespace whose
+        existence the opening probe also asks (`ensure_namespace` then needs no query)."""
         self._po_parsed: OrderedDict[str, TableMetadata] = OrderedDict()
         self._po_guard = threading.Lock()
+        self._po_namespaces: set[str] = set()
+        self._po_probe_namespace = probe_namespace
+        super().__init__(name, **properties)
+
+    def _po_autocommit(self) -> Connection:
+        """A connection of the engine outside a transaction: one statement, one round trip
+        (no BEGIN and ROLLBACK around it)."""
+        return self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
+    def _init_catalog(self) -> None:
+        """pyiceberg's checks as one probe when the catalog tables are there with the v1 schema
+        (the usual case); otherwise pyiceberg's own (which create missing tables, or detect a v0
+        schema). The psycopg dialect's hstore lookup is skipped: no catalog column is hstore."""
+        if self.properties.get("schema_version", "v0") not in ("v0", "v1"):
+            super()._init_catalog()  # pyiceberg's error for the bad value
+            return
+        dialect: Any = self.engine.dialect
+        if getattr(dialect, "use_native_hstore", False):
+            dialect.use_native_hstore = False
+        ns = self._po_probe_namespace
+        try:
+            with self._po_autocommit() as conn:
+                if ns is None:
+                    conn.execute(_PROBE)
+                else:
+                    under = ns.replace("!", "!!").replace("_", "!_").replace("%", "!%") + ".%"
+                    row = conn.execute(
+                        _PROBE_NAMESPACE, {"catalog": self.name, "namespace": ns, "under": under}
+                    ).first()
+                    if row is not None and row[1]:
+                        self._po_namespaces.add(ns)
+        except (OperationalError, ProgrammingError):
+            super()._init_catalog()
+            return
+        self._schema_version = "v1"
+
+    def knows_namespace(self, namespace: str) -> bool:
+        """Whether this handle has seen `namespace` exist (its opening probe, or a check)."""
+        return namespace in self._po_namespaces
+
+    def namespace_exists(self, identifier: str | Identifier) -> bool:
+        exists = super().namespace_exists(identifier)
+        if exists:
+            with suppress(NoSuchNamespaceError):
+                self._po_namespaces.add(Catalog.namespace_to_string(identifier))
+        return exists
 
     def _po_remember(self, location: str, metadata: TableMetadata) -> None:
         with self._po_guard:
@@ -79,7 +158,7 @@ class FlatSqlCatalog(SqlCatalog):
         namespace = Catalog.namespace_to_string(Catalog.namespace_from(identifier))
         table_name = Catalog.table_name_from(identifier)
         query = _LOAD_V1 if self._schema_version == "v1" else _LOAD
-        with self.engine.connect() as conn:
+        with self._po_autocommit() as conn:
             row = conn.execute(
                 query,
                 {
@@ -155,9 +234,61 @@ class FlatSqlCatalog(SqlCatalog):
         requirements: tuple[TableRequirement, ...],
         updates: tuple[TableUpdate, ...],
     ) -> CommitTableResponse:
-        response = super().commit_table(table, requirements, updates)
+        """pyiceberg's commit, without loading the table again when `table` is still current:
+        its changes are staged on `table`'s metadata and its row moves only if it still points
+        at `table`'s metadata file (one statement). When another commit moved it since,
+        pyiceberg's own commit runs (it reloads the table, checks the requirements against the
+        current metadata, and commits or refuses), and the file staged here is removed."""
+        response = self._po_commit_loaded(table, requirements, updates)
+        if response is None:
+            response = super().commit_table(table, requirements, updates)
         self._po_remember(response.metadata_location, response.metadata)
         return response
+
+    def _po_commit_loaded(
+        self,
+        table: Table,
+        requirements: tuple[TableRequirement, ...],
+        updates: tuple[TableUpdate, ...],
+    ) -> CommitTableResponse | None:
+        """The commit against `table` as loaded; None when that is not the current row, or
+        `table` is not as loaded: a create, a view of it (`tables.at_branch`: its metadata is
+        not the file's — only metadata this handle parsed or committed, the very object, is
+        committed against), or a dialect without reliable row counts."""
+        if isinstance(table, StagedTable) or not table.metadata_location:
+            return None
+        with self._po_guard:
+            loaded = self._po_parsed.get(table.metadata_location)
+        if loaded is not table.metadata or not self.engine.dialect.supports_sane_rowcount:
+            return None
+        identifier = table.name()
+        staged = self._update_and_stage_table(table, identifier, requirements, updates)
+        if staged.metadata == table.metadata:  # no changes, do nothing (as pyiceberg)
+            return _response(table.metadata, table.metadata_location)
+        self._write_metadata(
+            metadata=staged.metadata, io=staged.io, metadata_path=staged.metadata_location
+        )
+        with self._po_autocommit() as conn:
+            moved = conn.execute(
+                _MOVE,
+                {
+                    "location": staged.metadata_location,
+                    "previous": table.metadata_location,
+                    "catalog": self.name,
+                    "namespace": Catalog.namespace_to_string(Catalog.namespace_from(identifier)),
+                    "table": Catalog.table_name_from(identifier),
+                },
+            ).rowcount
+        if moved < 1:
+            with suppress(OSError):
+                staged.io.delete(staged.metadata_location)
+            return None
+        return _response(staged.metadata, staged.metadata_location)
+
+
+def _response(metadata: TableMetadata, location: str) -> CommitTableResponse:
+    """pyiceberg's `CommitTableResponse` (its field's alias is `metadata-location`)."""
+    return CommitTableResponse.model_validate({"metadata": metadata, "metadata-location": location})
 
 
 def open_catalog(
@@ -179,14 +310,16 @@ def open_catalog(
     came from: `SettingsError` for a malformed config or a database that refuses the `uri` (no
     such database, authentication failed), `PostgresUnavailable` (retryable) for one that is
     down."""
-    catalog = _load(name, config, where=where)
+    catalog = _load(name, config, namespace=namespace, where=where)
     if namespace is not None:
         ensure_namespace(catalog, namespace)
     return catalog
 
 
-def _load(name: str, config: Mapping[str, str], *, where: Callable[[str], str]) -> Catalog:
-    from sqlalchemy.exc import DBAPIError, OperationalError
+def _load(
+    name: str, config: Mapping[str, str], *, namespace: str | None, where: Callable[[str], str]
+) -> Catalog:
+    from sqlalchemy.exc import DBAPIError
 
     props = dict(config)
     if props.get("type") == "sql" or str(props.get("uri", "")).startswith("postgresql"):
@@ -196,7 +329,7 @@ def _load(name: str, config: Mapping[str, str], *, where: Callable[[str], str]) 
             props.pop("type")
             for attempt in range(3):
                 try:
-                    return FlatSqlCatalog(name, **props)
+                    return FlatSqlCatalog(name, probe_namespace=namespace, **props)
                 except OperationalError:
                     raise  # cannot connect: racing again changes nothing
                 except DBAPIError:
@@ -236,7 +369,10 @@ def _construct(name: str, props: dict[str, str], *, where: Callable[[str], str])
 
 
 def ensure_namespace(catalog: Catalog, namespace: str) -> None:
-    """Create `namespace` unless it exists; a concurrent creator winning the race is fine."""
+    """Create `namespace` unless it exists (or a `FlatSqlCatalog` handle has seen it exist); a
+    concurrent creator winning the race is fine."""
+    if isinstance(catalog, FlatSqlCatalog) and catalog.knows_namespace(namespace):
+        return
     try:
         catalog.create_namespace_if_not_exists(namespace)
     except Exception:
