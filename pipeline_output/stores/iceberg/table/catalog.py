@@ -263,8 +263,10 @@ class FlatSqlCatalog(SqlCatalog):
             return None
         identifier = table.name()
         staged = self._update_and_stage_table(table, identifier, requirements, updates)
-        if staged.metadata == table.metadata:  # no changes, do nothing (as pyiceberg)
-            return _response(table.metadata, table.metadata_location)
+        if staged.metadata == table.metadata:
+            # nothing to change here, but the requirements hold only if `table` is current:
+            # pyiceberg's commit checks them against the current row (and then does nothing)
+            return None
         self._write_metadata(
             metadata=staged.metadata, io=staged.io, metadata_path=staged.metadata_location
         )
