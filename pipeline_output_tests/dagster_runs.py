@@ -33,6 +33,17 @@ def mat_meta(result: dg.ExecuteInProcessResult, key: str) -> dict[str, Any]:
     raise AssertionError(f"{key} was not materialised")
 
 
+def partition_meta(instance: dg.DagsterInstance, name: str, key: str) -> dict[str, Any]:
+    """The latest materialisation's metadata of partition `key` of asset `name`, as the instance
+    recorded it."""
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey(name), asset_partitions=[key]), limit=1
+    ).records
+    mat = records[0].asset_materialization
+    assert mat is not None
+    return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
+
+
 def check_evals(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
     """The `parity` check evaluation of each asset (each also has a `table_health` check)."""
     out = {}

@@ -19,6 +19,7 @@ import pytest
 from pipeline_output import DatasetSpec, build_definitions, dataset
 from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.services.publish import ResolvedMode
+from pipeline_output_tests.dagster_runs import partition_meta
 from pipeline_output_tests.oracle import assert_same_multiset
 
 DAYS = ["2024-01-01", "2024-01-02", "2024-01-03"]
@@ -261,16 +262,6 @@ def test_a_dry_run_of_a_partition_reports_its_slice_write_and_writes_nothing(env
     assert obs.metadata["write_mode"].value == "sync"
     assert f"partition {DAYS[1]}" in obs.metadata["expected_effect"].value
     assert len(get_runtime().iceberg.load(name).snapshots()) == snapshots  # type: ignore[union-attr]
-
-
-def partition_meta(instance: dg.DagsterInstance, name: str, key: str) -> dict[str, Any]:
-    """The latest materialisation's metadata of partition `key`, as the instance recorded it."""
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey(name), asset_partitions=[key]), limit=1
-    ).records
-    mat = records[0].asset_materialization
-    assert mat is not None
-    return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
 
 
 @pytest.mark.parametrize("mode", ["iceberg", "pg"])

@@ -18,6 +18,7 @@ import polars as pl
 from pipeline_output import DatasetSpec, build_definitions, dataset
 from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.services.publish import ResolvedMode
+from pipeline_output_tests.dagster_runs import partition_meta
 from pipeline_output_tests.oracle import assert_same_multiset
 
 DAYS = ["2024-01-30", "2024-01-31", "2024-02-01", "2024-02-02"]  # across a month boundary
@@ -86,15 +87,6 @@ def data_files_on_disk() -> set[str]:
     return {str(p) for p in root.rglob("*.parquet")}
 
 
-def partition_meta(instance: dg.DagsterInstance, key: str) -> dict[str, Any]:
-    records = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey(NAME), asset_partitions=[key]), limit=1
-    ).records
-    mat = records[0].asset_materialization
-    assert mat is not None
-    return {k: getattr(v, "value", v) for k, v in mat.metadata.items()}
-
-
 def test_a_replace_range_run_is_one_snapshot_and_a_rerun_gives_the_same_table(env, instance):
     source: dict[str, Any] = {
         d: day_rows(d, [n * 10 + i for i in range(3)]) for n, d in enumerate(DAYS)
@@ -104,7 +96,7 @@ def test_a_replace_range_run_is_one_snapshot_and_a_rerun_gives_the_same_table(en
     assert run(defs, instance, *DAYS)  # the table's first write: created with every partition
     assert len(snapshots()) == 1
     assert_same_multiset(table(), pl.concat(source.values()))
-    first = {d: partition_meta(instance, d) for d in DAYS}
+    first = {d: partition_meta(instance, NAME, d) for d in DAYS}
     assert {m["rows_inserted"] for m in first.values()} == {3}
     assert len({m["iceberg/snapshot_id"] for m in first.values()}) == 1  # one shared commit
 
@@ -115,7 +107,7 @@ def test_a_replace_range_run_is_one_snapshot_and_a_rerun_gives_the_same_table(en
     assert len(snapshots()) == 2  # two partitions, one snapshot
     expected = pl.concat(source.values())
     assert_same_multiset(table(), expected)
-    got = {d: partition_meta(instance, d) for d in DAYS[1:3]}
+    got = {d: partition_meta(instance, NAME, d) for d in DAYS[1:3]}
     assert {d: (m["rows_inserted"], m["rows_deleted"]) for d, m in got.items()} == {
         DAYS[1]: (2, 3),
         DAYS[2]: (4, 3),
