@@ -220,7 +220,7 @@ class FileMerge:
     def _replace(self, plan: WritePlan) -> MergeChanges:
         tasks = self.index.tasks()
         if plan.delete_scope not in SCOPED:
-            deleted = sum(_live_rows(t) for t in tasks)
+            deleted = sum(live_rows(t) for t in tasks)
             return MergeChanges(
                 deleted_files=[t.file for t in tasks],
                 new_frames=[self.frame],
@@ -239,7 +239,7 @@ class FileMerge:
         for task in tasks:
             relation = scope.relation(task)
             if relation == "outside" and id(task) not in by_key:
-                changes.preserved += _live_rows(task)
+                changes.preserved += live_rows(task)
             elif relation == "inside" and not task.delete_files:
                 changes.deleted_files.append(task.file)
                 changes.deleted += task.file.record_count
@@ -296,7 +296,7 @@ class FileMerge:
             candidates = self._prune_by_keys(tasks)
         changes = MergeChanges()
         chosen = {id(t) for t in candidates}
-        changes.preserved += sum(_live_rows(t) for t in tasks if id(t) not in chosen)
+        changes.preserved += sum(live_rows(t) for t in tasks if id(t) not in chosen)
         changes.preserved += self._unread_rows(tasks)
         # the key scan (one vectorised pass over every candidate) when provably the same, else
         # the file-by-file fallback: both tell changed rows by `frame_rows.values_differ`
@@ -582,7 +582,7 @@ class FileMerge:
         total = self.index.live_rows()
         if self.index.fully_read() or total is None:
             return 0
-        return total - sum(_live_rows(t) for t in tasks)
+        return total - sum(live_rows(t) for t in tasks)
 
     def _prune_by_keys(self, tasks: list[FileScanTask]) -> list[FileScanTask]:
         return prune_by_keys(self.table, self.spec, self.frame, tasks)
@@ -616,7 +616,7 @@ def _inside(within: RowScope | None, rows: pl.DataFrame) -> pl.Expr | None:
     return within.expr(rows.schema) if within is not None else None
 
 
-def _live_rows(task: FileScanTask) -> int:
+def live_rows(task: FileScanTask) -> int:
     """The file's rows its delete files leave (exact with our file-scoped delete files, which
     never repeat a position; another engine's shared delete files are not counted)."""
     if not task.delete_files:

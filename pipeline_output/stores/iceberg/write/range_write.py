@@ -56,7 +56,7 @@ from pipeline_output.stores.iceberg.snapshot.commit import (
     summary_properties,
     writing,
 )
-from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter, own_delete_files
+from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.manifests import (
     FlatTransaction,
     read_index,
@@ -76,7 +76,7 @@ from pipeline_output.stores.iceberg.write.frame_rows import (
     sorted_for_write,
 )
 from pipeline_output.stores.iceberg.write.key_scan import FileReader, prune_by_keys
-from pipeline_output.stores.iceberg.write.merge import MergePolicy, drop_from_file
+from pipeline_output.stores.iceberg.write.merge import MergePolicy, drop_from_file, live_rows
 from pipeline_output.stores.iceberg.write.prepare import MergeChanges
 from pipeline_output.stores.schema import check_required, plan_evolution
 
@@ -424,7 +424,7 @@ def _replace_slices(
     straddling: list[FileScanTask] = []
     for task, where in relations:
         if where is None and id(task) not in by_key:
-            changes.preserved += _live(task)
+            changes.preserved += live_rows(task)
         elif isinstance(where, int) and not task.delete_files:
             changes.deleted_files.append(task.file)
             changes.deleted += task.file.record_count
@@ -472,10 +472,3 @@ def _relation(task: FileScanTask, schema: Schema, slices: list[PartitionSlice]) 
             return n
         straddles = straddles or relation == "straddles"
     return "straddles" if straddles else None
-
-
-def _live(task: FileScanTask) -> int:
-    """The file's rows its (file-scoped) delete files leave."""
-    if not task.delete_files:
-        return int(task.file.record_count)
-    return int(task.file.record_count) - sum(d.record_count for d in own_delete_files(task))
