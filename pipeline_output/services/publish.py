@@ -288,8 +288,9 @@ class Publisher:
         (`range_write.combines`): one table load, one writer lock and one commit — one snapshot
         — for every partition, each computed and written to files in turn (one partition in
         memory), nothing committed when any fails (`IcebergStore.write_range`); each partition
-        keeps its own result and deploy record (recorded in one ledger transaction). Otherwise, and from a partition whose frame
-        evolves the table's schema on: one `publish` (one commit) per partition."""
+        keeps its own result and deploy record (recorded in one ledger transaction). Otherwise,
+        and from a partition whose frame evolves the table's schema on: one `publish` (one
+        commit) per partition."""
         pending = iter(items)
         done: list[tuple[PartitionSlice, PublishResult]] = []
         if mode.mode == "iceberg" and not audit and range_write.combines(spec):
