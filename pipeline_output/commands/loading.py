@@ -24,13 +24,14 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
 from pipeline_output.commands.locations import CodeLocation, resolve_locations
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.errors import InvalidArgument, UnknownDataset
+from pipeline_output.errors import InvalidArgument, PipelineOutputError, UnknownDataset
 from pipeline_output.infra.settings import Settings
 from pipeline_output.services.runtime import Runtime
 
@@ -129,7 +130,12 @@ def _load(location: CodeLocation) -> Any:
             raise InvalidArgument(f"code location {where}: not a Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except PipelineOutputError:
+            raise  # one line already, naming the dataset and the cause
+        except Exception as exc:
+            raise _raised_loading(where, exc) from exc
     else:
         assert location.module is not None
         try:
@@ -139,12 +145,18 @@ def _load(location: CodeLocation) -> Any:
                 f"code location {where} (from {location.source}): module {exc.name!r} not found "
                 f"(working directory {location.working_directory})"
             ) from exc
+        except PipelineOutputError:
+            raise  # one line already, naming the dataset and the cause
+        except Exception as exc:
+            raise _raised_loading(where, exc) from exc
     found = _definitions_of(module, location)
     if not isinstance(found, dg.Definitions) and callable(found):
         try:  # a `@dg.definitions` function (or a plain function returning Definitions)
             found = found()
-        except dg.DagsterError as exc:
-            raise _does_not_load(where, exc) from exc
+        except PipelineOutputError:
+            raise  # one line already, naming the dataset and the cause
+        except Exception as exc:
+            raise _raised_loading(where, exc) from exc
     if not isinstance(found, dg.Definitions):
         raise InvalidArgument(
             f"code location {where}: {type(found).__name__} is not a dagster Definitions"
@@ -154,6 +166,30 @@ def _load(location: CodeLocation) -> Any:
     except dg.DagsterError as exc:
         raise _does_not_load(where, exc) from exc
     return found
+
+
+def _raised_loading(where: str, exc: Exception) -> InvalidArgument:
+    """The user's code raising while the location loads (its import, its `@dg.definitions`
+    function), in one line: Dagster's refusal as `_does_not_load` says it, anything else (not
+    our own errors, one line already) as the exception and the line of the user's code that
+    raised it (the innermost frame outside installed packages and this package)."""
+    import traceback
+
+    import dagster as dg
+
+    if isinstance(exc, dg.DagsterError):
+        return _does_not_load(where, exc)
+    package = str(Path(__file__).resolve().parents[1])
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if "site-packages" not in f.filename and not f.filename.startswith((package, "<frozen"))
+    ]
+    at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    message = " ".join(str(exc).split())
+    return InvalidArgument(
+        f"code location {where} does not load: {type(exc).__name__}{at}: {message}"
+    )
 
 
 def _does_not_load(where: str, exc: Exception) -> InvalidArgument:

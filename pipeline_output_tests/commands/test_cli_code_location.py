@@ -196,3 +196,25 @@ def test_a_bad_code_location_is_one_line_naming_it(cli: Run, tmp_path: Path) -> 
     assert both.returncode == 2 and "give one of -m, -f, -w" in both.stderr
     bad_env = cli("status", cwd=tmp_path, env={"PIPELINE_OUTPUT_DEFINITIONS": "not a module"})
     assert bad_env.returncode == 2 and "PIPELINE_OUTPUT_DEFINITIONS" in bad_env.stderr
+
+
+def test_user_code_raising_while_the_location_loads_is_one_line_naming_its_line(
+    cli: Run, tmp_path: Path
+) -> None:
+    calls = tmp_path / "calls.py"
+    calls.write_text(
+        "import dagster as dg\n"
+        "from pipeline_output import build_definitions\n\n"
+        "@dg.definitions\n"
+        "def defs() -> dg.Definitions:\n"
+        "    return build_definitions([])\n"
+    )
+    raised = cli("status", "-f", str(calls), cwd=tmp_path)
+    assert raised.returncode == 2 and "Traceback" not in raised.stderr
+    assert raised.stderr.count("\n") == 1
+    assert f"TypeError at {calls}:6: build_definitions()" in raised.stderr
+    imports = tmp_path / "imports.py"
+    imports.write_text("import dagster as dg\n\nrate = 1 / 0\n")
+    failed = cli("status", "-f", str(imports), cwd=tmp_path)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    assert f"ZeroDivisionError at {imports}:3: division by zero" in failed.stderr
