@@ -30,7 +30,7 @@ included; `+N` the growth over the call):
 - the delete floor: plainly deleting F files of our data files' mean size, laid out as ours (one
   directory, or P), made beforehand and synced, not timed: locally `os.remove` in 16 threads (what
   ours uses; on this ext4 disk 20,000 unlinks cost ~1.3 s with 4 to 16 threads, 1.7 s with one),
-  on S3 multi-object deletes of 1,000 keys in 4 threads. Both expiry and vacuum delete (at least)
+  on S3 multi-object deletes of 1,000 keys, 16 at a time (as ours). Both expiry and vacuum delete (at least)
   these F files: neither can go below this line.
 
 `--storage s3`: the same against a SeaweedFS `weed mini` the benchmark starts (its data under the
@@ -70,7 +70,7 @@ NAME = "small"
 COMMIT_FILES = 1000
 PUT_THREADS = 16  # writing the small files (setup, not timed)
 LOCAL_DELETE_THREADS = 16  # the delete floor, local: as ours (`orphans.LOCAL_DELETE_THREADS`)
-S3_DELETE_THREADS = 4  # the delete floor, S3: as ours (`tables.READ_THREADS`)
+S3_DELETE_THREADS = 16  # the delete floor, S3: as ours (`orphans.S3_DELETE_THREADS`)
 S3_DELETE_BATCH = 1000  # keys per multi-object delete: the API's maximum
 DELTA_BUCKET = "delta"
 FLOOR_BUCKET = "floor"
@@ -321,7 +321,7 @@ def delete_floor(cfg: dict[str, Any]) -> dict[str, Any]:
             "detail": {
                 "deleted": files,
                 "left": left,
-                "how": "S3 multi-object deletes of 1,000 keys, 4 threads",
+                "how": "S3 multi-object deletes of 1,000 keys, 16 threads",
             },
         }
     root = Path(cfg["delta_root"]).parent / "delete-floor"
