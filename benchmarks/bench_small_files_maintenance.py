@@ -27,11 +27,12 @@ included; `+N` the growth over the call):
   manifest lists) then `remove_orphans(grace_s=0)` vs delta-rs `vacuum(retention_hours=0)`
   (deletes the F files the compaction removed).
 
-- the delete floor: plainly deleting F files of our data files' mean size, laid out as ours (one
-  directory, or P), made beforehand and synced, not timed: locally `os.remove` in 16 threads (what
-  ours uses; on this ext4 disk 20,000 unlinks cost ~1.3 s with 4 to 16 threads, 1.7 s with one),
-  on S3 multi-object deletes of 1,000 keys, 16 at a time (as ours). Both expiry and vacuum delete (at least)
-  these F files: neither can go below this line.
+- the delete floor: plainly deleting F files of our data files' mean size, laid out as ours
+  (one directory, or P; on S3 in ours' bucket), made beforehand (not timed, synced) just before
+  the cleanups: locally `os.remove` in 16 threads (what ours uses; on this ext4 disk 20,000
+  unlinks cost ~1.3 s with 4 to 16 threads, 1.7 s with one), on S3 multi-object deletes of
+  1,000 keys, 16 at a time (as ours). Expiry and vacuum both delete (at least) these F files:
+  neither can go below this line.
 
 `--storage s3`: the same against a SeaweedFS `weed mini` the benchmark starts (its data under the
 work directory, stopped at the end): ours on its Iceberg REST catalog with the table's files on
@@ -299,14 +300,15 @@ def delete_floor(cfg: dict[str, Any]) -> dict[str, Any]:
     names = [(f"part={j % parts}/" if parts else "") + f"f-{j:06d}.parquet" for j in range(files)]
     if on_s3(cfg):
         client = s3_client(cfg)
-        keys = [f"del/{n}" for n in names]
+        bucket = cfg["s3"]["bucket"]  # ours' bucket (the table bucket)
+        keys = [f"delete-floor/{n}" for n in names]
         with ThreadPoolExecutor(PUT_THREADS) as pool:
-            list(pool.map(lambda k: client.put_object(Bucket=FLOOR_BUCKET, Key=k, Body=body), keys))
+            list(pool.map(lambda k: client.put_object(Bucket=bucket, Key=k, Body=body), keys))
         batches = [keys[i : i + S3_DELETE_BATCH] for i in range(0, len(keys), S3_DELETE_BATCH)]
 
         def delete_batch(batch: list[str]) -> None:
             client.delete_objects(
-                Bucket=FLOOR_BUCKET,
+                Bucket=bucket,
                 Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
             )
 
@@ -315,7 +317,7 @@ def delete_floor(cfg: dict[str, Any]) -> dict[str, Any]:
                 list(pool.map(delete_batch, batches))
 
         measured = measure(call)
-        left = len(s3_keys(cfg, FLOOR_BUCKET, "del/"))
+        left = len(s3_keys(cfg, bucket, "delete-floor/"))
         return {
             **measured,
             "detail": {
@@ -488,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                     "key": sw.access_key_id,
                     "secret": sw.secret_access_key,
                     "region": sw.region,
+                    "bucket": sw.bucket,
                     "catalog": sw.catalog_properties(),
                 }
                 for bucket in (DELTA_BUCKET, FLOOR_BUCKET):
@@ -553,10 +556,10 @@ def run(
             cfg["data"] = data
     res: dict[str, dict[str, Any]] = {}
     steps = [
-        ("delete", "floor"),
         ("floor", "floor"),
         ("compact", "ours"),
         ("compact", "delta"),
+        ("delete", "floor"),  # just before the cleanups: the server as busy as for them
         ("cleanup", "ours"),
         ("cleanup", "delta"),
     ]
