@@ -28,7 +28,7 @@ included; `+N` the growth over the call):
   (deletes the F files the compaction removed).
 
 - the delete floor: plainly deleting F files of our data files' mean size, laid out as ours
-  (one directory, or P; on S3 under ours' table location), made beforehand (not timed, synced)
+  (one directory, or P; on S3 under ours' table's data/), made beforehand (not timed, synced)
   just before the cleanups: locally `os.remove` in 16 threads (what ours uses; on this ext4
   disk 20,000 unlinks cost ~1.3 s with 4 to 16 threads, 1.7 s with one), on S3 multi-object
   deletes of 1,000 keys, 16 at a time (as ours). Expiry and vacuum both delete (at least) these
@@ -300,9 +300,10 @@ def delete_floor(cfg: dict[str, Any]) -> dict[str, Any]:
     names = [(f"part={j % parts}/" if parts else "") + f"f-{j:06d}.parquet" for j in range(files)]
     if on_s3(cfg):
         client = s3_client(cfg)
-        # under ours' table location (its table bucket takes no key outside a table's)
+        # under ours' table's data/ (its table bucket takes no key outside a table's data/ or
+        # metadata/)
         bucket, _, prefix = cfg["location"].removeprefix("s3://").partition("/")
-        prefix = f"{prefix.rstrip('/')}/delete-floor/"
+        prefix = f"{prefix.rstrip('/')}/data/delete-floor/"
         keys = [f"{prefix}{n}" for n in names]
         with ThreadPoolExecutor(PUT_THREADS) as pool:
             list(pool.map(lambda k: client.put_object(Bucket=bucket, Key=k, Body=body), keys))
