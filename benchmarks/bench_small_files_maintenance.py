@@ -30,8 +30,9 @@ included; `+N` the growth over the call):
 - the delete floor: plainly deleting F files of our data files' mean size, laid out as ours
   (one directory, or P; on S3 under ours' table's data/), made beforehand (not timed, synced)
   just before the cleanups: locally `os.remove` in 16 threads (what ours uses; on this ext4
-  disk 20,000 unlinks cost ~1.3 s with 4 to 16 threads, 1.7 s with one), on S3 multi-object
-  deletes of 1,000 keys, 16 at a time (as ours). Expiry and vacuum both delete (at least) these
+  disk 20,000 unlinks took 0.45 s in the runs of 2026-12-06 08:44-08:59, ~1.3 s in another
+  measurement that day, 4 to 16 threads alike), on S3 multi-object deletes of 1,000 keys, 16
+  at a time (as ours). Expiry and vacuum both delete (at least) these
   F files: neither can go below this line.
 
 `--storage s3`: the same against a SeaweedFS `weed mini` the benchmark starts (its data under the
