@@ -5,6 +5,7 @@ Run from the repository root:
     .venv/bin/python benchmarks/bench_small_files_maintenance.py               # 20,000 files of 50 rows
     .venv/bin/python benchmarks/bench_small_files_maintenance.py --files 2000  # a quick look
     .venv/bin/python benchmarks/bench_small_files_maintenance.py --partitions 200 --files 20000
+    .venv/bin/python benchmarks/bench_small_files_maintenance.py --storage s3     # over S3
 
 The table: F data files of R rows each (`bench_small_files`' builder: file j holds the ids
 [j*R, (j+1)*R), the 6 columns of `bench_iceberg_arm._rows`), unpartitioned — or, with
@@ -26,6 +27,22 @@ included; `+N` the growth over the call):
   manifest lists) then `remove_orphans(grace_s=0)` vs delta-rs `vacuum(retention_hours=0)`
   (deletes the F files the compaction removed).
 
+- the delete floor: plainly deleting F files of our data files' mean size, laid out as ours
+  (one directory, or P; on S3 under ours' table's data/), made beforehand (not timed, synced)
+  just before the cleanups: locally `os.remove` in 16 threads (what ours uses; on this ext4
+  disk 20,000 unlinks took 0.45 s in the runs of 2026-12-06 08:44-08:59, ~1.3 s in another
+  measurement that day, 4 to 16 threads alike), on S3 multi-object deletes of 1,000 keys, 16
+  at a time (as ours). Expiry and vacuum both delete (at least) these
+  F files: neither can go below this line.
+
+`--storage s3`: the same against a SeaweedFS `weed mini` the benchmark starts (its data under the
+work directory, stopped at the end): ours on its Iceberg REST catalog with the table's files on
+its S3 (`pipeline_output_tests.seaweed`'s properties; ours deletes with one multi-object delete
+per 1,000 keys), delta-rs's table on the same S3 in another bucket (`AWS_ENDPOINT_URL`,
+`AWS_ALLOW_HTTP`, `AWS_S3_ALLOW_UNSAFE_RENAME=true`: one writer), its files built locally as above
+and uploaded; the floor reads our S3 files and writes one file back to S3. Small files are
+written 16 at a time (setup only).
+
 Both tables are checked after compaction (F*R rows, unique ids) and after cleanup (only the
 compacted files left). Ratios within this run. Targets (issue 45): compaction <= 0.5x delta-rs
 and <= 1.5x the floor, peak RSS <= delta-rs's; expiry + orphans <= 0.5x vacuum.
@@ -35,6 +52,7 @@ Nothing outside `benchmarks/.work/small_maintenance/` (git-ignored) is touched.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -44,13 +62,104 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_iceberg_arm import _rows, fmt_mb, fmt_s, machine, start_postgres
-from bench_spread import measure, ours_store
+from bench_iceberg_arm import NAMESPACE, _rows, fmt_mb, fmt_s, machine, start_postgres
+from bench_spread import measure
+from bench_spread import ours_store as ours_sql_store
 from bench_spread import spawn as spawn_child
 
 HERE = Path(__file__).resolve().parent
 NAME = "small"
 COMMIT_FILES = 1000
+PUT_THREADS = 16  # writing the small files (setup, not timed)
+LOCAL_DELETE_THREADS = 16  # the delete floor, local: as ours (`orphans.LOCAL_DELETE_THREADS`)
+S3_DELETE_THREADS = 16  # the delete floor, S3: as ours (`orphans.S3_DELETE_THREADS`)
+S3_DELETE_BATCH = 1000  # keys per multi-object delete: the API's maximum
+DELTA_BUCKET = "delta"
+FLOOR_BUCKET = "floor"
+
+
+def on_s3(cfg: dict[str, Any]) -> bool:
+    return bool(cfg.get("s3"))
+
+
+def ours_store(cfg: dict[str, Any]) -> Any:
+    """Our store: the SQL catalog with local files, or SeaweedFS's REST catalog over S3."""
+    if not on_s3(cfg):
+        return ours_sql_store(cfg)
+    from pyiceberg.catalog.rest import RestCatalog
+
+    from pipeline_output import IcebergStore
+    from pipeline_output.infra.locks import AdvisoryLock
+
+    catalog = RestCatalog("bench", **cfg["s3"]["catalog"])
+    return IcebergStore(catalog, NAMESPACE, lock=AdvisoryLock(cfg["libpq_uri"]))
+
+
+def s3_client(cfg: dict[str, Any]) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    s3 = cfg["s3"]
+    return boto3.client(
+        "s3",
+        endpoint_url=s3["endpoint"],
+        aws_access_key_id=s3["key"],
+        aws_secret_access_key=s3["secret"],
+        region_name=s3["region"],
+        config=Config(s3={"addressing_style": "path"}, max_pool_connections=32),
+    )
+
+
+def delta_location(cfg: dict[str, Any]) -> tuple[str, dict[str, str] | None]:
+    """delta-rs's table: its URI and storage options (None: a local path)."""
+    if not on_s3(cfg):
+        return str(Path(cfg["delta_root"]) / NAME), None
+    s3 = cfg["s3"]
+    return f"s3://{DELTA_BUCKET}/{NAME}", {
+        "AWS_ENDPOINT_URL": s3["endpoint"],
+        "AWS_ACCESS_KEY_ID": s3["key"],
+        "AWS_SECRET_ACCESS_KEY": s3["secret"],
+        "AWS_REGION": s3["region"],
+        "AWS_ALLOW_HTTP": "true",
+        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",  # one writer: no locking provider needed
+    }
+
+
+def polars_options(cfg: dict[str, Any]) -> dict[str, str] | None:
+    if not on_s3(cfg):
+        return None
+    s3 = cfg["s3"]
+    return {
+        "aws_endpoint_url": s3["endpoint"],
+        "aws_access_key_id": s3["key"],
+        "aws_secret_access_key": s3["secret"],
+        "aws_region": s3["region"],
+        "aws_allow_http": "true",
+    }
+
+
+def s3_keys(cfg: dict[str, Any], bucket: str, prefix: str) -> list[str]:
+    client = s3_client(cfg)
+    keys: list[str] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        keys.extend(obj["Key"] for obj in page.get("Contents", []))
+    return keys
+
+
+def upload(cfg: dict[str, Any], folder: Path, bucket: str, prefix: str) -> int:
+    """Every file under `folder` to `bucket/prefix/...`, `PUT_THREADS` at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = s3_client(cfg)
+    files = [f for f in folder.rglob("*") if f.is_file()]
+
+    def put(f: Path) -> None:
+        key = f"{prefix}/{f.relative_to(folder).as_posix()}"
+        client.put_object(Bucket=bucket, Key=key, Body=f.read_bytes())
+
+    with ThreadPoolExecutor(PUT_THREADS) as pool:
+        list(pool.map(put, files))
+    return len(files)
 
 
 def _file_frame(j: int, per: int, partitions: int) -> Any:
@@ -93,32 +202,50 @@ def prep(cfg: dict[str, Any], engine: str) -> dict[str, Any]:
             )
         else:
             convert_to_deltalake(str(folder))
-        return {"files": len(DeltaTable(str(folder)).file_uris())}
+        uri, options = delta_location(cfg)
+        if (
+            options is not None
+        ):  # built here, then put on S3 as it is (its log's paths are relative)
+            upload(cfg, folder, DELTA_BUCKET, NAME)
+            shutil.rmtree(folder)
+        return {"files": len(DeltaTable(uri, storage_options=options).file_uris())}
 
     import uuid
+    from concurrent.futures import ThreadPoolExecutor
 
     from pipeline_output.stores.iceberg.snapshot.commit import CommitRequest, commit
     from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
     from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction
 
     store = ours_store(cfg)
+    store.tables.catalog.create_namespace_if_not_exists(NAMESPACE)
     spec = ours_spec(cfg)
     store.write(spec, _file_frame(order[0], per, parts))
-    for start in range(1, files, COMMIT_FILES):
-        table = store.load(NAME)
-        tx = FlatTransaction(table)
-        writer = DataFileWriter(tx.table_metadata, table.io, write_id=uuid.uuid4())
-        ready = []
-        for j in order[start : start + COMMIT_FILES]:
-            ready.extend(writer.write(_file_frame(j, per, parts)))
-        commit(CommitRequest(tx=tx, dataset=NAME, properties={}, ready=ready, blind_retry=True))
+    with ThreadPoolExecutor(PUT_THREADS) as pool:
+        for start in range(1, files, COMMIT_FILES):
+            table = store.load(NAME)
+            tx = FlatTransaction(table)
+            writer = DataFileWriter(tx.table_metadata, table.io, write_id=uuid.uuid4())
+
+            def one(j: int, writer: Any = writer) -> list[Any]:
+                return list(writer.write(_file_frame(j, per, parts)))
+
+            ready = [f for got in pool.map(one, order[start : start + COMMIT_FILES]) for f in got]
+            commit(CommitRequest(tx=tx, dataset=NAME, properties={}, ready=ready, blind_retry=True))
     table = store.load(NAME)
-    return {
-        "files": len(list(table.scan().plan_files())),
-        "snapshots": len(table.metadata.snapshots),
-        "data": sorted(
+    live = [task.file for task in table.scan().plan_files()]
+    if on_s3(cfg):
+        data = sorted(f.file_path for f in live)
+    else:  # local paths, not file:// URIs (polars' object-store layer costs ~40 µs a file)
+        data = sorted(
             str(p) for p in Path(table.location().removeprefix("file://")).rglob("*.parquet")
-        ),
+        )
+    return {
+        "files": len(live),
+        "snapshots": len(table.metadata.snapshots),
+        "data": data,
+        "file_bytes": sum(f.file_size_in_bytes for f in live) // max(1, len(live)),
+        "location": table.location(),
     }
 
 
@@ -142,7 +269,8 @@ def counts(cfg: dict[str, Any], engine: str) -> dict[str, int]:
     import pyarrow.compute as pc
     from deltalake import DeltaTable
 
-    table = DeltaTable(str(Path(cfg["delta_root"]) / NAME))
+    uri, options = delta_location(cfg)
+    table = DeltaTable(uri, storage_options=options)
     arrow_ids = table.to_pyarrow_dataset().to_table(columns=["id"])["id"]
     return {
         "rows": len(arrow_ids),
@@ -155,20 +283,103 @@ def files_on_disk(root: Path) -> int:
     return sum(1 for p in root.rglob("*") if p.is_file())
 
 
+def files_stored(cfg: dict[str, Any], location: str) -> int:
+    """Files (objects) under a table's location, local or S3."""
+    if location.startswith("s3://"):
+        bucket, _, prefix = location.removeprefix("s3://").partition("/")
+        return len(s3_keys(cfg, bucket, prefix.rstrip("/") + "/"))
+    return files_on_disk(Path(location.removeprefix("file://")))
+
+
+def delete_floor(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Plainly delete as many files as expiry and vacuum delete (module docstring); only the
+    deletes are timed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    files, parts = cfg["files"], cfg["partitions"]
+    body = b"\0" * int(cfg["file_bytes"])
+    names = [(f"part={j % parts}/" if parts else "") + f"f-{j:06d}.parquet" for j in range(files)]
+    if on_s3(cfg):
+        client = s3_client(cfg)
+        # under ours' table's data/ (its table bucket takes no key outside a table's data/ or
+        # metadata/)
+        bucket, _, prefix = cfg["location"].removeprefix("s3://").partition("/")
+        prefix = f"{prefix.rstrip('/')}/data/delete-floor/"
+        keys = [f"{prefix}{n}" for n in names]
+        with ThreadPoolExecutor(PUT_THREADS) as pool:
+            list(pool.map(lambda k: client.put_object(Bucket=bucket, Key=k, Body=body), keys))
+        batches = [keys[i : i + S3_DELETE_BATCH] for i in range(0, len(keys), S3_DELETE_BATCH)]
+
+        def delete_batch(batch: list[str]) -> None:
+            client.delete_objects(
+                Bucket=bucket,
+                Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+            )
+
+        def call() -> None:
+            with ThreadPoolExecutor(S3_DELETE_THREADS) as pool:
+                list(pool.map(delete_batch, batches))
+
+        measured = measure(call)
+        left = len(s3_keys(cfg, bucket, prefix))
+        return {
+            **measured,
+            "detail": {
+                "deleted": files,
+                "left": left,
+                "how": "S3 multi-object deletes of 1,000 keys, 16 threads",
+            },
+        }
+    root = Path(cfg["delta_root"]).parent / "delete-floor"
+    paths = [root / n for n in names]
+    for d in {p.parent for p in paths}:
+        d.mkdir(parents=True, exist_ok=True)
+    for path in paths:
+        path.write_bytes(body)
+    os.sync()  # (ours' and delta-rs's files were written minutes before: on disk, not dirty)
+    size = -(-len(paths) // (LOCAL_DELETE_THREADS * 2))
+    batches = [paths[i : i + size] for i in range(0, len(paths), size)]
+
+    def unlink_all(batch: list[Path]) -> None:
+        for path in batch:
+            os.remove(path)
+
+    def call() -> None:
+        with ThreadPoolExecutor(LOCAL_DELETE_THREADS) as pool:
+            list(pool.map(unlink_all, batches))
+
+    measured = measure(call)
+    left = files_on_disk(root)
+    shutil.rmtree(root)
+    return {**measured, "detail": {"deleted": files, "left": left, "how": "os.remove, 16 threads"}}
+
+
 def timed(cfg: dict[str, Any], what: str, engine: str) -> dict[str, Any]:
     detail: dict[str, Any] = {}
+    if what == "delete":
+        return delete_floor(cfg)
     if what == "floor":
         import polars as pl
 
         data = cfg["data"]
-        out = Path(cfg["delta_root"]).parent / "floor.parquet"
+        options = polars_options(cfg)
+        out: Any = Path(cfg["delta_root"]).parent / "floor.parquet"
+        if options is not None:
+            out = f"s3://{FLOOR_BUCKET}/floor.parquet"
 
         def floor() -> None:
-            pl.scan_parquet(data).sink_parquet(out)
+            pl.scan_parquet(data, storage_options=options).sink_parquet(
+                out, storage_options=options
+            )
 
         measured = measure(floor)
-        detail["rows"] = pl.scan_parquet(out).select(pl.len()).collect().item()
-        out.unlink()
+        detail["rows"] = (
+            pl.scan_parquet(out, storage_options=options).select(pl.len()).collect().item()
+        )
+        if options is None:
+            out.unlink()
+        else:
+            s3_client(cfg).delete_object(Bucket=FLOOR_BUCKET, Key="floor.parquet")
         return {**measured, "detail": detail}
     if engine == "ours":
         from datetime import timedelta
@@ -194,18 +405,17 @@ def timed(cfg: dict[str, Any], what: str, engine: str) -> dict[str, Any]:
                 detail["orphans"] = f"{orphans.describe()} in {orphans.duration_s:.2f} s"
 
         measured = measure(call)
-        table = ours_store(cfg).load(NAME)
-        detail["on disk"] = files_on_disk(Path(table.location().removeprefix("file://")))
+        detail["on disk"] = files_stored(cfg, ours_store(cfg).load(NAME).location())
     else:
         from deltalake import DeltaTable
 
-        path = str(Path(cfg["delta_root"]) / NAME)
+        path, options = delta_location(cfg)
 
         def opened() -> Any:
             """The table, opened inside the timed call as ours is loaded inside it: opening
             replays the log (the 20,000 adds, the optimize's 20,000 removes)."""
             started = time.perf_counter()
-            table = DeltaTable(path)
+            table = DeltaTable(path, storage_options=options)
             detail["open_s"] = round(time.perf_counter() - started, 3)
             return table
 
@@ -229,7 +439,7 @@ def timed(cfg: dict[str, Any], what: str, engine: str) -> dict[str, Any]:
                 detail["result"] = f"vacuum deleted {len(gone)} file(s)"
 
         measured = measure(call)
-        detail["on disk"] = files_on_disk(Path(path))
+        detail["on disk"] = files_stored(cfg, path)
     detail["check"] = counts(cfg, engine)
     return {**measured, "detail": detail}
 
@@ -258,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=20_000)
     ap.add_argument("--per-file", type=int, default=50)
     ap.add_argument("--partitions", type=int, default=0)
+    ap.add_argument("--storage", choices=("local", "s3"), default="local")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -272,90 +483,139 @@ def main(argv: list[str] | None = None) -> int:
     rows = args.files * args.per_file
     failed = False
     try:
-        print("== pipeline-output benchmark: maintenance of a table of small files ==")
-        for ln in machine(libpq_uri):
-            print(ln)
-        layout = f"{args.partitions} partitions" if args.partitions else "unpartitioned"
-        print(
-            f"table:    {args.files:,} files of {args.per_file} rows ({rows:,} rows), {layout}; "
-            "each measurement a fresh process\n",
-            flush=True,
-        )
-        cfg: dict[str, Any] = {
-            "sqlalchemy_uri": sqlalchemy_uri,
-            "libpq_uri": libpq_uri,
-            "warehouse": f"file://{workdir / 'warehouse'}",
-            "delta_root": str(workdir / "delta"),
-            "files": args.files,
-            "per_file": args.per_file,
-            "partitions": args.partitions,
-        }
-        for engine in ("ours", "delta"):
-            t0 = time.perf_counter()
-            got = spawn(
-                {"what": "prep", "engine": engine, "cfg": cfg}, f"prep-{engine}", workdir, 7200
-            )
-            data = got.pop("data", None)
-            print(f"prep {engine}: {got} in {time.perf_counter() - t0:.0f} s", flush=True)
-            if got.get("files") != args.files:
-                print(f"prep {engine}: wrong file count, stopping", file=sys.stderr)
-                return 1
-            if data is not None:
-                cfg["data"] = data
-        res: dict[str, dict[str, Any]] = {}
-        steps = [
-            ("floor", "floor"),
-            ("compact", "ours"),
-            ("compact", "delta"),
-            ("cleanup", "ours"),
-            ("cleanup", "delta"),
-        ]
-        for what, engine in steps:
-            payload = {"what": what, "engine": engine, "cfg": cfg}
-            got = spawn(payload, f"{what}-{engine}", workdir, 3600)
-            key = f"{what} {engine}"
-            if "failure" in got:
-                print(f"{key}: {got['failure']}")
-                failed = True
-                continue
-            res[key] = got
-            print(
-                f"{key:<16} {fmt_s(got['seconds'])} s, peak {fmt_mb(got['peak_mb'])} MB "
-                f"(+{fmt_mb(got['call_mb'])} over the call); {got['detail']}",
-                flush=True,
-            )
-            check = got["detail"].get("check")
-            if check is not None and not (check["rows"] == rows == check["ids"]):
-                print(f"  CHECK FAILED: {check}, want {rows} rows and unique ids")
-                failed = True
-        print("\n== ratios (targets of issue 45) ==")
+        with contextlib.ExitStack() as stack:
+            s3: dict[str, Any] = {}
+            if args.storage == "s3":
+                from pipeline_output_tests.seaweed import running_seaweedfs
 
-        def ratio(a: str, b: str, field: str = "seconds") -> float | None:
-            if a not in res or b not in res:
-                return None
-            return float(res[a][field]) / float(res[b][field])
-
-        def verdict(label: str, x: float | None, bound: float) -> None:
-            if x is None:
-                print(f"- {label}: -")
-                return
-            print(f"- {label} <= {bound}x: {x:.2f}x ({'meets' if x <= bound else 'MISSES'})")
-
-        verdict("compaction, ours / delta-rs", ratio("compact ours", "compact delta"), 0.5)
-        verdict("compaction, ours / floor", ratio("compact ours", "floor floor"), 1.5)
-        verdict(
-            "compaction peak RSS, ours / delta-rs",
-            ratio("compact ours", "compact delta", "peak_mb"),
-            1.0,
-        )
-        verdict("expiry + orphans, ours / vacuum", ratio("cleanup ours", "cleanup delta"), 0.5)
-        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-        print(f"\nload avg at end: {load}; wall time {time.perf_counter() - wall:.0f} s")
+                sw = stack.enter_context(running_seaweedfs(workdir / "seaweed"))
+                s3 = {
+                    "endpoint": sw.s3_endpoint,
+                    "key": sw.access_key_id,
+                    "secret": sw.secret_access_key,
+                    "region": sw.region,
+                    "bucket": sw.bucket,
+                    "catalog": sw.catalog_properties(),
+                }
+                for bucket in (DELTA_BUCKET, FLOOR_BUCKET):
+                    sw.s3_client().create_bucket(Bucket=bucket)
+            failed = run(args, workdir, wall, rows, s3, sqlalchemy_uri, libpq_uri)
     finally:
         server.cleanup()
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0
+
+
+def run(
+    args: argparse.Namespace,
+    workdir: Path,
+    wall: float,
+    rows: int,
+    s3: dict[str, Any],
+    sqlalchemy_uri: str,
+    libpq_uri: str,
+) -> bool:
+    """Every step, printed; True when one failed."""
+    failed = False
+    print("== pipeline-output benchmark: maintenance of a table of small files ==")
+    for ln in machine(libpq_uri):
+        print(ln)
+    layout = f"{args.partitions} partitions" if args.partitions else "unpartitioned"
+    where = (
+        "ours on SeaweedFS's REST catalog + S3, delta-rs on its S3"
+        if s3
+        else "local disk, ours on the SQL catalog"
+    )
+    print(
+        f"table:    {args.files:,} files of {args.per_file} rows ({rows:,} rows), {layout}; "
+        f"each measurement a fresh process\nstorage:  {where}\n",
+        flush=True,
+    )
+    cfg: dict[str, Any] = {
+        "sqlalchemy_uri": sqlalchemy_uri,
+        "libpq_uri": libpq_uri,
+        "warehouse": f"file://{workdir / 'warehouse'}",
+        "delta_root": str(workdir / "delta"),
+        "files": args.files,
+        "per_file": args.per_file,
+        "partitions": args.partitions,
+        "s3": s3,
+    }
+    for engine in ("ours", "delta"):
+        t0 = time.perf_counter()
+        got = spawn({"what": "prep", "engine": engine, "cfg": cfg}, f"prep-{engine}", workdir, 7200)
+        if "failure" in got:
+            print(f"prep {engine}: {got['failure']}", file=sys.stderr)
+            return True
+        data = got.pop("data", None)
+        for key in ("file_bytes", "location"):
+            if key in got:
+                cfg[key] = got.pop(key)
+        print(f"prep {engine}: {got} in {time.perf_counter() - t0:.0f} s", flush=True)
+        if got.get("files") != args.files:
+            print(f"prep {engine}: wrong file count, stopping", file=sys.stderr)
+            return True
+        if data is not None:
+            cfg["data"] = data
+    res: dict[str, dict[str, Any]] = {}
+    steps = [
+        ("floor", "floor"),
+        ("compact", "ours"),
+        ("compact", "delta"),
+        ("delete", "floor"),  # just before the cleanups: the server as busy as for them
+        ("cleanup", "ours"),
+        ("cleanup", "delta"),
+    ]
+    for what, engine in steps:
+        payload = {"what": what, "engine": engine, "cfg": cfg}
+        got = spawn(payload, f"{what}-{engine}", workdir, 3600)
+        key = f"{what} {engine}"
+        if "failure" in got:
+            print(f"{key}: {got['failure']}")
+            failed = True
+            continue
+        res[key] = got
+        print(
+            f"{key:<16} {fmt_s(got['seconds'])} s, peak {fmt_mb(got['peak_mb'])} MB "
+            f"(+{fmt_mb(got['call_mb'])} over the call); {got['detail']}",
+            flush=True,
+        )
+        if what == "delete" and got["detail"]["left"]:
+            print(f"  DELETE FLOOR LEFT {got['detail']['left']} file(s)")
+            failed = True
+        check = got["detail"].get("check")
+        if check is not None and not (check["rows"] == rows == check["ids"]):
+            print(f"  CHECK FAILED: {check}, want {rows} rows and unique ids")
+            failed = True
+    print("\n== ratios (targets of issue 45) ==")
+
+    def ratio(a: str, b: str, field: str = "seconds") -> float | None:
+        if a not in res or b not in res:
+            return None
+        return float(res[a][field]) / float(res[b][field])
+
+    def verdict(label: str, x: float | None, bound: float) -> None:
+        if x is None:
+            print(f"- {label}: -")
+            return
+        print(f"- {label} <= {bound}x: {x:.2f}x ({'meets' if x <= bound else 'MISSES'})")
+
+    verdict("compaction, ours / delta-rs", ratio("compact ours", "compact delta"), 0.5)
+    verdict("compaction, ours / floor", ratio("compact ours", "floor floor"), 1.5)
+    verdict(
+        "compaction peak RSS, ours / delta-rs",
+        ratio("compact ours", "compact delta", "peak_mb"),
+        1.0,
+    )
+    verdict("expiry + orphans, ours / vacuum", ratio("cleanup ours", "cleanup delta"), 0.5)
+    for label, key in (("ours", "cleanup ours"), ("delta-rs vacuum", "cleanup delta")):
+        x = ratio(key, "delete floor")
+        if x is not None:
+            print(f"  (expiry + orphans {label} / the delete floor: {x:.2f}x)")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"\nload avg at end: {load}; wall time {time.perf_counter() - wall:.0f} s")
+    return failed
 
 
 if __name__ == "__main__":
