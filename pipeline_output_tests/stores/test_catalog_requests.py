@@ -124,6 +124,32 @@ def test_a_write_on_the_rest_catalog_makes_at_most_two_catalog_requests(
         assert sum(r.startswith("POST") for r in requests) == 1, requests  # the commit
 
 
+def test_an_upsert_on_seaweedfs_sends_each_new_object_as_one_put_and_no_existence_check(
+    seaweedfs: SeaweedFS, pg_db_url: str
+) -> None:
+    """Through the project's FileIO (`file_io.ObjectStoreFileIO`): no multipart upload for a
+    small file (pyarrow's default: POST, PUT, POST each), no HEAD + LIST before a data file; the
+    key scan reads only the target's columns it needs (no HEAD first). Counted by the server."""
+    catalog = seaweedfs.catalog()
+    namespace = unique_namespace("s3requests")
+    catalog.create_namespace(namespace)
+    make = lambda: IcebergStore(catalog, namespace, lock=AdvisoryLock(pg_db_url))  # noqa: E731
+    make().write(SPEC, rows(range(0, 20_000), "a"))
+    store = make()
+    before = seaweedfs.s3_requests()
+    with rest_requests(catalog) as seen:
+        result = store.write(SPEC, rows(range(19_000, 21_000), "b"))
+    sent = seaweedfs.s3_requests() - before
+    assert (result.rows_updated, result.rows_inserted) == (1_000, 1_000)
+    assert result.merge_path.startswith("key_scan (1 candidate file(s), object-store"), result
+    assert len(seen) == 2, seen  # one loadTable, one commit
+    # the new objects (data file, its delete file, manifests, manifest list): one PUT each
+    assert sent["POST"] == 0 and sent["LIST"] == 0, sent
+    assert 1 <= sent["PUT"] <= 5, sent
+    expected = pl.concat([rows(range(0, 19_000), "a"), rows(range(19_000, 21_000), "b")])
+    assert_same_multiset(store.read(SPEC), expected)
+
+
 @contextmanager
 def catalog_statements(target: Any = Engine) -> Iterator[list[tuple[str, bool]]]:
     """The statements on the catalog's tables an engine (every engine: `Engine`) sends during

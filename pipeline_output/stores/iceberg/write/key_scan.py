@@ -271,7 +271,7 @@ class ColumnReader:
 
     def delete_rows(self, paths: Sequence[str], sizes: Sequence[int]) -> pl.LazyFrame:
         """The rows (`file_path`, `pos`) of positional delete files, each with its own path
-        as `reader.source` names it (`__po_delete_file__`)."""
+        as `ColumnReader.source` names it (`__po_delete_file__`)."""
         if self.remote is None:
             return pl.scan_parquet(
                 [_local(p) for p in paths], glob=False, include_file_paths="__po_delete_file__"
