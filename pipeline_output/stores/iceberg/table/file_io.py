@@ -10,7 +10,8 @@ upload, started when its first part is full).
 pyiceberg also builds a new `S3FileSystem` (a new AWS client and connection pool) for every table
 it loads, so each write's first requests open new connections. Here one file system serves every
 table of the process whose FileIO has the same `s3.*` / `client.*` properties (the only ones the
-file system is built from): its connections are reused from write to write.
+file system is built from): its connections are reused from write to write (a forked child
+process builds its own).
 
 Local files, and every other scheme, are read and written exactly as by `PyArrowFileIO`.
 `open_catalog` (`catalog.py`) gives a catalog this FileIO unless its configuration names one
@@ -19,6 +20,7 @@ Local files, and every other scheme, are read and written exactly as by `PyArrow
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -38,6 +40,7 @@ class ObjectStoreFileIO(PyArrowFileIO):
 
     def _initialize_s3_fs(self, netloc: str | None) -> FileSystem:
         key = (
+            os.getpid(),  # a forked child builds its own (an AWS client is not fork-safe)
             netloc,
             *sorted(
                 (k, str(v)) for k, v in self.properties.items() if k.startswith(("s3.", "client."))

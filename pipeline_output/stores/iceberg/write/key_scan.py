@@ -7,7 +7,9 @@ every row numbered by its place in the concatenation of the files (`G`), which w
 and its physical position (the positions a merge-on-read delete file holds). The rows the files'
 positional delete files remove (read the same way, one scan) are left out, and the rest is joined
 with the compute's keys on the fly (polars' streaming engine: memory follows the batch and the
-matches, not the files).
+matches, not the files). Files that are not local (an object store) are read through the table's
+own FileIO instead (`ObjectFiles`: each footer fetched once per write, only the columns a pass
+asks for, files in parallel), into the same frames.
 
 Telling changed matched rows from unchanged ones needs their values, and reading every column of
 every touched file is what made a spread upsert cost ~10x its floor. Rows are compared column by
@@ -20,9 +22,9 @@ every column so far are read on. Columns are gathered at the matched positions o
 Whether the key scan may run is decided first, explicitly, by `choose_merge_path`: it returns the
 `MergePath` (`key_scan`, or `frame`: the merge reads file by file, `key_scan.FileReader`) and why.
 The fallback is chosen when the key scan cannot be proven the same: a data or delete file that
-is not local Parquet, a table whose columns were ever renamed or retyped beyond widening (a file's
-column name then need not be today's), a name mapping, or files whose row counts disagree with
-their manifests; `scan_candidates` falls back too when polars cannot read a file as the schema
+is not Parquet, a table whose columns were ever renamed or retyped beyond widening (a file's
+column name then need not be today's), a name mapping other than the schema's own names, or files
+whose row counts disagree with their manifests; `scan_candidates` falls back too when polars cannot read a file as the schema
 says.
 
 Which data files a merge must look at: partition values and column statistics decide, before
@@ -207,11 +209,12 @@ class ObjectFiles:
 
         def one(fragment: Any) -> pl.DataFrame:
             present = [c for c in columns if c in fragment.physical_schema.names]
-            frame = from_arrow(fragment.to_table(columns=present))
+            table = fragment.to_table(columns=present)
+            frame = from_arrow(table) if present else pl.DataFrame()
             return frame.select(
                 (pl.col(c) if frame.schema[c] == target[c] else pl.col(c).cast(target[c]))
                 if c in present
-                else pl.lit(None, dtype=target[c]).alias(c)
+                else pl.repeat(None, table.num_rows, dtype=target[c]).alias(c)  # the file's rows
                 for c in columns
             )
 
@@ -255,6 +258,9 @@ class ColumnReader:
             parts = self.remote.read(
                 [(self.paths[f], self.sizes[f]) for f in files], columns, self.target
             )
+            if not parts:
+                empty = {L: pl.get_index_type(), **{c: self.target[c] for c in columns}}
+                return pl.LazyFrame(schema=empty)
             return pl.concat(parts).with_row_index(L).lazy()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # ScanCastOptions is marked unstable
