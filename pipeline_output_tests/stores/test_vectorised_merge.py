@@ -97,6 +97,21 @@ def test_a_sync_deletes_absent_keys_in_every_file_on_both_paths(h, path, hint):
     assert res.snapshot_id is None
 
 
+@pytest.mark.rest_default
+def test_files_read_column_by_column_by_ranges_match_the_oracle(h, monkeypatch):
+    """On an object store a small candidate file is fetched whole (`key_scan.WHOLE_FILE_BYTES`);
+    a larger one is read by ranged requests, a pass's columns at a time: here every file is."""
+    monkeypatch.setattr(key_scan, "WHOLE_FILE_BYTES", 0)
+    spec = _spec("sync", "merge-on-read")
+    _files(h, spec)
+    h.write_and_check(_spec("snapshot_replace", "merge-on-read"), _spread_change(), run_id="s0")
+    keep = pl.concat([_spread_change(), customers(range(40, 50))])
+    res, _ = h.write_and_check(spec, keep, run_id="s1")  # files with delete files of ours
+    assert res.merge_path.startswith("key_scan (5 candidate file(s)"), res.merge_path
+    again, _ = h.write_and_check(spec, keep, run_id="s2")
+    assert again.snapshot_id is None
+
+
 @pytest.mark.parametrize("hint", HINTS)
 def test_append_new_spread_over_every_file_skips_live_keys_on_both_paths(h, path, hint):
     spec = _spec("append_new", hint)

@@ -103,6 +103,9 @@ _HIT = "__po_hit__"
 _NAME_MAPPING = "schema.name-mapping.default"
 _NONE = pl.Series(POS, [], pl.Int64)  # no positions (shared: never changed in place)
 SIZE_SAMPLE = 64  # files whose column sizes order the comparison
+# a candidate file this small is fetched whole (one GET) while the write holds at most the budget
+WHOLE_FILE_BYTES = 8 * 1024 * 1024
+WHOLE_BUDGET_BYTES = 64 * 1024 * 1024
 VECTORISED = True  # False: every merge reads file by file (tests compare the two paths)
 
 
@@ -170,13 +173,17 @@ class CandidateRows:
 
 class ObjectFiles:
     """Candidate files that are not local, read through the table's own `FileIO` (its client,
-    credentials and connections: S3, GCS, ... alike): each file's Parquet footer is fetched once
-    per write and only the columns a scan asks for are fetched, files in parallel. On pyarrow's
-    FileIO a file is opened at the size its manifest records (no HEAD request before its GETs)."""
+    credentials and connections: S3, GCS, ... alike), files in parallel. A file of at most
+    `WHOLE_FILE_BYTES` is fetched whole, once, while the write holds at most
+    `WHOLE_BUDGET_BYTES` of them: every pass over it (keys, the compared columns, a rewrite) then
+    reads memory — one GET instead of one a column and row group. A larger one has its Parquet
+    footer fetched once per write and only the columns a pass asks for fetched; on pyarrow's
+    FileIO it is opened at the size its manifest records (no HEAD request before its GETs)."""
 
     def __init__(self, io: FileIO) -> None:
         self.io = io
         self._opened: dict[str, Any] = {}
+        self._held = 0  # bytes of files fetched whole
         self._guard = threading.Lock()
 
     def fragment(self, path: str, size: int) -> Any:
@@ -186,7 +193,14 @@ class ObjectFiles:
         if found is not None:
             return found
         form = pads.ParquetFileFormat()
-        if isinstance(self.io, PyArrowFileIO):
+        with self._guard:
+            whole = size <= WHOLE_FILE_BYTES and self._held + size <= WHOLE_BUDGET_BYTES
+            if whole:
+                self._held += size
+        if whole:  # one GET for every pass over it, not one a column and row group
+            with self.io.new_input(path).open() as stream:
+                opened = form.make_fragment(pa.BufferReader(stream.read()))
+        elif isinstance(self.io, PyArrowFileIO):
             scheme, netloc, inner = self.io.parse_location(path, self.io.properties)
             opened = form.make_fragment(
                 inner, filesystem=self.io.fs_by_scheme(scheme, netloc), file_size=size
