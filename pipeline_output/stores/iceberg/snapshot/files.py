@@ -87,10 +87,11 @@ class TableFileWriter:
         self.written: list[str] = []
 
     def _put(self, data: bytes, *, suffix: str = "") -> str:
-        """Write `data` as a new file of the table; its location."""
+        """Write `data` as a new file of the table; its location. The name holds the write's
+        own uuid: no existence check first (on S3 a HEAD and a LIST)."""
         name = f"00000-{next(self._counter)}-{self.write_id}{suffix}.parquet"
         path = self._locations.new_data_location(data_file_name=name)
-        with self.io.new_output(path).create(overwrite=False) as stream:
+        with self.io.new_output(path).create(overwrite=True) as stream:
             stream.write(data)
         self.written.append(path)
         return path

@@ -40,7 +40,7 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import ICEBERG_TABLE_TYPE, IcebergTables, SqlCatalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
-from pyiceberg.io import load_file_io
+from pyiceberg.io import PY_IO_IMPL, load_file_io
 from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import CommitTableResponse, StagedTable, Table
 from pyiceberg.table.locations import load_location_provider
@@ -53,6 +53,7 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from pipeline_output.errors import SettingsError
 from pipeline_output.infra.settings import connect_failure, one_line
 from pipeline_output.stores.iceberg.snapshot.manifests import staged_metadata
+from pipeline_output.stores.iceberg.table.file_io import IMPL as FILE_IO
 
 _CACHED_VERSIONS = 64
 # pyiceberg's `SqlCatalog.load_table` lookup (`IcebergTables`), without its ORM
@@ -305,6 +306,7 @@ def open_catalog(
     `load_catalog` would; the environment's route gets them from `settings`, which reads those
     sources itself) — with `namespace` created in it when given.
 
+    Its tables' FileIO is `file_io.ObjectStoreFileIO` unless `config` names one (`py-io-impl`).
     The class is the one pyiceberg's `load_catalog` picks (`py-catalog-impl`, `type`, else the
     type the `uri` implies); a `type: sql` catalog is `FlatSqlCatalog`, retried (two processes
     creating its tables race), and a Postgres one gets `pool_pre_ping` (a connection the server
@@ -324,6 +326,7 @@ def _load(
     from sqlalchemy.exc import DBAPIError
 
     props = dict(config)
+    props.setdefault(PY_IO_IMPL, FILE_IO)  # one PUT a small file, connections reused (file_io.py)
     if props.get("type") == "sql" or str(props.get("uri", "")).startswith("postgresql"):
         props.setdefault("pool_pre_ping", "true")
     try:

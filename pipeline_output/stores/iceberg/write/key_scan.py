@@ -7,7 +7,9 @@ every row numbered by its place in the concatenation of the files (`G`), which w
 and its physical position (the positions a merge-on-read delete file holds). The rows the files'
 positional delete files remove (read the same way, one scan) are left out, and the rest is joined
 with the compute's keys on the fly (polars' streaming engine: memory follows the batch and the
-matches, not the files).
+matches, not the files). Files that are not local (an object store) are read through the table's
+own FileIO instead (`ObjectFiles`: each footer fetched once per write, only the columns a pass
+asks for, files in parallel), into the same frames.
 
 Telling changed matched rows from unchanged ones needs their values, and reading every column of
 every touched file is what made a spread upsert cost ~10x its floor. Rows are compared column by
@@ -20,9 +22,9 @@ every column so far are read on. Columns are gathered at the matched positions o
 Whether the key scan may run is decided first, explicitly, by `choose_merge_path`: it returns the
 `MergePath` (`key_scan`, or `frame`: the merge reads file by file, `key_scan.FileReader`) and why.
 The fallback is chosen when the key scan cannot be proven the same: a data or delete file that
-is not local Parquet, a table whose columns were ever renamed or retyped beyond widening (a file's
-column name then need not be today's), a name mapping, or files whose row counts disagree with
-their manifests; `scan_candidates` falls back too when polars cannot read a file as the schema
+is not Parquet, a table whose columns were ever renamed or retyped beyond widening (a file's
+column name then need not be today's), a name mapping other than the schema's own names, or files
+whose row counts disagree with their manifests; `scan_candidates` falls back too when polars cannot read a file as the schema
 says.
 
 Which data files a merge must look at: partition values and column statistics decide, before
@@ -46,6 +48,7 @@ number of them in memory (peak memory follows the largest file, not the number o
 
 from __future__ import annotations
 
+import threading
 import warnings
 from bisect import bisect_left
 from collections import deque
@@ -55,13 +58,17 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.dataset as pads
 from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import AlwaysTrue
-from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO
 from pyiceberg.manifest import DataFileContent, FileFormat, ManifestFile
 from pyiceberg.schema import Schema, index_by_id
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.name_mapping import create_mapping_from_schema
 from pyiceberg.types import (
     DateType,
     DoubleType,
@@ -96,6 +103,9 @@ _HIT = "__po_hit__"
 _NAME_MAPPING = "schema.name-mapping.default"
 _NONE = pl.Series(POS, [], pl.Int64)  # no positions (shared: never changed in place)
 SIZE_SAMPLE = 64  # files whose column sizes order the comparison
+# a candidate file this small is fetched whole (one GET) while the write holds at most the budget
+WHOLE_FILE_BYTES = 8 * 1024 * 1024
+WHOLE_BUDGET_BYTES = 64 * 1024 * 1024
 VECTORISED = True  # False: every merge reads file by file (tests compare the two paths)
 
 
@@ -112,18 +122,29 @@ class MergePath:
         return f"{self.name} ({self.why})"
 
 
-def choose_merge_path(table: Table, schema: Schema, tasks: Sequence[FileScanTask]) -> MergePath:
+def choose_merge_path(
+    table: Table,
+    schema: Schema,
+    tasks: Sequence[FileScanTask],
+    *,
+    remote: ObjectFiles | None = None,
+) -> MergePath:
     """The merge that applies a write to the candidate files `tasks`: the vectorised key scan
     when it is provably the same as reading file by file, else the file-by-file fallback and the
-    first reason the key scan cannot be proven the same."""
+    first reason the key scan cannot be proven the same. `remote`: how files that are not local
+    are read (pass the same to `scan_candidates`: footers are read once)."""
     if not VECTORISED:
         return MergePath("frame", "fallback: the key scan is switched off (key_scan.VECTORISED)")
     if not tasks:
         return MergePath("frame", "no candidate file: no target row to compare")
-    why_not = _ineligible(table, schema, tasks) or _footers_disagree(tasks)
+    remote = remote if remote is not None else ObjectFiles(table.io)
+    why_not = _ineligible(table, schema, tasks) or _footers_disagree(tasks, remote)
     if why_not is not None:
         return MergePath("frame", f"fallback: {why_not}")
-    return MergePath("key_scan", f"{len(tasks)} candidate file(s), local Parquet, today's columns")
+    where = "local" if all(_local(t.file.file_path) for t in tasks) else "object-store"
+    return MergePath(
+        "key_scan", f"{len(tasks)} candidate file(s), {where} Parquet, today's columns"
+    )
 
 
 @dataclass
@@ -150,11 +171,93 @@ class CandidateRows:
     reader: ColumnReader
 
 
-class ColumnReader:
-    """Reads columns of some of the candidate files as one scan, rows numbered by `G`."""
+class ObjectFiles:
+    """Candidate files that are not local, read through the table's own `FileIO` (its client,
+    credentials and connections: S3, GCS, ... alike), files in parallel. A file of at most
+    `WHOLE_FILE_BYTES` is fetched whole, once, while the write holds at most
+    `WHOLE_BUDGET_BYTES` of them: every pass over it (keys, the compared columns, a rewrite) then
+    reads memory — one GET instead of one a column and row group. A larger one has its Parquet
+    footer fetched once per write and only the columns a pass asks for fetched; on pyarrow's
+    FileIO it is opened at the size its manifest records (no HEAD request before its GETs)."""
 
-    def __init__(self, tasks: Sequence[FileScanTask], target: pl.Schema) -> None:
-        self.paths = [_local(t.file.file_path) for t in tasks]
+    def __init__(self, io: FileIO) -> None:
+        self.io = io
+        self._opened: dict[str, Any] = {}
+        self._held = 0  # bytes of files fetched whole
+        self._guard = threading.Lock()
+
+    def fragment(self, path: str, size: int) -> Any:
+        """The file as a pyarrow Parquet fragment, its footer read (once)."""
+        with self._guard:
+            found = self._opened.get(path)
+        if found is not None:
+            return found
+        form = pads.ParquetFileFormat()
+        with self._guard:
+            whole = size <= WHOLE_FILE_BYTES and self._held + size <= WHOLE_BUDGET_BYTES
+            if whole:
+                self._held += size
+        if whole:  # one GET for every pass over it, not one a column and row group
+            with self.io.new_input(path).open() as stream:
+                opened = form.make_fragment(pa.BufferReader(stream.read()))
+        elif isinstance(self.io, PyArrowFileIO):
+            scheme, netloc, inner = self.io.parse_location(path, self.io.properties)
+            opened = form.make_fragment(
+                inner, filesystem=self.io.fs_by_scheme(scheme, netloc), file_size=size
+            )
+        else:
+            opened = form.make_fragment(self.io.new_input(path).open())
+        opened.ensure_complete_metadata()
+        with self._guard:
+            return self._opened.setdefault(path, opened)
+
+    def rows(self, files: Sequence[tuple[str, int]]) -> int:
+        """The rows the files' footers hold."""
+        return sum(f.metadata.num_rows for f in self._each(files, lambda f: f))
+
+    def read(
+        self, files: Sequence[tuple[str, int]], columns: Sequence[str], target: pl.Schema
+    ) -> list[pl.DataFrame]:
+        """`columns` of each file as `target` types them, a column the file lacks null (as the
+        local scan's `missing_columns="insert"` and its upcasts)."""
+
+        def one(fragment: Any) -> pl.DataFrame:
+            present = [c for c in columns if c in fragment.physical_schema.names]
+            table = fragment.to_table(columns=present)
+            frame = from_arrow(table) if present else pl.DataFrame()
+            return frame.select(
+                (pl.col(c) if frame.schema[c] == target[c] else pl.col(c).cast(target[c]))
+                if c in present
+                else pl.repeat(None, table.num_rows, dtype=target[c]).alias(c)  # the file's rows
+                for c in columns
+            )
+
+        return self._each(files, one)
+
+    def _each(self, files: Sequence[tuple[str, int]], then: Callable[[Any], Any]) -> list[Any]:
+        def job(item: tuple[str, int]) -> Any:
+            return then(self.fragment(*item))
+
+        if len(files) <= 1:
+            return [job(item) for item in files]
+        with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(files))) as pool:
+            return list(pool.map(job, files))
+
+
+class ColumnReader:
+    """Reads columns of some of the candidate files as one scan, rows numbered by `G`: local
+    files as one polars scan, object-store files through `remote` (the table's FileIO)."""
+
+    def __init__(
+        self, tasks: Sequence[FileScanTask], target: pl.Schema, *, remote: ObjectFiles | None = None
+    ) -> None:
+        local = [_local(t.file.file_path) for t in tasks]
+        if remote is not None and not all(local):  # every file through the FileIO
+            self.paths = [t.file.file_path for t in tasks]
+            self.remote: ObjectFiles | None = remote
+        else:
+            self.paths, self.remote = local, None
+        self.sizes = [int(t.file.file_size_in_bytes) for t in tasks]
         self.counts = [int(t.file.record_count) for t in tasks]
         self.offsets = [0]
         for n in self.counts:
@@ -165,6 +268,14 @@ class ColumnReader:
         """`columns` of the candidate files numbered `files` (ascending), each row numbered by
         `L`, its index in the concatenation of those files (`G` when `files` are all of them;
         `local` maps `G` to `L`)."""
+        if self.remote is not None:
+            parts = self.remote.read(
+                [(self.paths[f], self.sizes[f]) for f in files], columns, self.target
+            )
+            if not parts:
+                empty = {L: pl.get_index_type(), **{c: self.target[c] for c in columns}}
+                return pl.LazyFrame(schema=empty)
+            return pl.concat(parts).with_row_index(L).lazy()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # ScanCastOptions is marked unstable
             frame = pl.scan_parquet(
@@ -177,6 +288,24 @@ class ColumnReader:
                 glob=False,
             )
         return frame.select(L, *columns)
+
+    def delete_rows(self, paths: Sequence[str], sizes: Sequence[int]) -> pl.LazyFrame:
+        """The rows (`file_path`, `pos`) of positional delete files, each with its own path
+        as `ColumnReader.source` names it (`__po_delete_file__`)."""
+        if self.remote is None:
+            return pl.scan_parquet(
+                [_local(p) for p in paths], glob=False, include_file_paths="__po_delete_file__"
+            ).select("file_path", pl.col("pos").cast(pl.Int64), "__po_delete_file__")
+        target = pl.Schema({"file_path": pl.String, "pos": pl.Int64})
+        parts = self.remote.read(list(zip(paths, sizes, strict=True)), list(target), target)
+        return pl.concat(
+            part.with_columns(pl.lit(path).alias("__po_delete_file__"))
+            for part, path in zip(parts, paths, strict=True)
+        ).lazy()
+
+    def source(self, path: str) -> str:
+        """How `delete_rows` names the file at `path`."""
+        return path if self.remote is not None else _local(path)
 
     def local(self, files: Sequence[int], g: pl.Expr) -> pl.Expr:
         """`L` in a `scan` of `files` of the row numbered `g` (in one of those files)."""
@@ -211,6 +340,7 @@ def scan_candidates(
     absent_in: pl.Expr | None,
     scope_columns: Sequence[str] = (),
     compare: bool = True,
+    remote: ObjectFiles | None = None,
 ) -> CandidateRows | MergePath:
     """Scan `tasks` (for which `choose_merge_path` chose the key scan) against the compute's
     `frame` (aligned to `schema`). `absent_in` (a sync):
@@ -219,15 +349,17 @@ def scan_candidates(
     slice's columns) typed as `schema` says.
     Without `compare` (append_new: only which keys exist) no value is read and every matched
     row counts as unchanged. Returns the fallback `MergePath` when polars cannot read a file as
-    the table's schema says (the merge then reads file by file)."""
+    the table's schema says (the merge then reads file by file). `remote`: as given to
+    `choose_merge_path` (files that are not local are read through the table's FileIO)."""
     target = polars_schema(schema.as_arrow())
-    reader = ColumnReader(tasks, target)
+    remote = remote if remote is not None else ObjectFiles(table.io)
+    reader = ColumnReader(tasks, target, remote=remote)
     try:
         values = [c for c in target if c not in pk] if compare else []
         order = _cheapest_first(schema, tasks, values)
         extra = [c for c in dict.fromkeys(scope_columns) if c not in pk]
         return _scan(reader, tasks, frame, list(pk), absent_in, extra, order)
-    except (pl.exceptions.PolarsError, OSError, ValueError, TypeError) as exc:
+    except (pl.exceptions.PolarsError, pa.ArrowException, OSError, ValueError, TypeError) as exc:
         why = (
             f"polars cannot read a candidate file as the table's schema says ({type(exc).__name__})"
         )
@@ -274,20 +406,20 @@ def _deleted(reader: ColumnReader, tasks: Sequence[FileScanTask]) -> pl.DataFram
     """`G` of every row the tasks' delete files remove, and whether one of the file's own
     (file-scoped) delete files removes it."""
     files: dict[str, list[tuple[int, bool]]] = {}
+    sizes: dict[str, int] = {}
     for f, task in enumerate(tasks):
         for d in task.delete_files:
             own = referenced_path(d) == task.file.file_path
             files.setdefault(d.file_path, []).append((f, own))
+            sizes[d.file_path] = int(d.file_size_in_bytes)
     if not files:
         return pl.DataFrame(schema={G: pl.Int64, _OWN: pl.Boolean})
     paths = list(files)
-    rows = pl.scan_parquet(
-        [_local(p) for p in paths], glob=False, include_file_paths="__po_delete_file__"
-    ).select("file_path", pl.col("pos").cast(pl.Int64), "__po_delete_file__")
+    rows = reader.delete_rows(paths, [sizes[p] for p in paths])
     data = {t.file.file_path: f for f, t in enumerate(tasks)}
     owners = pl.DataFrame(
         [
-            {"__po_delete_file__": _local(d), F: f, _OWN: own}
+            {"__po_delete_file__": reader.source(d), F: f, _OWN: own}
             for d, applies in files.items()
             for f, own in applies
         ],
@@ -418,16 +550,15 @@ def _per_file(
 
 
 def _ineligible(table: Table, schema: Schema, tasks: Sequence[FileScanTask]) -> str | None:
-    """Why the key scan cannot read `tasks` (None: it can): unless every file is local Parquet
-    and every column of `schema` has had one name and one field id in every schema of the table
+    """Why the key scan cannot read `tasks` (None: it can): unless every file is Parquet (local,
+    or read through the table's FileIO), a name mapping (if any) is the schema's own, and every
+    column of `schema` has had one name and one field id in every schema of the table
     (so a file's column names are today's)."""
-    if _NAME_MAPPING in table.metadata.properties:
-        return f"the table has a name mapping ({_NAME_MAPPING})"
     for task in tasks:
         files = [task.file, *task.delete_files]
         for f in files:
-            if f.file_format != FileFormat.PARQUET or not _local(f.file_path):
-                return f"{f.file_path} is not a local Parquet file"
+            if f.file_format != FileFormat.PARQUET:
+                return f"{f.file_path} is not a Parquet file"
         if any(d.content != DataFileContent.POSITION_DELETES for d in task.delete_files):
             return f"{task.file.file_path} carries equality deletes"
     current = {f.field_id: f for f in schema.fields}
@@ -443,16 +574,29 @@ def _ineligible(table: Table, schema: Schema, tasks: Sequence[FileScanTask]) -> 
                 return f"column {now.name!r} was renamed (from {old.name!r})"
             if not isinstance(now.field_type, PrimitiveType) and now.field_type != old.field_type:
                 return f"the nested column {now.name!r} changed type"
+    if _NAME_MAPPING in table.metadata.properties:
+        # a file without field ids is read by the mapping's names: the same as by today's names
+        # only when the mapping is the current schema's own (one name a field: some catalogs,
+        # SeaweedFS's, set it on every table they create)
+        try:
+            own = table.name_mapping() == create_mapping_from_schema(table.schema())
+        except ValueError:
+            own = False
+        if not own:
+            return f"the table has a name mapping ({_NAME_MAPPING}) other than its schema's names"
     return None
 
 
-def _footers_disagree(tasks: Sequence[FileScanTask]) -> str | None:
+def _footers_disagree(tasks: Sequence[FileScanTask], remote: ObjectFiles) -> str | None:
     """Why the files' Parquet footers cannot number their rows as the manifests do (None: they
     hold as many rows as their manifests say)."""
     paths = [_local(t.file.file_path) for t in tasks]
     try:
-        total = pl.scan_parquet(paths, glob=False).select(pl.len()).collect().item()
-    except (pl.exceptions.PolarsError, OSError, ValueError, TypeError) as exc:
+        if all(paths):
+            total = pl.scan_parquet(paths, glob=False).select(pl.len()).collect().item()
+        else:
+            total = remote.rows([(t.file.file_path, int(t.file.file_size_in_bytes)) for t in tasks])
+    except (pl.exceptions.PolarsError, pa.ArrowException, OSError, ValueError, TypeError) as exc:
         return f"polars cannot read the candidate files' footers ({type(exc).__name__})"
     if int(total) != sum(int(t.file.record_count) for t in tasks):
         return "the candidate files' row counts disagree with their manifests"

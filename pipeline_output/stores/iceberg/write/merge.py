@@ -134,6 +134,7 @@ from pipeline_output.stores.iceberg.write.key_scan import (
     KeySlices,
     L,
     MergePath,
+    ObjectFiles,
     choose_merge_path,
     manifest_admission,
     prune_by_keys,
@@ -323,7 +324,8 @@ class FileMerge:
         """The key scan of `candidates` when `key_scan.choose_merge_path` picks it (None: the
         file-by-file fallback); the path taken and why are kept in `path` (the write's
         `merge_path`) and logged."""
-        path = choose_merge_path(self.table, self.schema, candidates)
+        remote = ObjectFiles(self.table.io)  # footers read by both, once
+        path = choose_merge_path(self.table, self.schema, candidates, remote=remote)
         scanned: CandidateRows | MergePath = path
         if path.name == "key_scan":
             scanned = scan_candidates(
@@ -335,6 +337,7 @@ class FileMerge:
                 absent_in=absent_in,
                 scope_columns=scope_columns,
                 compare=compare,
+                remote=remote,
             )
             if isinstance(scanned, MergePath):
                 path = scanned

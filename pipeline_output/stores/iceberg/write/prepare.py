@@ -16,10 +16,11 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table
 
 from pipeline_output.contract.checked_input import check_in_window
-from pipeline_output.contract.plan import RowCounts, plan_write
+from pipeline_output.contract.plan import RowCounts, TargetState, plan_write
 from pipeline_output.contract.slices import PartitionSlice, check_in_partition
 from pipeline_output.contract.spec import WRITE_MODES, DatasetSpec
 from pipeline_output.contract.windows import Window
+from pipeline_output.errors import UnsupportedWrite
 from pipeline_output.infra.locks import HeldLock
 from pipeline_output.stores.iceberg.snapshot.commit import delete_quietly, writing
 from pipeline_output.stores.iceberg.snapshot.files import (
@@ -179,7 +180,10 @@ def prepare_write(
     # against the table as this process's last write left it (no catalog request), else as it
     # is now; the write loads it again under its lock and re-checks the files (`fits`)
     out = PreparedWrite(spec=spec, window=window, frame=frame, pre=None, partition=partition)
-    table = store.tables.as_written(spec) or store.tables.load(spec)
+    table = store.tables.as_written(spec)
+    if table is None and not _may_prewrite(spec, window, partition):
+        return out  # no table load for nothing: the write loads it once, under its lock
+    table = table or store.tables.load(spec)
     if table is None:  # a first deploy writes its files under the writer lock
         return out
     check_required(spec, frame, table.schema())  # a table made elsewhere may have NOT NULLs
@@ -192,6 +196,23 @@ def prepare_write(
         raise
     out._registration = registration
     return out
+
+
+def _may_prewrite(
+    spec: DatasetSpec, window: Window | None, partition: PartitionSlice | None
+) -> bool:
+    """Whether a write of `spec` into a table with committed rows writes the computed frame as
+    it is (its files then go before the lock); one that merges (an upsert, a sync) does not, so
+    a process's first write of it needs no table load before the lock (a table without any
+    snapshot is then written under the lock, as a first deploy is)."""
+    try:
+        plan = plan_write(
+            spec, TargetState(exists=True, has_snapshot=True), window, partition=partition
+        )
+    except UnsupportedWrite:
+        return True  # refused or unplanned here: the write decides (and says why) on the table
+    mode = WRITE_MODES.get(plan.write_mode)
+    return mode is not None and mode.as_given
 
 
 def prewrite(
