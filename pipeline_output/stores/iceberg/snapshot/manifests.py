@@ -116,6 +116,58 @@ from pipeline_output.stores.iceberg.table.tables import (
 _INITIAL_SEQUENCE_NUMBER = 0
 
 
+class ReadManifests:
+    """The live entries of the manifests this process read, kept for its later writes (a bound
+    on the entries kept, the least recently read dropped first).
+
+    A manifest file is never rewritten in place (a new one gets a new name), so what its path
+    read once is what it reads again; the key is also its length, sequence number and adding
+    snapshot (what the entries inherit). The entries are shared, not copied: every reader builds
+    new entries (`_restamped`, `ManifestEntry.from_args`) instead of changing them. A table
+    written again by the same process (one run per partition, a sensor's windows) re-reads only
+    the manifests its last commit wrote."""
+
+    def __init__(self, *, max_entries: int = 50_000) -> None:
+        self.max_entries = max_entries
+        self._kept: dict[tuple[Any, ...], tuple[list[ManifestEntry], RawManifest | None]] = {}
+        self._count = 0
+        self._lock = Lock()
+
+    def read(
+        self, manifest: ManifestFile, io: FileIO
+    ) -> tuple[list[ManifestEntry], RawManifest | None]:
+        key = (
+            manifest.manifest_path,
+            manifest.manifest_length,
+            manifest.sequence_number,
+            manifest.added_snapshot_id,
+        )
+        with self._lock:
+            kept = self._kept.pop(key, None)
+            if kept is not None:
+                self._kept[key] = kept  # the most recently read last
+                return kept
+        entries, raw = read_manifest(manifest, io)
+        if len(entries) <= self.max_entries // 4:  # a huge manifest would evict everything
+            with self._lock:
+                if key not in self._kept:
+                    self._kept[key] = (entries, raw)
+                    self._count += len(entries)
+                while self._count > self.max_entries:
+                    dropped, _ = self._kept.pop(next(iter(self._kept)))
+                    self._count -= len(dropped)
+        return entries, raw
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+            self._count = 0
+
+
+READ_MANIFESTS = ReadManifests()
+"""The process's manifests read (`ReadManifests`)."""
+
+
 class LiveEntries(Mapping[str, list[ManifestEntry]]):
     """The live entries of a snapshot's manifests (manifest path -> entries), each manifest read
     on first access and kept: a write reads only the manifests it plans from and rewrites."""
@@ -161,7 +213,7 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
         return self._raw.get(path)
 
     def _fetch(self, manifest: ManifestFile) -> list[ManifestEntry]:
-        entries, raw = read_manifest(manifest, self._io)
+        entries, raw = READ_MANIFESTS.read(manifest, self._io)
         if raw is not None:
             with self._lock:
                 self._raw[manifest.manifest_path] = raw
