@@ -11,6 +11,7 @@ from typing import Any
 import polars as pl
 import pytest
 from pyiceberg.manifest import ManifestContent, ManifestFile
+from pyiceberg.table.snapshots import Snapshot
 
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.infra.locks import AdvisoryLock
@@ -187,8 +188,9 @@ def test_a_manifest_admitted_for_one_partition_keeps_the_deletes_of_its_other_pa
 def test_a_process_reads_each_manifest_once_across_its_writes(
     store: IcebergStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A manifest file is never rewritten in place: what the process read of it is reused by its
-    later writes, which read only the manifests written since (and still match the oracle)."""
+    """A manifest file (and a manifest list) is never rewritten in place: what the process read
+    of it is reused by its later writes, which read only the manifests written since (and still
+    match the oracle)."""
     before = _clustered_table(store, "clustered_reread")
     spec = _spec("clustered_reread", "snapshot_replace", "copy-on-write")
     reads: list[str] = []
@@ -199,6 +201,14 @@ def test_a_process_reads_each_manifest_once_across_its_writes(
         return read(manifest, io)
 
     monkeypatch.setattr(manifests, "read_manifest", counted)
+    lists: list[str] = []
+    read_list = Snapshot.manifests
+
+    def listed(snapshot: Snapshot, io: Any) -> Any:
+        lists.append(snapshot.manifest_list)
+        return read_list(snapshot, io)
+
+    monkeypatch.setattr(Snapshot, "manifests", listed)
     manifests.READ_MANIFESTS.clear()
     table = store.load(spec)
     assert table is not None
@@ -207,6 +217,7 @@ def test_a_process_reads_each_manifest_once_across_its_writes(
     assert sorted(reads) == sorted(every)
     reads.clear()
     assert len(read_index(table).tasks()) == planned and reads == []  # none read again
+    assert len(lists) == 1  # nor the manifest list
 
     batch = _rows("r4", range(190, 210), version=2)
     expected = expect("snapshot_replace", before, batch, ["region", "id"]).table

@@ -81,7 +81,12 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, TableProperties, Transaction
 from pyiceberg.table.delete_file_index import DeleteFileIndex
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.snapshots import SnapshotSummaryCollector, Summary, update_snapshot_summaries
+from pyiceberg.table.snapshots import (
+    Snapshot,
+    SnapshotSummaryCollector,
+    Summary,
+    update_snapshot_summaries,
+)
 from pyiceberg.table.update import (
     TableUpdate,
     _apply_table_update,
@@ -117,8 +122,8 @@ _INITIAL_SEQUENCE_NUMBER = 0
 
 
 class ReadManifests:
-    """The live entries of the manifests this process read, kept for its later writes (a bound
-    on the entries kept, the least recently read dropped first).
+    """The live entries of the manifests this process read, and the manifest lists it read, kept
+    for its later writes (a bound on the entries kept, the least recently read dropped first).
 
     A manifest file is never rewritten in place (a new one gets a new name), so what its path
     read once is what it reads again; the key is also its length, sequence number and adding
@@ -127,9 +132,12 @@ class ReadManifests:
     written again by the same process (one run per partition, a sensor's windows) re-reads only
     the manifests its last commit wrote."""
 
+    LISTS = 64
+
     def __init__(self, *, max_entries: int = 50_000) -> None:
         self.max_entries = max_entries
         self._kept: dict[tuple[Any, ...], tuple[list[ManifestEntry], RawManifest | None]] = {}
+        self._lists: dict[str, tuple[ManifestFile, ...]] = {}
         self._count = 0
         self._lock = Lock()
 
@@ -158,9 +166,26 @@ class ReadManifests:
                     self._count -= len(dropped)
         return entries, raw
 
+    def manifests(self, snapshot: Snapshot, io: FileIO) -> list[ManifestFile]:
+        """The snapshot's manifest list (a manifest list is never rewritten either: each
+        snapshot writes its own); the last `LISTS` read are kept."""
+        path = snapshot.manifest_list
+        with self._lock:
+            kept = self._lists.pop(path, None)
+            if kept is not None:
+                self._lists[path] = kept
+                return list(kept)
+        read = tuple(snapshot.manifests(io))
+        with self._lock:
+            self._lists[path] = read
+            while len(self._lists) > self.LISTS:
+                self._lists.pop(next(iter(self._lists)))
+        return list(read)
+
     def clear(self) -> None:
         with self._lock:
             self._kept.clear()
+            self._lists.clear()
             self._count = 0
 
 
@@ -240,7 +265,7 @@ class ManifestIndex:
         snapshot = metadata.current_snapshot()
         if snapshot is None:
             return cls(snapshot_id=None, table_name=table_name)
-        manifests = list(snapshot.manifests(io))
+        manifests = READ_MANIFESTS.manifests(snapshot, io)
         return cls(
             snapshot_id=snapshot.snapshot_id,
             table_name=table_name,
