@@ -53,6 +53,7 @@ read) pyiceberg re-encodes the bin as before.
 from __future__ import annotations
 
 import io
+import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -121,6 +122,21 @@ from pipeline_output.stores.iceberg.table.tables import (
 _INITIAL_SEQUENCE_NUMBER = 0
 
 
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_POOL_LOCK = Lock()
+
+
+def _reader_pool() -> ThreadPoolExecutor:
+    """The process's manifest readers (READ_THREADS threads, started as needed and kept: a write
+    reading two manifests paid more to start threads than to read them). A forked child, whose
+    copy has no threads, gets its own."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(READ_THREADS, "po-manifest-read"))
+        return _POOL[1]
+
+
 class ReadManifests:
     """The live entries of the manifests this process read, and the manifest lists it read, kept
     for its later writes (a bound on the entries kept, the least recently read dropped first).
@@ -128,7 +144,7 @@ class ReadManifests:
     A manifest file is never rewritten in place (a new one gets a new name), so what its path
     read once is what it reads again; the key is also its length, sequence number and adding
     snapshot (what the entries inherit). The entries are shared, not copied: every reader builds
-    new entries (`_restamped`, `ManifestEntry.from_args`) instead of changing them. A table
+    new entries (`_restamped`, ManifestEntry.from_args) instead of changing them. A table
     written again by the same process (one run per partition, a sensor's windows) re-reads only
     the manifests its last commit wrote."""
 
@@ -225,8 +241,7 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
         """Read the entries of those `manifests` not read yet, in parallel."""
         todo = [m for m in manifests if m.manifest_path not in self._read]
         if len(todo) > 1:
-            with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(todo))) as pool:
-                read = list(pool.map(self._fetch, todo))
+            read = list(_reader_pool().map(self._fetch, todo))
         else:
             read = [self._fetch(m) for m in todo]
         with self._lock:

@@ -257,7 +257,7 @@ def physical(series: pl.Series, iceberg_type: PrimitiveType) -> pl.Series:
 
 def _bound_value(value: Any, iceberg_type: PrimitiveType) -> Any:
     """`value` as Iceberg's bounds of `iceberg_type` decode: micros since the epoch (a naive
-    datetime read as UTC, as polars' `dt.epoch` reads it), days since the epoch."""
+    datetime read as UTC, as polars' dt.epoch reads it), days since the epoch."""
     if isinstance(iceberg_type, (TimestampType, TimestamptzType)) and isinstance(value, datetime):
         return datetime_to_micros(value)
     if isinstance(iceberg_type, DateType) and isinstance(value, date):
