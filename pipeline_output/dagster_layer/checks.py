@@ -136,7 +136,12 @@ def parity_result(
 ) -> dg.AssetCheckResult | None:
     """The parity of `spec` after this run's write (None: not a dual write, nothing to compare).
     `context`: the asset's or the check's execution context; `arms`: the arms the step's own
-    write wrote (its materialisation's `arms`), else the latest materialisation's are read."""
+    write wrote (its materialisation's `arms`), else the latest materialisation's are read.
+    A step that wrote one arm staged no dual audit either (an audited dual write's `arms` are
+    both): it is skipped without asking the ledger."""
+    if arms is not None and not _dual(arms):
+        _skipped(context, spec, arms)
+        return None
     from pipeline_output.services.audit import audit_parity
     from pipeline_output.services.canary import check_parity
 
@@ -152,13 +157,21 @@ def parity_result(
         )
     if arms is None:
         arms = written_arms(context.instance, asset_key)
-    if not ("pg" in arms and "iceberg" in arms):
-        context.log.info(
-            f"{spec.name}: parity skipped: not a dual write (arms: {arms or 'none'}); "
-            "nothing to compare"
-        )
+    if not _dual(arms):
+        _skipped(context, spec, arms)
         return None
     return _result(check_parity(publisher, spec, run_id=run_id), asset_key)
+
+
+def _dual(arms: str) -> bool:
+    return "pg" in arms and "iceberg" in arms
+
+
+def _skipped(context: Any, spec: DatasetSpec, arms: str) -> None:
+    context.log.info(
+        f"{spec.name}: parity skipped: not a dual write (arms: {arms or 'none'}); "
+        "nothing to compare"
+    )
 
 
 def parity_check(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetChecksDefinition:
