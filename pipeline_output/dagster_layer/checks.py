@@ -20,6 +20,8 @@ multiset of typed rows) and fails with counts and up to 20 differing keys per si
 assets in the run do not consume a diverged dataset. When the latest materialisation wrote a
 single arm there is nothing to compare: the check reports no result, which Dagster shows as
 *skipped* (a check planned in a run that ended well without evaluating it) — never a green pass.
+Evaluated in the step that wrote, it knows the arms from that write (`note_written`: no query of
+the instance); a check run alone reads them from the latest materialisation.
 In an audited `dual` run the legacy arm is not written yet: the run's staged writes are replayed
 on it in a transaction that is rolled back, and compared with the audited snapshot
 (`audit.audit_parity`); the publish compares again before it commits.
@@ -70,10 +72,14 @@ def declared_checks(spec: DatasetSpec, asset_key: dg.AssetKey) -> list[dg.AssetC
 
 def evaluate_checks(context: dg.AssetExecutionContext, spec: DatasetSpec) -> Iterator[Any]:
     """The results of the dataset's own checks this run selected, after its write (or alone).
-    `parity` yields nothing when there is nothing to compare (Dagster shows it skipped)."""
+    `parity` yields nothing when there is nothing to compare (Dagster shows it skipped); it
+    learns the arms from this step's write when the step wrote (`note_written`)."""
+    written = {
+        key: _WRITTEN.pop((context.run.run_id, key), None) for key in context.selected_asset_keys
+    }
     for key in sorted(context.selected_asset_check_keys, key=lambda k: k.name):
         if key.name == PARITY:
-            result = parity_result(context, spec, key.asset_key)
+            result = parity_result(context, spec, key.asset_key, arms=written.get(key.asset_key))
             if result is not None:
                 yield result
         elif key.name == HEALTH_CHECK:
@@ -126,10 +132,16 @@ def parity_spec(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
 
 
 def parity_result(
-    context: Any, spec: DatasetSpec, asset_key: dg.AssetKey
+    context: Any, spec: DatasetSpec, asset_key: dg.AssetKey, *, arms: str | None = None
 ) -> dg.AssetCheckResult | None:
     """The parity of `spec` after this run's write (None: not a dual write, nothing to compare).
-    `context`: the asset's or the check's execution context."""
+    `context`: the asset's or the check's execution context; `arms`: the arms the step's own
+    write wrote (its materialisation's `arms`), else the latest materialisation's are read.
+    A step that wrote one arm staged no dual audit either (an audited dual write's `arms` are
+    both): it is skipped without asking the ledger."""
+    if arms is not None and not _dual(arms):
+        _skipped(context, spec, arms)
+        return None
     from pipeline_output.services.audit import audit_parity
     from pipeline_output.services.canary import check_parity
 
@@ -143,14 +155,23 @@ def parity_result(
             note="audited: the staged writes replayed on the legacy arm "
             "(rolled back) against the audited snapshot",
         )
-    arms = written_arms(context.instance, asset_key)
-    if not ("pg" in arms and "iceberg" in arms):
-        context.log.info(
-            f"{spec.name}: parity skipped: not a dual write (arms: {arms or 'none'}); "
-            "nothing to compare"
-        )
+    if arms is None:
+        arms = written_arms(context.instance, asset_key)
+    if not _dual(arms):
+        _skipped(context, spec, arms)
         return None
     return _result(check_parity(publisher, spec, run_id=run_id), asset_key)
+
+
+def _dual(arms: str) -> bool:
+    return "pg" in arms and "iceberg" in arms
+
+
+def _skipped(context: Any, spec: DatasetSpec, arms: str) -> None:
+    context.log.info(
+        f"{spec.name}: parity skipped: not a dual write (arms: {arms or 'none'}); "
+        "nothing to compare"
+    )
 
 
 def parity_check(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetChecksDefinition:
@@ -168,6 +189,20 @@ def parity_check(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetChecksDef
             yield result
 
     return _parity
+
+
+_WRITTEN: dict[tuple[str, dg.AssetKey], str] = {}
+"""(run id, asset key) -> the arms the dataset's step wrote in that run (its materialisation's
+`arms`), noted by the IO manager and taken by the same step's `evaluate_checks`."""
+_WRITTEN_MAX = 256  # a step whose checks never run (an asset built by other code) leaves one
+
+
+def note_written(run_id: str, asset_key: dg.AssetKey, arms: str) -> None:
+    """Note the arms a step's write wrote: the checks evaluated next in that step read them here
+    instead of asking the instance for the latest materialisation."""
+    while len(_WRITTEN) >= _WRITTEN_MAX:
+        _WRITTEN.pop(next(iter(_WRITTEN)))
+    _WRITTEN[(run_id, asset_key)] = arms
 
 
 def written_arms(instance: dg.DagsterInstance, asset_key: dg.AssetKey) -> str:

@@ -20,7 +20,7 @@ from pipeline_output.dagster_layer.changes_assets import (
     ChangesOutput,
     changes_metadata,
 )
-from pipeline_output.dagster_layer.checks import PARITY
+from pipeline_output.dagster_layer.checks import PARITY, note_written
 from pipeline_output.dagster_layer.dataset import spec_in_run
 from pipeline_output.dagster_layer.delta_assets import (
     WindowedOutput,
@@ -79,6 +79,18 @@ def _fault_hook() -> Any:
     return lambda: fault_injection("after_commit")
 
 
+def _add_metadata(context: dg.OutputContext, meta: dict[str, Any]) -> None:
+    """The step's materialisation metadata; its `arms` noted for the step's own checks."""
+    context.add_output_metadata(meta)
+    arms = meta.get("arms")
+    try:
+        run_id = context.run_id
+    except dg.DagsterInvariantViolationError:  # a context built outside a run: no checks follow
+        return
+    if arms is not None and context.has_asset_key:
+        note_written(run_id, context.asset_key, str(arms))
+
+
 def _data_version(context: dg.OutputContext, snapshot_id: int | None) -> None:
     """The materialisation's data version: the Iceberg snapshot the write left main at (a
     downstream's eager automation condition and staleness follow the table, not the run)."""
@@ -100,7 +112,8 @@ class DatasetIOManager(dg.ConfigurableIOManager):
     pipeline_output: PipelineOutputResource
 
     def __init__(self, **data: Any) -> None:
-        data.setdefault("pipeline_output", PipelineOutputResource())
+        if "pipeline_output" not in data:  # Dagster re-builds the manager for every run
+            data["pipeline_output"] = PipelineOutputResource()
         super().__init__(**data)
 
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
@@ -136,8 +149,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             return
         partitioned = partitioned_output_of(context, spec, obj)
         if partitioned is not None:  # Dagster's own partitions: one slice write each
-            context.add_output_metadata(
-                write_partitions(context, spec, partitioned, mode, runtime=runtime, audit=audit)
+            _add_metadata(
+                context,
+                write_partitions(context, spec, partitioned, mode, runtime=runtime, audit=audit),
             )
             if audit:
                 self._gate(context, spec)
@@ -152,7 +166,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             f"+{primary.rows_inserted} ~{primary.rows_updated} -{primary.rows_deleted}"
         )
         meta = publish_metadata(result, runtime=runtime, spec=spec, schema=frame.schema)
-        context.add_output_metadata(meta)
+        _add_metadata(context, meta)
         ice = result.results.get("iceberg")
         if ice is not None and not result.staged:
             _data_version(context, ice.snapshot_id)
@@ -215,7 +229,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         else:
             meta["note"] = "no-op: every window was already applied; nothing written"
         record_window_metadata(context, outcomes)
-        context.add_output_metadata(meta)
+        _add_metadata(context, meta)
         if audit:
             self._gate(context, spec)
 
@@ -248,7 +262,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
                 if outcome.action == "noop"
                 else "the recomputed keys changed nothing; the range is recorded"
             )
-        context.add_output_metadata(meta)
+        _add_metadata(context, meta)
 
     def load_input(self, context: dg.InputContext) -> Any:
         upstream = context.upstream_output

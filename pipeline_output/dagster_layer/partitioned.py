@@ -360,11 +360,13 @@ def write_partitions(
             f"{part.key}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted} "
             + ("no-op" if r.noop else f"({r.write_mode}, commit {r.snapshot_id})")
         )
-        context.log.info(f"{spec.name}: partition {lines[-1]}")
         if len(out.items) > 1:  # a range run: each partition's materialisation its own write
             context.step_context.add_asset_metadata(
                 partition_metadata(result), asset_key=context.asset_key, partition_key=part.key
             )
+    # one line per run (each a Dagster event): a range run's partitions in it, one each
+    noun = "partition" if len(lines) == 1 else f"{len(lines)} partitions:"
+    context.log.info(f"{spec.name}: {noun} " + "; ".join(lines))
     schema = schemas[0] if schemas else None
     last = written[-1][1]
     if len(written) == 1:

@@ -181,3 +181,26 @@ def test_a_partition_adding_a_column_ends_the_one_commit_there(env, instance):
     assert len(snapshots()) == history + 3
     expected = pl.concat(source.values(), how="diagonal")
     assert_same_multiset(table(), expected)
+
+
+def test_a_range_run_logs_its_partitions_in_one_line(env, instance):
+    """Each log line is a Dagster event: a range run says what each partition did in one line,
+    not one line (and one event) per partition."""
+    source: dict[str, Any] = {d: day_rows(d, [n * 10]) for n, d in enumerate(DAYS)}
+    job = defs_for(source).resolve_implicit_global_asset_job_def()
+    tags = {
+        "dagster/asset_partition_range_start": DAYS[0],
+        "dagster/asset_partition_range_end": DAYS[-1],
+    }
+    result = job.execute_in_process(
+        instance=instance, asset_selection=[dg.AssetKey(NAME)], tags=tags
+    )
+    said = [
+        e.user_message
+        for e in instance.all_logs(result.run_id)
+        if e.dagster_event is None
+        and e.user_message.startswith(f"{NAME}: ")
+        and "+1 " in e.user_message
+    ]
+    assert len(said) == 1 and said[0].startswith(f"{NAME}: {len(DAYS)} partitions: "), said
+    assert all(f"{d}: +1 ~0 -0 (replace, commit " in said[0] for d in DAYS), said

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import dagster as dg
 import polars as pl
+import pytest
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 from pipeline_output import PipelineOutputComponent, build_definitions, dataset
 from pipeline_output.dagster_layer.runner import materialize
+from pipeline_output_tests.dagster_runs import check_evals, run_assets
 from pipeline_output_tests.publishers import corrupt_pg_row
 
 DAYS = dg.DailyPartitionsDefinition(start_date="2026-03-01", end_date="2026-03-04")
@@ -146,3 +148,31 @@ def test_a_failed_blocking_parity_in_the_datasets_step_reads_as_before(env: str)
     assert "only in pg" in failure.message or "parity FAIL" in failure.message, failure
     status = {row.asset: row.status for row in report.rows}
     assert status == {"flat": "ok", "after": "not run"}, report.rows
+
+
+def test_parity_in_the_datasets_step_knows_the_arms_its_write_wrote_without_the_instance(
+    env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step's own write tells `parity` which arms it wrote: no query of the instance for the
+    latest materialisation. A dual write is still compared (and a diverged one fails, the
+    downstream not run); a single-arm write is still skipped (no evaluation)."""
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("parity asked the instance for the latest materialisation")
+
+    monkeypatch.setattr(dg.DagsterInstance, "get_latest_materialization_event", refused)
+    defs = build_definitions(datasets=[flat, after], with_maintenance=False)
+    ids = pl.Series([1, 2, 3], dtype=pl.Int64)
+    ROWS["flat"] = pl.DataFrame({"id": ids, "amount": ids.cast(pl.Float64)})
+    with dg.DagsterInstance.ephemeral() as instance:
+        first = run_assets(defs, instance, ["flat", "after"])
+        evals = check_evals(first)
+        assert set(evals) == {"flat"} and evals["flat"].passed, evals  # `after`: skipped
+        corrupt_pg_row(env, "flat", "3", "amount", 99.0)
+        ids = pl.Series([4, 5], dtype=pl.Int64)  # snapshot_replace keeps 3 as each arm holds it
+        ROWS["flat"] = pl.DataFrame({"id": ids, "amount": ids.cast(pl.Float64)})
+        second = run_assets(defs, instance, ["flat", "after"], raise_on_error=False)
+    evals = check_evals(second)
+    assert not second.success and set(evals) == {"flat"}, evals
+    assert not evals["flat"].passed and "parity FAIL" in (evals["flat"].description or "")
+    assert not second.asset_materializations_for_node("after")

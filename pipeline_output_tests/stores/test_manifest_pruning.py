@@ -10,10 +10,12 @@ from typing import Any
 
 import polars as pl
 import pytest
-from pyiceberg.manifest import ManifestContent
+from pyiceberg.manifest import ManifestContent, ManifestFile
+from pyiceberg.table.snapshots import Snapshot
 
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.infra.locks import AdvisoryLock
+from pipeline_output.stores.iceberg.snapshot import manifests
 from pipeline_output.stores.iceberg.snapshot.manifests import read_index
 from pipeline_output.stores.iceberg.write.key_scan import manifest_admission
 from pipeline_output.stores.iceberg.write.merge import MIN_ROWS
@@ -181,3 +183,50 @@ def test_a_manifest_admitted_for_one_partition_keeps_the_deletes_of_its_other_pa
     table = store.load(spec)
     assert table is not None
     assert_same_multiset(pl.from_arrow(table.scan().to_arrow()), expected.table)  # type: ignore[arg-type]
+
+
+def test_a_process_reads_each_manifest_once_across_its_writes(
+    store: IcebergStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manifest file (and a manifest list) is never rewritten in place: what the process read
+    of it is reused by its later writes, which read only the manifests written since (and still
+    match the oracle)."""
+    before = _clustered_table(store, "clustered_reread")
+    spec = _spec("clustered_reread", "snapshot_replace", "copy-on-write")
+    reads: list[str] = []
+    read = manifests.read_manifest
+
+    def counted(manifest: ManifestFile, io: Any) -> Any:
+        reads.append(manifest.manifest_path)
+        return read(manifest, io)
+
+    monkeypatch.setattr(manifests, "read_manifest", counted)
+    lists: list[str] = []
+    read_list = Snapshot.manifests
+
+    def listed(snapshot: Snapshot, io: Any) -> Any:
+        lists.append(snapshot.manifest_list)
+        return read_list(snapshot, io)
+
+    monkeypatch.setattr(Snapshot, "manifests", listed)
+    manifests.READ_MANIFESTS.clear()
+    table = store.load(spec)
+    assert table is not None
+    every = {m.manifest_path for m in read_index(table).manifests}
+    planned = len(read_index(table).tasks())
+    assert sorted(reads) == sorted(every)
+    reads.clear()
+    assert len(read_index(table).tasks()) == planned and reads == []  # none read again
+    assert len(lists) == 1  # nor the manifest list
+
+    batch = _rows("r4", range(190, 210), version=2)
+    expected = expect("snapshot_replace", before, batch, ["region", "id"]).table
+    store.write(spec, batch)
+    assert reads == []  # the write planned from the manifests read before
+    table = store.load(spec)
+    assert table is not None
+    now = {m.manifest_path for m in read_index(table).manifests}
+    read_index(table).tasks()
+    assert set(reads) == now - every and reads  # only what the commit wrote
+    assert_same_multiset(store.read(spec), expected)
+    assert_same_multiset(pl.from_arrow(table.scan().to_arrow()), expected)  # type: ignore[arg-type]

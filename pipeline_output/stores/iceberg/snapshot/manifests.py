@@ -53,6 +53,7 @@ read) pyiceberg re-encodes the bin as before.
 from __future__ import annotations
 
 import io
+import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -81,7 +82,12 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, TableProperties, Transaction
 from pyiceberg.table.delete_file_index import DeleteFileIndex
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.snapshots import SnapshotSummaryCollector, Summary, update_snapshot_summaries
+from pyiceberg.table.snapshots import (
+    Snapshot,
+    SnapshotSummaryCollector,
+    Summary,
+    update_snapshot_summaries,
+)
 from pyiceberg.table.update import (
     TableUpdate,
     _apply_table_update,
@@ -116,6 +122,93 @@ from pipeline_output.stores.iceberg.table.tables import (
 _INITIAL_SEQUENCE_NUMBER = 0
 
 
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+_POOL_LOCK = Lock()
+
+
+def _reader_pool() -> ThreadPoolExecutor:
+    """The process's manifest readers (READ_THREADS threads, started as needed and kept: a write
+    reading two manifests paid more to start threads than to read them). A forked child, whose
+    copy has no threads, gets its own."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(READ_THREADS, "po-manifest-read"))
+        return _POOL[1]
+
+
+class ReadManifests:
+    """The live entries of the manifests this process read, and the manifest lists it read, kept
+    for its later writes (a bound on the entries kept, the least recently read dropped first).
+
+    A manifest file is never rewritten in place (a new one gets a new name), so what its path
+    read once is what it reads again; the key is also its length, sequence number and adding
+    snapshot (what the entries inherit). The entries are shared, not copied: every reader builds
+    new entries (`_restamped`, ManifestEntry.from_args) instead of changing them. A table
+    written again by the same process (one run per partition, a sensor's windows) re-reads only
+    the manifests its last commit wrote."""
+
+    LISTS = 64
+
+    def __init__(self, *, max_entries: int = 50_000) -> None:
+        self.max_entries = max_entries
+        self._kept: dict[tuple[Any, ...], tuple[list[ManifestEntry], RawManifest | None]] = {}
+        self._lists: dict[str, tuple[ManifestFile, ...]] = {}
+        self._count = 0
+        self._lock = Lock()
+
+    def read(
+        self, manifest: ManifestFile, io: FileIO
+    ) -> tuple[list[ManifestEntry], RawManifest | None]:
+        key = (
+            manifest.manifest_path,
+            manifest.manifest_length,
+            manifest.sequence_number,
+            manifest.added_snapshot_id,
+        )
+        with self._lock:
+            kept = self._kept.pop(key, None)
+            if kept is not None:
+                self._kept[key] = kept  # the most recently read last
+                return kept
+        entries, raw = read_manifest(manifest, io)
+        if len(entries) <= self.max_entries // 4:  # a huge manifest would evict everything
+            with self._lock:
+                if key not in self._kept:
+                    self._kept[key] = (entries, raw)
+                    self._count += len(entries)
+                while self._count > self.max_entries:
+                    dropped, _ = self._kept.pop(next(iter(self._kept)))
+                    self._count -= len(dropped)
+        return entries, raw
+
+    def manifests(self, snapshot: Snapshot, io: FileIO) -> list[ManifestFile]:
+        """The snapshot's manifest list (a manifest list is never rewritten either: each
+        snapshot writes its own); the last `LISTS` read are kept."""
+        path = snapshot.manifest_list
+        with self._lock:
+            kept = self._lists.pop(path, None)
+            if kept is not None:
+                self._lists[path] = kept
+                return list(kept)
+        read = tuple(snapshot.manifests(io))
+        with self._lock:
+            self._lists[path] = read
+            while len(self._lists) > self.LISTS:
+                self._lists.pop(next(iter(self._lists)))
+        return list(read)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+            self._lists.clear()
+            self._count = 0
+
+
+READ_MANIFESTS = ReadManifests()
+"""The process's manifests read (`ReadManifests`)."""
+
+
 class LiveEntries(Mapping[str, list[ManifestEntry]]):
     """The live entries of a snapshot's manifests (manifest path -> entries), each manifest read
     on first access and kept: a write reads only the manifests it plans from and rewrites."""
@@ -148,8 +241,7 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
         """Read the entries of those `manifests` not read yet, in parallel."""
         todo = [m for m in manifests if m.manifest_path not in self._read]
         if len(todo) > 1:
-            with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(todo))) as pool:
-                read = list(pool.map(self._fetch, todo))
+            read = list(_reader_pool().map(self._fetch, todo))
         else:
             read = [self._fetch(m) for m in todo]
         with self._lock:
@@ -161,7 +253,7 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
         return self._raw.get(path)
 
     def _fetch(self, manifest: ManifestFile) -> list[ManifestEntry]:
-        entries, raw = read_manifest(manifest, self._io)
+        entries, raw = READ_MANIFESTS.read(manifest, self._io)
         if raw is not None:
             with self._lock:
                 self._raw[manifest.manifest_path] = raw
@@ -188,7 +280,7 @@ class ManifestIndex:
         snapshot = metadata.current_snapshot()
         if snapshot is None:
             return cls(snapshot_id=None, table_name=table_name)
-        manifests = list(snapshot.manifests(io))
+        manifests = READ_MANIFESTS.manifests(snapshot, io)
         return cls(
             snapshot_id=snapshot.snapshot_id,
             table_name=table_name,

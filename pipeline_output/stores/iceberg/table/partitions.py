@@ -46,6 +46,7 @@ from pyiceberg.types import (
     TimestampType,
     TimestamptzType,
 )
+from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
 
 from pipeline_output.contract.partitioning import PartitionTerm
 from pipeline_output.contract.slices import Equals, OneOf, PartitionSlice, Term
@@ -255,10 +256,14 @@ def physical(series: pl.Series, iceberg_type: PrimitiveType) -> pl.Series:
 
 
 def _bound_value(value: Any, iceberg_type: PrimitiveType) -> Any:
+    """`value` as Iceberg's bounds of `iceberg_type` decode: micros since the epoch (a naive
+    datetime read as UTC, as polars' dt.epoch reads it), days since the epoch."""
     if isinstance(iceberg_type, (TimestampType, TimestamptzType)) and isinstance(value, datetime):
-        return pl.Series([value]).dt.epoch("us")[0]
+        return datetime_to_micros(value)
     if isinstance(iceberg_type, DateType) and isinstance(value, date):
-        return pl.Series([value]).cast(pl.Int32)[0]
+        if isinstance(value, datetime):  # what polars makes of a datetime cast to Int32
+            return pl.Series([value]).cast(pl.Int32)[0]
+        return date_to_days(value)
     return value
 
 
