@@ -8,7 +8,7 @@ Run from the repository root (the machine-wide lock keeps benchmarks apart):
     flock /tmp/bench.lock python3 benchmarks/bench_changes.py --rows 1000000 --work /tmp/bc1m
 
 Build (not timed, cached: the tables are built once under `--work`, default
-`/tmp/bench_changes`, with an embedded Postgres as the SQL catalog and writer lock, and reused
+`/tmp/bench_changes_cf2`, with an embedded Postgres as the SQL catalog and writer lock, and reused
 by later runs; delete the directory to rebuild): N rows in 50 files (50 `append_always` writes of
 N/50 rows, ids in order), then one upsert of N/100 rows — half existing ids drawn uniformly over
 the table (changed values: every file is touched), half new ids —, written twice: with the
@@ -369,7 +369,8 @@ def child(cfg: dict[str, Any], case: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=10_000_000)
-    parser.add_argument("--work", default="/tmp/bench_changes_cf")  # tables with change files
+    # tables with uncompressed change files (`_cf`: the lz4 ones of before 2026-12-06 08:30)
+    parser.add_argument("--work", default="/tmp/bench_changes_cf2")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--child")
     parser.add_argument("--build-only", action="store_true")

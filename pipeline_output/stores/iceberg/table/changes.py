@@ -228,7 +228,8 @@ def _recorded(table: Table, snap: Snapshot, target: pl.Schema) -> pl.DataFrame:
             frame = pl.read_parquet(change_file, storage_options=storage(table) or None)
     else:
         frame = _added(table, snap).with_columns(pl.lit(INSERT).alias(CHANGE_TYPE)).collect()
-    return typed(frame, target).select(*target, CHANGE_TYPE)
+    frame, wanted = typed(frame, target), [*target, CHANGE_TYPE]
+    return frame if frame.columns == wanted else frame.select(wanted)
 
 
 def _added(table: Table, snapshot: Snapshot) -> pl.LazyFrame:
