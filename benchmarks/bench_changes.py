@@ -35,7 +35,8 @@ lookup and metadata file, delta-rs's `DeltaTable(path)` log replay):
 - `agg_incr_cow` / `agg_incr_mor`: the same aggregate brought up to date from the change set:
   `read_changes`, the changed groups' signed sums from its rows, a keyed lookup of those groups'
   previous aggregate rows in the downstream (an Iceberg table of the aggregate at `before`, read
-  by the native scan with the groups pushed down), the new rows for them.
+  lazily as a compute's input is, `Publisher.scan`'s Iceberg read, with the groups pushed down),
+  the new rows for them.
 """
 
 from __future__ import annotations
@@ -280,13 +281,15 @@ def _agg_full(cfg: dict[str, Any]) -> Any:
 def _agg_incremental(cfg: dict[str, Any], name: str) -> Any:
     import polars as pl
 
+    from pipeline_output.services.reads import scan_iceberg_dataset
     from pipeline_output.stores.iceberg.table.changes import CHANGE_TYPE, read_changes
-    from pipeline_output.stores.iceberg.table.native_scan import snapshot_scan
+    from pipeline_output.stores.iceberg.table.native_scan import silence_planner_note
 
     store = _store(cfg)
+    silence_planner_note()  # as a downstream's input does (`scan_table`)
 
     def call() -> Any:
-        table, agg = store.load(name), store.load("agg")  # opened inside the clock, as agg_full
+        table = store.load(name)  # opened inside the clock, as agg_full
         changes = read_changes(
             table,
             from_snapshot=cfg[f"{name}_from"],
@@ -298,7 +301,11 @@ def _agg_incremental(cfg: dict[str, Any], name: str) -> Any:
             ds=(pl.col("v_float") * sign).sum(), dn=sign.sum().cast(pl.Int64)
         )
         groups = delta.get_column("g")
-        previous = snapshot_scan(agg, None).filter(pl.col("g").is_in(groups.implode())).collect()
+        # the downstream's lookup as a compute would write it: its lazy read (`Publisher.scan` on
+        # the Iceberg arm) with the changed groups pushed down
+        previous = (
+            scan_iceberg_dataset(store, "agg").filter(pl.col("g").is_in(groups.implode())).collect()
+        )
         return (
             delta.join(previous, on="g", how="left")
             .select(
