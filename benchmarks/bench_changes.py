@@ -8,7 +8,7 @@ Run from the repository root (the machine-wide lock keeps benchmarks apart):
     flock /tmp/bench.lock python3 benchmarks/bench_changes.py --rows 1000000 --work /tmp/bc1m
 
 Build (not timed, cached: the tables are built once under `--work`, default
-`/tmp/bench_changes`, with an embedded Postgres as the SQL catalog and writer lock, and reused
+`/tmp/bench_changes_cf2`, with an embedded Postgres as the SQL catalog and writer lock, and reused
 by later runs; delete the directory to rebuild): N rows in 50 files (50 `append_always` writes of
 N/50 rows, ids in order), then one upsert of N/100 rows — half existing ids drawn uniformly over
 the table (changed values: every file is touched), half new ids —, written twice: with the
@@ -35,7 +35,8 @@ lookup and metadata file, delta-rs's `DeltaTable(path)` log replay):
 - `agg_incr_cow` / `agg_incr_mor`: the same aggregate brought up to date from the change set:
   `read_changes`, the changed groups' signed sums from its rows, a keyed lookup of those groups'
   previous aggregate rows in the downstream (an Iceberg table of the aggregate at `before`, read
-  by the native scan with the groups pushed down), the new rows for them.
+  lazily as a compute's input is, `Publisher.scan`'s Iceberg read, with the groups pushed down),
+  the new rows for them.
 """
 
 from __future__ import annotations
@@ -280,13 +281,15 @@ def _agg_full(cfg: dict[str, Any]) -> Any:
 def _agg_incremental(cfg: dict[str, Any], name: str) -> Any:
     import polars as pl
 
+    from pipeline_output.services.reads import scan_iceberg_dataset
     from pipeline_output.stores.iceberg.table.changes import CHANGE_TYPE, read_changes
-    from pipeline_output.stores.iceberg.table.native_scan import snapshot_scan
+    from pipeline_output.stores.iceberg.table.native_scan import silence_planner_note
 
     store = _store(cfg)
+    silence_planner_note()  # as a downstream's input does (`scan_table`)
 
     def call() -> Any:
-        table, agg = store.load(name), store.load("agg")  # opened inside the clock, as agg_full
+        table = store.load(name)  # opened inside the clock, as agg_full
         changes = read_changes(
             table,
             from_snapshot=cfg[f"{name}_from"],
@@ -298,7 +301,11 @@ def _agg_incremental(cfg: dict[str, Any], name: str) -> Any:
             ds=(pl.col("v_float") * sign).sum(), dn=sign.sum().cast(pl.Int64)
         )
         groups = delta.get_column("g")
-        previous = snapshot_scan(agg, None).filter(pl.col("g").is_in(groups.implode())).collect()
+        # the downstream's lookup as a compute would write it: its lazy read (`Publisher.scan` on
+        # the Iceberg arm) with the changed groups pushed down
+        previous = (
+            scan_iceberg_dataset(store, "agg").filter(pl.col("g").is_in(groups.implode())).collect()
+        )
         return (
             delta.join(previous, on="g", how="left")
             .select(
@@ -369,7 +376,8 @@ def child(cfg: dict[str, Any], case: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=10_000_000)
-    parser.add_argument("--work", default="/tmp/bench_changes_cf")  # tables with change files
+    # tables with uncompressed change files (`_cf`: the lz4 ones of before 2026-12-06 08:30)
+    parser.add_argument("--work", default="/tmp/bench_changes_cf2")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--child")
     parser.add_argument("--build-only", action="store_true")

@@ -93,7 +93,10 @@ def _add_metadata(context: dg.OutputContext, meta: dict[str, Any]) -> None:
 
 def _data_version(context: dg.OutputContext, snapshot_id: int | None) -> None:
     """The materialisation's data version: the Iceberg snapshot the write left main at (a
-    downstream's eager automation condition and staleness follow the table, not the run)."""
+    downstream's eager automation condition and staleness follow the table, not the run). Set
+    on the step context: Dagster 1.13 takes a data version only from the `Output` /
+    `MaterializeResult` the compute returns, before the IO manager writes (dagster#15584); the
+    step's cached version is what the materialisation event then carries."""
     if snapshot_id is None:
         return
     try:
@@ -101,6 +104,14 @@ def _data_version(context: dg.OutputContext, snapshot_id: int | None) -> None:
     except (dg.DagsterInvariantViolationError, AttributeError):
         return  # a direct call outside a run: no materialisation to version
     step.set_data_version(context.asset_key, dg.DataVersion(str(snapshot_id)))
+
+
+def _published_version(context: dg.OutputContext, result: PublishResult) -> None:
+    """`_data_version` of a publish that reached main on the Iceberg arm (an audited write's
+    staged branch is not the table's version yet)."""
+    ice = result.results.get("iceberg")
+    if ice is not None and not result.staged:
+        _data_version(context, ice.snapshot_id)
 
 
 class DatasetIOManager(dg.ConfigurableIOManager):
@@ -149,10 +160,11 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             return
         partitioned = partitioned_output_of(context, spec, obj)
         if partitioned is not None:  # Dagster's own partitions: one slice write each
-            _add_metadata(
-                context,
-                write_partitions(context, spec, partitioned, mode, runtime=runtime, audit=audit),
+            meta, last = write_partitions(
+                context, spec, partitioned, mode, runtime=runtime, audit=audit
             )
+            _add_metadata(context, meta)
+            _published_version(context, last)
             if audit:
                 self._gate(context, spec)
             return
@@ -167,9 +179,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         )
         meta = publish_metadata(result, runtime=runtime, spec=spec, schema=frame.schema)
         _add_metadata(context, meta)
-        ice = result.results.get("iceberg")
-        if ice is not None and not result.staged:
-            _data_version(context, ice.snapshot_id)
+        _published_version(context, result)
         if audit:
             self._gate(context, spec)
 
@@ -230,6 +240,12 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             meta["note"] = "no-op: every window was already applied; nothing written"
         record_window_metadata(context, outcomes)
         _add_metadata(context, meta)
+        if last is not None:
+            _published_version(context, last)
+        elif "iceberg" in mode.arms and not audit:  # nothing written: the table's head still
+            table = runtime.iceberg.load(spec)
+            head = table.current_snapshot() if table is not None else None
+            _data_version(context, head.snapshot_id if head is not None else None)
         if audit:
             self._gate(context, spec)
 

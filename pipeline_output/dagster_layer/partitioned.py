@@ -326,10 +326,10 @@ def write_partitions(
     *,
     runtime: Runtime,
     audit: bool,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], PublishResult]:
     """Compute and write each partition in order (`Publisher.publish_range`: a `replace`
     dataset's range run in iceberg mode as one commit, otherwise one commit per partition);
-    returns the step's materialisation metadata. A one-partition run: its write's metadata, with
+    returns the step's materialisation metadata and the last partition's write. A one-partition run: its write's metadata, with
     `dagster/partition_row_count` (the rows it wrote) and `partitions` (its line). A range run:
     only what is true of every partition (`run_metadata`), while each partition's
     materialisation gets its own write's metadata (`partition_metadata`): Dagster puts a
@@ -377,7 +377,7 @@ def write_partitions(
         meta.update(table_metadata(runtime, spec, arms=tuple(last.results), schema=schema))
         meta["dagster/row_count"] = last.primary.rows_total_after
     meta["partitions"] = "; ".join(lines)
-    return meta
+    return meta, last
 
 
 def partition_metadata(result: PublishResult) -> dict[str, Any]:

@@ -45,18 +45,19 @@ from pipeline_output.errors import ChangesExpired, InvalidSpec, UnsupportedWrite
 from pipeline_output.ledger.control_plane import ConsumedRange, Ledger
 from pipeline_output.services.publish import Publisher, PublishResult, ResolvedMode
 from pipeline_output.services.reads import scan_iceberg_dataset
-from pipeline_output.stores.iceberg import IcebergStore
 from pipeline_output.stores.iceberg.table.changes import (
     CHANGE_COMMIT_TIME,
     CHANGE_SNAPSHOT,
     CHANGE_TYPE,
     CHANGE_TYPES,
+    CONSUMED_PREFIX,
     ChangeSet,
+    consumed_range,
     read_changes,
 )
 
 DELETED = "_deleted"  # a computed row with this column true deletes its key downstream
-SUMMARY_PREFIX = "changes."  # + the upstream's name: the consumed range in a snapshot summary
+SUMMARY_PREFIX = CONSUMED_PREFIX  # + the upstream's name: the consumed range in a snapshot summary
 # the strategies whose partition write makes the scoped keys exactly the computed rows
 _SCOPED_WRITES = frozenset({"sync", "replace"})
 
@@ -192,19 +193,6 @@ def summary_value(changes: Changes) -> str:
     return f"{low}:{changes.to_snapshot}" + (":full" if changes.full_refresh else "")
 
 
-def _parse(value: str) -> tuple[int | None, int, bool]:
-    low, high, *rest = value.split(":")
-    return (int(low) if low else None), int(high), rest == ["full"]
-
-
-def committed_position(store: IcebergStore, downstream: str, upstream: str) -> int | None:
-    """The upstream snapshot `downstream`'s newest marked snapshot consumed to (None: none), read
-    from its summary: ahead of the ledger when a run was killed between its commit and the
-    ledger record."""
-    found = store.last_summary(downstream, SUMMARY_PREFIX + upstream)
-    return _parse(found[1])[1] if found is not None else None
-
-
 def position(
     spec: DatasetSpec, upstream: str, *, publisher: Publisher, ledger: Ledger, run_id: str | None
 ) -> tuple[int | None, bool]:
@@ -215,7 +203,7 @@ def position(
     repaired = False
     if found is not None:
         snapshot_id, value = found
-        low, high, full = _parse(value)
+        low, high, full = consumed_range(value)
         before = log.last(spec.name, upstream)
         record = log.record(
             spec.name,
@@ -298,7 +286,7 @@ def pending_changes(
     found = publisher.iceberg.last_summary(spec, SUMMARY_PREFIX + upstream.name)
     since = last.to_snapshot if last is not None else None
     if found is not None and (last is None or last.downstream_snapshot != found[0]):
-        since = _parse(found[1])[1]
+        since = consumed_range(found[1])[1]
     head = table.current_snapshot()
     to = head.snapshot_id if head is not None else None
     if since is not None and since == to:

@@ -22,10 +22,8 @@ from typing import TYPE_CHECKING
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import WindowLog
 from pipeline_output.errors import PipelineOutputError, from_third_party
-from pipeline_output.infra.locks import AdvisoryLock
-from pipeline_output.ledger.control_plane import AuditRecord, Ledger
+from pipeline_output.ledger.control_plane import AuditRecord
 from pipeline_output.services.audit import DEFAULT_RETENTION, drop_stale_audit_branches
-from pipeline_output.services.incremental import committed_position
 from pipeline_output.stores.iceberg import IcebergStore
 from pipeline_output.stores.iceberg.maintenance.compaction import CompactionResult
 from pipeline_output.stores.iceberg.maintenance.compaction_plan import DEFAULT_MIN_INPUT_FILES
@@ -190,23 +188,9 @@ def _run(
             retain_last=options.retain_last,
             ledger=ledger,
             dry_run=options.dry_run,
-            keep=() if options.force else consumer_positions(store, spec),
+            force=options.force,
         )
     else:
         report.orphans = store.remove_orphans(
             spec, grace_s=options.grace_s, dry_run=options.dry_run
         )
-
-
-def consumer_positions(store: IcebergStore, spec: DatasetSpec) -> set[int]:
-    """The snapshots of `spec`'s table that incremental downstreams read their next changes
-    from (the ledger's `consumed_changes` on the control plane the store's lock is on; none
-    without one): expiry keeps them unless forced."""
-    lock = store.tables.advisory()
-    if not isinstance(lock, AdvisoryLock):
-        return set()
-    positions = Ledger(lock.url).consumed_log.positions_of(spec.name)
-    # a run killed between its commit and the ledger record consumed further: its downstream's
-    # snapshot says where (the next run records it and reads on from there)
-    committed = {committed_position(store, down, spec.name) for down in positions}
-    return set(positions.values()) | {p for p in committed if p is not None}

@@ -250,6 +250,9 @@ def test_a_window_run_reports_its_partition_row_count(env: str) -> None:
     assert meta["dagster/partition_row_count"] == 7
     assert meta["dagster/row_count"] == 7
     assert meta["windows_applied"] == 1
+    # its data version is the snapshot the window committed (an eager downstream follows it)
+    head = get_runtime().iceberg.load("events").current_snapshot()  # type: ignore[union-attr]
+    assert mat.tags["dagster/data_version"] == str(head.snapshot_id)  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("mode", ["iceberg", "pg"])
@@ -294,6 +297,15 @@ def test_a_dagster_partitioned_run_reports_each_partitions_row_count(env: str, m
     meta = mat_meta(one, "daily")
     assert (meta["dagster/partition_row_count"], meta["dagster/row_count"]) == (2, 5)
     _check_grouping(meta)
+    if mode == "iceberg":  # the data version: the snapshot the run left main at
+        versions = [
+            e.materialization.tags["dagster/data_version"]
+            for run in (both, one)
+            for e in run.get_asset_materialization_events()
+        ]
+        assert versions[:2] == [per_day[days[1]]["iceberg/snapshot_id"]] * 2
+        head = get_runtime().iceberg.load("daily").current_snapshot()  # type: ignore[union-attr]
+        assert versions[2] == str(head.snapshot_id)  # type: ignore[union-attr]
 
 
 def test_a_docstrings_columns_section_describes_columns() -> None:

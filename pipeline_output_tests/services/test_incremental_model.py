@@ -707,6 +707,36 @@ def test_a_forced_expiry_makes_the_next_run_a_full_refresh_that_says_why(runtime
     assert last.full_refresh
 
 
+def test_a_direct_expire_snapshots_call_keeps_a_consumers_position_unless_forced(
+    runtime: Any,
+) -> None:
+    """The public `expire_snapshots` (not only `maintain`) protects what a downstream reads next."""
+    from pipeline_output.maintenance import expire_snapshots
+
+    model = Model(runtime)
+    model.write("upsert_cow", [(1, "a", 1), (2, "b", 2)])
+    model.run(None)
+    model.write("upsert_cow", [(1, "a", 3)])
+    model.write("upsert_mor", [(3, "c", 3)])
+    position = model.orders.position
+    assert position is not None
+    expire = {"older_than": timedelta(0), "ledger": runtime.windows}
+    expire_snapshots(runtime.iceberg, model.up, **expire)
+    assert model._table(model.up).snapshot_by_id(position) is not None
+    runtime.iceberg.expire_snapshots(model.up, **expire)  # the store's method: the same
+    assert model._table(model.up).snapshot_by_id(position) is not None
+    model.run(None)  # checked against the oracle: reads on from its position
+    model.write("upsert_cow", [(2, "b", 5)])
+    position = model.orders.position
+    model.write("upsert_cow", [(4, "a", 1)])
+    expire_snapshots(runtime.iceberg, model.up, force=True, **expire)
+    assert model._table(model.up).snapshot_by_id(position) is None
+    model.orders.expired_position = True
+    model.run(None)  # checked: a full refresh that says why
+    last = runtime.ledger.consumed_log.last(model.orders.down.name, model.up.name)
+    assert last.full_refresh
+
+
 def test_an_expiry_keeps_the_position_a_killed_run_committed_before_the_ledger_record(
     runtime: Any,
 ) -> None:

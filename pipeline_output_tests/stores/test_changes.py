@@ -546,6 +546,40 @@ def test_the_change_files_property_and_a_consumer_decide_whether_an_upsert_recor
             read_changes(h.table("up"), from_snapshot=s1, primary_key=KEY, composed=True)
 
 
+def test_a_change_file_on_a_local_warehouse_is_one_uncompressed_row_group(h: Harness) -> None:
+    """Read through a memory map, an uncompressed change file is the cheapest to read cold, and
+    one row group reads back as one chunk per column."""
+    import pyarrow.parquet as pq
+
+    h = dataclasses.replace(h, change_consumers=lambda dataset: True)
+    spec = keyed("sync", "merge-on-read")
+    s1 = write(h, spec, customers(range(1, 101)))
+    s2 = write(h, spec, pl.concat([customers(range(3, 60), version=1), customers([500])]))
+    path = change_file(h, s2)
+    assert path is not None and path.startswith("file:")
+    meta = pq.ParquetFile(path.removeprefix("file://")).metadata
+    codecs = {
+        meta.row_group(g).column(c).compression
+        for g in range(meta.num_row_groups)
+        for c in range(meta.num_columns)
+    }
+    assert codecs == {"UNCOMPRESSED"} and meta.num_row_groups == 1
+    assert read_changes(h.table("up"), from_snapshot=s1, primary_key=KEY).frame.n_chunks() == 1
+    check(h.table("up"), s1, s2, KEY)
+
+
+def test_a_large_change_file_is_still_one_row_group(tmp_path: Any) -> None:
+    import pyarrow.parquet as pq
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    from pipeline_output.stores.iceberg.snapshot.commit import write_change_file
+
+    change = pl.DataFrame({"id": range(300_000)}).with_columns(pl.lit("insert").alias(CHANGE_TYPE))
+    write_change_file(PyArrowFileIO(), f"file://{tmp_path}/c.parquet", change)
+    assert pq.ParquetFile(tmp_path / "c.parquet").metadata.num_row_groups == 1
+    assert pl.read_parquet(tmp_path / "c.parquet").n_chunks() == 1
+
+
 def test_a_change_file_that_cannot_be_written_fails_the_write_and_commits_nothing(
     h: Any,
 ) -> None:

@@ -230,3 +230,29 @@ def test_planning_follows_a_partition_spec_evolution_and_time_travel(catalog: An
         for row_filter in (AlwaysTrue(), EqualTo("day", "2024-01-01"), EqualTo("id", 3)):
             ours = planned(table).scan(row_filter=row_filter, snapshot_id=snapshot)
             assert _plan(ours) == _plan(table.scan(row_filter=row_filter, snapshot_id=snapshot))
+
+
+def test_target_schema_maps_every_iceberg_type_as_its_arrow_schema_reads_back() -> None:
+    """The reads' polars schema: primitive columns mapped directly, any other schema through
+    Arrow — the same types either way (nested, uuid and fixed columns among them)."""
+    import pyiceberg.types as t
+
+    from pipeline_output.contract.checked_input import polars_schema
+    from pipeline_output.stores.iceberg.table.native_scan import target_schema
+
+    primitives: list[t.IcebergType] = [
+        *(t.BooleanType(), t.IntegerType(), t.LongType(), t.FloatType(), t.DoubleType()),
+        *(t.DateType(), t.TimeType(), t.TimestampType(), t.TimestamptzType()),
+        *(t.TimestampNanoType(), t.TimestamptzNanoType(), t.StringType(), t.BinaryType()),
+        *(t.DecimalType(10, 2), t.DecimalType(38, 0)),
+    ]
+    others: list[t.IcebergType] = [
+        *(t.UUIDType(), t.FixedType(3)),
+        t.ListType(100, t.LongType(), element_required=False),
+        t.StructType(t.NestedField(101, "x", t.StringType(), required=False)),
+    ]
+    for types in (primitives, [*primitives, *others]):
+        schema = Schema(
+            *[t.NestedField(i + 1, f"c{i}", f, required=i % 2 == 0) for i, f in enumerate(types)]
+        )
+        assert target_schema(schema) == polars_schema(schema.as_arrow())

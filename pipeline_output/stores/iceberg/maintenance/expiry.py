@@ -11,8 +11,10 @@ Owns which snapshots go and the cleanup after:
   to complete a window whose commit landed but whose ledger update did not; without a ledger,
   every snapshot carrying a marker. Repair looks along main's history from its head
   (`find_marker`), so main's history down to the oldest such snapshot is kept too (expiring one
-  in between would cut it). Also kept: the snapshots the caller names (`keep`: the upstream
-  snapshots incremental downstreams have not consumed past, `services/maintenance.py`). The
+  in between would cut it). Also kept, unless `force`: every snapshot an incremental
+  downstream reads its next changes from (`consumer_positions`: the `to` of its newest range in
+  the ledger's `consumed_changes`, or further when its own newest marked snapshot says a killed
+  run consumed further), like a consumer offset — and the snapshots the caller names (`keep`). The
   decision is taken under the dataset's window apply lock and the
   table's writer lock, so no window is being applied meanwhile;
 - the removal is one metadata commit (no new snapshot), fenced to the current snapshot; it also
@@ -48,9 +50,12 @@ from pipeline_output.contract.windows import WindowLog
 from pipeline_output.errors import DatasetNotWritten, InvalidArgument
 from pipeline_output.infra.collector import paused
 from pipeline_output.infra.locks import AdvisoryLock, LockStats
+from pipeline_output.ledger.control_plane import Ledger
 from pipeline_output.ledger.window_ledger import WindowLedger
 from pipeline_output.stores.iceberg.maintenance.orphans import ManifestReader, delete_paths
 from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction, upgrade_properties
+from pipeline_output.stores.iceberg.table.changes import CONSUMED_PREFIX, consumed_range
+from pipeline_output.stores.iceberg.table.reads import last_summary
 from pipeline_output.stores.iceberg.table.snapshot_log import TRAVEL_FROM, expiry_boundary, stamp
 from pipeline_output.stores.iceberg.table.tables import DEFAULT_LOCK, PROPERTY_PREFIX
 
@@ -174,17 +179,21 @@ def expire_snapshots(
     ledger: WindowLog | None = DEFAULT_LOCK,
     dry_run: bool = False,
     keep: Collection[int] = (),
+    force: bool = False,
 ) -> ExpiryResult:
     """Expire snapshots older than `older_than` (an age, or an instant) beyond the `retain_last`
     newest, keep what window repair needs (asking `ledger`: by default the window ledger on the
-    control plane the store's lock uses) and the snapshots `keep` names, and delete the files
-    only the expired snapshots referenced (module docstring). `dry_run`: decide and count,
-    change nothing.
+    control plane the store's lock uses), the snapshots incremental downstreams read their next
+    changes from (`consumer_positions`; `force` expires them too: their next run is a full
+    refresh) and the snapshots `keep` names, and delete the files only the expired snapshots
+    referenced (module docstring). `dry_run`: decide and count, change nothing.
     """
     if ledger is DEFAULT_LOCK:
         ledger = _default_ledger(store)
     if retain_last < 1:
         raise InvalidArgument("expire_snapshots: retain_last must be at least 1")
+    if not force:
+        keep = {*keep, *consumer_positions(store, spec)}
     started = time.perf_counter()
     cutoff = datetime.now(UTC) - older_than if isinstance(older_than, timedelta) else older_than
     if cutoff.tzinfo is None:
@@ -298,6 +307,27 @@ def _commit(table: Table, plan: ExpiryPlan, verify: Callable[[], None]) -> Table
 def _apply_lock(ledger: WindowLog | None, spec: DatasetSpec) -> AbstractContextManager[Any]:
     """The dataset's window apply lock (no window is applied while expiry decides)."""
     return ledger.apply_lock(spec.name) if ledger is not None else nullcontext()
+
+
+def consumer_positions(store: HasTables, spec: DatasetSpec) -> set[int]:
+    """The snapshots of `spec`'s table incremental downstreams read their next changes from:
+    per downstream the `to` of its newest range in the ledger's `consumed_changes` (on the
+    control plane the store's lock is on; none without one), and the `to` its own newest marked
+    snapshot names when a run was killed between that commit and the ledger record (its next
+    run records it and reads on from there)."""
+    lock = store.tables.advisory()
+    if not isinstance(lock, AdvisoryLock):
+        return set()
+    try:
+        positions = Ledger(lock.url).consumed_log.positions_of(spec.name)
+    except psycopg.errors.UndefinedTable:  # a control plane without the consumers' table
+        return set()
+    kept = set(positions.values())
+    for downstream in positions:
+        found = last_summary(store.tables, downstream, CONSUMED_PREFIX + spec.name)
+        if found is not None:
+            kept.add(consumed_range(found[1])[1])
+    return kept
 
 
 def _default_ledger(store: HasTables) -> WindowLog | None:

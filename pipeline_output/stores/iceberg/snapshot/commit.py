@@ -377,9 +377,20 @@ def commit(request: CommitRequest) -> Table:
 
 
 def write_change_file(io: FileIO, path: str, change: pl.DataFrame) -> None:
-    """Write a snapshot's change rows to `path` (one small Parquet file, lz4)."""
+    """Write a snapshot's change rows to `path`: one small Parquet file, read whole, so without
+    statistics and in one row group — read back as one chunk per column, which the downstream's
+    first group-by or join would otherwise rechunk (~6 ms of a 150,000-row group-by's 23) —,
+    uncompressed on a local filesystem — read through a memory map, decompressing costs more than
+    the extra bytes (a fresh process's read of 150,000 rows: ~4 ms CPU less of ~20) — and lz4 on
+    an object store, where the bytes cost more (benchmarks/README.md, "The change feed")."""
+    local = path.startswith(("file:", "/"))
     buffer = io_module.BytesIO()
-    change.write_parquet(buffer, compression="lz4", statistics=False)  # read fast (cold too)
+    change.write_parquet(
+        buffer,
+        compression="uncompressed" if local else "lz4",
+        statistics=False,
+        row_group_size=max(change.height, 1),
+    )
     with io.new_output(path).create(overwrite=True) as out:
         out.write(buffer.getvalue())
 

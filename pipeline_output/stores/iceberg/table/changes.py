@@ -84,6 +84,11 @@ UPDATE_BEFORE = "update_before"
 UPDATE_AFTER = "update_after"
 CHANGE_TYPES = (INSERT, DELETE, UPDATE_BEFORE, UPDATE_AFTER)
 
+# a downstream snapshot's summary property (without `pipeline-output.`) + the upstream's name:
+# the range of the upstream's changes it consumed, `<from>:<to>` (from empty: none), then `:full`
+# for a full refresh (`services/incremental.py` writes it; expiry keeps what it names)
+CONSUMED_PREFIX = "changes."
+
 _POS = "__po_pos__"
 _PATH = "__po_path__"
 _AFTER = "__po_after__"
@@ -146,6 +151,12 @@ def read_changes(
     before, after = _sides(table, start, end, target=target)
     netted = _net_by_key(before, after, pk) if pk else _net_as_multisets(before, after)
     return _change_set(netted, target, from_snapshot, end)
+
+
+def consumed_range(value: str) -> tuple[int | None, int, bool]:
+    """(from, to, full refresh) of a consumed-range summary value (`CONSUMED_PREFIX`)."""
+    low, high, *rest = value.split(":")
+    return (int(low) if low else None), int(high), rest == ["full"]
 
 
 def _snapshot(table: Table, snapshot_id: int | None, *, name: str) -> Snapshot | None:
@@ -228,7 +239,8 @@ def _recorded(table: Table, snap: Snapshot, target: pl.Schema) -> pl.DataFrame:
             frame = pl.read_parquet(change_file, storage_options=storage(table) or None)
     else:
         frame = _added(table, snap).with_columns(pl.lit(INSERT).alias(CHANGE_TYPE)).collect()
-    return typed(frame, target).select(*target, CHANGE_TYPE)
+    frame, wanted = typed(frame, target), [*target, CHANGE_TYPE]
+    return frame if frame.columns == wanted else frame.select(wanted)
 
 
 def _added(table: Table, snapshot: Snapshot) -> pl.LazyFrame:
