@@ -5,15 +5,15 @@ An audited run's IO manager stages the dataset's native write on the branch `aud
 records which blocking checks are planned in the run for that dataset (its *gating* checks). Then:
 
 - every step of the run that can complete the audit — the dataset's own step and each check on it
-  — carries a success hook and a failure hook (attached by `build_definitions`, so UI launches,
-  sensors and `pipeline-output materialize` alike run them, whatever the executor);
-- a success hook publishes (`audit.publish_audit`) once every gating check has a passing
+  — carries one audit hook, run when the step succeeds or fails (attached by `build_definitions`,
+  so UI launches, sensors and `pipeline-output materialize` alike run it, whatever the executor);
+- after a success the hook publishes (`audit.publish_audit`) once every gating check has a passing
   evaluation in the run's event log: with no gating check, right after the dataset's step; with
   several running in parallel, the last one to finish publishes (publishing is idempotent, and
   serialized by the table lock);
-- a failure hook — a blocking check that failed with ERROR severity (Dagster fails its step) or
-  raised, or the dataset's step failing after staging a window — fails the audit: main is not
-  moved, the branch is kept for `pipeline-output audit show`;
+- after a failure — a blocking check that failed with ERROR severity (Dagster fails its step) or
+  raised, or the dataset's step failing after staging a window — it fails the audit: main is
+  not moved, the branch is kept for `pipeline-output audit show`;
 - the IO manager's `load_input` of an audited dataset in its run reads the audited snapshot (the
   user's checks read the branch) and, for a downstream asset (whose blocking checks have all
   passed), publishes first — so a publish that cannot happen (main moved meanwhile) fails the
@@ -26,7 +26,7 @@ every audit of its runs and fails when one did not publish.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import dagster as dg
@@ -181,10 +181,13 @@ def audit_hooks(
     name: str,
     checks: Mapping[dg.AssetKey, str] | None = None,
 ) -> set[dg.HookDefinition]:
-    """The success and failure hooks of one step: the dataset step of `specs` (one entry), or a
-    check step (`checks`: the check's name per dataset it checks)."""
+    """The audit hook of one step: the dataset step of `specs` (one entry), or a check step
+    (`checks`: the check's name per dataset it checks). One hook for both outcomes — it publishes
+    when the step succeeded and fails the audit when it failed — so a step records one hook event,
+    not a completed and a skipped one (each is a Dagster event written to the run's log; issue 44).
+    """
+    hook_name = f"po_audit__{name}"
 
-    @dg.success_hook(name=f"po_audit_publish__{name}", required_resource_keys={RESOURCE_KEY})
     def _publish(context: dg.HookContext) -> None:
         for key, spec in specs.items():
             try:
@@ -203,12 +206,27 @@ def audit_hooks(
                 )
                 raise
 
-    @dg.failure_hook(name=f"po_audit_fail__{name}", required_resource_keys={RESOURCE_KEY})
     def _fail(context: dg.HookContext) -> None:
         for key, spec in specs.items():
             _fail_on_step_failure(context, spec, (checks or {}).get(key))
 
-    return {_publish, _fail}
+    def _on_step_end(
+        context: dg.HookContext, events: Sequence[dg.DagsterEvent]
+    ) -> dg.HookExecutionResult:
+        # what `dg.success_hook` and `dg.failure_hook` test, in one hook
+        if any(event.is_step_success for event in events):
+            _publish(context)
+        elif any(event.is_step_failure for event in events):
+            _fail(context)
+        else:
+            return dg.HookExecutionResult(hook_name=hook_name, is_skipped=True)
+        return dg.HookExecutionResult(hook_name=hook_name, is_skipped=False)
+
+    return {
+        dg.HookDefinition(
+            name=hook_name, hook_fn=_on_step_end, required_resource_keys={RESOURCE_KEY}
+        )
+    }
 
 
 def with_audit_hooks(
