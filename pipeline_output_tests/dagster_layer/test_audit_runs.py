@@ -213,3 +213,6 @@ def test_an_audited_run_without_blocking_checks_publishes_when_its_step_ends(run
     audit = get_runtime().ledger.audit_log.audit("items", run.run_id)
     assert run.success and audit.gating_checks == [] and audit.state == "published"
     assert_same_multiset(get_runtime().iceberg.read("items"), customers(range(1, 4)))
+    # one hook for success and failure: the step records one hook event, not a skipped one too
+    hooks = [e.event_type for e in run.all_events if e.event_type_value.startswith("HOOK_")]
+    assert hooks == [dg.DagsterEventType.HOOK_COMPLETED]
