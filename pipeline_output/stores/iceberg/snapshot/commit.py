@@ -374,25 +374,6 @@ def commit(request: CommitRequest) -> Table:
         ) from exc
 
 
-def write_files(
-    writer: DataFileWriter,
-    frames: Sequence[pl.DataFrame],
-    deletes: DeleteFileWriter,
-    positional: Sequence[tuple[DataFile, pl.Series]],
-) -> tuple[list[DataFile], list[DataFile]]:
-    """The `frames` written as data files and the `positional` deletes as delete files: both at
-    once when a commit has both (an upsert's new rows and its merge-on-read deletes — on an object
-    store two uploads in parallel, not one after the other). Returns only when both are done, so a
-    failure of either leaves every written path in the writers' `written` lists for cleanup."""
-    if not frames or not positional:
-        added = [data_file for frame in frames for data_file in writer.write(frame)]
-        return added, deletes.write_many(positional)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        removing = pool.submit(deletes.write_many, positional)
-        added = [data_file for frame in frames for data_file in writer.write(frame)]
-    return added, removing.result()
-
-
 def write_change_file(io: FileIO, path: str, change: pl.DataFrame) -> None:
     """Write a snapshot's change rows to `path` (one small Parquet file, lz4)."""
     buffer = io_module.BytesIO()
@@ -430,6 +411,25 @@ def stream_batches(
         rows += batch.height
         batch = next(rest, None)
     return rows
+
+
+def write_files(
+    writer: DataFileWriter,
+    frames: Sequence[pl.DataFrame],
+    deletes: DeleteFileWriter,
+    positional: Sequence[tuple[DataFile, pl.Series]],
+) -> tuple[list[DataFile], list[DataFile]]:
+    """The `frames` written as data files and the `positional` deletes as delete files: both at
+    once when a commit has both (an upsert's new rows and its merge-on-read deletes — on an object
+    store two uploads in parallel, not one after the other). Returns only when both are done, so a
+    failure of either leaves every written path in the writers' `written` lists for cleanup."""
+    if not frames or not positional:
+        added = [data_file for frame in frames for data_file in writer.write(frame)]
+        return added, deletes.write_many(positional)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        removing = pool.submit(deletes.write_many, positional)
+        added = [data_file for frame in frames for data_file in writer.write(frame)]
+    return added, removing.result()
 
 
 def delete_quietly(file_io: FileIO, path: str) -> None:
