@@ -12,17 +12,23 @@ import dataclasses
 import json
 import subprocess
 import sys
+import threading
+import uuid
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import DataFileContent, ManifestContent
 
 from pipeline_output import DatasetSpec
 from pipeline_output.errors import UnsupportedWrite
 from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output.services.reads import scan_table
+from pipeline_output.stores.iceberg.snapshot.commit import write_files
+from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter, DeleteFileWriter
 from pipeline_output_tests.iceberg_harness import (
     NS,
     WINDOW,
@@ -293,3 +299,41 @@ def test_parity_holds_between_the_legacy_arm_and_a_table_carrying_delete_files(
     report = compare(spec, legacy.read(spec), h.store().read(spec))
     assert report.passed, report.summary()
     assert report.iceberg_count == report.pg_count == redeploy_rows().height
+
+
+class _DataAfterDeletesFileIO(PyArrowFileIO):
+    """Opens a new data file only once a delete file has been opened (else fails after 10 s):
+    proof that a commit's data and delete files are uploaded at the same time."""
+
+    def __init__(self, properties: dict[str, str]) -> None:
+        super().__init__(properties)
+        self.delete_opened = threading.Event()
+
+    def new_output(self, location: str) -> Any:
+        if location.endswith("-deletes.parquet"):
+            self.delete_opened.set()
+        elif not self.delete_opened.wait(10):
+            raise TimeoutError("the data file was written before its commit's delete file began")
+        return super().new_output(location)
+
+
+def test_a_commit_uploads_its_data_files_and_delete_files_at_the_same_time(tmp_path: Any) -> None:
+    catalog = SqlCatalog(
+        "t", uri=f"sqlite:///{tmp_path / 'c.db'}", warehouse=f"file://{tmp_path / 'w'}"
+    )
+    catalog.create_namespace("ns")
+    table = catalog.create_table("ns.t", schema=pa.schema([pa.field("id", pa.int64())]))
+    frame = pl.DataFrame({"id": [1, 2, 3]})
+    (target,) = DataFileWriter(table.metadata, table.io, write_id=uuid.uuid4()).write(frame)
+    io = _DataAfterDeletesFileIO(dict(table.io.properties))
+    write_id = uuid.uuid4()
+    data = DataFileWriter(table.metadata, io, write_id=write_id)
+    deletes = DeleteFileWriter(table.metadata, io, write_id=write_id)
+    added, removing = write_files(
+        data, [pl.DataFrame({"id": [4]})], deletes, [(target, pl.Series("pos", [0, 2]))]
+    )
+    assert [f.record_count for f in added] == [1]
+    assert [(f.content, f.record_count) for f in removing] == [
+        (DataFileContent.POSITION_DELETES, 2)
+    ]
+    assert io.delete_opened.is_set()

@@ -334,11 +334,9 @@ def commit(request: CommitRequest) -> Table:
     writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)
     deletes = DeleteFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)
     try:
-        for frame in frames:
-            for data_file in writer.write(frame):
-                producer.append_data_file(data_file)
-        for delete_file in deletes.write_many(positional):
-            producer.append_data_file(delete_file)
+        added, removing = write_files(writer, frames, deletes, positional)
+        for data_file in [*added, *removing]:
+            producer.append_data_file(data_file)
     except BaseException:
         for path in [*writer.written, *deletes.written, *change_written]:
             delete_quietly(tx._table.io, path)
@@ -424,6 +422,25 @@ def stream_batches(
         rows += batch.height
         batch = next(rest, None)
     return rows
+
+
+def write_files(
+    writer: DataFileWriter,
+    frames: Sequence[pl.DataFrame],
+    deletes: DeleteFileWriter,
+    positional: Sequence[tuple[DataFile, pl.Series]],
+) -> tuple[list[DataFile], list[DataFile]]:
+    """The `frames` written as data files and the `positional` deletes as delete files: both at
+    once when a commit has both (an upsert's new rows and its merge-on-read deletes — on an object
+    store two uploads in parallel, not one after the other). Returns only when both are done, so a
+    failure of either leaves every written path in the writers' `written` lists for cleanup."""
+    if not frames or not positional:
+        added = [data_file for frame in frames for data_file in writer.write(frame)]
+        return added, deletes.write_many(positional)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        removing = pool.submit(deletes.write_many, positional)
+        added = [data_file for frame in frames for data_file in writer.write(frame)]
+    return added, removing.result()
 
 
 def delete_quietly(file_io: FileIO, path: str) -> None:
