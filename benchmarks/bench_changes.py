@@ -33,7 +33,8 @@ lookup and metadata file, delta-rs's `DeltaTable(path)` log replay):
 - `agg_full`: the per-group aggregate (`g = id // 10`: sum of `v_float`, row count) recomputed
   over the whole table at `after` (the project's read, then a polars group-by).
 - `agg_incr_cow` / `agg_incr_mor`: the same aggregate brought up to date from the change set:
-  `read_changes`, the changed groups' signed sums from its rows, a keyed lookup of those groups'
+  `read_changes` of the two columns it aggregates (`columns=["id", "v_float"]`, as `agg_full`
+  reads only those), the changed groups' signed sums from its rows, a keyed lookup of those groups'
   previous aggregate rows in the downstream (an Iceberg table of the aggregate at `before`, read
   lazily as a compute's input is, `Publisher.scan`'s Iceberg read, with the groups pushed down),
   the new rows for them.
@@ -295,6 +296,7 @@ def _agg_incremental(cfg: dict[str, Any], name: str) -> Any:
             from_snapshot=cfg[f"{name}_from"],
             to_snapshot=cfg[f"{name}_to"],
             primary_key=["id"],
+            columns=["id", "v_float"],  # what it aggregates, as agg_full reads only those
         ).frame
         sign = pl.when(pl.col(CHANGE_TYPE).is_in(["insert", "update_after"])).then(1).otherwise(-1)
         delta = changes.group_by(g=pl.col("id") // 10).agg(

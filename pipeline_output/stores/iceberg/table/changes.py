@@ -101,7 +101,8 @@ _ORDER_OF = {DELETE: 0, UPDATE_BEFORE: 1, UPDATE_AFTER: 2, INSERT: 3}
 class ChangeSet:
     """The net change of a table between two snapshots.
 
-    `frame`: the table's columns (its schema as of `to_snapshot`) and the three change columns;
+    `frame`: the table's columns (its schema as of `to_snapshot`; the asked ones, in their order,
+    when `read_changes` was given `columns`) and the three change columns;
     `from_snapshot`: exclusive, None for the empty table (every live row an insert);
     `to_snapshot`: inclusive, None only when the table has no snapshot;
     `counts`: rows per change type (every type, zeros included)."""
@@ -120,12 +121,16 @@ def read_changes(
     primary_key: Sequence[str] = (),
     branch: str = "main",
     composed: bool | None = None,
+    columns: Sequence[str] | None = None,
 ) -> ChangeSet:
     """The net change of `table` from `from_snapshot` (exclusive; None: from the empty table) to
     `to_snapshot` (inclusive; default: `branch`'s head). A snapshot no longer in the table's
     metadata (expired): `ChangesExpired`, naming the table and the snapshot. `composed` (tests,
     benchmarks): None composes the range's change files when it can, else diffs manifests; True
-    only composes (`ChangesUnsupported` when it cannot); False only diffs."""
+    only composes (`ChangesUnsupported` when it cannot); False only diffs. `columns`: only these
+    of the table's columns in each change row (as delta-rs `load_cdf(columns=...)`); which rows
+    are changes is still decided on every column — a projection of the change, read from the
+    change file alone when one write recorded it."""
     name = ".".join(table.name())
     to_id = to_snapshot if to_snapshot is not None else head(table, branch)
     if to_id is None and table.metadata.snapshots:
@@ -140,17 +145,26 @@ def read_changes(
             f"table {name!r}: primary key column(s) {missing} are not in its schema "
             f"(columns: {list(target)})"
         )
+    shown = target
+    if columns is not None:
+        unknown = [c for c in columns if c not in target]
+        if unknown:
+            raise ChangesUnsupported(
+                f"table {name!r}: column(s) {unknown} asked of its changes are not in its schema "
+                f"(columns: {list(target)})"
+            )
+        shown = pl.Schema({c: target[c] for c in columns})
     if end is None or from_snapshot == to_id or _only_rewrites(table, start, end):
-        return _change_set(_empty(target), target, from_snapshot, end)
+        return _change_set(_empty(shown), shown, from_snapshot, end)
     if pk and composed is not False:
-        found = _composed(table, start, end, target=target, pk=pk)
+        found = _composed(table, start, end, target=target, pk=pk, shown=shown)
         if found is not None:
-            return _change_set(found, target, from_snapshot, end)
+            return _change_set(found, shown, from_snapshot, end)
         if composed:
             raise ChangesUnsupported(f"table {name!r}: the range has no change files to compose")
     before, after = _sides(table, start, end, target=target)
     netted = _net_by_key(before, after, pk) if pk else _net_as_multisets(before, after)
-    return _change_set(netted, target, from_snapshot, end)
+    return _change_set(netted, shown, from_snapshot, end)
 
 
 def consumed_range(value: str) -> tuple[int | None, int, bool]:
@@ -172,7 +186,13 @@ def _snapshot(table: Table, snapshot_id: int | None, *, name: str) -> Snapshot |
 
 
 def _composed(
-    table: Table, start: Snapshot | None, end: Snapshot, *, target: pl.Schema, pk: list[str]
+    table: Table,
+    start: Snapshot | None,
+    end: Snapshot,
+    *,
+    target: pl.Schema,
+    pk: list[str],
+    shown: pl.Schema,
 ) -> pl.DataFrame | None:
     """The net change from `start` to `end` composed from the change each snapshot on the way
     recorded at write time (`commit.CHANGE_FILE`, `commit.CHANGE_ADDED`), reading only those;
@@ -180,7 +200,8 @@ def _composed(
     from `start`, a snapshot on the way carries no change of its own (another writer, a replace
     write, a rollback's cherry-pick...), a schema differs from `end`'s, or a change file cannot be
     read, or `start` is None. Per key: the first change's before and the last change's after, netted as the manifest
-    diff nets (`_net_by_key`)."""
+    diff nets (`_net_by_key`). One write's change is net already: only the `shown` columns of its
+    file are read."""
     if start is None:  # every live row: reading the live files is that already (and expiry
         return None  # may have dropped the first snapshots, leaving a root that is not one)
     path: list[Snapshot] = []
@@ -203,9 +224,10 @@ def _composed(
         parts.append((seq, snap))
     if not parts:
         return _empty(target)
+    only = shown if len(parts) == 1 else target
     try:
         with quiet():
-            recorded = [(seq, _recorded(table, snap, target)) for seq, snap in parts]
+            recorded = [(seq, _recorded(table, snap, only)) for seq, snap in parts]
     except (OSError, pl.exceptions.PolarsError):
         return None  # a change file gone or unreadable: the manifest diff instead
     cols = list(target)
@@ -230,16 +252,25 @@ def _composed(
 
 
 def _recorded(table: Table, snap: Snapshot, target: pl.Schema) -> pl.DataFrame:
-    """The change `snap` recorded at write time: its change file, or its added files' rows."""
+    """The change `snap` recorded at write time, `target`'s columns of it: its change file, or its
+    added files' rows."""
     change_file = snap.summary.get(CHANGE_FILE) if snap.summary is not None else None
+    wanted = [*target, CHANGE_TYPE]
     if change_file:
         if change_file.startswith("file://"):  # polars' local reader: no object store to set up
-            frame = pl.read_parquet(change_file.removeprefix("file://"))
+            frame = pl.read_parquet(change_file.removeprefix("file://"), columns=wanted)
         else:
-            frame = pl.read_parquet(change_file, storage_options=storage(table) or None)
+            frame = pl.read_parquet(
+                change_file, columns=wanted, storage_options=storage(table) or None
+            )
     else:
-        frame = _added(table, snap).with_columns(pl.lit(INSERT).alias(CHANGE_TYPE)).collect()
-    frame, wanted = typed(frame, target), [*target, CHANGE_TYPE]
+        frame = (
+            _added(table, snap)
+            .with_columns(pl.lit(INSERT).alias(CHANGE_TYPE))
+            .select(wanted)
+            .collect()
+        )
+    frame = typed(frame, target)
     return frame if frame.columns == wanted else frame.select(wanted)
 
 
