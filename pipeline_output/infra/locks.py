@@ -31,6 +31,7 @@ import psycopg
 
 from pipeline_output.errors import LockLost, LockUnavailable
 from pipeline_output.infra import pgsession
+from pipeline_output.infra.settings import mask_url, one_line
 
 # -- every lock the project takes, by name (its Postgres advisory key is `lock_key(name)`) ---------
 
@@ -178,7 +179,7 @@ class AdvisoryLock:
         except psycopg.Error as exc:
             raise LockUnavailable(
                 f"cannot reach the control-plane Postgres for the lock on {name}: "
-                f"{type(exc).__name__}"
+                f"{type(exc).__name__}: {one_line(exc).replace(self.url, mask_url(self.url))}"
             ) from exc
         with lease as conn:
             yield conn

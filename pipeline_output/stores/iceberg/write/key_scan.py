@@ -178,7 +178,8 @@ class ObjectFiles:
     `WHOLE_BUDGET_BYTES` of them: every pass over it (keys, the compared columns, a rewrite) then
     reads memory — one GET instead of one a column and row group. A larger one has its Parquet
     footer fetched once per write and only the columns a pass asks for fetched; on pyarrow's
-    FileIO it is opened at the size its manifest records (no HEAD request before its GETs)."""
+    FileIO it is opened at the size its manifest records (pyarrow 26 still sends a HEAD when it
+    opens it: benchmarks/README.md, the REST catalog section)."""
 
     def __init__(self, io: FileIO) -> None:
         self.io = io
