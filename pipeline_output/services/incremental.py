@@ -152,7 +152,8 @@ class ConsumeRequest:
     """One run of the incremental downstream `spec` over `upstream`'s changes: `compute` maps a
     `Changes` to the downstream rows (a frame; `DELETED` rows delete keys), written in `mode`
     by run `run_id`. `upstream_mode`: the upstream's resolved mode (its Iceberg arm serves the
-    changes; `pg` is refused)."""
+    changes; `pg` is refused). `columns`: only these upstream columns in the change rows
+    (`read_changes(columns=...)`; None: all)."""
 
     spec: DatasetSpec
     upstream: DatasetSpec
@@ -160,6 +161,7 @@ class ConsumeRequest:
     mode: ResolvedMode
     upstream_mode: ResolvedMode
     run_id: str | None = None
+    columns: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -229,17 +231,31 @@ def _check_upstream_arm(spec: DatasetSpec, upstream: DatasetSpec, mode: Resolved
         )
 
 
-def read_since(table: Any, upstream: DatasetSpec, since: int | None, to: int | None) -> Changes:
-    """The changes of `upstream` from `since` to `to`, or a full refresh saying why."""
+def read_since(
+    table: Any,
+    upstream: DatasetSpec,
+    since: int | None,
+    to: int | None,
+    *,
+    columns: tuple[str, ...] | None = None,
+) -> Changes:
+    """The changes of `upstream` from `since` to `to` (`columns` of its rows: None, all), or a
+    full refresh saying why."""
     pk = upstream.primary_key
     if since is None:
-        got = read_changes(table, from_snapshot=None, to_snapshot=to, primary_key=pk)
+        got = read_changes(
+            table, from_snapshot=None, to_snapshot=to, primary_key=pk, columns=columns
+        )
         reason = "first run: every upstream row is an insert"
         return _changes(got, upstream.name, full_refresh=True, reason=reason)
     try:
-        got = read_changes(table, from_snapshot=since, to_snapshot=to, primary_key=pk)
+        got = read_changes(
+            table, from_snapshot=since, to_snapshot=to, primary_key=pk, columns=columns
+        )
     except ChangesExpired:
-        got = read_changes(table, from_snapshot=None, to_snapshot=to, primary_key=pk)
+        got = read_changes(
+            table, from_snapshot=None, to_snapshot=to, primary_key=pk, columns=columns
+        )
         reason = (
             f"the snapshot last consumed ({since}) was expired (a forced expiry, or one before "
             "a killed first run was recorded): the whole upstream is read again and the "
@@ -328,7 +344,7 @@ def consume_changes(
             quiet = Changes(pl.DataFrame(), up.name, since, since)
             return ConsumeOutcome("noop", quiet, repaired=repaired)
         changes = replace(
-            read_since(table, up, since, to),
+            read_since(table, up, since, to, columns=request.columns),
             current=scan_iceberg_dataset(publisher.iceberg, up, as_of=to),
         )
         computed = to_polars(spec, request.compute(changes))

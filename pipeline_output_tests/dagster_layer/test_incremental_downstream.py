@@ -26,12 +26,12 @@ ORDERS: dict[str, pl.DataFrame] = {}
 SEEN: list[Changes] = []
 
 
-def _defs(upstream_mode: str = "iceberg") -> dg.Definitions:
+def _defs(upstream_mode: str = "iceberg", ins: dict[str, Any] | None = None) -> dg.Definitions:
     @dataset(primary_key="order_id", mode=upstream_mode)  # type: ignore[arg-type]
     def orders() -> pl.DataFrame:
         return ORDERS["now"]
 
-    @dataset(primary_key="customer", strategy="sync", mode="iceberg")
+    @dataset(primary_key="customer", strategy="sync", mode="iceberg", ins=ins)
     def customer_totals(orders: Changes) -> pl.DataFrame:
         SEEN.append(orders)
         assert orders.current is not None
@@ -210,6 +210,38 @@ def test_an_upstream_records_change_files_once_a_downstream_consumed_it_not_befo
         second = run_assets(defs, instance, ["customer_totals"])
         assert mat_meta(second, "customer_totals")["pipeline_output/changes_insert"] == 1
     assert_same_multiset(_stored("customer_totals"), _recompute(_stored("orders")))
+
+
+def test_a_changes_input_reads_only_the_columns_its_metadata_asks_for(env: str) -> None:
+    SEEN.clear()
+    asked = dg.AssetIn(metadata={"columns": ["customer", "amount"]})
+    defs = _defs(ins={"orders": asked})
+    projected = ["customer", "amount", "_change_type", "_change_snapshot_id", "_change_commit_time"]
+    with dg.DagsterInstance.ephemeral() as instance:
+        ORDERS["now"] = _orders([(1, "ann", 10), (2, "bob", 5), (3, "bob", 7)])
+        run_assets(defs, instance, ["orders", "customer_totals"])  # a full refresh
+        ORDERS["now"] = _orders([(1, "ann", 11), (2, "bob", 5), (4, "carl", 3)])
+        run_assets(defs, instance, ["orders", "customer_totals"])  # ann updated, carl added
+    assert [seen.frame.columns for seen in SEEN] == [projected, projected]
+    assert SEEN[-1].counts["update_after"] == 1 and SEEN[-1].counts["insert"] == 1
+    assert_same_multiset(_stored("customer_totals"), _recompute(_stored("orders")))
+
+
+def test_changes_input_columns_that_are_not_a_list_of_names_are_refused_at_load() -> None:
+    with pytest.raises(InvalidSpec, match=r"'customer_totals'.*input 'orders'.*columns='customer'"):
+        _defs(ins={"orders": dg.AssetIn(metadata={"columns": "customer"})})
+
+
+def test_changes_input_columns_the_upstream_lacks_fail_the_run_and_write_nothing(env: str) -> None:
+    defs = _defs(ins={"orders": dg.AssetIn(metadata={"columns": ["customer", "nope"]})})
+    with dg.DagsterInstance.ephemeral() as instance:
+        ORDERS["now"] = _orders([(1, "ann", 10)])
+        result = run_assets(defs, instance, ["orders", "customer_totals"], raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert "['nope']" in str(failure.step_failure_data.error)
+    assert get_runtime().iceberg.load("customer_totals") is None
+    assert get_runtime().ledger.consumed_log.last("customer_totals", "orders") is None
 
 
 def test_an_upstream_on_the_legacy_arm_is_refused_when_the_location_loads(env: str) -> None:
