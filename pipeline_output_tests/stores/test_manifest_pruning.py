@@ -230,3 +230,40 @@ def test_a_process_reads_each_manifest_once_across_its_writes(
     assert set(reads) == now - every and reads  # only what the commit wrote
     assert_same_multiset(store.read(spec), expected)
     assert_same_multiset(pl.from_arrow(table.scan().to_arrow()), expected)  # type: ignore[arg-type]
+
+
+def test_the_manifests_a_process_keeps_stay_within_their_byte_budget(
+    store: IcebergStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept manifests are bounded by their Avro bytes, whatever their entries' width: the least
+    recently read go first, and one over a quarter of the budget is never kept."""
+    _clustered_table(store, "clustered_budget")
+    table = store.load(DatasetSpec(name="clustered_budget", primary_key=("region", "id")))
+    assert table is not None
+    every = read_index(table).manifests
+    sizes = [m.manifest_length for m in every]
+    reads: list[str] = []
+    read = manifests.read_manifest
+
+    def counted(manifest: ManifestFile, io: Any) -> Any:
+        reads.append(manifest.manifest_path)
+        return read(manifest, io)
+
+    monkeypatch.setattr(manifests, "read_manifest", counted)
+    kept = manifests.ReadManifests(max_bytes=4 * max(sizes))  # none over a quarter
+    for manifest in every:
+        kept.read(manifest, table.io)
+    fits = 0  # the newest manifests whose bytes fit the budget together
+    while fits < len(every) and sum(sizes[len(every) - fits - 1 :]) <= kept.max_bytes:
+        fits += 1
+    assert 4 <= fits < len(every)  # some kept, some dropped
+    assert kept.kept_bytes == sum(sizes[len(every) - fits :]) <= kept.max_bytes
+    reads.clear()
+    for manifest in every[len(every) - fits :]:
+        kept.read(manifest, table.io)  # kept: not read again
+    assert reads == []
+    kept.read(every[0], table.io)  # the least recently read was dropped: read again
+    assert reads == [every[0].manifest_path]
+    small = manifests.ReadManifests(max_bytes=4 * max(sizes) - 4)  # the largest: over a quarter
+    small.read(every[sizes.index(max(sizes))], table.io)
+    assert small.kept_bytes == 0
