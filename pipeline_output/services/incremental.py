@@ -26,6 +26,11 @@ lock:
 4. **Record.** The ledger records the range and the downstream snapshot. A write that changed
    nothing commits no snapshot: the range is recorded in the ledger alone.
 
+Before step 2 reads, the ledger notes the range being read (`ConsumedLog.reading`; cleared by
+the record): expiry keeps its `to` meanwhile, so a run that commits after an expiry, or is killed
+between its commit and its record — a first run too, which no recorded range names yet — finds
+its `to` on its next run.
+
 A compute that raises writes and records nothing: the next run reads the same range again.
 Pure core: no Dagster.
 """
@@ -257,9 +262,8 @@ def read_since(
             table, from_snapshot=None, to_snapshot=to, primary_key=pk, columns=columns
         )
         reason = (
-            f"the snapshot last consumed ({since}) was expired (a forced expiry, or one before "
-            "a killed first run was recorded): the whole upstream is read again and the "
-            "downstream replaced"
+            f"the snapshot last consumed ({since}) was expired (a forced expiry): the whole "
+            "upstream is read again and the downstream replaced"
         )
         return _changes(got, upstream.name, full_refresh=True, reason=reason, since=since)
     return _changes(got, upstream.name)
@@ -343,6 +347,8 @@ def consume_changes(
         if to is None or (since is not None and since == to):
             quiet = Changes(pl.DataFrame(), up.name, since, since)
             return ConsumeOutcome("noop", quiet, repaired=repaired)
+        # expiry keeps `to` from now until the range is recorded (even if this run is killed)
+        ledger.consumed_log.reading(spec.name, up.name, to_snapshot=to, run_id=request.run_id)
         changes = replace(
             read_since(table, up, since, to, columns=request.columns),
             current=scan_iceberg_dataset(publisher.iceberg, up, as_of=to),

@@ -150,6 +150,56 @@ def test_a_run_killed_after_its_commit_is_repaired_not_consumed_twice(
     assert_same_multiset(_stored("customer_totals"), _recompute(_stored("orders")))
 
 
+def test_a_first_run_killed_after_its_commit_keeps_its_range_through_an_expiry(
+    env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger knows nothing of a first run killed between its commit and its record, but the
+    range it noted before reading keeps its `to` through an expiry: the next run repairs the
+    record and reads on from there — not the whole upstream again."""
+    from datetime import timedelta
+
+    from pipeline_output.services import incremental
+    from pipeline_output.services.maintenance import MaintenanceOptions, maintain
+
+    defs = _defs()
+    runtime = get_runtime()
+    real = incremental.consume_changes
+
+    def killed(request: Any, **kw: Any) -> Any:
+        def boom() -> None:
+            raise KeyboardInterrupt("killed between the commit and the ledger record")
+
+        return real(request, **{**kw, "on_written": boom})
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        ORDERS["now"] = _orders([(1, "ann", 10), (2, "bob", 5)])
+        run_assets(defs, instance, ["orders"])
+        first_to = runtime.iceberg.load("orders").current_snapshot().snapshot_id  # type: ignore[union-attr]
+        monkeypatch.setattr("pipeline_output.dagster_layer.io_manager.consume_changes", killed)
+        with pytest.raises(KeyboardInterrupt):
+            run_assets(defs, instance, ["customer_totals"])
+        monkeypatch.setattr("pipeline_output.dagster_layer.io_manager.consume_changes", real)
+        assert runtime.ledger.consumed_log.last("customer_totals", "orders") is None
+        for rows in ([(1, "ann", 20), (3, "carl", 1)], [(2, "bob", 6)]):
+            ORDERS["now"] = _orders(rows)
+            run_assets(defs, instance, ["orders"])  # `first_to` is no longer the head
+        options = MaintenanceOptions(
+            audits=False, compact=False, orphans=False, older_than=timedelta(0), retain_last=1
+        )
+        maintain(runtime.iceberg, [_spec(defs, "orders")], options=options, ledger=runtime.windows)
+        table = runtime.iceberg.load("orders")
+        assert table is not None and len(table.metadata.snapshots) == 2  # the head and first_to
+        meta = mat_meta(run_assets(defs, instance, ["customer_totals"]), "customer_totals")
+    assert meta["pipeline_output/changes_full_refresh"] is False
+    assert meta["pipeline_output/changes_repaired"] is True
+    assert meta["pipeline_output/changes_from_snapshot"] == str(first_to)
+    assert (
+        meta["pipeline_output/changes_insert"],
+        meta["pipeline_output/changes_update_after"],
+    ) == (1, 2)
+    assert_same_multiset(_stored("customer_totals"), _recompute(_stored("orders")))
+
+
 def test_after_a_forced_expiry_the_next_run_is_a_full_refresh_whose_metadata_says_why(
     env: str,
 ) -> None:
