@@ -2,7 +2,9 @@
 changes of that upstream dataset since the snapshot this dataset last consumed
 (`services/incremental.py`).
 
-The input's IO-manager load reads nothing: it hands over the upstream's `DatasetSpec`. The
+The input's IO-manager load reads nothing: it hands over the upstream's `DatasetSpec` and the
+columns the input's `columns` metadata asks for (`ChangesSource`; Dagster's convention for an
+input's projection, as `dg.AssetIn(metadata={"columns": [...]})`). The
 asset's output is a `ChangesOutput` (that upstream and the compute, still to call); the IO
 manager resolves the upstream's mode and runs `consume_changes` — position, changes, compute,
 write, ledger record, under the downstream's lock — and reports the consumed range and the change
@@ -24,15 +26,27 @@ from pipeline_output.services.incremental import CHANGE_TYPES, Changes, ConsumeO
 
 CHANGES_OF_KEY = "pipeline_output/changes_of"  # definition metadata: the upstream's dataset name
 CHANGES_INPUT_KEY = "pipeline_output/changes_input"  # input metadata: this input is a `Changes`
+COLUMNS_KEY = "columns"  # input metadata (Dagster's convention): the upstream columns to read
+
+
+@dataclass(frozen=True)
+class ChangesSource:
+    """A `Changes` input as its IO-manager load hands it over: the upstream dataset, and the
+    columns of its change rows the input asks for (None: all)."""
+
+    upstream: DatasetSpec
+    columns: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
 class ChangesOutput:
     """An incremental downstream's output: the compute of its rows from the changes of
-    `upstream`, called by the IO manager once the changes are read (`consume_changes`)."""
+    `upstream` (`columns` of them; None: all), called by the IO manager once the changes are
+    read (`consume_changes`)."""
 
     upstream: DatasetSpec
     compute: Callable[[Changes], Any]
+    columns: tuple[str, ...] | None = None
 
 
 def changes_metadata(outcome: ConsumeOutcome) -> dict[str, Any]:
@@ -85,9 +99,31 @@ def changes_param(kinds: Mapping[str, str], *, dataset: str) -> str | None:
     return found[0] if found else None
 
 
-def mark_changes_input(ins: dict[str, dg.AssetIn], param: str) -> str:
-    """Mark `param`'s input as a `Changes` input; the upstream's dataset name."""
+def mark_changes_input(ins: dict[str, dg.AssetIn], param: str, *, dataset: str) -> str:
+    """Mark `param`'s input as a `Changes` input; the upstream's dataset name. Its `columns`
+    metadata, when given, must name columns (checked against the upstream's schema when a run
+    reads the changes)."""
     asset_in = ins[param]
-    ins[param] = asset_in._replace(metadata={**(asset_in.metadata or {}), CHANGES_INPUT_KEY: True})
+    metadata = dict(asset_in.metadata or {})
+    if COLUMNS_KEY in metadata:
+        changes_columns(metadata[COLUMNS_KEY], dataset=dataset, param=param)
+    ins[param] = asset_in._replace(metadata={**metadata, CHANGES_INPUT_KEY: True})
     assert asset_in.key is not None
     return asset_in.key.path[-1]
+
+
+def changes_columns(value: Any, *, dataset: str, param: str) -> tuple[str, ...] | None:
+    """The columns a `Changes` input's `columns` metadata asks for (None: not given)."""
+    if value is None:
+        return None
+    if (
+        isinstance(value, str)
+        or not isinstance(value, list | tuple)
+        or not value
+        or not all(isinstance(c, str) and c for c in value)
+    ):
+        raise InvalidSpec(
+            f"@dataset {dataset!r}: the Changes input {param!r} has metadata columns={value!r}; "
+            "give a non-empty list of the upstream's column names"
+        )
+    return tuple(value)

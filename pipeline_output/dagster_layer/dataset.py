@@ -65,6 +65,7 @@ from pipeline_output.dagster_layer.asset_params import (
 from pipeline_output.dagster_layer.changes_assets import (
     CHANGES_OF_KEY,
     ChangesOutput,
+    ChangesSource,
     changes_param,
     mark_changes_input,
 )
@@ -417,7 +418,7 @@ def build_dataset_asset(
     key = options.key(spec.name)
     asset_ins = upstream_ins(spec, upstream, ins)
     if changes_of is not None:
-        upstream_name = mark_changes_input(asset_ins, changes_of)
+        upstream_name = mark_changes_input(asset_ins, changes_of, dataset=spec.name)
         check_downstream(spec, upstream_name)
         all_metadata[CHANGES_OF_KEY] = upstream_name
     return define_dataset_asset(
@@ -496,13 +497,13 @@ def _windowed_output(
 def _changes_output(call: _Call, param: str) -> ChangesOutput:
     """An incremental downstream's output: its compute, called by the IO manager with the
     changes it reads under the downstream's lock (`changes_assets.py`)."""
-    upstream = call.inputs[param]
-    if not isinstance(upstream, DatasetSpec):
+    source = call.inputs[param]
+    if not isinstance(source, ChangesSource):
         raise dg.Failure(
             f"dataset {call.spec.name!r}: its Changes input {param!r} was not loaded by "
             "pipeline-output's IO manager (an upstream dataset's changes come from its table)"
         )
-    return ChangesOutput(upstream, call.given(param))
+    return ChangesOutput(source.upstream, call.given(param), source.columns)
 
 
 def _overrides(config: DatasetRunConfig) -> dict[str, Any]:

@@ -17,7 +17,9 @@ from pipeline_output.contract.windows import Window
 from pipeline_output.dagster_layer.audit_hooks import audited_snapshot, gating_checks, step_of
 from pipeline_output.dagster_layer.changes_assets import (
     CHANGES_INPUT_KEY,
+    COLUMNS_KEY,
     ChangesOutput,
+    ChangesSource,
     changes_metadata,
 )
 from pipeline_output.dagster_layer.checks import PARITY, note_written
@@ -261,6 +263,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             mode=mode,
             upstream_mode=runtime.publisher.resolve(out.upstream),
             run_id=context.run_id,
+            columns=out.columns,
         )
         outcome = consume_changes(
             request, publisher=runtime.publisher, ledger=runtime.ledger, on_written=_fault_hook()
@@ -294,7 +297,10 @@ class DatasetIOManager(dg.ConfigurableIOManager):
                     f"input {key}: a Changes input reads a pipeline-output dataset's table, "
                     "and this is not one"
                 )
-            return spec  # the changes are read when the output is handled (`ChangesOutput`)
+            # the changes are read when the output is handled (`ChangesOutput`)
+            # (its `columns` metadata was checked when the location loaded: `mark_changes_input`)
+            asked = (context.definition_metadata or {}).get(COLUMNS_KEY)
+            return ChangesSource(spec, tuple(asked) if asked else None)
         if spec is not None:
             mode = runtime.publisher.resolve(spec)
             # lazy: the compute's projection and filters are pushed to the arm at collect time;

@@ -28,8 +28,11 @@ The rollback log: each rollback of a dataset's native table (`RollbackRecord`, t
 
 The consumed-changes log of incremental downstreams: each range (from, to] of an upstream's
 snapshots a downstream consumed, and the downstream snapshot that applied it (`ConsumedRange`,
-table `consumed_changes`, migration 030). `services/incremental.py` decides, this module only
-records; expiry keeps every upstream snapshot a downstream's position names (`positions_of`).
+table `consumed_changes`, migration 030), and the range a run is reading now (table
+`consuming_changes`, migration 031: `reading`, cleared by the range's `record`).
+`services/incremental.py` decides, this module only records; expiry keeps every upstream
+snapshot a downstream's position names (`positions_of`) and every `to` a run is reading or was
+killed reading (`reading_of`).
 
 The audit log of write-audit-publish: audited runs and the writes they staged (`AuditRecord`,
 `AuditWrite`; tables `audits`, `audit_writes`, migration 020). `services/audit.py` decides, this
@@ -494,6 +497,12 @@ class ConsumedLog(RecordLog):
             if found:
                 return ConsumedRange(*found[0])
         with self.tx(None) as c:
+            c.execute(  # the run's range is recorded: no longer one being read
+                sql.SQL("DELETE FROM {} WHERE dataset = %s AND upstream = %s").format(
+                    ledger_table("consuming_changes")
+                ),
+                (dataset, upstream),
+            )
             row = c.execute(
                 sql.SQL(
                     "INSERT INTO {} (dataset, upstream, from_snapshot, to_snapshot, "
@@ -512,6 +521,29 @@ class ConsumedLog(RecordLog):
             ).fetchone()
         assert row is not None
         return ConsumedRange(*row)
+
+    def reading(self, dataset: str, upstream: str, *, to_snapshot: int, run_id: str | None) -> None:
+        """Note that a run of `dataset` reads `upstream`'s changes up to `to_snapshot` (before it
+        reads: expiry keeps that snapshot until the range is recorded, `record`)."""
+        with self.tx(None) as c:
+            c.execute(
+                sql.SQL(
+                    "INSERT INTO {} (dataset, upstream, to_snapshot, run_id) "
+                    "VALUES (%s, %s, %s, %s) ON CONFLICT (dataset, upstream) DO UPDATE SET "
+                    "to_snapshot = EXCLUDED.to_snapshot, run_id = EXCLUDED.run_id, "
+                    "started_at = clock_timestamp()"
+                ).format(ledger_table("consuming_changes")),
+                (dataset, upstream, to_snapshot, run_id),
+            )
+
+    def reading_of(self, upstream: str) -> dict[str, int]:
+        """Per downstream of `upstream` with a run reading its changes now (or killed while it
+        did, before its range was recorded), the `to` that run reads up to."""
+        query = sql.SQL("SELECT dataset, to_snapshot FROM {} WHERE upstream = %s").format(
+            ledger_table("consuming_changes")
+        )
+        with self.tx(None) as c:
+            return {str(r[0]): int(r[1]) for r in c.execute(query, (upstream,)).fetchall()}
 
     @contextmanager
     def consume_lock(self, dataset: str) -> Iterator[None]:

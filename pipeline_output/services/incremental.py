@@ -26,6 +26,11 @@ lock:
 4. **Record.** The ledger records the range and the downstream snapshot. A write that changed
    nothing commits no snapshot: the range is recorded in the ledger alone.
 
+Before step 2 reads, the ledger notes the range being read (`ConsumedLog.reading`; cleared by
+the record): expiry keeps its `to` meanwhile, so a run that commits after an expiry, or is killed
+between its commit and its record — a first run too, which no recorded range names yet — finds
+its `to` on its next run.
+
 A compute that raises writes and records nothing: the next run reads the same range again.
 Pure core: no Dagster.
 """
@@ -152,7 +157,8 @@ class ConsumeRequest:
     """One run of the incremental downstream `spec` over `upstream`'s changes: `compute` maps a
     `Changes` to the downstream rows (a frame; `DELETED` rows delete keys), written in `mode`
     by run `run_id`. `upstream_mode`: the upstream's resolved mode (its Iceberg arm serves the
-    changes; `pg` is refused)."""
+    changes; `pg` is refused). `columns`: only these upstream columns in the change rows
+    (`read_changes(columns=...)`; None: all)."""
 
     spec: DatasetSpec
     upstream: DatasetSpec
@@ -160,6 +166,7 @@ class ConsumeRequest:
     mode: ResolvedMode
     upstream_mode: ResolvedMode
     run_id: str | None = None
+    columns: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -229,21 +236,34 @@ def _check_upstream_arm(spec: DatasetSpec, upstream: DatasetSpec, mode: Resolved
         )
 
 
-def read_since(table: Any, upstream: DatasetSpec, since: int | None, to: int | None) -> Changes:
-    """The changes of `upstream` from `since` to `to`, or a full refresh saying why."""
+def read_since(
+    table: Any,
+    upstream: DatasetSpec,
+    since: int | None,
+    to: int | None,
+    *,
+    columns: tuple[str, ...] | None = None,
+) -> Changes:
+    """The changes of `upstream` from `since` to `to` (`columns` of its rows: None, all), or a
+    full refresh saying why."""
     pk = upstream.primary_key
     if since is None:
-        got = read_changes(table, from_snapshot=None, to_snapshot=to, primary_key=pk)
+        got = read_changes(
+            table, from_snapshot=None, to_snapshot=to, primary_key=pk, columns=columns
+        )
         reason = "first run: every upstream row is an insert"
         return _changes(got, upstream.name, full_refresh=True, reason=reason)
     try:
-        got = read_changes(table, from_snapshot=since, to_snapshot=to, primary_key=pk)
+        got = read_changes(
+            table, from_snapshot=since, to_snapshot=to, primary_key=pk, columns=columns
+        )
     except ChangesExpired:
-        got = read_changes(table, from_snapshot=None, to_snapshot=to, primary_key=pk)
+        got = read_changes(
+            table, from_snapshot=None, to_snapshot=to, primary_key=pk, columns=columns
+        )
         reason = (
-            f"the snapshot last consumed ({since}) was expired (a forced expiry, or one before "
-            "a killed first run was recorded): the whole upstream is read again and the "
-            "downstream replaced"
+            f"the snapshot last consumed ({since}) was expired (a forced expiry): the whole "
+            "upstream is read again and the downstream replaced"
         )
         return _changes(got, upstream.name, full_refresh=True, reason=reason, since=since)
     return _changes(got, upstream.name)
@@ -327,8 +347,10 @@ def consume_changes(
         if to is None or (since is not None and since == to):
             quiet = Changes(pl.DataFrame(), up.name, since, since)
             return ConsumeOutcome("noop", quiet, repaired=repaired)
+        # expiry keeps `to` from now until the range is recorded (even if this run is killed)
+        ledger.consumed_log.reading(spec.name, up.name, to_snapshot=to, run_id=request.run_id)
         changes = replace(
-            read_since(table, up, since, to),
+            read_since(table, up, since, to, columns=request.columns),
             current=scan_iceberg_dataset(publisher.iceberg, up, as_of=to),
         )
         computed = to_polars(spec, request.compute(changes))

@@ -26,12 +26,12 @@ ORDERS: dict[str, pl.DataFrame] = {}
 SEEN: list[Changes] = []
 
 
-def _defs(upstream_mode: str = "iceberg") -> dg.Definitions:
+def _defs(upstream_mode: str = "iceberg", ins: dict[str, Any] | None = None) -> dg.Definitions:
     @dataset(primary_key="order_id", mode=upstream_mode)  # type: ignore[arg-type]
     def orders() -> pl.DataFrame:
         return ORDERS["now"]
 
-    @dataset(primary_key="customer", strategy="sync", mode="iceberg")
+    @dataset(primary_key="customer", strategy="sync", mode="iceberg", ins=ins)
     def customer_totals(orders: Changes) -> pl.DataFrame:
         SEEN.append(orders)
         assert orders.current is not None
@@ -150,6 +150,56 @@ def test_a_run_killed_after_its_commit_is_repaired_not_consumed_twice(
     assert_same_multiset(_stored("customer_totals"), _recompute(_stored("orders")))
 
 
+def test_a_first_run_killed_after_its_commit_keeps_its_range_through_an_expiry(
+    env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger knows nothing of a first run killed between its commit and its record, but the
+    range it noted before reading keeps its `to` through an expiry: the next run repairs the
+    record and reads on from there — not the whole upstream again."""
+    from datetime import timedelta
+
+    from pipeline_output.services import incremental
+    from pipeline_output.services.maintenance import MaintenanceOptions, maintain
+
+    defs = _defs()
+    runtime = get_runtime()
+    real = incremental.consume_changes
+
+    def killed(request: Any, **kw: Any) -> Any:
+        def boom() -> None:
+            raise KeyboardInterrupt("killed between the commit and the ledger record")
+
+        return real(request, **{**kw, "on_written": boom})
+
+    with dg.DagsterInstance.ephemeral() as instance:
+        ORDERS["now"] = _orders([(1, "ann", 10), (2, "bob", 5)])
+        run_assets(defs, instance, ["orders"])
+        first_to = runtime.iceberg.load("orders").current_snapshot().snapshot_id  # type: ignore[union-attr]
+        monkeypatch.setattr("pipeline_output.dagster_layer.io_manager.consume_changes", killed)
+        with pytest.raises(KeyboardInterrupt):
+            run_assets(defs, instance, ["customer_totals"])
+        monkeypatch.setattr("pipeline_output.dagster_layer.io_manager.consume_changes", real)
+        assert runtime.ledger.consumed_log.last("customer_totals", "orders") is None
+        for rows in ([(1, "ann", 20), (3, "carl", 1)], [(2, "bob", 6)]):
+            ORDERS["now"] = _orders(rows)
+            run_assets(defs, instance, ["orders"])  # `first_to` is no longer the head
+        options = MaintenanceOptions(
+            audits=False, compact=False, orphans=False, older_than=timedelta(0), retain_last=1
+        )
+        maintain(runtime.iceberg, [_spec(defs, "orders")], options=options, ledger=runtime.windows)
+        table = runtime.iceberg.load("orders")
+        assert table is not None and len(table.metadata.snapshots) == 2  # the head and first_to
+        meta = mat_meta(run_assets(defs, instance, ["customer_totals"]), "customer_totals")
+    assert meta["pipeline_output/changes_full_refresh"] is False
+    assert meta["pipeline_output/changes_repaired"] is True
+    assert meta["pipeline_output/changes_from_snapshot"] == str(first_to)
+    assert (
+        meta["pipeline_output/changes_insert"],
+        meta["pipeline_output/changes_update_after"],
+    ) == (1, 2)
+    assert_same_multiset(_stored("customer_totals"), _recompute(_stored("orders")))
+
+
 def test_after_a_forced_expiry_the_next_run_is_a_full_refresh_whose_metadata_says_why(
     env: str,
 ) -> None:
@@ -210,6 +260,38 @@ def test_an_upstream_records_change_files_once_a_downstream_consumed_it_not_befo
         second = run_assets(defs, instance, ["customer_totals"])
         assert mat_meta(second, "customer_totals")["pipeline_output/changes_insert"] == 1
     assert_same_multiset(_stored("customer_totals"), _recompute(_stored("orders")))
+
+
+def test_a_changes_input_reads_only_the_columns_its_metadata_asks_for(env: str) -> None:
+    SEEN.clear()
+    asked = dg.AssetIn(metadata={"columns": ["customer", "amount"]})
+    defs = _defs(ins={"orders": asked})
+    projected = ["customer", "amount", "_change_type", "_change_snapshot_id", "_change_commit_time"]
+    with dg.DagsterInstance.ephemeral() as instance:
+        ORDERS["now"] = _orders([(1, "ann", 10), (2, "bob", 5), (3, "bob", 7)])
+        run_assets(defs, instance, ["orders", "customer_totals"])  # a full refresh
+        ORDERS["now"] = _orders([(1, "ann", 11), (2, "bob", 5), (4, "carl", 3)])
+        run_assets(defs, instance, ["orders", "customer_totals"])  # ann updated, carl added
+    assert [seen.frame.columns for seen in SEEN] == [projected, projected]
+    assert SEEN[-1].counts["update_after"] == 1 and SEEN[-1].counts["insert"] == 1
+    assert_same_multiset(_stored("customer_totals"), _recompute(_stored("orders")))
+
+
+def test_changes_input_columns_that_are_not_a_list_of_names_are_refused_at_load() -> None:
+    with pytest.raises(InvalidSpec, match=r"'customer_totals'.*input 'orders'.*columns='customer'"):
+        _defs(ins={"orders": dg.AssetIn(metadata={"columns": "customer"})})
+
+
+def test_changes_input_columns_the_upstream_lacks_fail_the_run_and_write_nothing(env: str) -> None:
+    defs = _defs(ins={"orders": dg.AssetIn(metadata={"columns": ["customer", "nope"]})})
+    with dg.DagsterInstance.ephemeral() as instance:
+        ORDERS["now"] = _orders([(1, "ann", 10)])
+        result = run_assets(defs, instance, ["orders", "customer_totals"], raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert "['nope']" in str(failure.step_failure_data.error)
+    assert get_runtime().iceberg.load("customer_totals") is None
+    assert get_runtime().ledger.consumed_log.last("customer_totals", "orders") is None
 
 
 def test_an_upstream_on_the_legacy_arm_is_refused_when_the_location_loads(env: str) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import polars as pl
 import pytest
-from pyiceberg.manifest import ManifestContent, ManifestFile
+from pyiceberg.manifest import ManifestContent
 from pyiceberg.table.snapshots import Snapshot
 
 from pipeline_output import DatasetSpec, IcebergStore
@@ -193,22 +193,8 @@ def test_a_process_reads_each_manifest_once_across_its_writes(
     match the oracle)."""
     before = _clustered_table(store, "clustered_reread")
     spec = _spec("clustered_reread", "snapshot_replace", "copy-on-write")
-    reads: list[str] = []
-    read = manifests.read_manifest
-
-    def counted(manifest: ManifestFile, io: Any) -> Any:
-        reads.append(manifest.manifest_path)
-        return read(manifest, io)
-
-    monkeypatch.setattr(manifests, "read_manifest", counted)
-    lists: list[str] = []
-    read_list = Snapshot.manifests
-
-    def listed(snapshot: Snapshot, io: Any) -> Any:
-        lists.append(snapshot.manifest_list)
-        return read_list(snapshot, io)
-
-    monkeypatch.setattr(Snapshot, "manifests", listed)
+    reads = _counted_manifest_reads(monkeypatch)
+    lists = _counted(monkeypatch, Snapshot, "manifests", lambda s: s.manifest_list)
     manifests.READ_MANIFESTS.clear()
     table = store.load(spec)
     assert table is not None
@@ -230,3 +216,51 @@ def test_a_process_reads_each_manifest_once_across_its_writes(
     assert set(reads) == now - every and reads  # only what the commit wrote
     assert_same_multiset(store.read(spec), expected)
     assert_same_multiset(pl.from_arrow(table.scan().to_arrow()), expected)  # type: ignore[arg-type]
+
+
+def test_the_manifests_a_process_keeps_stay_within_their_byte_budget(
+    store: IcebergStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept manifests are bounded by their Avro bytes, whatever their entries' width: the least
+    recently read go first, and one over a quarter of the budget is never kept."""
+    _clustered_table(store, "clustered_budget")
+    table = store.load(DatasetSpec(name="clustered_budget", primary_key=("region", "id")))
+    assert table is not None
+    every = read_index(table).manifests
+    sizes = [m.manifest_length for m in every]
+    reads = _counted_manifest_reads(monkeypatch)
+    kept = manifests.ReadManifests(max_bytes=4 * max(sizes))  # none over a quarter
+    for manifest in every:
+        kept.read(manifest, table.io)
+    fits = 0  # the newest manifests whose bytes fit the budget together
+    while fits < len(every) and sum(sizes[len(every) - fits - 1 :]) <= kept.max_bytes:
+        fits += 1
+    assert 4 <= fits < len(every)  # some kept, some dropped
+    assert kept.kept_bytes == sum(sizes[len(every) - fits :]) <= kept.max_bytes
+    reads.clear()
+    for manifest in every[len(every) - fits :]:
+        kept.read(manifest, table.io)  # kept: not read again
+    assert reads == []
+    kept.read(every[0], table.io)  # the least recently read was dropped: read again
+    assert reads == [every[0].manifest_path]
+    small = manifests.ReadManifests(max_bytes=4 * max(sizes) - 4)  # the largest: over a quarter
+    small.read(every[sizes.index(max(sizes))], table.io)
+    assert small.kept_bytes == 0
+
+
+def _counted_manifest_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths of the manifests decoded from now on, in order (a cache hit decodes none)."""
+    return _counted(monkeypatch, manifests, "read_manifest", lambda m: m.manifest_path)
+
+
+def _counted(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, path: Any) -> list[str]:
+    """`owner.name(first, io)` wrapped: the `path` of each `first` it is called with, in order."""
+    calls: list[str] = []
+    real = getattr(owner, name)
+
+    def counted(first: Any, io: Any) -> Any:
+        calls.append(path(first))
+        return real(first, io)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls

@@ -192,15 +192,13 @@ def expire_snapshots(
         ledger = _default_ledger(store)
     if retain_last < 1:
         raise InvalidArgument("expire_snapshots: retain_last must be at least 1")
-    if not force:
-        keep = {*keep, *consumer_positions(store, spec)}
     started = time.perf_counter()
     cutoff = datetime.now(UTC) - older_than if isinstance(older_than, timedelta) else older_than
     if cutoff.tzinfo is None:
         cutoff = cutoff.replace(tzinfo=UTC)
     cutoff_ms = int(cutoff.timestamp() * 1000)
     with paused():  # the entries of every manifest decoded: no collection walks them
-        return _expire(store, spec, cutoff_ms, retain_last, ledger, dry_run, started, keep)
+        return _expire(store, spec, cutoff_ms, retain_last, ledger, dry_run, started, keep, force)
 
 
 def _expire(
@@ -212,12 +210,15 @@ def _expire(
     dry_run: bool,
     started: float,
     keep: Collection[int] = (),
+    force: bool = False,
 ) -> ExpiryResult:
     with ExitStack() as locks:
         stats = LockStats(key=store.tables.table_name(spec))  # a dry run takes no lock
         if not dry_run:
             locks.enter_context(_apply_lock(ledger, spec))
             stats = locks.enter_context(store.tables.hold(spec))
+        if not force:  # asked under the writer lock: no upstream commit moves a head meanwhile
+            keep = {*keep, *consumer_positions(store, spec)}
         before = store.tables.load(spec)
         if before is None:
             raise DatasetNotWritten(f"dataset {spec.name!r} has no Iceberg table to expire")
@@ -312,18 +313,24 @@ def _apply_lock(ledger: WindowLog | None, spec: DatasetSpec) -> AbstractContextM
 def consumer_positions(store: HasTables, spec: DatasetSpec) -> set[int]:
     """The snapshots of `spec`'s table incremental downstreams read their next changes from:
     per downstream the `to` of its newest range in the ledger's `consumed_changes` (on the
-    control plane the store's lock is on; none without one), and the `to` its own newest marked
-    snapshot names when a run was killed between that commit and the ledger record (its next
-    run records it and reads on from there)."""
+    control plane the store's lock is on; none without one), the `to` a run is reading now or
+    was killed reading (`ConsumedLog.reading_of`), and the `to` its own newest marked snapshot
+    names when a run was killed between that commit and the ledger record (its next run records
+    it and reads on from there: a killed first run included, as it noted its range first)."""
     lock = store.tables.advisory()
     if not isinstance(lock, AdvisoryLock):
         return set()
+    log = Ledger(lock.url).consumed_log
     try:
-        positions = Ledger(lock.url).consumed_log.positions_of(spec.name)
+        positions = log.positions_of(spec.name)
     except psycopg.errors.UndefinedTable:  # a control plane without the consumers' table
         return set()
-    kept = set(positions.values())
-    for downstream in positions:
+    try:
+        reading = log.reading_of(spec.name)
+    except psycopg.errors.UndefinedTable:  # one from before the in-flight ranges' table
+        reading = {}
+    kept = {*positions.values(), *reading.values()}
+    for downstream in {*positions, *reading}:
         found = last_summary(store.tables, downstream, CONSUMED_PREFIX + spec.name)
         if found is not None:
             kept.add(consumed_range(found[1])[1])

@@ -66,7 +66,8 @@ A write's own change, recorded at write time for the change feed (`changes.read_
 these instead of diffing manifests): `CHANGE_FILE` names a small Parquet file under the table's
 data location holding the rows the snapshot inserted, deleted, and the before and after of those
 it updated (the table's columns and `_change_type`), written by `commit` before the swap — a
-failure to write it fails the write with nothing committed; `CHANGE_ADDED` = `inserts` says the
+failure to write it fails the write with nothing committed; `CHANGE_COUNTS` its rows per change
+type (read instead of counted when one snapshot's change is read); `CHANGE_ADDED` = `inserts` says the
 snapshot's added data files are exactly its inserts (append, append_new: nothing to write).
 Orphan removal counts a live snapshot's change file as referenced; expiry deletes those of the
 snapshots it expires (`orphans.ManifestReader.metadata_of`).
@@ -146,7 +147,9 @@ if TYPE_CHECKING:
 
 
 CHANGE_FILE = f"{PROPERTY_PREFIX}change-file"
+CHANGE_COUNTS = f"{PROPERTY_PREFIX}change-counts"  # the change file's rows per change type
 CHANGE_ADDED = f"{PROPERTY_PREFIX}change"
+CHANGE_TYPE = "_change_type"  # the change file's column of change types (`changes.CHANGE_TYPE`)
 ADDED_ARE_INSERTS = "inserts"
 CHANGE_DIR = "changes"  # under the table's data location
 
@@ -317,6 +320,7 @@ def commit(request: CommitRequest) -> Table:
             raise
         change_written.append(path)
         props[CHANGE_FILE] = path
+        props[CHANGE_COUNTS] = change_counts(request.change)
     if deleted or request.force or positional:
         producer = IndexedOverwrite(
             tx, tx._table.io, index=index, snapshot_properties=props, branch=branch
@@ -372,6 +376,13 @@ def commit(request: CommitRequest) -> Table:
             f"dataset {dataset!r}: the table changed after this write was planned "
             f"({type(exc).__name__}: {exc}); nothing was committed — run it again"
         ) from exc
+
+
+def change_counts(change: pl.DataFrame) -> str:
+    """`CHANGE_COUNTS` of a change frame: `<change type>=<rows>` per type present, comma
+    separated — the change feed reads them instead of counting the file's rows again."""
+    counted = change.get_column(CHANGE_TYPE).value_counts()
+    return ",".join(f"{kind}={n}" for kind, n in sorted(counted.iter_rows()))
 
 
 def write_change_file(io: FileIO, path: str, change: pl.DataFrame) -> None:

@@ -139,7 +139,12 @@ def _reader_pool() -> ThreadPoolExecutor:
 
 class ReadManifests:
     """The live entries of the manifests this process read, and the manifest lists it read, kept
-    for its later writes (a bound on the entries kept, the least recently read dropped first).
+    for its later writes, within a memory bound: the kept manifests' Avro bytes (their
+    `manifest_length`) at most `max_bytes`, the least recently read dropped first, a manifest
+    over a quarter of it never kept. Decoded entries take ~8x their Avro bytes (measured: ~4 KB
+    an entry of a five-column table, 475 B of Avro), so the default 8 MiB keeps ~70 MB at most,
+    whatever the tables' widths — a bound by entries would let a wide table's grow tenfold in a
+    long-lived process (a code server's sensors, an in-process executor).
 
     A manifest file is never rewritten in place (a new one gets a new name), so what its path
     read once is what it reads again; the key is also its length, sequence number and adding
@@ -150,11 +155,11 @@ class ReadManifests:
 
     LISTS = 64
 
-    def __init__(self, *, max_entries: int = 50_000) -> None:
-        self.max_entries = max_entries
+    def __init__(self, *, max_bytes: int = 8 << 20) -> None:
+        self.max_bytes = max_bytes
         self._kept: dict[tuple[Any, ...], tuple[list[ManifestEntry], RawManifest | None]] = {}
         self._lists: dict[str, tuple[ManifestFile, ...]] = {}
-        self._count = 0
+        self._bytes = 0
         self._lock = Lock()
 
     def read(
@@ -172,15 +177,22 @@ class ReadManifests:
                 self._kept[key] = kept  # the most recently read last
                 return kept
         entries, raw = read_manifest(manifest, io)
-        if len(entries) <= self.max_entries // 4:  # a huge manifest would evict everything
+        size = manifest.manifest_length
+        if size <= self.max_bytes // 4:  # a huge manifest would evict everything
             with self._lock:
                 if key not in self._kept:
                     self._kept[key] = (entries, raw)
-                    self._count += len(entries)
-                while self._count > self.max_entries:
-                    dropped, _ = self._kept.pop(next(iter(self._kept)))
-                    self._count -= len(dropped)
+                    self._bytes += size
+                while self._bytes > self.max_bytes:
+                    dropped = next(iter(self._kept))
+                    del self._kept[dropped]
+                    self._bytes -= dropped[1]
         return entries, raw
+
+    @property
+    def kept_bytes(self) -> int:
+        """The Avro bytes of the manifests kept now (at most `max_bytes`)."""
+        return self._bytes
 
     def manifests(self, snapshot: Snapshot, io: FileIO) -> list[ManifestFile]:
         """The snapshot's manifest list (a manifest list is never rewritten either: each
@@ -202,7 +214,7 @@ class ReadManifests:
         with self._lock:
             self._kept.clear()
             self._lists.clear()
-            self._count = 0
+            self._bytes = 0
 
 
 READ_MANIFESTS = ReadManifests()

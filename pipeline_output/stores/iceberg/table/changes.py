@@ -56,8 +56,10 @@ from pipeline_output.errors import ChangesExpired, ChangesUnsupported
 from pipeline_output.stores.iceberg.snapshot.commit import (
     ADDED_ARE_INSERTS,
     CHANGE_ADDED,
+    CHANGE_COUNTS,
     CHANGE_FILE,
 )
+from pipeline_output.stores.iceberg.snapshot.commit import CHANGE_TYPE as COMMIT_CHANGE_TYPE
 from pipeline_output.stores.iceberg.snapshot.files import deleted_positions, referenced_path
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
     manifest_entries,
@@ -74,7 +76,7 @@ from pipeline_output.stores.iceberg.table.scan_planning import FixedTable
 from pipeline_output.stores.iceberg.table.tables import ancestry, head
 from pipeline_output.stores.iceberg.write.frame_rows import rows_differ
 
-CHANGE_TYPE = "_change_type"
+CHANGE_TYPE = COMMIT_CHANGE_TYPE  # "_change_type": the column the change file holds it in
 CHANGE_SNAPSHOT = "_change_snapshot_id"
 CHANGE_COMMIT_TIME = "_change_commit_time"
 
@@ -159,7 +161,8 @@ def read_changes(
     if pk and composed is not False:
         found = _composed(table, start, end, target=target, pk=pk, shown=shown)
         if found is not None:
-            return _change_set(found, shown, from_snapshot, end)
+            rows, counts = found
+            return _change_set(rows, shown, from_snapshot, end, counts=counts)
         if composed:
             raise ChangesUnsupported(f"table {name!r}: the range has no change files to compose")
     before, after = _sides(table, start, end, target=target)
@@ -193,7 +196,7 @@ def _composed(
     target: pl.Schema,
     pk: list[str],
     shown: pl.Schema,
-) -> pl.DataFrame | None:
+) -> tuple[pl.DataFrame, dict[str, int] | None] | None:
     """The net change from `start` to `end` composed from the change each snapshot on the way
     recorded at write time (`commit.CHANGE_FILE`, `commit.CHANGE_ADDED`), reading only those;
     rewrites (`replace`) change nothing. None when that is not possible: `end` does not descend
@@ -201,7 +204,8 @@ def _composed(
     write, a rollback's cherry-pick...), a schema differs from `end`'s, or a change file cannot be
     read, or `start` is None. Per key: the first change's before and the last change's after, netted as the manifest
     diff nets (`_net_by_key`). One write's change is net already: only the `shown` columns of its
-    file are read."""
+    file are read, and its counts are the ones the write recorded (`CHANGE_COUNTS`; None: count
+    them)."""
     if start is None:  # every live row: reading the live files is that already (and expiry
         return None  # may have dropped the first snapshots, leaving a root that is not one)
     path: list[Snapshot] = []
@@ -223,7 +227,7 @@ def _composed(
             return None
         parts.append((seq, snap))
     if not parts:
-        return _empty(target)
+        return _empty(target), None
     only = shown if len(parts) == 1 else target
     try:
         with quiet():
@@ -232,7 +236,7 @@ def _composed(
         return None  # a change file gone or unreadable: the manifest diff instead
     cols = list(target)
     if len(recorded) == 1:  # one write's change is net already (its merge compared the rows)
-        return recorded[0][1]
+        return recorded[0][1], _recorded_counts(parts[0][1])
     events = pl.concat(
         [frame.with_columns(pl.lit(seq).alias(_ORDER)) for seq, frame in recorded],
         how="vertical_relaxed",
@@ -248,7 +252,22 @@ def _composed(
     after = events.filter(
         kind.is_in([INSERT, UPDATE_AFTER]) & (pl.col(_ORDER) == pl.col("__po_last__"))
     )
-    return _net_by_key(before.select(cols), after.select(cols), pk)
+    return _net_by_key(before.select(cols), after.select(cols), pk), None
+
+
+def _recorded_counts(snap: Snapshot) -> dict[str, int] | None:
+    """The rows per change type `snap`'s write recorded with its change file (None: not
+    recorded, or not as `commit.change_counts` writes them)."""
+    value = snap.summary.get(CHANGE_COUNTS) if snap.summary is not None else None
+    if not value or not snap.summary or not snap.summary.get(CHANGE_FILE):
+        return None
+    counts = dict.fromkeys(CHANGE_TYPES, 0)
+    for item in value.split(","):
+        kind, _, n = item.partition("=")
+        if kind not in counts or not n.isdigit():
+            return None
+        counts[kind] = int(n)
+    return counts
 
 
 def _recorded(table: Table, snap: Snapshot, target: pl.Schema) -> pl.DataFrame:
@@ -535,7 +554,12 @@ def _empty(target: pl.Schema) -> pl.DataFrame:
 
 
 def _change_set(
-    rows: pl.DataFrame, target: pl.Schema, from_snapshot: int | None, end: Snapshot | None
+    rows: pl.DataFrame,
+    target: pl.Schema,
+    from_snapshot: int | None,
+    end: Snapshot | None,
+    *,
+    counts: dict[str, int] | None = None,
 ) -> ChangeSet:
     if CHANGE_TYPE not in rows.columns:
         rows = rows.with_columns(pl.lit(None, dtype=pl.String).alias(CHANGE_TYPE))
@@ -548,9 +572,10 @@ def _change_set(
         pl.lit(end.snapshot_id if end is not None else None, dtype=pl.Int64).alias(CHANGE_SNAPSHOT),
         pl.lit(committed, dtype=pl.Int64).cast(pl.Datetime("us", "UTC")).alias(CHANGE_COMMIT_TIME),
     )
-    kind = pl.col(CHANGE_TYPE)
-    found = frame.select([(kind == k).sum().alias(k) for k in CHANGE_TYPES]).row(0, named=True)
-    counts = {k: int(found[k] or 0) for k in CHANGE_TYPES}
+    if counts is None or sum(counts.values()) != frame.height:
+        kind = pl.col(CHANGE_TYPE)
+        found = frame.select([(kind == k).sum().alias(k) for k in CHANGE_TYPES]).row(0, named=True)
+        counts = {k: int(found[k] or 0) for k in CHANGE_TYPES}
     return ChangeSet(
         frame=frame,
         from_snapshot=from_snapshot,
