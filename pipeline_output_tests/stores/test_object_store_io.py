@@ -4,8 +4,10 @@ A commit's new files go through `file_io.Uploads` (`uploading`): each upload sta
 file is closed, so they run at the same time; a created file's length is known without asking
 the store; a failed upload fails the block only after every other upload ended; deleting a file
 whose upload is under way waits for it. A whole object (a manifest, a manifest list, a candidate
-file fetched whole: `read_whole`) is one signed GET, without pyarrow's HEAD first, for keys that
-need URL encoding too; a missing object is `FileNotFoundError`, a wrong secret `PermissionError`.
+file fetched whole: `read_whole`) is one signed GET, without pyarrow's HEAD first, and a file
+written whole (`write_whole`) one signed PUT, for keys that need URL encoding too; a missing
+object is `FileNotFoundError`, a wrong secret `PermissionError`; a file larger than
+`SIGNED_PUT_BYTES` is pyarrow's upload.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from typing import Any
 
 import pytest
 
+from pipeline_output.stores.iceberg.table import file_io
 from pipeline_output.stores.iceberg.table.file_io import (
     ObjectStoreFileIO,
     read_whole,
     uploading,
+    write_whole,
 )
 from pipeline_output_tests.seaweed import SeaweedFS
 
@@ -43,7 +47,7 @@ def _exists(seaweedfs: SeaweedFS, bucket: str, key: str) -> bool:
 
 
 class _GatedIO(ObjectStoreFileIO):
-    """Its uploads (`new_output`, called by `Uploads` when it sends a file) first wait until
+    """Its uploads (`put_whole`, called by `Uploads` when it sends a file) first wait until
     `parties` of them are under way at once, or until `release` is set; the upload to `refuse`
     fails as a refused PUT does."""
 
@@ -53,14 +57,14 @@ class _GatedIO(ObjectStoreFileIO):
         self.release = threading.Event()
         self.refuse = refuse
 
-    def new_output(self, location: str) -> Any:
+    def put_whole(self, location: str, data: bytes) -> bool:
         if self.barrier is not None:
             self.barrier.wait(timeout=10)  # broken (an error) unless the uploads overlap
         elif not self.release.wait(timeout=10):
             raise TimeoutError("not released")
         if location == self.refuse:
             raise OSError(f"PUT {location}: refused")
-        return super().new_output(location)
+        return super().put_whole(location, data)
 
 
 @pytest.fixture
@@ -152,3 +156,24 @@ def test_a_missing_object_is_not_found_and_a_wrong_secret_is_refused(
     wrong = _io(seaweedfs, **{"s3.secret-access-key": "not-the-secret"})
     with pytest.raises(PermissionError, match="HTTP 403"):
         read_whole(wrong, f"s3://{bucket}/secret.avro")
+
+
+def test_a_file_written_whole_is_one_signed_put_and_a_large_one_pyarrows_upload(
+    seaweedfs: SeaweedFS, bucket: str, count: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    io = _io(seaweedfs)
+    key = "data/day=2024-01-01/a b+c%41~ü.parquet"
+    before = seaweedfs.s3_requests()
+    write_whole(io, f"s3://{bucket}/{key}", b"small")
+    assert count(before) == {"PUT": 1}
+    got = seaweedfs.s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert got == b"small"
+    monkeypatch.setattr(file_io, "SIGNED_PUT_BYTES", 4)
+    assert not io.put_whole(f"s3://{bucket}/large.parquet", b"large")
+    write_whole(io, f"s3://{bucket}/large.parquet", b"large")
+    with io.new_input(f"s3://{bucket}/large.parquet").open() as stream:
+        assert stream.read() == b"large"
+    local = tmp_path / "x.parquet"
+    assert not io.put_whole(str(local), b"x")  # not S3: nothing done, the FileIO's own write
+    write_whole(io, str(local), b"x")
+    assert local.read_bytes() == b"x"

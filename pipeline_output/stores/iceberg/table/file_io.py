@@ -17,7 +17,7 @@ process builds its own).
 pyarrow (26) sends a HEAD before every read it opens, even of a file whose size is known. A file
 every reader reads whole — a manifest list, a manifest, a `metadata.json`, and a candidate data
 file the key scan fetches whole (`read_whole`) — is instead one GET, signed (SigV4) with the
-FileIO's static S3 credentials on a pooled keep-alive connection (`_SignedGet`), where the
+FileIO's static S3 credentials on a pooled keep-alive connection (`_SignedS3`), where the
 configuration is one it covers (an explicit `s3.endpoint`, an access key and secret, no role,
 proxy or anonymous access); otherwise pyarrow reads it.
 
@@ -56,7 +56,8 @@ IMPL = f"{__name__}.ObjectStoreFileIO"  # the `py-io-impl` value naming it
 _CACHED = 8  # file systems kept (credentials vended per table make new ones)
 _shared: OrderedDict[tuple[Any, ...], FileSystem] = OrderedDict()
 _guard = threading.Lock()
-UPLOAD_THREADS = 8  # uploads of a commit at the same time (and pooled GET connections)
+UPLOAD_THREADS = 8  # uploads of a commit at the same time (and pooled S3 connections)
+SIGNED_PUT_BYTES = 64 * 1024 * 1024  # a larger file is uploaded by pyarrow (in parts)
 _READ_WHOLE = (".avro", ".metadata.json")  # files every reader reads whole
 
 
@@ -64,7 +65,7 @@ class ObjectStoreFileIO(PyArrowFileIO):
     """`PyArrowFileIO` whose S3 file system uploads a small file as one PUT and is shared by
     every FileIO of the process with the same S3 properties, and whose reads of a whole object
     (manifest lists, manifests, metadata JSON, `read_whole`) are one GET without a HEAD first
-    where the S3 configuration allows (`_SignedGet`)."""
+    where the S3 configuration allows (`_SignedS3`)."""
 
     def new_input(self, location: str) -> PyArrowFile:
         get = self._whole_get(location) if location.endswith(_READ_WHOLE) else None
@@ -73,17 +74,34 @@ class ObjectStoreFileIO(PyArrowFileIO):
         _, _, path = self.parse_location(location, self.properties)
         return _FetchedWhole(location, path, get, self)
 
+    def put_whole(self, location: str, data: bytes) -> bool:
+        """Write `data` as the object at `location` with one signed PUT; False (nothing done)
+        when the location or configuration is not one the signed PUT covers, or the file is
+        larger than `SIGNED_PUT_BYTES` (pyarrow then uploads it, a large one in parts)."""
+        target = self._signed_target(location) if len(data) <= SIGNED_PUT_BYTES else None
+        if target is None:
+            return False
+        client, bucket, key = target
+        client.send("PUT", bucket, key, location, body=data)
+        return True
+
     def _whole_get(self, location: str) -> Callable[[], bytes] | None:
         """One signed GET of the object at `location`, or None (not S3, or a configuration the
         signed GET does not cover: then pyarrow reads it)."""
+        target = self._signed_target(location)
+        if target is None:
+            return None
+        client, bucket, key = target
+        return lambda: client.send("GET", bucket, key, location)
+
+    def _signed_target(self, location: str) -> tuple[_SignedS3, str, str] | None:
         scheme, netloc, path = self.parse_location(location, self.properties)
         if scheme not in ("s3", "s3a", "s3n") or not netloc:
             return None
-        getter = _SignedGet.of(self.properties)
-        if getter is None:
+        client = _SignedS3.of(self.properties)
+        if client is None:
             return None
-        key = path[len(netloc) :].lstrip("/")
-        return lambda: getter.get(netloc, key, location)
+        return client, netloc, path[len(netloc) :].lstrip("/")
 
     def _initialize_s3_fs(self, netloc: str | None) -> FileSystem:
         key = (
@@ -114,6 +132,15 @@ def read_whole(io: FileIO, location: str) -> bytes:
         return stream.read()
 
 
+def write_whole(io: FileIO, location: str, data: bytes) -> None:
+    """Write `data` as the file at `location`: one signed PUT on S3 through `ObjectStoreFileIO`
+    (`put_whole`), else the FileIO's own create and write."""
+    if isinstance(io, ObjectStoreFileIO) and io.put_whole(location, data):
+        return
+    with io.new_output(location).create(overwrite=True) as stream:
+        stream.write(data)
+
+
 def _s3_settings(properties: Any) -> tuple[tuple[str, str], ...]:
     """The properties an S3 client is built from (`s3.*`, `client.*`)."""
     return tuple(
@@ -136,14 +163,15 @@ class _FetchedWhole(PyArrowFile):
         return pa.BufferReader(self._get())  # type: ignore[no-any-return]
 
 
-class _SignedGet:
-    """GETs of whole S3 objects outside pyarrow, signed with AWS Signature V4 from the FileIO's
-    static credentials, on a pooled keep-alive connection: pyarrow (26) sends a HEAD before
-    every read it opens, even when the size is known (benchmarks/README.md, the REST catalog
-    section). Only for an explicit `s3.endpoint` with an access key and secret (a session token
-    too) and no role, proxy or anonymous access; any other configuration reads through pyarrow."""
+class _SignedS3:
+    """GETs and PUTs of whole S3 objects outside pyarrow, signed with AWS Signature V4 from the
+    FileIO's static credentials, on pooled keep-alive connections: pyarrow (26) sends a HEAD
+    before every read it opens, even when the size is known, and its PUT took ~1.5x as long on
+    SeaweedFS (benchmarks/README.md, the REST catalog section). Only for an explicit
+    `s3.endpoint` with an access key and secret (a session token too) and no role, proxy,
+    retry strategy or anonymous access; any other configuration goes through pyarrow."""
 
-    _made: ClassVar[dict[tuple[Any, ...], _SignedGet | None]] = {}
+    _made: ClassVar[dict[tuple[Any, ...], _SignedS3 | None]] = {}
 
     def __init__(
         self,
@@ -175,7 +203,7 @@ class _SignedGet:
         self.http = urllib3.PoolManager(maxsize=UPLOAD_THREADS, retries=retries, timeout=timeout)
 
     @classmethod
-    def of(cls, properties: Any) -> _SignedGet | None:
+    def of(cls, properties: Any) -> _SignedS3 | None:
         key = (os.getpid(), *_s3_settings(properties))
         with _guard:
             if key in cls._made:
@@ -185,7 +213,7 @@ class _SignedGet:
             return cls._made.setdefault(key, made)
 
     @classmethod
-    def _build(cls, properties: Any) -> _SignedGet | None:
+    def _build(cls, properties: Any) -> _SignedS3 | None:
         def first(*names: str) -> str | None:
             for name in names:
                 value = properties.get(name)
@@ -216,32 +244,36 @@ class _SignedGet:
             ),
         )
 
-    def get(self, bucket: str, key: str, location: str) -> bytes:
-        """The object's bytes; `FileNotFoundError` when there is none, `PermissionError` when
-        refused, `OSError` otherwise."""
+    def send(
+        self, method: str, bucket: str, key: str, location: str, *, body: bytes | None = None
+    ) -> bytes:
+        """A GET's object bytes (a PUT's: none); `FileNotFoundError` when there is no object,
+        `PermissionError` when refused, `OSError` otherwise."""
         quoted = quote(key, safe="/-_.~")
         if self.virtual:
             host, path = f"{bucket}.{self.host}", f"{self.prefix}/{quoted}"
         else:
             host, path = self.host, f"{self.prefix}/{quote(bucket, safe='')}/{quoted}"
-        headers = self._signed(host, path)
+        headers = self._signed(method, host, path)
+        verb = "read" if method == "GET" else "write"
         try:
             response = self.http.request(
-                "GET", f"{self.scheme}://{host}{path}", headers=headers, preload_content=True
+                method, f"{self.scheme}://{host}{path}", body=body, headers=headers
             )
         except urllib3.exceptions.HTTPError as exc:
-            raise OSError(f"cannot read {location}: {exc}") from exc
+            raise OSError(f"cannot {verb} {location}: {exc}") from exc
         if response.status == 200:
-            return bytes(response.data)
+            return bytes(response.data) if method == "GET" else b""
         if response.status == 404:
-            raise FileNotFoundError(f"cannot read {location}: it does not exist")
+            raise FileNotFoundError(f"cannot {verb} {location}: it does not exist")
         detail = f"HTTP {response.status} {response.data[:200]!r}"
         if response.status in (401, 403):
-            raise PermissionError(f"cannot read {location}: {detail}")
-        raise OSError(f"cannot read {location}: {detail}")
+            raise PermissionError(f"cannot {verb} {location}: {detail}")
+        raise OSError(f"cannot {verb} {location}: {detail}")
 
-    def _signed(self, host: str, path: str) -> dict[str, str]:
-        """The headers of a SigV4-signed GET of `path` on `host` (payload unsigned)."""
+    def _signed(self, method: str, host: str, path: str) -> dict[str, str]:
+        """The headers of a SigV4-signed `method` request of `path` on `host` (payload
+        unsigned)."""
         now = datetime.now(UTC)
         stamp, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
         headers = {
@@ -254,7 +286,7 @@ class _SignedGet:
         names = sorted(headers)
         canonical = "\n".join(
             [
-                "GET",
+                method,
                 path,
                 "",
                 "".join(f"{n}:{headers[n]}\n" for n in names),
@@ -367,8 +399,7 @@ class Uploads(FileIO):
             self._put(location, data)
 
     def _put(self, location: str, data: bytes) -> None:
-        with self.inner.new_output(location).create(overwrite=True) as stream:
-            stream.write(data)
+        write_whole(self.inner, location, data)
 
 
 class _DeferredFile(OutputFile):
