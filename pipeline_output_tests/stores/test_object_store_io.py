@@ -177,3 +177,26 @@ def test_a_file_written_whole_is_one_signed_put_and_a_large_one_pyarrows_upload(
     assert not io.put_whole(str(local), b"x")  # not S3: nothing done, the FileIO's own write
     write_whole(io, str(local), b"x")
     assert local.read_bytes() == b"x"
+
+
+def test_closing_a_file_beyond_the_upload_budget_waits_for_earlier_uploads(
+    seaweedfs: SeaweedFS, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(file_io, "UPLOAD_BUDGET_BYTES", 10)
+    inner = _GatedIO(seaweedfs.s3_properties())
+    keys = [f"budget/{uuid.uuid4()}.parquet" for _ in range(2)]
+
+    def write(key: str) -> None:
+        with io.new_output(f"s3://{bucket}/{key}").create(overwrite=True) as stream:
+            stream.write(b"8 bytes!")
+
+    with uploading(inner) as io:
+        write(keys[0])  # handed over: its upload waits for `release`
+        second = threading.Thread(target=write, args=(keys[1],))
+        second.start()
+        time.sleep(0.3)
+        assert second.is_alive()  # 8 + 8 bytes > 10: waits for the first upload to end
+        inner.release.set()
+        second.join(timeout=10)
+        assert not second.is_alive()
+    assert all(_exists(seaweedfs, bucket, key) for key in keys)

@@ -40,7 +40,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any, ClassVar
@@ -58,6 +58,7 @@ _shared: OrderedDict[tuple[Any, ...], FileSystem] = OrderedDict()
 _guard = threading.Lock()
 UPLOAD_THREADS = 8  # uploads of a commit at the same time (and pooled S3 connections)
 SIGNED_PUT_BYTES = 64 * 1024 * 1024  # a larger file is uploaded by pyarrow (in parts)
+UPLOAD_BUDGET_BYTES = 256 * 1024 * 1024  # a commit's bytes waiting or being uploaded at once
 _READ_WHOLE = (".avro", ".metadata.json")  # files every reader reads whole
 
 
@@ -343,8 +344,10 @@ class Uploads(FileIO):
     trip, not one after the other), and a created file's length is its bytes' (pyiceberg would
     ask the store: a HEAD). Local files are written as they are closed, as by the inner FileIO.
 
-    `wait()` returns once every upload has ended (raising the first failure); files created after
-    it are uploaded as they are closed. Reading or deleting a file whose upload is under way waits
+    At most `UPLOAD_BUDGET_BYTES` wait or are being sent at once: closing a file beyond that
+    waits for earlier uploads to end (a large write's files are then uploaded as they are
+    encoded, never all held). `wait()` returns once every upload has ended (raising the first
+    failure); files created after it are uploaded as they are closed. Reading or deleting a file whose upload is under way waits
     for that upload first, so a cleanup never races its own upload. Use it through `uploading`,
     which waits for every upload on the way out, also when the block fails."""
 
@@ -353,6 +356,7 @@ class Uploads(FileIO):
         self.inner = inner
         self._pending: dict[str, Future[None]] = {}
         self._sizes: dict[str, int] = {}
+        self._held = 0  # bytes waiting or being sent
         self._lock = threading.Lock()
         self._settled = False
 
@@ -390,13 +394,26 @@ class Uploads(FileIO):
     def _closed(self, location: str, data: bytes) -> None:
         """A created file was closed: upload its bytes now (locally, or after `wait`) or in the
         background."""
+        size = len(data)
         with self._lock:
-            self._sizes[location] = len(data)
+            self._sizes[location] = size
             later = not self._settled and not _local(location)
-            if later:
-                self._pending[location] = _upload_pool().submit(self._put, location, data)
+            busy = [f for f in self._pending.values() if not f.done()]
         if not later:
             self._put(location, data)
+            return
+        while busy and self._held + size > UPLOAD_BUDGET_BYTES:
+            wait(busy, return_when=FIRST_COMPLETED)
+            busy = [f for f in busy if not f.done()]
+        with self._lock:
+            self._held += size
+            future = _upload_pool().submit(self._put, location, data)
+            self._pending[location] = future
+        future.add_done_callback(lambda _: self._release(size))
+
+    def _release(self, size: int) -> None:
+        with self._lock:
+            self._held -= size
 
     def _put(self, location: str, data: bytes) -> None:
         write_whole(self.inner, location, data)
