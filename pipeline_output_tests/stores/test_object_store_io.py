@@ -200,3 +200,13 @@ def test_closing_a_file_beyond_the_upload_budget_waits_for_earlier_uploads(
         second.join(timeout=10)
         assert not second.is_alive()
     assert all(_exists(seaweedfs, bucket, key) for key in keys)
+
+
+def test_a_configuration_the_signed_requests_do_not_cover_reads_through_pyarrow(
+    seaweedfs: SeaweedFS, bucket: str, count: Any
+) -> None:
+    seaweedfs.s3_client().put_object(Bucket=bucket, Key="other/m.avro", Body=b"body")
+    io = _io(seaweedfs, **{"s3.retry-strategy-impl": "pyarrow.fs.AwsStandardS3RetryStrategy"})
+    before = seaweedfs.s3_requests()
+    assert read_whole(io, f"s3://{bucket}/other/m.avro") == b"body"
+    assert count(before) == {"GET": 2}  # pyarrow's HEAD, then its GET

@@ -18,8 +18,9 @@ pyarrow (26) sends a HEAD before every read it opens, even of a file whose size 
 every reader reads whole — a manifest list, a manifest, a `metadata.json`, and a candidate data
 file the key scan fetches whole (`read_whole`) — is instead one GET, signed (SigV4) with the
 FileIO's static S3 credentials on a pooled keep-alive connection (`_SignedS3`), where the
-configuration is one it covers (an explicit `s3.endpoint`, an access key and secret, no role,
-proxy or anonymous access); otherwise pyarrow reads it.
+configuration is one it covers (an explicit path-style `s3.endpoint`, a region, an access key and
+secret; no role, proxy or anonymous access); otherwise pyarrow reads it. A file written whole
+(`write_whole`: data and delete files, manifests, manifest lists) is likewise one signed PUT.
 
 A commit's new files go through `Uploads` (`uploading`): each is held in memory until it is
 closed and then uploaded in the background, so a write's data file, delete files, manifests and
@@ -169,8 +170,9 @@ class _SignedS3:
     FileIO's static credentials, on pooled keep-alive connections: pyarrow (26) sends a HEAD
     before every read it opens, even when the size is known, and its PUT took ~1.5x as long on
     SeaweedFS (benchmarks/README.md, the REST catalog section). Only for an explicit
-    `s3.endpoint` with an access key and secret (a session token too) and no role, proxy,
-    retry strategy or anonymous access; any other configuration goes through pyarrow."""
+    `s3.endpoint` addressed path-style, a configured region, an access key and secret (a session
+    token too) and no role, proxy, retry strategy, region resolving or anonymous access; any
+    other configuration goes through pyarrow."""
 
     _made: ClassVar[dict[tuple[Any, ...], _SignedS3 | None]] = {}
 
@@ -182,7 +184,6 @@ class _SignedS3:
         access_key: str,
         secret_key: str,
         token: str | None,
-        virtual: bool,
         timeout: urllib3.Timeout,
     ) -> None:
         parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
@@ -194,7 +195,6 @@ class _SignedS3:
             secret_key,
             token,
         )
-        self.virtual = virtual
         retries = urllib3.Retry(
             total=3,
             backoff_factor=0.1,
@@ -228,18 +228,22 @@ class _SignedS3:
         unsupported = first(
             "s3.role-arn", "client.role-arn", "s3.proxy-uri", "s3.retry-strategy-impl"
         )
-        anonymous = str(properties.get("s3.anonymous", "false")).lower() in ("true", "1", "yes")
-        if not endpoint or not access or not secret or unsupported or anonymous:
+        region = first("s3.region", "client.region")
+        anonymous, virtual, resolve = (
+            str(properties.get(name, "false")).lower() in ("true", "1", "yes")
+            for name in ("s3.anonymous", "s3.force-virtual-addressing", "s3.resolve-region")
+        )
+        if not (endpoint and access and secret and region) or unsupported:
+            return None
+        if anonymous or virtual or resolve:
             return None
         connect, read = first("s3.connect-timeout"), first("s3.request-timeout")
         return cls(
             endpoint=endpoint,
-            region=first("s3.region", "client.region") or "us-east-1",
+            region=region,
             access_key=access,
             secret_key=secret,
             token=first("s3.session-token", "client.session-token"),
-            virtual=str(properties.get("s3.force-virtual-addressing", "false")).lower()
-            in ("true", "1", "yes"),
             timeout=urllib3.Timeout(
                 connect=float(connect) if connect else 30.0, read=float(read) if read else 120.0
             ),
@@ -250,11 +254,8 @@ class _SignedS3:
     ) -> bytes:
         """A GET's object bytes (a PUT's: none); `FileNotFoundError` when there is no object,
         `PermissionError` when refused, `OSError` otherwise."""
-        quoted = quote(key, safe="/-_.~")
-        if self.virtual:
-            host, path = f"{bucket}.{self.host}", f"{self.prefix}/{quoted}"
-        else:
-            host, path = self.host, f"{self.prefix}/{quote(bucket, safe='')}/{quoted}"
+        host = self.host  # path-style: /bucket/key
+        path = f"{self.prefix}/{quote(bucket, safe='')}/{quote(key, safe='/-_.~')}"
         headers = self._signed(method, host, path)
         verb = "read" if method == "GET" else "write"
         try:
