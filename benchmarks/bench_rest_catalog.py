@@ -27,8 +27,8 @@ the ratio rest / sql. Requests per timed write:
   answered in that time (the writing process is the only S3 client).
 
 The floor printed with them: the bytes of the write moved with the same S3 client and no work (GET
-the target's data file whole, PUT as many bytes as the write added) against the same on local
-disk; `sql + (S3 floor - local floor)` over `sql` is the ratio the bytes alone would cost.
+the target's data file whole, PUT as many bytes as the write added, as the write moves them:
+`file_io.read_whole` / `write_whole`) against the same on local disk; `sql + (S3 floor - local floor)` over `sql` is the ratio the bytes alone would cost.
 
 `--profile DIR` runs cProfile over one extra REST upsert and prints where its time goes.
 """
@@ -193,19 +193,20 @@ def main(argv: list[str] | None = None) -> int:
 def floor(store: Any, spec: Any, work: Path) -> tuple[float, float, int, int]:
     """The bytes of one REST write moved without any work: GET its target's data file whole
     (the most the key scan can read) and PUT as many bytes as the write added (its summary's
-    `added-files-size`) as one object, through the table's own FileIO (the same S3 client) —
-    and the same on local disk. Returns (S3 seconds, local seconds, bytes got, bytes put)."""
+    `added-files-size`) as one object, through the table's own FileIO as the write moves them
+    (`file_io.read_whole` / `write_whole`: the same S3 client) — and the same on local disk.
+    Returns (S3 seconds, local seconds, bytes got, bytes put)."""
+    from pipeline_output.stores.iceberg.table.file_io import read_whole, write_whole
+
     table = store.load(spec)
     snapshot = table.current_snapshot()
     put_bytes = int(snapshot.summary.additional_properties.get("added-files-size", "0"))
     target = next(t.file for t in table.scan(snapshot_id=snapshot.parent_snapshot_id).plan_files())
     io = table.io
     start = time.perf_counter()
-    with io.new_input(target.file_path).open() as stream:
-        data = stream.read()
+    data = read_whole(io, target.file_path)  # as the key scan fetches it
     path = f"{table.metadata.location}/data/floor-{uuid.uuid4()}.parquet"
-    with io.new_output(path).create(overwrite=True) as out:
-        out.write(data[:put_bytes])
+    write_whole(io, path, data[:put_bytes])  # as a commit uploads it
     s3_s = time.perf_counter() - start
     io.delete(path)
     local = work / "floor.bin"

@@ -132,6 +132,7 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     manifest_writer,
     summary,
 )
+from pipeline_output.stores.iceberg.table.file_io import Uploads, uploading
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
     RawManifest,
     Source,
@@ -297,53 +298,58 @@ def commit(request: CommitRequest) -> Table:
     one file-scoped delete file each, written here and committed in the same snapshot. `branch`
     is the ref the snapshot is committed to (an audited write: its run's branch).
     """
+    # the commit's new files (change file, data and delete files, manifests, manifest list) are
+    # uploaded at the same time, each from when it is complete (`file_io.Uploads`)
+    with uploading(request.tx._table.io) as io:
+        return _commit(request, io)
+
+
+def _commit(request: CommitRequest, io: Uploads) -> Table:
     from pyiceberg.exceptions import CommitFailedException, ValidationException
 
     tx, dataset, props = request.tx, request.dataset, dict(request.properties)
+    index, branch, fence = request.index, request.branch, request.fence
     deleted, frames, ready, positional = (
         request.deleted,
         request.frames,
         request.ready,
         request.positional,
     )
-    index, branch, fence = request.index, request.branch, request.fence
     producer: _SnapshotProducer[Any]
     commit_uuid = uuid.uuid4()
     change_written: list[str] = []
     if request.change is not None:
         path = change_path(tx.table_metadata.location, commit_uuid)
         try:
-            write_change_file(tx._table.io, path, request.change)
+            write_change_file(io, path, request.change)
         except BaseException:  # the write fails whole: nothing committed, its files go
             for data_file in ready:
-                delete_quietly(tx._table.io, data_file.file_path)
+                delete_quietly(io, data_file.file_path)
             raise
         change_written.append(path)
         props[CHANGE_FILE] = path
         props[CHANGE_COUNTS] = change_counts(request.change)
     if deleted or request.force or positional:
-        producer = IndexedOverwrite(
-            tx, tx._table.io, index=index, snapshot_properties=props, branch=branch
-        )
+        producer = IndexedOverwrite(tx, io, index=index, snapshot_properties=props, branch=branch)
     else:  # an append: pyiceberg's merge-append honours the same manifest-merge properties
         producer = MergeAppend(
             operation=Operation.APPEND,
             transaction=tx,
-            io=tx._table.io,
+            io=io,
             branch=branch,
             snapshot_properties=props,
         )
     for data_file in ready:
         producer.append_data_file(data_file)
-    writer = DataFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)
-    deletes = DeleteFileWriter(tx.table_metadata, tx._table.io, write_id=producer.commit_uuid)
+    writer = DataFileWriter(tx.table_metadata, io, write_id=producer.commit_uuid)
+    deletes = DeleteFileWriter(tx.table_metadata, io, write_id=producer.commit_uuid)
     try:
         added, removing = write_files(writer, frames, deletes, positional)
         for data_file in [*added, *removing]:
             producer.append_data_file(data_file)
     except BaseException:
         for path in [*writer.written, *deletes.written, *change_written]:
-            delete_quietly(tx._table.io, path)
+            delete_quietly(io, path)
         raise
     for data_file in deleted:
         producer.delete_data_file(data_file)
@@ -353,11 +359,12 @@ def commit(request: CommitRequest) -> Table:
             producer.commit()  # registers the producer: pyiceberg rebuilds it on a new head
         else:
             tx._apply(*producer._commit())  # staged without retry registration: fenced
+        io.wait()  # every file of the commit uploaded
         fault_injection("in_commit")  # manifests and manifest list written too
         if fence is not None:
             fence()
         verify_written(  # none of its files removed meanwhile (`commit.py`)
-            tx._table.io,
+            io,
             producer,
             [*writer.written, *deletes.written, *(f.file_path for f in ready), *change_written],
             dataset=dataset,
@@ -369,7 +376,7 @@ def commit(request: CommitRequest) -> Table:
             producer._clean_all_uncommitted()
         written = [*writer.written, *deletes.written, *(f.file_path for f in ready)]
         for path in [*written, *change_written]:
-            delete_quietly(tx._table.io, path)
+            delete_quietly(io, path)
         if isinstance(exc, WriteConflict):
             raise
         raise WriteConflict(

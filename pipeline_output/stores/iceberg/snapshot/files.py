@@ -57,6 +57,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 from pyiceberg.types import DoubleType, FloatType, LongType, NestedField, StringType
 
+from pipeline_output.stores.iceberg.table.file_io import write_whole
 from pipeline_output.stores.iceberg.table.partitions import partition_columns
 from pipeline_output.stores.schema import conform
 
@@ -91,8 +92,7 @@ class TableFileWriter:
         own uuid: no existence check first (on S3 a HEAD and a LIST)."""
         name = f"00000-{next(self._counter)}-{self.write_id}{suffix}.parquet"
         path = self._locations.new_data_location(data_file_name=name)
-        with self.io.new_output(path).create(overwrite=True) as stream:
-            stream.write(data)
+        write_whole(self.io, path, data)
         self.written.append(path)
         return path
 

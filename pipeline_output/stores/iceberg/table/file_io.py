@@ -1,5 +1,6 @@
 """`ObjectStoreFileIO`: the FileIO of every table of a catalog the project opens — pyiceberg's
-pyarrow FileIO, with fewer object-store requests per write.
+pyarrow FileIO, with fewer object-store requests and round trips per write; and `Uploads`, the
+FileIO a commit writes its new files through.
 
 pyiceberg 0.12 opens every S3 output stream as a multipart upload (pyarrow's `S3FileSystem`
 without `allow_delayed_open`): each file a write adds — data file, delete file, manifests, manifest
@@ -13,6 +14,19 @@ table of the process whose FileIO has the same `s3.*` / `client.*` properties (t
 file system is built from): its connections are reused from write to write (a forked child
 process builds its own).
 
+pyarrow (26) sends a HEAD before every read it opens, even of a file whose size is known. A file
+every reader reads whole — a manifest list, a manifest, a `metadata.json`, and a candidate data
+file the key scan fetches whole (`read_whole`) — is instead one GET, signed (SigV4) with the
+FileIO's static S3 credentials on a pooled keep-alive connection (`_SignedS3`), where the
+configuration is one it covers (an explicit path-style `s3.endpoint`, a region, an access key and
+secret; no role, proxy or anonymous access); otherwise pyarrow reads it. A file written whole
+(`write_whole`: data and delete files, manifests, manifest lists) is likewise one signed PUT.
+
+A commit's new files go through `Uploads` (`uploading`): each is held in memory until it is
+closed and then uploaded in the background, so a write's data file, delete files, manifests and
+manifest list are uploaded at the same time, not one round trip after the other, and a new
+manifest's length is its bytes' (pyiceberg asks the store: a HEAD).
+
 Local files, and every other scheme, are read and written exactly as by `PyArrowFileIO`.
 `open_catalog` (`catalog.py`) gives a catalog this FileIO unless its configuration names one
 (`py-io-impl`).
@@ -20,31 +34,82 @@ Local files, and every other scheme, are read and written exactly as by `PyArrow
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import io
 import os
 import threading
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+from urllib.parse import quote, urlsplit
 
+import pyarrow as pa
+import urllib3
 from pyarrow.fs import FileSystem, S3FileSystem
-from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile, OutputStream
+from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
 
 IMPL = f"{__name__}.ObjectStoreFileIO"  # the `py-io-impl` value naming it
 _CACHED = 8  # file systems kept (credentials vended per table make new ones)
 _shared: OrderedDict[tuple[Any, ...], FileSystem] = OrderedDict()
 _guard = threading.Lock()
+UPLOAD_THREADS = 8  # uploads of a commit at the same time (and pooled S3 connections)
+SIGNED_PUT_BYTES = 64 * 1024 * 1024  # a larger file is uploaded by pyarrow (in parts)
+UPLOAD_BUDGET_BYTES = 256 * 1024 * 1024  # a commit's bytes waiting or being uploaded at once
+_READ_WHOLE = (".avro", ".metadata.json")  # files every reader reads whole
 
 
 class ObjectStoreFileIO(PyArrowFileIO):
     """`PyArrowFileIO` whose S3 file system uploads a small file as one PUT and is shared by
-    every FileIO of the process with the same S3 properties."""
+    every FileIO of the process with the same S3 properties, and whose reads of a whole object
+    (manifest lists, manifests, metadata JSON, `read_whole`) are one GET without a HEAD first
+    where the S3 configuration allows (`_SignedS3`)."""
+
+    def new_input(self, location: str) -> PyArrowFile:
+        get = self._whole_get(location) if location.endswith(_READ_WHOLE) else None
+        if get is None:
+            return super().new_input(location)
+        _, _, path = self.parse_location(location, self.properties)
+        return _FetchedWhole(location, path, get, self)
+
+    def put_whole(self, location: str, data: bytes) -> bool:
+        """Write `data` as the object at `location` with one signed PUT; False (nothing done)
+        when the location or configuration is not one the signed PUT covers, or the file is
+        larger than `SIGNED_PUT_BYTES` (pyarrow then uploads it, a large one in parts)."""
+        target = self._signed_target(location) if len(data) <= SIGNED_PUT_BYTES else None
+        if target is None:
+            return False
+        client, bucket, key = target
+        client.send("PUT", bucket, key, location, body=data)
+        return True
+
+    def _whole_get(self, location: str) -> Callable[[], bytes] | None:
+        """One signed GET of the object at `location`, or None (not S3, or a configuration the
+        signed GET does not cover: then pyarrow reads it)."""
+        target = self._signed_target(location)
+        if target is None:
+            return None
+        client, bucket, key = target
+        return lambda: client.send("GET", bucket, key, location)
+
+    def _signed_target(self, location: str) -> tuple[_SignedS3, str, str] | None:
+        scheme, netloc, path = self.parse_location(location, self.properties)
+        if scheme not in ("s3", "s3a", "s3n") or not netloc:
+            return None
+        client = _SignedS3.of(self.properties)
+        if client is None:
+            return None
+        return client, netloc, path[len(netloc) :].lstrip("/")
 
     def _initialize_s3_fs(self, netloc: str | None) -> FileSystem:
         key = (
             os.getpid(),  # a forked child builds its own (an AWS client is not fork-safe)
             netloc,
-            *sorted(
-                (k, str(v)) for k, v in self.properties.items() if k.startswith(("s3.", "client."))
-            ),
+            *_s3_settings(self.properties),
         )
         with _guard:
             found = _shared.get(key)
@@ -59,6 +124,193 @@ class ObjectStoreFileIO(PyArrowFileIO):
         return made
 
 
+def read_whole(io: FileIO, location: str) -> bytes:
+    """The bytes of the file at `location`: one GET on S3 through `ObjectStoreFileIO` (no HEAD
+    first), else the FileIO's own open and read."""
+    get = io._whole_get(location) if isinstance(io, ObjectStoreFileIO) else None
+    if get is not None:
+        return get()
+    with io.new_input(location).open() as stream:
+        return stream.read()
+
+
+def write_whole(io: FileIO, location: str, data: bytes) -> None:
+    """Write `data` as the file at `location`: one signed PUT on S3 through `ObjectStoreFileIO`
+    (`put_whole`), else the FileIO's own create and write."""
+    if isinstance(io, ObjectStoreFileIO) and io.put_whole(location, data):
+        return
+    with io.new_output(location).create(overwrite=True) as stream:
+        stream.write(data)
+
+
+def _s3_settings(properties: Any) -> tuple[tuple[str, str], ...]:
+    """The properties an S3 client is built from (`s3.*`, `client.*`)."""
+    return tuple(
+        sorted((k, str(v)) for k, v in properties.items() if k.startswith(("s3.", "client.")))
+    )
+
+
+class _FetchedWhole(PyArrowFile):
+    """A pyarrow input file read whole by one GET (its length and existence still asked of
+    pyarrow)."""
+
+    def __init__(
+        self, location: str, path: str, get: Callable[[], bytes], io: PyArrowFileIO
+    ) -> None:
+        scheme, netloc, _ = io.parse_location(location, io.properties)
+        super().__init__(location, path, io.fs_by_scheme(scheme, netloc))
+        self._get = get
+
+    def open(self, seekable: bool = True) -> InputStream:
+        return pa.BufferReader(self._get())  # type: ignore[no-any-return]
+
+
+class _SignedS3:
+    """GETs and PUTs of whole S3 objects outside pyarrow, signed with AWS Signature V4 from the
+    FileIO's static credentials, on pooled keep-alive connections: pyarrow (26) sends a HEAD
+    before every read it opens, even when the size is known, and its PUT took ~1.5x as long on
+    SeaweedFS (benchmarks/README.md, the REST catalog section). Only for an explicit
+    `s3.endpoint` addressed path-style, a configured region, an access key and secret (a session
+    token too) and no role, proxy, retry strategy, region resolving or anonymous access; any
+    other configuration goes through pyarrow."""
+
+    _made: ClassVar[dict[tuple[Any, ...], _SignedS3 | None]] = {}
+
+    def __init__(
+        self,
+        *,
+        endpoint: str,
+        region: str,
+        access_key: str,
+        secret_key: str,
+        token: str | None,
+        timeout: urllib3.Timeout,
+    ) -> None:
+        parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        self.scheme, self.host = parts.scheme, parts.netloc
+        self.prefix = parts.path.rstrip("/")
+        self.region, self.access_key, self.secret_key, self.token = (
+            region,
+            access_key,
+            secret_key,
+            token,
+        )
+        retries = urllib3.Retry(
+            total=3,
+            backoff_factor=0.1,
+            status_forcelist=(500, 502, 503, 504),
+            raise_on_status=False,
+        )
+        self.http = urllib3.PoolManager(maxsize=UPLOAD_THREADS, retries=retries, timeout=timeout)
+
+    @classmethod
+    def of(cls, properties: Any) -> _SignedS3 | None:
+        key = (os.getpid(), *_s3_settings(properties))
+        with _guard:
+            if key in cls._made:
+                return cls._made[key]
+        made = cls._build(properties)
+        with _guard:
+            return cls._made.setdefault(key, made)
+
+    @classmethod
+    def _build(cls, properties: Any) -> _SignedS3 | None:
+        def first(*names: str) -> str | None:
+            for name in names:
+                value = properties.get(name)
+                if value:
+                    return str(value)
+            return None
+
+        endpoint = first("s3.endpoint")
+        access = first("s3.access-key-id", "client.access-key-id")
+        secret = first("s3.secret-access-key", "client.secret-access-key")
+        unsupported = first(
+            "s3.role-arn", "client.role-arn", "s3.proxy-uri", "s3.retry-strategy-impl"
+        )
+        region = first("s3.region", "client.region")
+        anonymous, virtual, resolve = (
+            str(properties.get(name, "false")).lower() in ("true", "1", "yes")
+            for name in ("s3.anonymous", "s3.force-virtual-addressing", "s3.resolve-region")
+        )
+        if not (endpoint and access and secret and region) or unsupported:
+            return None
+        if anonymous or virtual or resolve:
+            return None
+        connect, read = first("s3.connect-timeout"), first("s3.request-timeout")
+        return cls(
+            endpoint=endpoint,
+            region=region,
+            access_key=access,
+            secret_key=secret,
+            token=first("s3.session-token", "client.session-token"),
+            timeout=urllib3.Timeout(
+                connect=float(connect) if connect else 30.0, read=float(read) if read else 120.0
+            ),
+        )
+
+    def send(
+        self, method: str, bucket: str, key: str, location: str, *, body: bytes | None = None
+    ) -> bytes:
+        """A GET's object bytes (a PUT's: none); `FileNotFoundError` when there is no object,
+        `PermissionError` when refused, `OSError` otherwise."""
+        host = self.host  # path-style: /bucket/key
+        path = f"{self.prefix}/{quote(bucket, safe='')}/{quote(key, safe='/-_.~')}"
+        headers = self._signed(method, host, path)
+        verb = "read" if method == "GET" else "write"
+        try:
+            response = self.http.request(
+                method, f"{self.scheme}://{host}{path}", body=body, headers=headers
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise OSError(f"cannot {verb} {location}: {exc}") from exc
+        if response.status == 200:
+            return bytes(response.data) if method == "GET" else b""
+        if response.status == 404:
+            raise FileNotFoundError(f"cannot {verb} {location}: it does not exist")
+        detail = f"HTTP {response.status} {response.data[:200]!r}"
+        if response.status in (401, 403):
+            raise PermissionError(f"cannot {verb} {location}: {detail}")
+        raise OSError(f"cannot {verb} {location}: {detail}")
+
+    def _signed(self, method: str, host: str, path: str) -> dict[str, str]:
+        """The headers of a SigV4-signed `method` request of `path` on `host` (payload
+        unsigned)."""
+        now = datetime.now(UTC)
+        stamp, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+        headers = {
+            "host": host,
+            "x-amz-content-sha256": "UNSIGNED-PAYLOAD",
+            "x-amz-date": stamp,
+        }
+        if self.token:
+            headers["x-amz-security-token"] = self.token
+        names = sorted(headers)
+        canonical = "\n".join(
+            [
+                method,
+                path,
+                "",
+                "".join(f"{n}:{headers[n]}\n" for n in names),
+                ";".join(names),
+                "UNSIGNED-PAYLOAD",
+            ]
+        )
+        scope = f"{day}/{self.region}/s3/aws4_request"
+        to_sign = "\n".join(
+            ["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()]
+        )
+        signing = f"AWS4{self.secret_key}".encode()
+        for part in (day, self.region, "s3", "aws4_request"):
+            signing = hmac.new(signing, part.encode(), hashlib.sha256).digest()
+        signature = hmac.new(signing, to_sign.encode(), hashlib.sha256).hexdigest()
+        headers["authorization"] = (
+            f"AWS4-HMAC-SHA256 Credential={self.access_key}/{scope}, "
+            f"SignedHeaders={';'.join(names)}, Signature={signature}"
+        )
+        return headers
+
+
 def _delayed_open(fs: FileSystem, properties: Any) -> FileSystem:
     """`fs` (pyiceberg's S3 file system) with `allow_delayed_open`, every other option kept
     (pyarrow's own reconstruction arguments); as it is when a retry strategy was configured (the
@@ -68,3 +320,153 @@ def _delayed_open(fs: FileSystem, properties: Any) -> FileSystem:
     rebuild, (options,) = fs.__reduce__()
     made: FileSystem = rebuild({**options, "allow_delayed_open": True})
     return made
+
+
+_POOL: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _upload_pool() -> ThreadPoolExecutor:
+    """The process's upload threads (started as needed and kept; a forked child gets its own)."""
+    global _POOL
+    with _guard:
+        if _POOL is None or _POOL[0] != os.getpid():
+            _POOL = (os.getpid(), ThreadPoolExecutor(UPLOAD_THREADS, "po-upload"))
+        return _POOL[1]
+
+
+def _local(location: str) -> bool:
+    return location.startswith(("file:", "/"))
+
+
+class Uploads(FileIO):
+    """`FileIO` over another one for the files of one commit: a file created on an object store
+    is held in memory and its upload starts when it is closed, in the background — so a commit's
+    data file, delete files, manifests and manifest list are uploaded at the same time (one round
+    trip, not one after the other), and a created file's length is its bytes' (pyiceberg would
+    ask the store: a HEAD). Local files are written as they are closed, as by the inner FileIO.
+
+    At most `UPLOAD_BUDGET_BYTES` wait or are being sent at once: closing a file beyond that
+    waits for earlier uploads to end (a large write's files are then uploaded as they are
+    encoded, never all held). `wait()` returns once every upload has ended (raising the first
+    failure); files created after it are uploaded as they are closed. Reading or deleting a file whose upload is under way waits
+    for that upload first, so a cleanup never races its own upload. Use it through `uploading`,
+    which waits for every upload on the way out, also when the block fails."""
+
+    def __init__(self, inner: FileIO) -> None:
+        super().__init__(inner.properties)
+        self.inner = inner
+        self._pending: dict[str, Future[None]] = {}
+        self._sizes: dict[str, int] = {}
+        self._held = 0  # bytes waiting or being sent
+        self._lock = threading.Lock()
+        self._settled = False
+
+    def new_input(self, location: str) -> InputFile:
+        self._settle(location)
+        return self.inner.new_input(location)
+
+    def new_output(self, location: str) -> OutputFile:
+        return _DeferredFile(location, self)
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        path = location if isinstance(location, str) else location.location
+        self._settle(path)
+        self.inner.delete(location)
+
+    def wait(self) -> None:
+        """Every upload ended; the first failure (in creation order) raised."""
+        with self._lock:
+            self._settled = True
+            futures = list(self._pending.values())
+        first: BaseException | None = None
+        for future in futures:
+            error = future.exception()
+            if error is not None and first is None:
+                first = error
+        if first is not None:
+            raise first
+
+    def _settle(self, path: str) -> None:
+        with self._lock:
+            future = self._pending.get(path)
+        if future is not None:
+            wait([future])
+
+    def _closed(self, location: str, data: bytes) -> None:
+        """A created file was closed: upload its bytes now (locally, or after `wait`) or in the
+        background."""
+        size = len(data)
+        with self._lock:
+            self._sizes[location] = size
+            later = not self._settled and not _local(location)
+            busy = [f for f in self._pending.values() if not f.done()]
+        if not later:
+            self._put(location, data)
+            return
+        while busy and self._held + size > UPLOAD_BUDGET_BYTES:
+            wait(busy, return_when=FIRST_COMPLETED)
+            busy = [f for f in busy if not f.done()]
+        with self._lock:
+            self._held += size
+            future = _upload_pool().submit(self._put, location, data)
+            self._pending[location] = future
+        future.add_done_callback(lambda _: self._release(size))
+
+    def _release(self, size: int) -> None:
+        with self._lock:
+            self._held -= size
+
+    def _put(self, location: str, data: bytes) -> None:
+        write_whole(self.inner, location, data)
+
+
+class _DeferredFile(OutputFile):
+    """An `OutputFile` of `Uploads`: its stream collects the bytes; closing it hands them over."""
+
+    def __init__(self, location: str, owner: Uploads) -> None:
+        super().__init__(location)
+        self._owner = owner
+
+    def __len__(self) -> int:
+        size = self._owner._sizes.get(self.location)
+        return size if size is not None else len(self._owner.inner.new_input(self.location))
+
+    def exists(self) -> bool:
+        return (
+            self.location in self._owner._sizes
+            or self._owner.inner.new_input(self.location).exists()
+        )
+
+    def to_input_file(self) -> InputFile:
+        return self._owner.new_input(self.location)
+
+    def create(self, overwrite: bool = False) -> OutputStream:
+        if not overwrite and self.exists():
+            raise FileExistsError(f"cannot create {self.location}: it already exists")
+        return _Collected(self)
+
+
+class _Collected(io.BytesIO):
+    def __init__(self, file: _DeferredFile) -> None:
+        super().__init__()
+        self._file = file
+
+    def close(self) -> None:
+        if not self.closed:
+            data = self.getvalue()
+            super().close()
+            self._file._owner._closed(self._file.location, data)
+
+
+@contextmanager
+def uploading(inner: FileIO) -> Iterator[Uploads]:
+    """`Uploads` over `inner` for a block: on the way out every upload has ended (a failure of
+    one raised only if the block itself did not fail)."""
+    uploads = Uploads(inner)
+    try:
+        yield uploads
+    except BaseException:
+        with suppress(BaseException):
+            uploads.wait()
+        raise
+    uploads.wait()

@@ -85,6 +85,7 @@ from pyiceberg.types import (
 from pipeline_output.contract.checked_input import from_arrow, polars_schema
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.stores.iceberg.snapshot.files import deleted_positions, referenced_path
+from pipeline_output.stores.iceberg.table.file_io import read_whole
 from pipeline_output.stores.iceberg.table.partitions import key_partition_values, physical
 from pipeline_output.stores.iceberg.table.tables import FILEPOS_COLUMN, READ_THREADS
 from pipeline_output.stores.iceberg.write.frame_rows import (
@@ -174,16 +175,18 @@ class CandidateRows:
 class ObjectFiles:
     """Candidate files that are not local, read through the table's own `FileIO` (its client,
     credentials and connections: S3, GCS, ... alike), files in parallel. A file of at most
-    `WHOLE_FILE_BYTES` is fetched whole, once, while the write holds at most
-    `WHOLE_BUDGET_BYTES` of them: every pass over it (keys, the compared columns, a rewrite) then
-    reads memory — one GET instead of one a column and row group. A larger one has its Parquet
-    footer fetched once per write and only the columns a pass asks for fetched; on pyarrow's
-    FileIO it is opened at the size its manifest records (pyarrow 26 still sends a HEAD when it
-    opens it: benchmarks/README.md, the REST catalog section)."""
+    `WHOLE_FILE_BYTES` is fetched whole, once (on S3 one GET, no HEAD: `file_io.read_whole`),
+    while the write holds at most `WHOLE_BUDGET_BYTES` of them: every pass over it (keys, the
+    compared columns, a rewrite) then reads memory — as polars reads local files, when every
+    candidate is in memory (`in_memory`). A larger one has its Parquet footer fetched once per
+    write and only the columns a pass asks for fetched; on pyarrow's FileIO it is opened at the
+    size its manifest records (pyarrow 26 still sends a HEAD when it opens it:
+    benchmarks/README.md, the REST catalog section)."""
 
     def __init__(self, io: FileIO) -> None:
         self.io = io
         self._opened: dict[str, Any] = {}
+        self._whole: dict[str, bytes] = {}  # the files fetched whole
         self._held = 0  # bytes of files fetched whole
         self._guard = threading.Lock()
 
@@ -194,13 +197,9 @@ class ObjectFiles:
         if found is not None:
             return found
         form = pads.ParquetFileFormat()
-        with self._guard:
-            whole = size <= WHOLE_FILE_BYTES and self._held + size <= WHOLE_BUDGET_BYTES
-            if whole:
-                self._held += size
-        if whole:  # one GET for every pass over it, not one a column and row group
-            with self.io.new_input(path).open() as stream:
-                opened = form.make_fragment(pa.BufferReader(stream.read()))
+        data = self._fetched(path, size)
+        if data is not None:  # one GET for every pass over it, not one a column and row group
+            opened = form.make_fragment(pa.BufferReader(data))
         elif isinstance(self.io, PyArrowFileIO):
             scheme, netloc, inner = self.io.parse_location(path, self.io.properties)
             opened = form.make_fragment(
@@ -212,9 +211,35 @@ class ObjectFiles:
         with self._guard:
             return self._opened.setdefault(path, opened)
 
+    def in_memory(self, files: Sequence[tuple[str, int]]) -> list[bytes] | None:
+        """The files' bytes when every one of them is fetched whole (fetching those not yet, in
+        parallel), else None."""
+        if any(size > WHOLE_FILE_BYTES for _, size in files):
+            return None
+        got: list[bytes | None] = self._each(files, lambda path, size: self._fetched(path, size))
+        if any(data is None for data in got):
+            return None
+        return [data for data in got if data is not None]
+
+    def _fetched(self, path: str, size: int) -> bytes | None:
+        """The file's bytes, fetched whole if it is small enough and the budget allows."""
+        with self._guard:
+            found = self._whole.get(path)
+            if found is not None:
+                return found
+            whole = size <= WHOLE_FILE_BYTES and self._held + size <= WHOLE_BUDGET_BYTES
+            if whole:
+                self._held += size
+        if not whole:
+            return None
+        data = read_whole(self.io, path)
+        with self._guard:
+            return self._whole.setdefault(path, data)
+
     def rows(self, files: Sequence[tuple[str, int]]) -> int:
         """The rows the files' footers hold."""
-        return sum(f.metadata.num_rows for f in self._each(files, lambda f: f))
+        opened = self._each(files, self.fragment)
+        return sum(f.metadata.num_rows for f in opened)
 
     def read(
         self, files: Sequence[tuple[str, int]], columns: Sequence[str], target: pl.Schema
@@ -233,11 +258,11 @@ class ObjectFiles:
                 for c in columns
             )
 
-        return self._each(files, one)
+        return self._each(files, lambda path, size: one(self.fragment(path, size)))
 
-    def _each(self, files: Sequence[tuple[str, int]], then: Callable[[Any], Any]) -> list[Any]:
+    def _each(self, files: Sequence[tuple[str, int]], then: Callable[[str, int], Any]) -> list[Any]:
         def job(item: tuple[str, int]) -> Any:
-            return then(self.fragment(*item))
+            return then(*item)
 
         if len(files) <= 1:
             return [job(item) for item in files]
@@ -253,11 +278,18 @@ class ColumnReader:
         self, tasks: Sequence[FileScanTask], target: pl.Schema, *, remote: ObjectFiles | None = None
     ) -> None:
         local = [_local(t.file.file_path) for t in tasks]
-        if remote is not None and not all(local):  # every file through the FileIO
-            self.paths = [t.file.file_path for t in tasks]
-            self.remote: ObjectFiles | None = remote
-        else:
-            self.paths, self.remote = local, None
+        # files that are not local: their delete files through `objects`; the data files in
+        # memory (fetched whole) are scanned by polars as local ones are, others through `remote`
+        self.objects = remote if remote is not None and not all(local) else None
+        self.remote: ObjectFiles | None = None
+        self.paths: list[Any] = list(local)  # local paths, or the files' bytes
+        if self.objects is not None:
+            files = [(t.file.file_path, int(t.file.file_size_in_bytes)) for t in tasks]
+            whole = None if any(local) else self.objects.in_memory(files)
+            if whole is not None:
+                self.paths = whole
+            else:
+                self.paths, self.remote = [path for path, _ in files], self.objects
         self.sizes = [int(t.file.file_size_in_bytes) for t in tasks]
         self.counts = [int(t.file.record_count) for t in tasks]
         self.offsets = [0]
@@ -293,12 +325,12 @@ class ColumnReader:
     def delete_rows(self, paths: Sequence[str], sizes: Sequence[int]) -> pl.LazyFrame:
         """The rows (`file_path`, `pos`) of positional delete files, each with its own path
         as `ColumnReader.source` names it (`__po_delete_file__`)."""
-        if self.remote is None:
+        if self.objects is None:
             return pl.scan_parquet(
                 [_local(p) for p in paths], glob=False, include_file_paths="__po_delete_file__"
             ).select("file_path", pl.col("pos").cast(pl.Int64), "__po_delete_file__")
         target = pl.Schema({"file_path": pl.String, "pos": pl.Int64})
-        parts = self.remote.read(list(zip(paths, sizes, strict=True)), list(target), target)
+        parts = self.objects.read(list(zip(paths, sizes, strict=True)), list(target), target)
         return pl.concat(
             part.with_columns(pl.lit(path).alias("__po_delete_file__"))
             for part, path in zip(parts, paths, strict=True)
@@ -306,7 +338,7 @@ class ColumnReader:
 
     def source(self, path: str) -> str:
         """How `delete_rows` names the file at `path`."""
-        return path if self.remote is not None else _local(path)
+        return path if self.objects is not None else _local(path)
 
     def local(self, files: Sequence[int], g: pl.Expr) -> pl.Expr:
         """`L` in a `scan` of `files` of the row numbered `g` (in one of those files)."""
