@@ -8,6 +8,7 @@ rows.
 
 from __future__ import annotations
 
+import threading
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,8 @@ import polars as pl
 from pipeline_output import DatasetSpec, build_definitions, dataset
 from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.services.publish import ResolvedMode
+from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
+from pipeline_output.stores.iceberg.write.range_write import ENCODE_THREADS
 from pipeline_output_tests.dagster_runs import partition_meta
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -204,3 +207,54 @@ def test_a_range_run_logs_its_partitions_in_one_line(env, instance):
     ]
     assert len(said) == 1 and said[0].startswith(f"{NAME}: {len(DAYS)} partitions: "), said
     assert all(f"{d}: +1 ~0 -0 (replace, commit " in said[0] for d in DAYS), said
+
+
+def test_a_range_run_encodes_a_partition_while_the_next_is_computed(env, instance, monkeypatch):
+    """A partition's Parquet files are written on another thread while the next partition is
+    computed (two cores: the encode is off the compute's path), with at most `ENCODE_THREADS`
+    partitions' frames waiting or encoding besides the one being computed."""
+    source: dict[str, Any] = {
+        d: day_rows(d, [n * 10 + i for i in range(3)]) for n, d in enumerate(DAYS)
+    }
+    started = {d: threading.Event() for d in DAYS}
+    lock = threading.Lock()
+    alive, peak, overlapped = [0], [0], []
+
+    def computing(key: str) -> None:
+        started[key].set()
+        with lock:
+            alive[0] += 1
+            peak[0] = max(peak[0], alive[0])
+
+    real = DataFileWriter.write
+
+    def write(self: DataFileWriter, frame: pl.DataFrame) -> list[Any]:
+        day = frame.get_column("day")[0].isoformat()
+        following = DAYS[DAYS.index(day) + 1 :]
+        if following:  # this partition's encode waits for the next partition's compute
+            overlapped.append(started[following[0]].wait(timeout=10))
+        try:
+            return real(self, frame)
+        finally:
+            with lock:
+                alive[0] -= 1
+
+    monkeypatch.setattr(DataFileWriter, "write", write)
+
+    @dataset(
+        name=NAME,
+        primary_key="id",
+        strategy="replace",
+        mode="iceberg",
+        partitions_def=DAILY,
+        partition_column="day",
+    )
+    def ranged(partition_key: str) -> pl.DataFrame:
+        computing(partition_key)
+        return source[partition_key]  # type: ignore[no-any-return]
+
+    assert run(build_definitions(datasets=[ranged], with_maintenance=False), instance, *DAYS)
+    assert overlapped == [True] * (len(DAYS) - 1)
+    assert peak[0] <= ENCODE_THREADS + 1
+    assert len(snapshots()) == 1
+    assert_same_multiset(table(), pl.concat(source.values()))

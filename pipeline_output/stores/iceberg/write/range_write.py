@@ -1,11 +1,13 @@
 """A range run's partitions as one commit (issue 44): a Dagster single-run backfill of N
 partitions of a `replace` dataset is one table load, one writer lock and one snapshot.
 
-Each partition is computed, checked (its rows inside its slice, the capabilities, NOT NULLs)
-and written to data files in turn — one partition in memory at a time, only its key columns
-kept (keys stay unique across the run) — against the table as this process's last write left
-it, else as loaded once (or, for a table that does not exist yet, against the transaction that
-creates it). Then, under the table's writer lock, the table is loaded once and one snapshot
+Each partition is computed and checked (its rows inside its slice, the capabilities, NOT
+NULLs) in turn on the calling thread, and written to data files on one of `ENCODE_THREADS`
+threads while the next partition is computed (polars' Parquet encode releases the GIL): at most
+`ENCODE_THREADS` partitions' frames wait or encode while one more is computed, and only each
+written partition's key columns are kept (keys stay unique across the run). The files are
+written against the table as this process's last write left it, else as loaded once (or, for a
+table that does not exist yet, against the transaction that creates it). Then, under the table's writer lock, the table is loaded once and one snapshot
 replaces every slice of the run: files wholly inside a slice are dropped unread, files
 straddling one are read and rewritten or kept with a positional delete file (`MergePolicy`),
 and a keyed dataset's rows outside the slices whose key the run writes go too (a key moved
@@ -30,7 +32,9 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -85,6 +89,10 @@ if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.table.tables import HasTables
 
 _PART = "__po_part__"  # the index of the partition a key belongs to
+
+ENCODE_THREADS = 2
+"""Partitions of a range run encoded at once, each on its own thread, while the calling thread
+computes the next: the most frames held besides the one being computed."""
 
 
 def combines(spec: DatasetSpec) -> bool:
@@ -180,17 +188,29 @@ def write_range(
     with ExitStack() as stack:
         held = stack.enter_context(writing(store, tables.table_name(spec)))
         try:
-            for part, compute in items:
-                frame = checked_frame(spec, compute())
-                capabilities.check_frame(spec, frame)
-                check_in_partition(spec, frame, part)
-                if target is None:
-                    target = _target(tables, spec, base, frame)
-                if not target.fits(spec, frame):
-                    out.stopped = (part, frame)
-                    break
-                parts.append(target.write(spec, part, frame))
-                del frame
+            # the pool's exit waits for every encode: a failure deletes all files written
+            with ThreadPoolExecutor(ENCODE_THREADS, "po-range-encode") as pool:
+                encoding: deque[Future[SlicePart]] = deque()
+                try:
+                    for part, compute in items:
+                        frame = checked_frame(spec, compute())
+                        capabilities.check_frame(spec, frame)
+                        check_in_partition(spec, frame, part)
+                        if target is None:
+                            target = _target(tables, spec, base, frame)
+                        if not target.fits(spec, frame):
+                            out.stopped = (part, frame)
+                            break
+                        while len(encoding) >= ENCODE_THREADS:
+                            parts.append(encoding.popleft().result())
+                        encoding.append(pool.submit(target.write, spec, part, frame))
+                        del frame
+                    while encoding:
+                        parts.append(encoding.popleft().result())
+                except BaseException:
+                    for pending in encoding:
+                        pending.cancel()
+                    raise
             if target is None or not parts:
                 return out
             with tables.hold(spec, on=held) as stats:
