@@ -20,11 +20,11 @@ from pipeline_output import (
     build_definitions,
     dataset,
 )
-from pipeline_output.dagster_layer import resource as resource_module
 from pipeline_output.dagster_layer.resource import reset_runtime
 from pipeline_output.errors import InvalidArgument
 from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output.ledger import Ledger
+from pipeline_output.services import runtime as runtime_module
 from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
 from pipeline_output_tests.dagster_runs import mat_meta, run_assets
 from pipeline_output_tests.oracle import assert_same_multiset
@@ -118,13 +118,13 @@ def test_a_runs_first_step_builds_the_runtime_on_a_thread_while_dagster_starts_i
     """Dagster initialises the resource when the step starts: the process's runtime (control
     plane, catalog) is built then on a background thread; the write waits for that build."""
     built_on: list[str] = []
-    real = resource_module.connect
+    real = runtime_module.connect
 
     def connect(**kwargs: Any) -> Any:
         built_on.append(threading.current_thread().name)
         return real(**kwargs)
 
-    monkeypatch.setattr(resource_module, "connect", connect)
+    monkeypatch.setattr("pipeline_output.dagster_layer.resource.connect", connect)
     resource = _resource(pg_db_url, tmp_path / "warehouse", namespace="analytics")
     defs = build_definitions(datasets=[orders], resource=resource)
     with dg.DagsterInstance.ephemeral() as instance:
