@@ -20,6 +20,7 @@ from pipeline_output import DatasetSpec, build_definitions, dataset
 from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.services.publish import ResolvedMode
 from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
+from pipeline_output.stores.iceberg.write import range_write
 from pipeline_output.stores.iceberg.write.range_write import ENCODE_THREADS
 from pipeline_output_tests.dagster_runs import partition_meta
 from pipeline_output_tests.oracle import assert_same_multiset
@@ -212,13 +213,14 @@ def test_a_range_run_logs_its_partitions_in_one_line(env, instance):
 def test_a_range_run_encodes_a_partition_while_the_next_is_computed(env, instance, monkeypatch):
     """A partition's Parquet files are written on another thread while the next partition is
     computed (two cores: the encode is off the compute's path), with at most `ENCODE_THREADS`
-    partitions' frames waiting or encoding besides the one being computed."""
+    partitions' frames held at once (waiting, encoding or being computed); partitions above
+    `ENCODE_BYTES` are computed and written one at a time."""
     source: dict[str, Any] = {
         d: day_rows(d, [n * 10 + i for i in range(3)]) for n, d in enumerate(DAYS)
     }
     started = {d: threading.Event() for d in DAYS}
     lock = threading.Lock()
-    alive, peak, overlapped = [0], [0], []
+    alive, peak, overlapped, waits = [0], [0], [], True
 
     def computing(key: str) -> None:
         started[key].set()
@@ -231,7 +233,7 @@ def test_a_range_run_encodes_a_partition_while_the_next_is_computed(env, instanc
     def write(self: DataFileWriter, frame: pl.DataFrame) -> list[Any]:
         day = frame.get_column("day")[0].isoformat()
         following = DAYS[DAYS.index(day) + 1 :]
-        if following:  # this partition's encode waits for the next partition's compute
+        if following and waits:  # this partition's encode waits for the next one's compute
             overlapped.append(started[following[0]].wait(timeout=10))
         try:
             return real(self, frame)
@@ -253,8 +255,16 @@ def test_a_range_run_encodes_a_partition_while_the_next_is_computed(env, instanc
         computing(partition_key)
         return source[partition_key]  # type: ignore[no-any-return]
 
-    assert run(build_definitions(datasets=[ranged], with_maintenance=False), instance, *DAYS)
+    defs = build_definitions(datasets=[ranged], with_maintenance=False)
+    assert run(defs, instance, *DAYS)
     assert overlapped == [True] * (len(DAYS) - 1)
-    assert peak[0] <= ENCODE_THREADS + 1
+    assert peak[0] <= ENCODE_THREADS
     assert len(snapshots()) == 1
+    assert_same_multiset(table(), pl.concat(source.values()))
+
+    waits, peak[0] = False, 0
+    monkeypatch.setattr(range_write, "ENCODE_BYTES", 1)  # every frame is "large"
+    assert run(defs, instance, *DAYS)
+    assert peak[0] == 1  # each partition computed once the one before was written
+    assert len(snapshots()) == 2
     assert_same_multiset(table(), pl.concat(source.values()))

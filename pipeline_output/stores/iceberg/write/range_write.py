@@ -4,8 +4,10 @@ partitions of a `replace` dataset is one table load, one writer lock and one sna
 Each partition is computed and checked (its rows inside its slice, the capabilities, NOT
 NULLs) in turn on the calling thread, and written to data files on one of `ENCODE_THREADS`
 threads while the next partition is computed (polars' Parquet encode releases the GIL): at most
-`ENCODE_THREADS` partitions' frames wait or encode while one more is computed, and only each
-written partition's key columns are kept (keys stay unique across the run). The files are
+`ENCODE_THREADS` partitions' frames are held at once (the one being computed included), and
+the next partition is computed only once those waiting or encoding are under `ENCODE_BYTES` —
+partitions larger than that are computed and written one at a time. Only each written
+partition's key columns are kept (keys stay unique across the run). The files are
 written against the table as this process's last write left it, else as loaded once (or, for a
 table that does not exist yet, against the transaction that creates it). Then, under the table's writer lock, the table is loaded once and one snapshot
 replaces every slice of the run: files wholly inside a slice are dropped unread, files
@@ -91,8 +93,11 @@ if TYPE_CHECKING:
 _PART = "__po_part__"  # the index of the partition a key belongs to
 
 ENCODE_THREADS = 2
-"""Partitions of a range run encoded at once, each on its own thread, while the calling thread
-computes the next: the most frames held besides the one being computed."""
+"""The threads encoding a range run's partitions, and the most partitions' frames it holds at
+once (those waiting or encoding and the one being computed)."""
+ENCODE_BYTES = 256 * 1024 * 1024
+"""The next partition is computed once the frames waiting or encoding hold less than this
+(polars' estimate): a larger frame is encoded alone."""
 
 
 def combines(spec: DatasetSpec) -> bool:
@@ -190,9 +195,14 @@ def write_range(
         try:
             # the pool's exit waits for every encode: a failure deletes all files written
             with ThreadPoolExecutor(ENCODE_THREADS, "po-range-encode") as pool:
-                encoding: deque[Future[SlicePart]] = deque()
+                encoding: deque[tuple[Future[SlicePart], int]] = deque()
                 try:
                     for part, compute in items:
+                        while encoding and (
+                            len(encoding) >= ENCODE_THREADS
+                            or sum(size for _, size in encoding) >= ENCODE_BYTES
+                        ):
+                            parts.append(encoding.popleft()[0].result())
                         frame = checked_frame(spec, compute())
                         capabilities.check_frame(spec, frame)
                         check_in_partition(spec, frame, part)
@@ -201,14 +211,13 @@ def write_range(
                         if not target.fits(spec, frame):
                             out.stopped = (part, frame)
                             break
-                        while len(encoding) >= ENCODE_THREADS:
-                            parts.append(encoding.popleft().result())
-                        encoding.append(pool.submit(target.write, spec, part, frame))
+                        size = int(frame.estimated_size())
+                        encoding.append((pool.submit(target.write, spec, part, frame), size))
                         del frame
                     while encoding:
-                        parts.append(encoding.popleft().result())
+                        parts.append(encoding.popleft()[0].result())
                 except BaseException:
-                    for pending in encoding:
+                    for pending, _ in encoding:
                         pending.cancel()
                     raise
             if target is None or not parts:
