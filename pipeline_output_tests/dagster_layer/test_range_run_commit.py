@@ -268,3 +268,35 @@ def test_a_range_run_encodes_a_partition_while_the_next_is_computed(env, instanc
     assert peak[0] == 1  # each partition computed once the one before was written
     assert len(snapshots()) == 2
     assert_same_multiset(table(), pl.concat(source.values()))
+
+
+def test_a_partition_run_reads_the_tables_manifests_while_its_partition_encodes(
+    env, instance, monkeypatch
+):
+    """The writer lock, the table load and its manifests are taken while the run's last
+    partition is still encoding, not after: a one-partition run's bookkeeping overlaps its
+    Parquet encode. The result is the same table."""
+    source: dict[str, Any] = {
+        d: day_rows(d, [n * 10 + i for i in range(3)]) for n, d in enumerate(DAYS)
+    }
+    defs = defs_for(source)
+    assert run(defs, instance, *DAYS)
+    read = threading.Event()
+    real_index, real_write = range_write.read_index, DataFileWriter.write
+    overlapped: list[bool] = []
+
+    def read_index(table: Any) -> Any:
+        read.set()
+        return real_index(table)
+
+    def write(self: DataFileWriter, frame: pl.DataFrame) -> list[Any]:
+        overlapped.append(read.wait(timeout=10))  # the manifests are read meanwhile
+        return real_write(self, frame)
+
+    monkeypatch.setattr(range_write, "read_index", read_index)
+    monkeypatch.setattr(DataFileWriter, "write", write)
+    source[DAYS[2]] = day_rows(DAYS[2], [20, 27], version=3)
+    assert run(defs, instance, DAYS[2])
+    assert overlapped == [True]
+    assert len(snapshots()) == 2
+    assert_same_multiset(table(), pl.concat(source.values()))
