@@ -43,8 +43,10 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
+import os
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from typing import Any
 
 import dagster as dg
@@ -69,6 +71,8 @@ from pipeline_output.stores.iceberg.table.catalog import open_catalog
 _lock = threading.Lock()
 _cache: dict[str, Runtime] = {}
 _frozen: set[str] = set()
+_warming: set[int] = set()  # the processes (pids) whose runtime was warmed up
+_warm_lock = threading.Lock()  # not `_lock`: a build in progress holds that one
 
 
 def freeze_long_lived(stage: str) -> None:
@@ -135,6 +139,8 @@ def reset_runtime() -> None:
     """Forget cached runtimes (tests that change the environment call this)."""
     with _lock:
         _cache.clear()
+    with _warm_lock:
+        _warming.clear()
 
 
 __all__ = ["Runtime", "cached_runtime", "freeze_long_lived", "get_runtime", "reset_runtime"]
@@ -202,6 +208,13 @@ class PipelineOutputResource(dg.ConfigurableResource["PipelineOutputResource"]):
                 f"{where}: dual_reads_from {self.dual_reads_from!r} is not one of {', '.join(ARMS)}"
             )
 
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """Dagster initialises the resource when a step that uses it starts: the process's
+        first such step builds the runtime (control-plane session, migration check, catalog
+        open) on a background thread while Dagster goes on starting the step, instead of on
+        the first write's path (`warm_up`)."""
+        warm_up(self)
+
     def runtime(self) -> Runtime:
         """The runtime this resource describes, connected once per process and configuration."""
         self.check()
@@ -252,6 +265,24 @@ class PipelineOutputResource(dg.ConfigurableResource["PipelineOutputResource"]):
             else _env_var_of(field if key is None else f"{field}.{key}", raw)
         )
         return f"{name} ({label})" if name else label
+
+
+def warm_up(resource: PipelineOutputResource) -> None:
+    """Build `resource`'s runtime on a daemon thread, once per process, when no runtime is
+    built yet: its first user waits for that build (`cached_runtime` holds the lock while it
+    builds) instead of starting its own. A failure is not raised there: the first use builds
+    it again and raises."""
+    pid = os.getpid()
+    with _warm_lock:
+        if _cache or pid in _warming:
+            return
+        _warming.add(pid)
+
+    def build() -> None:
+        with suppress(Exception):
+            resource.runtime()
+
+    threading.Thread(target=build, name="po-runtime-warm-up", daemon=True).start()
 
 
 def _value(raw: Any) -> str:

@@ -8,6 +8,7 @@ rows.
 
 from __future__ import annotations
 
+import threading
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ import polars as pl
 from pipeline_output import DatasetSpec, build_definitions, dataset
 from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.services.publish import ResolvedMode
+from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
+from pipeline_output.stores.iceberg.write import range_write
+from pipeline_output.stores.iceberg.write.range_write import ENCODE_THREADS
 from pipeline_output_tests.dagster_runs import partition_meta
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -204,3 +208,95 @@ def test_a_range_run_logs_its_partitions_in_one_line(env, instance):
     ]
     assert len(said) == 1 and said[0].startswith(f"{NAME}: {len(DAYS)} partitions: "), said
     assert all(f"{d}: +1 ~0 -0 (replace, commit " in said[0] for d in DAYS), said
+
+
+def test_a_range_run_encodes_a_partition_while_the_next_is_computed(env, instance, monkeypatch):
+    """A partition's Parquet files are written on another thread while the next partition is
+    computed (two cores: the encode is off the compute's path), with at most `ENCODE_THREADS`
+    partitions' frames held at once (waiting, encoding or being computed); partitions above
+    `ENCODE_BYTES` are computed and written one at a time."""
+    source: dict[str, Any] = {
+        d: day_rows(d, [n * 10 + i for i in range(3)]) for n, d in enumerate(DAYS)
+    }
+    started = {d: threading.Event() for d in DAYS}
+    lock = threading.Lock()
+    alive, peak, overlapped, waits = [0], [0], [], True
+
+    def computing(key: str) -> None:
+        started[key].set()
+        with lock:
+            alive[0] += 1
+            peak[0] = max(peak[0], alive[0])
+
+    real = DataFileWriter.write
+
+    def write(self: DataFileWriter, frame: pl.DataFrame) -> list[Any]:
+        day = frame.get_column("day")[0].isoformat()
+        following = DAYS[DAYS.index(day) + 1 :]
+        if following and waits:  # this partition's encode waits for the next one's compute
+            overlapped.append(started[following[0]].wait(timeout=10))
+        try:
+            return real(self, frame)
+        finally:
+            with lock:
+                alive[0] -= 1
+
+    monkeypatch.setattr(DataFileWriter, "write", write)
+
+    @dataset(
+        name=NAME,
+        primary_key="id",
+        strategy="replace",
+        mode="iceberg",
+        partitions_def=DAILY,
+        partition_column="day",
+    )
+    def ranged(partition_key: str) -> pl.DataFrame:
+        computing(partition_key)
+        return source[partition_key]  # type: ignore[no-any-return]
+
+    defs = build_definitions(datasets=[ranged], with_maintenance=False)
+    assert run(defs, instance, *DAYS)
+    assert overlapped == [True] * (len(DAYS) - 1)
+    assert peak[0] <= ENCODE_THREADS
+    assert len(snapshots()) == 1
+    assert_same_multiset(table(), pl.concat(source.values()))
+
+    waits, peak[0] = False, 0
+    monkeypatch.setattr(range_write, "ENCODE_BYTES", 1)  # every frame is "large"
+    assert run(defs, instance, *DAYS)
+    assert peak[0] == 1  # each partition computed once the one before was written
+    assert len(snapshots()) == 2
+    assert_same_multiset(table(), pl.concat(source.values()))
+
+
+def test_a_partition_run_reads_the_tables_manifests_while_its_partition_encodes(
+    env, instance, monkeypatch
+):
+    """The writer lock, the table load and its manifests are taken while the run's last
+    partition is still encoding, not after: a one-partition run's bookkeeping overlaps its
+    Parquet encode. The result is the same table."""
+    source: dict[str, Any] = {
+        d: day_rows(d, [n * 10 + i for i in range(3)]) for n, d in enumerate(DAYS)
+    }
+    defs = defs_for(source)
+    assert run(defs, instance, *DAYS)
+    read = threading.Event()
+    real_index, real_write = range_write.read_index, DataFileWriter.write
+    overlapped: list[bool] = []
+
+    def read_index(table: Any) -> Any:
+        read.set()
+        return real_index(table)
+
+    def write(self: DataFileWriter, frame: pl.DataFrame) -> list[Any]:
+        overlapped.append(read.wait(timeout=10))  # the manifests are read meanwhile
+        return real_write(self, frame)
+
+    monkeypatch.setattr(range_write, "read_index", read_index)
+    monkeypatch.setattr(DataFileWriter, "write", write)
+    source[DAYS[2]] = day_rows(DAYS[2], [20, 27], version=3)
+    assert run(defs, instance, DAYS[2])
+    assert overlapped == [True]
+    assert len(snapshots()) == 2
+    assert_same_multiset(table(), pl.concat(source.values()))

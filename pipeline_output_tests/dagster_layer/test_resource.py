@@ -6,6 +6,7 @@ loads, in one line."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from pipeline_output.dagster_layer.resource import reset_runtime
 from pipeline_output.errors import InvalidArgument
 from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output.ledger import Ledger
+from pipeline_output.services import runtime as runtime_module
 from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
 from pipeline_output_tests.dagster_runs import mat_meta, run_assets
 from pipeline_output_tests.oracle import assert_same_multiset
@@ -108,6 +110,28 @@ def test_a_location_with_the_resource_materialises_with_no_variable_set(
     deploy = Ledger(pg_db_url).deploy_log.last_deploy("orders", "iceberg", status="succeeded")
     assert deploy is not None and deploy.run_id == result.run_id
     assert not (no_environment / ".pipeline_output").exists(), "an embedded server was started"
+
+
+def test_a_runs_first_step_builds_the_runtime_on_a_thread_while_dagster_starts_it(
+    no_environment: Path, pg_db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dagster initialises the resource when the step starts: the process's runtime (control
+    plane, catalog) is built then on a background thread; the write waits for that build."""
+    built_on: list[str] = []
+    real = runtime_module.connect
+
+    def connect(**kwargs: Any) -> Any:
+        built_on.append(threading.current_thread().name)
+        return real(**kwargs)
+
+    monkeypatch.setattr("pipeline_output.dagster_layer.resource.connect", connect)
+    resource = _resource(pg_db_url, tmp_path / "warehouse", namespace="analytics")
+    defs = build_definitions(datasets=[orders], resource=resource)
+    with dg.DagsterInstance.ephemeral() as instance:
+        assert run_assets(defs, instance, ["orders"]).success
+        assert run_assets(defs, instance, ["orders"]).success  # built once per process
+    assert built_on == ["po-runtime-warm-up"]
+    assert_same_multiset(_read(pg_db_url, tmp_path / "warehouse", "analytics.orders"), ROWS)
 
 
 def test_two_code_locations_with_different_control_planes_and_catalogs_run_side_by_side(

@@ -490,7 +490,9 @@ class IndexedOverwrite(_OverwriteFiles):
             branch=branch,
         )
         self._index = index
-        props = transaction.table_metadata.properties
+        metadata = transaction.table_metadata  # replays the transaction's updates: read once
+        self._default_spec_id = metadata.default_spec_id
+        props = metadata.properties
         self._min_count = property_as_int(
             props,
             TableProperties.MANIFEST_MIN_MERGE_COUNT,
@@ -645,7 +647,7 @@ class IndexedOverwrite(_OverwriteFiles):
         the table's current spec; a delete file carries the spec of the data file it deletes
         from (which may be an older one)."""
         if data_file.content == DataFileContent.DATA:
-            return self._transaction.table_metadata.default_spec_id
+            return self._default_spec_id
         return data_file.spec_id
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:

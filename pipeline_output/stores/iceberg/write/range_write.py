@@ -1,12 +1,17 @@
 """A range run's partitions as one commit (issue 44): a Dagster single-run backfill of N
 partitions of a `replace` dataset is one table load, one writer lock and one snapshot.
 
-Each partition is computed, checked (its rows inside its slice, the capabilities, NOT NULLs)
-and written to data files in turn — one partition in memory at a time, only its key columns
-kept (keys stay unique across the run) — against the table as this process's last write left
-it, else as loaded once (or, for a table that does not exist yet, against the transaction that
-creates it). Then, under the table's writer lock, the table is loaded once and one snapshot
-replaces every slice of the run: files wholly inside a slice are dropped unread, files
+Each partition is computed and checked (its rows inside its slice, the capabilities, NOT
+NULLs) in turn on the calling thread, and written to data files on one of `ENCODE_THREADS`
+threads while the next partition is computed (polars' Parquet encode releases the GIL): at most
+`ENCODE_THREADS` partitions' frames are held at once (the one being computed included), and
+the next partition is computed only once those waiting or encoding are under `ENCODE_BYTES` —
+partitions larger than that are computed and written one at a time. Only each written
+partition's key columns are kept (keys stay unique across the run). The files are written
+against the table as this process's last write left it, else as loaded once (or, for a table
+that does not exist yet, against the transaction that creates it). Then the table's writer lock
+is taken and the table loaded once, its manifests read while the last partitions encode, and
+one snapshot replaces every slice of the run: files wholly inside a slice are dropped unread, files
 straddling one are read and rewritten or kept with a positional delete file (`MergePolicy`),
 and a keyed dataset's rows outside the slices whose key the run writes go too (a key moved
 into a slice), as a one-partition replace does. A failure anywhere before the commit — a
@@ -30,7 +35,9 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -59,6 +66,7 @@ from pipeline_output.stores.iceberg.snapshot.commit import (
 from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
 from pipeline_output.stores.iceberg.snapshot.manifests import (
     FlatTransaction,
+    ManifestIndex,
     read_index,
     upgrade_properties,
 )
@@ -85,6 +93,13 @@ if TYPE_CHECKING:
     from pipeline_output.stores.iceberg.table.tables import HasTables
 
 _PART = "__po_part__"  # the index of the partition a key belongs to
+
+ENCODE_THREADS = 2
+"""The threads encoding a range run's partitions, and the most partitions' frames it holds at
+once (those waiting or encoding and the one being computed)."""
+ENCODE_BYTES = 256 * 1024 * 1024
+"""The next partition is computed once the frames waiting or encoding hold less than this
+(polars' estimate): a larger frame is encoded alone."""
 
 
 def combines(spec: DatasetSpec) -> bool:
@@ -180,25 +195,50 @@ def write_range(
     with ExitStack() as stack:
         held = stack.enter_context(writing(store, tables.table_name(spec)))
         try:
-            for part, compute in items:
-                frame = checked_frame(spec, compute())
-                capabilities.check_frame(spec, frame)
-                check_in_partition(spec, frame, part)
-                if target is None:
-                    target = _target(tables, spec, base, frame)
-                if not target.fits(spec, frame):
-                    out.stopped = (part, frame)
-                    break
-                parts.append(target.write(spec, part, frame))
-                del frame
-            if target is None or not parts:
-                return out
-            with tables.hold(spec, on=held) as stats:
-                table = tables.load(spec)
-                results, committed = _commit(
-                    tables, spec, target, table, parts, run_id=run_id, fence=stats.verify
-                )
-                tables.remember(spec, committed)
+            # the pool's exit waits for every encode: a failure deletes all files written
+            with ThreadPoolExecutor(ENCODE_THREADS, "po-range-encode") as pool:
+                encoding: deque[tuple[Future[SlicePart], int]] = deque()
+                try:
+                    for part, compute in items:
+                        while encoding and (
+                            len(encoding) >= ENCODE_THREADS
+                            or sum(size for _, size in encoding) >= ENCODE_BYTES
+                        ):
+                            parts.append(encoding.popleft()[0].result())
+                        frame = checked_frame(spec, compute())
+                        capabilities.check_frame(spec, frame)
+                        check_in_partition(spec, frame, part)
+                        if target is None:
+                            target = _target(tables, spec, base, frame)
+                        if not target.fits(spec, frame):
+                            out.stopped = (part, frame)
+                            break
+                        size = int(frame.estimated_size())
+                        encoding.append((pool.submit(target.write, spec, part, frame), size))
+                        del frame
+                    if target is None or not (parts or encoding):
+                        return out
+                    # the lock, the table and its manifests while the last partitions encode
+                    with tables.hold(spec, on=held) as stats:
+                        table = tables.load(spec)
+                        planned = _planned(target, table)
+                        while encoding:
+                            parts.append(encoding.popleft()[0].result())
+                        results, committed = _commit(
+                            tables,
+                            spec,
+                            target,
+                            table,
+                            parts,
+                            run_id=run_id,
+                            fence=stats.verify,
+                            planned=planned,
+                        )
+                        tables.remember(spec, committed)
+                except BaseException:
+                    for pending, _ in encoding:
+                        pending.cancel()
+                    raise
         except BaseException:
             if target is not None and not target.handed:
                 for path in target.writer.written:
@@ -231,6 +271,20 @@ def _target(
     return _Target(tx.table_metadata, tx._table.io, create=tx)
 
 
+def _planned(
+    target: _Target, table: Table | None
+) -> tuple[ManifestIndex, list[FileScanTask]] | None:
+    """The manifest index of `table` and its live files, read under the writer lock while the
+    run's last partitions encode, when the commit replaces slices of it (None: it does not, or
+    `_commit` refuses it)."""
+    if table is None or target.create is not None or not target.same_table(table):
+        return None
+    if state_of(table).first_deploy:
+        return None
+    index = read_index(table)
+    return index, index.tasks()
+
+
 def _commit(
     tables: IcebergTables,
     spec: DatasetSpec,
@@ -240,9 +294,11 @@ def _commit(
     *,
     run_id: str | None,
     fence: Callable[[], None],
+    planned: tuple[ManifestIndex, list[FileScanTask]] | None = None,
 ) -> tuple[list[WriteResult], Table | None]:
     """The one commit of the run, under the writer lock: each partition's result, and the
-    table as the commit left it (None: reload it next time)."""
+    table as the commit left it (None: reload it next time). `planned`: the table's manifest
+    index and live files, read already (`_planned`)."""
     name = tables.table_name(spec)
     if target.create is not None and table is not None:
         raise WriteConflict(
@@ -299,10 +355,14 @@ def _commit(
         return _totals(results, inserted), after
     tx = FlatTransaction(table)
     upgrade_properties(tx)
-    index = read_index(table)
+    if planned is None:
+        index = read_index(table)
+        tasks = index.tasks()
+    else:
+        index, tasks = planned
     schema = tx.table_metadata.schema()
     total_before = total_records(table)
-    changes, deleted = _replace_slices(spec, table, tx, index.tasks(), schema, parts)
+    changes, deleted = _replace_slices(spec, table, tx, tasks, schema, parts)
     try:
         for p, gone in zip(parts, deleted, strict=True):
             if p.rows_in == 0 and gone and not spec.allow_empty:
