@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -71,6 +72,7 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     read_index,
 )
 from pipeline_output.stores.iceberg.table.native_scan import quiet, storage, target_schema, typed
+from pipeline_output.stores.iceberg.table.partitions import partition_columns
 from pipeline_output.stores.iceberg.table.scan_planning import FixedTable
 from pipeline_output.stores.iceberg.table.tables import (
     AUDIT_PREFIX,
@@ -248,14 +250,7 @@ def _rewrite(
         added: list[DataFile] = []
         handed = False
         try:
-            rows = done = 0
-            for group in read_groups(table, plan.bins):
-                frame = _read_bins(table, group, spec)
-                rows += frame.height
-                added.extend(writer.write(frame))  # a file per partition: per bin
-                done += len(group)
-                if progress is not None:
-                    progress(done, len(plan.bins))
+            rows = _read_and_write(table, spec, plan, writer, added, progress)
             removable = _removable_deletes(table, plan)
             with store.tables.hold(spec, on=held) as stats:
                 current = store.tables.load(spec)
@@ -313,6 +308,47 @@ def _rewrite(
         started,
         rows=rows,
     )
+
+
+def _read_and_write(
+    table: Table,
+    spec: DatasetSpec,
+    plan: CompactionPlan,
+    writer: DataFileWriter,
+    added: list[DataFile],
+    progress: Progress | None,
+) -> int:
+    """Read the plan's bins group by group (`read_groups`) and write each group's output files
+    (one per bin) while the next group is read: polars' reader leaves a core idle on small
+    files, and the writer (Parquet encoding, footers, Iceberg statistics) uses it. At most one
+    group is being written while one is read: the memory held is two groups' rows
+    (`READ_GROUP_BYTES` of input files each), whatever the table's size. The rows read."""
+    rows = done = 0
+    pending: Future[list[DataFile]] | None = None
+    pending_bins = 0
+    with ThreadPoolExecutor(1, "po-compact-write") as pool:
+        try:
+            for group in read_groups(table, plan.bins):
+                frame = _read_bins(table, group, spec)
+                rows += frame.height
+                if pending is not None:
+                    added.extend(pending.result())  # a file per partition: per bin
+                    done += pending_bins
+                    if progress is not None:
+                        progress(done, len(plan.bins))
+                pending, pending_bins = pool.submit(writer.write, frame), len(group)
+                del frame
+            if pending is not None:
+                added.extend(pending.result())
+                done += pending_bins
+                if progress is not None:
+                    progress(done, len(plan.bins))
+                pending = None
+        finally:
+            if pending is not None:  # a read failed: the write in flight ends before cleanup
+                with suppress(Exception):
+                    pending.result()
+    return rows
 
 
 def _current_index(current: Table, planned: ManifestIndex) -> ManifestIndex:
@@ -393,7 +429,7 @@ def _read_bins(table: Table, bins: list[Bin], spec: DatasetSpec) -> pl.DataFrame
         ) from exc
     frame = pl.concat(parts, rechunk=False) if parts else rows.collect()
     keys = sort_keys(table.metadata, spec)
-    if keys and frame.height > 1 and not _sorted(frame, keys):
+    if keys and frame.height > 1 and not _sorted(frame, keys, _partition_values(table, frame)):
         frame = frame.sort(
             [k for k, _, _ in keys],
             descending=[d for _, d, _ in keys],
@@ -403,12 +439,39 @@ def _read_bins(table: Table, bins: list[Bin], spec: DatasetSpec) -> pl.DataFrame
     return align_to_schema(frame, schema)
 
 
-def _sorted(frame: pl.DataFrame, keys: list[tuple[str, bool, bool]]) -> bool:
-    """Whether `frame` is already in the order of `keys` (checked for a single key only)."""
+def _partition_values(table: Table, frame: pl.DataFrame) -> pl.Series | None:
+    """Each row's partition of the table's current spec (one value per partition), or None
+    when the table is unpartitioned."""
+    if not table.metadata.spec().fields:
+        return None
+    parts = partition_columns(frame, table.metadata)
+    if len(parts) == 1:
+        return parts[0]
+    return pl.struct(parts, eager=True)
+
+
+def _sorted(
+    frame: pl.DataFrame, keys: list[tuple[str, bool, bool]], partitions: pl.Series | None
+) -> bool:
+    """Whether each partition's rows of `frame` are already in the order of `keys` (checked for
+    a single key only), which the writer keeps when it splits the frame by partition: a group
+    of bins of many partitions is sorted within each bin, not across them. With `partitions`,
+    each partition's rows must be one run and the key non-decreasing within each run (a key
+    with nulls is sorted instead)."""
     if len(keys) != 1:
         return False
     name, descending, nulls_last = keys[0]
-    return frame.get_column(name).is_sorted(descending=descending, nulls_last=nulls_last)
+    column = frame.get_column(name)
+    if partitions is None:
+        return column.is_sorted(descending=descending, nulls_last=nulls_last)
+    if column.null_count():
+        return False
+    starts = (partitions != partitions.shift(1)).fill_null(True)
+    if int(starts.sum()) != partitions.n_unique():  # a partition's rows in two runs
+        return False
+    previous = column.shift(1)
+    ordered = (column <= previous) if descending else (column >= previous)
+    return bool((ordered.fill_null(True) | starts).all())
 
 
 def _exists(io: FileIO, path: str) -> bool:
