@@ -351,6 +351,33 @@ def _read_and_write(
     return rows
 
 
+def _plain_files(table: Table, tasks: tuple[FileScanTask, ...]) -> bool:
+    """Whether the files can be read as plain Parquet files by the names of the table's schema
+    (`_scan`): local files without delete files, of a table that has had one schema only and
+    no name mapping — every file then holds the schema's columns under their names."""
+    metadata = table.metadata
+    return (
+        len(metadata.schemas) == 1
+        and "schema.name-mapping.default" not in metadata.properties
+        and all(not t.delete_files and t.file.file_path.startswith("file:///") for t in tasks)
+    )
+
+
+def _scan(table: Table, tasks: tuple[FileScanTask, ...], *, direct: bool) -> pl.LazyFrame:
+    """The files' rows: `direct`, polars' plain multi-file Parquet scan of their local paths
+    (`_plain_files`; a file that does not hold the schema's columns fails it, and the caller
+    reads again the other way); else polars' Iceberg scan planned to exactly those files
+    (`scan_planning.FixedTable`: columns by field id, positional deletes applied). The plain
+    scan skips the Iceberg scan's per-file work: ~10 % of reading 20,000 small files."""
+    if direct:
+        return pl.scan_parquet(
+            [t.file.file_path.removeprefix("file://") for t in tasks],
+            glob=False,
+            hive_partitioning=False,
+        )
+    return pl.scan_iceberg(FixedTable.of(table, tasks), storage_options=storage(table))
+
+
 def _current_index(current: Table, planned: ManifestIndex) -> ManifestIndex:
     """The manifest index of `current`'s snapshot: the one planned with when the table has not
     moved since (its manifests are already read), else read again."""
@@ -405,29 +432,32 @@ def _read_bins(table: Table, bins: list[Bin], spec: DatasetSpec) -> pl.DataFrame
     """The bins' rows, deletes applied, aligned to the table schema and sorted.
 
     Read by polars' native Iceberg scan (`native_scan`) planned to exactly the bins' files
-    (`scan_planning.FixedTable`): its multithreaded Parquet reader reads every file of the bin outside the GIL,
-    applies their positional delete files and deletion vectors, and projects each file
-    (whatever schema it was written with) onto the table's schema by field id. It is collected
+    (`scan_planning.FixedTable`): its multithreaded Parquet reader reads every file of the bin
+    outside the GIL, applies their positional delete files and deletion vectors, and projects
+    each file (whatever schema it was written with) onto the table's schema by field id; local
+    files that need none of that are read by its plain Parquet scan (`_scan`). It is collected
     in batches of `READ_BATCH_ROWS`, each made contiguous: collected at once, a bin of 20,000
     small files became a frame of 20,000 chunks holding 2.5 times its data. Files already sorted
     and in key order (what windows of increasing keys leave) read back sorted: the sort is
     skipped then."""
     schema = table.schema()
     tasks = tuple(t for b in bins for t in b.tasks)
-    rows = typed(
-        pl.scan_iceberg(FixedTable.of(table, tasks), storage_options=storage(table)),
-        target_schema(schema),
-    )
-    try:
-        with quiet():
-            parts = [b.rechunk() for b in rows.collect_batches(chunk_size=READ_BATCH_ROWS)]
-    except (OSError, pl.exceptions.ComputeError) as exc:  # an input removed meanwhile
-        if all(_exists(table.io, t.file.file_path) for t in tasks):
-            raise
-        raise MaintenanceConflict(
-            f"dataset {spec.name!r}: an input file of the compaction vanished: {exc}"
-        ) from exc
-    frame = pl.concat(parts, rechunk=False) if parts else rows.collect()
+    for direct in (True, False) if _plain_files(table, tasks) else (False,):
+        try:
+            rows = typed(_scan(table, tasks, direct=direct), target_schema(schema))
+            if direct and not {f.name for f in schema.fields} <= set(rows.collect_schema()):
+                continue  # a column the files do not hold (an identity partition's source)
+            with quiet():
+                parts = [b.rechunk() for b in rows.collect_batches(chunk_size=READ_BATCH_ROWS)]
+            frame = pl.concat(parts, rechunk=False) if parts else rows.collect()
+            break
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            if not all(_exists(table.io, t.file.file_path) for t in tasks):
+                raise MaintenanceConflict(
+                    f"dataset {spec.name!r}: an input file of the compaction vanished: {exc}"
+                ) from exc
+            if not direct:
+                raise
     keys = sort_keys(table.metadata, spec)
     if keys and frame.height > 1 and not _sorted(frame, keys, _partition_values(table, frame)):
         frame = frame.sort(
