@@ -192,6 +192,39 @@ def test_bins_read_together_are_sorted_partition_by_partition_when_their_files_o
         assert stored["id"].is_sorted(), f.partition[0]
 
 
+@pytest.mark.parametrize("unsorted_inside", [False, True])
+def test_files_in_key_order_are_compacted_sorted_with_their_nan_counts(
+    h: Harness, unsorted_inside: bool
+):
+    """Unpartitioned files whose key ranges follow each other (read and encoded in one streaming
+    query): one sorted file with the rows and the NaN count of its float column; files whose
+    ranges follow each other but whose rows are not in key order inside (another engine's) are
+    sorted all the same."""
+    spec = DatasetSpec(name="ordered", primary_key=("id",), strategy="append_always")
+    written = []
+    for w in range(6):
+        frame = rows(range(w * 10, w * 10 + 10)).with_columns(
+            x=pl.when(pl.col("id") % 7 == 0).then(float("nan")).otherwise(pl.col("id") / 3)
+        )
+        table = h.table(spec) if w and unsorted_inside else None
+        if table is None:
+            h.store().write(spec, frame)
+        else:  # another engine's file: its rows as given, out of key order inside
+            table.append(frame.reverse().to_arrow().cast(table.schema().as_arrow()))
+        written.append(frame)
+    expected = pl.concat(written)
+
+    result = h.store().compact(spec)
+
+    assert (result.files_rewritten, result.files_added, result.rows) == (6, 1, 60)
+    assert_same_multiset(h.contents(spec), expected)
+    (only,) = data_files(h, spec)
+    stored = read_file(only)
+    assert stored["id"].is_sorted()
+    x = h.table(spec).schema().find_field("x").field_id
+    assert only.nan_value_counts[x] == expected["x"].is_nan().sum()
+
+
 def test_compaction_folds_positional_deletes_and_drops_the_delete_files(h: Harness):
     spec = windowed()
     written = feed_windows(h, spec, 3)

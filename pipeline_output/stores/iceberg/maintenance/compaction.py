@@ -25,6 +25,7 @@ fast-forwards main to it, so main must not move meanwhile) is skipped, saying so
 
 from __future__ import annotations
 
+import io
 import time
 import uuid
 from collections.abc import Callable
@@ -32,16 +33,21 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
+from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import _read_deletes
 from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
+from pyiceberg.types import DateType, DoubleType, FloatType, IntegerType, LongType, StringType
 
+from pipeline_output.contract.checked_input import polars_schema
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.version import VERSION
 from pipeline_output.errors import (
@@ -329,15 +335,24 @@ def _read_and_write(
     with ThreadPoolExecutor(1, "po-compact-write") as pool:
         try:
             for group in read_groups(table, plan.bins):
-                frame = _read_bins(table, group, spec)
-                rows += frame.height
+                streamed = _stream_bin(table, group, spec, writer)
+                if streamed is None:  # read into memory, sorted if need be, then written
+                    frame = _read_bins(table, group, spec)
+                    rows += frame.height
+                    write = partial(writer.write, frame)
+                    del frame
+                else:
+                    data, nans, count = streamed
+                    rows += count
+                    write = partial(_register, writer, data, nans)
+                    del data
                 if pending is not None:
                     added.extend(pending.result())  # a file per partition: per bin
                     done += pending_bins
                     if progress is not None:
                         progress(done, len(plan.bins))
-                pending, pending_bins = pool.submit(writer.write, frame), len(group)
-                del frame
+                pending, pending_bins = pool.submit(write), len(group)
+                del write
             if pending is not None:
                 added.extend(pending.result())
                 done += pending_bins
@@ -349,6 +364,96 @@ def _read_and_write(
                 with suppress(Exception):
                     pending.result()
     return rows
+
+
+def _stream_bin(
+    table: Table, bins: list[Bin], spec: DatasetSpec, writer: DataFileWriter
+) -> tuple[bytes, dict[int, int], int] | None:
+    """One bin of an unpartitioned table whose files are in key order — their key ranges, in
+    the order the plan lists them, do not overlap — read and encoded as one Parquet file in a
+    single streaming query of polars (the floor's own `scan_parquet(...).sink_parquet(...)`:
+    reading and encoding overlap, and no row passes through Python), into memory: (the
+    file's bytes, its NaN counts, its rows). The key column is read back from the bytes: a
+    file that was not sorted inside (another engine's) makes it None, as does any bin this
+    does not apply to (partitioned tables, several sort columns, files `_plain_files` refuses);
+    `_read_bins` and the writer then do it. Memory: the encoded file, not the bin's rows."""
+    metadata = table.metadata
+    keys = sort_keys(metadata, spec)
+    if len(bins) != 1 or metadata.spec().fields or len(keys) > 1 or any(d for _, d, _ in keys):
+        return None
+    (bin_,) = bins
+    schema = table.schema()
+    if bin_.spec_id != metadata.default_spec_id or not _plain_files(table, bin_.tasks):
+        return None
+    if keys and not _ranges_in_order(schema, bin_.tasks, keys[0]):
+        return None
+    rows = typed(_scan(table, bin_.tasks, direct=True), target_schema(schema))
+    buffer = io.BytesIO()
+    try:
+        have = rows.collect_schema()
+        if not {f.name for f in schema.fields} <= set(have):
+            return None  # a column the files do not hold (read the Iceberg way)
+        with quiet():
+            _aligned(rows, schema, have).sink_parquet(buffer, **writer.parquet_options())
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        if not all(_exists(table.io, t.file.file_path) for t in bin_.tasks):
+            raise MaintenanceConflict(
+                f"dataset {spec.name!r}: an input file of the compaction vanished: {exc}"
+            ) from exc
+        return None
+    data = buffer.getvalue()
+    floats = [f for f in schema.fields if isinstance(f.field_type, (FloatType, DoubleType))]
+    check = pl.read_parquet(
+        io.BytesIO(data), columns=[*(k for k, _, _ in keys), *(f.name for f in floats)]
+    )
+    if keys:
+        name, descending, nulls_last = keys[0]
+        if not check.get_column(name).is_sorted(descending=descending, nulls_last=nulls_last):
+            return None
+    if not check.height:
+        return None
+    nans = {f.field_id: int(check.get_column(f.name).is_nan().sum()) for f in floats}
+    return data, nans, check.height
+
+
+def _ranges_in_order(
+    schema: Schema, tasks: tuple[FileScanTask, ...], key: tuple[str, bool, bool]
+) -> bool:
+    """Whether the files' key ranges (their lower and upper bounds of `key`), in this order,
+    follow each other in ascending order without overlapping; unknown bounds, nulls, or a key
+    of another kind of type: False."""
+    name = key[0]
+    field_ = schema.find_field(name)
+    if not isinstance(field_.field_type, (IntegerType, LongType, StringType, DateType)):
+        return False
+    previous: Any = None
+    for task in tasks:
+        data_file = task.file
+        lower = (data_file.lower_bounds or {}).get(field_.field_id)
+        upper = (data_file.upper_bounds or {}).get(field_.field_id)
+        if (
+            lower is None
+            or upper is None
+            or (data_file.null_value_counts or {}).get(field_.field_id)
+        ):
+            return False
+        if previous is not None and not from_bytes(field_.field_type, lower) > previous:
+            return False
+        previous = from_bytes(field_.field_type, upper)
+    return True
+
+
+def _aligned(rows: pl.LazyFrame, schema: Schema, have: pl.Schema) -> pl.LazyFrame:
+    """`rows` (of schema `have`) with exactly the schema's columns in order, cast to the
+    schema's polars types (`write.frame_rows.align_to_schema`, lazily)."""
+    exprs = []
+    for name, dtype in polars_schema(schema.as_arrow()).items():
+        exprs.append(pl.col(name) if have[name] == dtype else pl.col(name).cast(dtype))
+    return rows.select(exprs)
+
+
+def _register(writer: DataFileWriter, data: bytes, nans: dict[int, int]) -> list[DataFile]:
+    return [writer.register(data, record=None, nan_counts=nans)]
 
 
 def _plain_files(table: Table, tasks: tuple[FileScanTask, ...]) -> bool:
