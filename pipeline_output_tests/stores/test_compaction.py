@@ -154,13 +154,75 @@ def test_compaction_never_mixes_partitions(h: Harness):
     assert (result.files_rewritten, result.files_added) == (18, 3)
     assert_same_multiset(h.contents(spec), pl.concat(expected))
     for f in data_files(h, spec):  # one partition per file, as every write keeps it
-        regions = read_file(f)["region"].unique()
-        assert regions.to_list() == [f.partition[0]]
+        stored = read_file(f)
+        assert stored["region"].unique().to_list() == [f.partition[0]]
+        assert stored["id"].is_sorted()  # each bin's files read in key order: no sort needed
     summary = h.table(spec).current_snapshot().summary
     assert summary["changed-partition-count"] == "3"
     for region in ("eu", "us", "ap"):
         changes = dict(kv.split("=") for kv in summary[f"partitions.region={region}"].split(","))
         assert (changes["added-data-files"], changes["deleted-data-files"]) == ("1", "6")
+
+
+def test_bins_read_together_are_sorted_partition_by_partition_when_their_files_overlap(
+    h: Harness,
+):
+    """Bins of several partitions read by one scan: a partition whose files' key ranges overlap
+    (read back out of key order) is sorted, the others are written as read; every output file
+    in key order."""
+    spec = windowed(partition_by=("region",))
+    expected = []
+    for w in range(6):
+        frame = pl.concat(
+            [
+                rows(range(w * 10 + 1, w * 10 + 11), region="eu"),  # key ranges one after another
+                rows(range(100 + w, 160, 6), region="us"),  # every window spans 100..159
+            ]
+        )
+        h.store().write(spec, frame, window=Window(low=w * 10, high=(w + 1) * 10))
+        expected.append(frame)
+
+    result = h.store().compact(spec)
+
+    assert (result.files_rewritten, result.files_added) == (12, 2)
+    assert_same_multiset(h.contents(spec), pl.concat(expected))
+    for f in data_files(h, spec):
+        stored = read_file(f)
+        assert stored["region"].unique().to_list() == [f.partition[0]]
+        assert stored["id"].is_sorted(), f.partition[0]
+
+
+@pytest.mark.parametrize("unsorted_inside", [False, True])
+def test_files_in_key_order_are_compacted_sorted_with_their_nan_counts(
+    h: Harness, unsorted_inside: bool
+):
+    """Unpartitioned files whose key ranges follow each other (read and encoded in one streaming
+    query): one sorted file with the rows and the NaN count of its float column; files whose
+    ranges follow each other but whose rows are not in key order inside (another engine's) are
+    sorted all the same."""
+    spec = DatasetSpec(name="ordered", primary_key=("id",), strategy="append_always")
+    written = []
+    for w in range(6):
+        frame = rows(range(w * 10, w * 10 + 10)).with_columns(
+            x=pl.when(pl.col("id") % 7 == 0).then(float("nan")).otherwise(pl.col("id") / 3)
+        )
+        table = h.table(spec) if w and unsorted_inside else None
+        if table is None:
+            h.store().write(spec, frame)
+        else:  # another engine's file: its rows as given, out of key order inside
+            table.append(frame.reverse().to_arrow().cast(table.schema().as_arrow()))
+        written.append(frame)
+    expected = pl.concat(written)
+
+    result = h.store().compact(spec)
+
+    assert (result.files_rewritten, result.files_added, result.rows) == (6, 1, 60)
+    assert_same_multiset(h.contents(spec), expected)
+    (only,) = data_files(h, spec)
+    stored = read_file(only)
+    assert stored["id"].is_sorted()
+    x = h.table(spec).schema().find_field("x").field_id
+    assert only.nan_value_counts[x] == expected["x"].is_nan().sum()
 
 
 def test_compaction_folds_positional_deletes_and_drops_the_delete_files(h: Harness):

@@ -25,22 +25,29 @@ fast-forwards main to it, so main must not move meanwhile) is skipped, saying so
 
 from __future__ import annotations
 
+import io
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
+from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import _read_deletes
 from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
+from pyiceberg.types import DateType, DoubleType, FloatType, IntegerType, LongType, StringType
 
+from pipeline_output.contract.checked_input import polars_schema
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.version import VERSION
 from pipeline_output.errors import (
@@ -71,6 +78,7 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     read_index,
 )
 from pipeline_output.stores.iceberg.table.native_scan import quiet, storage, target_schema, typed
+from pipeline_output.stores.iceberg.table.partitions import partition_columns
 from pipeline_output.stores.iceberg.table.scan_planning import FixedTable
 from pipeline_output.stores.iceberg.table.tables import (
     AUDIT_PREFIX,
@@ -248,14 +256,7 @@ def _rewrite(
         added: list[DataFile] = []
         handed = False
         try:
-            rows = done = 0
-            for group in read_groups(table, plan.bins):
-                frame = _read_bins(table, group, spec)
-                rows += frame.height
-                added.extend(writer.write(frame))  # a file per partition: per bin
-                done += len(group)
-                if progress is not None:
-                    progress(done, len(plan.bins))
+            rows = _read_and_write(table, spec, plan, writer, added, progress)
             removable = _removable_deletes(table, plan)
             with store.tables.hold(spec, on=held) as stats:
                 current = store.tables.load(spec)
@@ -315,6 +316,173 @@ def _rewrite(
     )
 
 
+def _read_and_write(
+    table: Table,
+    spec: DatasetSpec,
+    plan: CompactionPlan,
+    writer: DataFileWriter,
+    added: list[DataFile],
+    progress: Progress | None,
+) -> int:
+    """Read the plan's bins group by group (`read_groups`) and write each group's output files
+    (one per bin) while the next group is read: polars' reader leaves a core idle on small
+    files, and the writer (Parquet encoding, footers, Iceberg statistics) uses it. At most one
+    group is being written while one is read: the memory held is two groups' rows
+    (`READ_GROUP_BYTES` of input files each), whatever the table's size. The rows read."""
+    rows = done = 0
+    pending: Future[list[DataFile]] | None = None
+    pending_bins = 0
+    with ThreadPoolExecutor(1, "po-compact-write") as pool:
+        try:
+            for group in read_groups(table, plan.bins):
+                streamed = _stream_bin(table, group, spec, writer)
+                if streamed is None:  # read into memory, sorted if need be, then written
+                    frame = _read_bins(table, group, spec)
+                    rows += frame.height
+                    write = partial(writer.write, frame)
+                    del frame
+                else:
+                    data, nans, count = streamed
+                    rows += count
+                    write = partial(_register, writer, data, nans)
+                    del data
+                if pending is not None:
+                    added.extend(pending.result())  # a file per partition: per bin
+                    done += pending_bins
+                    if progress is not None:
+                        progress(done, len(plan.bins))
+                pending, pending_bins = pool.submit(write), len(group)
+                del write
+            if pending is not None:
+                added.extend(pending.result())
+                done += pending_bins
+                if progress is not None:
+                    progress(done, len(plan.bins))
+                pending = None
+        finally:
+            if pending is not None:  # a read failed: the write in flight ends before cleanup
+                with suppress(Exception):
+                    pending.result()
+    return rows
+
+
+def _stream_bin(
+    table: Table, bins: list[Bin], spec: DatasetSpec, writer: DataFileWriter
+) -> tuple[bytes, dict[int, int], int] | None:
+    """One bin of an unpartitioned table whose files are in key order — their key ranges, in
+    the order the plan lists them, do not overlap — read and encoded as one Parquet file in a
+    single streaming query of polars (the floor's own `scan_parquet(...).sink_parquet(...)`:
+    reading and encoding overlap, and no row passes through Python), into memory: (the
+    file's bytes, its NaN counts, its rows). The key column is read back from the bytes: a
+    file that was not sorted inside (another engine's) makes it None, as does any bin this
+    does not apply to (partitioned tables, several sort columns, files `_plain_files` refuses);
+    `_read_bins` and the writer then do it. Memory: the encoded file, not the bin's rows."""
+    metadata = table.metadata
+    keys = sort_keys(metadata, spec)
+    if len(bins) != 1 or metadata.spec().fields or len(keys) > 1 or any(d for _, d, _ in keys):
+        return None
+    (bin_,) = bins
+    schema = table.schema()
+    if bin_.spec_id != metadata.default_spec_id or not _plain_files(table, bin_.tasks):
+        return None
+    if keys and not _ranges_in_order(schema, bin_.tasks, keys[0]):
+        return None
+    rows = typed(_scan(table, bin_.tasks, direct=True), target_schema(schema))
+    buffer = io.BytesIO()
+    try:
+        have = rows.collect_schema()
+        if not {f.name for f in schema.fields} <= set(have):
+            return None  # a column the files do not hold (read the Iceberg way)
+        with quiet():
+            _aligned(rows, schema, have).sink_parquet(buffer, **writer.parquet_options())
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        if not all(_exists(table.io, t.file.file_path) for t in bin_.tasks):
+            raise MaintenanceConflict(
+                f"dataset {spec.name!r}: an input file of the compaction vanished: {exc}"
+            ) from exc
+        return None
+    data = buffer.getvalue()
+    floats = [f for f in schema.fields if isinstance(f.field_type, (FloatType, DoubleType))]
+    check = pl.read_parquet(
+        io.BytesIO(data), columns=[*(k for k, _, _ in keys), *(f.name for f in floats)]
+    )
+    if keys:
+        name, descending, nulls_last = keys[0]
+        if not check.get_column(name).is_sorted(descending=descending, nulls_last=nulls_last):
+            return None
+    if not check.height:
+        return None
+    nans = {f.field_id: int(check.get_column(f.name).is_nan().sum()) for f in floats}
+    return data, nans, check.height
+
+
+def _ranges_in_order(
+    schema: Schema, tasks: tuple[FileScanTask, ...], key: tuple[str, bool, bool]
+) -> bool:
+    """Whether the files' key ranges (their lower and upper bounds of `key`), in this order,
+    follow each other in ascending order without overlapping; unknown bounds, nulls, or a key
+    of another kind of type: False."""
+    name = key[0]
+    field_ = schema.find_field(name)
+    if not isinstance(field_.field_type, (IntegerType, LongType, StringType, DateType)):
+        return False
+    previous: Any = None
+    for task in tasks:
+        data_file = task.file
+        lower = (data_file.lower_bounds or {}).get(field_.field_id)
+        upper = (data_file.upper_bounds or {}).get(field_.field_id)
+        if (
+            lower is None
+            or upper is None
+            or (data_file.null_value_counts or {}).get(field_.field_id)
+        ):
+            return False
+        if previous is not None and not from_bytes(field_.field_type, lower) > previous:
+            return False
+        previous = from_bytes(field_.field_type, upper)
+    return True
+
+
+def _aligned(rows: pl.LazyFrame, schema: Schema, have: pl.Schema) -> pl.LazyFrame:
+    """`rows` (of schema `have`) with exactly the schema's columns in order, cast to the
+    schema's polars types (`write.frame_rows.align_to_schema`, lazily)."""
+    exprs = []
+    for name, dtype in polars_schema(schema.as_arrow()).items():
+        exprs.append(pl.col(name) if have[name] == dtype else pl.col(name).cast(dtype))
+    return rows.select(exprs)
+
+
+def _register(writer: DataFileWriter, data: bytes, nans: dict[int, int]) -> list[DataFile]:
+    return [writer.register(data, record=None, nan_counts=nans)]
+
+
+def _plain_files(table: Table, tasks: tuple[FileScanTask, ...]) -> bool:
+    """Whether the files can be read as plain Parquet files by the names of the table's schema
+    (`_scan`): local files without delete files, of a table that has had one schema only and
+    no name mapping — every file then holds the schema's columns under their names."""
+    metadata = table.metadata
+    return (
+        len(metadata.schemas) == 1
+        and "schema.name-mapping.default" not in metadata.properties
+        and all(not t.delete_files and t.file.file_path.startswith("file:///") for t in tasks)
+    )
+
+
+def _scan(table: Table, tasks: tuple[FileScanTask, ...], *, direct: bool) -> pl.LazyFrame:
+    """The files' rows: `direct`, polars' plain multi-file Parquet scan of their local paths
+    (`_plain_files`; a file that does not hold the schema's columns fails it, and the caller
+    reads again the other way); else polars' Iceberg scan planned to exactly those files
+    (`scan_planning.FixedTable`: columns by field id, positional deletes applied). The plain
+    scan skips the Iceberg scan's per-file work: ~10 % of reading 20,000 small files."""
+    if direct:
+        return pl.scan_parquet(
+            [t.file.file_path.removeprefix("file://") for t in tasks],
+            glob=False,
+            hive_partitioning=False,
+        )
+    return pl.scan_iceberg(FixedTable.of(table, tasks), storage_options=storage(table))
+
+
 def _current_index(current: Table, planned: ManifestIndex) -> ManifestIndex:
     """The manifest index of `current`'s snapshot: the one planned with when the table has not
     moved since (its manifests are already read), else read again."""
@@ -369,31 +537,34 @@ def _read_bins(table: Table, bins: list[Bin], spec: DatasetSpec) -> pl.DataFrame
     """The bins' rows, deletes applied, aligned to the table schema and sorted.
 
     Read by polars' native Iceberg scan (`native_scan`) planned to exactly the bins' files
-    (`scan_planning.FixedTable`): its multithreaded Parquet reader reads every file of the bin outside the GIL,
-    applies their positional delete files and deletion vectors, and projects each file
-    (whatever schema it was written with) onto the table's schema by field id. It is collected
+    (`scan_planning.FixedTable`): its multithreaded Parquet reader reads every file of the bin
+    outside the GIL, applies their positional delete files and deletion vectors, and projects
+    each file (whatever schema it was written with) onto the table's schema by field id; local
+    files that need none of that are read by its plain Parquet scan (`_scan`). It is collected
     in batches of `READ_BATCH_ROWS`, each made contiguous: collected at once, a bin of 20,000
     small files became a frame of 20,000 chunks holding 2.5 times its data. Files already sorted
     and in key order (what windows of increasing keys leave) read back sorted: the sort is
     skipped then."""
     schema = table.schema()
     tasks = tuple(t for b in bins for t in b.tasks)
-    rows = typed(
-        pl.scan_iceberg(FixedTable.of(table, tasks), storage_options=storage(table)),
-        target_schema(schema),
-    )
-    try:
-        with quiet():
-            parts = [b.rechunk() for b in rows.collect_batches(chunk_size=READ_BATCH_ROWS)]
-    except (OSError, pl.exceptions.ComputeError) as exc:  # an input removed meanwhile
-        if all(_exists(table.io, t.file.file_path) for t in tasks):
-            raise
-        raise MaintenanceConflict(
-            f"dataset {spec.name!r}: an input file of the compaction vanished: {exc}"
-        ) from exc
-    frame = pl.concat(parts, rechunk=False) if parts else rows.collect()
+    for direct in (True, False) if _plain_files(table, tasks) else (False,):
+        try:
+            rows = typed(_scan(table, tasks, direct=direct), target_schema(schema))
+            if direct and not {f.name for f in schema.fields} <= set(rows.collect_schema()):
+                continue  # a column the files do not hold (an identity partition's source)
+            with quiet():
+                parts = [b.rechunk() for b in rows.collect_batches(chunk_size=READ_BATCH_ROWS)]
+            frame = pl.concat(parts, rechunk=False) if parts else rows.collect()
+            break
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            if not all(_exists(table.io, t.file.file_path) for t in tasks):
+                raise MaintenanceConflict(
+                    f"dataset {spec.name!r}: an input file of the compaction vanished: {exc}"
+                ) from exc
+            if not direct:
+                raise
     keys = sort_keys(table.metadata, spec)
-    if keys and frame.height > 1 and not _sorted(frame, keys):
+    if keys and frame.height > 1 and not _sorted(frame, keys, _partition_values(table, frame)):
         frame = frame.sort(
             [k for k, _, _ in keys],
             descending=[d for _, d, _ in keys],
@@ -403,12 +574,39 @@ def _read_bins(table: Table, bins: list[Bin], spec: DatasetSpec) -> pl.DataFrame
     return align_to_schema(frame, schema)
 
 
-def _sorted(frame: pl.DataFrame, keys: list[tuple[str, bool, bool]]) -> bool:
-    """Whether `frame` is already in the order of `keys` (checked for a single key only)."""
+def _partition_values(table: Table, frame: pl.DataFrame) -> pl.Series | None:
+    """Each row's partition of the table's current spec (one value per partition), or None
+    when the table is unpartitioned."""
+    if not table.metadata.spec().fields:
+        return None
+    parts = partition_columns(frame, table.metadata)
+    if len(parts) == 1:
+        return parts[0]
+    return pl.struct(parts, eager=True)
+
+
+def _sorted(
+    frame: pl.DataFrame, keys: list[tuple[str, bool, bool]], partitions: pl.Series | None
+) -> bool:
+    """Whether each partition's rows of `frame` are already in the order of `keys` (checked for
+    a single key only), which the writer keeps when it splits the frame by partition: a group
+    of bins of many partitions is sorted within each bin, not across them. With `partitions`,
+    each partition's rows must be one run and the key non-decreasing within each run (a key
+    with nulls is sorted instead)."""
     if len(keys) != 1:
         return False
     name, descending, nulls_last = keys[0]
-    return frame.get_column(name).is_sorted(descending=descending, nulls_last=nulls_last)
+    column = frame.get_column(name)
+    if partitions is None:
+        return column.is_sorted(descending=descending, nulls_last=nulls_last)
+    if column.null_count():
+        return False
+    starts = (partitions != partitions.shift(1)).fill_null(True)
+    if int(starts.sum()) != partitions.n_unique():  # a partition's rows in two runs
+        return False
+    previous = column.shift(1)
+    ordered = (column <= previous) if descending else (column >= previous)
+    return bool((ordered.fill_null(True) | starts).all())
 
 
 def _exists(io: FileIO, path: str) -> bool:

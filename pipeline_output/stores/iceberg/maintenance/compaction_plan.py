@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from pyiceberg.conversions import from_bytes
@@ -53,11 +54,11 @@ class Bin:
     partition: Record | None
     tasks: tuple[FileScanTask, ...]
 
-    @property
+    @cached_property
     def bytes(self) -> int:
         return sum(t.file.file_size_in_bytes for t in self.tasks)
 
-    @property
+    @cached_property
     def records(self) -> int:
         """Rows stored in the input files (before their deletes are applied)."""
         return sum(t.file.record_count for t in self.tasks)

@@ -33,6 +33,7 @@ import itertools
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -176,20 +177,26 @@ class DataFileWriter(TableFileWriter):
         counts = frame.select(pl.col(f.name).is_nan().sum() for f in floats).row(0)
         return {f.field_id: int(n or 0) for f, n in zip(floats, counts, strict=True)}
 
-    def _write_one(self, frame: pl.DataFrame, record: Record | None) -> DataFile:
-        buffer = io.BytesIO()
+    def parquet_options(self) -> dict[str, Any]:
+        """The options polars' Parquet writer (`write_parquet`, `sink_parquet`) writes this
+        table's data files with: codec, level, statistics, the Arrow schema with field ids."""
         if self._codec in ("zstd", "snappy", "gzip", "lz4", "brotli", "uncompressed"):
             codec = self._codec
         else:
             codec = "zstd"
+        return {
+            "compression": codec,
+            "compression_level": self._level if codec in ("zstd", "gzip", "brotli") else None,
+            "statistics": True,
+            "arrow_schema": self._arrow_schema,
+        }
+
+    def _write_one(self, frame: pl.DataFrame, record: Record | None) -> DataFile:
+        buffer = io.BytesIO()
+        options = self.parquet_options()
+        codec = options["compression"]
         try:
-            frame.write_parquet(
-                buffer,
-                compression=codec,  # type: ignore[arg-type]
-                compression_level=self._level if codec in ("zstd", "gzip", "brotli") else None,
-                statistics=True,
-                arrow_schema=self._arrow_schema,
-            )
+            frame.write_parquet(buffer, **options)
         except pl.exceptions.PolarsError:
             # polars refused the schema (a nested type it maps differently): use pyarrow.
             buffer = io.BytesIO()
@@ -199,14 +206,21 @@ class DataFileWriter(TableFileWriter):
                 compression=codec,
                 compression_level=self._level,
             )
-        data = buffer.getvalue()
+        return self.register(buffer.getvalue(), record=record, nan_counts=self._nan_counts(frame))
+
+    def register(
+        self, data: bytes, *, record: Record | None, nan_counts: dict[int, int]
+    ) -> DataFile:
+        """`data`, a Parquet file written with `parquet_options` holding rows of one partition
+        (`record`, the current spec's; None: unpartitioned), written out as a new data file of
+        the table; its `DataFile`. `nan_counts`: NaN values per float column's field id."""
         stats = self._statistics(data)
         partition = (
             record if record is not None else stats.partition(self.metadata.spec(), self._schema)
         )
         path = self._put(data)
         serialized = stats.to_serialized_dict()
-        serialized["nan_value_counts"] = self._nan_counts(frame)
+        serialized["nan_value_counts"] = nan_counts
         data_file = DataFile.from_args(
             content=DataFileContent.DATA,
             file_path=path,
