@@ -6,6 +6,11 @@ in an earlier round, which rewrites files the compaction is compacting) while a 
 compacts the table in a loop. Compactions that lose a race re-plan (or give up cleanly); the
 table at the end equals the oracle over the union of every write: each key once, with the last
 version its writer wrote.
+
+A compaction SIGKILLed inside its commit (its output files, manifests and manifest list written,
+the catalog not swapped: `PIPELINE_OUTPUT_FAULT=in_commit`) leaves the table as it was; its
+writer lock dies with it, the next compaction runs at once, and orphan removal deletes exactly
+the killed one's files.
 """
 
 from __future__ import annotations
@@ -156,3 +161,61 @@ def test_compaction_beside_concurrent_writer_processes_loses_and_duplicates_noth
         s.summary.operation.value for s in fresh_catalog().load_table((NS, SPEC.name)).snapshots()
     ]
     assert ops.count("replace") == stats["committed"] + (0 if final.noop else 1)
+
+
+APPENDED = DatasetSpec(name="appended", primary_key=("id",), strategy="append_always")
+
+
+def _killed_compactor(name: str, props: dict[str, str], url: str) -> None:
+    """Compacts the table and is SIGKILLed inside its commit: its output files, manifests and
+    manifest list written, the catalog not swapped (`PIPELINE_OUTPUT_FAULT=in_commit`)."""
+    import os
+
+    os.environ["PIPELINE_OUTPUT_FAULT"] = "in_commit"
+    result = _store(name, props, url).compact(APPENDED, min_input_files=2)
+    raise SystemExit(f"not killed: {result}")  # not reached: the fault point kills the process
+
+
+def test_a_compaction_killed_in_its_commit_changes_nothing_and_the_next_one_compacts(
+    catalog: Any, fresh_catalog: Any, pg_db_url: str
+) -> None:
+    from pipeline_output.stores.iceberg.maintenance.orphans import norm, referenced
+
+    store = IcebergStore(catalog, NS, lock=AdvisoryLock(pg_db_url))
+    frames = [f.head(NEW_PER_ROUND) for f in _writes(0)[:6]]  # six appends: six small files
+    for frame in frames:
+        store.write(APPENDED, frame)
+    expected = pl.concat(frames)
+    before = fresh_catalog().load_table((NS, APPENDED.name))
+    head = before.current_snapshot().snapshot_id
+    location = Path(before.location().removeprefix("file://"))
+
+    def unreferenced() -> list[Path]:
+        known = referenced(fresh_catalog().load_table((NS, APPENDED.name)))
+        return [p for p in location.rglob("*") if p.is_file() and norm(str(p)) not in known]
+
+    assert unreferenced() == []
+    props = {k: str(v) for k, v in catalog.properties.items()}
+    killed = mp.get_context("spawn").Process(
+        target=_killed_compactor, args=(catalog.name, props, pg_db_url)
+    )
+    killed.start()
+    killed.join(timeout=120)
+    assert killed.exitcode == -9  # SIGKILL, in its commit
+
+    table = fresh_catalog().load_table((NS, APPENDED.name))
+    assert table.current_snapshot().snapshot_id == head  # nothing committed
+    assert_same_multiset(pl.from_arrow(table.scan().to_arrow()), expected)  # type: ignore[arg-type]
+    left = unreferenced()
+    assert any(p.suffix == ".parquet" for p in left)  # its output files: orphans now
+
+    result = store.compact(APPENDED, min_input_files=2)  # its lock died with it: no wait
+    assert not result.noop and result.files_added >= 1
+    assert_same_multiset(store.read(APPENDED), expected)
+    swept = store.remove_orphans(APPENDED, grace_s=0)
+    assert swept.files == len(left)  # exactly the killed compaction's files
+    assert unreferenced() == []
+    assert_same_multiset(
+        pl.from_arrow(fresh_catalog().load_table((NS, APPENDED.name)).scan().to_arrow()),  # type: ignore[arg-type]
+        expected,
+    )
