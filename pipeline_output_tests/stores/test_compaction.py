@@ -2,7 +2,7 @@
 files near the target size, partition by partition, sorted by the key, with positional deletes
 folded in — one `replace` snapshot, the same rows as a multiset (the polars oracle), and a re-run
 that finds nothing to do. Races with writers in the same process are here too; with real writer
-processes in `test_compaction_concurrency.py`.
+processes in `test_maintenance_beside_writers.py`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Acceptance: compaction beside concurrent writers, all real processes, loses nothing and
-duplicates nothing.
+"""Acceptance: maintenance beside concurrent writers, all real processes — compaction and expiry
+lose nothing, duplicate nothing and delete no live file; a compaction killed in its commit leaves
+the table as it was.
 
 Two writer processes upsert into one table (each round: new keys, plus updates of keys it wrote
 in an earlier round, which rewrites files the compaction is compacting) while a third process
@@ -11,6 +12,9 @@ A compaction SIGKILLed inside its commit (its output files, manifests and manife
 the catalog not swapped: `PIPELINE_OUTPUT_FAULT=in_commit`) leaves the table as it was; its
 writer lock dies with it, the next compaction runs at once, and orphan removal deletes exactly
 the killed one's files.
+
+Expiry in a loop (every snapshot but the head, older_than 0) beside two upserting writer
+processes: every file the final table references still exists, and its rows equal the oracle.
 """
 
 from __future__ import annotations
@@ -219,3 +223,78 @@ def test_a_compaction_killed_in_its_commit_changes_nothing_and_the_next_one_comp
         pl.from_arrow(fresh_catalog().load_table((NS, APPENDED.name)).scan().to_arrow()),  # type: ignore[arg-type]
         expected,
     )
+
+
+def _expirer(name: str, props: dict[str, str], url: str, stop: str, barrier: Any, out: Any) -> None:
+    from datetime import timedelta
+
+    expired = 0
+    try:
+        store = _store(name, props, url)
+        barrier.wait(timeout=120)
+        while not Path(stop).exists():
+            result = store.expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
+            expired += result.snapshots_expired
+            time.sleep(0.01)
+        out.put(("expirer", expired, None))
+    except BaseException as exc:
+        barrier.abort()
+        out.put(("expirer", expired, f"{type(exc).__name__}: {exc}"))
+
+
+def test_expiry_in_a_loop_beside_concurrent_writer_processes_deletes_no_live_file(
+    catalog: Any, fresh_catalog: Any, pg_db_url: str, tmp_path: Path
+) -> None:
+    """Two writer processes upsert (rewriting each other's files) while a third expires every
+    snapshot but the head in a loop and deletes what only those referenced: every file the table
+    references still exists, and the rows equal the oracle."""
+    from pipeline_output.stores.iceberg.maintenance.orphans import norm, referenced
+
+    store = IcebergStore(catalog, NS, lock=AdvisoryLock(pg_db_url))
+    store.write(SPEC, _writes(0)[0].head(1).with_columns(id=pl.lit(-1, dtype=pl.Int64)))
+    props = {k: str(v) for k, v in catalog.properties.items()}
+    stop = str(tmp_path / "stop")
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(3), ctx.Queue()
+    procs = [
+        *(
+            ctx.Process(target=_writer, args=(w, catalog.name, props, pg_db_url, barrier, out))
+            for w in range(2)
+        ),
+        ctx.Process(target=_expirer, args=(catalog.name, props, pg_db_url, stop, barrier, out)),
+    ]
+    for p in procs:
+        p.start()
+    errors: list[str] = []
+    expired = 0
+    try:
+        for _ in range(2):
+            _, _, err = out.get(timeout=300)
+            if err:
+                errors.append(err)
+        Path(stop).touch()
+        _, expired, err = out.get(timeout=120)
+        if err:
+            errors.append(err)
+    except queue.Empty:
+        errors.append("a process did not report in time")
+    finally:
+        Path(stop).touch()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert not errors, errors
+    assert expired > 0  # the expirer removed snapshots while the writers wrote
+    table = fresh_catalog().load_table((NS, SPEC.name))
+    location = Path(table.location().removeprefix("file://"))
+    on_disk = {norm(str(p)) for p in location.rglob("*") if p.is_file()}
+    assert referenced(table) <= on_disk  # no file a snapshot references was deleted
+    expected = pl.concat(
+        [
+            _oracle(2),
+            pl.DataFrame({"id": [-1], "writer": [0], "version": [0]}, schema=_oracle(2).schema),
+        ]
+    )
+    rows = pl.from_arrow(table.scan().to_arrow())
+    assert_same_multiset(rows.select(expected.columns), expected)  # type: ignore[union-attr]
