@@ -40,17 +40,21 @@ def day_rows(day: str, ids: list[int], *, version: int = 0) -> pl.DataFrame:
     )
 
 
+# the dataset every test here defines: a daily `replace` of `NAME` on the Iceberg arm
+DAILY_REPLACE: dict[str, Any] = {
+    "name": NAME,
+    "primary_key": "id",
+    "strategy": "replace",
+    "mode": "iceberg",
+    "partitions_def": DAILY,
+    "partition_column": "day",
+}
+
+
 def defs_for(source: dict[str, Any]) -> dg.Definitions:
     """A daily `replace` dataset reading `source[partition_key]` (an exception: raised)."""
 
-    @dataset(
-        name=NAME,
-        primary_key="id",
-        strategy="replace",
-        mode="iceberg",
-        partitions_def=DAILY,
-        partition_column="day",
-    )
+    @dataset(**DAILY_REPLACE)
     def ranged(partition_key: str) -> pl.DataFrame:
         value = source[partition_key]
         if isinstance(value, Exception):
@@ -243,14 +247,7 @@ def test_a_range_run_encodes_a_partition_while_the_next_is_computed(env, instanc
 
     monkeypatch.setattr(DataFileWriter, "write", write)
 
-    @dataset(
-        name=NAME,
-        primary_key="id",
-        strategy="replace",
-        mode="iceberg",
-        partitions_def=DAILY,
-        partition_column="day",
-    )
+    @dataset(**DAILY_REPLACE)
     def ranged(partition_key: str) -> pl.DataFrame:
         computing(partition_key)
         return source[partition_key]  # type: ignore[no-any-return]

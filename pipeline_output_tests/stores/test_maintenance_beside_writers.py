@@ -87,78 +87,116 @@ def _writer(
         out.put(("writer", writer, f"{type(exc).__name__}: {exc}"))
 
 
-def _compactor(
-    name: str, props: dict[str, str], url: str, stop: str, barrier: Any, out: Any
+def _maintaining(
+    kind: str,
+    step: Any,
+    tally: dict[str, int],
+    url_args: tuple[str, dict[str, str], str],
+    *rest: Any,
 ) -> None:
-    from pipeline_output.errors import MaintenanceConflict
-
-    stats = {"committed": 0, "retried": 0, "gave_up": 0, "noop": 0}
+    """A maintenance process: `step(store, tally)` in a loop from the barrier until `stop`
+    exists, then `(kind, tally, error or None)` reported on `out`."""
+    stop, barrier, out = rest
     try:
-        store = _store(name, props, url)
+        store = _store(*url_args)
         barrier.wait(timeout=120)
         while not Path(stop).exists():
-            try:
-                result = store.compact(SPEC, min_input_files=2, max_attempts=3)
-            except MaintenanceConflict:
-                stats["gave_up"] += 1
-                continue
-            stats["noop" if result.noop else "committed"] += 1
-            stats["retried"] += result.attempts - 1
-        out.put(("compactor", stats, None))
+            step(store, tally)
+        out.put((kind, tally, None))
     except BaseException as exc:
         barrier.abort()
-        out.put(("compactor", stats, f"{type(exc).__name__}: {exc}"))
+        out.put((kind, tally, f"{type(exc).__name__}: {exc}"))
 
 
-def test_compaction_beside_concurrent_writer_processes_loses_and_duplicates_nothing(
-    catalog: Any, fresh_catalog: Any, pg_db_url: str, tmp_path: Path
-) -> None:
+def _compact_once(store: IcebergStore, stats: dict[str, int]) -> None:
+    from pipeline_output.errors import MaintenanceConflict
+
+    try:
+        result = store.compact(SPEC, min_input_files=2, max_attempts=3)
+    except MaintenanceConflict:
+        stats["gave_up"] += 1
+        return
+    stats["noop" if result.noop else "committed"] += 1
+    stats["retried"] += result.attempts - 1
+
+
+def _compactor(name: str, props: dict[str, str], url: str, *rest: Any) -> None:
+    stats = {"committed": 0, "retried": 0, "gave_up": 0, "noop": 0}
+    _maintaining("compactor", _compact_once, stats, (name, props, url), *rest)
+
+
+def _expire_once(store: IcebergStore, tally: dict[str, int]) -> None:
+    from datetime import timedelta
+
+    result = store.expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
+    tally["expired"] += result.snapshots_expired
+    time.sleep(0.01)
+
+
+def _expirer(name: str, props: dict[str, str], url: str, *rest: Any) -> None:
+    _maintaining("expirer", _expire_once, {"expired": 0}, (name, props, url), *rest)
+
+
+def _beside_writers(
+    maintainer: Any, catalog: Any, pg_db_url: str, tmp_path: Path
+) -> tuple[IcebergStore, Any]:
+    """Two `_writer` processes and one `maintainer(name, props, url, stop, barrier, out)` process
+    started together (a barrier); the maintainer stopped once both writers are done. The store
+    (its table seeded with one row, id -1) and what the maintainer reported."""
     store = IcebergStore(catalog, NS, lock=AdvisoryLock(pg_db_url))
     store.write(SPEC, _writes(0)[0].head(1).with_columns(id=pl.lit(-1, dtype=pl.Int64)))
     props = {k: str(v) for k, v in catalog.properties.items()}
     stop = str(tmp_path / "stop")
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(3), ctx.Queue()
-    writers = [
-        ctx.Process(target=_writer, args=(w, catalog.name, props, pg_db_url, barrier, out))
-        for w in range(2)
+    procs = [
+        *(
+            ctx.Process(target=_writer, args=(w, catalog.name, props, pg_db_url, barrier, out))
+            for w in range(2)
+        ),
+        ctx.Process(target=maintainer, args=(catalog.name, props, pg_db_url, stop, barrier, out)),
     ]
-    compactor = ctx.Process(
-        target=_compactor, args=(catalog.name, props, pg_db_url, stop, barrier, out)
-    )
-    for p in [*writers, compactor]:
+    for p in procs:
         p.start()
     errors: list[str] = []
-    stats: dict[str, int] = {}
+    reported: Any = None
     try:
-        for _ in writers:
+        for _ in range(2):
             _, _, err = out.get(timeout=300)
             if err:
                 errors.append(err)
         Path(stop).touch()
-        _, stats, err = out.get(timeout=120)
+        _, reported, err = out.get(timeout=120)
         if err:
             errors.append(err)
     except queue.Empty:
         errors.append("a process did not report in time")
     finally:
         Path(stop).touch()
-        for p in [*writers, compactor]:
+        for p in procs:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
     assert not errors, errors
+    return store, reported
+
+
+def _every_write() -> pl.DataFrame:
+    """The table's oracle after `_beside_writers`: both writers' rows, last wins, and the seed."""
+    seed = pl.DataFrame({"id": [-1], "writer": [0], "version": [0]}, schema=_oracle(2).schema)
+    return pl.concat([_oracle(2), seed])
+
+
+def test_compaction_beside_concurrent_writer_processes_loses_and_duplicates_nothing(
+    catalog: Any, fresh_catalog: Any, pg_db_url: str, tmp_path: Path
+) -> None:
+    store, stats = _beside_writers(_compactor, catalog, pg_db_url, tmp_path)
     assert sum(stats.values()) > 0, stats  # the compactor ran while the writers wrote
 
     final = store.compact(SPEC, min_input_files=2)  # and once more, alone
     table = pl.from_arrow(fresh_catalog().load_table((NS, SPEC.name)).scan().to_arrow())
     assert isinstance(table, pl.DataFrame)
-    expected = pl.concat(
-        [
-            _oracle(2),
-            pl.DataFrame({"id": [-1], "writer": [0], "version": [0]}, schema=_oracle(2).schema),
-        ]
-    )
+    expected = _every_write()
     assert table.group_by("id").len().filter(pl.col("len") > 1).height == 0  # no duplicate
     assert_same_multiset(table.select(expected.columns), expected)  # nothing lost, last wins
     ops = [
@@ -225,23 +263,6 @@ def test_a_compaction_killed_in_its_commit_changes_nothing_and_the_next_one_comp
     )
 
 
-def _expirer(name: str, props: dict[str, str], url: str, stop: str, barrier: Any, out: Any) -> None:
-    from datetime import timedelta
-
-    expired = 0
-    try:
-        store = _store(name, props, url)
-        barrier.wait(timeout=120)
-        while not Path(stop).exists():
-            result = store.expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
-            expired += result.snapshots_expired
-            time.sleep(0.01)
-        out.put(("expirer", expired, None))
-    except BaseException as exc:
-        barrier.abort()
-        out.put(("expirer", expired, f"{type(exc).__name__}: {exc}"))
-
-
 def test_expiry_in_a_loop_beside_concurrent_writer_processes_deletes_no_live_file(
     catalog: Any, fresh_catalog: Any, pg_db_url: str, tmp_path: Path
 ) -> None:
@@ -250,51 +271,12 @@ def test_expiry_in_a_loop_beside_concurrent_writer_processes_deletes_no_live_fil
     references still exists, and the rows equal the oracle."""
     from pipeline_output.stores.iceberg.maintenance.orphans import norm, referenced
 
-    store = IcebergStore(catalog, NS, lock=AdvisoryLock(pg_db_url))
-    store.write(SPEC, _writes(0)[0].head(1).with_columns(id=pl.lit(-1, dtype=pl.Int64)))
-    props = {k: str(v) for k, v in catalog.properties.items()}
-    stop = str(tmp_path / "stop")
-    ctx = mp.get_context("spawn")
-    barrier, out = ctx.Barrier(3), ctx.Queue()
-    procs = [
-        *(
-            ctx.Process(target=_writer, args=(w, catalog.name, props, pg_db_url, barrier, out))
-            for w in range(2)
-        ),
-        ctx.Process(target=_expirer, args=(catalog.name, props, pg_db_url, stop, barrier, out)),
-    ]
-    for p in procs:
-        p.start()
-    errors: list[str] = []
-    expired = 0
-    try:
-        for _ in range(2):
-            _, _, err = out.get(timeout=300)
-            if err:
-                errors.append(err)
-        Path(stop).touch()
-        _, expired, err = out.get(timeout=120)
-        if err:
-            errors.append(err)
-    except queue.Empty:
-        errors.append("a process did not report in time")
-    finally:
-        Path(stop).touch()
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-    assert not errors, errors
-    assert expired > 0  # the expirer removed snapshots while the writers wrote
+    _, tally = _beside_writers(_expirer, catalog, pg_db_url, tmp_path)
+    assert tally["expired"] > 0  # the expirer removed snapshots while the writers wrote
     table = fresh_catalog().load_table((NS, SPEC.name))
     location = Path(table.location().removeprefix("file://"))
     on_disk = {norm(str(p)) for p in location.rglob("*") if p.is_file()}
     assert referenced(table) <= on_disk  # no file a snapshot references was deleted
-    expected = pl.concat(
-        [
-            _oracle(2),
-            pl.DataFrame({"id": [-1], "writer": [0], "version": [0]}, schema=_oracle(2).schema),
-        ]
-    )
+    expected = _every_write()
     rows = pl.from_arrow(table.scan().to_arrow())
     assert_same_multiset(rows.select(expected.columns), expected)  # type: ignore[union-attr]
