@@ -378,8 +378,9 @@ def child(cfg: dict[str, Any], case: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=10_000_000)
-    # tables with uncompressed change files (`_cf`: the lz4 ones of before 2026-12-06 08:30)
-    parser.add_argument("--work", default="/tmp/bench_changes_cf2")
+    # tables with uncompressed change files and recorded change counts (`_cf2`: written before
+    # the counts were recorded, 2026-12-06 11:50; `_cf`: the lz4 change files of before 08:30)
+    parser.add_argument("--work", default="/tmp/bench_changes_cf3")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--child")
     parser.add_argument("--build-only", action="store_true")
