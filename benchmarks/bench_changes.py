@@ -8,7 +8,7 @@ Run from the repository root (the machine-wide lock keeps benchmarks apart):
     flock /tmp/bench.lock python3 benchmarks/bench_changes.py --rows 1000000 --work /tmp/bc1m
 
 Build (not timed, cached: the tables are built once under `--work`, default
-`/tmp/bench_changes_cf2`, with an embedded Postgres as the SQL catalog and writer lock, and reused
+`/tmp/bench_changes_cf3`, with an embedded Postgres as the SQL catalog and writer lock, and reused
 by later runs; delete the directory to rebuild): N rows in 50 files (50 `append_always` writes of
 N/50 rows, ids in order), then one upsert of N/100 rows — half existing ids drawn uniformly over
 the table (changed values: every file is touched), half new ids —, written twice: with the
