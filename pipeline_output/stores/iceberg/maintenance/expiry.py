@@ -233,14 +233,14 @@ def _expire(
             _commit(before, plan, stats.verify)
     gone = set(plan.expire)
     reader = ManifestReader(before.io)
-    doomed: set[str] = set()
+    doomed: list[str] = []
     if gone:
         remaining = [s for s in snapshots if s.snapshot_id not in gone]
         if not dry_run:  # the table now (commits after ours reference only live files)
             now = store.tables.load(spec)
             remaining = list(now.metadata.snapshots) if now is not None else remaining
         kept = reader.files_of(remaining)
-        doomed = expired_files(reader, snapshots, gone) - kept
+        doomed = [p for p in expired_files(reader, snapshots, gone) if p not in kept]
     deleted = len(doomed)
     if doomed and not dry_run:
         deleted = delete_paths(before.io, (reader.locations[p] for p in doomed))
@@ -256,10 +256,13 @@ def _expire(
     )
 
 
-def expired_files(reader: ManifestReader, snapshots: list[Snapshot], gone: set[int]) -> set[str]:
+def expired_files(reader: ManifestReader, snapshots: list[Snapshot], gone: set[int]) -> list[str]:
     """The files the expired snapshots (`gone`, among `snapshots`) referenced that may be
-    referenced by none of the others (normalized): their manifest lists and manifests, and of
-    their data and delete files only those that can have left the table since.
+    referenced by none of the others (normalized, each once): their manifest lists and
+    manifests, and of their data and delete files only those that can have left the table
+    since — those in the order of the manifest entries that removed them: about the order the
+    files were written in, which ext4 unlinks ~25 % faster than a hash order (20,000 files in
+    16 threads: 0.36 against 0.45 s, benchmarks/README.md).
 
     An expired snapshot's live files are the live files of any descendant plus those removed on
     the way there. So instead of every expired snapshot's entries, read: the live entries of the
@@ -272,13 +275,13 @@ def expired_files(reader: ManifestReader, snapshots: list[Snapshot], gone: set[i
     by_id = {s.snapshot_id: s for s in snapshots}
     expired = [s for s in snapshots if s.snapshot_id in gone]
     parents = {s.parent_snapshot_id for s in snapshots}
-    out, _ = reader.metadata_of(expired)
-    out |= reader.files_of(s for s in expired if s.snapshot_id not in parents)
+    out = dict.fromkeys(reader.metadata_of(expired)[0])
+    out.update(dict.fromkeys(reader.files_of(s for s in expired if s.snapshot_id not in parents)))
     for snapshot in snapshots:
         parent = snapshot.parent_snapshot_id
         if parent in gone and parent in by_id:
-            out |= reader.removed_by(snapshot)
-    return out
+            out.update(dict.fromkeys(reader.removed_by(snapshot)))
+    return list(out)
 
 
 def _commit(table: Table, plan: ExpiryPlan, verify: Callable[[], None]) -> Table:
