@@ -323,6 +323,43 @@ def test_a_compactions_removed_entries_are_decoded_natively_path_for_path(
     assert_same_multiset(h.store().read(SPEC.name), frame(range(121), 0))
 
 
+def test_a_manifest_of_many_big_blocks_is_decoded_in_two_halves_entry_for_entry(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """A manifest of `PARALLEL_BLOCKS` blocks or more is decoded natively as two halves at
+    once: the same (status, snapshot, path) in the same order as pyiceberg's decoder."""
+    from pipeline_output.stores.iceberg.snapshot.commit import CommitRequest, commit
+    from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction
+    from pipeline_output.stores.iceberg.table import manifest_decoding
+
+    monkeypatch.setattr(manifest_decoding, "BLOCK_ENTRIES", 20)  # the removed entries: 7 blocks
+    monkeypatch.setattr(manifest_decoding, "NATIVE_BLOCK", 10)
+    h.store().write(SPEC, frame([0], 0))
+    table = h.table(SPEC)
+    tx = FlatTransaction(table)
+    writer = DataFileWriter(tx.table_metadata, table.io, write_id=uuid.uuid4())
+    ready = [f for i in range(1, 121) for f in writer.write(frame([i], 0))]
+    commit(CommitRequest(tx=tx, dataset=SPEC.name, properties={}, ready=ready, blind_retry=True))
+    h.store().compact(SPEC, min_input_files=2)
+    table = h.table(SPEC)
+    decoded = []
+    decode = manifest_decoding._native_paths
+
+    def spy(data: bytes, names: Any) -> Any:
+        decoded.append(decode(data, names))
+        return decoded[-1]
+
+    monkeypatch.setattr(manifest_decoding, "_native_paths", spy)
+    removed = 0
+    for manifest in table.current_snapshot().manifests(table.io):
+        entries = manifest.fetch_manifest_entry(table.io, discard_deleted=False)
+        expected = [(int(e.status), e.snapshot_id, e.data_file.file_path) for e in entries]
+        assert manifest_decoding.entry_paths(table.io, manifest) == expected
+        removed += sum(status == 2 for status, _, _ in expected)
+    assert removed == 121
+    assert len(decoded) == 2 and all(d is not None and 0 < len(d[2]) < 121 for d in decoded)
+
+
 # -- the change files of the change feed (`commit.CHANGE_FILE`) ---------------------------------
 
 

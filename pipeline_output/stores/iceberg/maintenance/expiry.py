@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
@@ -229,18 +231,22 @@ def _expire(
             keep_ids=keep,
         )
         snapshots = list(before.metadata.snapshots)  # the commit updates `before` in place
+        gone = set(plan.expire)
+        # what the expired snapshots referenced is read while the commit is made (manifests
+        # never change); nothing is deleted before the commit succeeded
+        expired = _read_in_background(before.io, snapshots, gone) if gone else None
         if plan.expire and not dry_run:
             _commit(before, plan, stats.verify)
-    gone = set(plan.expire)
-    reader = ManifestReader(before.io)
     doomed: list[str] = []
-    if gone:
+    reader = ManifestReader(before.io)
+    if expired is not None:
         remaining = [s for s in snapshots if s.snapshot_id not in gone]
         if not dry_run:  # the table now (commits after ours reference only live files)
             now = store.tables.load(spec)
             remaining = list(now.metadata.snapshots) if now is not None else remaining
-        kept = reader.files_of(remaining)
-        doomed = [p for p in expired_files(reader, snapshots, gone) if p not in kept]
+        kept = ManifestReader(before.io).files_of(remaining)
+        reader, found = expired.result()
+        doomed = [p for p in found if p not in kept]
     deleted = len(doomed)
     if doomed and not dry_run:
         deleted = delete_paths(before.io, (reader.locations[p] for p in doomed))
@@ -282,6 +288,18 @@ def expired_files(reader: ManifestReader, snapshots: list[Snapshot], gone: set[i
         if parent in gone and parent in by_id:
             out.update(dict.fromkeys(reader.removed_by(snapshot)))
     return list(out)
+
+
+def _read_in_background(
+    io: FileIO, snapshots: list[Snapshot], gone: set[int]
+) -> Future[tuple[ManifestReader, list[str]]]:
+    """`expired_files` read in a thread (the reader holds their locations as referenced)."""
+    reader = ManifestReader(io)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expiry-read")
+    try:
+        return pool.submit(lambda: (reader, expired_files(reader, snapshots, gone)))
+    finally:
+        pool.shutdown(wait=False)  # the thread ends with its one task
 
 
 def _commit(table: Table, plan: ExpiryPlan, verify: Callable[[], None]) -> Table:
