@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -238,18 +238,18 @@ def _expire(
         if plan.expire and not dry_run:
             _commit(before, plan, stats.verify)
     doomed: list[str] = []
-    reader = ManifestReader(before.io)
+    locations: dict[str, str] = {}
     if expired is not None:
         remaining = [s for s in snapshots if s.snapshot_id not in gone]
         if not dry_run:  # the table now (commits after ours reference only live files)
             now = store.tables.load(spec)
             remaining = list(now.metadata.snapshots) if now is not None else remaining
         kept = ManifestReader(before.io).files_of(remaining)
-        reader, found = expired.result()
+        locations, found = expired()
         doomed = [p for p in found if p not in kept]
     deleted = len(doomed)
     if doomed and not dry_run:
-        deleted = delete_paths(before.io, (reader.locations[p] for p in doomed))
+        deleted = delete_paths(before.io, (locations[p] for p in doomed))
     return ExpiryResult(
         dataset=spec.name,
         table=store.tables.table_name(spec),
@@ -278,28 +278,54 @@ def expired_files(reader: ManifestReader, snapshots: list[Snapshot], gone: set[i
     entries the appends before it listed. A removal another writer did not record as a DELETED
     entry leaves its file behind: an orphan for `remove_orphans`, never a file deleted while
     referenced (the caller subtracts everything the remaining snapshots reference)."""
-    by_id = {s.snapshot_id: s for s in snapshots}
+    out = dict.fromkeys(_expired_own(reader, snapshots, gone))
+    out.update(dict.fromkeys(_removed_after(reader, snapshots, gone)))
+    return list(out)
+
+
+def _expired_own(reader: ManifestReader, snapshots: list[Snapshot], gone: set[int]) -> list[str]:
+    """`expired_files`' manifest lists, change files and manifests of the expired snapshots,
+    and the live files of those without a child."""
     expired = [s for s in snapshots if s.snapshot_id in gone]
     parents = {s.parent_snapshot_id for s in snapshots}
-    out = dict.fromkeys(reader.metadata_of(expired)[0])
-    out.update(dict.fromkeys(reader.files_of(s for s in expired if s.snapshot_id not in parents)))
-    for snapshot in snapshots:
-        parent = snapshot.parent_snapshot_id
-        if parent in gone and parent in by_id:
-            out.update(dict.fromkeys(reader.removed_by(snapshot)))
-    return list(out)
+    own, _ = reader.metadata_of(expired)
+    return [*own, *reader.files_of(s for s in expired if s.snapshot_id not in parents)]
+
+
+def _removed_after(reader: ManifestReader, snapshots: list[Snapshot], gone: set[int]) -> list[str]:
+    """`expired_files`' files the children of the expired snapshots removed."""
+    by_id = {s.snapshot_id: s for s in snapshots}
+    children = [
+        s for s in snapshots if s.parent_snapshot_id in gone and s.parent_snapshot_id in by_id
+    ]
+    out: list[str] = []
+    # the children that stay first (a compaction's removals): the manifest lists of the expired
+    # ones are being read meanwhile (`_read_in_background`)
+    for snapshot in sorted(children, key=lambda s: s.snapshot_id in gone):
+        out += reader.removed_by(snapshot)
+    return out
 
 
 def _read_in_background(
     io: FileIO, snapshots: list[Snapshot], gone: set[int]
-) -> Future[tuple[ManifestReader, list[str]]]:
-    """`expired_files` read in a thread (the reader holds their locations as referenced)."""
+) -> Callable[[], tuple[dict[str, str], list[str]]]:
+    """`expired_files` read in two threads sharing a reader — the expired snapshots' own
+    manifest lists and manifests (decoded by fastavro, holding the GIL) and what their children
+    removed (big manifests decoded natively, without it) — and a call that waits for them:
+    (each file's location as referenced, the files)."""
     reader = ManifestReader(io)
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expiry-read")
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="expiry-read")
     try:
-        return pool.submit(lambda: (reader, expired_files(reader, snapshots, gone)))
+        removed = pool.submit(_removed_after, reader, snapshots, gone)
+        own = pool.submit(_expired_own, reader, snapshots, gone)
     finally:
-        pool.shutdown(wait=False)  # the thread ends with its one task
+        pool.shutdown(wait=False)  # the threads end with their tasks
+
+    def wait() -> tuple[dict[str, str], list[str]]:
+        files = list(dict.fromkeys([*own.result(), *removed.result()]))
+        return reader.locations, files
+
+    return wait
 
 
 def _commit(table: Table, plan: ExpiryPlan, verify: Callable[[], None]) -> Table:
