@@ -387,6 +387,9 @@ def timed(cfg: dict[str, Any], what: str, engine: str) -> dict[str, Any]:
         from pipeline_output import IcebergStore  # noqa: F401  (imported before the timing)
         from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog  # noqa: F401
 
+        if not on_s3(cfg):  # the SQL catalog's dialect, imported on its engine's first use
+            import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401
+
         spec = ours_spec(cfg)
         if what == "compact":
 

@@ -274,7 +274,8 @@ def test_expired_files_found_from_removals_are_the_ones_full_reachability_finds(
         kept = reader.files_of(s for s in snaps if s.snapshot_id not in gone)
         full = reader.files_of(expired) - kept
         data_files_doomed += sum(p.endswith(".parquet") for p in full)
-        assert expired_files(ManifestReader(table.io), snaps, gone) - kept == full
+        found = expired_files(ManifestReader(table.io), snaps, gone)
+        assert set(found) - kept == full and len(found) == len(set(found))
     assert data_files_doomed > 0
 
 
@@ -320,6 +321,43 @@ def test_a_compactions_removed_entries_are_decoded_natively_path_for_path(
     left = files_under(h.table(SPEC))
     assert {norm(p) for p in removed} <= {norm(p) for p in before} - {norm(p) for p in left}
     assert_same_multiset(h.store().read(SPEC.name), frame(range(121), 0))
+
+
+def test_a_manifest_of_many_big_blocks_is_decoded_in_two_halves_entry_for_entry(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """A manifest of `PARALLEL_BLOCKS` blocks or more is decoded natively as two halves at
+    once: the same (status, snapshot, path) in the same order as pyiceberg's decoder."""
+    from pipeline_output.stores.iceberg.snapshot.commit import CommitRequest, commit
+    from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction
+    from pipeline_output.stores.iceberg.table import manifest_decoding
+
+    monkeypatch.setattr(manifest_decoding, "BLOCK_ENTRIES", 20)  # the removed entries: 7 blocks
+    monkeypatch.setattr(manifest_decoding, "NATIVE_BLOCK", 10)
+    h.store().write(SPEC, frame([0], 0))
+    table = h.table(SPEC)
+    tx = FlatTransaction(table)
+    writer = DataFileWriter(tx.table_metadata, table.io, write_id=uuid.uuid4())
+    ready = [f for i in range(1, 121) for f in writer.write(frame([i], 0))]
+    commit(CommitRequest(tx=tx, dataset=SPEC.name, properties={}, ready=ready, blind_retry=True))
+    h.store().compact(SPEC, min_input_files=2)
+    table = h.table(SPEC)
+    decoded = []
+    decode = manifest_decoding._native_paths
+
+    def spy(data: bytes, names: Any) -> Any:
+        decoded.append(decode(data, names))
+        return decoded[-1]
+
+    monkeypatch.setattr(manifest_decoding, "_native_paths", spy)
+    removed = 0
+    for manifest in table.current_snapshot().manifests(table.io):
+        entries = manifest.fetch_manifest_entry(table.io, discard_deleted=False)
+        expected = [(int(e.status), e.snapshot_id, e.data_file.file_path) for e in entries]
+        assert manifest_decoding.entry_paths(table.io, manifest) == expected
+        removed += sum(status == 2 for status, _, _ in expected)
+    assert removed == 121
+    assert len(decoded) == 2 and all(d is not None and 0 < len(d[2]) < 121 for d in decoded)
 
 
 # -- the change files of the change feed (`commit.CHANGE_FILE`) ---------------------------------

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from pyiceberg.io import FileIO
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
@@ -230,21 +232,25 @@ def _expire(
             keep_ids=keep,
         )
         snapshots = list(before.metadata.snapshots)  # the commit updates `before` in place
+        gone = set(plan.expire)
+        # what the expired snapshots referenced is read while the commit is made (manifests
+        # never change); nothing is deleted before the commit succeeded
+        expired = _read_in_background(before.io, snapshots, gone) if gone else None
         if plan.expire and not dry_run:
             _commit(before, plan, stats.verify)
-    gone = set(plan.expire)
-    reader = ManifestReader(before.io)
-    doomed: set[str] = set()
-    if gone:
+    doomed: list[str] = []
+    locations: dict[str, str] = {}
+    if expired is not None:
         remaining = [s for s in snapshots if s.snapshot_id not in gone]
         if not dry_run:  # the table now (commits after ours reference only live files)
             now = store.tables.load(spec)
             remaining = list(now.metadata.snapshots) if now is not None else remaining
-        kept = reader.files_of(remaining)
-        doomed = expired_files(reader, snapshots, gone) - kept
+        kept = ManifestReader(before.io).files_of(remaining)
+        locations, found = expired()
+        doomed = [p for p in found if p not in kept]
     deleted = len(doomed)
     if doomed and not dry_run:
-        deleted = delete_paths(before.io, (reader.locations[p] for p in doomed))
+        deleted = delete_paths(before.io, (locations[p] for p in doomed))
     return ExpiryResult(
         dataset=spec.name,
         table=store.tables.table_name(spec),
@@ -257,10 +263,13 @@ def _expire(
     )
 
 
-def expired_files(reader: ManifestReader, snapshots: list[Snapshot], gone: set[int]) -> set[str]:
+def expired_files(reader: ManifestReader, snapshots: list[Snapshot], gone: set[int]) -> list[str]:
     """The files the expired snapshots (`gone`, among `snapshots`) referenced that may be
-    referenced by none of the others (normalized): their manifest lists and manifests, and of
-    their data and delete files only those that can have left the table since.
+    referenced by none of the others (normalized, each once): their manifest lists and
+    manifests, and of their data and delete files only those that can have left the table
+    since — those in the order of the manifest entries that removed them: about the order the
+    files were written in, which ext4 unlinks ~25 % faster than a hash order (20,000 files in
+    16 threads: 0.36 against 0.45 s, benchmarks/README.md).
 
     An expired snapshot's live files are the live files of any descendant plus those removed on
     the way there. So instead of every expired snapshot's entries, read: the live entries of the
@@ -270,16 +279,54 @@ def expired_files(reader: ManifestReader, snapshots: list[Snapshot], gone: set[i
     entries the appends before it listed. A removal another writer did not record as a DELETED
     entry leaves its file behind: an orphan for `remove_orphans`, never a file deleted while
     referenced (the caller subtracts everything the remaining snapshots reference)."""
-    by_id = {s.snapshot_id: s for s in snapshots}
+    out = dict.fromkeys(_expired_own(reader, snapshots, gone))
+    out.update(dict.fromkeys(_removed_after(reader, snapshots, gone)))
+    return list(out)
+
+
+def _expired_own(reader: ManifestReader, snapshots: list[Snapshot], gone: set[int]) -> list[str]:
+    """`expired_files`' manifest lists, change files and manifests of the expired snapshots,
+    and the live files of those without a child."""
     expired = [s for s in snapshots if s.snapshot_id in gone]
     parents = {s.parent_snapshot_id for s in snapshots}
-    out, _ = reader.metadata_of(expired)
-    out |= reader.files_of(s for s in expired if s.snapshot_id not in parents)
-    for snapshot in snapshots:
-        parent = snapshot.parent_snapshot_id
-        if parent in gone and parent in by_id:
-            out |= reader.removed_by(snapshot)
+    own, _ = reader.metadata_of(expired)
+    return [*own, *reader.files_of(s for s in expired if s.snapshot_id not in parents)]
+
+
+def _removed_after(reader: ManifestReader, snapshots: list[Snapshot], gone: set[int]) -> list[str]:
+    """`expired_files`' files the children of the expired snapshots removed."""
+    by_id = {s.snapshot_id: s for s in snapshots}
+    children = [
+        s for s in snapshots if s.parent_snapshot_id in gone and s.parent_snapshot_id in by_id
+    ]
+    out: list[str] = []
+    # the children that stay first (a compaction's removals): the manifest lists of the expired
+    # ones are being read meanwhile (`_read_in_background`)
+    for snapshot in sorted(children, key=lambda s: s.snapshot_id in gone):
+        out += reader.removed_by(snapshot)
     return out
+
+
+def _read_in_background(
+    io: FileIO, snapshots: list[Snapshot], gone: set[int]
+) -> Callable[[], tuple[dict[str, str], list[str]]]:
+    """`expired_files` read in two threads sharing a reader — the expired snapshots' own
+    manifest lists and manifests (decoded by fastavro, holding the GIL) and what their children
+    removed (big manifests decoded natively, without it) — and a call that waits for them:
+    (each file's location as referenced, the files)."""
+    reader = ManifestReader(io)
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="expiry-read")
+    try:
+        removed = pool.submit(_removed_after, reader, snapshots, gone)
+        own = pool.submit(_expired_own, reader, snapshots, gone)
+    finally:
+        pool.shutdown(wait=False)  # the threads end with their tasks
+
+    def wait() -> tuple[dict[str, str], list[str]]:
+        files = list(dict.fromkeys([*own.result(), *removed.result()]))
+        return reader.locations, files
+
+    return wait
 
 
 def _commit(table: Table, plan: ExpiryPlan, verify: Callable[[], None]) -> Table:

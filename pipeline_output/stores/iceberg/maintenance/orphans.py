@@ -98,9 +98,11 @@ class ManifestReader:
             out.update(p for status, _, p in self._entries[manifest.manifest_path] if status != 2)
         return out
 
-    def removed_by(self, snapshot: Snapshot) -> set[str]:
-        """The data and delete files `snapshot` removed (normalized): the entries it marked
-        DELETED in the manifests it added. Each was live in its parent."""
+    def removed_by(self, snapshot: Snapshot) -> list[str]:
+        """The data and delete files `snapshot` removed (normalized), in the order of its
+        manifests' entries (about the order they were written in: deleting files in that order
+        is faster than in hash order, `expiry`): the entries it marked DELETED in the manifests
+        it added. Each was live in its parent."""
         own = [
             m
             for m in self._manifests(snapshot) or []
@@ -109,12 +111,12 @@ class ManifestReader:
         ]
         self._load(own)
         sid = snapshot.snapshot_id
-        return {
+        return [
             p
             for m in own
             for status, by, p in self._entries[m.manifest_path]
             if status == 2 and by == sid
-        }
+        ]
 
     def metadata_of(self, snapshots: Iterable[Snapshot]) -> tuple[set[str], list[ManifestFile]]:
         """The manifest lists, change files and manifests of `snapshots` (normalized), and those
