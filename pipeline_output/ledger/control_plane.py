@@ -80,6 +80,7 @@ PER_DATASET = (
     ("rollbacks", "dataset"),
     ("drains", "dataset"),
     ("consumed_changes", "dataset"),
+    ("consuming_changes", "dataset"),
     ("dataset_rows", "dataset_id"),
     ("datasets", "name"),
 )
