@@ -279,16 +279,11 @@ def test_expired_files_found_from_removals_are_the_ones_full_reachability_finds(
     assert data_files_doomed > 0
 
 
-def test_a_compactions_removed_entries_are_decoded_natively_path_for_path(
-    h: Harness, monkeypatch: pytest.MonkeyPatch
-):
-    """The manifest of a compaction's removed entries (blocks of many entries) is decoded by
-    polars' native Avro reader, not entry by entry: the same (status, snapshot, path) as
-    pyiceberg's decoder, and expiry deletes exactly those files."""
-    from pipeline_output.stores.iceberg.maintenance import orphans
+def _compacted_121_files(h: Harness) -> list[Path]:
+    """121 one-row files (120 committed at once), compacted into one: the compaction's manifest
+    removes 121 entries in blocks of many. The table's files before the compaction."""
     from pipeline_output.stores.iceberg.snapshot.commit import CommitRequest, commit
     from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction
-    from pipeline_output.stores.iceberg.table import manifest_decoding
 
     h.store().write(SPEC, frame([0], 0))
     table = h.table(SPEC)
@@ -298,8 +293,18 @@ def test_a_compactions_removed_entries_are_decoded_natively_path_for_path(
     commit(CommitRequest(tx=tx, dataset=SPEC.name, properties={}, ready=ready, blind_retry=True))
     before = files_under(h.table(SPEC))
     h.store().compact(SPEC, min_input_files=2)
+    return before
+
+
+def _removed_entries_decoded(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[str], list[Any]]:
+    """The paths the current snapshot's manifests remove, each manifest's native decode checked
+    against pyiceberg's decoder entry for entry; and every native decode made meanwhile."""
+    from pipeline_output.stores.iceberg.table import manifest_decoding
+
     table = h.table(SPEC)
-    native = []
+    native: list[Any] = []
     decode = manifest_decoding._native_paths
 
     def spy(data: bytes, names: Any) -> Any:
@@ -307,13 +312,25 @@ def test_a_compactions_removed_entries_are_decoded_natively_path_for_path(
         return native[-1]
 
     monkeypatch.setattr(manifest_decoding, "_native_paths", spy)
-    current = table.current_snapshot()
     removed = []
-    for manifest in current.manifests(table.io):
+    for manifest in table.current_snapshot().manifests(table.io):
         entries = manifest.fetch_manifest_entry(table.io, discard_deleted=False)
         expected = [(int(e.status), e.snapshot_id, e.data_file.file_path) for e in entries]
         assert manifest_decoding.entry_paths(table.io, manifest) == expected
         removed += [path for status, _, path in expected if status == 2]
+    return removed, native
+
+
+def test_a_compactions_removed_entries_are_decoded_natively_path_for_path(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """The manifest of a compaction's removed entries (blocks of many entries) is decoded by
+    polars' native Avro reader, not entry by entry: the same (status, snapshot, path) as
+    pyiceberg's decoder, and expiry deletes exactly those files."""
+    from pipeline_output.stores.iceberg.maintenance import orphans
+
+    before = _compacted_121_files(h)
+    removed, native = _removed_entries_decoded(h, monkeypatch)
     assert len(removed) == 121 and len(native) == 1 and native[0] is not None
 
     monkeypatch.setattr(orphans, "LOCAL_DELETE_THREADS", 3)  # more batches than threads
@@ -328,35 +345,13 @@ def test_a_manifest_of_many_big_blocks_is_decoded_in_two_halves_entry_for_entry(
 ):
     """A manifest of `PARALLEL_BLOCKS` blocks or more is decoded natively as two halves at
     once: the same (status, snapshot, path) in the same order as pyiceberg's decoder."""
-    from pipeline_output.stores.iceberg.snapshot.commit import CommitRequest, commit
-    from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction
     from pipeline_output.stores.iceberg.table import manifest_decoding
 
     monkeypatch.setattr(manifest_decoding, "BLOCK_ENTRIES", 20)  # the removed entries: 7 blocks
     monkeypatch.setattr(manifest_decoding, "NATIVE_BLOCK", 10)
-    h.store().write(SPEC, frame([0], 0))
-    table = h.table(SPEC)
-    tx = FlatTransaction(table)
-    writer = DataFileWriter(tx.table_metadata, table.io, write_id=uuid.uuid4())
-    ready = [f for i in range(1, 121) for f in writer.write(frame([i], 0))]
-    commit(CommitRequest(tx=tx, dataset=SPEC.name, properties={}, ready=ready, blind_retry=True))
-    h.store().compact(SPEC, min_input_files=2)
-    table = h.table(SPEC)
-    decoded = []
-    decode = manifest_decoding._native_paths
-
-    def spy(data: bytes, names: Any) -> Any:
-        decoded.append(decode(data, names))
-        return decoded[-1]
-
-    monkeypatch.setattr(manifest_decoding, "_native_paths", spy)
-    removed = 0
-    for manifest in table.current_snapshot().manifests(table.io):
-        entries = manifest.fetch_manifest_entry(table.io, discard_deleted=False)
-        expected = [(int(e.status), e.snapshot_id, e.data_file.file_path) for e in entries]
-        assert manifest_decoding.entry_paths(table.io, manifest) == expected
-        removed += sum(status == 2 for status, _, _ in expected)
-    assert removed == 121
+    _compacted_121_files(h)
+    removed, decoded = _removed_entries_decoded(h, monkeypatch)
+    assert len(removed) == 121
     assert len(decoded) == 2 and all(d is not None and 0 < len(d[2]) < 121 for d in decoded)
 
 
