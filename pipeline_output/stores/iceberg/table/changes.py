@@ -59,7 +59,9 @@ from pipeline_output.stores.iceberg.snapshot.commit import (
     CHANGE_COUNTS,
     CHANGE_FILE,
 )
-from pipeline_output.stores.iceberg.snapshot.commit import CHANGE_TYPE as COMMIT_CHANGE_TYPE
+from pipeline_output.stores.iceberg.snapshot.commit import (
+    CHANGE_TYPE as CHANGE_TYPE,  # "_change_type": the change file's column, the rows' too
+)
 from pipeline_output.stores.iceberg.snapshot.files import deleted_positions, referenced_path
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
     manifest_entries,
@@ -76,7 +78,6 @@ from pipeline_output.stores.iceberg.table.scan_planning import FixedTable
 from pipeline_output.stores.iceberg.table.tables import ancestry, head
 from pipeline_output.stores.iceberg.write.frame_rows import rows_differ
 
-CHANGE_TYPE = COMMIT_CHANGE_TYPE  # "_change_type": the column the change file holds it in
 CHANGE_SNAPSHOT = "_change_snapshot_id"
 CHANGE_COMMIT_TIME = "_change_commit_time"
 
