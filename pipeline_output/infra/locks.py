@@ -139,6 +139,14 @@ class LockStats:
         if self._verify is not None:
             self._verify()
 
+    def covers_files(self) -> bool:
+        """Whether a passing `verify()` proves no orphan removal of the project ran since the
+        write's first file: this is an Iceberg table's writer lock (orphan removal takes it, and
+        the table's files lock, before it decides), and every writer writes its files under it
+        or, before it, under the files lock shared on the session it is then taken on
+        (`hold(..., on=)`; `stores/iceberg/snapshot/commit.py`, "Writes in flight")."""
+        return self._verify is not None and self.key.startswith(iceberg_table(""))
+
 
 @contextmanager
 def held(url: str, name: str) -> Iterator[None]:

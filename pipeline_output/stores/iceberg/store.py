@@ -183,7 +183,7 @@ class IcebergStore:
                     check_in_window(spec, frame, window)
                 props = summary_properties(spec, plan, run_id, summary)
                 if table is None:
-                    result = create_table(self.tables, spec, plan, frame, props, fence=stats.verify)
+                    result = create_table(self.tables, spec, plan, frame, props, fence=stats)
                     # the created table, for this process's next write (still under the lock)
                     self.tables.remember(spec, self.load(spec) if branch is None else None)
                 else:
@@ -195,7 +195,7 @@ class IcebergStore:
                         frame,
                         props,
                         pre=usable,
-                        fence=stats.verify,
+                        fence=stats,
                         branch=branch or MAIN_BRANCH,
                         consumed=self._consumed(spec.name),
                     )

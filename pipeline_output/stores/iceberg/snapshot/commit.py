@@ -47,11 +47,16 @@ commit they look exactly like orphans, whatever their age. Three parts:
    still unreferenced. No write of the project is then between "files written" and "committed",
    and any later write only writes new files or references files the table already references,
    so what is left is deleted after both locks are released.
-3. **Commits verify** (`verify_written`): right before the catalog swap, the commit checks that
-   every file it wrote or is about to reference anew (data and delete files, new manifests, the
-   manifest list) still exists, else `FilesRemoved`: nothing committed. This covers writers the
-   lock does not: `lock=None`, and a writer whose lock session ended (it fails with `LockLost`
-   first anyway).
+3. **Commits verify** (`verify_written`): right before the catalog swap, a commit no lock of the
+   project covers (`lock=None`) checks that every file it wrote or is about to reference anew
+   (data and delete files, new manifests, the manifest list) still exists, else `FilesRemoved`:
+   nothing committed. A commit under the table's writer lock skips the check
+   (`LockStats.covers_files`): its files were written under that lock, or before it under the
+   files lock on the same session, and orphan removal takes both before it decides — so the
+   lock's `verify()` right before the swap (a writer whose session ended fails with `LockLost`)
+   proves no sweep of the project ran since its first file. That saves a request per new object
+   on an object store (5 HEADs, ~12 ms, per upsert over S3). Sweeps outside the project (another
+   engine's orphan removal) are held off by their grace period, as for any Iceberg writer.
 
 A commit's new `metadata.json` (written by the catalog just before its swap) is never an orphan
 while its version is above the table's current one (`orphans.table_orphans`): that also covers a
@@ -78,7 +83,7 @@ from __future__ import annotations
 import io as io_module
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
@@ -117,7 +122,13 @@ from pipeline_output.errors import (
     WriteConflict,
 )
 from pipeline_output.infra.faults import fault_injection
-from pipeline_output.infra.locks import AdvisoryLock, HeldLock, iceberg_files, iceberg_table
+from pipeline_output.infra.locks import (
+    AdvisoryLock,
+    HeldLock,
+    LockStats,
+    iceberg_files,
+    iceberg_table,
+)
 from pipeline_output.stores.iceberg.snapshot.files import (
     DataFileWriter,
     DeleteFileWriter,
@@ -272,7 +283,7 @@ class CommitRequest:
     positional: Sequence[tuple[DataFile, pl.Series]] = ()  # merge-on-read: positions deleted
     force: bool = False  # an overwrite snapshot even when it adds and removes nothing
     blind_retry: bool = False  # plain appends: pyiceberg may retry them on a new head
-    fence: Callable[[], None] | None = None  # the writer lock's `verify`, right before the swap
+    fence: LockStats | None = None  # the writer lock: `verify()`ed right before the swap
     index: ManifestIndex | None = None  # the manifests the write was planned from
     branch: str = MAIN_BRANCH  # the ref committed to (an audited write: its run's branch)
     # the write's own change (table columns + `_change_type`): written as the `CHANGE_FILE`
@@ -362,13 +373,14 @@ def _commit(request: CommitRequest, io: Uploads) -> Table:
         io.wait()  # every file of the commit uploaded
         fault_injection("in_commit")  # manifests and manifest list written too
         if fence is not None:
-            fence()
-        verify_written(  # none of its files removed meanwhile (`commit.py`)
-            io,
-            producer,
-            [*writer.written, *deletes.written, *(f.file_path for f in ready), *change_written],
-            dataset=dataset,
-        )
+            fence.verify()
+        if fence is None or not fence.covers_files():
+            verify_written(  # none of its files removed meanwhile (`commit.py`)
+                io,
+                producer,
+                [*writer.written, *deletes.written, *(f.file_path for f in ready), *change_written],
+                dataset=dataset,
+            )
         return tx.commit_transaction()
     except (CommitFailedException, ValidationException, WriteConflict) as exc:
         # certain: the catalog did not swap, so the files written for this commit are garbage

@@ -83,6 +83,7 @@ from pipeline_output.contract.spec import (
 )
 from pipeline_output.contract.store_protocol import KEY_TYPES, Capabilities
 from pipeline_output.errors import EmptyComputeRefused, UnsupportedWrite, WriteConflict
+from pipeline_output.infra.locks import LockStats
 from pipeline_output.stores.iceberg.snapshot.commit import (
     CommitRequest,
     commit,
@@ -865,7 +866,7 @@ def create_table(
     frame: pl.DataFrame,
     props: dict[str, str],
     *,
-    fence: Callable[[], None] | None = None,
+    fence: LockStats | None = None,
 ) -> WriteResult:
     """First deploy of a missing table: create it and write its first snapshot in one commit."""
     tx = tables.create_transaction(spec, frame)
@@ -901,7 +902,7 @@ def write_existing(
     props: dict[str, str],
     *,
     pre: Prewritten | None = None,
-    fence: Callable[[], None] | None = None,
+    fence: LockStats | None = None,
     branch: str = MAIN_BRANCH,
     consumed: Callable[[], bool] = _nobody,
 ) -> WriteResult:
@@ -979,7 +980,7 @@ def write_existing(
         snapshot_id = head(new_table, branch)
     elif not evolution.empty:
         if fence is not None:
-            fence()
+            fence.verify()
         from pyiceberg.exceptions import CommitFailedException
 
         try:

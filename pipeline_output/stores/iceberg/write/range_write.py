@@ -55,6 +55,7 @@ from pipeline_output.contract.plan import RowCounts, WriteResult, plan_write
 from pipeline_output.contract.slices import PartitionSlice, check_in_partition
 from pipeline_output.contract.spec import STRATEGIES, DatasetSpec
 from pipeline_output.errors import DuplicateKeys, EmptyComputeRefused, WriteConflict
+from pipeline_output.infra.locks import LockStats
 from pipeline_output.stores.iceberg.snapshot.commit import (
     CommitRequest,
     commit,
@@ -231,7 +232,7 @@ def write_range(
                             table,
                             parts,
                             run_id=run_id,
-                            fence=stats.verify,
+                            fence=stats,
                             planned=planned,
                         )
                         tables.remember(spec, committed)
@@ -293,7 +294,7 @@ def _commit(
     parts: list[SlicePart],
     *,
     run_id: str | None,
-    fence: Callable[[], None],
+    fence: LockStats,
     planned: tuple[ManifestIndex, list[FileScanTask]] | None = None,
 ) -> tuple[list[WriteResult], Table | None]:
     """The one commit of the run, under the writer lock: each partition's result, and the

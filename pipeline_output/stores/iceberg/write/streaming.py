@@ -132,7 +132,7 @@ def replace_streaming(
         if finalize_summary is not None:
             props.update({f"{PROPERTY_PREFIX}{k}": v for k, v in finalize_summary().items()})
         props.update(row_properties(RowCounts(inserted=rows, deleted=total_before)))
-        snap = _commit_replace(tx, spec, props, written, deleted, index, stats.verify)
+        snap = _commit_replace(tx, spec, props, written, deleted, index, stats)
     return _replaced(
         store,
         spec,
@@ -191,7 +191,7 @@ def _replace_streaming_unlocked(
                 pre.handed_to_commit = True
                 tx = FlatTransaction(table)
                 upgrade_properties(tx)
-                snap = _commit_replace(tx, spec, props, pre.files, deleted, index, stats.verify)
+                snap = _commit_replace(tx, spec, props, pre.files, deleted, index, stats)
         finally:
             pre.discard()
     return _replaced(
@@ -206,7 +206,7 @@ def _commit_replace(
     ready: list[DataFile],
     deleted: list[DataFile],
     index: ManifestIndex | None,
-    fence: Callable[[], None],
+    fence: LockStats,
 ) -> Any:
     """One snapshot swapping every live data file (`deleted`) for the `ready` files; its
     snapshot."""
