@@ -147,6 +147,33 @@ def test_a_whole_object_is_one_get_without_a_head_also_for_keys_that_need_encodi
     assert count(before) == {"GET": 4}  # pyarrow: a HEAD and a GET each
 
 
+def test_manifests_this_process_uploaded_are_read_back_without_a_get_until_deleted_or_evicted(
+    seaweedfs: SeaweedFS, bucket: str, count: Any
+) -> None:
+    io = _io(seaweedfs)
+    run = uuid.uuid4().hex
+    manifest, data = f"s3://{bucket}/{run}/m0.avro", f"s3://{bucket}/{run}/d.parquet"
+    write_whole(io, manifest, b"manifest bytes")
+    write_whole(io, data, b"data bytes")
+    before = seaweedfs.s3_requests()
+    assert read_whole(io, manifest) == b"manifest bytes"
+    assert len(io.new_input(manifest)) == len(b"manifest bytes")  # its length: no HEAD either
+    assert count(before) == {}
+    assert read_whole(io, data) == b"data bytes"  # a data file is not kept: read from the store
+    assert count(before) == {"GET": 1}
+    # bounded: uploading more than the budget's worth evicts the oldest
+    chunk = b"x" * (file_io.KEPT_WRITTEN_BYTES // 8)
+    for n in range(1, 10):
+        write_whole(io, f"s3://{bucket}/{run}/m{n}.avro", chunk)
+    before = seaweedfs.s3_requests()
+    assert read_whole(io, manifest) == b"manifest bytes"
+    assert count(before) == {"GET": 1}
+    # a deleted manifest is not read back from memory
+    io.delete(f"s3://{bucket}/{run}/m9.avro")
+    with pytest.raises(FileNotFoundError):
+        read_whole(io, f"s3://{bucket}/{run}/m9.avro")
+
+
 def test_a_missing_object_is_not_found_and_a_wrong_secret_is_refused(
     seaweedfs: SeaweedFS, bucket: str
 ) -> None:

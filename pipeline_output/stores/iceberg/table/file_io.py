@@ -27,6 +27,12 @@ closed and then uploaded in the background, so a write's data file, delete files
 manifest list are uploaded at the same time, not one round trip after the other, and a new
 manifest's length is its bytes' (pyiceberg asks the store: a HEAD).
 
+The manifests and manifest lists a process uploads it also keeps (`_Written`, the last 4 MiB of
+them, each at most 512 KiB): an Iceberg manifest or manifest list is never rewritten in place, so
+the bytes this process sent are what the object holds, and its own next reads of them — the
+checks right after a write (`table_health` reads the new snapshot's manifests), the next write
+of the same table by a long-lived process — need no GET.
+
 Local files, and every other scheme, are read and written exactly as by `PyArrowFileIO`.
 `open_catalog` (`catalog.py`) gives a catalog this FileIO unless its configuration names one
 (`py-io-impl`).
@@ -43,6 +49,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
@@ -61,6 +68,8 @@ UPLOAD_THREADS = 8  # uploads of a commit at the same time (and pooled S3 connec
 SIGNED_PUT_BYTES = 64 * 1024 * 1024  # a larger file is uploaded by pyarrow (in parts)
 UPLOAD_BUDGET_BYTES = 256 * 1024 * 1024  # a commit's bytes waiting or being uploaded at once
 _READ_WHOLE = (".avro", ".metadata.json")  # files every reader reads whole
+_IMMUTABLE = (".avro",)  # manifests and manifest lists: never rewritten in place
+KEPT_WRITTEN_BYTES = 4 * 1024 * 1024  # the uploaded manifests' bytes a process keeps (`_Written`)
 
 
 class ObjectStoreFileIO(PyArrowFileIO):
@@ -85,6 +94,8 @@ class ObjectStoreFileIO(PyArrowFileIO):
             return False
         client, bucket, key = target
         client.send("PUT", bucket, key, location, body=data)
+        if location.endswith(_IMMUTABLE):
+            _written.keep((client, location), data)
         return True
 
     def _whole_get(self, location: str) -> Callable[[], bytes] | None:
@@ -94,7 +105,17 @@ class ObjectStoreFileIO(PyArrowFileIO):
         if target is None:
             return None
         client, bucket, key = target
+        sent = _written.get((client, location)) if location.endswith(_IMMUTABLE) else None
+        if sent is not None:
+            return _Sent(sent)
         return lambda: client.send("GET", bucket, key, location)
+
+    def delete(self, location: str | InputFile | OutputFile) -> None:
+        path = location if isinstance(location, str) else location.location
+        target = self._signed_target(path) if path.endswith(_IMMUTABLE) else None
+        if target is not None:
+            _written.drop((target[0], path))
+        super().delete(location)
 
     def _signed_target(self, location: str) -> tuple[_SignedS3, str, str] | None:
         scheme, netloc, path = self.parse_location(location, self.properties)
@@ -122,6 +143,40 @@ class ObjectStoreFileIO(PyArrowFileIO):
             while len(_shared) > _CACHED:
                 _shared.popitem(last=False)
         return made
+
+
+class _Written:
+    """The bytes of the manifests and manifest lists this process uploaded, by (client, location):
+    the most recent `max_bytes` of them, each at most an eighth of it."""
+
+    def __init__(self, *, max_bytes: int = KEPT_WRITTEN_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._kept: OrderedDict[tuple[Any, str], bytes] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def keep(self, key: tuple[Any, str], data: bytes) -> None:
+        if len(data) > self.max_bytes // 8:
+            return
+        with self._lock:
+            old = self._kept.pop(key, None)
+            self._bytes += len(data) - (len(old) if old is not None else 0)
+            self._kept[key] = data
+            while self._bytes > self.max_bytes:
+                self._bytes -= len(self._kept.popitem(last=False)[1])
+
+    def get(self, key: tuple[Any, str]) -> bytes | None:
+        with self._lock:
+            return self._kept.get(key)
+
+    def drop(self, key: tuple[Any, str]) -> None:
+        with self._lock:
+            old = self._kept.pop(key, None)
+            if old is not None:
+                self._bytes -= len(old)
+
+
+_written = _Written()
 
 
 def read_whole(io: FileIO, location: str) -> bytes:
@@ -163,6 +218,21 @@ class _FetchedWhole(PyArrowFile):
 
     def open(self, seekable: bool = True) -> InputStream:
         return pa.BufferReader(self._get())  # type: ignore[no-any-return]
+
+    def __len__(self) -> int:
+        if isinstance(self._get, _Sent):  # the bytes this process uploaded: no HEAD
+            return len(self._get.data)
+        return super().__len__()
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A whole-object read answered by the bytes this process uploaded (`_Written`)."""
+
+    data: bytes
+
+    def __call__(self) -> bytes:
+        return self.data
 
 
 class _SignedS3:
