@@ -58,6 +58,7 @@ NOT_OURS = {
 FOREIGN = {
     *("dg", "dagster", "dagster_dg_cli", "dagster_docker", "dagster_aws", "pl", "pa", "pd"),
     *("pandas", "pyiceberg", "psycopg", "sqlalchemy", "sys", "os", "gc", "random", "postmaster"),
+    "pyarrow",
     *("pyproject", "workspace", "defs", "s3", "namespace", "task", "shop", "context"),
     *(
         "my_project",

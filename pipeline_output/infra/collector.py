@@ -1,9 +1,9 @@
 """The garbage collector while the package's libraries are imported.
 
 The first use of the public API (`from pipeline_output import dataset, build_definitions`) imports
-pyiceberg with pyarrow's dataset module (which imports pandas and numpy), SQLAlchemy, psycopg and
-the project's own modules: several hundred thousand objects, nearly all of them living as long as
-the process. Each full collection during those imports walks every object the process holds
+pyiceberg with pyarrow (its dataset module, which imports pandas, only on its first use:
+`infra/deferred_imports.py`), SQLAlchemy, psycopg and the project's own modules: several hundred
+thousand objects, nearly all of them living as long as the process. Each full collection during those imports walks every object the process holds
 (Dagster's included) and finds next to nothing to free; in a window run's worker process the
 collector took ~0.5 CPU-s of ~3.5, half of it during this import (benchmarks/README.md, "Windows at
 production cadence").
