@@ -168,8 +168,6 @@ def cached_runtime(key: str, build: Callable[[], Runtime]) -> Runtime:
     return runtime
 
 
-
-
 def reset_runtime() -> None:
     """Forget cached runtimes (tests that change the environment call this)."""
     with _lock:
