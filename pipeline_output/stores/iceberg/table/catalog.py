@@ -106,7 +106,7 @@ class FlatSqlCatalog(SqlCatalog):
     @staticmethod
     def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
         """pyiceberg's metadata write, a `.gz.metadata.json` gzip'd at the fastest level:
-        pyiceberg's `gzip.compress` takes the slowest (9), ~4x the time for files ~15 % smaller,
+        pyiceberg compresses at the slowest (9), ~4x the time for files ~15 % smaller,
         and the file — every snapshot of the table's history — is written whole by every commit
         (~2 ms a commit at 100 snapshots). Any gzip reader reads either."""
         if not metadata_path.endswith(".gz.metadata.json"):
