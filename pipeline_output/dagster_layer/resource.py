@@ -54,7 +54,7 @@ import dagster as dg
 from pydantic import Field
 
 from pipeline_output.contract.spec import ARMS, MODES
-from pipeline_output.errors import InvalidArgument
+from pipeline_output.errors import InvalidArgument, PipelineOutputError
 from pipeline_output.infra.settings import (
     Settings,
     check_control_plane,
@@ -254,8 +254,11 @@ class PipelineOutputResource(dg.ConfigurableResource["PipelineOutputResource"]):
 
     def built_runtime(self) -> Runtime | None:
         """The runtime this resource describes if this process built it already (nothing is
-        built, no connection is made)."""
-        key, _ = self._runtime_build()
+        built, no connection is made; a configuration that cannot be read was never built)."""
+        try:
+            key, _ = self._runtime_build()
+        except PipelineOutputError:
+            return None
         with _lock:
             return _cache.get(key)
 

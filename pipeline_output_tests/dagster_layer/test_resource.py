@@ -185,6 +185,26 @@ def test_a_run_against_a_silent_control_plane_waits_out_one_connect_timeout_not_
     assert len(accepted) == 1, f"{len(accepted)} connection attempts"
 
 
+def test_a_step_whose_settings_are_unreadable_fails_once_and_its_hook_does_not(
+    runtime_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step fails in one line naming the setting; its failure hook finds nothing staged (no
+    runtime was built) instead of failing a second time on the same setting."""
+    monkeypatch.setenv("PIPELINE_OUTPUT_NAMESPACE", "not a namespace")
+    reset_runtime()
+    defs = build_definitions(datasets=[orders], resource=PipelineOutputResource())
+    try:
+        with dg.DagsterInstance.ephemeral() as instance:
+            result = run_assets(defs, instance, ["orders"], raise_on_error=False)
+    finally:
+        reset_runtime()
+    assert not result.success
+    kinds = [e.event_type_value for e in result.all_events]
+    assert "STEP_FAILURE" in kinds and "HOOK_ERRORED" not in kinds, kinds
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "PIPELINE_OUTPUT_NAMESPACE" in str(failure.step_failure_data.error)
+
+
 def test_two_code_locations_with_different_control_planes_and_catalogs_run_side_by_side(
     no_environment: Path, pg_db_url: str, other_db_url: str, tmp_path: Path
 ) -> None:
