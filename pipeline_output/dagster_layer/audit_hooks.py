@@ -32,7 +32,7 @@ from typing import Any, Literal
 import dagster as dg
 
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
+from pipeline_output.dagster_layer.resource import RESOURCE_KEY, built_runtime_of, runtime_of
 from pipeline_output.services.runtime import Runtime
 
 Gate = Literal["ready", "waiting", "failed"]
@@ -156,7 +156,16 @@ def step_of(context: dg.InputContext) -> Any:
 def _fail_on_step_failure(context: dg.HookContext, spec: DatasetSpec, check: str | None) -> None:
     from pipeline_output.services.audit import fail_audit
 
-    runtime = runtime_of(context)
+    if check is None:
+        # the dataset's own step stages its audit with the runtime its process built: a step
+        # whose process has none (its control plane never answered) staged nothing, and asking
+        # would wait out the connect timeout again
+        built = built_runtime_of(context)
+        if built is None:
+            return
+        runtime = built
+    else:  # a check step: the dataset's step (maybe another process) staged it
+        runtime = runtime_of(context)
     audit = runtime.ledger.audit_log.audit(spec.name, context.run_id)
     if audit is None or audit.state != "staged":
         return

@@ -49,7 +49,7 @@ dataset asset built by other code.
 # No `from __future__ import annotations` here: Dagster reads the checks' `context` annotations
 # at definition time and refuses them as strings.
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -79,7 +79,8 @@ def evaluate_checks(context: dg.AssetExecutionContext, spec: DatasetSpec) -> Ite
     }
     for key in sorted(context.selected_asset_check_keys, key=lambda k: k.name):
         if key.name == PARITY:
-            result = parity_result(context, spec, key.asset_key, arms=written.get(key.asset_key))
+            arms, told = written.get(key.asset_key) or (None, False)
+            result = parity_result(context, spec, key.asset_key, arms=arms, told=told)
             if result is not None:
                 yield result
         elif key.name == HEALTH_CHECK:
@@ -132,15 +133,22 @@ def parity_spec(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetCheckSpec:
 
 
 def parity_result(
-    context: Any, spec: DatasetSpec, asset_key: dg.AssetKey, *, arms: str | None = None
+    context: Any,
+    spec: DatasetSpec,
+    asset_key: dg.AssetKey,
+    *,
+    arms: str | None = None,
+    told: bool = False,
 ) -> dg.AssetCheckResult | None:
     """The parity of `spec` after this run's write (None: not a dual write, nothing to compare).
     `context`: the asset's or the check's execution context; `arms`: the arms the step's own
     write wrote (its materialisation's `arms`), else the latest materialisation's are read.
     A step that wrote one arm staged no dual audit either (an audited dual write's `arms` are
-    both): it is skipped without asking the ledger."""
+    both): it is skipped without asking the ledger, and without a log line of its own when
+    the write's line said so already (`told`, `parity_skip_note`)."""
     if arms is not None and not _dual(arms):
-        _skipped(context, spec, arms)
+        if not told:
+            _skipped(context, spec, arms)
         return None
     from pipeline_output.services.audit import audit_parity
     from pipeline_output.services.canary import check_parity
@@ -168,10 +176,29 @@ def _dual(arms: str) -> bool:
 
 
 def _skipped(context: Any, spec: DatasetSpec, arms: str) -> None:
-    context.log.info(
-        f"{spec.name}: parity skipped: not a dual write (arms: {arms or 'none'}); "
-        "nothing to compare"
-    )
+    context.log.info(f"{spec.name}: {_skip_text(arms)}")
+
+
+def _skip_text(arms: str) -> str:
+    return f"parity skipped: not a dual write (arms: {arms or 'none'}); nothing to compare"
+
+
+def parity_skip_note(step_context: Any, asset_key: dg.AssetKey, arms: Sequence[str]) -> str | None:
+    """What a dataset step's write line says of the step's own `parity` check when it has
+    nothing to compare (a write of one arm) and this step evaluates it — the check then logs no
+    line of its own (each line is an event in the run's log, issue 44); None otherwise."""
+    joined = ", ".join(arms)
+    if _dual(joined):
+        return None
+    try:
+        output = step_context.job_def.asset_layer.get_op_output_name(
+            dg.AssetCheckKey(asset_key, PARITY)
+        )
+        if output not in step_context.selected_output_names:
+            return None
+    except Exception:  # not declared by this asset (a stand-alone check, or none)
+        return None
+    return _skip_text(joined)
 
 
 def parity_check(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetChecksDefinition:
@@ -191,18 +218,20 @@ def parity_check(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetChecksDef
     return _parity
 
 
-_WRITTEN: dict[tuple[str, dg.AssetKey], str] = {}
+_WRITTEN: dict[tuple[str, dg.AssetKey], tuple[str, bool]] = {}
 """(run id, asset key) -> the arms the dataset's step wrote in that run (its materialisation's
-`arms`), noted by the IO manager and taken by the same step's `evaluate_checks`."""
+`arms`) and whether its write's line said `parity` is skipped, noted by the IO manager and taken
+by the same step's `evaluate_checks`."""
 _WRITTEN_MAX = 256  # a step whose checks never run (an asset built by other code) leaves one
 
 
-def note_written(run_id: str, asset_key: dg.AssetKey, arms: str) -> None:
-    """Note the arms a step's write wrote: the checks evaluated next in that step read them here
-    instead of asking the instance for the latest materialisation."""
+def note_written(run_id: str, asset_key: dg.AssetKey, arms: str, *, told: bool = False) -> None:
+    """Note the arms a step's write wrote (`told`: its log line said `parity` is skipped): the
+    checks evaluated next in that step read them here instead of asking the instance for the
+    latest materialisation."""
     while len(_WRITTEN) >= _WRITTEN_MAX:
         _WRITTEN.pop(next(iter(_WRITTEN)))
-    _WRITTEN[(run_id, asset_key)] = arms
+    _WRITTEN[(run_id, asset_key)] = (arms, told)
 
 
 def written_arms(instance: dg.DagsterInstance, asset_key: dg.AssetKey) -> str:

@@ -22,7 +22,7 @@ from pipeline_output.dagster_layer.changes_assets import (
     ChangesSource,
     changes_metadata,
 )
-from pipeline_output.dagster_layer.checks import PARITY, note_written
+from pipeline_output.dagster_layer.checks import PARITY, note_written, parity_skip_note
 from pipeline_output.dagster_layer.dataset import spec_in_run
 from pipeline_output.dagster_layer.delta_assets import (
     WindowedOutput,
@@ -81,8 +81,9 @@ def _fault_hook() -> Any:
     return lambda: fault_injection("after_commit")
 
 
-def _add_metadata(context: dg.OutputContext, meta: dict[str, Any]) -> None:
-    """The step's materialisation metadata; its `arms` noted for the step's own checks."""
+def _add_metadata(context: dg.OutputContext, meta: dict[str, Any], *, told: bool = False) -> None:
+    """The step's materialisation metadata; its `arms` noted for the step's own checks (`told`:
+    the write's line said `parity` is skipped)."""
     context.add_output_metadata(meta)
     arms = meta.get("arms")
     try:
@@ -90,7 +91,18 @@ def _add_metadata(context: dg.OutputContext, meta: dict[str, Any]) -> None:
     except dg.DagsterInvariantViolationError:  # a context built outside a run: no checks follow
         return
     if arms is not None and context.has_asset_key:
-        note_written(run_id, context.asset_key, str(arms))
+        note_written(run_id, context.asset_key, str(arms), told=told)
+
+
+def _parity_note(context: dg.OutputContext, mode: ResolvedMode) -> str | None:
+    """`parity_skip_note` for this step's write in `mode` (None outside a run)."""
+    try:
+        step = context.step_context
+    except (dg.DagsterInvariantViolationError, AttributeError):
+        return None
+    if not context.has_asset_key:
+        return None
+    return parity_skip_note(step, context.asset_key, mode.arms)
 
 
 def _data_version(context: dg.OutputContext, snapshot_id: int | None) -> None:
@@ -161,11 +173,12 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             self._consume_changes(context, spec, obj, mode)
             return
         partitioned = partitioned_output_of(context, spec, obj)
+        note = _parity_note(context, mode)
         if partitioned is not None:  # Dagster's own partitions: one slice write each
             meta, last = write_partitions(
-                context, spec, partitioned, mode, runtime=runtime, audit=audit
+                context, spec, partitioned, mode, runtime=runtime, audit=audit, note=note
             )
-            _add_metadata(context, meta)
+            _add_metadata(context, meta, told=note is not None)
             _published_version(context, last)
             if audit:
                 self._gate(context, spec)
@@ -178,9 +191,10 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             f"{spec.name}: {primary.write_mode} ({why}) -> "
             f"{'no-op' if primary.noop else f'snapshot {primary.snapshot_id}'}; "
             f"+{primary.rows_inserted} ~{primary.rows_updated} -{primary.rows_deleted}"
+            + (f"; {note}" if note else "")
         )
         meta = publish_metadata(result, runtime=runtime, spec=spec, schema=frame.schema)
-        _add_metadata(context, meta)
+        _add_metadata(context, meta, told=note is not None)
         _published_version(context, result)
         if audit:
             self._gate(context, spec)

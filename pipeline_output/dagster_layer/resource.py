@@ -46,6 +46,7 @@ import json
 import os
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from contextlib import suppress
 from typing import Any
 
@@ -53,7 +54,7 @@ import dagster as dg
 from pydantic import Field
 
 from pipeline_output.contract.spec import ARMS, MODES
-from pipeline_output.errors import InvalidArgument
+from pipeline_output.errors import InvalidArgument, PipelineOutputError
 from pipeline_output.infra.settings import (
     Settings,
     check_control_plane,
@@ -68,8 +69,10 @@ from pipeline_output.infra.settings import (
 from pipeline_output.services.runtime import Runtime, connect
 from pipeline_output.stores.iceberg.table.catalog import open_catalog
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # guards `_cache` and `_building`
+_build_lock = threading.Lock()  # one runtime build at a time in the process
 _cache: dict[str, Runtime] = {}
+_building: dict[str, Future[Runtime]] = {}  # the build in flight per key, shared by its waiters
 _frozen: set[str] = set()
 _warming: set[int] = set()  # the processes (pids) whose runtime was warmed up
 _warm_lock = threading.Lock()  # not `_lock`: a build in progress holds that one
@@ -94,6 +97,16 @@ def get_runtime(
 ) -> Runtime:
     """The runtime for `settings` (default: the environment now), built once per process; a given
     `namespace`, default `mode` or `dual_reads_from` wins over the environment's."""
+    return cached_runtime(*_default_runtime(settings, namespace, mode, dual_reads_from))
+
+
+def _default_runtime(
+    settings: Settings | None,
+    namespace: str | None,
+    mode: str | None,
+    dual_reads_from: str | None,
+) -> tuple[str, Callable[[], Runtime]]:
+    """`get_runtime`'s cache key and how to build it."""
     settings = settings or get_settings()
     if namespace is not None:
         check_namespace(namespace, setting="namespace")
@@ -120,17 +133,37 @@ def get_runtime(
             dual_reads_from=dual,  # type: ignore[arg-type]
         )
 
-    return cached_runtime(key, build)
+    return key, build
 
 
 def cached_runtime(key: str, build: Callable[[], Runtime]) -> Runtime:
-    """The runtime cached under `key` in this process, built by `build` on first use."""
+    """The runtime cached under `key` in this process, built by `build` on first use. A caller
+    arriving while another thread builds it (the warm-up a step's start began) waits for that
+    build and takes its outcome — its runtime, or its error — instead of building again: a
+    control plane that does not answer costs one connect timeout, not one per caller. A failed
+    build is not remembered: the next caller builds again."""
     with _lock:
         cached = _cache.get(key)
         if cached is not None:
             return cached
-        runtime = build()
+        pending = _building.get(key)
+        owner = pending is None
+        if pending is None:
+            pending = _building[key] = Future()
+    if not owner:
+        return pending.result()
+    try:
+        with _build_lock:
+            runtime = build()
+    except BaseException as exc:
+        with _lock:
+            del _building[key]
+        pending.set_exception(exc)
+        raise
+    with _lock:
         _cache[key] = runtime
+        del _building[key]
+    pending.set_result(runtime)
     freeze_long_lived("runtime")
     return runtime
 
@@ -217,13 +250,23 @@ class PipelineOutputResource(dg.ConfigurableResource["PipelineOutputResource"]):
 
     def runtime(self) -> Runtime:
         """The runtime this resource describes, connected once per process and configuration."""
+        return cached_runtime(*self._runtime_build())
+
+    def built_runtime(self) -> Runtime | None:
+        """The runtime this resource describes if this process built it already (nothing is
+        built, no connection is made; a configuration that cannot be read was never built)."""
+        try:
+            key, _ = self._runtime_build()
+        except PipelineOutputError:
+            return None
+        with _lock:
+            return _cache.get(key)
+
+    def _runtime_build(self) -> tuple[str, Callable[[], Runtime]]:
+        """The runtime's cache key and how to build it."""
         self.check()
         if not self.configured:
-            return get_runtime(
-                namespace=self.namespace,
-                mode=self.default_mode,
-                dual_reads_from=self.dual_reads_from,
-            )
+            return _default_runtime(None, self.namespace, self.default_mode, self.dual_reads_from)
         pg_url = _value(self.pg_url)
         catalog = {str(k).lower(): _value(v) for k, v in (self.catalog or {}).items()}
         namespace = self.namespace or "datasets"
@@ -249,7 +292,7 @@ class PipelineOutputResource(dg.ConfigurableResource["PipelineOutputResource"]):
                 dual_reads_from=dual,  # type: ignore[arg-type]
             )
 
-        return cached_runtime(key, build)
+        return key, build
 
     def _setting(self, field: str, key: str | None = None) -> str:
         """How an error names a field (`catalog` with `key`): `PipelineOutputResource.pg_url`,
@@ -332,6 +375,12 @@ def runtime_of(context: Any) -> Runtime:
     zero-config default (the environment)."""
     resource = resource_of(context)
     return resource.runtime() if resource is not None else get_runtime()
+
+
+def built_runtime_of(context: Any) -> Runtime | None:
+    """`runtime_of(context)` if this process built it already, else None (nothing is built)."""
+    resource = resource_of(context) or PipelineOutputResource()
+    return resource.built_runtime()
 
 
 def names_its_catalog(resources: Mapping[str, Any] | None) -> bool:

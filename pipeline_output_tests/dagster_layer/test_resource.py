@@ -6,8 +6,10 @@ loads, in one line."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +134,75 @@ def test_a_runs_first_step_builds_the_runtime_on_a_thread_while_dagster_starts_i
         assert run_assets(defs, instance, ["orders"]).success  # built once per process
     assert built_on == ["po-runtime-warm-up"]
     assert_same_multiset(_read(pg_db_url, tmp_path / "warehouse", "analytics.orders"), ROWS)
+
+
+@pytest.fixture
+def silent_server() -> Iterator[tuple[str, list[socket.socket]]]:
+    """A control plane that accepts connections and never answers (a server hung or behind a
+    black hole): a connection attempt waits out its connect timeout. Yields its URL and the
+    connections it accepted."""
+    accepted: list[socket.socket] = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        with suppress(OSError):
+            while True:
+                accepted.append(listener.accept()[0])
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"postgresql://po@127.0.0.1:{port}/po", accepted
+    finally:
+        listener.close()
+        for conn in accepted:
+            conn.close()
+
+
+def test_a_run_against_a_silent_control_plane_waits_out_one_connect_timeout_not_two(
+    no_environment: Path, silent_server: tuple[str, list[socket.socket]], tmp_path: Path
+) -> None:
+    """The step's write waits for the runtime the step's start began building on a thread and
+    takes its error: one connection attempt, one connect timeout, then the one-line error (it
+    used to build the runtime again when the warm-up failed: twice the timeout)."""
+    url, accepted = silent_server
+    defs = build_definitions(
+        datasets=[orders], resource=_resource(url, tmp_path / "warehouse", namespace="analytics")
+    )
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = run_assets(defs, instance, ["orders"], raise_on_error=False)
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    chain, error = [], failure.step_failure_data.error
+    while error is not None:
+        chain.append(error)
+        error = error.cause
+    ours = [e for e in chain if e.cls_name == "PostgresUnavailable"]
+    assert ours, [e.cls_name for e in chain]
+    assert "\n" not in ours[0].message.strip() and "127.0.0.1" in ours[0].message
+    assert len(accepted) == 1, f"{len(accepted)} connection attempts"
+
+
+def test_a_step_whose_settings_are_unreadable_fails_once_and_its_hook_does_not(
+    runtime_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step fails in one line naming the setting; its failure hook finds nothing staged (no
+    runtime was built) instead of failing a second time on the same setting."""
+    monkeypatch.setenv("PIPELINE_OUTPUT_NAMESPACE", "not a namespace")
+    reset_runtime()
+    defs = build_definitions(datasets=[orders], resource=PipelineOutputResource())
+    try:
+        with dg.DagsterInstance.ephemeral() as instance:
+            result = run_assets(defs, instance, ["orders"], raise_on_error=False)
+    finally:
+        reset_runtime()
+    assert not result.success
+    kinds = [e.event_type_value for e in result.all_events]
+    assert "STEP_FAILURE" in kinds and "HOOK_ERRORED" not in kinds, kinds
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "PIPELINE_OUTPUT_NAMESPACE" in str(failure.step_failure_data.error)
 
 
 def test_two_code_locations_with_different_control_planes_and_catalogs_run_side_by_side(

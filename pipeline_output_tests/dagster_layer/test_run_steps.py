@@ -176,3 +176,49 @@ def test_parity_in_the_datasets_step_knows_the_arms_its_write_wrote_without_the_
     assert not second.success and set(evals) == {"flat"}, evals
     assert not evals["flat"].passed and "parity FAIL" in (evals["flat"].description or "")
     assert not second.asset_materializations_for_node("after")
+
+
+@dataset(
+    name="daily_ice", primary_key="id", mode="iceberg", partitions_def=DAYS, partition_column="day"
+)
+def daily_ice(partition_key: str) -> pl.DataFrame:
+    """Two sales a day, the Iceberg arm only."""
+    day = date.fromisoformat(partition_key)
+    return pl.DataFrame(
+        {"id": [day.toordinal() * 10, day.toordinal() * 10 + 1], "day": [day, day]},
+        schema={"id": pl.Int64, "day": pl.Date},
+    )
+
+
+def _lines(instance: dg.DagsterInstance, run_id: str, name: str) -> list[str]:
+    """The run's log lines (`context.log`, not Dagster's events) about dataset `name`."""
+    return [
+        entry.user_message
+        for entry in instance.all_logs(run_id)
+        if entry.dagster_event is None and entry.user_message.startswith(f"{name}: ")
+    ]
+
+
+def test_a_single_arm_write_says_in_its_own_line_that_parity_is_skipped(env: str) -> None:
+    """Each log line is an event written to the run's storage (issue 44): a write of one arm
+    says in its line that `parity` has nothing to compare, and the check adds no line of its own;
+    the check still reports no result (Dagster shows it skipped). A dual write's line says
+    nothing of parity, which compares."""
+    ids = pl.Series([1, 2, 3], dtype=pl.Int64)
+    ROWS["flat"] = pl.DataFrame({"id": ids, "amount": ids.cast(pl.Float64)})
+    whole = build_definitions(datasets=[flat, after], with_maintenance=False)
+    parted = build_definitions(datasets=[daily_ice], with_maintenance=False)
+    with dg.DagsterInstance.ephemeral() as instance:
+        first = run_assets(whole, instance, ["flat", "after"])
+        day = parted.resolve_implicit_global_asset_job_def().execute_in_process(
+            instance=instance, asset_selection=[dg.AssetKey("daily_ice")], partition_key=DAY
+        )
+        assert day.success
+        [after_line] = _lines(instance, first.run_id, "after")
+        [day_line] = _lines(instance, day.run_id, "daily_ice")
+        flat_lines = _lines(instance, first.run_id, "flat")
+    skipped = "parity skipped: not a dual write (arms: iceberg); nothing to compare"
+    assert after_line.endswith(f"+3 ~0 -0; {skipped}"), after_line
+    assert day_line.startswith(f"daily_ice: partition {DAY}: +2 ") and day_line.endswith(skipped)
+    assert flat_lines and not any("parity" in line for line in flat_lines), flat_lines
+    assert set(check_evals(first)) == {"flat"} and not check_evals(day)

@@ -12,7 +12,7 @@ location it has not seen (one plain query, not pyiceberg's ORM select, whose com
 (`manifests.staged_metadata`) and caches what it wrote. It honours Iceberg's
 `write.metadata.compression-codec=gzip` (pyiceberg's catalog does not): the new metadata file is
 `<version>-<uuid>.gz.metadata.json`, gzip'd, which every Iceberg reader opens by its name; each
-file then takes about a tenth of the space of the table's history it lists.
+file then takes about an eighth of the space of the table's history it lists (gzip's fastest level).
 
 Its round trips to the catalog database are the fewest that keep pyiceberg's behaviour: opening
 it is one probe (both tables and the v1 column present, and — when asked — whether the dataset
@@ -30,6 +30,7 @@ sql` pyiceberg configuration); any other pyiceberg catalog works unchanged.
 
 from __future__ import annotations
 
+import gzip
 import importlib
 import threading
 from collections import OrderedDict
@@ -40,13 +41,14 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import ICEBERG_TABLE_TYPE, IcebergTables, SqlCatalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
-from pyiceberg.io import PY_IO_IMPL, load_file_io
-from pyiceberg.serializers import FromInputFile
+from pyiceberg.io import PY_IO_IMPL, FileIO, load_file_io
+from pyiceberg.serializers import FromInputFile, ToOutputFile
 from pyiceberg.table import CommitTableResponse, StagedTable, Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate
 from pyiceberg.typedef import Identifier
+from pyiceberg.utils.config import Config
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
@@ -100,6 +102,21 @@ class FlatSqlCatalog(SqlCatalog):
         self._po_namespaces: set[str] = set()
         self._po_probe_namespace = probe_namespace
         super().__init__(name, **properties)
+
+    @staticmethod
+    def _write_metadata(metadata: TableMetadata, io: FileIO, metadata_path: str) -> None:
+        """pyiceberg's metadata write, a `.gz.metadata.json` gzip'd at the fastest level:
+        pyiceberg compresses at the slowest (9), ~4x the time for files ~15 % smaller,
+        and the file — every snapshot of the table's history — is written whole by every commit
+        (~2 ms a commit at 100 snapshots). Any gzip reader reads either."""
+        if not metadata_path.endswith(".gz.metadata.json"):
+            ToOutputFile.table_metadata(metadata, io.new_output(metadata_path))
+            return
+        # as pyiceberg's `ToOutputFile.table_metadata`: `None` fields left out unless legacy
+        exclude_none = not Config().get_bool("legacy-current-snapshot-id")
+        raw = metadata.model_dump_json(exclude_none=exclude_none).encode("utf-8")
+        with io.new_output(metadata_path).create(overwrite=False) as stream:
+            stream.write(gzip.compress(raw, compresslevel=1))
 
     def _po_autocommit(self) -> Connection:
         """A connection of the engine outside a transaction: one statement, one round trip
