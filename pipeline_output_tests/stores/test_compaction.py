@@ -119,6 +119,54 @@ def test_compaction_bin_packs_window_files_into_one_sorted_file_with_the_same_ro
     assert_same_multiset(h.contents(spec), expected)
 
 
+def test_compaction_plans_from_the_keys_statistics_and_commits_whole_removed_entries(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """The plan decodes the manifests with the first sort key's statistics only (what bins
+    are ordered and streamed by); the commit writes the removed entries from their own bytes:
+    read back, every field of every removed file as before the compaction."""
+    from pyiceberg.manifest import ManifestEntryStatus
+
+    from pipeline_output.stores.iceberg.snapshot import manifests
+
+    spec = windowed()
+    feed_windows(h, spec, 6)
+    table = h.table(spec)
+    before = {
+        e.data_file.file_path: (e.data_file, e.sequence_number, e.file_sequence_number)
+        for m in table.current_snapshot().manifests(table.io)
+        for e in m.fetch_manifest_entry(table.io)
+    }
+    asked: list[frozenset[int] | None] = []
+    read = manifests.read_manifest
+
+    def spy(manifest: Any, io: Any, **options: Any) -> Any:
+        asked.append(options.get("bounds"))
+        return read(manifest, io, **options)
+
+    manifests.READ_MANIFESTS.clear()  # every manifest decoded by this compaction
+    monkeypatch.setattr(manifests, "read_manifest", spy)
+    result = h.store().compact(spec)
+
+    assert result.files_rewritten == len(before) == 6
+    key = table.schema().find_field("id").field_id
+    assert asked and set(asked) == {frozenset({key})}
+    table = h.table(spec)
+    removed = [
+        e
+        for m in table.current_snapshot().manifests(table.io)
+        for e in m.fetch_manifest_entry(table.io, discard_deleted=False)
+        if e.status == ManifestEntryStatus.DELETED
+    ]
+    assert sorted(e.data_file.file_path for e in removed) == sorted(before)
+    for entry in removed:
+        data_file, sequence, file_sequence = before[entry.data_file.file_path]
+        assert entry.data_file == data_file
+        assert [entry.data_file[i] for i in range(len(data_file))] == list(data_file)
+        assert (entry.sequence_number, entry.file_sequence_number) == (sequence, file_sequence)
+        assert entry.snapshot_id == result.snapshot_id
+
+
 def test_compaction_packs_bins_up_to_the_target_size_and_leaves_few_files_alone(h: Harness):
     spec = windowed()
     expected = feed_windows(h, spec, 9)
