@@ -107,11 +107,13 @@ def plan_bins(
     small = int(target_bytes * SMALL_FRACTION)
     groups: dict[tuple[int, Any], list[FileScanTask]] = defaultdict(list)
     for task in tasks:
-        if task.delete_files or task.file.file_size_in_bytes < small:
-            groups[(task.file.spec_id, task.file.partition)].append(task)
+        data_file = task.file
+        if task.delete_files or data_file.file_size_in_bytes < small:
+            groups[(data_file.spec_id, _partition_key(data_file.partition))].append(task)
     order = _lower_bound_of(schema, sort_columns)
     bins: list[Bin] = []
-    for (spec_id, partition), candidates in groups.items():
+    for (spec_id, _), candidates in groups.items():
+        partition = candidates[0].file.partition
         with_deletes = any(t.delete_files for t in candidates)
         total = sum(t.file.file_size_in_bytes for t in candidates)
         if len(candidates) < min_input_files and total <= target_bytes and not with_deletes:
@@ -135,6 +137,17 @@ def plan_bins(
         data_files=len(live),
         live_paths=frozenset(t.file.file_path for t in live),
     )
+
+
+def _partition_key(partition: Record) -> Any:
+    """A partition's values as a tuple (pyiceberg's `Record` hashes its printed form: a
+    `repr` per file), or the record itself when a value is not hashable."""
+    values = tuple(partition[i] for i in range(len(partition)))
+    try:
+        hash(values)
+    except TypeError:
+        return partition
+    return values
 
 
 def sort_keys(metadata: TableMetadata, spec: DatasetSpec) -> list[tuple[str, bool, bool]]:

@@ -740,21 +740,24 @@ def read_planned(
         return None
     codec = KNOWN_CODECS[codec_name]
     sync = data[start - SYNC_SIZE : start]
+    # the blocks, split at the sync marker that ends each; a marker's 16 random bytes inside a
+    # block's bytes (or a damaged file) make a piece's length disagree with its block size:
+    # then the whole decoder reads (and reports) it
+    pieces = data[start:].split(sync)
+    if pieces.pop() != b"":
+        return None
+    decompress = codec.decompress if codec is not None else bytes
     bodies: list[bytes] = []
-    at = start
-    while at < len(data):
-        count = _varint(data, at)
-        at = _skip_varint(data, at)
-        size = _varint(data, at)
-        at = _skip_varint(data, at)
-        if count != 1 or size < 0 or at + size + SYNC_SIZE > len(data):
-            return None  # several entries in a block (or a block cut short): decoded whole
-        block = data[at : at + size]
-        at += size
-        if data[at : at + SYNC_SIZE] != sync:
-            raise CorruptManifest(f"manifest {manifest.manifest_path}: bad Avro sync marker")
-        at += SYNC_SIZE
-        bodies.append(codec.decompress(block) if codec is not None else block)
+    try:
+        for piece in pieces:
+            if len(piece) < 2 or piece[0] != 2:  # not one entry (zigzag 1) in this block
+                return None
+            at = _skip_varint(piece, 1)
+            if at + _varint(piece, 1) != len(piece):
+                return None
+            bodies.append(decompress(piece[at:]))
+    except Exception:  # cut short, or not what its codec says: the whole decoder reports it
+        return None
     if not bodies:
         return [], RawManifest(meta=meta, codec=codec, data_files=[])
     body = b"".join(bodies)
@@ -772,8 +775,11 @@ def read_planned(
         columns = _planned_columns(frame, layout, bounds, manifest)
     except Exception:  # a layout polars does not read as expected: decoded whole
         return None
-    if columns is None:
-        return None
+    if columns is None or not columns["row"]:
+        return None if columns is None else ([], RawManifest(meta=meta, codec=codec, data_files=[]))
+    for row, skip in ((0, columns["skip"][0]), (-1, columns["skip"][-1])):  # a cheap check
+        if _after_prefix(bodies[columns["row"][row]], 0) != skip:
+            return None
     return _planned_entries(manifest, bodies, columns, bounds, meta, codec)
 
 
@@ -821,6 +827,11 @@ def _planned_columns(
     live = frame.with_row_index("row").filter(status != int(ManifestEntryStatus.DELETED))
     files = pl.col(layout["data_file"])
     exprs: dict[Any, pl.Expr] = {0: status, "row": pl.col("row")}
+    # where each entry's `data_file` starts: after its status and three ["null", "long"] unions
+    skip = _varint_bytes(status.cast(pl.Int64))
+    for name in (top[1], top[3], top[4]):
+        skip += 1 + pl.when(pl.col(name).is_null()).then(0).otherwise(_varint_bytes(pl.col(name)))
+    exprs["skip"] = skip
     for i, name in ((1, top[1]), (3, top[3]), (4, top[4])):
         given = pl.col(name) if name is not None else pl.lit(None, dtype=pl.Int64)
         if i == 1:
@@ -843,6 +854,19 @@ def _planned_columns(
     if any(v is None for v in out[100]) or any(v is None for v in out[134]):
         return None
     return out
+
+
+def _varint_bytes(values: pl.Expr) -> pl.Expr:
+    """The length of the Avro (zigzag) varint of each Int64 value."""
+    zigzag = (
+        pl.when(values >= 0)
+        .then(values.cast(pl.UInt64) * 2)
+        .otherwise((-(values + 1)).cast(pl.UInt64) * 2 + 1)
+    )
+    length = pl.lit(1, dtype=pl.Int64)
+    for shift in range(7, 64, 7):
+        length += (zigzag >= pl.lit(1 << shift, dtype=pl.UInt64)).cast(pl.Int64)
+    return length
 
 
 _STATUSES = {int(s): s for s in ManifestEntryStatus}
@@ -889,8 +913,5 @@ def _planned_entries(
         entries.append(
             ManifestEntry(_STATUSES[status], snapshot, sequence, file_sequence, data_file)
         )
-    raws = []
-    for row in columns["row"]:
-        body = bodies[row]
-        raws.append(body[_after_prefix(body, 0) :])
+    raws = [bodies[row][skip:] for row, skip in zip(columns["row"], columns["skip"], strict=True)]
     return entries, RawManifest(meta=meta, codec=codec, data_files=raws)
