@@ -117,6 +117,7 @@ from pipeline_output.stores.iceberg.snapshot.files import referenced_path
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
     PartialDataFile,
     RawManifest,
+    partition_values,
     read_manifest,
 )
 from pipeline_output.stores.iceberg.table.tables import (
@@ -571,7 +572,7 @@ class _Collector(SnapshotSummaryCollector):
         partitions: dict[tuple[int, tuple[Any, ...]], DataFile] = {}
         for data_file in files:
             partition = data_file.partition
-            values = tuple(partition[i] for i in range(len(partition)))
+            values = partition_values(partition)
             key = (data_file.spec_id, values)
             try:
                 total = totals.get((*key, data_file.content))
@@ -594,7 +595,7 @@ class _Collector(SnapshotSummaryCollector):
 
     def _path(self, spec: PartitionSpec, file: DataFile, schema: Schema) -> str:
         partition = file.partition
-        key = (spec.spec_id, tuple(partition[i] for i in range(len(partition))))
+        key = (spec.spec_id, partition_values(partition))
         path = self._paths.get(key)
         if path is None:
             path = self._paths[key] = spec.partition_to_path(partition, schema)
@@ -604,7 +605,7 @@ class _Collector(SnapshotSummaryCollector):
         self, partition_spec: PartitionSpec, file: DataFile, is_add_file: bool, schema: Schema
     ) -> None:
         partition = file.partition
-        key = (partition_spec.spec_id, tuple(partition[i] for i in range(len(partition))))
+        key = (partition_spec.spec_id, partition_values(partition))
         try:
             path = self._paths.get(key)
         except TypeError:  # an unhashable partition value: formatted each time

@@ -613,6 +613,15 @@ def rewrite_manifest(
     )
 
 
+def partition_values(partition: Record) -> tuple[Any, ...]:
+    """A partition record's values as a tuple (hashable when they are; pyiceberg's `Record`
+    hashes its printed form)."""
+    size = len(partition)
+    if size == 1:
+        return (partition[0],)
+    return tuple(partition[i] for i in range(size)) if size else ()
+
+
 def distinct_partitions(partitions: list[Record]) -> list[Record]:
     """`partitions` without repeats (by their values), in order: what a manifest's partition
     summaries (null, NaN, lower and upper bound per field) are made of — 20,000 removed files
@@ -621,7 +630,7 @@ def distinct_partitions(partitions: list[Record]) -> list[Record]:
     seen: dict[tuple[Any, ...], Record] = {}
     try:
         for partition in partitions:
-            seen.setdefault(tuple(partition[i] for i in range(len(partition))), partition)
+            seen.setdefault(partition_values(partition), partition)
     except TypeError:
         return partitions
     return list(seen.values())
@@ -886,9 +895,14 @@ def _planned_entries(
     none = [None] * count
     contents = [_CONTENTS[c] for c in columns[134]]
     formats = [_FORMATS[f] for f in columns[101]]
-    partitions = [
-        Record(*p.values()) if p is not None else Record() for p in columns.get(102, none)
-    ]
+    interned: dict[tuple[Any, ...], Record] = {}  # one record per distinct partition
+    partitions = []
+    for given in columns.get(102, none):
+        written = tuple(given.values()) if given is not None else ()
+        record = interned.get(written)
+        if record is None:
+            record = interned[written] = Record(*written)
+        partitions.append(record)
     stats = []
     for map_id in (_NULLS, _LOWER, _UPPER):
         found = [(column, columns.get((map_id, column), none)) for column in sorted(bounds)]
