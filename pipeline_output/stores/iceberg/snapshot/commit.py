@@ -769,7 +769,8 @@ class IndexedOverwrite(_OverwriteFiles):
         # this commit's DELETED-only manifests are not merged (gone with the next commit)
         gone = [m for m in manifests if not (m.has_added_files() or m.has_existing_files())]
         data = [m for m in manifests if m.content == ManifestContent.DATA and m not in gone]
-        deletes = [m for m in manifests if m.content == ManifestContent.DELETES]
+        # (a DELETED-only delete manifest is in `gone`: listed once, not again with the deletes)
+        deletes = [m for m in manifests if m.content == ManifestContent.DELETES and m not in gone]
         return self._merge.merge_manifests(data) + gone + self._merged_deletes(deletes)
 
     def _merged_deletes(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
