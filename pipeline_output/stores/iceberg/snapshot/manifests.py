@@ -622,7 +622,8 @@ class _Collector(SnapshotSummaryCollector):
 def _removed(
     metrics: UpdateMetrics, content: DataFileContent, count: int, size: int, rows: int
 ) -> None:
-    """`UpdateMetrics.remove_file` of `count` files of `content` (`size` bytes, `rows` rows)."""
+    """pyiceberg's UpdateMetrics.remove_file of `count` files of `content` (`size` bytes,
+    `rows` rows) at once."""
     metrics.removed_file_size += size
     if content == DataFileContent.DATA:
         metrics.removed_data_files += count
@@ -631,12 +632,10 @@ def _removed(
         metrics.removed_delete_files += count
         metrics.removed_pos_delete_files += count
         metrics.removed_pos_deletes += rows
-    elif content == DataFileContent.EQUALITY_DELETES:
+    else:  # equality deletes (the third and last kind of content)
         metrics.removed_delete_files += count
         metrics.removed_eq_delete_files += count
         metrics.removed_eq_deletes += rows
-    else:
-        raise ValueError(f"Unknown data file content: {content}")
 
 
 REFERENCED_DATA_FILE = NestedField(
