@@ -29,6 +29,18 @@ metrics is decoded or re-encoded, so nothing of it can change.
 Only manifests laid out as Iceberg's v2 `manifest_entry` (status, snapshot_id,
 sequence_number, file_sequence_number as `["null", "long"]` unions, then data_file) are reused
 this way; `read_manifest` returns no bytes for others, and the caller re-encodes them.
+
+A planner's read: the entries with only the statistics it uses.
+
+A compaction plans 20,000 small files from their paths, sizes, row counts, partitions and the
+first sort column's bounds; decoding every column's sizes, counts and bounds cost most of its
+plan, and the commit writes the removed entries from their own bytes anyway. `read_manifest`
+with `bounds` (`read_planned`) cuts each one-entry Avro block (pyiceberg's writer: every
+append's manifest) out of the file, decompresses it, and decodes them all at once with polars'
+native Avro reader: the entries' files are `PartialDataFile`s (the asked columns' bounds and
+null counts; the other statistics None), with the same raw `data_file` bytes. Such an index
+never serves a whole read (`manifests.ReadManifests`), and an entry re-encoded from it is
+decoded whole first (`manifests.LiveEntries.whole`). Other layouts are decoded whole.
 """
 
 from __future__ import annotations
