@@ -163,3 +163,30 @@ def test_a_planners_read_gives_the_same_entries_and_bytes_with_only_the_asked_st
             assert got.data_file.nan_value_counts is None
             for name in ("lower_bounds", "upper_bounds", "null_value_counts"):
                 assert getattr(got.data_file, name) == {key: getattr(want.data_file, name)[key]}
+
+
+def test_a_planners_index_gives_whole_entries_back_for_re_encoding(h):
+    from pipeline_output.stores.iceberg.snapshot.manifests import READ_MANIFESTS, ManifestIndex
+
+    table = _table(h)
+    key = table.schema().find_field("id").field_id
+    READ_MANIFESTS.clear()
+    index = ManifestIndex.read(table.metadata, table.io, bounds=frozenset({key}))
+    assert len(index.tasks()) == 6  # 3 writes of 2 buckets
+    for manifest in index.manifests:
+        planned = index.live[manifest.manifest_path]
+        assert planned and all(isinstance(e.data_file, PartialDataFile) for e in planned)
+        whole, _ = read_manifest(manifest, table.io)
+        back = index.live.whole(planned)
+        assert not any(isinstance(e.data_file, PartialDataFile) for e in back)
+        assert [_fields(e.data_file) for e in back] == [_fields(e.data_file) for e in whole]
+        assert [(e.status, e.sequence_number, e.file_sequence_number) for e in back] == [
+            (e.status, e.sequence_number, e.file_sequence_number) for e in whole
+        ]
+    # a whole read of the same manifests is not served the planner's entries
+    again = ManifestIndex.read(table.metadata, table.io)
+    again.tasks()
+    for manifest in again.manifests:
+        assert not any(
+            isinstance(e.data_file, PartialDataFile) for e in again.live[manifest.manifest_path]
+        )
