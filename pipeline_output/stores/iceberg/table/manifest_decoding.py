@@ -905,8 +905,8 @@ def _planned_entries(
 ) -> tuple[list[ManifestEntry], RawManifest]:
     count = len(columns["row"])
     none = [None] * count
-    contents = [_CONTENTS[c] for c in columns[134]]
-    formats = [_FORMATS[f] for f in columns[101]]
+    contents = [_CONTENTS[c] if c in _CONTENTS else DataFileContent(c) for c in columns[134]]
+    formats = [_FORMATS.get(f) or FileFormat(f) for f in columns[101]]  # (any case, as pyiceberg)
     interned: dict[tuple[Any, ...], Record] = {}  # one record per distinct partition
     partitions = []
     for given in columns.get(102, none):
@@ -937,7 +937,13 @@ def _planned_entries(
         values += [keys[row], splits[row], ids[row], orders[row]]
         data_file = PartialDataFile(values, spec_id)
         entries.append(
-            ManifestEntry(_STATUSES[status], snapshot, sequence, file_sequence, data_file)
+            ManifestEntry(
+                _STATUSES[status] if status in _STATUSES else ManifestEntryStatus(status),
+                snapshot,
+                sequence,
+                file_sequence,
+                data_file,
+            )
         )
     raws = [bodies[row][skip:] for row, skip in zip(columns["row"], columns["skip"], strict=True)]
     return entries, RawManifest(meta=meta, codec=codec, data_files=raws)
