@@ -119,6 +119,54 @@ def test_compaction_bin_packs_window_files_into_one_sorted_file_with_the_same_ro
     assert_same_multiset(h.contents(spec), expected)
 
 
+def test_compaction_plans_from_the_keys_statistics_and_commits_whole_removed_entries(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """The plan decodes the manifests with the first sort key's statistics only (what bins
+    are ordered and streamed by); the commit writes the removed entries from their own bytes:
+    read back, every field of every removed file as before the compaction."""
+    from pyiceberg.manifest import ManifestEntryStatus
+
+    from pipeline_output.stores.iceberg.snapshot import manifests
+
+    spec = windowed()
+    feed_windows(h, spec, 6)
+    table = h.table(spec)
+    before = {
+        e.data_file.file_path: (e.data_file, e.sequence_number, e.file_sequence_number)
+        for m in table.current_snapshot().manifests(table.io)
+        for e in m.fetch_manifest_entry(table.io)
+    }
+    asked: list[frozenset[int] | None] = []
+    read = manifests.read_manifest
+
+    def spy(manifest: Any, io: Any, **options: Any) -> Any:
+        asked.append(options.get("bounds"))
+        return read(manifest, io, **options)
+
+    manifests.READ_MANIFESTS.clear()  # every manifest decoded by this compaction
+    monkeypatch.setattr(manifests, "read_manifest", spy)
+    result = h.store().compact(spec)
+
+    assert result.files_rewritten == len(before) == 6
+    key = table.schema().find_field("id").field_id
+    assert asked and set(asked) == {frozenset({key})}
+    table = h.table(spec)
+    removed = [
+        e
+        for m in table.current_snapshot().manifests(table.io)
+        for e in m.fetch_manifest_entry(table.io, discard_deleted=False)
+        if e.status == ManifestEntryStatus.DELETED
+    ]
+    assert sorted(e.data_file.file_path for e in removed) == sorted(before)
+    for entry in removed:
+        data_file, sequence, file_sequence = before[entry.data_file.file_path]
+        assert entry.data_file == data_file
+        assert [entry.data_file[i] for i in range(len(data_file))] == list(data_file)
+        assert (entry.sequence_number, entry.file_sequence_number) == (sequence, file_sequence)
+        assert entry.snapshot_id == result.snapshot_id
+
+
 def test_compaction_packs_bins_up_to_the_target_size_and_leaves_few_files_alone(h: Harness):
     spec = windowed()
     expected = feed_windows(h, spec, 9)
@@ -162,6 +210,51 @@ def test_compaction_never_mixes_partitions(h: Harness):
     for region in ("eu", "us", "ap"):
         changes = dict(kv.split("=") for kv in summary[f"partitions.region={region}"].split(","))
         assert (changes["added-data-files"], changes["deleted-data-files"]) == ("1", "6")
+
+
+def test_a_compactions_summary_counts_its_files_as_pyiceberg_counts_them_one_by_one(h: Harness):
+    """The removed files are counted per partition and content, then added to the summary
+    once per partition: the same summary as pyiceberg's collector fed file by file (the oracle,
+    over the snapshot's own ADDED and DELETED entries), delete files included; each manifest is
+    listed once (the removed delete files' manifest was listed twice)."""
+    from pyiceberg.manifest import ManifestEntryStatus
+    from pyiceberg.table.snapshots import SnapshotSummaryCollector
+
+    spec = windowed(name="counted", partition_by=("region",))
+    for w in range(3):
+        frame = pl.concat(
+            [
+                rows(range(w * 20 + r * 10 + 1, w * 20 + r * 10 + 11), region=g)
+                for r, g in enumerate(("eu", "us"))
+            ]
+        )
+        h.store().write(spec, frame, window=Window(low=w * 20, high=(w + 1) * 20))
+    files = sorted(data_files(h, spec), key=lambda f: f.file_path)
+    delete_positions(h.table(spec), {files[0].file_path: [0, 2], files[3].file_path: [1]})
+    with h.table(spec).transaction() as tx:
+        tx.set_properties({"write.summary.partition-limit": "10"})
+
+    result = h.store().compact(spec, min_input_files=2)
+
+    assert result.files_rewritten == 6 and result.delete_files_removed == 2
+    table = h.table(spec)
+    snapshot = table.current_snapshot()
+    oracle = SnapshotSummaryCollector(partition_summary_limit=10)
+    schema, specs = table.schema(), table.specs()
+    listed = [m.manifest_path for m in snapshot.manifests(table.io)]
+    assert len(set(listed)) == len(listed)
+    for manifest in snapshot.manifests(table.io):
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+            if entry.snapshot_id != snapshot.snapshot_id:
+                continue
+            spec_of = specs[entry.data_file.spec_id]
+            if entry.status == ManifestEntryStatus.ADDED:
+                oracle.add_file(entry.data_file, schema=schema, partition_spec=spec_of)
+            elif entry.status == ManifestEntryStatus.DELETED:
+                oracle.remove_file(entry.data_file, schema=schema, partition_spec=spec_of)
+    expected = oracle.build()
+    assert expected["deleted-data-files"] == "6" and expected["removed-delete-files"] == "2"
+    assert {k: snapshot.summary[k] for k in expected} == expected
 
 
 def test_bins_read_together_are_sorted_partition_by_partition_when_their_files_overlap(

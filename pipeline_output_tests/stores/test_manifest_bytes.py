@@ -2,7 +2,9 @@
 pyiceberg and by fastavro, entry for entry as the manifests they came from: every field of every
 data file equal, the status and sequence numbers as the rewrite says — on a partitioned table
 whose entries carry partition values, bounds and NaN counts, and through a copy-on-write commit
-that rewrites the manifests holding the files it removes; a damaged manifest is refused by name."""
+that rewrites the manifests holding the files it removes; a damaged manifest is refused by name.
+A planner's read (`bounds`) gives the same entries and bytes with only the asked columns'
+statistics."""
 
 from __future__ import annotations
 
@@ -14,7 +16,11 @@ import pytest
 
 from pipeline_output import DatasetSpec
 from pipeline_output.errors import CorruptManifest
-from pipeline_output.stores.iceberg.table.manifest_decoding import read_manifest, rewrite_manifest
+from pipeline_output.stores.iceberg.table.manifest_decoding import (
+    PartialDataFile,
+    read_manifest,
+    rewrite_manifest,
+)
 from pipeline_output_tests.iceberg_harness import customers
 
 
@@ -125,3 +131,62 @@ def test_a_manifest_with_a_damaged_sync_marker_is_refused_naming_it(h):
     with pytest.raises(CorruptManifest, match="bad Avro sync marker") as refused:
         read_manifest(manifest, table.io)
     assert manifest.manifest_path in str(refused.value)
+
+
+def test_a_planners_read_gives_the_same_entries_and_bytes_with_only_the_asked_statistics(h):
+    table = _table(h)
+    io = table.io
+    key = table.schema().find_field("id").field_id
+    cut = ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts")
+    cut += ("lower_bounds", "upper_bounds")
+    for manifest in table.current_snapshot().manifests(io):
+        whole, raw = read_manifest(manifest, io)
+        planned, planned_raw = read_manifest(manifest, io, bounds=frozenset({key}))
+        assert raw is not None and planned_raw is not None
+        assert planned_raw.data_files == raw.data_files and planned_raw.meta == raw.meta
+        assert planned_raw.codec is raw.codec
+        assert len(planned) == len(whole) > 0
+        for got, want in zip(planned, whole, strict=True):
+            assert isinstance(got.data_file, PartialDataFile)
+            assert (got.status, got.snapshot_id, got.sequence_number) == (
+                want.status,
+                want.snapshot_id,
+                want.sequence_number,
+            )
+            assert got.file_sequence_number == want.file_sequence_number
+            assert got.data_file.spec_id == want.data_file.spec_id
+            mine, theirs = _fields(got.data_file), _fields(want.data_file)
+            assert {k: v for k, v in mine.items() if k not in cut} == {
+                k: v for k, v in theirs.items() if k not in cut
+            }
+            assert got.data_file.column_sizes is None and got.data_file.value_counts is None
+            assert got.data_file.nan_value_counts is None
+            for name in ("lower_bounds", "upper_bounds", "null_value_counts"):
+                assert getattr(got.data_file, name) == {key: getattr(want.data_file, name)[key]}
+
+
+def test_a_planners_index_gives_whole_entries_back_for_re_encoding(h):
+    from pipeline_output.stores.iceberg.snapshot.manifests import READ_MANIFESTS, ManifestIndex
+
+    table = _table(h)
+    key = table.schema().find_field("id").field_id
+    READ_MANIFESTS.clear()
+    index = ManifestIndex.read(table.metadata, table.io, bounds=frozenset({key}))
+    assert len(index.tasks()) == 6  # 3 writes of 2 buckets
+    for manifest in index.manifests:
+        planned = index.live[manifest.manifest_path]
+        assert planned and all(isinstance(e.data_file, PartialDataFile) for e in planned)
+        whole, _ = read_manifest(manifest, table.io)
+        back = index.live.whole(planned)
+        assert not any(isinstance(e.data_file, PartialDataFile) for e in back)
+        assert [_fields(e.data_file) for e in back] == [_fields(e.data_file) for e in whole]
+        assert [(e.status, e.sequence_number, e.file_sequence_number) for e in back] == [
+            (e.status, e.sequence_number, e.file_sequence_number) for e in whole
+        ]
+    # a whole read of the same manifests is not served the planner's entries
+    again = ManifestIndex.read(table.metadata, table.io)
+    again.tasks()
+    for manifest in again.manifests:
+        assert not any(
+            isinstance(e.data_file, PartialDataFile) for e in again.live[manifest.manifest_path]
+        )

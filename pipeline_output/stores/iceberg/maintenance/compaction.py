@@ -221,7 +221,7 @@ def _plan(
     min_input_files: int,
     where: str | BooleanExpression | None,
 ) -> tuple[CompactionPlan, ManifestIndex]:
-    index = read_index(table)
+    index = read_index(table, bounds=planned_bounds(table, spec))
     tasks = live = index.tasks()
     if where is not None and index.snapshot_id is not None:
         scan = table.scan(row_filter=where, snapshot_id=index.snapshot_id)
@@ -239,6 +239,18 @@ def _plan(
         snapshot_id=index.snapshot_id,
     )
     return plan, index
+
+
+def planned_bounds(table: Table, spec: DatasetSpec) -> frozenset[int]:
+    """The columns whose statistics the plan reads (field ids): the first sort key's — the
+    bins are ordered by its lower bounds (`compaction_plan`) and a bin streams when its files'
+    key ranges follow each other (`_ranges_in_order`). The manifests are decoded with these
+    only (`manifests.ManifestIndex.read`); the commit writes the removed entries from their
+    own bytes."""
+    keys = sort_keys(table.metadata, spec)
+    schema = table.schema()
+    names = {f.name for f in schema.fields}
+    return frozenset(schema.find_field(k).field_id for k, _, _ in keys[:1] if k in names)
 
 
 def _rewrite(

@@ -17,6 +17,7 @@ Owns the rule (Spark's `rewrite_data_files` bin-pack, simplified), decided on on
 
 from __future__ import annotations
 
+import struct
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -30,9 +31,10 @@ from pyiceberg.table import FileScanTask
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.sorting import NullOrder, SortDirection
 from pyiceberg.typedef import Record
-from pyiceberg.types import PrimitiveType
+from pyiceberg.types import IntegerType, LongType, PrimitiveType
 
 from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.stores.iceberg.table.manifest_decoding import partition_values
 
 DEFAULT_MIN_INPUT_FILES = 5
 SMALL_FRACTION = 0.75  # Spark's default min-file-size-bytes: 75 % of the target
@@ -107,11 +109,13 @@ def plan_bins(
     small = int(target_bytes * SMALL_FRACTION)
     groups: dict[tuple[int, Any], list[FileScanTask]] = defaultdict(list)
     for task in tasks:
-        if task.delete_files or task.file.file_size_in_bytes < small:
-            groups[(task.file.spec_id, task.file.partition)].append(task)
+        data_file = task.file
+        if task.delete_files or data_file.file_size_in_bytes < small:
+            groups[(data_file.spec_id, _partition_key(data_file.partition))].append(task)
     order = _lower_bound_of(schema, sort_columns)
     bins: list[Bin] = []
-    for (spec_id, partition), candidates in groups.items():
+    for (spec_id, _), candidates in groups.items():
+        partition = candidates[0].file.partition
         with_deletes = any(t.delete_files for t in candidates)
         total = sum(t.file.file_size_in_bytes for t in candidates)
         if len(candidates) < min_input_files and total <= target_bytes and not with_deletes:
@@ -137,6 +141,17 @@ def plan_bins(
     )
 
 
+def _partition_key(partition: Record) -> Any:
+    """A partition's values as a tuple (pyiceberg's `Record` hashes its printed form: a
+    `repr` per file), or the record itself when a value is not hashable."""
+    values = partition_values(partition)
+    try:
+        hash(values)
+    except TypeError:
+        return partition
+    return values
+
+
 def sort_keys(metadata: TableMetadata, spec: DatasetSpec) -> list[tuple[str, bool, bool]]:
     """(column, descending, nulls last) of the table's sort order, else the spec's sort columns."""
     schema = metadata.schema()
@@ -160,17 +175,23 @@ def _lower_bound_of(schema: Schema, sort_columns: tuple[str, ...]) -> Any:
     if field_ is None or not isinstance(field_.field_type, PrimitiveType):
         return lambda _file: (True, 0)
     field_id, field_type = field_.field_id, field_.field_type
+    fast = _UNPACK.get(type(field_type))  # (pyiceberg's `from_bytes` of those, sans dispatch)
 
     def key(data_file: DataFile) -> tuple[bool, Any]:
         raw = (data_file.lower_bounds or {}).get(field_id)
         if raw is None:
             return (True, 0)
         try:
+            if fast is not None and len(raw) == fast.size:
+                return (False, fast.unpack(raw)[0])
             return (False, from_bytes(field_type, raw))
         except (ValueError, TypeError):  # a bound we cannot decode orders last
             return (True, 0)
 
     return key
+
+
+_UNPACK = {IntegerType: struct.Struct("<i"), LongType: struct.Struct("<q")}
 
 
 def _names(schema: Schema) -> set[str]:

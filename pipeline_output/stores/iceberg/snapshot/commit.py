@@ -90,6 +90,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
+from pyiceberg.exceptions import ValidationException
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
     DataFile,
@@ -316,7 +317,7 @@ def commit(request: CommitRequest) -> Table:
 
 
 def _commit(request: CommitRequest, io: Uploads) -> Table:
-    from pyiceberg.exceptions import CommitFailedException, ValidationException
+    from pyiceberg.exceptions import CommitFailedException
 
     tx, dataset, props = request.tx, request.dataset, dict(request.properties)
     index, branch, fence = request.index, request.branch, request.fence
@@ -573,18 +574,38 @@ class IndexedOverwrite(_OverwriteFiles):
 
     def _deleted_with_bytes(
         self, index: ManifestIndex
-    ) -> list[tuple[ManifestEntry, RawManifest | None, bytes | None]]:
-        """`_deleted_entries`, each with its source manifest's bytes (`RawManifest`)."""
-        deleted = self._deleted_data_files
-        out: list[tuple[ManifestEntry, RawManifest | None, bytes | None]] = []
+    ) -> list[tuple[RawManifest | None, list[tuple[ManifestEntry, bytes | None]]]]:
+        """`_deleted_entries` by source manifest, each with its `data_file` bytes when the
+        manifest's `RawManifest` has them. Matched by path (a data file's identity), each
+        entry restamped directly: a compaction removes tens of thousands."""
+        gone = {f.file_path for f in self._deleted_data_files}
+        deleted = ManifestEntryStatus.DELETED
+        snapshot_id = self._snapshot_id
+        out: list[tuple[RawManifest | None, list[tuple[ManifestEntry, bytes | None]]]] = []
+        found: set[str] = set()
         for manifest in index.read_manifests():
             live = index.live[manifest.manifest_path]
             raw = index.live.raw(manifest.manifest_path)
-            for i, entry in enumerate(live):
-                if entry.data_file in deleted:
-                    gone = _restamped(entry, ManifestEntryStatus.DELETED, self._snapshot_id)
-                    out.append((gone, raw, raw.data_files[i] if raw is not None else None))
-        self._validate_required_deletes([entry for entry, _, _ in out])
+            datas: Sequence[bytes | None] = (
+                raw.data_files if raw is not None else [None] * len(live)
+            )
+            pairs: list[tuple[ManifestEntry, bytes | None]] = []
+            for entry, data in zip(live, datas, strict=True):
+                path = entry.data_file.file_path
+                if path in gone:
+                    found.add(path)
+                    restamped = ManifestEntry(
+                        deleted,
+                        snapshot_id,
+                        entry.sequence_number,
+                        entry.file_sequence_number,
+                        entry.data_file,
+                    )
+                    pairs.append((restamped, data))
+            if pairs:
+                out.append((raw, pairs))
+        if missing := sorted(gone - found):  # pyiceberg's `_validate_required_deletes`, by path
+            raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
         return out
 
     def _deleted_entries(self) -> list[ManifestEntry]:
@@ -631,25 +652,29 @@ class IndexedOverwrite(_OverwriteFiles):
             )
         new: list[ManifestFile] = []
         # removed files' entries (DELETED) from their own bytes, one manifest per source layout
-        as_bytes: dict[tuple[ManifestContent, int, str], Any] = defaultdict(list)
-        for entry, raw, data in self._deleted_with_bytes(index):
-            key = (_content_of(entry.data_file), entry.data_file.spec_id)
-            if raw is None or data is None:
-                groups[key].append(entry)
-            else:
-                as_bytes[(*key, raw.schema_text)].append((raw, entry, data))
-        for (content, spec_id, _), items in as_bytes.items():
-            sources = [(raw, [(entry, data)]) for raw, entry, data in items]
+        as_bytes: dict[tuple[ManifestContent, int, str], Sources] = defaultdict(list)
+        for raw, pairs in self._deleted_with_bytes(index):
+            by_key: dict[tuple[ManifestContent, int], list[tuple[ManifestEntry, bytes]]] = {}
+            for entry, data in pairs:
+                key = (_content_of(entry.data_file), entry.data_file.spec_id)
+                if raw is None or data is None:
+                    groups[key].append(entry)
+                else:
+                    by_key.setdefault(key, []).append((entry, data))
+            for key, kept in by_key.items():
+                assert raw is not None
+                as_bytes[(*key, raw.schema_text)].append((raw, kept))
+        for (content, spec_id, _), sources in as_bytes.items():
             written = self._raw_rewrite(
                 content, spec_id, sources, status=ManifestEntryStatus.DELETED
             )
             if written is None:
-                groups[(content, spec_id)].extend(entry for _, entry, _ in items)
+                groups[(content, spec_id)].extend(e for _, kept in sources for e, _ in kept)
             else:
                 new.append(written)
         for (content, spec_id), entries in groups.items():
             with self._writer(content, spec_id) as writer:
-                for entry in entries:
+                for entry in index.live.whole(entries):
                     writer.add_entry(entry)
             new.append(writer.to_manifest_file())
         return self._process_manifests(new + self._existing_manifests())
@@ -756,7 +781,8 @@ class IndexedOverwrite(_OverwriteFiles):
         # this commit's DELETED-only manifests are not merged (gone with the next commit)
         gone = [m for m in manifests if not (m.has_added_files() or m.has_existing_files())]
         data = [m for m in manifests if m.content == ManifestContent.DATA and m not in gone]
-        deletes = [m for m in manifests if m.content == ManifestContent.DELETES]
+        # (a DELETED-only delete manifest is in `gone`: listed once, not again with the deletes)
+        deletes = [m for m in manifests if m.content == ManifestContent.DELETES and m not in gone]
         return self._merge.merge_manifests(data) + gone + self._merged_deletes(deletes)
 
     def _merged_deletes(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
@@ -793,6 +819,9 @@ class IndexedOverwrite(_OverwriteFiles):
     def _rewrite_entries(
         self, content: ManifestContent, spec_id: int, entries: list[ManifestEntry]
     ) -> ManifestFile:
+        index = self._indexed()
+        if index is not None:  # a planner's index: its files' statistics decoded whole first
+            entries = index.live.whole(entries)
         with self._writer(content, spec_id) as writer:
             for entry in entries:
                 writer.add_entry(_restamped(entry, ManifestEntryStatus.EXISTING, entry.snapshot_id))

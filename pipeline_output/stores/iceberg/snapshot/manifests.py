@@ -55,7 +55,7 @@ from __future__ import annotations
 import io
 import os
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -86,6 +86,7 @@ from pyiceberg.table.snapshots import (
     Snapshot,
     SnapshotSummaryCollector,
     Summary,
+    UpdateMetrics,
     update_snapshot_summaries,
 )
 from pyiceberg.table.update import (
@@ -113,7 +114,12 @@ from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 
 from pipeline_output.errors import CorruptManifest, UnsupportedWrite
 from pipeline_output.stores.iceberg.snapshot.files import referenced_path
-from pipeline_output.stores.iceberg.table.manifest_decoding import RawManifest, read_manifest
+from pipeline_output.stores.iceberg.table.manifest_decoding import (
+    PartialDataFile,
+    RawManifest,
+    partition_values,
+    read_manifest,
+)
 from pipeline_output.stores.iceberg.table.tables import (
     MAINTENANCE_FREE_PROPERTIES,
     READ_THREADS,
@@ -163,20 +169,30 @@ class ReadManifests:
         self._lock = Lock()
 
     def read(
-        self, manifest: ManifestFile, io: FileIO
+        self, manifest: ManifestFile, io: FileIO, *, bounds: frozenset[int] | None = None
     ) -> tuple[list[ManifestEntry], RawManifest | None]:
-        key = (
+        """The manifest's live entries and raw bytes (`read_manifest`); with `bounds`, a
+        planner's read (statistics of those columns only), which a whole read kept serves too —
+        a planner's entries never serve a whole read."""
+        full = (
             manifest.manifest_path,
             manifest.manifest_length,
             manifest.sequence_number,
             manifest.added_snapshot_id,
+            None,
         )
+        keys = [full] if bounds is None else [full, (*full[:4], bounds)]
         with self._lock:
-            kept = self._kept.pop(key, None)
-            if kept is not None:
-                self._kept[key] = kept  # the most recently read last
-                return kept
-        entries, raw = read_manifest(manifest, io)
+            for key in keys:
+                kept = self._kept.pop(key, None)
+                if kept is not None:
+                    self._kept[key] = kept  # the most recently read last
+                    return kept
+        key = keys[-1]
+        if bounds is None:
+            entries, raw = read_manifest(manifest, io)
+        else:
+            entries, raw = read_manifest(manifest, io, bounds=bounds)
         size = manifest.manifest_length
         if size <= self.max_bytes // 4:  # a huge manifest would evict everything
             with self._lock:
@@ -225,9 +241,12 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
     """The live entries of a snapshot's manifests (manifest path -> entries), each manifest read
     on first access and kept: a write reads only the manifests it plans from and rewrites."""
 
-    def __init__(self, manifests: list[ManifestFile], io: FileIO) -> None:
+    def __init__(
+        self, manifests: list[ManifestFile], io: FileIO, *, bounds: frozenset[int] | None = None
+    ) -> None:
         self._manifests = {m.manifest_path: m for m in manifests}
         self._io = io
+        self.bounds = bounds  # a planner's index: only these columns' statistics
         self._read: dict[str, list[ManifestEntry]] = {}
         self._raw: dict[str, RawManifest] = {}
         self._lock = Lock()
@@ -260,12 +279,35 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
             for manifest, entries in zip(todo, read, strict=True):
                 self._read.setdefault(manifest.manifest_path, entries)
 
+    def whole(self, entries: list[ManifestEntry]) -> list[ManifestEntry]:
+        """`entries` with each `PartialDataFile` (a planner's index) replaced by the whole file,
+        its manifest decoded whole: what re-encoding an entry needs."""
+        if not any(isinstance(e.data_file, PartialDataFile) for e in entries):
+            return entries
+        files: dict[str, DataFile] = {}
+        for path, read in list(self._read.items()):
+            if any(isinstance(e.data_file, PartialDataFile) for e in read):
+                full, _ = READ_MANIFESTS.read(self._manifests[path], self._io)
+                files.update((e.data_file.file_path, e.data_file) for e in full)
+        return [
+            ManifestEntry.from_args(
+                status=e.status,
+                snapshot_id=e.snapshot_id,
+                sequence_number=e.sequence_number,
+                file_sequence_number=e.file_sequence_number,
+                data_file=files[e.data_file.file_path],
+            )
+            if isinstance(e.data_file, PartialDataFile)
+            else e
+            for e in entries
+        ]
+
     def raw(self, path: str) -> RawManifest | None:
         """The read manifest's raw entry bytes (`manifest_decoding.RawManifest`), when reusable."""
         return self._raw.get(path)
 
     def _fetch(self, manifest: ManifestFile) -> list[ManifestEntry]:
-        entries, raw = READ_MANIFESTS.read(manifest, self._io)
+        entries, raw = READ_MANIFESTS.read(manifest, self._io, bounds=self.bounds)
         if raw is not None:
             with self._lock:
                 self._raw[manifest.manifest_path] = raw
@@ -287,8 +329,18 @@ class ManifestIndex:
     live: LiveEntries = field(default_factory=lambda: LiveEntries([], PyArrowFileIO()))
 
     @classmethod
-    def read(cls, metadata: TableMetadata, io: FileIO, *, table_name: str = "") -> ManifestIndex:
-        """Read the current snapshot's manifest list (entries are read as they are needed)."""
+    def read(
+        cls,
+        metadata: TableMetadata,
+        io: FileIO,
+        *,
+        table_name: str = "",
+        bounds: frozenset[int] | None = None,
+    ) -> ManifestIndex:
+        """Read the current snapshot's manifest list (entries are read as they are needed).
+        `bounds`: a planner's index, its data files' statistics cut to those columns
+        (`manifest_decoding.read_planned`) — enough to plan and commit from, never to write a
+        file's entry from anything but its own bytes."""
         snapshot = metadata.current_snapshot()
         if snapshot is None:
             return cls(snapshot_id=None, table_name=table_name)
@@ -297,7 +349,7 @@ class ManifestIndex:
             snapshot_id=snapshot.snapshot_id,
             table_name=table_name,
             manifests=manifests,
-            live=LiveEntries(manifests, io),
+            live=LiveEntries(manifests, io, bounds=bounds),
         )
 
     def read_manifests(self) -> list[ManifestFile]:
@@ -433,9 +485,11 @@ def live_data_files(index: ManifestIndex) -> list[DataFile]:
     ]
 
 
-def read_index(table: Table) -> ManifestIndex:
-    """The manifest index of the table's current snapshot."""
-    return ManifestIndex.read(table.metadata, table.io, table_name=".".join(table.name()))
+def read_index(table: Table, *, bounds: frozenset[int] | None = None) -> ManifestIndex:
+    """The manifest index of the table's current snapshot (`bounds`: `ManifestIndex.read`)."""
+    return ManifestIndex.read(
+        table.metadata, table.io, table_name=".".join(table.name()), bounds=bounds
+    )
 
 
 class _NullablePartitions(PartitionSpec):
@@ -490,9 +544,7 @@ def summary(
     for data_file in producer._added_data_files:
         spec = specs[added_spec_id(data_file)]
         collector.add_file(data_file=data_file, partition_spec=spec, schema=schema)
-    for data_file in producer._deleted_data_files:
-        spec = specs[data_file.spec_id]
-        collector.remove_file(data_file=data_file, partition_spec=spec, schema=schema)
+    collector.remove_files(producer._deleted_data_files, specs, schema)
     parent = producer._parent_snapshot_id
     previous = metadata.snapshot_by_id(parent) if parent is not None else None
     return update_snapshot_summaries(
@@ -510,11 +562,50 @@ class _Collector(SnapshotSummaryCollector):
         super().__init__(partition_summary_limit=partition_summary_limit)
         self._paths: dict[tuple[int, tuple[Any, ...]], str] = {}
 
+    def remove_files(
+        self, files: Iterable[DataFile], specs: Mapping[int, PartitionSpec], schema: Schema
+    ) -> None:
+        """`remove_file` of each of `files` (under its own spec), counted by partition and
+        content first, then added to the metrics once per partition: a compaction removes
+        tens of thousands of files."""
+        totals: dict[tuple[int, tuple[Any, ...], DataFileContent], list[int]] = {}
+        partitions: dict[tuple[int, tuple[Any, ...]], DataFile] = {}
+        for data_file in files:
+            partition = data_file.partition
+            values = partition_values(partition)
+            key = (data_file.spec_id, values)
+            try:
+                total = totals.get((*key, data_file.content))
+            except TypeError:  # an unhashable partition value: one file at a time
+                spec = specs[data_file.spec_id]
+                self.remove_file(data_file=data_file, partition_spec=spec, schema=schema)
+                continue
+            if total is None:
+                total = totals[(*key, data_file.content)] = [0, 0, 0]
+                partitions.setdefault(key, data_file)
+            total[0] += 1
+            total[1] += data_file.file_size_in_bytes
+            total[2] += data_file.record_count
+        for (spec_id, values, content), (count, size, rows) in totals.items():
+            _removed(self.metrics, content, count, size, rows)
+            if values:
+                spec = specs[spec_id]
+                path = self._path(spec, partitions[(spec_id, values)], schema)
+                _removed(self.partition_metrics[path], content, count, size, rows)
+
+    def _path(self, spec: PartitionSpec, file: DataFile, schema: Schema) -> str:
+        partition = file.partition
+        key = (spec.spec_id, partition_values(partition))
+        path = self._paths.get(key)
+        if path is None:
+            path = self._paths[key] = spec.partition_to_path(partition, schema)
+        return path
+
     def update_partition_metrics(
         self, partition_spec: PartitionSpec, file: DataFile, is_add_file: bool, schema: Schema
     ) -> None:
         partition = file.partition
-        key = (partition_spec.spec_id, tuple(partition[i] for i in range(len(partition))))
+        key = (partition_spec.spec_id, partition_values(partition))
         try:
             path = self._paths.get(key)
         except TypeError:  # an unhashable partition value: formatted each time
@@ -526,6 +617,25 @@ class _Collector(SnapshotSummaryCollector):
             metrics.add_file(file)
         else:
             metrics.remove_file(file)
+
+
+def _removed(
+    metrics: UpdateMetrics, content: DataFileContent, count: int, size: int, rows: int
+) -> None:
+    """pyiceberg's UpdateMetrics.remove_file of `count` files of `content` (`size` bytes,
+    `rows` rows) at once."""
+    metrics.removed_file_size += size
+    if content == DataFileContent.DATA:
+        metrics.removed_data_files += count
+        metrics.deleted_records += rows
+    elif content == DataFileContent.POSITION_DELETES:
+        metrics.removed_delete_files += count
+        metrics.removed_pos_delete_files += count
+        metrics.removed_pos_deletes += rows
+    else:  # equality deletes (the third and last kind of content)
+        metrics.removed_delete_files += count
+        metrics.removed_eq_delete_files += count
+        metrics.removed_eq_deletes += rows
 
 
 REFERENCED_DATA_FILE = NestedField(

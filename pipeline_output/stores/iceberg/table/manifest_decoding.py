@@ -29,6 +29,18 @@ metrics is decoded or re-encoded, so nothing of it can change.
 Only manifests laid out as Iceberg's v2 `manifest_entry` (status, snapshot_id,
 sequence_number, file_sequence_number as `["null", "long"]` unions, then data_file) are reused
 this way; `read_manifest` returns no bytes for others, and the caller re-encodes them.
+
+A planner's read: the entries with only the statistics it uses.
+
+A compaction plans 20,000 small files from their paths, sizes, row counts, partitions and the
+first sort column's bounds; decoding every column's sizes, counts and bounds cost most of its
+plan, and the commit writes the removed entries from their own bytes anyway. `read_manifest`
+with `bounds` (`read_planned`) cuts each one-entry Avro block (pyiceberg's writer: every
+append's manifest) out of the file, decompresses it, and decodes them all at once with polars'
+native Avro reader: the entries' files are `PartialDataFile`s (the asked columns' bounds and
+null counts; the other statistics None), with the same raw `data_file` bytes. Such an index
+never serves a whole read (`manifests.ReadManifests`), and an entry re-encoded from it is
+decoded whole first (`manifests.LiveEntries.whole`). Other layouts are decoded whole.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ from typing import Any, cast
 
 import fastavro
 import polars as pl
+from pyiceberg.avro.codecs import KNOWN_CODECS
 from pyiceberg.avro.codecs.codec import Codec
 from pyiceberg.avro.codecs.deflate import DeflateCodec
 from pyiceberg.avro.decoder import new_decoder
@@ -486,10 +499,20 @@ def packed(
 
 
 def read_manifest(
-    manifest: ManifestFile, io: FileIO
+    manifest: ManifestFile, io: FileIO, *, bounds: frozenset[int] | None = None
 ) -> tuple[list[ManifestEntry], RawManifest | None]:
     """The manifest's live entries (sequence numbers inherited, as pyiceberg's
-    `fetch_manifest_entry`), and their raw `data_file` bytes when its layout allows reuse."""
+    `fetch_manifest_entry`), and their raw `data_file` bytes when its layout allows reuse.
+
+    With `bounds` (field ids), a planner's read: a data manifest whose entries can be cut from
+    its blocks (`read_planned`) is decoded natively with only those columns' statistics — the
+    entries' files are `PartialDataFile`s; any other manifest is decoded whole."""
+    if bounds is not None:
+        with io.new_input(manifest.manifest_path).open() as stream:
+            data = stream.read()
+        planned = read_planned(manifest, data, bounds)
+        if planned is not None:
+            return planned
     entries: list[ManifestEntry] = []
     raws: list[bytes] = []
     with AvroFile[ManifestEntry](
@@ -596,10 +619,33 @@ def rewrite_manifest(
         existing_rows_count=rows if existing else 0,
         deleted_rows_count=0 if existing else rows,
         partitions=construct_partition_summaries(
-            spec, schema, [e.data_file.partition for e in entries]
+            spec, schema, distinct_partitions([e.data_file.partition for e in entries])
         ),
         key_metadata=None,
     )
+
+
+def partition_values(partition: Record) -> tuple[Any, ...]:
+    """A partition record's values as a tuple (hashable when they are; pyiceberg's `Record`
+    hashes its printed form)."""
+    size = len(partition)
+    if size == 1:
+        return (partition[0],)
+    return tuple(partition[i] for i in range(size)) if size else ()
+
+
+def distinct_partitions(partitions: list[Record]) -> list[Record]:
+    """`partitions` without repeats (by their values), in order: what a manifest's partition
+    summaries (null, NaN, lower and upper bound per field) are made of — 20,000 removed files
+    of 200 partitions summarised from 200 values, not 20,000. All of them when a value is not
+    hashable."""
+    seen: dict[tuple[Any, ...], Record] = {}
+    try:
+        for partition in partitions:
+            seen.setdefault(partition_values(partition), partition)
+    except TypeError:
+        return partitions
+    return list(seen.values())
 
 
 def _standard_prefix(avro_schema: str) -> bool:
@@ -665,3 +711,239 @@ def _map(meta: dict[str, str]) -> bytes:
         out += _long(len(k)) + k + _long(len(v)) + v
     out += b"\x00"
     return bytes(out)
+
+
+class PartialDataFile(DataFile):
+    """A data file decoded for planning (`read_planned`): its column statistics cut to the
+    columns asked for — `lower_bounds`, `upper_bounds` and `null_value_counts` hold those
+    columns only, `column_sizes`, `value_counts` and `nan_value_counts` are None. Never
+    re-encoded into a manifest: its entry's own bytes are (`RawManifest`)."""
+
+    def __init__(self, values: list[Any], spec_id: int) -> None:
+        self._data = values
+        self._spec_id = spec_id
+
+
+# the positions of pyiceberg's DataFile values `_planned_entries` fills
+_PLANNED_FIELDS = (134, 100, 101, 102, 103, 104, 108, 109, 110, 137, 125, 128, 131, 132, 135, 140)
+_PLANNABLE = tuple(f.field_id for f in _DATA_FILE.fields) == _PLANNED_FIELDS
+_NULLS, _LOWER, _UPPER = 110, 125, 128  # null value counts, lower and upper bounds
+_PLANNED: dict[str, dict[str, Any] | None] = {}
+
+
+def read_planned(
+    manifest: ManifestFile, data: bytes, bounds: frozenset[int]
+) -> tuple[list[ManifestEntry], RawManifest] | None:
+    """The live entries of the data manifest `data` with their `data_file` bytes, as
+    `read_manifest` gives them, but each file a `PartialDataFile` holding only the statistics
+    of the columns `bounds` (field ids): what a planner orders and checks files by. None when
+    the manifest is not laid out for it (the caller decodes it whole).
+
+    The layout: Iceberg v2's entry prefix (`_standard_prefix`), a data manifest, partition
+    values of plain Avro types, and one entry per Avro block — what pyiceberg's writer (every
+    append's manifest) writes. Each block is decompressed (zlib, in C) and its entry's bytes
+    kept; the entries are then decoded at once by polars' native Avro reader from one
+    uncompressed block of all of them: no Python per field, no per-block decoder setup (the
+    cost of pyiceberg's and fastavro's readers on one-entry blocks)."""
+    header_buffer = io.BytesIO(data)
+    try:
+        header = fastavro.reader(header_buffer)
+    except Exception:  # not an Avro file fastavro reads: the full decoder reports it
+        return None
+    start = header_buffer.tell()
+    meta = {k: v if isinstance(v, str) else bytes(v).decode() for k, v in header.metadata.items()}
+    text = meta.get("avro.schema", "")
+    if not _PLANNABLE or meta.get("content", "data") != "data" or not _standard_prefix(text):
+        return None
+    layout = _planned_layout(text, header.writer_schema)
+    codec_name = meta.get("avro.codec", "null")
+    if layout is None or codec_name not in KNOWN_CODECS:
+        return None
+    codec = KNOWN_CODECS[codec_name]
+    sync = data[start - SYNC_SIZE : start]
+    # the blocks, split at the sync marker that ends each; a marker's 16 random bytes inside a
+    # block's bytes (or a damaged file) make a piece's length disagree with its block size:
+    # then the whole decoder reads (and reports) it
+    pieces = data[start:].split(sync)
+    if pieces.pop() != b"":
+        return None
+    decompress = codec.decompress if codec is not None else bytes
+    bodies: list[bytes] = []
+    try:
+        for piece in pieces:
+            if len(piece) < 2 or piece[0] != 2:  # not one entry (zigzag 1) in this block
+                return None
+            at = _skip_varint(piece, 1)
+            if at + _varint(piece, 1) != len(piece):
+                return None
+            bodies.append(decompress(piece[at:]))
+    except Exception:  # cut short, or not what its codec says: the whole decoder reports it
+        return None
+    if not bodies:
+        return [], RawManifest(meta=meta, codec=codec, data_files=[])
+    body = b"".join(bodies)
+    single = (
+        MAGIC
+        + _map({**meta, "avro.codec": "null"})
+        + sync
+        + _long(len(bodies))
+        + _long(len(body))
+        + body
+        + sync
+    )
+    try:
+        frame = pl.read_avro(io.BytesIO(single))
+        columns = _planned_columns(frame, layout, bounds, manifest)
+    except Exception:  # a layout polars does not read as expected: decoded whole
+        return None
+    if columns is None or not columns["row"]:
+        return None if columns is None else ([], RawManifest(meta=meta, codec=codec, data_files=[]))
+    for row, skip in ((0, columns["skip"][0]), (-1, columns["skip"][-1])):  # a cheap check
+        if _after_prefix(bodies[columns["row"][row]], 0) != skip:
+            return None
+    return _planned_entries(manifest, bodies, columns, bounds, meta, codec)
+
+
+def _planned_layout(text: str, writer: Any) -> dict[str, Any] | None:
+    """The written names of the entry's fields and its data file's (by field id), when the
+    partition values are of plain Avro types (polars gives them as pyiceberg reads them)."""
+    with _LOCK:
+        if text in _PLANNED:
+            return _PLANNED[text]
+    layout: dict[str, Any] | None
+    try:
+        top = _fields(writer)
+        data_file = _fields(top[2][1])
+        partition = data_file.get(102)
+        plain = ("int", "long", "string", "boolean", "float", "double")
+        for _, kind in _fields(partition[1]).values() if partition is not None else ():
+            rest = [k for k in kind if k != "null"] if isinstance(kind, list) else [kind]
+            if len(rest) != 1 or rest[0] not in plain:
+                raise UndecodableManifestLayout
+        if any(i not in data_file for i in (134, 100, 101, 103, 104)):
+            raise UndecodableManifestLayout
+        layout = {
+            "top": {i: top[i][0] for i in (0, 1, 3, 4)},
+            "data_file": top[2][0],
+            "fields": {i: name for i, (name, _) in data_file.items()},
+        }
+    except (UndecodableManifestLayout, KeyError, TypeError, AttributeError):
+        layout = None
+    with _LOCK:
+        _PLANNED[text] = layout
+    return layout
+
+
+def _planned_columns(
+    frame: pl.DataFrame, layout: dict[str, Any], bounds: frozenset[int], manifest: ManifestFile
+) -> dict[Any, list[Any]] | None:
+    """The live entries' values, column by column, their snapshot id and sequence numbers
+    inherited from `manifest` (`_inherit_from_manifest`): the prefix's four, `"row"` (each
+    entry's position in the manifest), the data file's fields a planner reads, and per column of
+    `bounds` its lower bound, upper bound and null count."""
+    top, names = layout["top"], layout["fields"]
+    status = pl.col(top[0])
+    added = status == int(ManifestEntryStatus.ADDED)
+    inherit = manifest.sequence_number
+    live = frame.with_row_index("row").filter(status != int(ManifestEntryStatus.DELETED))
+    files = pl.col(layout["data_file"])
+    exprs: dict[Any, pl.Expr] = {0: status, "row": pl.col("row")}
+    # where each entry's `data_file` starts: after its status and three ["null", "long"] unions
+    skip = _varint_bytes(status.cast(pl.Int64))
+    for name in (top[1], top[3], top[4]):
+        skip += 1 + pl.when(pl.col(name).is_null()).then(0).otherwise(_varint_bytes(pl.col(name)))
+    exprs["skip"] = skip
+    for i, name in ((1, top[1]), (3, top[3]), (4, top[4])):
+        given = pl.col(name) if name is not None else pl.lit(None, dtype=pl.Int64)
+        if i == 1:
+            exprs[i] = given.fill_null(manifest.added_snapshot_id)
+        elif inherit is not None:
+            inherits = given.is_null() & (added | (inherit == 0))
+            exprs[i] = pl.when(inherits).then(inherit).otherwise(given)
+        else:
+            exprs[i] = given
+    for i in (134, 100, 101, 102, 103, 104, 131, 132, 135, 140):
+        if i in names:
+            exprs[i] = files.struct.field(names[i])
+    for map_id in (_NULLS, _LOWER, _UPPER):
+        for column in bounds if map_id in names else ():
+            pairs = files.struct.field(names[map_id])
+            found = pairs.list.eval(pl.element().filter(pl.element().struct.field("key") == column))
+            exprs[(map_id, column)] = found.list.first().struct.field("value")
+    picked = live.select(**{str(k): e for k, e in exprs.items()})
+    out = {k: picked.get_column(str(k)).to_list() for k in exprs}
+    if any(v is None for v in out[100]) or any(v is None for v in out[134]):
+        return None
+    return out
+
+
+def _varint_bytes(values: pl.Expr) -> pl.Expr:
+    """The length of the Avro (zigzag) varint of each Int64 value."""
+    zigzag = (
+        pl.when(values >= 0)
+        .then(values.cast(pl.UInt64) * 2)
+        .otherwise((-(values + 1)).cast(pl.UInt64) * 2 + 1)
+    )
+    length = pl.lit(1, dtype=pl.Int64)
+    for shift in range(7, 64, 7):
+        length += (zigzag >= pl.lit(1 << shift, dtype=pl.UInt64)).cast(pl.Int64)
+    return length
+
+
+_STATUSES = {int(s): s for s in ManifestEntryStatus}
+_CONTENTS = {int(c): c for c in DataFileContent}
+_FORMATS = {f.value: f for f in FileFormat}
+
+
+def _planned_entries(
+    manifest: ManifestFile,
+    bodies: list[bytes],
+    columns: dict[Any, list[Any]],
+    bounds: frozenset[int],
+    meta: dict[str, str],
+    codec: type[Codec] | None,
+) -> tuple[list[ManifestEntry], RawManifest]:
+    count = len(columns["row"])
+    none = [None] * count
+    contents = [_CONTENTS[c] if c in _CONTENTS else DataFileContent(c) for c in columns[134]]
+    formats = [_FORMATS.get(f) or FileFormat(f) for f in columns[101]]  # (any case, as pyiceberg)
+    interned: dict[tuple[Any, ...], Record] = {}  # one record per distinct partition
+    partitions = []
+    for given in columns.get(102, none):
+        written = tuple(given.values()) if given is not None else ()
+        record = interned.get(written)
+        if record is None:
+            record = interned[written] = Record(*written)
+        partitions.append(record)
+    stats = []
+    for map_id in (_NULLS, _LOWER, _UPPER):
+        found = [(column, columns.get((map_id, column), none)) for column in sorted(bounds)]
+        if len(found) == 1:
+            ((column, values),) = found
+            stats.append([{column: v} if v is not None else {} for v in values])
+        else:
+            stats.append(
+                [{c: vs[row] for c, vs in found if vs[row] is not None} for row in range(count)]
+            )
+    spec_id = manifest.partition_spec_id
+    entries: list[ManifestEntry] = []
+    paths, rows, sizes = columns[100], columns[103], columns[104]
+    nulls, lowers, uppers = stats
+    keys, splits, ids, orders = (columns.get(i, none) for i in (131, 132, 135, 140))
+    prefix = zip(columns[0], columns[1], columns[3], columns[4], strict=True)
+    for row, (status, snapshot, sequence, file_sequence) in enumerate(prefix):
+        values = [contents[row], paths[row], formats[row], partitions[row], rows[row], sizes[row]]
+        values += [None, None, nulls[row], None, lowers[row], uppers[row]]  # 108, 109, 110, ...
+        values += [keys[row], splits[row], ids[row], orders[row]]
+        data_file = PartialDataFile(values, spec_id)
+        entries.append(
+            ManifestEntry(
+                _STATUSES[status] if status in _STATUSES else ManifestEntryStatus(status),
+                snapshot,
+                sequence,
+                file_sequence,
+                data_file,
+            )
+        )
+    raws = [bodies[row][skip:] for row, skip in zip(columns["row"], columns["skip"], strict=True)]
+    return entries, RawManifest(meta=meta, codec=codec, data_files=raws)
