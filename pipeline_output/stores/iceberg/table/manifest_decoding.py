@@ -499,17 +499,22 @@ def packed(
 
 
 def read_manifest(
-    manifest: ManifestFile, io: FileIO, *, bounds: frozenset[int] | None = None
+    manifest: ManifestFile,
+    io: FileIO,
+    *,
+    bounds: frozenset[int] | None = None,
+    data: bytes | None = None,
 ) -> tuple[list[ManifestEntry], RawManifest | None]:
     """The manifest's live entries (sequence numbers inherited, as pyiceberg's
     `fetch_manifest_entry`), and their raw `data_file` bytes when its layout allows reuse.
 
     With `bounds` (field ids), a planner's read: a data manifest whose entries can be cut from
     its blocks (`read_planned`) is decoded natively with only those columns' statistics — the
-    entries' files are `PartialDataFile`s; any other manifest is decoded whole."""
+    entries' files are `PartialDataFile`s; any other manifest is decoded whole. `data`: the
+    manifest's bytes, when the caller fetched them (a planner's read)."""
     if bounds is not None:
-        with io.new_input(manifest.manifest_path).open() as stream:
-            data = stream.read()
+        if data is None:
+            data = manifest_bytes(io, manifest)
         planned = read_planned(manifest, data, bounds)
         if planned is not None:
             return planned
@@ -547,6 +552,12 @@ def read_manifest(
                     raws.append(block[_after_prefix(block, start) : records.tell()])
     raw = RawManifest(meta=meta, codec=codec, data_files=raws) if reusable else None
     return entries, raw
+
+
+def manifest_bytes(io: FileIO, manifest: ManifestFile) -> bytes:
+    """The manifest file's bytes."""
+    with io.new_input(manifest.manifest_path).open() as stream:
+        return stream.read()
 
 
 def rewrite_manifest(
