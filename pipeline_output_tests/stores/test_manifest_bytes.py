@@ -251,6 +251,8 @@ def test_a_planners_entries_hold_little_beyond_their_path_and_bytes(h, tmp_path)
         tracemalloc.stop()
     assert raw is not None and len(entries) == len(raw.data_files) == count
     assert all(isinstance(e.data_file, PartialDataFile) for e in entries)
-    own = sum(len(e.data_file.file_path) + len(b) for e, b in zip(entries, raw.data_files))
+    own = sum(
+        len(e.data_file.file_path) + len(b) for e, b in zip(entries, raw.data_files, strict=True)
+    )
     beyond = (held - own) / count
     assert beyond < 1_000, f"{beyond:.0f} bytes an entry beyond its path and bytes"
