@@ -192,6 +192,32 @@ def test_a_planners_index_gives_whole_entries_back_for_re_encoding(h):
         )
 
 
+def test_a_planners_index_decodes_its_manifests_on_the_planning_thread(h, monkeypatch):
+    """The manifests' bytes are fetched on the reader pool, but decoded on the thread that
+    plans, one after the other: decoded on the pool's threads, each thread's allocator arena
+    kept its buffers (~30 MB more resident for a compaction of 20,000 files)."""
+    import threading
+
+    from pipeline_output.stores.iceberg.snapshot.manifests import READ_MANIFESTS, ManifestIndex
+    from pipeline_output.stores.iceberg.table import manifest_decoding
+
+    table = _table(h)
+    key = table.schema().find_field("id").field_id
+    threads: list[threading.Thread] = []
+    real = manifest_decoding.read_planned
+
+    def spy(*args: Any, **options: Any) -> Any:
+        threads.append(threading.current_thread())
+        return real(*args, **options)
+
+    monkeypatch.setattr(manifest_decoding, "read_planned", spy)
+    READ_MANIFESTS.clear()
+    index = ManifestIndex.read(table.metadata, table.io, bounds=frozenset({key}))
+    assert len(index.tasks()) == 6
+    assert len(threads) == len(index.manifests) > 1
+    assert set(threads) == {threading.current_thread()}
+
+
 _FILE_FIELDS = ("content", "file_format", "partition", "record_count", "file_size_in_bytes")
 _FILE_FIELDS += ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts")
 _FILE_FIELDS += ("split_offsets", "sort_order_id")
