@@ -635,6 +635,8 @@ def _exists(io: FileIO, path: str) -> bool:
 
 def _removable_deletes(table: Table, plan: CompactionPlan) -> list[DataFile]:
     """Delete files that apply to no live data file other than the rewritten ones."""
+    if not plan.delete_files:
+        return []
     inputs = {f.file_path for f in plan.input_files}
     others = plan.live_paths - inputs
     out = []

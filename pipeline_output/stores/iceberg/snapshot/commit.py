@@ -87,7 +87,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
 from pyiceberg.exceptions import ValidationException
@@ -655,12 +655,13 @@ class IndexedOverwrite(_OverwriteFiles):
         as_bytes: dict[tuple[ManifestContent, int, str], Sources] = defaultdict(list)
         for raw, pairs in self._deleted_with_bytes(index):
             by_key: dict[tuple[ManifestContent, int], list[tuple[ManifestEntry, bytes]]] = {}
-            for entry, data in pairs:
+            for pair in pairs:
+                entry, data = pair
                 key = (_content_of(entry.data_file), entry.data_file.spec_id)
                 if raw is None or data is None:
                     groups[key].append(entry)
-                else:
-                    by_key.setdefault(key, []).append((entry, data))
+                else:  # the pair itself (tens of thousands: not copied)
+                    by_key.setdefault(key, []).append(cast(tuple[ManifestEntry, bytes], pair))
             for key, kept in by_key.items():
                 assert raw is not None
                 as_bytes[(*key, raw.schema_text)].append((raw, kept))

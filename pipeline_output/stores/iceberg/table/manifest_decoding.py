@@ -608,7 +608,9 @@ def rewrite_manifest(
             body, _ = raw.codec.compress(body)
         out += _long(len(chunk)) + _long(len(body)) + body + sync
     with output.create(overwrite=True) as stream:
-        stream.write(bytes(out))
+        # (not copied into bytes: the manifest of a compaction's removed entries is megabytes;
+        # pyarrow's and fsspec's streams take any bytes-like object)
+        stream.write(cast(bytes, out))
     entries = [e for e, _ in kept]
     rows = sum(e.data_file.record_count for e in entries)
     existing = status == ManifestEntryStatus.EXISTING
@@ -993,9 +995,24 @@ def _planned_entries(
     snapshots = _interned(columns[1], None)
     prefix = zip(columns[0], snapshots, columns[3], columns[4], strict=True)
     for row, (status, snapshot, sequence, file_sequence) in enumerate(prefix):
-        values = [contents[row], paths[row], formats[row], partitions[row], rows[row], sizes[row]]
-        values += [None, None, nulls[row], None, lowers[row], uppers[row]]  # 108, 109, 110, ...
-        values += [keys[row], splits[row], ids[row], orders[row]]
+        values = [  # (one list of its 16 values: one grown by `+=` is over-allocated)
+            contents[row],
+            paths[row],
+            formats[row],
+            partitions[row],
+            rows[row],
+            sizes[row],
+            None,  # 108, 109: column sizes, value counts
+            None,
+            nulls[row],
+            None,  # 137: NaN counts
+            lowers[row],
+            uppers[row],
+            keys[row],
+            splits[row],
+            ids[row],
+            orders[row],
+        ]
         data_file = PartialDataFile(values, spec_id)
         entries.append(
             ManifestEntry(
