@@ -920,9 +920,12 @@ class Statistic(Mapping[int, Any]):
         self._value = value
 
     def __getitem__(self, column: int) -> Any:
-        if column != self._column or self._value is None:
-            raise KeyError(column)
-        return self._value
+        if column == self._column and self._value is not None:
+            return self._value
+        return _NOTHING[column]  # (the KeyError a dict raises)
+
+    def get(self, column: int, default: Any = None) -> Any:
+        return self._value if column == self._column and self._value is not None else default
 
     def __iter__(self) -> Iterator[int]:
         return iter(() if self._value is None else (self._column,))
@@ -935,6 +938,7 @@ class Statistic(Mapping[int, Any]):
 
 
 _NO_STATISTIC = Statistic(0, None)
+_NOTHING: dict[int, Any] = {}
 
 
 def _interned(values: list[Any], key: Callable[[Any], Any] | None) -> list[Any]:
