@@ -386,6 +386,52 @@ def test_expiry_decodes_the_removed_entries_paths_without_their_statistics(
     assert_same_multiset(h.store().read(SPEC.name), frame(range(121), 0))
 
 
+def test_expiry_reads_the_removed_entries_before_its_locks_once_and_deletes_the_same_files(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """The compaction's removed entries are read from the start of the expiry, before it takes
+    its locks (the writer lock here waits until they are read: it would wait in vain if only
+    the plan, made under the locks, started the reads), decoded once, and expiry deletes the
+    same files as ever: the files only the expired snapshots referenced."""
+    import threading
+
+    from pipeline_output.stores.iceberg.maintenance import orphans
+
+    before = _compacted_121_files(h)
+    removed, _ = _removed_entries_decoded(h, monkeypatch)
+    table = h.table(SPEC)
+    compaction = table.current_snapshot()
+    big = {m.manifest_path for m in compaction.manifests(table.io) if m.deleted_files_count}
+    decoded: list[str] = []
+    read = threading.Event()
+    entry_paths = orphans.entry_paths
+
+    def spy(io: Any, manifest: Any) -> Any:
+        out = entry_paths(io, manifest)
+        if manifest.manifest_path in big:
+            decoded.append(manifest.manifest_path)
+            read.set()
+        return out
+
+    monkeypatch.setattr(orphans, "entry_paths", spy)
+    store = h.store()
+    hold = store.tables.hold
+    waited: list[bool] = []
+
+    def hold_after_the_read(spec: DatasetSpec, **kwargs: Any) -> Any:
+        waited.append(read.wait(timeout=20))
+        return hold(spec, **kwargs)
+
+    monkeypatch.setattr(store.tables, "hold", hold_after_the_read)
+    result = store.expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
+    assert waited == [True] and sorted(decoded) == sorted(big)
+    left = {norm(p) for p in files_under(h.table(SPEC))}
+    assert {norm(p) for p in removed} <= {norm(p) for p in before} - left
+    assert result.files_deleted == len({norm(p) for p in before} - left)
+    assert unreferenced(h.table(SPEC)) == []
+    assert_same_multiset(h.store().read(SPEC.name), frame(range(121), 0))
+
+
 # -- the change files of the change feed (`commit.CHANGE_FILE`) ---------------------------------
 
 
