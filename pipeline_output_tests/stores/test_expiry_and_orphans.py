@@ -355,6 +355,83 @@ def test_a_manifest_of_many_big_blocks_is_decoded_in_two_halves_entry_for_entry(
     assert len(decoded) == 2 and all(d is not None and 0 < len(d[2]) < 121 for d in decoded)
 
 
+def test_expiry_decodes_the_removed_entries_paths_without_their_statistics(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """The native decode of a compaction's removed entries asks polars for the status, snapshot
+    id and path columns only — the data file's fields read as columns of their own, its
+    statistics skipped undecoded, never the data file's struct — and gives the same (status,
+    snapshot, path) as pyiceberg's decoder; expiry then deletes those files."""
+    import polars as pl
+
+    from pipeline_output.stores.iceberg.table import manifest_decoding
+
+    asked: list[Any] = []
+    read_avro = pl.read_avro
+
+    def spy(source: Any, *args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs.get("columns"))
+        return read_avro(source, *args, **kwargs)
+
+    before = _compacted_121_files(h)
+    monkeypatch.setattr(manifest_decoding.pl, "read_avro", spy)
+    removed, native = _removed_entries_decoded(h, monkeypatch)
+    assert len(removed) == 121 and len(native) == 1 and native[0] is not None
+    assert asked == [["status", "snapshot_id", "file_path"]]
+
+    h.store().expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
+    left = files_under(h.table(SPEC))
+    assert {norm(p) for p in removed} <= {norm(p) for p in before} - {norm(p) for p in left}
+    assert all(columns is None or "data_file" not in columns for columns in asked)
+    assert_same_multiset(h.store().read(SPEC.name), frame(range(121), 0))
+
+
+def test_expiry_reads_the_removed_entries_before_its_locks_once_and_deletes_the_same_files(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """The compaction's removed entries are read from the start of the expiry, before it takes
+    its locks (the writer lock here waits until they are read: it would wait in vain if only
+    the plan, made under the locks, started the reads), decoded once, and expiry deletes the
+    same files as ever: the files only the expired snapshots referenced."""
+    import threading
+
+    from pipeline_output.stores.iceberg.maintenance import orphans
+
+    before = _compacted_121_files(h)
+    removed, _ = _removed_entries_decoded(h, monkeypatch)
+    table = h.table(SPEC)
+    compaction = table.current_snapshot()
+    big = {m.manifest_path for m in compaction.manifests(table.io) if m.deleted_files_count}
+    decoded: list[str] = []
+    read = threading.Event()
+    entry_paths = orphans.entry_paths
+
+    def spy(io: Any, manifest: Any) -> Any:
+        out = entry_paths(io, manifest)
+        if manifest.manifest_path in big:
+            decoded.append(manifest.manifest_path)
+            read.set()
+        return out
+
+    monkeypatch.setattr(orphans, "entry_paths", spy)
+    store = h.store()
+    hold = store.tables.hold
+    waited: list[bool] = []
+
+    def hold_after_the_read(spec: DatasetSpec, **kwargs: Any) -> Any:
+        waited.append(read.wait(timeout=20))
+        return hold(spec, **kwargs)
+
+    monkeypatch.setattr(store.tables, "hold", hold_after_the_read)
+    result = store.expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
+    assert waited == [True] and sorted(decoded) == sorted(big)
+    left = {norm(p) for p in files_under(h.table(SPEC))}
+    assert {norm(p) for p in removed} <= {norm(p) for p in before} - left
+    assert result.files_deleted == len({norm(p) for p in before} - left)
+    assert unreferenced(h.table(SPEC)) == []
+    assert_same_multiset(h.store().read(SPEC.name), frame(range(121), 0))
+
+
 # -- the change files of the change feed (`commit.CHANGE_FILE`) ---------------------------------
 
 

@@ -132,9 +132,11 @@ def live_paths(file_io: Any, manifest: ManifestFile) -> list[str]:
 def entry_paths(file_io: Any, manifest: ManifestFile) -> list[tuple[int, int | None, str]]:
     """(status, snapshot id, file path) of each entry of the manifest, in order, the snapshot id
     inherited from the manifest when the entry has none: what reachability (snapshot expiry,
-    orphan removal) needs of it. fastavro decodes each entry against a reader schema projected
-    to these three fields, skipping the rest of the entry (partition, counts, bounds) undecoded;
-    a layout it cannot project is decoded by pyiceberg."""
+    orphan removal) needs of it. A manifest of big blocks is decoded by polars, the data file's
+    fields read as columns of their own (`_flat_schema`: the statistics skipped undecoded); the
+    others by fastavro against a reader schema projected to these three fields, skipping the
+    rest of the entry (partition, counts, bounds) undecoded; a layout it cannot project is
+    decoded by pyiceberg."""
     with file_io.new_input(manifest.manifest_path).open() as stream:
         data = stream.read()
     buffer = io.BytesIO(data)
@@ -147,6 +149,7 @@ def entry_paths(file_io: Any, manifest: ManifestFile) -> list[tuple[int, int | N
     if not known:
         try:
             projected = _path_projection(writer.writer_schema)
+            projected["flat"] = _flat_schema(text)
         except UndecodableManifestLayout:
             projected = None
         with _LOCK:
@@ -158,7 +161,17 @@ def entry_paths(file_io: Any, manifest: ManifestFile) -> list[tuple[int, int | N
     status, snapshot, data_file, path = projected["names"]
     columns = None
     if first_block >= NATIVE_BLOCK:
-        columns = _native_halves(data, buffer.tell(), projected["names"])
+        start = buffer.tell()
+        flat = projected["flat"]
+        if flat is not None:  # the statistics skipped undecoded (`_flat_schema`)
+            codec = writer.metadata.get("avro.codec", "null")
+            codec = codec if isinstance(codec, str) else bytes(codec).decode()
+            head = MAGIC + _map({"avro.schema": flat, "avro.codec": codec})
+            head += data[start - SYNC_SIZE : start]
+            names = (status, snapshot, None, path)
+            columns = _native_halves(head + data[start:], len(head), names)
+        if columns is None:
+            columns = _native_halves(data, start, projected["names"])
     if columns is not None:
         statuses, owners, paths = columns
         return [
@@ -196,17 +209,22 @@ def _varint(data: bytes, at: int) -> int:
 
 
 def _native_paths(
-    data: bytes, names: tuple[str, str | None, str, str]
+    data: bytes, names: tuple[str, str | None, str | None, str]
 ) -> tuple[list[int], list[int | None], list[str]] | None:
     """The status, snapshot id and file path columns of the manifest `data`, decoded by polars'
     native Avro reader (~10x fastavro's projected decode: a compaction's 20,000 removed entries
-    in ~0.05 s, and without the GIL); None when polars cannot read it (fastavro then)."""
+    in ~0.05 s, and without the GIL); None when polars cannot read it (fastavro then). The data
+    file's name None: `data`'s schema has the data file's fields inline (`_flat_schema`), the
+    path a column of its own."""
     status, snapshot, data_file, path = names
-    wanted = [status, *([snapshot] if snapshot else []), data_file]
+    wanted = [status, *([snapshot] if snapshot else []), data_file or path]
     try:
         frame = pl.read_avro(io.BytesIO(data), columns=wanted)
         statuses = frame.get_column(status)
-        paths = frame.get_column(data_file).struct.field(path)
+        if data_file is None:
+            paths = frame.get_column(path)
+        else:
+            paths = frame.get_column(data_file).struct.field(path)
         owners = frame.get_column(snapshot) if snapshot else pl.Series([None] * frame.height)
     except Exception:  # a layout or codec polars does not read: fastavro decodes it
         return None
@@ -227,7 +245,7 @@ PARALLEL_BLOCKS = 4
 
 
 def _native_halves(
-    data: bytes, header: int, names: tuple[str, str | None, str, str]
+    data: bytes, header: int, names: tuple[str, str | None, str | None, str]
 ) -> tuple[list[int], list[int | None], list[str]] | None:
     """`_native_paths` of the Avro file `data` (its header `header` bytes long), the two halves
     of its blocks decoded at the same time when it has `PARALLEL_BLOCKS` or more."""
@@ -288,6 +306,27 @@ def _path_projection(writer: Any) -> dict[str, Any]:
         path["name"],
     )
     return {"schema": fastavro.parse_schema(schema), "names": names}
+
+
+def _flat_schema(text: str) -> str | None:
+    """The manifest entry schema `text` with its data file's fields in the data file's place:
+    the same bytes (an Avro record is its fields one after the other, nothing around them) read
+    as top-level columns, so polars' reader skips the fields not asked for — the column
+    statistics, ~90 % of an entry's bytes — undecoded instead of building them into the data
+    file's struct (a compaction's 20,000 removed entries: ~0.035 s, not ~0.08). None when a
+    data file field's name is also an entry field's."""
+    try:
+        schema = json.loads(text)
+        top = schema["fields"]
+        data_file = next(f for f in top if f.get("field-id") == 2)
+        inner = data_file["type"]["fields"]
+        names = [f["name"] for f in top if f is not data_file] + [f["name"] for f in inner]
+    except (ValueError, KeyError, TypeError, StopIteration):
+        return None
+    if len(set(names)) != len(names):
+        return None
+    fields = [field for f in top for field in (inner if f is data_file else [f])]
+    return json.dumps({**schema, "fields": fields})
 
 
 def _reader(file_io: Any, path: str) -> Any:
