@@ -36,6 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -200,32 +201,18 @@ def expire_snapshots(
         cutoff = cutoff.replace(tzinfo=UTC)
     cutoff_ms = int(cutoff.timestamp() * 1000)
     with paused():  # the entries of every manifest decoded: no collection walks them
-        return _expire(store, spec, cutoff_ms, retain_last, ledger, dry_run, started, keep, force)
+        # what the expired snapshots referenced is read from the start (`_Reads`: manifests
+        # never change) and while the commit is made; nothing is deleted before it succeeded
+        reads = _Reads(store, spec, cutoff_ms, retain_last, keep)
+        try:
+            return _expire(
+                store, spec, cutoff_ms, retain_last, ledger, dry_run, started, keep, force, reads
+            )
+        finally:
+            reads.close()
 
 
 def _expire(
-    store: HasTables,
-    spec: DatasetSpec,
-    cutoff_ms: int,
-    retain_last: int,
-    ledger: WindowLog | None,
-    dry_run: bool,
-    started: float,
-    keep: Collection[int] = (),
-    force: bool = False,
-) -> ExpiryResult:
-    # what the expired snapshots referenced is read from the start (`_Reads`: manifests never
-    # change) and while the commit is made; nothing is deleted before the commit succeeded
-    reads = _Reads(store, spec, cutoff_ms, retain_last, keep)
-    try:
-        return _expire_reading(
-            store, spec, cutoff_ms, retain_last, ledger, dry_run, started, keep, force, reads
-        )
-    finally:
-        reads.close()
-
-
-def _expire_reading(
     store: HasTables,
     spec: DatasetSpec,
     cutoff_ms: int,
@@ -347,15 +334,17 @@ class _Reads:
     ) -> None:
         self._made: Future[ManifestReader | None] = Future()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expiry-read")
-        self._pool.submit(self._guess, store, spec, cutoff_ms, retain_last, keep)
+        guess = partial(
+            plan_expiry,
+            older_than_ms=cutoff_ms,
+            retain_last=retain_last,
+            unapplied_windows=set(),
+            keep_ids=keep,
+        )
+        self._pool.submit(self._guess, store, spec, guess)
 
     def _guess(
-        self,
-        store: HasTables,
-        spec: DatasetSpec,
-        cutoff_ms: int,
-        retain_last: int,
-        keep: Collection[int],
+        self, store: HasTables, spec: DatasetSpec, guess: Callable[[TableMetadata], ExpiryPlan]
     ) -> None:
         try:
             table = store.tables.load(spec)
@@ -363,13 +352,7 @@ class _Reads:
             self._made.set_result(reader)
             if table is None or reader is None:
                 return
-            plan = plan_expiry(
-                table.metadata,
-                older_than_ms=cutoff_ms,
-                retain_last=retain_last,
-                unapplied_windows=set(),
-                keep_ids=keep,
-            )
+            plan = guess(table.metadata)
             if plan.expire:
                 _removed_after(reader, list(table.metadata.snapshots), set(plan.expire))
         except Exception:  # only a read ahead: the plan's reads read what it could not
