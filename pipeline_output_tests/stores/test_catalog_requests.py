@@ -1,9 +1,10 @@
-"""Catalog requests per native write (issue 44): one table load, under the writer lock, and one
-commit — on pyiceberg's SQL catalog (calls counted on the real catalog object) and on a real REST
-catalog (SeaweedFS; HTTP requests counted on pyiceberg's own `requests` session). Counted for a
-process's first write of an existing table (a fresh store) and for its next write: an upsert's
-first write loads once too (it has nothing to pre-write), an append's loads once more, to pre-write
-its files before the lock; the rows are checked against the frames written. On the
+"""Catalog requests per native write (issue 44): a process's first write of an existing table (a
+fresh store) loads it once, under the writer lock, and commits once; its next write plans from the
+table its commit left and only commits (the commit asserts that base; another engine's commit in
+between fails it, and the write loads and plans again, once) — on pyiceberg's SQL catalog (calls
+counted on the real catalog object) and on a real REST catalog (SeaweedFS; HTTP requests counted on
+pyiceberg's own `requests` session). An append's first write loads once more, to pre-write its
+files before the lock; the rows are checked against the frames written. On the
 SQL catalog, the statements themselves: a load and a commit are one statement each, outside a
 transaction, and opening the catalog is one probe that also finds the namespace."""
 
@@ -17,6 +18,7 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pytest
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
@@ -25,7 +27,7 @@ from pipeline_output.infra.locks import AdvisoryLock
 from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output.stores.iceberg.maintenance.health import table_health
 from pipeline_output.stores.iceberg.table.catalog import ensure_namespace, open_catalog
-from pipeline_output_tests.oracle import assert_same_multiset
+from pipeline_output_tests.oracle import assert_same_multiset, expect
 from pipeline_output_tests.seaweed import SeaweedFS, unique_namespace
 
 SPEC = DatasetSpec(name="events", primary_key=("id",))
@@ -105,7 +107,8 @@ def test_a_write_on_the_sql_catalog_loads_the_table_once_and_commits_once(
     )
     first, then = counted
     assert first == Counter(load_table=1, commit_table=1), first  # nothing to pre-write
-    assert then == Counter(load_table=1, commit_table=1), then
+    # its next write plans from the table its commit left (under the writer lock): no load
+    assert then == Counter(commit_table=1), then
 
 
 def test_a_write_on_the_rest_catalog_makes_at_most_two_catalog_requests(
@@ -120,7 +123,9 @@ def test_a_write_on_the_rest_catalog_makes_at_most_two_catalog_requests(
     )
     first, then = counted
     # an upsert: a new process's first write loads the table once too (nothing to pre-write)
-    assert len(first) <= 2 and len(then) <= 2, (first, then)
+    assert len(first) == 2, first
+    # the next one plans from the table its commit left (the response's metadata): commitTable
+    assert len(then) == 1, then
     for requests in counted:
         assert sum(r.startswith("POST") for r in requests) == 1, requests  # the commit
 
@@ -210,7 +215,7 @@ def test_a_write_on_the_sql_catalog_is_one_load_and_one_update_outside_transacti
     )
     first, then = counted
     assert first == [("SELECT", True), ("UPDATE", True)], first
-    assert then == [("SELECT", True), ("UPDATE", True)], then  # no reload inside the commit
+    assert then == [("UPDATE", True)], then  # no load, no reload inside the commit
 
 
 def test_opening_the_sql_catalog_is_one_probe_that_also_finds_the_namespace(
@@ -258,3 +263,112 @@ def test_a_commit_from_a_table_another_writer_moved_is_pyicebergs_own(
     assert sorted(current.scan().to_arrow()["id"].to_pylist()) == [1, 2, 3]
     # every metadata file is one the table lists: the one staged against the stale table is gone
     assert len(metadata_files(current)) == len(current.metadata.metadata_log) + 1
+
+
+def catalog_calls(backend: str, catalog: Any) -> Any:
+    """The project's catalog calls during a block: `sql_calls` or the REST requests, both as
+    a Counter of `load` / `commit`."""
+
+    @contextmanager
+    def counting() -> Iterator[Counter[str]]:
+        counts: Counter[str] = Counter()
+        if backend == "sql":
+            with sql_calls(catalog) as calls:
+                yield counts
+            counts.update(
+                {"load": calls["load_table"], "commit": calls["commit_table"]} if calls else {}
+            )
+            return
+        with rest_requests(catalog) as seen:
+            yield counts
+        for request in seen:
+            method, path = request.split(" ", 1)
+            assert "/tables/" in path, request
+            counts[{"GET": "load", "POST": "commit"}[method]] += 1
+
+    return counting
+
+
+@pytest.mark.both_catalogs
+@pytest.mark.rest_default
+def test_another_engines_commit_between_two_writes_is_seen_and_the_write_planned_again(
+    catalog: Any, fresh_catalog: Callable[[], Any], catalog_backend: str, pg_db_url: str
+) -> None:
+    """The second write plans from the table the first one's commit left; a pyiceberg writer
+    outside the project's lock appends keys in between: the second write's commit is refused
+    (its base moved), it loads the table and plans the whole upsert again — no duplicate key,
+    the appended rows updated — and the next writes load until one finds nobody else wrote."""
+    store = IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url))
+    counting = catalog_calls(catalog_backend, catalog)
+    store.write(SPEC, rows(range(0, 100), "a"))
+    with counting() as first:
+        store.write(SPEC, rows(range(50, 150), "b"))
+    assert first == Counter(commit=1), first
+    outside = fresh_catalog().load_table(("datasets", SPEC.name))  # another engine, no lock
+    appended = rows(range(150, 160), "x")
+    outside.append(appended.to_arrow().cast(outside.schema().as_arrow()))
+    batch = rows(range(155, 200), "c")
+    with counting() as second:
+        result = store.write(SPEC, batch)
+    # refused commit, the reload, the commit of the new plan
+    assert second == Counter(load=1, commit=2), second
+    assert (result.rows_updated, result.rows_inserted) == (5, 40), result
+    target = pl.concat([rows(range(0, 50), "a"), rows(range(50, 150), "b"), appended])
+    assert_same_multiset(store.read(SPEC), expect("snapshot_replace", target, batch, ["id"]).table)
+    # another writer was seen: the next write loads first; it finds the table as this process
+    # left it, so the one after plans from memory again
+    with counting() as third:
+        store.write(SPEC, rows(range(0, 10), "d"))
+    with counting() as fourth:
+        store.write(SPEC, rows(range(10, 20), "e"))
+    assert (third, fourth) == (Counter(load=1, commit=1), Counter(commit=1)), (third, fourth)
+    assert store.read(SPEC).height == 200
+
+
+@pytest.mark.both_catalogs
+@pytest.mark.rest_default
+def test_another_engines_schema_change_between_two_writes_is_seen_and_the_write_planned_again(
+    catalog: Any, fresh_catalog: Callable[[], Any], catalog_backend: str, pg_db_url: str
+) -> None:
+    """A column added outside the project's lock moves no snapshot: the write planned from memory
+    asserts the schema it planned on, so its commit is refused, and it plans again on the new
+    schema (the new column kept, null in the written rows)."""
+    from pyiceberg.types import StringType
+
+    store = IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url))
+    counting = catalog_calls(catalog_backend, catalog)
+    store.write(SPEC, rows(range(0, 100), "a"))
+    outside = fresh_catalog().load_table(("datasets", SPEC.name))
+    with outside.update_schema() as update:
+        update.add_column("w", StringType())
+    batch = rows(range(50, 150), "b")
+    with counting() as calls:
+        result = store.write(SPEC, batch)
+    assert calls == Counter(load=1, commit=2), calls
+    assert (result.rows_updated, result.rows_inserted) == (50, 50), result
+    table = fresh_catalog().load_table(("datasets", SPEC.name))
+    assert [f.name for f in table.schema().fields] == ["id", "v", "w"]
+    expected = pl.concat([rows(range(0, 50), "a"), batch]).with_columns(w=pl.lit(None, pl.String))
+    assert_same_multiset(store.read(SPEC), expected)
+
+
+@pytest.mark.both_catalogs
+def test_a_write_planned_from_memory_that_changes_nothing_checks_the_table_did_not_move(
+    catalog: Any, fresh_catalog: Callable[[], Any], catalog_backend: str, pg_db_url: str
+) -> None:
+    """A plan that commits nothing asserts nothing: when it was made from memory, the write
+    loads the table to check nobody committed since — here another engine deleted a row, so the
+    "nothing changes" plan was stale: the write plans again and puts the row back."""
+    store = IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url))
+    counting = catalog_calls(catalog_backend, catalog)
+    base = rows(range(0, 100), "a")
+    store.write(SPEC, base)
+    with counting() as unchanged:
+        assert store.write(SPEC, base).snapshot_id is None  # nothing changes: nothing committed
+    assert unchanged == Counter(load=1), unchanged  # the check that nobody committed since
+    fresh_catalog().load_table(("datasets", SPEC.name)).delete("id == 5")  # another engine
+    with counting() as calls:
+        result = store.write(SPEC, base)
+    assert result.rows_inserted == 1, result
+    assert calls["load"] == 2 and calls["commit"] == 1, calls
+    assert_same_multiset(store.read(SPEC), base)

@@ -23,11 +23,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import datetime
-from functools import cache
+from functools import cache, partial
 from typing import Any, Unpack
 
 import polars as pl
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table
 from pyiceberg.table.refs import MAIN_BRANCH
 
@@ -42,7 +43,9 @@ from pipeline_output.contract.store_protocol import (
     WriteScope,
     options_of,
 )
-from pipeline_output.errors import InvalidArgument
+from pipeline_output.contract.windows import Window
+from pipeline_output.errors import FilesRemoved, InvalidArgument, LockLost, WriteConflict
+from pipeline_output.infra.locks import LockStats
 from pipeline_output.stores.iceberg.maintenance import TableMaintenance
 from pipeline_output.stores.iceberg.maintenance.compaction import CompactionResult
 from pipeline_output.stores.iceberg.maintenance.expiry import ExpiryResult
@@ -57,7 +60,7 @@ from pipeline_output.stores.iceberg.write.merge import (
     create_table,
     write_existing,
 )
-from pipeline_output.stores.iceberg.write.prepare import PreparedWrite, prepare_write
+from pipeline_output.stores.iceberg.write.prepare import PreparedWrite, Prewritten, prepare_write
 from pipeline_output.stores.iceberg.write.range_write import RangeWrite, write_range
 from pipeline_output.stores.iceberg.write.streaming import replace_streaming
 
@@ -170,37 +173,36 @@ class IcebergStore:
             else self.prepare(spec, data, window=window, partition=partition)
         )
         frame, pre = prep.frame, prep.pre
+        tables = self.tables
+        # a write to main plans from the table as this process's last write left it (no catalog
+        # request) while it holds the project's writer lock; its commit asserts what it planned on
+        last = tables.as_written(spec) if branch is None else None
+        remembered = last if last is not None and tables.plans_from_memory(spec) else None
         try:
-            with self.tables.hold(spec, on=prep.held) as stats:
-                table = self.load(spec)
-                if branch is not None:
-                    table = branch_view(self, spec, table, frame, branch)
-                if window is not None and table is not None and spec.watermark:
-                    window = aligned_to_field(window, table.schema(), spec.watermark)
-                plan = plan_write(spec, state_of(table), window, partition=partition)
-                self.capabilities.check_plan(spec, plan)  # a write mode without a handler
-                if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
-                    check_in_window(spec, frame, window)
-                props = summary_properties(spec, plan, run_id, summary)
-                if table is None:
-                    result = create_table(self.tables, spec, plan, frame, props, fence=stats)
-                    # the created table, for this process's next write (still under the lock)
-                    self.tables.remember(spec, self.load(spec) if branch is None else None)
-                else:
-                    usable = pre if pre is not None and pre.fits(table) else None
-                    result = write_existing(
-                        spec,
-                        plan,
-                        table,
-                        frame,
-                        props,
-                        pre=usable,
-                        fence=stats,
-                        branch=branch or MAIN_BRANCH,
-                        consumed=self._consumed(spec.name),
-                    )
-                    # its commit updated `table` in place (a branch's: a view, not kept)
-                    self.tables.remember(spec, table if branch is None else None)
+            with tables.hold(spec, on=prep.held) as stats:
+                attempt = partial(
+                    self._write_held,
+                    spec,
+                    frame,
+                    fence=stats,
+                    window=window,
+                    partition=partition,
+                    run_id=run_id,
+                    summary=summary,
+                    branch=branch,
+                )
+                result = None
+                if remembered is not None:
+                    result = self._from_memory(spec, remembered, attempt, pre)
+                if result is None:
+                    table = self.load(spec)
+                    if last is not None and table is not None:
+                        # another writer committed since this process's last write, or not
+                        tables.contended(
+                            spec, by_others=table.metadata_location != last.metadata_location
+                        )
+                    usable = pre if pre is not None and not pre.handed_to_commit else None
+                    result = attempt(table, pre=usable)
         finally:
             prep.discard()
         return replace(
@@ -210,6 +212,84 @@ class IcebergStore:
             lock_held_s=stats.held_s,
             table=self.table_name(spec),
         )
+
+    def _write_held(
+        self,
+        spec: DatasetSpec,
+        frame: pl.DataFrame,
+        table: Table | None,
+        *,
+        pre: Prewritten | None,
+        fence: LockStats,
+        window: Window | None,
+        partition: PartitionSlice | None,
+        run_id: str | None,
+        summary: dict[str, str] | None,
+        branch: str | None,
+        remembered: bool = False,
+    ) -> WriteResult:
+        """Plan and commit the write on `table` (under its writer lock), and remember the table
+        the commit left. `remembered`: `table` was not loaded but is as this process's last write
+        left it — the commit asserts it (`merge.write_existing(asserted=True)`)."""
+        if branch is not None:
+            table = branch_view(self, spec, table, frame, branch)
+        if window is not None and table is not None and spec.watermark:
+            window = aligned_to_field(window, table.schema(), spec.watermark)
+        plan = plan_write(spec, state_of(table), window, partition=partition)
+        self.capabilities.check_plan(spec, plan)  # a write mode without a handler
+        if window is not None and plan.delete_scope in ("window", "absent_keys_in_window"):
+            check_in_window(spec, frame, window)
+        props = summary_properties(spec, plan, run_id, summary)
+        if table is None:
+            result = create_table(self.tables, spec, plan, frame, props, fence=fence)
+            # the created table, for this process's next write (still under the lock)
+            self.tables.remember(spec, self.load(spec) if branch is None else None)
+            return result
+        usable = pre if pre is not None and pre.fits(table) else None
+        result = write_existing(
+            spec,
+            plan,
+            table,
+            frame,
+            props,
+            pre=usable,
+            fence=fence,
+            branch=branch or MAIN_BRANCH,
+            consumed=self._consumed(spec.name),
+            asserted=remembered,
+        )
+        # its commit updated `table` in place (a branch's: a view, not kept)
+        self.tables.remember(spec, table if branch is None else None)
+        return result
+
+    def _from_memory(
+        self,
+        spec: DatasetSpec,
+        table: Table,
+        attempt: Callable[..., WriteResult],
+        pre: Prewritten | None,
+    ) -> WriteResult | None:
+        """The write planned on `table` as this process's last write left it, without loading
+        it; None when the table moved since (another engine's commit: its requirements failed,
+        or a file it planned from is gone; or a plan that commits nothing, which no requirement
+        checks, met a table that moved), with nothing committed — the caller then loads the
+        table and plans the whole write again, once."""
+        location = table.metadata_location
+        try:
+            result = attempt(table, pre=pre, remembered=True)
+        except (LockLost, FilesRemoved):
+            raise
+        except (WriteConflict, FileNotFoundError, NoSuchTableError):
+            self.tables.contended(spec, by_others=True)
+            return None
+        if table.metadata_location != location:
+            return result  # committed: the catalog checked the plan's base
+        # nothing committed: a plan on the table as it is now? (one load, as without memory)
+        now = self.load(spec)
+        if now is not None and now.metadata_location == location:
+            return result
+        self.tables.contended(spec, by_others=True)
+        return None
 
     def write_range(
         self,

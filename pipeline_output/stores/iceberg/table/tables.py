@@ -102,6 +102,7 @@ class IcebergTables:
         self._lock: AdvisoryLock | Any | None = lock
         self._namespace_checked = False
         self._written: dict[tuple[str, str], Table] = {}
+        self._contended: set[tuple[str, str]] = set()
 
     def remember(self, spec: DatasetSpec | str, table: Table | None) -> None:
         """Keep `table` as this process's last write of it left it (its commit updated it in
@@ -113,9 +114,25 @@ class IcebergTables:
 
     def as_written(self, spec: DatasetSpec | str) -> Table | None:
         """The table as this process's last write of it left it (no catalog request), or None
-        when this process has not written it: what the next write pre-writes its files against
-        (re-checked under the writer lock) and what the write's metadata reports."""
+        when this process has not written it (or has since taken its writer lock for anything
+        else: `hold`): what the next write plans from (`IcebergStore.write`, re-checked by its
+        commit's requirements), pre-writes its files against, and what its metadata reports."""
         return self._written.get(self.identifier(spec))
+
+    def plans_from_memory(self, spec: DatasetSpec | str) -> bool:
+        """Whether a write of `spec` may plan from `as_written` without loading the table: it
+        holds the project's writer lock, and no write planned that way has met another writer's
+        commit since a load last found the table as this process left it (`contended`)."""
+        return self.advisory() is not None and self.identifier(spec) not in self._contended
+
+    def contended(self, spec: DatasetSpec | str, *, by_others: bool) -> None:
+        """Record whether another writer committed to `spec`'s table since this process's last
+        write of it (`by_others`): while one does, a write loads the table first (planning twice
+        would cost more than the load)."""
+        if by_others:
+            self._contended.add(self.identifier(spec))
+        else:
+            self._contended.discard(self.identifier(spec))
 
     def identifier(self, spec: DatasetSpec | str) -> tuple[str, str]:
         """The table identifier of a dataset."""
@@ -146,7 +163,11 @@ class IcebergTables:
         self, spec: DatasetSpec, *, on: HeldLock | None = None
     ) -> AbstractContextManager[LockStats]:
         """The table's writer lock, held for the block (on the session of `on`, the write's files
-        lock, when given): every commit to the table happens under it."""
+        lock, when given): every commit to the table happens under it. Taking it forgets the
+        table as this process last wrote it (`as_written`): the block may commit in any way (a
+        compaction, an expiry, a publish), so only a write that took that table before, and
+        remembers the table its own commit leaves, plans from it."""
+        self._written.pop(self.identifier(spec), None)
         lock = self.advisory()
         if lock is None:
             warnings.warn(

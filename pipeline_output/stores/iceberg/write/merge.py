@@ -905,11 +905,16 @@ def write_existing(
     fence: LockStats | None = None,
     branch: str = MAIN_BRANCH,
     consumed: Callable[[], bool] = _nobody,
+    asserted: bool = False,
 ) -> WriteResult:
     """A write to an existing table: its evolution, the merge of the plan's write mode, one
     commit (none when nothing changes). `consumed`: whether a downstream consumes the table's
-    changes (`ChangeFilePolicy`)."""
+    changes (`ChangeFilePolicy`). `asserted`: `table` was not loaded for this write (it is as
+    this process's last write left it), so its commit — a schema-only one too — asserts the
+    whole base it planned on (`assert_base`) and is never retried blind on a new head."""
     tx = FlatTransaction(table)
+    if asserted:
+        assert_base(tx, branch)
     if branch != MAIN_BRANCH:
         stage_branch(tx, branch)
     upgrade_properties(tx)
@@ -970,7 +975,9 @@ def write_existing(
                 deleted=changes.deleted_files,
                 positional=changes.positional,
                 force=force,
-                blind_retry=WRITE_MODES[plan.write_mode].blind_retry and not changes.deleted_files,
+                blind_retry=WRITE_MODES[plan.write_mode].blind_retry
+                and not changes.deleted_files
+                and not asserted,
                 fence=fence,
                 index=index,
                 branch=branch,
@@ -1001,4 +1008,33 @@ def write_existing(
         files_added=len(changes.written) + sum(1 for f in changes.new_frames if f.height),
         files_merged_on_read=len(changes.positional),
         merge_path=str(merge.path) if merge.path is not None else "",
+    )
+
+
+def assert_base(tx: Transaction, branch: str) -> None:
+    """Make `tx`'s commit require the table as `tx` starts from: the head of `branch`, the
+    current schema, the last assigned field id and the default partition spec (Iceberg REST's
+    `assert-ref-snapshot-id`, `assert-current-schema-id`, `assert-last-assigned-field-id`,
+    `assert-default-spec-id`; the SQL catalog checks the same against its current metadata).
+    Staged before any other change: a schema or spec evolution asserts the same values, and a
+    transaction keeps one requirement of each kind. Another engine's commit in between (any
+    snapshot, schema or spec change) then fails the commit (`CommitFailedException`), nothing
+    committed."""
+    from pyiceberg.table.update import (
+        AssertCurrentSchemaId,
+        AssertDefaultSpecId,
+        AssertLastAssignedFieldId,
+        AssertRefSnapshotId,
+    )
+
+    meta = tx.table_metadata
+    # pydantic models populated by field name (their aliases are the REST names)
+    tx._stage(
+        (),
+        (
+            AssertRefSnapshotId(snapshot_id=head(tx._table, branch), ref=branch),  # type: ignore[call-arg]
+            AssertCurrentSchemaId(current_schema_id=meta.current_schema_id),  # type: ignore[call-arg]
+            AssertLastAssignedFieldId(last_assigned_field_id=meta.last_column_id),  # type: ignore[call-arg]
+            AssertDefaultSpecId(default_spec_id=meta.default_spec_id),  # type: ignore[call-arg]
+        ),
     )
