@@ -393,14 +393,7 @@ def bound_resource(resource: PipelineOutputResource) -> Any:
     top-level resource. The UI shows it as before: the same class, fields and values, the IO
     manager using `pipeline_output`."""
     given = {name: _as_config(getattr(resource, name)) for name in resource.model_fields_set}
-    binding = PipelineOutputResource.configure_at_launch(**given)
-    with _lock:
-        _BOUND[id(binding)] = (binding, resource)
-    return binding
-
-
-_BOUND: dict[int, tuple[Any, PipelineOutputResource]] = {}
-"""`bound_resource`'s bindings (by id, with the binding itself) -> the resource they bind."""
+    return PipelineOutputResource.configure_at_launch(**given)
 
 
 def _as_config(value: Any) -> Any:
@@ -412,14 +405,25 @@ def _as_config(value: Any) -> Any:
     return value
 
 
+def _from_config(value: Any) -> Any:
+    """`_as_config` undone: `{"env": name}` is a `dg.EnvVar` again (a field's value, or a
+    `catalog` property's, is a string otherwise, never a mapping)."""
+    if isinstance(value, Mapping):
+        if set(value) == {"env"}:
+            return dg.EnvVar(str(value["env"]))
+        return {k: _from_config(v) for k, v in value.items()}
+    return value
+
+
 def resource_in(value: Any) -> PipelineOutputResource | None:
     """The `PipelineOutputResource` a definitions' `pipeline_output` binding describes: the
     resource itself, or the one `bound_resource` bound (None: something else)."""
     if isinstance(value, PipelineOutputResource):
         return value
-    with _lock:
-        entry = _BOUND.get(id(value))
-    return entry[1] if entry is not None and entry[0] is value else None
+    if getattr(value, "resource_cls", None) is not PipelineOutputResource:
+        return None
+    data = getattr(value, "data", None) or {}
+    return PipelineOutputResource(**{k: _from_config(v) for k, v in data.items()})
 
 
 def names_its_catalog(resources: Mapping[str, Any] | None) -> bool:
