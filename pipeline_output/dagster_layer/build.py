@@ -39,6 +39,7 @@ from pipeline_output.dagster_layer.maintenance_job import (
 from pipeline_output.dagster_layer.resource import (
     RESOURCE_KEY,
     PipelineOutputResource,
+    bound_resource,
     freeze_long_lived,
 )
 from pipeline_output.dagster_layer.source_assets import grouped_sources, source_spec_of
@@ -116,9 +117,10 @@ def build_definitions(
             f"{type(resource).__name__}"
         )
     resource.check()
+    binding = bound_resource(resource)  # one initialisation a run, shared by the IO manager
     all_resources: dict[str, Any] = {
-        IO_MANAGER_KEY: DatasetIOManager(pipeline_output=resource),
-        RESOURCE_KEY: resource,
+        IO_MANAGER_KEY: DatasetIOManager(pipeline_output=binding),
+        RESOURCE_KEY: binding,
     }
     all_resources.update(given)
     all_resources.setdefault("io_manager", default_io_manager())  # Dagster's, built on first use

@@ -1,8 +1,6 @@
 """`DatasetIOManager`: output context -> (spec, windows, run id, mode) -> publish; inputs from the
 authoritative arm (datasets) or the source database (sources), as polars LazyFrames."""
 
-from __future__ import annotations
-
 import json
 from dataclasses import replace
 from datetime import datetime
@@ -132,8 +130,12 @@ class DatasetIOManager(dg.ConfigurableIOManager):
     """Writes dataset outputs through the core's publish step; reads inputs as LazyFrames.
 
     `pipeline_output` is the code location's `PipelineOutputResource` (default: the environment's
-    settings); `build_definitions` passes the one it binds."""
+    settings); `build_definitions` passes the one it binds, as bound (`bound_resource`): Dagster
+    then hands this manager the run's initialised top-level resource instead of initialising a
+    copy of its own for every run."""
 
+    # (an evaluated annotation — no `from __future__ import annotations` in this module —:
+    # Dagster's metaclass then also accepts the bound-at-launch resource here)
     pipeline_output: PipelineOutputResource
 
     def __init__(self, **data: Any) -> None:

@@ -383,16 +383,59 @@ def built_runtime_of(context: Any) -> Runtime | None:
     return resource.built_runtime()
 
 
+def bound_resource(resource: PipelineOutputResource) -> Any:
+    """`resource` as `build_definitions` binds it, under `pipeline_output` and inside the IO
+    manager alike: the same values as Dagster's `configure_at_launch` copy of it (a `dg.EnvVar`
+    as its `{"env": ...}` config, also inside `catalog`). Bound as a plain resource, the IO
+    manager's copy counts as fully configured and Dagster initialises it again for every run —
+    three more constructions of the resource, its config processed again, its
+    `setup_for_execution` —, where a copy bound at launch is handed the run's initialised
+    top-level resource. The UI shows it as before: the same class, fields and values, the IO
+    manager using `pipeline_output`."""
+    given = {name: _as_config(getattr(resource, name)) for name in resource.model_fields_set}
+    return PipelineOutputResource.configure_at_launch(**given)
+
+
+def _as_config(value: Any) -> Any:
+    """A field's value as Dagster config: a `dg.EnvVar` as `{"env": name}`, also nested."""
+    if isinstance(value, dg.EnvVar):
+        return {"env": str(value.env_var_name)}
+    if isinstance(value, Mapping):
+        return {k: _as_config(v) for k, v in value.items()}
+    return value
+
+
+def _from_config(value: Any) -> Any:
+    """`_as_config` undone: `{"env": name}` is a `dg.EnvVar` again (a field's value, or a
+    `catalog` property's, is a string otherwise, never a mapping)."""
+    if isinstance(value, Mapping):
+        if set(value) == {"env"}:
+            return dg.EnvVar(str(value["env"]))
+        return {k: _from_config(v) for k, v in value.items()}
+    return value
+
+
+def resource_in(value: Any) -> PipelineOutputResource | None:
+    """The `PipelineOutputResource` a definitions' `pipeline_output` binding describes: the
+    resource itself, or the one `bound_resource` bound (None: something else)."""
+    if isinstance(value, PipelineOutputResource):
+        return value
+    if getattr(value, "resource_cls", None) is not PipelineOutputResource:
+        return None
+    data = getattr(value, "data", None) or {}
+    return PipelineOutputResource(**{k: _from_config(v) for k, v in data.items()})
+
+
 def names_its_catalog(resources: Mapping[str, Any] | None) -> bool:
     """Whether a code location's bound `PipelineOutputResource` names its catalog (then the
     environment's catalog config is never read for it)."""
-    resource = (resources or {}).get(RESOURCE_KEY)
-    return isinstance(resource, PipelineOutputResource) and resource.catalog is not None
+    resource = resource_in((resources or {}).get(RESOURCE_KEY))
+    return resource is not None and resource.catalog is not None
 
 
 def runtime_of_definitions(resources: Mapping[str, Any] | None) -> Runtime:
     """The runtime of a code location from its bound resources (the CLI's headless runs)."""
-    resource = (resources or {}).get(RESOURCE_KEY)
-    if isinstance(resource, PipelineOutputResource):
+    resource = resource_in((resources or {}).get(RESOURCE_KEY))
+    if resource is not None:
         return resource.runtime()
     return get_runtime()

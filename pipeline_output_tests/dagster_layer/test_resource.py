@@ -136,6 +136,45 @@ def test_a_runs_first_step_builds_the_runtime_on_a_thread_while_dagster_starts_i
     assert_same_multiset(_read(pg_db_url, tmp_path / "warehouse", "analytics.orders"), ROWS)
 
 
+def test_a_run_sets_the_resource_up_once_and_its_io_manager_uses_that_one(
+    no_environment: Path, pg_db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`build_definitions` binds the resource so that Dagster initialises it once a run and
+    hands the IO manager that very object (not a copy of its own, set up again every run), with
+    its `dg.EnvVar` resolved; the location's definitions still answer with the resource."""
+    from pipeline_output.dagster_layer.io_manager import DatasetIOManager
+    from pipeline_output.dagster_layer.resource import runtime_of_definitions
+
+    monkeypatch.setenv("SHOP_CONTROL_PLANE", pg_db_url)
+    setups: list[int] = []
+    handed: list[int] = []
+    real_setup = PipelineOutputResource.setup_for_execution
+    real_handle = DatasetIOManager.handle_output
+
+    def setup(self: PipelineOutputResource, context: dg.InitResourceContext) -> None:
+        setups.append(id(self))
+        real_setup(self, context)
+
+    def handle(self: DatasetIOManager, context: dg.OutputContext, obj: Any) -> None:
+        handed.append(id(self.pipeline_output))
+        assert self.pipeline_output.pg_url == pg_db_url  # the variable, resolved
+        real_handle(self, context, obj)
+
+    monkeypatch.setattr(PipelineOutputResource, "setup_for_execution", setup)
+    monkeypatch.setattr(DatasetIOManager, "handle_output", handle)
+    resource = _resource(pg_db_url, tmp_path / "warehouse", namespace="analytics")
+    resource = PipelineOutputResource(
+        pg_url=dg.EnvVar("SHOP_CONTROL_PLANE"), catalog=resource.catalog, namespace="analytics"
+    )
+    defs = build_definitions(datasets=[orders], resource=resource)
+    with dg.DagsterInstance.ephemeral() as instance:
+        assert run_assets(defs, instance, ["orders"]).success
+    assert len(setups) == 1, setups  # main: 2 (the IO manager's copy set up again)
+    assert handed == setups
+    assert runtime_of_definitions(defs.resources).namespace == "analytics"
+    assert_same_multiset(_read(pg_db_url, tmp_path / "warehouse", "analytics.orders"), ROWS)
+
+
 @pytest.fixture
 def silent_server() -> Iterator[tuple[str, list[socket.socket]]]:
     """A control plane that accepts connections and never answers (a server hung or behind a
