@@ -610,9 +610,11 @@ def rewrite_manifest(
     status: ManifestEntryStatus = ManifestEntryStatus.EXISTING,
 ) -> ManifestFile | None:
     """One manifest of the given entries (each with its `data_file` bytes) as `status`
-    (EXISTING: carried forward; DELETED: removed by this snapshot, whose id the entries carry),
-    written with the sources' Avro schema, metadata and codec; None when the sources differ in
-    schema or codec (the caller re-encodes)."""
+    (EXISTING: carried forward, with each entry's own snapshot id; DELETED: removed by this
+    snapshot — the entries are the live ones as read, each written with `snapshot_id`: no
+    restamped entry is made per removed file), written with the sources' Avro schema,
+    metadata and codec; None when the sources differ in schema or codec (the caller
+    re-encodes)."""
     raw = sources[0][0]
     if any(
         r.meta.get("avro.schema") != raw.meta.get("avro.schema") or r.codec is not raw.codec
@@ -625,12 +627,14 @@ def rewrite_manifest(
     ):
         return None
     prefixes: dict[tuple[Any, Any, Any], bytes] = {}
+    deleted = status == ManifestEntryStatus.DELETED
 
     def prefix(entry: ManifestEntry) -> bytes:  # entries of one commit share theirs
-        key = (entry.snapshot_id, entry.sequence_number, entry.file_sequence_number)
+        snapshot = snapshot_id if deleted else entry.snapshot_id
+        key = (snapshot, entry.sequence_number, entry.file_sequence_number)
         found = prefixes.get(key)
         if found is None:
-            found = prefixes[key] = _prefix(entry, status)
+            found = prefixes[key] = _prefix(entry, status, snapshot)
         return found
 
     sync = os.urandom(SYNC_SIZE)
@@ -731,9 +735,10 @@ def _skip_varint(block: bytes, at: int) -> int:
     return at + 1
 
 
-def _prefix(entry: ManifestEntry, status: ManifestEntryStatus) -> bytes:
-    """The four-field prefix of `entry` with `status` (sequence numbers explicit)."""
-    snapshot = b"\x00" if entry.snapshot_id is None else b"\x02" + _long(entry.snapshot_id)
+def _prefix(entry: ManifestEntry, status: ManifestEntryStatus, snapshot_id: int | None) -> bytes:
+    """The four-field prefix of `entry` with `status` and `snapshot_id` (sequence numbers
+    explicit)."""
+    snapshot = b"\x00" if snapshot_id is None else b"\x02" + _long(snapshot_id)
     return (
         _long(int(status))
         + snapshot
