@@ -902,8 +902,9 @@ def _planned_columns(
     Few of polars' kernels: the columns as lists, a statistic by its position in each file's
     map (`_stat_values`); the prefix's inheritance and length in Python, per distinct prefix.
     Each kernel polars runs for the first time maps its code in (and keeps buffers): the
-    expressions this took before (`when`/`then`, casts, `list.eval`) cost a compaction ~10 MB
-    of resident memory its read never used (benchmarks/README.md, "helper h45s")."""
+    expressions this took before (when/then, casts, a list evaluation per statistic) cost a
+    compaction ~7 MB of resident memory its read never used (benchmarks/README.md, "The
+    partitioned compaction's peak")."""
     top, names = layout["top"], layout["fields"]
     count = frame.height
     none: list[Any] = [None] * count
