@@ -1,6 +1,7 @@
 """Modules loaded on first use (`infra/deferred_imports.py`): a compaction in a fresh process —
 the benchmark's path: the store, the SQL catalog, a partitioned table of small files — never
-imports `pyarrow.dataset` nor pandas (~50 MB of resident memory), although pyiceberg's
+imports `pyarrow.dataset` nor pandas (~50 MB of resident memory), nor urllib3 (the signed S3
+client's, `stores/iceberg/table/file_io.py`), although pyiceberg's
 `pyiceberg.io.pyarrow`, which imports it at its top, is imported; the module still works, loaded
 on its first use, through every name it was bound to."""
 
@@ -30,7 +31,8 @@ spec = DatasetSpec(name="events", primary_key=("id",), strategy="snapshot_replac
                    delta=Delta(source="raw", watermark="seq"), partition_by=("region",))
 result = store.compact(spec)
 out = {"compacted": result.describe(), "pyiceberg.io.pyarrow": "pyiceberg.io.pyarrow" in sys.modules,
-       "pyarrow.dataset": loaded("pyarrow.dataset"), "pandas": "pandas" in sys.modules}
+       "pyarrow.dataset": loaded("pyarrow.dataset"), "pandas": "pandas" in sys.modules,
+       "urllib3": "urllib3" in sys.modules}
 import pyarrow.dataset as ds
 import pyiceberg.io.pyarrow as iceberg_arrow
 files = [t.file.file_path.removeprefix("file://") for t in store.load("events").scan().plan_files()]
@@ -80,6 +82,7 @@ def test_a_compaction_in_a_fresh_process_never_imports_pyarrow_dataset_nor_panda
         "pyiceberg.io.pyarrow": True,
         "pyarrow.dataset": False,
         "pandas": False,
+        "urllib3": False,  # the signed S3 client's (`file_io`), imported on its first use
         "rows by the module, on first use": 60,
         "bound by pyiceberg": True,
         "loaded after": True,

@@ -282,3 +282,67 @@ def test_a_planners_entries_hold_little_beyond_their_path_and_bytes(h, tmp_path)
     )
     beyond = (held - own) / count
     assert beyond < 1_000, f"{beyond:.0f} bytes an entry beyond its path and bytes"
+
+
+def test_a_planners_read_finds_the_keys_statistics_wherever_a_files_map_lists_them(h, tmp_path):
+    """The planner reads the key's bounds and null count at the position the first file's map
+    lists the key, and searches the files whose maps list it elsewhere or not at all: every
+    planned statistic equals the whole read's."""
+    from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, write_manifest
+
+    table = _table(h)
+    io = table.io
+    key = table.schema().find_field("id").field_id
+    source = table.current_snapshot().manifests(io)[0]
+    template = source.fetch_manifest_entry(io)[0]
+    output = io.new_output(str(tmp_path / "orders.avro"))
+
+    def reordered(stats: dict[int, Any], i: int) -> dict[int, Any]:
+        items = list(stats.items())
+        if i % 3 == 1:  # the key listed last
+            items = [p for p in items if p[0] != key] + [p for p in items if p[0] == key]
+        elif i % 3 == 2:  # no statistic of the key
+            items = [p for p in items if p[0] != key]
+        return dict(items)
+
+    with write_manifest(
+        2,
+        table.spec(),
+        table.schema(),
+        output,
+        snapshot_id=template.snapshot_id,
+        avro_compression="deflate",
+    ) as writer:
+        for i in range(9):
+            data_file = template.data_file
+            fields = {name: getattr(data_file, name) for name in _FILE_FIELDS}
+            fields["null_value_counts"] = reordered(dict(data_file.null_value_counts), i)
+            copy = DataFile.from_args(
+                **fields,
+                file_path=f"{data_file.file_path}-{i}",
+                lower_bounds=reordered({**data_file.lower_bounds, key: i.to_bytes(4, "little")}, i),
+                upper_bounds=reordered(
+                    {**data_file.upper_bounds, key: (i + 9).to_bytes(4, "little")}, i
+                ),
+            )
+            copy.spec_id = data_file.spec_id
+            writer.add_entry(
+                ManifestEntry.from_args(
+                    status=ManifestEntryStatus.ADDED,
+                    snapshot_id=template.snapshot_id,
+                    data_file=copy,
+                )
+            )
+        manifest = writer.to_manifest_file()
+    planned, _ = read_manifest(manifest, io, bounds=frozenset({key}))
+    whole, _ = read_manifest(manifest, io)
+    assert all(isinstance(e.data_file, PartialDataFile) for e in planned)
+    assert len(planned) == len(whole) == 9
+    for p, w in zip(planned, whole, strict=True):
+        for name in ("lower_bounds", "upper_bounds", "null_value_counts"):
+            assert getattr(p.data_file, name).get(key) == getattr(w.data_file, name).get(key)
+    assert [p.data_file.lower_bounds.get(key) for p in planned][:3] == [
+        (0).to_bytes(4, "little"),
+        (1).to_bytes(4, "little"),
+        None,
+    ]

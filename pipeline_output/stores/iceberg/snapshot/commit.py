@@ -575,12 +575,12 @@ class IndexedOverwrite(_OverwriteFiles):
     def _deleted_with_bytes(
         self, index: ManifestIndex
     ) -> list[tuple[RawManifest | None, list[tuple[ManifestEntry, bytes | None]]]]:
-        """`_deleted_entries` by source manifest, each with its `data_file` bytes when the
-        manifest's `RawManifest` has them. Matched by path (a data file's identity), each
-        entry restamped directly: a compaction removes tens of thousands."""
+        """The live entries of the removed files (as read: `rewrite_manifest` writes them
+        DELETED by this snapshot, `_restamped` where they are re-encoded) by source manifest,
+        each with its `data_file` bytes when the manifest's `RawManifest` has them. Matched by
+        path (a data file's identity); no new entry per removed file: a compaction removes tens
+        of thousands (~3.6 MB of restamped entries for 20,000, held through the commit)."""
         gone = {f.file_path for f in self._deleted_data_files}
-        deleted = ManifestEntryStatus.DELETED
-        snapshot_id = self._snapshot_id
         out: list[tuple[RawManifest | None, list[tuple[ManifestEntry, bytes | None]]]] = []
         found: set[str] = set()
         for manifest in index.read_manifests():
@@ -594,14 +594,7 @@ class IndexedOverwrite(_OverwriteFiles):
                 path = entry.data_file.file_path
                 if path in gone:
                     found.add(path)
-                    restamped = ManifestEntry(
-                        deleted,
-                        snapshot_id,
-                        entry.sequence_number,
-                        entry.file_sequence_number,
-                        entry.data_file,
-                    )
-                    pairs.append((restamped, data))
+                    pairs.append((entry, data))
             if pairs:
                 out.append((raw, pairs))
         if missing := sorted(gone - found):  # pyiceberg's `_validate_required_deletes`, by path
@@ -653,13 +646,14 @@ class IndexedOverwrite(_OverwriteFiles):
         new: list[ManifestFile] = []
         # removed files' entries (DELETED) from their own bytes, one manifest per source layout
         as_bytes: dict[tuple[ManifestContent, int, str], Sources] = defaultdict(list)
+        deleted = ManifestEntryStatus.DELETED
         for raw, pairs in self._deleted_with_bytes(index):
             by_key: dict[tuple[ManifestContent, int], list[tuple[ManifestEntry, bytes]]] = {}
             for pair in pairs:
                 entry, data = pair
                 key = (_content_of(entry.data_file), entry.data_file.spec_id)
                 if raw is None or data is None:
-                    groups[key].append(entry)
+                    groups[key].append(_restamped(entry, deleted, self._snapshot_id))
                 else:  # the pair itself (tens of thousands: not copied)
                     by_key.setdefault(key, []).append(cast(tuple[ManifestEntry, bytes], pair))
             for key, kept in by_key.items():
@@ -670,7 +664,11 @@ class IndexedOverwrite(_OverwriteFiles):
                 content, spec_id, sources, status=ManifestEntryStatus.DELETED
             )
             if written is None:
-                groups[(content, spec_id)].extend(e for _, kept in sources for e, _ in kept)
+                groups[(content, spec_id)].extend(
+                    _restamped(e, deleted, self._snapshot_id)
+                    for _, kept in sources
+                    for e, _ in kept
+                )
             else:
                 new.append(written)
         for (content, spec_id), entries in groups.items():

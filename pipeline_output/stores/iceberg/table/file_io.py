@@ -51,14 +51,16 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote, urlsplit
 
 import pyarrow as pa
-import urllib3
 from pyarrow.fs import FileSystem, S3FileSystem
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile, OutputStream
 from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
+
+if TYPE_CHECKING:  # urllib3 (with ssl ~9 MB resident) is imported by the signed S3 client only
+    import urllib3
 
 IMPL = f"{__name__}.ObjectStoreFileIO"  # the `py-io-impl` value naming it
 _CACHED = 8  # file systems kept (credentials vended per table make new ones)
@@ -265,6 +267,8 @@ class _SignedS3:
             secret_key,
             token,
         )
+        import urllib3  # (on first use: a local table's process never loads it)
+
         retries = urllib3.Retry(
             total=3,
             backoff_factor=0.1,
@@ -308,6 +312,8 @@ class _SignedS3:
         if anonymous or virtual or resolve:
             return None
         connect, read = first("s3.connect-timeout"), first("s3.request-timeout")
+        import urllib3
+
         return cls(
             endpoint=endpoint,
             region=region,
@@ -328,6 +334,8 @@ class _SignedS3:
         path = f"{self.prefix}/{quote(bucket, safe='')}/{quote(key, safe='/-_.~')}"
         headers = self._signed(method, host, path)
         verb = "read" if method == "GET" else "write"
+        import urllib3
+
         try:
             response = self.http.request(
                 method, f"{self.scheme}://{host}{path}", body=body, headers=headers

@@ -610,9 +610,11 @@ def rewrite_manifest(
     status: ManifestEntryStatus = ManifestEntryStatus.EXISTING,
 ) -> ManifestFile | None:
     """One manifest of the given entries (each with its `data_file` bytes) as `status`
-    (EXISTING: carried forward; DELETED: removed by this snapshot, whose id the entries carry),
-    written with the sources' Avro schema, metadata and codec; None when the sources differ in
-    schema or codec (the caller re-encodes)."""
+    (EXISTING: carried forward, with each entry's own snapshot id; DELETED: removed by this
+    snapshot — the entries are the live ones as read, each written with `snapshot_id`: no
+    restamped entry is made per removed file), written with the sources' Avro schema,
+    metadata and codec; None when the sources differ in schema or codec (the caller
+    re-encodes)."""
     raw = sources[0][0]
     if any(
         r.meta.get("avro.schema") != raw.meta.get("avro.schema") or r.codec is not raw.codec
@@ -625,12 +627,14 @@ def rewrite_manifest(
     ):
         return None
     prefixes: dict[tuple[Any, Any, Any], bytes] = {}
+    deleted = status == ManifestEntryStatus.DELETED
 
     def prefix(entry: ManifestEntry) -> bytes:  # entries of one commit share theirs
-        key = (entry.snapshot_id, entry.sequence_number, entry.file_sequence_number)
+        snapshot = snapshot_id if deleted else entry.snapshot_id
+        key = (snapshot, entry.sequence_number, entry.file_sequence_number)
         found = prefixes.get(key)
         if found is None:
-            found = prefixes[key] = _prefix(entry, status)
+            found = prefixes[key] = _prefix(entry, status, snapshot)
         return found
 
     sync = os.urandom(SYNC_SIZE)
@@ -731,9 +735,10 @@ def _skip_varint(block: bytes, at: int) -> int:
     return at + 1
 
 
-def _prefix(entry: ManifestEntry, status: ManifestEntryStatus) -> bytes:
-    """The four-field prefix of `entry` with `status` (sequence numbers explicit)."""
-    snapshot = b"\x00" if entry.snapshot_id is None else b"\x02" + _long(entry.snapshot_id)
+def _prefix(entry: ManifestEntry, status: ManifestEntryStatus, snapshot_id: int | None) -> bytes:
+    """The four-field prefix of `entry` with `status` and `snapshot_id` (sequence numbers
+    explicit)."""
+    snapshot = b"\x00" if snapshot_id is None else b"\x02" + _long(snapshot_id)
     return (
         _long(int(status))
         + snapshot
@@ -892,53 +897,90 @@ def _planned_columns(
     """The live entries' values, column by column, their snapshot id and sequence numbers
     inherited from `manifest` (`_inherit_from_manifest`): the prefix's four, `"row"` (each
     entry's position in the manifest), the data file's fields a planner reads, and per column of
-    `bounds` its lower bound, upper bound and null count."""
+    `bounds` its lower bound, upper bound and null count.
+
+    Few of polars' kernels: the columns as lists, a statistic by its position in each file's
+    map (`_stat_values`); the prefix's inheritance and length in Python, per distinct prefix.
+    Each kernel polars runs for the first time maps its code in (and keeps buffers): the
+    expressions this took before (when/then, casts, a list evaluation per statistic) cost a
+    compaction ~7 MB of resident memory its read never used (benchmarks/README.md, "The
+    partitioned compaction's peak")."""
     top, names = layout["top"], layout["fields"]
-    status = pl.col(top[0])
-    added = status == int(ManifestEntryStatus.ADDED)
+    count = frame.height
+    none: list[Any] = [None] * count
+    statuses = frame.get_column(top[0]).to_list()
+    given = {
+        i: frame.get_column(top[i]).to_list() if top[i] is not None else none for i in (1, 3, 4)
+    }
+    deleted = int(ManifestEntryStatus.DELETED)
+    rows = [row for row, status in enumerate(statuses) if status != deleted]
+    every = len(rows) == count
+
+    def live(values: list[Any]) -> list[Any]:
+        return values if every else [values[row] for row in rows]
+
+    added = int(ManifestEntryStatus.ADDED)
     inherit = manifest.sequence_number
-    live = frame.with_row_index("row").filter(status != int(ManifestEntryStatus.DELETED))
-    files = pl.col(layout["data_file"])
-    exprs: dict[Any, pl.Expr] = {0: status, "row": pl.col("row")}
-    # where each entry's `data_file` starts: after its status and three ["null", "long"] unions
-    skip = _varint_bytes(status.cast(pl.Int64))
-    for name in (top[1], top[3], top[4]):
-        skip += 1 + pl.when(pl.col(name).is_null()).then(0).otherwise(_varint_bytes(pl.col(name)))
-    exprs["skip"] = skip
-    for i, name in ((1, top[1]), (3, top[3]), (4, top[4])):
-        given = pl.col(name) if name is not None else pl.lit(None, dtype=pl.Int64)
-        if i == 1:
-            exprs[i] = given.fill_null(manifest.added_snapshot_id)
-        elif inherit is not None:
-            inherits = given.is_null() & (added | (inherit == 0))
-            exprs[i] = pl.when(inherits).then(inherit).otherwise(given)
-        else:
-            exprs[i] = given
+    snapshot = manifest.added_snapshot_id
+    out: dict[Any, list[Any]] = {0: live(statuses), "row": rows, "skip": [], 1: [], 3: [], 4: []}
+    # where each entry's `data_file` starts: after its status and three ["null", "long"] unions;
+    # an entry's prefix repeats (a commit's entries share it): worked out once per distinct one
+    done: dict[tuple[Any, ...], tuple[int, Any, Any, Any]] = {}
+    skips, snapshots, sequences, files = out["skip"], out[1], out[3], out[4]
+    for prefix in zip(out[0], *(live(given[i]) for i in (1, 3, 4)), strict=True):
+        found = done.get(prefix)
+        if found is None:
+            status, snap, sequence, file_sequence = prefix
+            skip = _varint_length(status) + sum(
+                1 + (0 if v is None else _varint_length(v)) for v in prefix[1:]
+            )
+            inherits = inherit is not None and (status == added or inherit == 0)
+            found = done[prefix] = (
+                skip,
+                snapshot if snap is None else snap,
+                inherit if sequence is None and inherits else sequence,
+                inherit if file_sequence is None and inherits else file_sequence,
+            )
+        skips.append(found[0])
+        snapshots.append(found[1])
+        sequences.append(found[2])
+        files.append(found[3])
+    data_files = frame.get_column(layout["data_file"]).struct.unnest()
     for i in (134, 100, 101, 102, 103, 104, 131, 132, 135, 140):
         if i in names:
-            exprs[i] = files.struct.field(names[i])
+            out[i] = live(data_files.get_column(names[i]).to_list())
     for map_id in (_NULLS, _LOWER, _UPPER):
         for column in bounds if map_id in names else ():
-            pairs = files.struct.field(names[map_id])
-            found = pairs.list.eval(pl.element().filter(pl.element().struct.field("key") == column))
-            exprs[(map_id, column)] = found.list.first().struct.field("value")
-    picked = live.select(**{str(k): e for k, e in exprs.items()})
-    out = {k: picked.get_column(str(k)).to_list() for k in exprs}
+            out[(map_id, column)] = live(_stat_values(data_files.get_column(names[map_id]), column))
     if any(v is None for v in out[100]) or any(v is None for v in out[134]):
         return None
     return out
 
 
-def _varint_bytes(values: pl.Expr) -> pl.Expr:
-    """The length of the Avro (zigzag) varint of each Int64 value."""
-    zigzag = (
-        pl.when(values >= 0)
-        .then(values.cast(pl.UInt64) * 2)
-        .otherwise((-(values + 1)).cast(pl.UInt64) * 2 + 1)
-    )
-    length = pl.lit(1, dtype=pl.Int64)
-    for shift in range(7, 64, 7):
-        length += (zigzag >= pl.lit(1 << shift, dtype=pl.UInt64)).cast(pl.Int64)
+def _stat_values(pairs: pl.Series, column: int) -> list[Any]:
+    """Each file's value of `column` in its statistics map `pairs` (a list of key/value
+    structs per file; None where it has none). Writers list a map's columns in the same order
+    for every file: read at the first file's position of the column, checked by its key; the
+    files whose map has another key there (or none) are searched one by one."""
+    first = next((p for p in pairs.head(1).to_list() if p), None) or []
+    at = next((n for n, pair in enumerate(first) if pair["key"] == column), 0)
+    picked = pairs.list.get(at, null_on_oob=True).struct.unnest()
+    values = picked.get_column("value").to_list()
+    misses = [row for row, key in enumerate(picked.get_column("key").to_list()) if key != column]
+    if misses:  # a map without the column at that position: searched
+        lists = pairs.gather(misses).to_list()
+        for row, items in zip(misses, lists, strict=True):
+            values[row] = next((p["value"] for p in items or () if p["key"] == column), None)
+    return values
+
+
+def _varint_length(value: int) -> int:
+    """The length of the Avro (zigzag) varint of `value`."""
+    zigzag = (value << 1) ^ (value >> 63)
+    length = 1
+    while zigzag >= 0x80:
+        zigzag >>= 7
+        length += 1
     return length
 
 
