@@ -543,7 +543,7 @@ class ConsumedLog(RecordLog):
         query = sql.SQL("SELECT dataset, to_snapshot FROM {} WHERE upstream = %s").format(
             ledger_table("consuming_changes")
         )
-        with self.tx(None) as c:
+        with self.statement(None) as c:  # one statement: no transaction around it
             return {str(r[0]): int(r[1]) for r in c.execute(query, (upstream,)).fetchall()}
 
     @contextmanager
@@ -587,7 +587,7 @@ class ConsumedLog(RecordLog):
             "SELECT DISTINCT ON (dataset) dataset, to_snapshot FROM {} WHERE upstream = %s "
             "ORDER BY dataset, id DESC"
         ).format(ledger_table("consumed_changes"))
-        with self.tx(None) as c:
+        with self.statement(None) as c:  # one statement: no transaction around it
             return {str(r[0]): int(r[1]) for r in c.execute(query, (upstream,)).fetchall()}
 
 

@@ -191,11 +191,14 @@ class WindowLedger:
 
     def unapplied_ids(self, dataset: str) -> set[int]:
         """Ids of the dataset's windows not applied (yet): a snapshot carrying one of their
-        attempt markers may be what a repair looks for, so snapshot expiry keeps it."""
+        attempt markers may be what a repair looks for, so snapshot expiry keeps it. One
+        statement on a session of the process's pool (`pgsession.pooled`): expiry asks it under
+        its locks, right after the consumers' positions on such a session — no connection of
+        its own, no transaction around it."""
         query = sql.SQL("SELECT id FROM {} WHERE dataset = %s AND state <> 'applied'")
-        with self._connect() as conn:
+        with pgsession.pooled(self.url) as conn:
             rows = conn.execute(query.format(WINDOWS_TABLE), (dataset,)).fetchall()
-        return {int(r["id"]) for r in rows}
+        return {int(r[0]) for r in rows}
 
     def plan(self, dataset: str, windows: Sequence[Window]) -> list[WindowRow]:
         """Append `windows` to the chain (in one transaction); they must continue it exactly."""

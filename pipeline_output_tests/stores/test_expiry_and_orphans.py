@@ -307,8 +307,8 @@ def _removed_entries_decoded(
     native: list[Any] = []
     decode = manifest_decoding._native_paths
 
-    def spy(data: bytes, names: Any) -> Any:
-        native.append(decode(data, names))
+    def spy(data: bytes, names: Any, *rest: Any) -> Any:
+        native.append(decode(data, names, *rest))
         return native[-1]
 
     monkeypatch.setattr(manifest_decoding, "_native_paths", spy)
@@ -404,16 +404,16 @@ def test_expiry_reads_the_removed_entries_before_its_locks_once_and_deletes_the_
     big = {m.manifest_path for m in compaction.manifests(table.io) if m.deleted_files_count}
     decoded: list[str] = []
     read = threading.Event()
-    entry_paths = orphans.entry_paths
+    entry_columns = orphans.entry_columns
 
     def spy(io: Any, manifest: Any) -> Any:
-        out = entry_paths(io, manifest)
+        out = entry_columns(io, manifest)
         if manifest.manifest_path in big:
             decoded.append(manifest.manifest_path)
             read.set()
         return out
 
-    monkeypatch.setattr(orphans, "entry_paths", spy)
+    monkeypatch.setattr(orphans, "entry_columns", spy)
     store = h.store()
     hold = store.tables.hold
     waited: list[bool] = []
@@ -430,6 +430,138 @@ def test_expiry_reads_the_removed_entries_before_its_locks_once_and_deletes_the_
     assert result.files_deleted == len({norm(p) for p in before} - left)
     assert unreferenced(h.table(SPEC)) == []
     assert_same_multiset(h.store().read(SPEC.name), frame(range(121), 0))
+
+
+def test_expiry_reads_the_expired_snapshots_own_manifest_lists_before_its_locks(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """The expired snapshots' own manifest lists (decoded by fastavro, holding the GIL) are read
+    from the start of the expiry, beside its locks and ledger queries, not while it commits: the
+    writer lock here waits until every one of them was read (it would wait in vain if only the
+    plan, made under the locks, read the lists of the snapshots that have no child left); the
+    same files are deleted as ever."""
+    import threading
+
+    from pipeline_output.stores.iceberg.maintenance import orphans
+
+    before = _compacted_121_files(h)
+    table = h.table(SPEC)
+    current = table.current_snapshot().snapshot_id
+    lists = {s.manifest_list for s in table.snapshots() if s.snapshot_id != current}
+    assert len(lists) == 2
+    read: set[str] = set()
+    all_read = threading.Event()
+    manifest_files = orphans.manifest_files
+
+    def spy(io: Any, snapshot: Any) -> Any:
+        out = manifest_files(io, snapshot)
+        read.add(snapshot.manifest_list)
+        if lists <= read:
+            all_read.set()
+        return out
+
+    monkeypatch.setattr(orphans, "manifest_files", spy)
+    store = h.store()
+    hold = store.tables.hold
+    waited: list[bool] = []
+
+    def hold_after_the_lists(spec: DatasetSpec, **kwargs: Any) -> Any:
+        waited.append(all_read.wait(timeout=20))
+        return hold(spec, **kwargs)
+
+    monkeypatch.setattr(store.tables, "hold", hold_after_the_lists)
+    result = store.expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
+    assert waited == [True]
+    left = {norm(p) for p in files_under(h.table(SPEC))}
+    assert {norm(p) for p in lists}.isdisjoint(left)
+    assert result.files_deleted == len({norm(p) for p in before} - left)
+    assert unreferenced(h.table(SPEC)) == []
+    assert_same_multiset(h.store().read(SPEC.name), frame(range(121), 0))
+
+
+def test_local_deletes_start_while_later_locations_are_still_being_sorted_out(tmp_path: Path):
+    """The first batches of local files are deleted while the later locations are still being
+    handed over (a cleanup's first unlink waits for no other file's location): halfway through
+    the locations, files already went; every file goes, counted once."""
+    import threading
+
+    from pipeline_output.stores.iceberg.maintenance.orphans import delete_files
+
+    files = [tmp_path / f"f{i}.parquet" for i in range(2000)]
+    for f in files:
+        f.write_bytes(b"x")
+    went_meanwhile: list[bool] = []
+
+    class Handed(list[str]):
+        """The locations, checking halfway through them whether any file went already."""
+
+        def __iter__(self) -> Any:
+            for i, location in enumerate(list.__iter__(self)):
+                if i == len(self) // 2:
+                    gone = threading.Event()
+                    for _ in range(400):  # up to 20 s
+                        if any(not f.exists() for f in files[: len(self) // 2]):
+                            gone.set()
+                            break
+                        time.sleep(0.05)
+                    went_meanwhile.append(gone.is_set())
+                yield location
+
+    deleted, failed = delete_files(Handed(f"file://{f}" for f in files), {})
+
+    assert went_meanwhile == [True]
+    assert deleted == 2000 and failed == [] and not any(f.exists() for f in files)
+
+
+def test_manifest_reader_keeps_no_location_for_local_files_and_deletes_them_by_their_path(
+    h: Harness,
+):
+    """Local files (`file:///x`, `/x`) are keyed by their path and deleted by it: the reader keeps
+    no location beside it for them (20,000 of them in a cleanup); the path is the file."""
+    from pipeline_output.stores.iceberg.maintenance.orphans import ManifestReader
+
+    history(h)
+    table = h.table(SPEC)
+    reader = ManifestReader(table.io)
+    files = reader.files_of(table.snapshots())
+    assert len(files) > 20 and reader.locations == {}
+    assert all(reader.location(p) == p and Path(p).is_file() for p in files)
+
+
+def test_expirys_ledger_reads_open_no_connection_and_no_transaction(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """What expiry asks the ledger under its locks — the downstreams' positions, the runs reading
+    changes now, the windows not applied — is one statement each on a session of the process's
+    pool: no connection opened when one is idle, no BEGIN and COMMIT around them."""
+    import psycopg
+
+    from pipeline_output.infra import pgsession
+    from pipeline_output.ledger.control_plane import Ledger
+    from pipeline_output.ledger.window_ledger import WindowLedger
+    from pipeline_output.stores.iceberg.maintenance.expiry import consumer_positions
+
+    Ledger(h.pg_db_url).migrate()
+    h.store().write(SPEC, frame([1, 2], 0))
+    with pgsession.pooled(h.pg_db_url):
+        pass  # one idle session in the pool
+    opened: list[str] = []
+    transactions: list[object] = []
+    connect, transaction = pgsession.connect, psycopg.Connection.transaction
+
+    def counted_connect(url: str, **kwargs: Any) -> Any:
+        opened.append(url)
+        return connect(url, **kwargs)
+
+    def counted_transaction(self: Any, *args: Any, **kwargs: Any) -> Any:
+        transactions.append(self)
+        return transaction(self, *args, **kwargs)
+
+    monkeypatch.setattr(pgsession, "connect", counted_connect)
+    monkeypatch.setattr(psycopg.Connection, "transaction", counted_transaction)
+    assert consumer_positions(h.store(), SPEC) == set()
+    assert WindowLedger(h.pg_db_url).unapplied_ids(SPEC.name) == set()
+    assert opened == [] and transactions == []
 
 
 # -- the change files of the change feed (`commit.CHANGE_FILE`) ---------------------------------

@@ -247,18 +247,19 @@ def _expire(
         if plan.expire and not dry_run:
             _commit(before, plan, stats.verify)
     doomed: list[str] = []
-    locations: dict[str, str] = {}
     if expired is not None:
         remaining = [s for s in snapshots if s.snapshot_id not in gone]
         if not dry_run:  # the table now (commits after ours reference only live files)
             now = store.tables.load(spec)
             remaining = list(now.metadata.snapshots) if now is not None else remaining
         kept = ManifestReader(before.io).files_of(remaining)
-        locations, found = expired()
+        reader, found = expired()
         doomed = [p for p in found if p not in kept]
+        if reader.locations:  # (a local file is deleted by its normalized path)
+            doomed = [reader.location(p) for p in doomed]
     deleted = len(doomed)
     if doomed and not dry_run:
-        deleted = delete_paths(before.io, (locations[p] for p in doomed))
+        deleted = delete_paths(before.io, doomed)
     return ExpiryResult(
         dataset=spec.name,
         table=store.tables.table_name(spec),
@@ -334,6 +335,9 @@ class _Reads:
     ) -> None:
         self._made: Future[ManifestReader | None] = Future()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expiry-read")
+        # the expired snapshots' own manifest lists (fastavro, with the GIL): the guess's read
+        # here while the locks are taken, not during the commit (`read`)
+        self._other = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expiry-read")
         guess = partial(
             plan_expiry,
             older_than_ms=cutoff_ms,
@@ -354,19 +358,22 @@ class _Reads:
                 return
             plan = guess(table.metadata)
             if plan.expire:
-                _removed_after(reader, list(table.metadata.snapshots), set(plan.expire))
+                snapshots, gone = list(table.metadata.snapshots), set(plan.expire)
+                self._other.submit(_expired_own, reader, snapshots, gone)
+                _removed_after(reader, snapshots, gone)
         except Exception:  # only a read ahead: the plan's reads read what it could not
             if not self._made.done():
                 self._made.set_result(None)
 
     def read(
         self, io: FileIO, snapshots: list[Snapshot], gone: set[int]
-    ) -> Callable[[], tuple[dict[str, str], list[str]]]:
+    ) -> Callable[[], tuple[ManifestReader, list[str]]]:
         """`expired_files` read in two threads sharing the guess's reader — what the children
         of the expired snapshots removed (big manifests decoded natively, without the GIL) on
         the guess's thread, after it, and the expired snapshots' own manifest lists and
-        manifests (decoded by fastavro, holding the GIL) on another — and a call that waits for
-        them: (each file's location as referenced, the files)."""
+        manifests (decoded by fastavro, holding the GIL) on the other, after the guess's — and
+        a call that waits for them: (the reader, whose `location` of each file is what to
+        delete it by; the files)."""
         fallback = ManifestReader(io)
 
         def shared() -> ManifestReader:
@@ -375,20 +382,17 @@ class _Reads:
             return made if made is not None and ok else fallback
 
         removed = self._pool.submit(lambda: _removed_after(shared(), snapshots, gone))
-        other = ThreadPoolExecutor(max_workers=1, thread_name_prefix="expiry-read")
-        try:
-            own = other.submit(lambda: _expired_own(shared(), snapshots, gone))
-        finally:
-            other.shutdown(wait=False)  # the thread ends with its task
+        own = self._other.submit(lambda: _expired_own(shared(), snapshots, gone))
 
-        def wait() -> tuple[dict[str, str], list[str]]:
+        def wait() -> tuple[ManifestReader, list[str]]:
             files = list(dict.fromkeys([*own.result(), *removed.result()]))
-            return shared().locations, files
+            return shared(), files
 
         return wait
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False)  # the thread ends with its tasks
+        self._pool.shutdown(wait=False)  # the threads end with their tasks
+        self._other.shutdown(wait=False)
 
 
 def _commit(table: Table, plan: ExpiryPlan, verify: Callable[[], None]) -> Table:

@@ -22,7 +22,8 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -37,7 +38,11 @@ from pyiceberg.table.snapshots import Snapshot
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.infra.collector import paused
 from pipeline_output.stores.iceberg.snapshot.commit import CHANGE_FILE, DEFAULT_WAIT_S, quiesced
-from pipeline_output.stores.iceberg.table.manifest_decoding import entry_paths, manifest_files
+from pipeline_output.stores.iceberg.table.manifest_decoding import (
+    EntryColumns,
+    entry_columns,
+    manifest_files,
+)
 from pipeline_output.stores.iceberg.table.tables import READ_THREADS
 
 if TYPE_CHECKING:
@@ -80,14 +85,21 @@ class Orphan:
 
 class ManifestReader:
     """Reads each manifest list and each manifest's entries once (a manifest is shared by many
-    snapshots), with the path-only decoder (`manifest_decoding.entry_paths`). A manifest is not
-    read when its counts say it holds none of the entries asked for (live ones; removed ones)."""
+    snapshots), with the path-only decoder (`manifest_decoding.entry_columns`). A manifest is
+    not read when its counts say it holds none of the entries asked for (live ones; removed
+    ones)."""
 
     def __init__(self, io: FileIO) -> None:
         self.io = io
-        self._entries: dict[str, list[tuple[int, int | None, str]]] = {}
+        self._entries: dict[str, EntryColumns] = {}  # statuses, snapshot ids, normalized paths
         self._lists: dict[str, list[ManifestFile] | None] = {}
-        self.locations: dict[str, str] = {}  # normalized path -> the location as referenced
+        # normalized path -> the location as referenced, for those not plain local files (a
+        # `/x` or `file:///x` location is deleted by its normalized path `/x`: `location`)
+        self.locations: dict[str, str] = {}
+
+    def location(self, path: str) -> str:
+        """The location to delete the file of the normalized `path` by."""
+        return self.locations.get(path, path)
 
     def files_of(self, snapshots: Iterable[Snapshot]) -> set[str]:
         """Manifest lists, manifests and live data/delete files of `snapshots` (normalized)."""
@@ -95,7 +107,8 @@ class ManifestReader:
         live = [m for m in manifests if m.has_added_files() or m.has_existing_files()]
         self._load(live)  # (a manifest of removed entries only holds no live file)
         for manifest in live:
-            out.update(p for status, _, p in self._entries[manifest.manifest_path] if status != 2)
+            statuses, _, paths = self._entries[manifest.manifest_path]
+            out.update(p for status, p in zip(statuses, paths, strict=True) if status != 2)
         return out
 
     def removed_by(self, snapshot: Snapshot) -> list[str]:
@@ -114,7 +127,7 @@ class ManifestReader:
         return [
             p
             for m in own
-            for status, by, p in self._entries[m.manifest_path]
+            for status, by, p in zip(*self._entries[m.manifest_path], strict=True)
             if status == 2 and by == sid
         ]
 
@@ -164,16 +177,19 @@ class ManifestReader:
             self._lists[snapshot.manifest_list] = found
         return self._lists[snapshot.manifest_list]
 
-    def _read(self, manifest: ManifestFile) -> list[tuple[int, int | None, str]]:
+    def _read(self, manifest: ManifestFile) -> EntryColumns:
         try:
-            entries = entry_paths(self.io, manifest)
+            statuses, owners, paths = entry_columns(self.io, manifest)
         except (OSError, ValueError):
-            return []
-        return [(status, by, self._seen(path)) for status, by, path in entries]
+            return [], [], []
+        seen = self._seen  # `file:///x` is `/x` without a call (`_local_path`; 20,000 a cleanup)
+        keys = [p[7:] if p.startswith("file:///") else seen(p) for p in paths]
+        return statuses, owners, keys
 
     def _seen(self, location: str) -> str:
         key = norm(location)
-        self.locations[key] = location
+        if _local_path(location) is None:  # else deleted by `key` itself (`location`)
+            self.locations[key] = location
         return key
 
 
@@ -425,57 +441,71 @@ def delete_files(locations: Iterable[str], properties: Mapping[str, str]) -> tup
     URIs), in parallel batches; (how many were deleted, one line per file that could not be —
     a file already gone is neither).
 
-    Local files: `os.remove` in `LOCAL_DELETE_THREADS` threads, a batch of files per task. S3: one
-    multi-object delete per `DELETE_BATCH` keys through boto3 (what pyiceberg's SigV4 signing
-    already needs), configured from the FileIO's `s3.*` properties, `S3_DELETE_THREADS` requests
-    at a time; without boto3, or when the request itself fails, one delete per key through the
-    table's pyarrow filesystem. Other stores: one delete per file through the pyarrow
-    filesystem."""
-    local: list[str] = []
+    Local files: `os.remove` in `LOCAL_DELETE_THREADS` threads, a batch of files per task, each
+    batch handed to the threads as soon as it is made (a cleanup's first unlink does not wait
+    for 20,000 locations to be sorted out). S3: one multi-object delete per `DELETE_BATCH` keys
+    through boto3 (what pyiceberg's SigV4 signing already needs), configured from the FileIO's
+    `s3.*` properties, `S3_DELETE_THREADS` requests at a time; without boto3, or when the request
+    itself fails, one delete per key through the table's pyarrow filesystem. Other stores: one
+    delete per file through the pyarrow filesystem, `READ_THREADS` at a time."""
+    items = locations if isinstance(locations, list) else list(locations)
+    size = _batch_size(len(items), LOCAL_DELETE_THREADS * 2)  # (as `_batches` on local files)
+    deleter = _Deleter(properties)
     s3: dict[str, list[str]] = {}
     other: list[str] = []
-    for location in locations:
-        path = _local_path(location)
-        if path is not None:
-            local.append(path)
-            continue
-        plain = _plain_uri(location)
-        scheme, netloc, path = plain or urlparse(location)[:3]
-        if scheme in ("", "file"):
-            local.append(path if scheme else location)
-        elif scheme in _S3:
-            s3.setdefault(netloc, []).append(location)
-        else:
-            other.append(location)
-    deleter = _Deleter(properties)
-    jobs: list[tuple[Callable[[list[str]], tuple[int, list[str]]], list[str]]] = []
-    threads = READ_THREADS
-    if s3:
-        threads = S3_DELETE_THREADS
-    elif local and not other:
-        threads = LOCAL_DELETE_THREADS
-    jobs += [(_remove_local, batch) for batch in _batches(local, threads * 2)]
-    for keys in s3.values():
-        jobs += [
-            (deleter.s3_batch, keys[i : i + DELETE_BATCH])
+    results: list[tuple[int, list[str]]] = []
+    with ExitStack() as pools:
+        local: ThreadPoolExecutor | None = None
+        started: list[Future[tuple[int, list[str]]]] = []
+        batch: list[str] = []
+        for location in items:
+            path = _local_path(location)
+            if path is None:
+                plain = _plain_uri(location)
+                scheme, netloc, path = plain or urlparse(location)[:3]
+                if scheme in _S3:
+                    s3.setdefault(netloc, []).append(location)
+                    continue
+                if scheme not in ("", "file"):
+                    other.append(location)
+                    continue
+                path = path if scheme else location
+            batch.append(path)
+            if len(batch) == size:
+                if local is None:
+                    local = pools.enter_context(ThreadPoolExecutor(LOCAL_DELETE_THREADS))
+                started.append(local.submit(_remove_local, batch))
+                batch = []
+        if batch and local is None:
+            results.append(_remove_local(batch))  # the only batch: no thread for it
+        elif batch and local is not None:
+            started.append(local.submit(_remove_local, batch))
+        jobs = [
+            keys[i : i + DELETE_BATCH]
+            for keys in s3.values()
             for i in range(0, len(keys), DELETE_BATCH)
         ]
-    jobs += [(deleter.one_by_one, batch) for batch in _batches(other, READ_THREADS * 4)]
-    if not jobs:
-        return 0, []
-    if len(jobs) == 1:
-        results = [jobs[0][0](jobs[0][1])]
-    else:
-        with ThreadPoolExecutor(max_workers=min(threads, len(jobs))) as pool:
-            results = list(pool.map(lambda job: job[0](job[1]), jobs))
+        if jobs:
+            with ThreadPoolExecutor(max_workers=min(S3_DELETE_THREADS, len(jobs))) as pool:
+                results += list(pool.map(deleter.s3_batch, jobs))
+        results += [future.result() for future in started]
+    if other:
+        batches = _batches(other, READ_THREADS * 4)
+        with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(batches))) as pool:
+            results += list(pool.map(deleter.one_by_one, batches))
     return sum(n for n, _ in results), [line for _, lines in results for line in lines]
 
 
 def _batches(items: list[str], parts: int) -> list[list[str]]:
-    """`items` in about `parts` batches of at least 64 (a task per file costs more than its
-    delete)."""
-    size = max(64, -(-len(items) // parts))
+    """`items` in about `parts` batches of at least 64 (`_batch_size`)."""
+    size = _batch_size(len(items), parts)
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _batch_size(count: int, parts: int) -> int:
+    """The size of about `parts` batches of `count` items, at least 64 (a task per file costs
+    more than its delete)."""
+    return max(64, -(-count // parts))
 
 
 def _delete_each(locations: list[str], delete: Callable[[str], object]) -> tuple[int, list[str]]:
