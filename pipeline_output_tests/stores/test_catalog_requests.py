@@ -352,6 +352,30 @@ def test_another_engines_schema_change_between_two_writes_is_seen_and_the_write_
     assert_same_multiset(store.read(SPEC), expected)
 
 
+def test_another_engines_property_change_between_two_writes_is_seen_on_the_sql_catalog(
+    catalog: Any, fresh_catalog: Callable[[], Any], catalog_backend: str, pg_db_url: str
+) -> None:
+    """A table property set outside the project's lock moves no snapshot, schema or spec: on the
+    SQL catalog the write planned from memory still asserts the very metadata version it
+    planned on (`AssertUnchanged`), so its commit is refused and it plans again, with the new
+    property (here a smaller target file size: the rewritten rows cut into several files)."""
+    store = IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url))
+    counting = catalog_calls(catalog_backend, catalog)
+    store.write(SPEC, rows(range(0, 20_000), "a"))
+    outside = fresh_catalog().load_table(("datasets", SPEC.name))
+    with outside.transaction() as tx:
+        tx.set_properties({"write.target-file-size-bytes": "120000"})
+    batch = rows(range(0, 20_000), "b")  # every row changed: the file rewritten
+    with counting() as calls:
+        result = store.write(SPEC, batch)
+    assert calls == Counter(load=1, commit=2), calls
+    assert result.rows_updated == 20_000, result
+    table = fresh_catalog().load_table(("datasets", SPEC.name))
+    assert len(list(table.scan().plan_files())) >= 2
+    assert table.properties["write.target-file-size-bytes"] == "120000"
+    assert_same_multiset(store.read(SPEC), batch)
+
+
 @pytest.mark.both_catalogs
 def test_a_write_planned_from_memory_that_changes_nothing_checks_the_table_did_not_move(
     catalog: Any, fresh_catalog: Callable[[], Any], catalog_backend: str, pg_db_url: str

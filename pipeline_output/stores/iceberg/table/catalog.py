@@ -36,17 +36,18 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from contextlib import suppress
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import ICEBERG_TABLE_TYPE, IcebergTables, SqlCatalog
-from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.exceptions import CommitFailedException, NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.io import PY_IO_IMPL, FileIO, load_file_io
 from pyiceberg.serializers import FromInputFile, ToOutputFile
 from pyiceberg.table import CommitTableResponse, StagedTable, Table
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.update import TableRequirement, TableUpdate
+from pyiceberg.table.update import TableRequirement, TableUpdate, ValidatableTableRequirement
 from pyiceberg.typedef import Identifier
 from pyiceberg.utils.config import Config
 from sqlalchemy import Connection, text
@@ -304,6 +305,48 @@ class FlatSqlCatalog(SqlCatalog):
                 staged.io.delete(staged.metadata_location)
             return None
         return _response(staged.metadata, staged.metadata_location)
+
+
+class AssertUnchanged(ValidatableTableRequirement):
+    """The table's metadata must be the very version a commit was planned on: its last update
+    time and its latest metadata-log entry, which every commit changes (a property-only one
+    too, which no Iceberg REST requirement can assert). Checked where the catalog validates the
+    requirements itself (the SQL catalog: a commit that finds its row moved since
+    `table` re-checks them against the current metadata); a REST catalog would refuse the
+    unknown type, so it is never sent there (`requires_unchanged`)."""
+
+    type: Literal["po-assert-unchanged"] = Field(default="po-assert-unchanged")
+    last_updated_ms: int
+    previous: str | None
+
+    @classmethod
+    def of(cls, metadata: TableMetadata) -> AssertUnchanged:
+        """The requirement that the table still be at `metadata`."""
+        log = metadata.metadata_log
+        return cls(
+            last_updated_ms=metadata.last_updated_ms,
+            previous=log[-1].metadata_file if log else None,
+        )
+
+    def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]
+        """Raise `CommitFailedException` unless `base_metadata` is the planned version."""
+        log = base_metadata.metadata_log if base_metadata is not None else []
+        if (
+            base_metadata is None
+            or base_metadata.last_updated_ms != self.last_updated_ms
+            or (log[-1].metadata_file if log else None) != self.previous
+        ):
+            raise CommitFailedException(
+                "Requirement failed: the table changed since this write was planned"
+            )
+
+
+def requires_unchanged(catalog: Catalog) -> bool:
+    """Whether `catalog` validates a commit's requirements itself, so `AssertUnchanged` may be
+    staged (any catalog but REST, which sends them to the server)."""
+    from pyiceberg.catalog.rest import RestCatalog
+
+    return not isinstance(catalog, RestCatalog)
 
 
 def _response(metadata: TableMetadata, location: str) -> CommitTableResponse:

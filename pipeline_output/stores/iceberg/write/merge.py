@@ -97,6 +97,7 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     read_index,
     upgrade_properties,
 )
+from pipeline_output.stores.iceberg.table.catalog import AssertUnchanged, requires_unchanged
 from pipeline_output.stores.iceberg.table.changes import (
     CHANGE_TYPE,
     DELETE,
@@ -1015,26 +1016,30 @@ def assert_base(tx: Transaction, branch: str) -> None:
     """Make `tx`'s commit require the table as `tx` starts from: the head of `branch`, the
     current schema, the last assigned field id and the default partition spec (Iceberg REST's
     `assert-ref-snapshot-id`, `assert-current-schema-id`, `assert-last-assigned-field-id`,
-    `assert-default-spec-id`; the SQL catalog checks the same against its current metadata).
-    Staged before any other change: a schema or spec evolution asserts the same values, and a
-    transaction keeps one requirement of each kind. Another engine's commit in between (any
-    snapshot, schema or spec change) then fails the commit (`CommitFailedException`), nothing
-    committed."""
+    `assert-default-spec-id`, `assert-default-sort-order-id`; the SQL catalog checks the same
+    against its current metadata, and more: `AssertUnchanged`, any commit at all — a
+    property-only one too, which no REST requirement can express). Staged before any other
+    change: a schema or spec evolution asserts the same values, and a transaction keeps one
+    requirement of each kind. Another engine's commit in between then fails the commit
+    (`CommitFailedException`), nothing committed."""
     from pyiceberg.table.update import (
         AssertCurrentSchemaId,
+        AssertDefaultSortOrderId,
         AssertDefaultSpecId,
         AssertLastAssignedFieldId,
         AssertRefSnapshotId,
+        TableRequirement,
     )
 
     meta = tx.table_metadata
     # pydantic models populated by field name (their aliases are the REST names)
-    tx._stage(
-        (),
-        (
-            AssertRefSnapshotId(snapshot_id=head(tx._table, branch), ref=branch),  # type: ignore[call-arg]
-            AssertCurrentSchemaId(current_schema_id=meta.current_schema_id),  # type: ignore[call-arg]
-            AssertLastAssignedFieldId(last_assigned_field_id=meta.last_column_id),  # type: ignore[call-arg]
-            AssertDefaultSpecId(default_spec_id=meta.default_spec_id),  # type: ignore[call-arg]
-        ),
-    )
+    requirements: list[TableRequirement] = [
+        AssertRefSnapshotId(snapshot_id=head(tx._table, branch), ref=branch),  # type: ignore[call-arg]
+        AssertCurrentSchemaId(current_schema_id=meta.current_schema_id),  # type: ignore[call-arg]
+        AssertLastAssignedFieldId(last_assigned_field_id=meta.last_column_id),  # type: ignore[call-arg]
+        AssertDefaultSpecId(default_spec_id=meta.default_spec_id),  # type: ignore[call-arg]
+        AssertDefaultSortOrderId(default_sort_order_id=meta.default_sort_order_id),  # type: ignore[call-arg]
+    ]
+    if requires_unchanged(tx._table.catalog):
+        requirements.append(AssertUnchanged.of(meta))  # type: ignore[arg-type]
+    tx._stage((), tuple(requirements))
