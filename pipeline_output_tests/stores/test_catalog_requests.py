@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -411,11 +412,14 @@ def test_a_second_partition_run_in_a_process_loads_no_table(catalog: Any, pg_db_
     with sql_calls(catalog) as second:
         partition_run(store, 2)
     assert second == Counter(commit_table=1), second
-    with sql_calls(catalog) as again:  # a re-run of day 1 replaces its slice
-        result = partition_run(store, 1, day_part(1)[1].head(4))
+    # a re-run of day 1 replaces its slice; its key 205 moves from day 2 into it (one key)
+    moved = pl.DataFrame({"id": [205], "day": [date(2024, 1, 1)]})
+    day1 = pl.concat([day_part(1)[1].head(4), moved])
+    with sql_calls(catalog) as again:
+        result = partition_run(store, 1, day1)
     assert again == Counter(commit_table=1), again
-    assert (result.rows_inserted, result.rows_deleted) == (4, 10), result
-    expected = pl.concat([day_part(1)[1].head(4), day_part(2)[1]])
+    assert (result.rows_inserted, result.rows_deleted) == (5, 11), result
+    expected = pl.concat([day1, day_part(2)[1].filter(pl.col("id") != 205)])
     assert_same_multiset(store.read(DAILY), expected)
 
 

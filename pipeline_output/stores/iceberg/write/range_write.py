@@ -10,7 +10,11 @@ partitions larger than that are computed and written one at a time. Only each wr
 partition's key columns are kept (keys stay unique across the run). The files are written
 against the table as this process's last write left it, else as loaded once (or, for a table
 that does not exist yet, against the transaction that creates it). Then the table's writer lock
-is taken and the table loaded once, its manifests read while the last partitions encode, and
+is taken and the table loaded once — not at all when this process's last write left it and holds
+the project's writer lock (`IcebergTables.plans_from_memory`): the commit then asserts that base
+(`merge.assert_base`), and when another engine committed in between (the commit refused, a file
+planned from gone) the run's files are kept, the table loaded and the commit planned again on
+it, once —, its manifests read while the last partitions encode, and
 one snapshot replaces every slice of the run: files wholly inside a slice are dropped unread, files
 straddling one are read and rewritten or kept with a positional delete file (`MergePolicy`),
 and a keyed dataset's rows outside the slices whose key the run writes go too (a key moved
@@ -41,9 +45,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
+from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile
@@ -51,6 +56,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH
+from pyiceberg.types import IntegerType, LongType
 
 from pipeline_output.contract.checked_input import checked_frame
 from pipeline_output.contract.plan import RowCounts, WriteResult, plan_write
@@ -79,7 +85,7 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     read_index,
     upgrade_properties,
 )
-from pipeline_output.stores.iceberg.table.partitions import needs_evolution, slice_relation
+from pipeline_output.stores.iceberg.table.partitions import needs_evolution, slice_test
 from pipeline_output.stores.iceberg.table.tables import (
     PROPERTY_PREFIX,
     IcebergTables,
@@ -553,8 +559,9 @@ def _replace_slices(
     deleted = [0] * len(parts)
     pk = list(spec.primary_key)
     changes = MergeChanges(inserted=sum(p.rows_in for p in parts))
-    relations = [(task, _relation(task, schema, slices)) for task in tasks]
-    outside = [task for task, where in relations if where is None]
+    tests = [slice_test(schema, part) for part in slices]  # each slice's bounds resolved once
+    relations = [(task, _relation(task, tests)) for task in tasks]
+    outside = _may_hold_keys(spec, schema, parts, [t for t, where in relations if where is None])
     reads = outside or any(w == "straddles" or t.delete_files for t, w in relations)
     keys = _keys_frame(parts) if pk and reads else None  # only when a file is read
     # a file outside every slice is read only when it may hold a key the run writes
@@ -602,12 +609,49 @@ def _replace_slices(
     return changes, deleted
 
 
-def _relation(task: FileScanTask, schema: Schema, slices: list[PartitionSlice]) -> int | str | None:
-    """The index of the slice `task`'s file lies wholly inside, None when it lies outside
-    every slice, `straddles` otherwise."""
+def _may_hold_keys(
+    spec: DatasetSpec, schema: Schema, parts: list[SlicePart], tasks: list[FileScanTask]
+) -> list[FileScanTask]:
+    """`tasks` (files outside every slice) less those whose bounds of a one-column integer key
+    lie outside the run's keys' min..max: they hold none of its keys, as `prune_by_keys` would
+    find — cut without building the run's keys frame (ids growing with the day: every other
+    day's file, each run)."""
+    pk = spec.primary_key
+    if len(pk) != 1 or not tasks:
+        return tasks
+    field = schema.find_field(pk[0])
+    if not isinstance(field.field_type, (IntegerType, LongType)):
+        return tasks
+    frames = [p.keys.get_column(pk[0]) for p in parts if p.keys is not None and p.keys.height]
+    if not frames:
+        return tasks
+    lows, highs = [f.min() for f in frames], [f.max() for f in frames]
+    if not all(isinstance(v, int) for v in (*lows, *highs)):
+        return tasks
+    low, high = min(cast(list[int], lows)), max(cast(list[int], highs))
+    fid, ftype = field.field_id, field.field_type
+    kept = []
+    for task in tasks:
+        lower, upper = task.file.lower_bounds, task.file.upper_bounds
+        lo_b, hi_b = (lower.get(fid) if lower else None), (upper.get(fid) if upper else None)
+        if (
+            lo_b is None
+            or hi_b is None
+            or not (
+                cast(int, from_bytes(ftype, hi_b)) < low
+                or cast(int, from_bytes(ftype, lo_b)) > high
+            )
+        ):
+            kept.append(task)
+    return kept
+
+
+def _relation(task: FileScanTask, tests: list[Callable[[FileScanTask], str]]) -> int | str | None:
+    """The index of the slice `task`'s file lies wholly inside (`tests`: each slice's
+    `slice_test`), None when it lies outside every slice, `straddles` otherwise."""
     straddles = False
-    for n, part in enumerate(slices):
-        relation = slice_relation(task, schema, part)
+    for n, test in enumerate(tests):
+        relation = test(task)
         if relation == "inside":
             return n
         straddles = straddles or relation == "straddles"
