@@ -285,9 +285,9 @@ class Publisher:
         zero-argument compute of its rows, called in order.
 
         In `iceberg` mode, unaudited, for a dataset whose partition write is a replace
-        (`range_write.combines`): one table load, one writer lock and one commit — one snapshot
-        — for every partition, each computed and written to files in turn (one partition in
-        memory), nothing committed when any fails (`IcebergStore.write_range`); each partition
+        (`range_write.combines`): at most one table load, one writer lock and one commit — one
+        snapshot — for every partition, each computed and written to files in turn (one
+        partition in memory), nothing committed when any fails (`IcebergStore.write_range`); each partition
         keeps its own result and deploy record (recorded in one ledger transaction). Otherwise,
         and from a partition whose frame evolves the table's schema on: one `publish` (one
         commit) per partition."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -396,3 +397,86 @@ def test_a_write_planned_from_memory_that_changes_nothing_checks_the_table_did_n
     assert result.rows_inserted == 1, result
     assert calls["load"] == 2 and calls["commit"] == 1, calls
     assert_same_multiset(store.read(SPEC), base)
+
+
+DAILY = DatasetSpec(name="daily", primary_key=("id",), strategy="replace")
+
+
+def day_part(day: int) -> tuple[Any, pl.DataFrame]:
+    """Day `day` of January 2024 as a partition slice, and its rows (ids `day*100 + 0..9`)."""
+    from datetime import UTC, date, datetime, timedelta
+
+    from pipeline_output.contract.slices import PartitionSlice, TimeRange
+
+    start = datetime(2024, 1, day, tzinfo=UTC)
+    part = PartitionSlice(
+        start.date().isoformat(), (TimeRange("day", start, start + timedelta(days=1)),)
+    )
+    ids = [day * 100 + i for i in range(10)]
+    frame = pl.DataFrame(
+        {"id": pl.Series(ids, dtype=pl.Int64), "day": [date(2024, 1, day)] * len(ids)}
+    )
+    return part, frame
+
+
+def partition_run(store: IcebergStore, day: int, frame: pl.DataFrame | None = None) -> Any:
+    """One Dagster partition run of `DAILY` (`write_range` with one partition)."""
+    part, rows_of_day = day_part(day)
+    rows_in = rows_of_day if frame is None else frame
+    ranged = store.write_range(DAILY, iter([(part, lambda: rows_in)]))
+    assert ranged.stopped is None and len(ranged.results) == 1
+    return ranged.results[0][1]
+
+
+def test_a_second_partition_run_in_a_process_loads_no_table(catalog: Any, pg_db_url: str) -> None:
+    """A process's next partition run plans from the table its last commit left (under the
+    writer lock, the commit asserting that base): one commit, no table load."""
+    store = IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url))
+    partition_run(store, 1)
+    with sql_calls(catalog) as second:
+        partition_run(store, 2)
+    assert second == Counter(commit_table=1), second
+    # a re-run of day 1 replaces its slice; its key 205 moves from day 2 into it (one key)
+    moved = pl.DataFrame({"id": [205], "day": [date(2024, 1, 1)]})
+    day1 = pl.concat([day_part(1)[1].head(4), moved])
+    with sql_calls(catalog) as again:
+        result = partition_run(store, 1, day1)
+    assert again == Counter(commit_table=1), again
+    assert (result.rows_inserted, result.rows_deleted) == (5, 11), result
+    expected = pl.concat([day1, day_part(2)[1].filter(pl.col("id") != 205)])
+    assert_same_multiset(store.read(DAILY), expected)
+
+
+def test_another_engines_commit_between_two_partition_runs_is_seen_and_the_run_planned_again(
+    catalog: Any, fresh_catalog: Callable[[], Any], pg_db_url: str
+) -> None:
+    """A pyiceberg writer outside the project's lock appends rows to days 2 and 3 between two
+    partition runs: the second run's commit (planned from memory) is refused, it loads the table
+    and replaces day 2's slice again on it — the other engine's day-2 rows replaced, its day-3
+    rows kept, nothing lost — and no file of the refused attempt is left over."""
+    store = IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url))
+    partition_run(store, 1)
+    partition_run(store, 2)
+    outside = fresh_catalog().load_table(("datasets", DAILY.name))  # another engine, no lock
+    theirs = pl.concat([day_part(2)[1].head(3), day_part(3)[1]]).with_columns(id=pl.col("id") + 50)
+    outside.append(theirs.to_arrow().cast(outside.schema().as_arrow()))
+    mine = day_part(2)[1].tail(5)
+    with sql_calls(catalog) as calls:
+        result = partition_run(store, 2, mine)
+    # the refused commit, the reload, the commit of the new plan
+    assert calls == Counter(load_table=1, commit_table=2), calls
+    assert (result.rows_inserted, result.rows_deleted) == (5, 13), result
+    target = pl.concat([day_part(1)[1], day_part(2)[1], theirs])
+    days = pl.col("day")
+    expected = pl.concat([target.filter(days != pl.date(2024, 1, 2)), mine])
+    assert_same_multiset(store.read(DAILY), expected)
+    table = fresh_catalog().load_table(("datasets", DAILY.name))
+    live = {t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()}
+    folder = Path(table.metadata.location.removeprefix("file://")) / "data"
+    on_disk = {str(p) for p in folder.rglob("*.parquet")}
+    history = {
+        t.file.file_path.removeprefix("file://")
+        for snap in table.snapshots()
+        for t in table.scan(snapshot_id=snap.snapshot_id).plan_files()
+    }
+    assert live <= on_disk and on_disk <= history, on_disk - history

@@ -299,8 +299,8 @@ class IcebergStore:
         run_id: str | None = None,
     ) -> RangeWrite:
         """A range run's partitions of a `replace` dataset (`range_write.combines`): each
-        computed and written to files in turn, then one load, one lock and one commit replacing
-        every slice: `range_write.write_range`."""
+        computed and written to files in turn, then at most one load, one lock and one commit
+        replacing every slice: `range_write.write_range`."""
         return write_range(self, spec, items, capabilities=self.capabilities, run_id=run_id)
 
     def _consumed(self, dataset: str) -> Callable[[], bool]:

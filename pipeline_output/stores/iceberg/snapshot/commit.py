@@ -289,6 +289,9 @@ class CommitRequest:
     branch: str = MAIN_BRANCH  # the ref committed to (an audited write: its run's branch)
     # the write's own change (table columns + `_change_type`): written as the `CHANGE_FILE`
     change: pl.DataFrame | None = None
+    # paths of `ready` files a certainly refused commit leaves in place: the caller's to commit
+    # again (a range run planned from memory plans again on the table loaded) or to delete
+    keep: frozenset[str] = frozenset()
 
 
 def commit(request: CommitRequest) -> Table:
@@ -387,7 +390,12 @@ def _commit(request: CommitRequest, io: Uploads) -> Table:
         # certain: the catalog did not swap, so the files written for this commit are garbage
         with suppress(Exception):
             producer._clean_all_uncommitted()
-        written = [*writer.written, *deletes.written, *(f.file_path for f in ready)]
+        kept = request.keep
+        written = [
+            *writer.written,
+            *deletes.written,
+            *(f.file_path for f in ready if f.file_path not in kept),
+        ]
         for path in [*written, *change_written]:
             delete_quietly(io, path)
         if isinstance(exc, WriteConflict):

@@ -15,6 +15,7 @@ watermark field's type, and file-level relations from column bounds — of a del
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import date, datetime
 from typing import Any
 
@@ -301,38 +302,59 @@ def slice_relation(task: FileScanTask, schema: Schema, partition: PartitionSlice
     """`inside`, `outside` or `straddles`: where a file's rows lie against a partition's slice,
     from its column bounds (a file of a table partitioned like the Dagster partitions lies
     wholly inside or outside). A column the schema lacks holds no row of the slice."""
-    relations = [_term_relation(task, schema, term) for term in partition.terms]
-    if "outside" in relations:
-        return "outside"
-    return "inside" if all(r == "inside" for r in relations) else "straddles"
+    return slice_test(schema, partition)(task)
 
 
-def _term_relation(task: FileScanTask, schema: Schema, term: Term) -> str:
+def slice_test(schema: Schema, partition: PartitionSlice) -> Callable[[FileScanTask], str]:
+    """`slice_relation` of `partition` for any file of `schema`'s table: the slice's fields and
+    bounds resolved once, each file's bounds compared (a commit tests every live file)."""
+    tests = [_term_test(schema, term) for term in partition.terms]
+
+    def relation(task: FileScanTask) -> str:
+        relations = [test(task) for test in tests]
+        if "outside" in relations:
+            return "outside"
+        return "inside" if all(r == "inside" for r in relations) else "straddles"
+
+    return relation
+
+
+def _term_test(schema: Schema, term: Term) -> Callable[[FileScanTask], str]:
     try:
         field = schema.find_field(term.column)
     except ValueError:
-        return "outside"
+        return lambda task: "outside"
     ftype = field.field_type
     dtype = _SLICE_TYPES.get(type(ftype)) if isinstance(ftype, PrimitiveType) else None
-    lo_b = task.file.lower_bounds.get(field.field_id) if task.file.lower_bounds else None
-    hi_b = task.file.upper_bounds.get(field.field_id) if task.file.upper_bounds else None
-    if dtype is None or lo_b is None or hi_b is None:
-        return "straddles"
-    assert isinstance(ftype, PrimitiveType)
-    nulls = (task.file.null_value_counts or {}).get(field.field_id, 0)
-    lo, hi = from_bytes(ftype, lo_b), from_bytes(ftype, hi_b)
+    if dtype is None or not isinstance(ftype, PrimitiveType):
+        return lambda task: "straddles"
+    field_id = field.field_id
     if isinstance(term, OneOf):
-        inside = [_bound_value(v, ftype) for v in term.values if v is not None]
-        return "straddles" if any(lo <= v <= hi for v in inside) else "outside"
-    if isinstance(term, Equals):
+        values = [_bound_value(v, ftype) for v in term.values if v is not None]
+    elif isinstance(term, Equals):
         value = _bound_value(term.typed(dtype), ftype)
-        if value < lo or value > hi:
+    else:
+        low, high = (_bound_value(b, ftype) for b in term.bounds(dtype))
+
+    def test(task: FileScanTask) -> str:
+        file = task.file
+        lo_b = file.lower_bounds.get(field_id) if file.lower_bounds else None
+        hi_b = file.upper_bounds.get(field_id) if file.upper_bounds else None
+        if lo_b is None or hi_b is None:
+            return "straddles"
+        nulls = (file.null_value_counts or {}).get(field_id, 0)
+        lo, hi = from_bytes(ftype, lo_b), from_bytes(ftype, hi_b)
+        if isinstance(term, OneOf):
+            return "straddles" if any(lo <= v <= hi for v in values) else "outside"
+        if isinstance(term, Equals):
+            if value < lo or value > hi:
+                return "outside"
+            return "inside" if lo == hi == value and not nulls else "straddles"
+        if hi < low or lo >= high:
             return "outside"
-        return "inside" if lo == hi == value and not nulls else "straddles"
-    low, high = (_bound_value(b, ftype) for b in term.bounds(dtype))
-    if hi < low or lo >= high:
-        return "outside"
-    return "inside" if lo >= low and hi < high and not nulls else "straddles"
+        return "inside" if lo >= low and hi < high and not nulls else "straddles"
+
+    return test
 
 
 def window_filter(

@@ -10,7 +10,11 @@ partitions larger than that are computed and written one at a time. Only each wr
 partition's key columns are kept (keys stay unique across the run). The files are written
 against the table as this process's last write left it, else as loaded once (or, for a table
 that does not exist yet, against the transaction that creates it). Then the table's writer lock
-is taken and the table loaded once, its manifests read while the last partitions encode, and
+is taken and the table loaded once — not at all when this process's last write left it and holds
+the project's writer lock (`IcebergTables.plans_from_memory`): the commit then asserts that base
+(`merge.assert_base`), and when another engine committed in between (the commit refused, a file
+planned from gone) the run's files are kept, the table loaded and the commit planned again on
+it, once —, its manifests read while the last partitions encode, and
 one snapshot replaces every slice of the run: files wholly inside a slice are dropped unread, files
 straddling one are read and rewritten or kept with a positional delete file (`MergePolicy`),
 and a keyed dataset's rows outside the slices whose key the run writes go too (a key moved
@@ -40,21 +44,31 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
-from pyiceberg.exceptions import TableAlreadyExistsError
+from pyiceberg.conversions import from_bytes
+from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import MAIN_BRANCH
+from pyiceberg.types import IntegerType, LongType
 
 from pipeline_output.contract.checked_input import checked_frame
 from pipeline_output.contract.plan import RowCounts, WriteResult, plan_write
 from pipeline_output.contract.slices import PartitionSlice, check_in_partition
 from pipeline_output.contract.spec import STRATEGIES, DatasetSpec
-from pipeline_output.errors import DuplicateKeys, EmptyComputeRefused, WriteConflict
+from pipeline_output.errors import (
+    DuplicateKeys,
+    EmptyComputeRefused,
+    FilesRemoved,
+    LockLost,
+    WriteConflict,
+)
 from pipeline_output.infra.locks import LockStats
 from pipeline_output.stores.iceberg.snapshot.commit import (
     CommitRequest,
@@ -71,7 +85,7 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     read_index,
     upgrade_properties,
 )
-from pipeline_output.stores.iceberg.table.partitions import needs_evolution, slice_relation
+from pipeline_output.stores.iceberg.table.partitions import needs_evolution, slice_test
 from pipeline_output.stores.iceberg.table.tables import (
     PROPERTY_PREFIX,
     IcebergTables,
@@ -85,7 +99,12 @@ from pipeline_output.stores.iceberg.write.frame_rows import (
     sorted_for_write,
 )
 from pipeline_output.stores.iceberg.write.key_scan import FileReader, prune_by_keys
-from pipeline_output.stores.iceberg.write.merge import MergePolicy, drop_from_file, live_rows
+from pipeline_output.stores.iceberg.write.merge import (
+    MergePolicy,
+    assert_base,
+    drop_from_file,
+    live_rows,
+)
 from pipeline_output.stores.iceberg.write.prepare import MergeChanges
 from pipeline_output.stores.schema import check_required, plan_evolution
 
@@ -189,7 +208,11 @@ def write_range(
     up to the partition the run stops at (`RangeWrite.stopped`), if any."""
     started = time.perf_counter()
     tables = store.tables
-    base = tables.as_written(spec) or tables.load(spec)
+    last = tables.as_written(spec)
+    # planned from the table as this process's last write left it (no load) while it holds the
+    # project's writer lock: the commit asserts it (`IcebergStore.write`'s `_from_memory`)
+    remembered = last if last is not None and tables.plans_from_memory(spec) else None
+    base = last or tables.load(spec)
     out = RangeWrite()
     target: _Target | None = None
     parts: list[SlicePart] = []
@@ -219,22 +242,29 @@ def write_range(
                         del frame
                     if target is None or not (parts or encoding):
                         return out
-                    # the lock, the table and its manifests while the last partitions encode
-                    with tables.hold(spec, on=held) as stats:
-                        table = tables.load(spec)
-                        planned = _planned(target, table)
+
+                    def drain() -> None:
                         while encoding:
                             parts.append(encoding.popleft()[0].result())
-                        results, committed = _commit(
-                            tables,
-                            spec,
-                            target,
-                            table,
-                            parts,
-                            run_id=run_id,
-                            fence=stats,
-                            planned=planned,
+
+                    # the lock, the table and its manifests while the last partitions encode
+                    with tables.hold(spec, on=held) as stats:
+                        attempt = partial(
+                            _commit, tables, spec, target, parts=parts, run_id=run_id, fence=stats
                         )
+                        outcome = None
+                        if remembered is not None:
+                            outcome = _from_memory(tables, spec, target, remembered, attempt, drain)
+                        if outcome is None:
+                            table = tables.load(spec)
+                            if remembered is None and last is not None and table is not None:
+                                # another writer committed since this process's last write?
+                                moved = table.metadata_location != last.metadata_location
+                                tables.contended(spec, by_others=moved)
+                            planned = _planned(target, table)
+                            drain()
+                            outcome = attempt(table, planned=planned)
+                        results, committed = outcome
                         tables.remember(spec, committed)
                 except BaseException:
                     for pending, _ in encoding:
@@ -272,6 +302,45 @@ def _target(
     return _Target(tx.table_metadata, tx._table.io, create=tx)
 
 
+def _from_memory(
+    tables: IcebergTables,
+    spec: DatasetSpec,
+    target: _Target,
+    table: Table,
+    attempt: Callable[..., tuple[list[WriteResult], Table | None]],
+    drain: Callable[[], None],
+) -> tuple[list[WriteResult], Table | None] | None:
+    """The run's commit planned on `table` as this process's last write left it, without
+    loading it, the commit asserting that base (`merge.assert_base`); None when the table moved
+    since (another engine's commit refused it, a file it planned from is gone, the table is
+    gone, or an empty partition's refusal was judged on a table that moved), with nothing
+    committed and the run's data files kept — the caller then loads the table and plans the
+    commit again, once. The files a refused attempt wrote itself (rewrites of straddling files)
+    are deleted as on any failure."""
+    try:
+        planned = _planned(target, table)
+    except (FileNotFoundError, NoSuchTableError):
+        tables.contended(spec, by_others=True)
+        return None
+    drain()
+    try:
+        return attempt(table, planned=planned, asserted=True)
+    except WriteConflict as exc:
+        # certainly not committed, the run's files kept (`CommitRequest.keep`): its own again —
+        # deleted when it fails, as files not yet handed to a commit are
+        target.handed = False
+        if isinstance(exc, (LockLost, FilesRemoved)):
+            raise
+    except EmptyComputeRefused:
+        now = tables.load(spec)
+        if now is not None and now.metadata_location == table.metadata_location:
+            raise  # judged on the table as it is
+    except (FileNotFoundError, NoSuchTableError):
+        target.handed = False  # the catalog refused a commit to a table that is gone
+    tables.contended(spec, by_others=True)
+    return None
+
+
 def _planned(
     target: _Target, table: Table | None
 ) -> tuple[ManifestIndex, list[FileScanTask]] | None:
@@ -296,10 +365,14 @@ def _commit(
     run_id: str | None,
     fence: LockStats,
     planned: tuple[ManifestIndex, list[FileScanTask]] | None = None,
+    asserted: bool = False,
 ) -> tuple[list[WriteResult], Table | None]:
     """The one commit of the run, under the writer lock: each partition's result, and the
     table as the commit left it (None: reload it next time). `planned`: the table's manifest
-    index and live files, read already (`_planned`)."""
+    index and live files, read already (`_planned`). `asserted`: `table` was not loaded (it is
+    as this process's last write left it): the commit asserts it as its base
+    (`merge.assert_base`), and a refused commit leaves the run's files in place for the plan
+    made again on the table loaded (`CommitRequest.keep`)."""
     name = tables.table_name(spec)
     if target.create is not None and table is not None:
         raise WriteConflict(
@@ -322,16 +395,25 @@ def _commit(
     props = summary_properties(spec, plans[0], run_id)
     props[f"{PROPERTY_PREFIX}partition"] = f"{parts[0].partition.key}..{parts[-1].partition.key}"
     ready = [f for p in parts for f in p.files]
+    kept = frozenset(f.file_path for f in ready) if asserted else frozenset()
     if table is None or state.first_deploy:  # nothing to replace: every file is an insert
         inserted = sum(p.rows_in for p in parts)
         props.update(row_properties(RowCounts(inserted=inserted), added_are_inserts=True))
         tx = target.create if table is None else FlatTransaction(table)
         assert tx is not None
+        if asserted and table is not None:
+            assert_base(tx, MAIN_BRANCH)
         target.handed = True
         try:
             committed = commit(
                 CommitRequest(
-                    tx=tx, dataset=spec.name, properties=props, ready=ready, force=True, fence=fence
+                    tx=tx,
+                    dataset=spec.name,
+                    properties=props,
+                    ready=ready,
+                    force=True,
+                    fence=fence,
+                    keep=kept,
                 )
             )
         except TableAlreadyExistsError as exc:
@@ -355,6 +437,8 @@ def _commit(
         ]
         return _totals(results, inserted), after
     tx = FlatTransaction(table)
+    if asserted:
+        assert_base(tx, MAIN_BRANCH)
     upgrade_properties(tx)
     if planned is None:
         index = read_index(table)
@@ -389,6 +473,7 @@ def _commit(
             positional=changes.positional,
             fence=fence,
             index=index,
+            keep=kept,
         )
     )
     snapshot_id = head(committed)
@@ -474,8 +559,9 @@ def _replace_slices(
     deleted = [0] * len(parts)
     pk = list(spec.primary_key)
     changes = MergeChanges(inserted=sum(p.rows_in for p in parts))
-    relations = [(task, _relation(task, schema, slices)) for task in tasks]
-    outside = [task for task, where in relations if where is None]
+    tests = [slice_test(schema, part) for part in slices]  # each slice's bounds resolved once
+    relations = [(task, _relation(task, tests)) for task in tasks]
+    outside = _may_hold_keys(spec, schema, parts, [t for t, where in relations if where is None])
     reads = outside or any(w == "straddles" or t.delete_files for t, w in relations)
     keys = _keys_frame(parts) if pk and reads else None  # only when a file is read
     # a file outside every slice is read only when it may hold a key the run writes
@@ -523,12 +609,49 @@ def _replace_slices(
     return changes, deleted
 
 
-def _relation(task: FileScanTask, schema: Schema, slices: list[PartitionSlice]) -> int | str | None:
-    """The index of the slice `task`'s file lies wholly inside, None when it lies outside
-    every slice, `straddles` otherwise."""
+def _may_hold_keys(
+    spec: DatasetSpec, schema: Schema, parts: list[SlicePart], tasks: list[FileScanTask]
+) -> list[FileScanTask]:
+    """`tasks` (files outside every slice) less those whose bounds of a one-column integer key
+    lie outside the run's keys' min..max: they hold none of its keys, as `prune_by_keys` would
+    find — cut without building the run's keys frame (ids growing with the day: every other
+    day's file, each run)."""
+    pk = spec.primary_key
+    if len(pk) != 1 or not tasks:
+        return tasks
+    field = schema.find_field(pk[0])
+    if not isinstance(field.field_type, (IntegerType, LongType)):
+        return tasks
+    frames = [p.keys.get_column(pk[0]) for p in parts if p.keys is not None and p.keys.height]
+    if not frames:
+        return tasks
+    lows, highs = [f.min() for f in frames], [f.max() for f in frames]
+    if not all(isinstance(v, int) for v in (*lows, *highs)):
+        return tasks
+    low, high = min(cast(list[int], lows)), max(cast(list[int], highs))
+    fid, ftype = field.field_id, field.field_type
+    kept = []
+    for task in tasks:
+        lower, upper = task.file.lower_bounds, task.file.upper_bounds
+        lo_b, hi_b = (lower.get(fid) if lower else None), (upper.get(fid) if upper else None)
+        if (
+            lo_b is None
+            or hi_b is None
+            or not (
+                cast(int, from_bytes(ftype, hi_b)) < low
+                or cast(int, from_bytes(ftype, lo_b)) > high
+            )
+        ):
+            kept.append(task)
+    return kept
+
+
+def _relation(task: FileScanTask, tests: list[Callable[[FileScanTask], str]]) -> int | str | None:
+    """The index of the slice `task`'s file lies wholly inside (`tests`: each slice's
+    `slice_test`), None when it lies outside every slice, `straddles` otherwise."""
     straddles = False
-    for n, part in enumerate(slices):
-        relation = slice_relation(task, schema, part)
+    for n, test in enumerate(tests):
+        relation = test(task)
         if relation == "inside":
             return n
         straddles = straddles or relation == "straddles"
