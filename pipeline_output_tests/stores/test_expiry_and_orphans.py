@@ -415,14 +415,7 @@ def test_expiry_reads_the_removed_entries_before_its_locks_once_and_deletes_the_
 
     monkeypatch.setattr(orphans, "entry_columns", spy)
     store = h.store()
-    hold = store.tables.hold
-    waited: list[bool] = []
-
-    def hold_after_the_read(spec: DatasetSpec, **kwargs: Any) -> Any:
-        waited.append(read.wait(timeout=20))
-        return hold(spec, **kwargs)
-
-    monkeypatch.setattr(store.tables, "hold", hold_after_the_read)
+    waited = _hold_after(store, read, monkeypatch)
     result = store.expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
     assert waited == [True] and sorted(decoded) == sorted(big)
     left = {norm(p) for p in files_under(h.table(SPEC))}
@@ -430,6 +423,20 @@ def test_expiry_reads_the_removed_entries_before_its_locks_once_and_deletes_the_
     assert result.files_deleted == len({norm(p) for p in before} - left)
     assert unreferenced(h.table(SPEC)) == []
     assert_same_multiset(h.store().read(SPEC.name), frame(range(121), 0))
+
+
+def _hold_after(store: Any, event: Any, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Make `store`'s writer lock wait (up to 20 s) for `event` before it is taken; the list
+    records, per lock taken, whether the event was set by then."""
+    hold = store.tables.hold
+    waited: list[bool] = []
+
+    def hold_after(spec: DatasetSpec, **kwargs: Any) -> Any:
+        waited.append(event.wait(timeout=20))
+        return hold(spec, **kwargs)
+
+    monkeypatch.setattr(store.tables, "hold", hold_after)
+    return waited
 
 
 def test_expiry_reads_the_expired_snapshots_own_manifest_lists_before_its_locks(
@@ -462,14 +469,7 @@ def test_expiry_reads_the_expired_snapshots_own_manifest_lists_before_its_locks(
 
     monkeypatch.setattr(orphans, "manifest_files", spy)
     store = h.store()
-    hold = store.tables.hold
-    waited: list[bool] = []
-
-    def hold_after_the_lists(spec: DatasetSpec, **kwargs: Any) -> Any:
-        waited.append(all_read.wait(timeout=20))
-        return hold(spec, **kwargs)
-
-    monkeypatch.setattr(store.tables, "hold", hold_after_the_lists)
+    waited = _hold_after(store, all_read, monkeypatch)
     result = store.expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
     assert waited == [True]
     left = {norm(p) for p in files_under(h.table(SPEC))}

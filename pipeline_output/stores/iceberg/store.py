@@ -195,12 +195,7 @@ class IcebergStore:
                 if remembered is not None:
                     result = self._from_memory(spec, remembered, attempt, pre)
                 if result is None:
-                    table = self.load(spec)
-                    if last is not None and table is not None:
-                        # another writer committed since this process's last write, or not
-                        tables.contended(
-                            spec, by_others=table.metadata_location != last.metadata_location
-                        )
+                    table = tables.load_since(spec, last)
                     usable = pre if pre is not None and not pre.handed_to_commit else None
                     result = attempt(table, pre=usable)
         finally:

@@ -134,6 +134,14 @@ class IcebergTables:
         else:
             self._contended.discard(self.identifier(spec))
 
+    def load_since(self, spec: DatasetSpec | str, last: Table | None) -> Table | None:
+        """The table loaded (under its writer lock), recording whether another writer committed
+        to it since `last`, this process's last write of it (`contended`); None: no table."""
+        table = self.load(spec)
+        if last is not None and table is not None:
+            self.contended(spec, by_others=table.metadata_location != last.metadata_location)
+        return table
+
     def identifier(self, spec: DatasetSpec | str) -> tuple[str, str]:
         """The table identifier of a dataset."""
         name = spec if isinstance(spec, str) else spec.name

@@ -256,11 +256,7 @@ def write_range(
                         if remembered is not None:
                             outcome = _from_memory(tables, spec, target, remembered, attempt, drain)
                         if outcome is None:
-                            table = tables.load(spec)
-                            if remembered is None and last is not None and table is not None:
-                                # another writer committed since this process's last write?
-                                moved = table.metadata_location != last.metadata_location
-                                tables.contended(spec, by_others=moved)
+                            table = tables.load_since(spec, last)
                             planned = _planned(target, table)
                             drain()
                             outcome = attempt(table, planned=planned)
