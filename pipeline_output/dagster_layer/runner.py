@@ -15,6 +15,7 @@ per failure; the console logger stays at `log_level` and the full event log goes
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,7 +34,12 @@ from pipeline_output.dagster_layer.run_report import (
     format_table,
     write_log,
 )
-from pipeline_output.errors import PipelineOutputError, RetryableError, from_third_party
+from pipeline_output.errors import (
+    PipelineOutputError,
+    RetryableError,
+    SettingsError,
+    from_third_party,
+)
 from pipeline_output.services.runtime import Runtime
 
 __all__ = [
@@ -234,15 +240,18 @@ def execute(
     run_config: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": log_level}}}}
     if ops_config:
         run_config["ops"] = dict(ops_config)
-    result = job.execute_in_process(
-        run_id=run_id,
-        instance=instance,
-        asset_selection=list(asset_keys),
-        run_config=run_config,
-        tags=dict(tags or {}),
-        partition_key=partition_key,
-        raise_on_error=False,
-    )
+    try:
+        result = job.execute_in_process(
+            run_id=run_id,
+            instance=instance,
+            asset_selection=list(asset_keys),
+            run_config=run_config,
+            tags=dict(tags or {}),
+            partition_key=partition_key,
+            raise_on_error=False,
+        )
+    except dg.DagsterInvalidConfigError as exc:  # before the run starts: nothing ran
+        raise config_refused(exc) from exc
     audits = _settle_audits(runtime_of_definitions(defs.resources), run_id)
     if log_file is not None:
         write_log(log_file, instance, run_id)
@@ -263,3 +272,19 @@ def _settle_audits(runtime: Runtime, run_id: str) -> list[Any]:
                 windows=runtime.windows,
             )
     return list(runtime.ledger.audit_log.audits_of_run(run_id))
+
+
+def config_refused(exc: dg.DagsterInvalidConfigError) -> SettingsError:
+    """Dagster's refusal of a run's config (`DagsterInvalidConfigError`: a resource field's
+    `dg.EnvVar` not set, a wrong type) in one line, without Dagster's stack trace:
+    `resource pipeline_output, field namespace: environment variable SHOP_NAMESPACE is not set`."""
+    causes = []
+    for error in exc.errors:
+        text = error.message.split("Stack Trace:")[0]
+        unset = re.search(r'environment variable "([^"]+)" which is not set', text)
+        if unset:
+            text = f"environment variable {unset.group(1)} is not set"
+        where = re.search(r"root:resources:([^:\s]+):config:([^\s]+)", error.message)
+        prefix = f"resource {where.group(1)}, field {where.group(2)}: " if where else ""
+        causes.append(prefix + " ".join(text.split()))
+    return SettingsError("the run's config", "; ".join(causes) or " ".join(str(exc).split())[:300])

@@ -218,3 +218,31 @@ def test_user_code_raising_while_the_location_loads_is_one_line_naming_its_line(
     failed = cli("status", "-f", str(imports), cwd=tmp_path)
     assert failed.returncode == 2 and "Traceback" not in failed.stderr
     assert f"ZeroDivisionError at {imports}:3: division by zero" in failed.stderr
+
+
+def test_a_resource_env_var_not_set_is_one_line_naming_the_field_and_nothing_runs(
+    cli: Run, tmp_path: Path
+) -> None:
+    """A `dg.EnvVar` of the bound resource that the environment lacks: Dagster refuses the run's
+    config before any step; the CLI says which resource field reads which variable, in one line."""
+    defs = tmp_path / "env_defs.py"
+    defs.write_text(
+        "import dagster as dg\n"
+        "import polars as pl\n"
+        "from pipeline_output import PipelineOutputResource, build_definitions, dataset\n\n"
+        "@dataset(primary_key='id')\n"
+        "def orders() -> pl.DataFrame:\n"
+        "    return pl.DataFrame({'id': [1, 2]})\n\n"
+        "@dg.definitions\n"
+        "def defs() -> dg.Definitions:\n"
+        "    resource = PipelineOutputResource(namespace=dg.EnvVar('PO_TEST_UNSET_NAMESPACE'))\n"
+        "    return build_definitions(datasets=[orders], resource=resource)\n"
+    )
+    refused = cli("materialize", "-f", str(defs), cwd=tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert (
+        "resource pipeline_output, field namespace: environment variable "
+        "PO_TEST_UNSET_NAMESPACE is not set" in refused.stderr
+    )
+    assert "runs:" not in refused.stdout  # no run was started
