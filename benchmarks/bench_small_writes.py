@@ -425,7 +425,10 @@ def main() -> int:
                         # a peer that cannot backfill: its table is filled one run per partition
                         # (untimed) so that the workloads after it read and rewrite the same table
                         measure(args, e, "fill", env)
-                one = {e: samples[e][-1].get("seconds") for e in ("noop", "ours", "deltalake")}
+                one = {
+                    e: samples[e][-1].get("seconds") if e in samples else None
+                    for e in ("noop", "ours", "deltalake")
+                }
                 if all(isinstance(v, float) for v in one.values()):
                     base = float(one["noop"])  # type: ignore[arg-type]
                     dl = float(one["deltalake"]) - base  # type: ignore[arg-type]
