@@ -99,6 +99,11 @@ READ_BATCH_ROWS = 131_072  # rows per batch a bin is read in
 # per file in flight, and two groups are held (`_read_and_write`; benchmarks/README.md, "Peak
 # memory of the partitioned compaction")
 READ_GROUP_BYTES = 4 * 1024 * 1024
+# and at most this many input files: what polars' reader holds grows with the files of a scan,
+# not their bytes (~11 KB a file of 4 KB, kept by its allocator while the scan runs) — 4 MiB of
+# 4 KB files was 1,000 files a scan; 256 took ~11 MB off the peak of compacting 20,000 small
+# files in 200 partitions, no slower (benchmarks/README.md, "Compaction's peak: files per scan")
+READ_GROUP_FILES = 256
 Progress = Callable[[int, int], None]  # (bins done, bins planned)
 
 
@@ -345,7 +350,8 @@ def _read_and_write(
     (one per bin) while the next group is read: polars' reader leaves a core idle on small
     files, and the writer (Parquet encoding, footers, Iceberg statistics) uses it. At most one
     group is being written while one is read: the memory held is two groups' rows
-    (`READ_GROUP_BYTES` of input files each), whatever the table's size. The rows read."""
+    (at most `READ_GROUP_BYTES` and `READ_GROUP_FILES` of input files each), whatever the
+    table's size. The rows read."""
     rows = done = 0
     pending: Future[list[DataFile]] | None = None
     pending_bins = 0
@@ -523,13 +529,14 @@ def publishable_audit(table: Table) -> str | None:
 
 def read_groups(table: Table, bins: list[Bin]) -> list[list[Bin]]:
     """The bins in groups read by one scan each: bins of distinct partitions of the table's
-    current partition spec, up to `READ_GROUP_BYTES` of input files together (a partitioned
-    table's bins are small: one scan per bin spent most of its time starting the scan). The
-    writer splits a group's rows by partition again: one file per bin. A bin of an older spec
-    is read alone (the current spec may split or merge its rows differently)."""
+    current partition spec, up to `READ_GROUP_BYTES` and `READ_GROUP_FILES` input files together
+    (a partitioned table's bins are small: one scan per bin spent most of its time starting the
+    scan; a bin over either bound is a group of its own). The writer splits a group's rows by
+    partition again: one file per bin. A bin of an older spec is read alone (the current spec
+    may split or merge its rows differently)."""
     current = table.metadata.default_spec_id
     groups: list[list[Bin]] = []
-    size = 0
+    size = files = 0
     seen: set[Any] = set()
     for bin_ in bins:
         alone = bin_.spec_id != current
@@ -540,12 +547,14 @@ def read_groups(table: Table, bins: list[Bin]) -> list[list[Bin]]:
             or groups[-1][0].spec_id != current
             or key in seen
             or size + bin_.bytes > READ_GROUP_BYTES
+            or files + len(bin_.tasks) > READ_GROUP_FILES
         ):
             groups.append([])
-            size = 0
+            size = files = 0
             seen = set()
         groups[-1].append(bin_)
         size += bin_.bytes
+        files += len(bin_.tasks)
         seen.add(key)
     return groups
 
