@@ -266,6 +266,45 @@ def test_compaction_never_mixes_partitions(h: Harness):
         assert (changes["added-data-files"], changes["deleted-data-files"]) == ("1", "6")
 
 
+def test_bins_of_many_partitions_are_read_at_most_read_group_files_input_files_a_scan(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """Polars' reader holds memory per file of a scan, whatever its bytes: small bins of many
+    partitions are read together up to `READ_GROUP_FILES` input files (here 7: two bins of 3
+    files a scan, not all four bins in one), with the same rows and one file per bin."""
+    from pipeline_output.stores.iceberg.maintenance import compaction
+
+    spec = windowed(name="grouped", partition_by=("region",))
+    regions = ("eu", "us", "ap", "sa")
+    expected = []
+    for w in range(3):
+        frame = pl.concat(
+            [
+                rows(range(w * 40 + r * 10 + 1, w * 40 + r * 10 + 11), region=g)
+                for r, g in enumerate(regions)
+            ]
+        )
+        h.store().write(spec, frame, window=Window(low=w * 40, high=(w + 1) * 40))
+        expected.append(frame)
+    scans: list[int] = []
+    read_bins = compaction._read_bins
+
+    def spy(table: Any, bins: Any, spec_: DatasetSpec) -> pl.DataFrame:
+        scans.append(sum(len(b.tasks) for b in bins))
+        return read_bins(table, bins, spec_)
+
+    monkeypatch.setattr(compaction, "READ_GROUP_FILES", 7, raising=False)
+    monkeypatch.setattr(compaction, "_read_bins", spy)
+
+    result = h.store().compact(spec, min_input_files=2)
+
+    assert (result.files_rewritten, result.files_added) == (12, 4)
+    assert scans == [6, 6]
+    assert_same_multiset(h.contents(spec), pl.concat(expected))
+    for f in data_files(h, spec):
+        assert read_file(f)["region"].unique().to_list() == [f.partition[0]]
+
+
 def test_a_compactions_summary_counts_its_files_as_pyiceberg_counts_them_one_by_one(h: Harness):
     """The removed files are counted per partition and content, then added to the summary
     once per partition: the same summary as pyiceberg's collector fed file by file (the oracle,

@@ -99,6 +99,12 @@ READ_BATCH_ROWS = 131_072  # rows per batch a bin is read in
 # per file in flight, and two groups are held (`_read_and_write`; benchmarks/README.md, "Peak
 # memory of the partitioned compaction")
 READ_GROUP_BYTES = 4 * 1024 * 1024
+# and at most this many input files: what polars' reader holds grows with the files of a scan,
+# not their bytes (~13 KB a file of 4 KB while the scan runs) — 4 MiB of 4 KB files was 1,000
+# files a scan. 512 took ~8 MB off the peak of compacting 20,000 small files in 200 partitions
+# at the same speed; 256, ~12 MB but ~10 % slower: each scan costs polars a few ms to start
+# (benchmarks/README.md, "Compaction's peak: files per scan")
+READ_GROUP_FILES = 512
 Progress = Callable[[int, int], None]  # (bins done, bins planned)
 
 
@@ -345,7 +351,8 @@ def _read_and_write(
     (one per bin) while the next group is read: polars' reader leaves a core idle on small
     files, and the writer (Parquet encoding, footers, Iceberg statistics) uses it. At most one
     group is being written while one is read: the memory held is two groups' rows
-    (`READ_GROUP_BYTES` of input files each), whatever the table's size. The rows read."""
+    (at most `READ_GROUP_BYTES` and `READ_GROUP_FILES` of input files each), whatever the
+    table's size. The rows read."""
     rows = done = 0
     pending: Future[list[DataFile]] | None = None
     pending_bins = 0
@@ -523,13 +530,14 @@ def publishable_audit(table: Table) -> str | None:
 
 def read_groups(table: Table, bins: list[Bin]) -> list[list[Bin]]:
     """The bins in groups read by one scan each: bins of distinct partitions of the table's
-    current partition spec, up to `READ_GROUP_BYTES` of input files together (a partitioned
-    table's bins are small: one scan per bin spent most of its time starting the scan). The
-    writer splits a group's rows by partition again: one file per bin. A bin of an older spec
-    is read alone (the current spec may split or merge its rows differently)."""
+    current partition spec, up to `READ_GROUP_BYTES` and `READ_GROUP_FILES` input files together
+    (a partitioned table's bins are small: one scan per bin spent most of its time starting the
+    scan; a bin over either bound is a group of its own). The writer splits a group's rows by
+    partition again: one file per bin. A bin of an older spec is read alone (the current spec
+    may split or merge its rows differently)."""
     current = table.metadata.default_spec_id
     groups: list[list[Bin]] = []
-    size = 0
+    size = files = 0
     seen: set[Any] = set()
     for bin_ in bins:
         alone = bin_.spec_id != current
@@ -540,12 +548,14 @@ def read_groups(table: Table, bins: list[Bin]) -> list[list[Bin]]:
             or groups[-1][0].spec_id != current
             or key in seen
             or size + bin_.bytes > READ_GROUP_BYTES
+            or files + len(bin_.tasks) > READ_GROUP_FILES
         ):
             groups.append([])
-            size = 0
+            size = files = 0
             seen = set()
         groups[-1].append(bin_)
         size += bin_.bytes
+        files += len(bin_.tasks)
         seen.add(key)
     return groups
 
@@ -561,14 +571,21 @@ def _read_bins(table: Table, bins: list[Bin], spec: DatasetSpec) -> pl.DataFrame
     in batches of `READ_BATCH_ROWS`, each made contiguous: collected at once, a bin of 20,000
     small files became a frame of 20,000 chunks holding 2.5 times its data. Files already sorted
     and in key order (what windows of increasing keys leave) read back sorted: the sort is
-    skipped then."""
+    skipped then.
+
+    Per scan, polars is asked little besides the read (a partitioned table's groups are many,
+    `READ_GROUP_FILES`): the scan's schema resolved once, the sort checked in one query
+    (`_sorted`), the frame kept as read when it has the table's types already."""
     schema = table.schema()
+    target = target_schema(schema)
     tasks = tuple(t for b in bins for t in b.tasks)
     for direct in (True, False) if _plain_files(table, tasks) else (False,):
         try:
-            rows = typed(_scan(table, tasks, direct=direct), target_schema(schema))
-            if direct and not {f.name for f in schema.fields} <= set(rows.collect_schema()):
+            scan = _scan(table, tasks, direct=direct)
+            have = scan.collect_schema()
+            if direct and not {f.name for f in schema.fields} <= set(have):
                 continue  # a column the files do not hold (an identity partition's source)
+            rows = typed(scan, target, schema=have)
             with quiet():
                 parts = [b.rechunk() for b in rows.collect_batches(chunk_size=READ_BATCH_ROWS)]
             frame = pl.concat(parts, rechunk=False) if parts else rows.collect()
@@ -588,6 +605,8 @@ def _read_bins(table: Table, bins: list[Bin], spec: DatasetSpec) -> pl.DataFrame
             nulls_last=[n for _, _, n in keys],
             maintain_order=True,
         )
+    if list(frame.schema.items()) == list(target.items()):  # what `align_to_schema` returns
+        return frame
     return align_to_schema(frame, schema)
 
 
@@ -616,14 +635,21 @@ def _sorted(
     column = frame.get_column(name)
     if partitions is None:
         return column.is_sorted(descending=descending, nulls_last=nulls_last)
-    if column.null_count():
-        return False
-    starts = (partitions != partitions.shift(1)).fill_null(True)
-    if int(starts.sum()) != partitions.n_unique():  # a partition's rows in two runs
-        return False
-    previous = column.shift(1)
-    ordered = (column <= previous) if descending else (column >= previous)
-    return bool((ordered.fill_null(True) | starts).all())
+    key, part = pl.col("key"), pl.col("part")
+    starts = (part != part.shift(1)).fill_null(True)
+    ordered = (key <= key.shift(1)) if descending else (key >= key.shift(1))
+    nulls, runs, distinct, in_order = (
+        pl.DataFrame([column.alias("key"), partitions.alias("part")])
+        .select(  # one query, not a Series operation each
+            key.null_count(),
+            starts.sum().alias("runs"),
+            part.n_unique().alias("distinct"),
+            (ordered.fill_null(True) | starts).all().alias("in_order"),
+        )
+        .row(0)
+    )
+    # a partition's rows in two runs, or a key with nulls: sorted instead
+    return not nulls and runs == distinct and bool(in_order)
 
 
 def _exists(io: FileIO, path: str) -> bool:

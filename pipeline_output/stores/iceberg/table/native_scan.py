@@ -145,9 +145,11 @@ def _polars_type(field_type: IcebergType) -> pl.DataType | None:
     return _POLARS_TYPES.get(type(field_type))
 
 
-def typed(frame: F, target: pl.Schema) -> F:
+def typed(frame: F, target: pl.Schema, *, schema: pl.Schema | None = None) -> F:
     """`frame` (read or lazy) with every column of `target` it has cast to `target`'s type (when
-    it differs)."""
-    schema = frame.collect_schema()
+    it differs). `schema`: `frame`'s, when the caller has it (a lazy scan resolves it again on
+    each `collect_schema`, ~1 ms)."""
+    if schema is None:
+        schema = frame.collect_schema()
     casts = [pl.col(c).cast(t) for c, t in target.items() if c in schema and schema[c] != t]
     return frame.with_columns(casts) if casts else frame
