@@ -2,9 +2,10 @@
 authoritative arm (datasets) or the source database (sources), as polars LazyFrames."""
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import dagster as dg
 import polars as pl
@@ -44,7 +45,7 @@ from pipeline_output.dagster_layer.partitioned import (
     partitioned_output_of,
     write_partitions,
 )
-from pipeline_output.dagster_layer.resource import PipelineOutputResource
+from pipeline_output.dagster_layer.resource import PipelineOutputResource, unchanged_copy
 from pipeline_output.dagster_layer.windows_context import windows_of
 from pipeline_output.errors import UnsupportedWrite
 from pipeline_output.services.incremental import ConsumeRequest, consume_changes
@@ -142,6 +143,14 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         if "pipeline_output" not in data:  # Dagster re-builds the manager for every run
             data["pipeline_output"] = PipelineOutputResource()
         super().__init__(**data)
+
+    def _with_updated_values(self, values: Mapping[str, Any] | None) -> "DatasetIOManager":
+        """Dagster's copy of the manager with `values` put in: without a new validation when they
+        change nothing (`resource.unchanged_copy`: two of the three copies Dagster makes a run)."""
+        copy = unchanged_copy(self, values)
+        if copy is None:
+            copy = cast(DatasetIOManager, super()._with_updated_values(values))
+        return copy
 
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
         if obj is None:
