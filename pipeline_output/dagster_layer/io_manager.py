@@ -80,9 +80,14 @@ def _fault_hook() -> Any:
     return lambda: fault_injection("after_commit")
 
 
-def _add_metadata(context: dg.OutputContext, meta: dict[str, Any], *, told: bool = False) -> None:
-    """The step's materialisation metadata; its `arms` noted for the step's own checks (`told`:
-    the write's line said `parity` is skipped)."""
+def _add_metadata(
+    context: dg.OutputContext, meta: dict[str, Any], *, parity: str | None = None
+) -> None:
+    """The step's materialisation metadata; its `arms` noted for the step's own checks.
+    `parity`: why this step's `parity` check is skipped (`parity_skip_note`), said under
+    `parity` — the check then logs no line of its own."""
+    if parity is not None:
+        meta[PARITY] = parity
     context.add_output_metadata(meta)
     arms = meta.get("arms")
     try:
@@ -90,7 +95,7 @@ def _add_metadata(context: dg.OutputContext, meta: dict[str, Any], *, told: bool
     except dg.DagsterInvariantViolationError:  # a context built outside a run: no checks follow
         return
     if arms is not None and context.has_asset_key:
-        note_written(run_id, context.asset_key, str(arms), told=told)
+        note_written(run_id, context.asset_key, str(arms), told=parity is not None)
 
 
 def _parity_note(context: dg.OutputContext, mode: ResolvedMode) -> str | None:
@@ -187,25 +192,19 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         note = _parity_note(context, mode)
         if partitioned is not None:  # Dagster's own partitions: one slice write each
             meta, last = write_partitions(
-                context, spec, partitioned, mode, runtime=runtime, audit=audit, note=note
+                context, spec, partitioned, mode, runtime=runtime, audit=audit
             )
-            _add_metadata(context, meta, told=note is not None)
+            _add_metadata(context, meta, parity=note)
             _published_version(context, last)
             if audit:
                 self._gate(context, spec)
             return
         frame = to_polars(spec, obj)
         result = publisher.publish(spec, frame, mode=mode, run_id=context.run_id, audit=audit)
-        primary = result.primary
-        why = primary.plan.reason if primary.plan is not None else "re-deploy"
-        context.log.info(
-            f"{spec.name}: {primary.write_mode} ({why}) -> "
-            f"{'no-op' if primary.noop else f'snapshot {primary.snapshot_id}'}; "
-            f"+{primary.rows_inserted} ~{primary.rows_updated} -{primary.rows_deleted}"
-            + (f"; {note}" if note else "")
-        )
+        # no log line: the materialisation says what the write did (`write_mode`, `why`, the
+        # row counts, `iceberg/snapshot_id`), and each line is an event in the run's log
         meta = publish_metadata(result, runtime=runtime, spec=spec, schema=frame.schema)
-        _add_metadata(context, meta, told=note is not None)
+        _add_metadata(context, meta, parity=note)
         _published_version(context, result)
         if audit:
             self._gate(context, spec)

@@ -326,7 +326,6 @@ def write_partitions(
     *,
     runtime: Runtime,
     audit: bool,
-    note: str | None = None,
 ) -> tuple[dict[str, Any], PublishResult]:
     """Compute and write each partition in order (`Publisher.publish_range`: a `replace`
     dataset's range run in iceberg mode as one commit, otherwise one commit per partition);
@@ -334,8 +333,9 @@ def write_partitions(
     `dagster/partition_row_count` (the rows it wrote) and `partitions` (its line). A range run:
     only what is true of every partition (`run_metadata`), while each partition's
     materialisation gets its own write's metadata (`partition_metadata`): Dagster puts a
-    partition's own keys over the step's, so no partition shows another one's figures. `note`:
-    what the step's one log line adds after the partitions' (`parity_skip_note`)."""
+    partition's own keys over the step's, so no partition shows another one's figures. A range
+    run logs one line saying what each partition did; a one-partition run none (its
+    materialisation's `partitions` is that line, and each line is an event in the run's log)."""
     from pipeline_output.dagster_layer.metadata import publish_metadata, table_metadata
 
     schemas: list[pl.Schema] = []
@@ -366,9 +366,8 @@ def write_partitions(
             context.step_context.add_asset_metadata(
                 partition_metadata(result), asset_key=context.asset_key, partition_key=part.key
             )
-    # one line per run (each a Dagster event): a range run's partitions in it, one each
-    noun = "partition" if len(lines) == 1 else f"{len(lines)} partitions:"
-    context.log.info(f"{spec.name}: {noun} " + "; ".join(lines) + (f"; {note}" if note else ""))
+    if len(lines) > 1:  # one line per range run (each a Dagster event), its partitions in it
+        context.log.info(f"{spec.name}: {len(lines)} partitions: " + "; ".join(lines))
     schema = schemas[0] if schemas else None
     last = written[-1][1]
     if len(written) == 1:
