@@ -11,7 +11,7 @@ job on an ephemeral instance, one fresh Python process per measurement. Workload
 
 - `runs`: one run per partition (`--partitions` runs, in one process, timed together);
 - `backfill`: one single-run backfill of every partition (a range run) into a new table;
-- `one`: re-materialise one partition of that table (median of `--reps` processes);
+- `one`: re-materialise one partition of the first backfill's table;
 - `read7` / `readall`: a downstream asset partitioned the same way, run over 7 partitions
   (across a month boundary) / all of them, collecting what it was given; the row count is
   checked against what the upstream wrote (a peer returning other rows is reported `WRONG`).
@@ -19,8 +19,12 @@ job on an ephemeral instance, one fresh Python process per measurement. Workload
 Engines: `ours` (`@dataset(strategy="replace", mode="iceberg")`, SQL catalog on an embedded
 Postgres), `deltalake` (dagster-deltalake-polars, `mode=overwrite`, `partition_expr="day"`),
 `iceberg` (dagster-iceberg's polars IO manager on a SQLite SQL catalog, `partition_expr="day"`),
-and `noop` — the same harness with an IO manager that writes nothing: the **marginal cost** of an
-engine is its time minus `noop`'s. The peers each run in their own virtualenv, created on demand
+and `noop` — the same harness whose asset returns the partition's frame to an IO manager that
+writes nothing (a range run computes its partitions one at a time, as `ours` does): the
+**marginal cost** of an engine is its time minus `noop`'s. Each of `runs`, `backfill` and `one`
+is measured `--reps` times (default 3), the engines interleaved within a rep, each rep's `runs`
+and `backfill` into new tables; the report gives medians, and the median of each rep's paired
+ratio (ours' marginal over dagster-deltalake's, both against that rep's `noop`). The peers each run in their own virtualenv, created on demand
 under /work/venvs/ (`--system-site-packages`, dagster pinned to the installed version): dagster-
 iceberg 0.3.14 needs pyiceberg < 0.12, which cannot live beside this project's pyiceberg.
 
@@ -198,9 +202,19 @@ def _definitions(args: argparse.Namespace, daily, table: str):  # type: ignore[n
                 return pl.concat([frame_for(k, rows) for k in keys])
 
         @dg.asset(name=table, partitions_def=daily)
-        def noop(context: dg.AssetExecutionContext) -> None:
-            for k in sorted(context.partition_keys):  # one partition's frame at a time
+        def noop(context: dg.AssetExecutionContext) -> pl.DataFrame | None:
+            # "a no-op asset that returns the same frame without writing" (issue 44): one
+            # partition's run returns its frame, handed to an IO manager that discards it, as
+            # every engine's run hands its frame to its IO manager; a range run computes its
+            # partitions one frame at a time, as `ours` does, and returns nothing (not the
+            # concatenated frame the peers' asset builds, which would charge the harness
+            # a concatenation ours does not make)
+            keys = sorted(context.partition_keys)
+            if len(keys) == 1:
+                return frame_for(keys[0], rows)
+            for k in keys:
                 frame_for(k, rows)
+            return None
 
         key = dg.AssetKey(table)
         down = downstream(key, pl.DataFrame)
@@ -272,8 +286,14 @@ def _plugin_version(core: str) -> str:
 
 
 def measure(
-    args: argparse.Namespace, engine: str, workload: str, env: dict[str, str]
+    args: argparse.Namespace, engine: str, workload: str, env: dict[str, str], *, rep: int = 0
 ) -> dict[str, object]:
+    """One measurement in a fresh process. `backfill` and `runs` write a new table each rep
+    (`bf`, `bf1`, ...): every rep measures the same work, the first write of those partitions;
+    `one` and the reads use the first backfill's table."""
+    table = "bf" if workload in ("backfill", "fill", "one", "read7", "readall") else workload
+    if workload in ("backfill", "runs") and rep:
+        table += str(rep)
     cmd = [
         python_for(engine),
         __file__,
@@ -283,7 +303,7 @@ def measure(
         "--workload",
         workload,
         "--workload-table",
-        "bf" if workload in ("backfill", "fill", "one", "read7", "readall") else workload,
+        table,
         "--partitions",
         str(args.partitions),
         "--rows",
@@ -334,7 +354,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--partitions", type=int, default=90)
     parser.add_argument("--rows", type=int, default=100_000)
-    parser.add_argument("--reps", type=int, default=3, help="processes for `one` (median)")
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=3,
+        help="measurements of each workload, engines interleaved within a rep (medians, and the "
+        "median of each rep's paired ratio)",
+    )
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--only", default="runs,backfill,one,read7,readall")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -387,18 +413,28 @@ def main() -> int:
             flush=True,
         )
         results: dict[tuple[str, str], dict[str, object]] = {}
+        paired: dict[str, list[float]] = {}  # per rep: ours' marginal / dagster-deltalake's
         order = [w for w in ("backfill", "one", "read7", "readall", "runs") if w in work]
         for w in order:
-            reps = args.reps if w == "one" else 1
+            reps = args.reps if w in ("backfill", "one", "runs") else 1
             samples: dict[str, list[dict[str, object]]] = {e: [] for e in engines}
-            for _ in range(reps):
+            for rep in range(reps):
                 for e in engines:  # interleaved
-                    samples[e].append(measure(args, e, w, env))
+                    samples[e].append(measure(args, e, w, env, rep=rep))
+                    if w == "backfill" and rep == 0 and "seconds" not in samples[e][-1]:
+                        # a peer that cannot backfill: its table is filled one run per partition
+                        # (untimed) so that the workloads after it read and rewrite the same table
+                        measure(args, e, "fill", env)
+                one = {
+                    e: samples[e][-1].get("seconds") if e in samples else None
+                    for e in ("noop", "ours", "deltalake")
+                }
+                if all(isinstance(v, float) for v in one.values()):
+                    base = float(one["noop"])  # type: ignore[arg-type]
+                    dl = float(one["deltalake"]) - base  # type: ignore[arg-type]
+                    if dl > 0:
+                        paired.setdefault(w, []).append((float(one["ours"]) - base) / dl)  # type: ignore[arg-type]
             for e in engines:
-                if w == "backfill" and "seconds" not in samples[e][-1]:
-                    # a peer that cannot backfill: its table is filled one run per partition
-                    # (untimed) so that the workloads after it read and rewrite the same table
-                    measure(args, e, "fill", env)
                 ok = [s for s in samples[e] if "seconds" in s]
                 if ok:
                     secs = statistics.median(float(s["seconds"]) for s in ok)  # type: ignore[arg-type]
@@ -408,7 +444,7 @@ def main() -> int:
                 r = results[(e, w)]
                 print(f"  {w:9s} {e:10s} {_fmt(r)}", flush=True)
         encode, commit = floor_seconds(args, n)
-        report(results, engines, order, n=n, encode=encode, commit=commit)
+        report(results, engines, order, n=n, encode=encode, commit=commit, paired=paired)
     finally:
         embedded_pg.stop(data_dir=root / "pg")
     return 0
@@ -424,7 +460,7 @@ def _fmt(r: dict[str, object]) -> str:
     return out
 
 
-def report(results, engines, order, *, n: int, encode: float, commit: float) -> None:  # type: ignore[no-untyped-def]
+def report(results, engines, order, *, n: int, encode: float, commit: float, paired) -> None:  # type: ignore[no-untyped-def]
     floors = {
         "runs": n * (encode + commit),
         "backfill": n * encode + commit,
@@ -470,6 +506,9 @@ def report(results, engines, order, *, n: int, encode: float, commit: float) -> 
         if w in floors and w != "runs":
             line += f"; marginal / floor {m / floors[w]:.1f}x"
         print(line)
+        if len(paired.get(w, [])) > 1:
+            each = ", ".join(f"{r:.2f}" for r in paired[w])
+            print(f"  {'':9s} paired by rep: {each}; median {statistics.median(paired[w]):.2f}x")
 
 
 if __name__ == "__main__":

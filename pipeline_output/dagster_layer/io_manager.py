@@ -80,14 +80,10 @@ def _fault_hook() -> Any:
     return lambda: fault_injection("after_commit")
 
 
-def _add_metadata(
-    context: dg.OutputContext, meta: dict[str, Any], *, parity: str | None = None
-) -> None:
-    """The step's materialisation metadata; its `arms` noted for the step's own checks.
-    `parity`: why this step's `parity` check is skipped (`parity_skip_note`), said under
-    `parity` — the check then logs no line of its own."""
-    if parity is not None:
-        meta[PARITY] = parity
+def _add_metadata(context: dg.OutputContext, meta: dict[str, Any], *, told: bool = False) -> None:
+    """The step's materialisation metadata; its `arms` noted for the step's own checks (`told`:
+    the write said why `parity` is skipped — `parity_skip_note` —, in its materialisation's
+    `parity` or a range run's line)."""
     context.add_output_metadata(meta)
     arms = meta.get("arms")
     try:
@@ -95,7 +91,7 @@ def _add_metadata(
     except dg.DagsterInvariantViolationError:  # a context built outside a run: no checks follow
         return
     if arms is not None and context.has_asset_key:
-        note_written(run_id, context.asset_key, str(arms), told=parity is not None)
+        note_written(run_id, context.asset_key, str(arms), told=told)
 
 
 def _parity_note(context: dg.OutputContext, mode: ResolvedMode) -> str | None:
@@ -192,9 +188,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         note = _parity_note(context, mode)
         if partitioned is not None:  # Dagster's own partitions: one slice write each
             meta, last = write_partitions(
-                context, spec, partitioned, mode, runtime=runtime, audit=audit
+                context, spec, partitioned, mode, runtime=runtime, audit=audit, note=note
             )
-            _add_metadata(context, meta, parity=note)
+            _add_metadata(context, meta, told=note is not None)
             _published_version(context, last)
             if audit:
                 self._gate(context, spec)
@@ -204,7 +200,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         # no log line: the materialisation says what the write did (`write_mode`, `why`, the
         # row counts, `iceberg/snapshot_id`), and each line is an event in the run's log
         meta = publish_metadata(result, runtime=runtime, spec=spec, schema=frame.schema)
-        _add_metadata(context, meta, parity=note)
+        if note is not None:
+            meta[PARITY] = note
+        _add_metadata(context, meta, told=note is not None)
         _published_version(context, result)
         if audit:
             self._gate(context, spec)

@@ -326,16 +326,22 @@ def write_partitions(
     *,
     runtime: Runtime,
     audit: bool,
+    note: str | None = None,
 ) -> tuple[dict[str, Any], PublishResult]:
     """Compute and write each partition in order (`Publisher.publish_range`: a `replace`
     dataset's range run in iceberg mode as one commit, otherwise one commit per partition);
     returns the step's materialisation metadata and the last partition's write. A one-partition run: its write's metadata, with
     `dagster/partition_row_count` (the rows it wrote) and `partitions` (its line). A range run:
-    only what is true of every partition (`run_metadata`), while each partition's
-    materialisation gets its own write's metadata (`partition_metadata`): Dagster puts a
-    partition's own keys over the step's, so no partition shows another one's figures. A range
-    run logs one line saying what each partition did; a one-partition run none (its
-    materialisation's `partitions` is that line, and each line is an event in the run's log)."""
+    the step's metadata, which Dagster copies onto every partition's materialisation, is only
+    the short facts of the run (`run_metadata`: mode, arms, the run's span; the table's name and
+    location); each partition's materialisation gets its own write's metadata
+    (`partition_metadata`; Dagster puts a partition's own keys over the step's, so no partition
+    shows another one's figures), and the last partition's — the asset's latest — also the table
+    after the run (row count, column schema, file counts) and the run's `partitions` lines, once
+    rather than on each of N events (each event's metadata is serialised and stored: issue 44).
+    A range run logs one line saying what each partition did, and `note` after them
+    (`parity_skip_note`); a one-partition run none — its materialisation's `partitions` is that
+    line, and `parity` the note (each line is an event in the run's log)."""
     from pipeline_output.dagster_layer.metadata import publish_metadata, table_metadata
 
     schemas: list[pl.Schema] = []
@@ -355,30 +361,43 @@ def write_partitions(
         run_id=context.run_id,
         audit=audit,
     )
-    lines = []
-    for part, result in written:
-        r = result.primary
-        lines.append(
-            f"{part.key}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted} "
-            + ("no-op" if r.noop else f"({r.write_mode}, commit {r.snapshot_id})")
-        )
-        if len(out.items) > 1:  # a range run: each partition's materialisation its own write
-            context.step_context.add_asset_metadata(
-                partition_metadata(result), asset_key=context.asset_key, partition_key=part.key
-            )
+    lines = [
+        f"{part.key}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted} "
+        + ("no-op" if r.noop else f"({r.write_mode}, commit {r.snapshot_id})")
+        for part, r in ((part, result.primary) for part, result in written)
+    ]
     if len(lines) > 1:  # one line per range run (each a Dagster event), its partitions in it
-        context.log.info(f"{spec.name}: {len(lines)} partitions: " + "; ".join(lines))
+        said = "; ".join(lines) + (f"; {note}" if note else "")
+        context.log.info(f"{spec.name}: {len(lines)} partitions: {said}")
     schema = schemas[0] if schemas else None
     last = written[-1][1]
     if len(written) == 1:
         meta = publish_metadata(last, runtime=runtime, spec=spec, schema=schema)
         meta["dagster/partition_row_count"] = last.primary.rows_in
-    else:
-        meta = run_metadata(written, mode)
-        meta.update(table_metadata(runtime, spec, arms=tuple(last.results), schema=schema))
-        meta["dagster/row_count"] = last.primary.rows_total_after
-    meta["partitions"] = "; ".join(lines)
+        meta["partitions"] = lines[0]
+        if note is not None:
+            meta["parity"] = note
+        return meta, last
+    table = table_metadata(runtime, spec, arms=tuple(last.results), schema=schema)
+    meta = run_metadata(written, mode)
+    for key in SHARED_TABLE_KEYS:
+        if key in table:
+            meta[key] = table.pop(key)
+    for i, (part, result) in enumerate(written):
+        own = partition_metadata(result)
+        if i == len(written) - 1:  # the asset's latest materialisation: the table after the run
+            own.update(table)
+            own["dagster/row_count"] = last.primary.rows_total_after
+            own["partitions"] = "; ".join(lines)
+        context.step_context.add_asset_metadata(
+            own, asset_key=context.asset_key, partition_key=part.key
+        )
     return meta, last
+
+
+# what a range run's every partition shows of the table: its name and location (short, and the
+# same for the whole run); the rest of `table_metadata` is on the run's last partition only
+SHARED_TABLE_KEYS = ("dagster/table_name", "dagster/uri", "pg/uri")
 
 
 def partition_metadata(result: PublishResult) -> dict[str, Any]:

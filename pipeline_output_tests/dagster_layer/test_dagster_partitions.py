@@ -289,6 +289,30 @@ def test_each_partition_of_a_range_run_records_its_own_write(env, instance, mode
     assert changed[commit] not in (None, "no-op") and got[DAYS[2]][commit] == "no-op"
 
 
+@pytest.mark.parametrize("mode", ["iceberg", "pg"])
+def test_a_range_run_puts_the_table_after_it_on_its_last_partition_only(env, instance, mode):
+    # every partition's materialisation is serialised and stored: the table's column schema, file
+    # counts and the run's lines go once, on the asset's latest materialisation, not on each
+    source = {d: day_rows(d, [n * 10, n * 10 + 1]) for n, d in enumerate(DAYS)}
+    defs = defs_for(mode, source)
+    name = f"daily_{mode}"
+    assert run(defs, instance, name, DAYS[0], DAYS[2]).success
+
+    got = {d: partition_meta(instance, name, d) for d in DAYS}
+    table_keys = {"dagster/column_schema", "partitions"} | (
+        {"iceberg/data_files", "iceberg/snapshots"} if mode == "iceberg" else set()
+    )
+    for day in DAYS[:-1]:
+        assert not table_keys & set(got[day]), day
+    latest = got[DAYS[-1]]
+    assert table_keys <= set(latest)
+    assert latest["dagster/row_count"] == 6
+    assert all(day in latest["partitions"] for day in DAYS)
+    for m in got.values():  # what the run shares, and each partition's own figures, on every one
+        assert {"mode", "arms", "run_partitions", "dagster/table_name", "dagster/uri"} <= set(m)
+        assert m["dagster/partition_row_count"] == 2
+
+
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
 def test_a_range_run_computes_its_partitions_in_the_definitions_order(env, instance, kind):
     calls: list[str] = []
