@@ -49,6 +49,7 @@ dataset asset built by other code.
 # No `from __future__ import annotations` here: Dagster reads the checks' `context` annotations
 # at definition time and refuses them as strings.
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -83,9 +84,35 @@ def evaluate_checks(context: dg.AssetExecutionContext, spec: DatasetSpec) -> Ite
             result = parity_result(context, spec, key.asset_key, arms=arms, told=told)
             if result is not None:
                 yield result
+            else:  # said already, by the write's metadata or the check's own line
+                _quiet_unyielded(
+                    context, context.assets_def.get_output_name_for_asset_check_key(key)
+                )
         elif key.name == HEALTH_CHECK:
             declared = context.assets_def.get_spec_for_check_key(key)
             yield health_result(context, spec, key.asset_key, thresholds_of(declared))
+
+
+class _Unyielded(logging.Filter):
+    """Drops Dagster's line that a step did not yield the output `output` and only that output."""
+
+    def __init__(self, output: str) -> None:
+        super().__init__()
+        self.line = f"did not yield or return expected outputs {{{output!r}}}."
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().endswith(self.line)
+
+
+def _quiet_unyielded(context: dg.AssetExecutionContext, output: str) -> None:
+    """Leave out of the step's log Dagster's INFO line that the step did not yield `parity`'s
+    output (`op '...' did not yield or return expected outputs {'..._parity'}`): the skip is
+    said with its reason — in the write's materialisation metadata (`parity`) or the check's
+    own line — and Dagster shows the check skipped. Each line is an event written to the run's
+    storage (issue 44). The filter is on this step's log manager only (Dagster makes one a
+    step, and the step evaluates its checks once); a line naming any other output, or more than
+    this one, is logged as before."""
+    context.log.addFilter(_Unyielded(output))
 
 
 def with_location_checks(
@@ -145,7 +172,7 @@ def parity_result(
     write wrote (its materialisation's `arms`), else the latest materialisation's are read.
     A step that wrote one arm staged no dual audit either (an audited dual write's `arms` are
     both): it is skipped without asking the ledger, and without a log line of its own when
-    the write's line said so already (`told`, `parity_skip_note`)."""
+    the write's materialisation said so already (`told`, `parity_skip_note`)."""
     if arms is not None and not _dual(arms):
         if not told:
             _skipped(context, spec, arms)
@@ -184,9 +211,10 @@ def _skip_text(arms: str) -> str:
 
 
 def parity_skip_note(step_context: Any, asset_key: dg.AssetKey, arms: Sequence[str]) -> str | None:
-    """What a dataset step's write line says of the step's own `parity` check when it has
-    nothing to compare (a write of one arm) and this step evaluates it — the check then logs no
-    line of its own (each line is an event in the run's log, issue 44); None otherwise."""
+    """What a dataset step's materialisation says (under `parity`) of the step's own `parity`
+    check when it has nothing to compare (a write of one arm) and this step evaluates it — the
+    check then logs no line of its own (each line is an event in the run's log, issue 44); None
+    otherwise."""
     joined = ", ".join(arms)
     if _dual(joined):
         return None
@@ -220,15 +248,15 @@ def parity_check(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetChecksDef
 
 _WRITTEN: dict[tuple[str, dg.AssetKey], tuple[str, bool]] = {}
 """(run id, asset key) -> the arms the dataset's step wrote in that run (its materialisation's
-`arms`) and whether its write's line said `parity` is skipped, noted by the IO manager and taken
+`arms`) and whether its materialisation said `parity` is skipped, noted by the IO manager and taken
 by the same step's `evaluate_checks`."""
 _WRITTEN_MAX = 256  # a step whose checks never run (an asset built by other code) leaves one
 
 
 def note_written(run_id: str, asset_key: dg.AssetKey, arms: str, *, told: bool = False) -> None:
-    """Note the arms a step's write wrote (`told`: its log line said `parity` is skipped): the
-    checks evaluated next in that step read them here instead of asking the instance for the
-    latest materialisation."""
+    """Note the arms a step's write wrote (`told`: its materialisation said `parity` is
+    skipped): the checks evaluated next in that step read them here instead of asking the
+    instance for the latest materialisation."""
     while len(_WRITTEN) >= _WRITTEN_MAX:
         _WRITTEN.pop(next(iter(_WRITTEN)))
     _WRITTEN[(run_id, asset_key)] = (arms, told)

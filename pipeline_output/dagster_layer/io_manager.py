@@ -2,9 +2,10 @@
 authoritative arm (datasets) or the source database (sources), as polars LazyFrames."""
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import dagster as dg
 import polars as pl
@@ -44,7 +45,7 @@ from pipeline_output.dagster_layer.partitioned import (
     partitioned_output_of,
     write_partitions,
 )
-from pipeline_output.dagster_layer.resource import PipelineOutputResource
+from pipeline_output.dagster_layer.resource import PipelineOutputResource, unchanged_copy
 from pipeline_output.dagster_layer.windows_context import windows_of
 from pipeline_output.errors import UnsupportedWrite
 from pipeline_output.services.incremental import ConsumeRequest, consume_changes
@@ -81,7 +82,8 @@ def _fault_hook() -> Any:
 
 def _add_metadata(context: dg.OutputContext, meta: dict[str, Any], *, told: bool = False) -> None:
     """The step's materialisation metadata; its `arms` noted for the step's own checks (`told`:
-    the write's line said `parity` is skipped)."""
+    the write said why `parity` is skipped — `parity_skip_note` —, in its materialisation's
+    `parity` or a range run's line)."""
     context.add_output_metadata(meta)
     arms = meta.get("arms")
     try:
@@ -143,6 +145,14 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             data["pipeline_output"] = PipelineOutputResource()
         super().__init__(**data)
 
+    def _with_updated_values(self, values: Mapping[str, Any] | None) -> "DatasetIOManager":
+        """Dagster's copy of the manager with `values` put in: without a new validation when they
+        change nothing (`resource.unchanged_copy`: two of the three copies Dagster makes a run)."""
+        copy = unchanged_copy(self, values)
+        if copy is None:
+            copy = cast(DatasetIOManager, super()._with_updated_values(values))
+        return copy
+
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
         if obj is None:
             return
@@ -187,15 +197,11 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             return
         frame = to_polars(spec, obj)
         result = publisher.publish(spec, frame, mode=mode, run_id=context.run_id, audit=audit)
-        primary = result.primary
-        why = primary.plan.reason if primary.plan is not None else "re-deploy"
-        context.log.info(
-            f"{spec.name}: {primary.write_mode} ({why}) -> "
-            f"{'no-op' if primary.noop else f'snapshot {primary.snapshot_id}'}; "
-            f"+{primary.rows_inserted} ~{primary.rows_updated} -{primary.rows_deleted}"
-            + (f"; {note}" if note else "")
-        )
+        # no log line: the materialisation says what the write did (`write_mode`, `why`, the
+        # row counts, `iceberg/snapshot_id`), and each line is an event in the run's log
         meta = publish_metadata(result, runtime=runtime, spec=spec, schema=frame.schema)
+        if note is not None:
+            meta[PARITY] = note
         _add_metadata(context, meta, told=note is not None)
         _published_version(context, result)
         if audit:

@@ -339,7 +339,9 @@ def write_partitions(
     shows another one's figures), and the last partition's — the asset's latest — also the table
     after the run (row count, column schema, file counts) and the run's `partitions` lines, once
     rather than on each of N events (each event's metadata is serialised and stored: issue 44).
-    `note`: what the step's one log line adds after the partitions' (`parity_skip_note`)."""
+    A range run logs one line saying what each partition did, and `note` after them
+    (`parity_skip_note`); a one-partition run none — its materialisation's `partitions` is that
+    line, and `parity` the note (each line is an event in the run's log)."""
     from pipeline_output.dagster_layer.metadata import publish_metadata, table_metadata
 
     schemas: list[pl.Schema] = []
@@ -364,15 +366,17 @@ def write_partitions(
         + ("no-op" if r.noop else f"({r.write_mode}, commit {r.snapshot_id})")
         for part, r in ((part, result.primary) for part, result in written)
     ]
-    # one line per run (each a Dagster event): a range run's partitions in it, one each
-    noun = "partition" if len(lines) == 1 else f"{len(lines)} partitions:"
-    context.log.info(f"{spec.name}: {noun} " + "; ".join(lines) + (f"; {note}" if note else ""))
+    if len(lines) > 1:  # one line per range run (each a Dagster event), its partitions in it
+        said = "; ".join(lines) + (f"; {note}" if note else "")
+        context.log.info(f"{spec.name}: {len(lines)} partitions: {said}")
     schema = schemas[0] if schemas else None
     last = written[-1][1]
     if len(written) == 1:
         meta = publish_metadata(last, runtime=runtime, spec=spec, schema=schema)
         meta["dagster/partition_row_count"] = last.primary.rows_in
         meta["partitions"] = lines[0]
+        if note is not None:
+            meta["parity"] = note
         return meta, last
     table = table_metadata(runtime, spec, arms=tuple(last.results), schema=schema)
     meta = run_metadata(written, mode)

@@ -175,6 +175,53 @@ def test_a_run_sets_the_resource_up_once_and_its_io_manager_uses_that_one(
     assert_same_multiset(_read(pg_db_url, tmp_path / "warehouse", "analytics.orders"), ROWS)
 
 
+def test_a_run_validates_the_resources_config_once_and_still_takes_its_run_config(
+    no_environment: Path, pg_db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dagster copies the resource and the IO manager several times a run (binding nested
+    resources, the init context, the run's config): a copy that changes no field is not
+    constructed — its config schema inferred and its fields validated — again. A run's config
+    for the resource still reaches the write, the IO manager's resource included."""
+    from pipeline_output.dagster_layer.io_manager import DatasetIOManager
+
+    built: list[str] = []
+    namespaces: list[str | None] = []
+    real_resource_init = PipelineOutputResource.__init__
+    real_manager_init = DatasetIOManager.__init__
+    real_handle = DatasetIOManager.handle_output
+
+    def resource_init(self: PipelineOutputResource, **data: Any) -> None:
+        built.append("resource")
+        real_resource_init(self, **data)
+
+    def manager_init(self: DatasetIOManager, **data: Any) -> None:
+        built.append("io manager")
+        real_manager_init(self, **data)
+
+    def handle(self: DatasetIOManager, context: dg.OutputContext, obj: Any) -> None:
+        namespaces.append(self.pipeline_output.namespace)
+        real_handle(self, context, obj)
+
+    defs = build_definitions(
+        datasets=[orders], resource=_resource(pg_db_url, tmp_path / "warehouse", namespace="one")
+    )
+    with dg.DagsterInstance.ephemeral() as instance:
+        assert run_assets(defs, instance, ["orders"]).success
+        monkeypatch.setattr(PipelineOutputResource, "__init__", resource_init)
+        monkeypatch.setattr(DatasetIOManager, "__init__", manager_init)
+        monkeypatch.setattr(DatasetIOManager, "handle_output", handle)
+        assert run_assets(defs, instance, ["orders"]).success
+        per_run = list(built)
+        built.clear()
+        other = {"resources": {"pipeline_output": {"config": {"namespace": "two"}}}}
+        assert run_assets(defs, instance, ["orders"], run_config=other).success
+    # main: 4 constructions of the resource and 3 of the IO manager a run
+    assert per_run == ["resource", "io manager"], per_run
+    assert built == per_run, built
+    assert namespaces == ["one", "two"], namespaces
+    assert_same_multiset(_read(pg_db_url, tmp_path / "warehouse", "two.orders"), ROWS)
+
+
 @pytest.fixture
 def silent_server() -> Iterator[tuple[str, list[socket.socket]]]:
     """A control plane that accepts connections and never answers (a server hung or behind a

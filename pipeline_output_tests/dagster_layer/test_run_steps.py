@@ -17,7 +17,7 @@ from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 from pipeline_output import PipelineOutputComponent, build_definitions, dataset
 from pipeline_output.dagster_layer.runner import materialize
-from pipeline_output_tests.dagster_runs import check_evals, run_assets
+from pipeline_output_tests.dagster_runs import check_evals, mat_meta, run_assets
 from pipeline_output_tests.publishers import corrupt_pg_row
 
 DAYS = dg.DailyPartitionsDefinition(start_date="2026-03-01", end_date="2026-03-04")
@@ -190,20 +190,21 @@ def daily_ice(partition_key: str) -> pl.DataFrame:
     )
 
 
-def _lines(instance: dg.DagsterInstance, run_id: str, name: str) -> list[str]:
-    """The run's log lines (`context.log`, not Dagster's events) about dataset `name`."""
+def _lines(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    """The run's log lines (`context.log`'s and Dagster's own, not its events)."""
     return [
-        entry.user_message
-        for entry in instance.all_logs(run_id)
-        if entry.dagster_event is None and entry.user_message.startswith(f"{name}: ")
+        entry.user_message for entry in instance.all_logs(run_id) if entry.dagster_event is None
     ]
 
 
-def test_a_single_arm_write_says_in_its_own_line_that_parity_is_skipped(env: str) -> None:
-    """Each log line is an event written to the run's storage (issue 44): a write of one arm
-    says in its line that `parity` has nothing to compare, and the check adds no line of its own;
-    the check still reports no result (Dagster shows it skipped). A dual write's line says
-    nothing of parity, which compares."""
+def test_a_write_logs_no_line_its_materialisation_says_what_it_did_and_why_parity_skipped(
+    env: str,
+) -> None:
+    """Each log line is an event written to the run's storage (issue 44): a write's own line
+    repeated its materialisation, so there is none — the materialisation says what the write did
+    and, for a write of one arm, that `parity` has nothing to compare (`parity`); neither the
+    check nor Dagster adds a line for the check's missing result. The check is still planned and
+    reports no result (Dagster shows it skipped); a dual write's parity compares."""
     ids = pl.Series([1, 2, 3], dtype=pl.Int64)
     ROWS["flat"] = pl.DataFrame({"id": ids, "amount": ids.cast(pl.Float64)})
     whole = build_definitions(datasets=[flat, after], with_maintenance=False)
@@ -214,11 +215,18 @@ def test_a_single_arm_write_says_in_its_own_line_that_parity_is_skipped(env: str
             instance=instance, asset_selection=[dg.AssetKey("daily_ice")], partition_key=DAY
         )
         assert day.success
-        [after_line] = _lines(instance, first.run_id, "after")
-        [day_line] = _lines(instance, day.run_id, "daily_ice")
-        flat_lines = _lines(instance, first.run_id, "flat")
+        lines = _lines(instance, first.run_id) + _lines(instance, day.run_id)
+        planned = [
+            e.dagster_event.event_specific_data.check_name  # type: ignore[union-attr]
+            for e in instance.all_logs(day.run_id)
+            if e.dagster_event_type == dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED
+        ]
+    assert lines == [], lines  # main: the writes' lines and Dagster's "did not yield" ones
     skipped = "parity skipped: not a dual write (arms: iceberg); nothing to compare"
-    assert after_line.endswith(f"+3 ~0 -0; {skipped}"), after_line
-    assert day_line.startswith(f"daily_ice: partition {DAY}: +2 ") and day_line.endswith(skipped)
-    assert flat_lines and not any("parity" in line for line in flat_lines), flat_lines
-    assert set(check_evals(first)) == {"flat"} and not check_evals(day)
+    after_meta, day_meta = mat_meta(first, "after"), mat_meta(day, "daily_ice")
+    assert after_meta["parity"] == skipped and day_meta["parity"] == skipped
+    assert after_meta["write_mode"] and after_meta["rows_inserted"] == 3, after_meta
+    assert day_meta["partitions"].startswith(f"{DAY}: +2 ~0 -0 (replace, commit "), day_meta
+    assert "parity" not in mat_meta(first, "flat")
+    assert set(check_evals(first)) == {"flat"} and check_evals(first)["flat"].passed
+    assert planned == ["parity"] and not check_evals(day)
