@@ -264,12 +264,19 @@ def test_a_dry_run_of_a_partition_reports_its_slice_write_and_writes_nothing(env
     assert len(get_runtime().iceberg.load(name).snapshots()) == snapshots  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("mode", ["iceberg", "pg"])
-def test_each_partition_of_a_range_run_records_its_own_write(env, instance, mode):
+def ranged_once(instance, mode):  # type: ignore[no-untyped-def]
+    """Two rows a day for DAYS, written by one range run of the `mode` dataset: (the source the
+    dataset computes from, its definitions, its name)."""
     source = {d: day_rows(d, [n * 10, n * 10 + 1]) for n, d in enumerate(DAYS)}
     defs = defs_for(mode, source)
     name = f"daily_{mode}"
     assert run(defs, instance, name, DAYS[0], DAYS[2]).success
+    return source, defs, name
+
+
+@pytest.mark.parametrize("mode", ["iceberg", "pg"])
+def test_each_partition_of_a_range_run_records_its_own_write(env, instance, mode):
+    source, defs, name = ranged_once(instance, mode)
     source[DAYS[1]] = day_rows(DAYS[1], [10, 11], version=1)  # day 2 changes; days 1 and 3 not
     assert run(defs, instance, name, DAYS[0], DAYS[2]).success
 
@@ -293,10 +300,7 @@ def test_each_partition_of_a_range_run_records_its_own_write(env, instance, mode
 def test_a_range_run_puts_the_table_after_it_on_its_last_partition_only(env, instance, mode):
     # every partition's materialisation is serialised and stored: the table's column schema, file
     # counts and the run's lines go once, on the asset's latest materialisation, not on each
-    source = {d: day_rows(d, [n * 10, n * 10 + 1]) for n, d in enumerate(DAYS)}
-    defs = defs_for(mode, source)
-    name = f"daily_{mode}"
-    assert run(defs, instance, name, DAYS[0], DAYS[2]).success
+    _, _, name = ranged_once(instance, mode)
 
     got = {d: partition_meta(instance, name, d) for d in DAYS}
     table_keys = {"dagster/column_schema", "partitions"} | (
