@@ -28,6 +28,7 @@ import dagster as dg
 import polars as pl
 
 from pipeline_output.contract.checked_input import collect_frame, to_polars
+from pipeline_output.contract.plan import WriteResult
 from pipeline_output.contract.slices import (
     Equals,
     PartitionSlice,
@@ -38,6 +39,7 @@ from pipeline_output.contract.slices import (
 )
 from pipeline_output.contract.spec import DatasetSpec, check_identifier
 from pipeline_output.dagster_layer.asset_params import as_lazy
+from pipeline_output.dagster_layer.checks import PARITY
 from pipeline_output.errors import InvalidSpec, RowsOutsideWindow, UnsupportedWrite
 from pipeline_output.services.publish import PublishResult, ResolvedMode
 from pipeline_output.services.runtime import Runtime
@@ -361,11 +363,7 @@ def write_partitions(
         run_id=context.run_id,
         audit=audit,
     )
-    lines = [
-        f"{part.key}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted} "
-        + ("no-op" if r.noop else f"({r.write_mode}, commit {r.snapshot_id})")
-        for part, r in ((part, result.primary) for part, result in written)
-    ]
+    lines = [_line(part, result.primary) for part, result in written]
     if len(lines) > 1:  # one line per range run (each a Dagster event), its partitions in it
         said = "; ".join(lines) + (f"; {note}" if note else "")
         context.log.info(f"{spec.name}: {len(lines)} partitions: {said}")
@@ -376,7 +374,7 @@ def write_partitions(
         meta["dagster/partition_row_count"] = last.primary.rows_in
         meta["partitions"] = lines[0]
         if note is not None:
-            meta["parity"] = note
+            meta[PARITY] = note
         return meta, last
     table = table_metadata(runtime, spec, arms=tuple(last.results), schema=schema)
     meta = run_metadata(written, mode)
@@ -393,6 +391,13 @@ def write_partitions(
             own, asset_key=context.asset_key, partition_key=part.key
         )
     return meta, last
+
+
+def _line(part: PartitionSlice, r: WriteResult) -> str:
+    """What one partition's write did, in the run's line and its `partitions` metadata."""
+    return f"{part.key}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted} " + (
+        "no-op" if r.noop else f"({r.write_mode}, commit {r.snapshot_id})"
+    )
 
 
 # what a range run's every partition shows of the table: its name and location (short, and the
