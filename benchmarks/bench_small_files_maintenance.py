@@ -473,6 +473,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=0)
     ap.add_argument("--storage", choices=("local", "s3"), default="local")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument(
+        "--only",
+        choices=("cleanup",),
+        default=None,
+        help="cleanup: build and compact both tables once, then `--reps` rounds of the delete\n"
+        "floor, ours' cleanup and vacuum, each on the compacted tables restored from a copy",
+    )
+    ap.add_argument("--reps", type=int, default=5, help="rounds of `--only` (default 5)")
+    ap.add_argument(
+        "--ab",
+        default=None,
+        metavar="ROOT",
+        help="with --only cleanup: also ours' cleanup by the checkout at ROOT (its\n"
+        "pipeline_output), each round on the same restored table, the two trees' order alternated",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -561,6 +576,8 @@ def run(
             return True
         if data is not None:
             cfg["data"] = data
+    if args.only == "cleanup":
+        return cleanup_rounds(args, cfg, workdir, libpq_uri)
     res: dict[str, dict[str, Any]] = {}
     steps = [
         ("floor", "floor"),
@@ -618,6 +635,128 @@ def run(
             print(f"  (expiry + orphans {label} / the delete floor: {x:.2f}x)")
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"\nload avg at end: {load}; wall time {time.perf_counter() - wall:.0f} s")
+    return failed
+
+
+def _copy_in_inode_order(source: Path, target: Path) -> None:
+    """`source`'s tree copied to `target` file by file in the order of the source files'
+    inodes (about the order they were written in), so the copies' inodes keep that order (a
+    delete in a shuffled inode order is ~15 % slower on this disk; benchmarks/README.md)."""
+    files = sorted((p for p in source.rglob("*") if p.is_file()), key=lambda p: p.stat().st_ino)
+    for path in files:
+        out = target / path.relative_to(source)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, out)
+
+
+def cleanup_rounds(
+    args: argparse.Namespace, cfg: dict[str, Any], workdir: Path, libpq_uri: str
+) -> bool:
+    """`--only cleanup`: both tables compacted once (printed, not ratios), saved, then
+    `args.reps` rounds, each on the saved tables restored (files copied in inode order and
+    synced, ours' catalog pointer put back): the delete floor, ours' cleanup (and, with `--ab`,
+    the other checkout's, the two in alternating order, the table restored between), vacuum.
+    Each round's seconds and ratios, then the medians. True when a step failed."""
+    import statistics
+
+    import psycopg
+
+    failed = False
+    for engine in ("ours", "delta"):
+        got = spawn(
+            {"what": "compact", "engine": engine, "cfg": cfg}, f"compact-{engine}", workdir, 3600
+        )
+        if "failure" in got:
+            print(f"compact {engine}: {got['failure']}")
+            return True
+        print(f"compact {engine:<8} {fmt_s(got['seconds'])} s; {got['detail']}", flush=True)
+    live = {
+        "ours": Path(cfg["warehouse"].removeprefix("file://")),
+        "delta": Path(cfg["delta_root"]),
+    }
+    saved = workdir / "saved"
+    for name, folder in live.items():
+        _copy_in_inode_order(folder, saved / name)
+    pointer = "SELECT metadata_location, previous_metadata_location FROM iceberg_tables"
+    with psycopg.connect(libpq_uri, autocommit=True) as conn:
+        catalog = conn.execute(pointer + " WHERE table_name = %s", (NAME,)).fetchone()
+
+    def restore() -> None:
+        for name, folder in live.items():
+            shutil.rmtree(folder)
+            _copy_in_inode_order(saved / name, folder)
+        with psycopg.connect(libpq_uri, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE iceberg_tables SET metadata_location = %s, previous_metadata_location = %s"
+                " WHERE table_name = %s",
+                (*catalog, NAME),
+            )
+        os.sync()
+
+    def one(what: str, engine: str, tag: str, root: str | None = None) -> float | None:
+        nonlocal failed
+        before = os.environ.get("PYTHONPATH")
+        if root is not None:  # the child imports that checkout's pipeline_output
+            os.environ["PYTHONPATH"] = root
+        try:
+            got = spawn({"what": what, "engine": engine, "cfg": cfg}, tag, workdir, 3600)
+        finally:
+            if root is not None:
+                if before is None:
+                    del os.environ["PYTHONPATH"]
+                else:
+                    os.environ["PYTHONPATH"] = before
+        if "failure" in got:
+            print(f"  {tag}: {got['failure']}")
+            failed = True
+            return None
+        check = got["detail"].get("check")
+        if check is not None and not (
+            check["rows"] == check["ids"] == cfg["files"] * cfg["per_file"]
+        ):
+            print(f"  {tag}: CHECK FAILED: {check}")
+            failed = True
+        if what == "delete" and got["detail"]["left"]:
+            print(f"  {tag}: DELETE FLOOR LEFT {got['detail']['left']} file(s)")
+            failed = True
+        return float(got["seconds"])
+
+    sides = ["ours", *(["ab"] if args.ab else [])]
+    times: dict[str, list[float]] = {k: [] for k in ("floor", *sides, "vacuum")}
+    label = {"ours": "ours", "ab": f"ours@{args.ab}"}
+    print(f"\n== cleanup, {args.reps} round(s) on restored copies ==", flush=True)
+    for rep in range(args.reps):
+        restore()
+        got: dict[str, float | None] = {"floor": one("delete", "floor", f"floor-{rep}")}
+        for n, side in enumerate(sides if rep % 2 == 0 else sides[::-1]):
+            if n:
+                restore()
+            root = args.ab if side == "ab" else None
+            got[side] = one("cleanup", "ours", f"cleanup-{side}-{rep}", root)
+        got["vacuum"] = one("cleanup", "delta", f"vacuum-{rep}")
+        for key, value in got.items():
+            if value is not None:
+                times[key].append(value)
+        shown = ", ".join(f"{label.get(k, k)} {v:.3f} s" for k, v in got.items() if v is not None)
+        ratios = ", ".join(
+            f"{label[s]} / vacuum {got[s] / got['vacuum']:.2f}x, / floor {got[s] / got['floor']:.2f}x"  # type: ignore[operator]
+            for s in sides
+            if got[s] and got["vacuum"] and got["floor"]
+        )
+        print(f"round {rep}: {shown}; {ratios}", flush=True)
+    med = {k: statistics.median(v) for k, v in times.items() if v}
+    print("\n== medians ==")
+    print(", ".join(f"{label.get(k, k)} {v:.3f} s" for k, v in med.items()))
+    for side in sides:
+        if side in med and "vacuum" in med and "floor" in med:
+            print(
+                f"- expiry + orphans, {label[side]} / vacuum <= 0.5x: {med[side] / med['vacuum']:.2f}x "
+                f"(median of the rounds' ratios "
+                f"{statistics.median(a / b for a, b in zip(times[side], times['vacuum'], strict=False)):.2f}x);"
+                f" / the delete floor {med[side] / med['floor']:.2f}x"
+            )
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"load avg at end: {load}")
     return failed
 
 
