@@ -474,18 +474,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--storage", choices=("local", "s3"), default="local")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument(
-        "--only",
-        choices=("cleanup",),
-        default=None,
-        help="cleanup: build and compact both tables once, then `--reps` rounds of the delete\n"
-        "floor, ours' cleanup and vacuum, each on the compacted tables restored from a copy",
+        "--cleanup-rounds",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only the cleanups: build and compact both tables once, then N rounds of the\n"
+        "delete floor, ours' cleanup and vacuum, each on the compacted tables restored from a\n"
+        "copy; each round's seconds and ratios, then the medians",
     )
-    ap.add_argument("--reps", type=int, default=5, help="rounds of `--only` (default 5)")
     ap.add_argument(
         "--ab",
         default=None,
         metavar="ROOT",
-        help="with --only cleanup: also ours' cleanup by the checkout at ROOT (its\n"
+        help="with --cleanup-rounds: also ours' cleanup by the checkout at ROOT (its\n"
         "pipeline_output), each round on the same restored table, the two trees' order alternated",
     )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -576,7 +577,7 @@ def run(
             return True
         if data is not None:
             cfg["data"] = data
-    if args.only == "cleanup":
+    if args.cleanup_rounds:
         return cleanup_rounds(args, cfg, workdir, libpq_uri)
     res: dict[str, dict[str, Any]] = {}
     steps = [
@@ -652,8 +653,8 @@ def _copy_in_inode_order(source: Path, target: Path) -> None:
 def cleanup_rounds(
     args: argparse.Namespace, cfg: dict[str, Any], workdir: Path, libpq_uri: str
 ) -> bool:
-    """`--only cleanup`: both tables compacted once (printed, not ratios), saved, then
-    `args.reps` rounds, each on the saved tables restored (files copied in inode order and
+    """`--cleanup-rounds N`: both tables compacted once (printed, not ratios), saved, then
+    N rounds, each on the saved tables restored (files copied in inode order and
     synced, ours' catalog pointer put back): the delete floor, ours' cleanup (and, with `--ab`,
     the other checkout's, the two in alternating order, the table restored between), vacuum.
     Each round's seconds and ratios, then the medians. True when a step failed."""
@@ -724,8 +725,8 @@ def cleanup_rounds(
     sides = ["ours", *(["ab"] if args.ab else [])]
     times: dict[str, list[float]] = {k: [] for k in ("floor", *sides, "vacuum")}
     label = {"ours": "ours", "ab": f"ours@{args.ab}"}
-    print(f"\n== cleanup, {args.reps} round(s) on restored copies ==", flush=True)
-    for rep in range(args.reps):
+    print(f"\n== cleanup, {args.cleanup_rounds} round(s) on restored copies ==", flush=True)
+    for rep in range(args.cleanup_rounds):
         restore()
         got: dict[str, float | None] = {"floor": one("delete", "floor", f"floor-{rep}")}
         for n, side in enumerate(sides if rep % 2 == 0 else sides[::-1]):
