@@ -53,7 +53,7 @@ Nothing outside `benchmarks/.work/small_maintenance/` (git-ignored) is touched.
 `--only floor-floor,floor-partitioned,compact-ours --reps 5`: only those steps (delta-rs's table is
 not built unless a `-delta` step is asked for), five times in turn, ours' table put back as
 prepared between reps (its catalog pointer; delta-rs's log), each step's median printed and used
-for the ratios.
+for the ratios (local storage only: the SQL catalog's pointer is rewound).
 """
 
 from __future__ import annotations
@@ -546,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--only: unknown step(s) {unknown}" if unknown else "--reps: at least 1")
     if args.reps > 1 and {"delete-floor", "cleanup-ours", "cleanup-delta"} & set(only):
         ap.error("--reps > 1 measures the compactions and floors only")
+    if args.reps > 1 and args.storage == "s3":  # (the restore rewinds the SQL catalog's row)
+        ap.error("--reps > 1 on the local SQL catalog only")
     args.only = only
     workdir = HERE / ".work" / "small_maintenance"
     shutil.rmtree(workdir, ignore_errors=True)
