@@ -21,7 +21,9 @@ included; `+N` the growth over the call):
 - compaction: ours `IcebergStore.compact` (one bin per target size, sorted by the key, one
   `replace` commit) vs delta-rs `DeltaTable.optimize.compact()`, and vs the floor: polars reading
   every data file of our table with its native multi-file scan (`pl.scan_parquet`) and writing the
-  rows once as one Parquet file — measured in the same run;
+  rows once as one Parquet file — measured in the same run; with `--partitions P`, also vs
+  "floor, partitioned": the same scan written once as one file per partition (`sink_parquet`
+  to `pl.PartitionBy` on the partition column: P files, as the compaction must write them);
 - expiry + orphans: ours `expire_snapshots(older_than=0, retain_last=1)` (every snapshot but the
   compaction's, and the files only they referenced: the F small files, the manifests and
   manifest lists) then `remove_orphans(grace_s=0)` vs delta-rs `vacuum(retention_hours=0)`
@@ -47,6 +49,19 @@ Both tables are checked after compaction (F*R rows, unique ids) and after cleanu
 compacted files left). Ratios within this run. Targets (issue 45): compaction <= 0.5x delta-rs
 and <= 1.5x the floor, peak RSS <= delta-rs's; expiry + orphans <= 0.5x vacuum.
 Nothing outside `benchmarks/.work/small_maintenance/` (git-ignored) is touched.
+
+`--only floor-floor,floor-partitioned,compact-ours --reps 5`: only those steps (delta-rs's table is
+not built unless a `-delta` step is asked for), five times in turn, ours' table put back as
+prepared between reps (its catalog pointer; delta-rs's log), each step's median printed and used
+for the ratios (local storage only: the SQL catalog's pointer is rewound).
+
+`--cleanup-rounds N [--ab ROOT]`: only the cleanups, N times (single runs of one tree spread
+0.36-0.55 s): both tables built and compacted once, their files saved; each round restores them
+(files copied in the order of the originals' inodes, synced; ours' catalog pointer put back) and
+measures the delete floor, ours' cleanup and vacuum, printing the round's seconds and ratios,
+then the medians. `--ab ROOT`: ours' cleanup also by the checkout at ROOT (a child with
+`PYTHONPATH=ROOT`), on the same restored table in the same round, the two trees' order
+alternating round to round (local storage only).
 """
 
 from __future__ import annotations
@@ -55,6 +70,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -68,6 +84,15 @@ from bench_spread import ours_store as ours_sql_store
 from bench_spread import spawn as spawn_child
 
 HERE = Path(__file__).resolve().parent
+STEP_NAMES = (
+    "floor-floor",
+    "floor-partitioned",
+    "compact-ours",
+    "compact-delta",
+    "delete-floor",
+    "cleanup-ours",
+    "cleanup-delta",
+)
 NAME = "small"
 COMMIT_FILES = 1000
 PUT_THREADS = 16  # writing the small files (setup, not timed)
@@ -354,10 +379,43 @@ def delete_floor(cfg: dict[str, Any]) -> dict[str, Any]:
     return {**measured, "detail": {"deleted": files, "left": left, "how": "os.remove, 16 threads"}}
 
 
+def partitioned_floor(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The floor of a partitioned table's compaction: polars' native multi-file scan of every
+    data file, written once as one file per partition (`sink_parquet` to `pl.PartitionBy` on
+    the partition column: P files, as a compaction of P partitions writes)."""
+    import polars as pl
+
+    options = polars_options(cfg)
+    out: Any = Path(cfg["delta_root"]).parent / "floor-partitioned"
+    if options is not None:
+        out = f"s3://{FLOOR_BUCKET}/floor-partitioned/"
+
+    def floor() -> None:
+        pl.scan_parquet(cfg["data"], storage_options=options).sink_parquet(
+            pl.PartitionBy(out, key="part"), storage_options=options, mkdir=True
+        )
+
+    measured = measure(floor)
+    if options is None:
+        written = [str(p) for p in Path(out).rglob("*.parquet")]
+    else:
+        written = [f"s3://{FLOOR_BUCKET}/{k}" for k in s3_keys(cfg, FLOOR_BUCKET, "floor-part")]
+    rows = pl.scan_parquet(written, storage_options=options).select(pl.len()).collect().item()
+    if options is None:
+        shutil.rmtree(out)
+    else:
+        client = s3_client(cfg)
+        for key in s3_keys(cfg, FLOOR_BUCKET, "floor-part"):
+            client.delete_object(Bucket=FLOOR_BUCKET, Key=key)
+    return {**measured, "detail": {"rows": rows, "files": len(written)}}
+
+
 def timed(cfg: dict[str, Any], what: str, engine: str) -> dict[str, Any]:
     detail: dict[str, Any] = {}
     if what == "delete":
         return delete_floor(cfg)
+    if what == "floor" and engine == "partitioned":
+        return partitioned_floor(cfg)
     if what == "floor":
         import polars as pl
 
@@ -474,6 +532,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--storage", choices=("local", "s3"), default="local")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated steps to measure, of: " + ", ".join(STEP_NAMES) + " (default: all)",
+    )
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=1,
+        help="measure the steps this many times, in turn, and print each step's median (the "
+        "tables are put back as prepared between reps; not with the cleanups)",
+    )
+    ap.add_argument(
         "--cleanup-rounds",
         type=int,
         default=0,
@@ -494,6 +564,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child_main(args.child)
         return 0
+    only = STEP_NAMES if args.only is None else tuple(args.only.split(","))
+    unknown = sorted(set(only) - set(STEP_NAMES))
+    if unknown or args.reps < 1:
+        ap.error(f"--only: unknown step(s) {unknown}" if unknown else "--reps: at least 1")
+    if args.reps > 1 and {"delete-floor", "cleanup-ours", "cleanup-delta"} & set(only):
+        ap.error("--reps > 1 measures the compactions and floors only")
+    if args.reps > 1 and args.storage == "s3":  # (the restore rewinds the SQL catalog's row)
+        ap.error("--reps > 1 on the local SQL catalog only")
+    if args.cleanup_rounds and args.storage == "s3":  # (the restore rewinds the catalog's row)
+        ap.error("--cleanup-rounds on the local SQL catalog only")
+    args.only = only
     workdir = HERE / ".work" / "small_maintenance"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -524,6 +605,38 @@ def main(argv: list[str] | None = None) -> int:
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0
+
+
+def _prepared(cfg: dict[str, Any]) -> dict[str, Any]:
+    """What `_restore` puts back: ours' metadata pointer and delta-rs's log as prepared."""
+    import psycopg
+
+    with psycopg.connect(cfg["libpq_uri"]) as conn:
+        row = conn.execute(
+            "SELECT metadata_location FROM iceberg_tables WHERE table_name = %s", (NAME,)
+        ).fetchone()
+    log = Path(delta_location(cfg)[0]) / "_delta_log"
+    return {
+        "metadata": row[0] if row else None,
+        "log": {p.name for p in log.iterdir()} if log.is_dir() else None,
+    }
+
+
+def _restore(cfg: dict[str, Any], prepared: dict[str, Any]) -> None:
+    """Both tables back as prepared (a compaction's written files stay on disk, unreferenced)."""
+    import psycopg
+
+    if prepared["metadata"] is not None:
+        with psycopg.connect(cfg["libpq_uri"]) as conn:
+            conn.execute(
+                "UPDATE iceberg_tables SET metadata_location = %s WHERE table_name = %s",
+                (prepared["metadata"], NAME),
+            )
+    if prepared["log"] is not None:
+        log = Path(delta_location(cfg)[0]) / "_delta_log"
+        for p in log.iterdir():
+            if p.name not in prepared["log"]:
+                p.unlink()
 
 
 def run(
@@ -561,7 +674,8 @@ def run(
         "partitions": args.partitions,
         "s3": s3,
     }
-    for engine in ("ours", "delta"):
+    needs_delta = bool(args.cleanup_rounds) or any(step.endswith("-delta") for step in args.only)
+    for engine in ("ours", "delta") if needs_delta else ("ours",):
         t0 = time.perf_counter()
         got = spawn({"what": "prep", "engine": engine, "cfg": cfg}, f"prep-{engine}", workdir, 7200)
         if "failure" in got:
@@ -582,33 +696,55 @@ def run(
     res: dict[str, dict[str, Any]] = {}
     steps = [
         ("floor", "floor"),
+        ("floor", "partitioned"),  # a partitioned table only
         ("compact", "ours"),
         ("compact", "delta"),
         ("delete", "floor"),  # just before the cleanups: the server as busy as for them
         ("cleanup", "ours"),
         ("cleanup", "delta"),
     ]
-    for what, engine in steps:
-        payload = {"what": what, "engine": engine, "cfg": cfg}
-        got = spawn(payload, f"{what}-{engine}", workdir, 3600)
-        key = f"{what} {engine}"
-        if "failure" in got:
-            print(f"{key}: {got['failure']}")
-            failed = True
-            continue
-        res[key] = got
-        print(
-            f"{key:<16} {fmt_s(got['seconds'])} s, peak {fmt_mb(got['peak_mb'])} MB "
-            f"(+{fmt_mb(got['call_mb'])} over the call); {got['detail']}",
-            flush=True,
-        )
-        if what == "delete" and got["detail"]["left"]:
-            print(f"  DELETE FLOOR LEFT {got['detail']['left']} file(s)")
-            failed = True
-        check = got["detail"].get("check")
-        if check is not None and not (check["rows"] == rows == check["ids"]):
-            print(f"  CHECK FAILED: {check}, want {rows} rows and unique ids")
-            failed = True
+    steps = [
+        (what, engine)
+        for what, engine in steps
+        if f"{what}-{engine}" in args.only and (engine != "partitioned" or args.partitions)
+    ]
+    prepared = _prepared(cfg) if args.reps > 1 else None
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for rep in range(args.reps):
+        if rep and prepared is not None:
+            _restore(cfg, prepared)
+        for what, engine in steps:
+            payload = {"what": what, "engine": engine, "cfg": cfg}
+            got = spawn(payload, f"{what}-{engine}", workdir, 3600)
+            key = f"{what} {engine}"
+            if "failure" in got:
+                print(f"{key}: {got['failure']}")
+                failed = True
+                continue
+            runs.setdefault(key, []).append(got)
+            print(
+                f"{key:<16} {fmt_s(got['seconds'])} s, peak {fmt_mb(got['peak_mb'])} MB "
+                f"(+{fmt_mb(got['call_mb'])} over the call); {got['detail']}",
+                flush=True,
+            )
+            if what == "delete" and got["detail"]["left"]:
+                print(f"  DELETE FLOOR LEFT {got['detail']['left']} file(s)")
+                failed = True
+            check = got["detail"].get("check")
+            if check is not None and not (check["rows"] == rows == check["ids"]):
+                print(f"  CHECK FAILED: {check}, want {rows} rows and unique ids")
+                failed = True
+    for key, got_all in runs.items():
+        res[key] = {
+            field: statistics.median(g[field] for g in got_all) for field in ("seconds", "peak_mb")
+        }
+        if args.reps > 1:
+            seconds = ", ".join(fmt_s(g["seconds"]) for g in got_all)
+            peaks = ", ".join(fmt_mb(g["peak_mb"]) for g in got_all)
+            print(
+                f"median {key:<17} {fmt_s(res[key]['seconds'])} s ({seconds}), peak "
+                f"{fmt_mb(res[key]['peak_mb'])} MB ({peaks})"
+            )
     print("\n== ratios (targets of issue 45) ==")
 
     def ratio(a: str, b: str, field: str = "seconds") -> float | None:
@@ -624,6 +760,9 @@ def run(
 
     verdict("compaction, ours / delta-rs", ratio("compact ours", "compact delta"), 0.5)
     verdict("compaction, ours / floor", ratio("compact ours", "floor floor"), 1.5)
+    x = ratio("compact ours", "floor partitioned")
+    if x is not None:
+        print(f"  (compaction ours / the floor, partitioned ({args.partitions} files): {x:.2f}x)")
     verdict(
         "compaction peak RSS, ours / delta-rs",
         ratio("compact ours", "compact delta", "peak_mb"),

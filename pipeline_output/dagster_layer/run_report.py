@@ -15,11 +15,14 @@ failed asset does not stop the assets that do not depend on it) and returns its 
 - warnings: checks that failed with WARN severity.
 
 `write_log` appends the run's full event log (levels, steps, messages, tracebacks) to a file, for
-what the console leaves out.
+what the console leaves out; under each materialisation, what the write did — its partition and
+its metadata's short facts (mode, write mode and why, row counts, commit, parity), as the UI
+shows them: a write logs no line of its own (each line is an event in the run's storage).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -337,9 +340,35 @@ def write_log(path: Path, instance: dg.DagsterInstance, run_id: str) -> None:
             text = entry.user_message or (event.message if event is not None else "") or ""
             out.write(f"{at} {level:<8} {step} {kind}: {text}\n")
             data = getattr(event, "event_specific_data", None) if event is not None else None
+            materialization = getattr(data, "materialization", None)
+            if isinstance(materialization, dg.AssetMaterialization):
+                out.write(f"    {_facts(materialization)}\n")
             error = getattr(data, "error", None)
             if error is not None:
                 out.write("    " + error.to_string().replace("\n", "\n    ").rstrip() + "\n")
+
+
+_FACT_TYPES = (
+    dg.TextMetadataValue,
+    dg.IntMetadataValue,
+    dg.FloatMetadataValue,
+    dg.BoolMetadataValue,
+)
+_FACT_WIDTH = 200  # longer text (a range run's per-partition lines) stays in the UI
+
+
+def _facts(materialization: dg.AssetMaterialization) -> str:
+    """A materialisation's short facts on one line: its partition, then each text, number or
+    flag entry of its metadata (`key=value`, in the order the write recorded them; a value
+    holding the separator is quoted)."""
+    facts = [f"partition={materialization.partition}"] if materialization.partition else []
+    for key, raw in materialization.metadata.items():
+        if not isinstance(raw, _FACT_TYPES) or raw.value is None:
+            continue
+        value = _one_line(str(raw.value))
+        if len(value) <= _FACT_WIDTH:
+            facts.append(f"{key}={json.dumps(value) if '; ' in value else value}")
+    return "; ".join(facts) or "(no metadata)"
 
 
 def _level_name(level: Any) -> str:

@@ -16,6 +16,7 @@ import pytest
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 from pipeline_output import PipelineOutputComponent, build_definitions, dataset
+from pipeline_output.dagster_layer.run_report import write_log
 from pipeline_output.dagster_layer.runner import materialize
 from pipeline_output_tests.dagster_runs import check_evals, mat_meta, run_assets
 from pipeline_output_tests.publishers import corrupt_pg_row
@@ -230,3 +231,43 @@ def test_a_write_logs_no_line_its_materialisation_says_what_it_did_and_why_parit
     assert "parity" not in mat_meta(first, "flat")
     assert set(check_evals(first)) == {"flat"} and check_evals(first)["flat"].passed
     assert planned == ["parity"] and not check_evals(day)
+
+
+def test_the_run_log_file_says_under_each_materialisation_what_the_write_did(
+    env: str, tmp_path: Path
+) -> None:
+    """A write logs no line of its own (above), so the run's log file — the CLI's `full log:` —
+    says what each write did under its materialisation: partition, mode, write mode and why,
+    row counts, commit, and why parity was skipped; long per-partition text stays in the UI."""
+    ids = pl.Series([1, 2, 3], dtype=pl.Int64)
+    ROWS["flat"] = pl.DataFrame({"id": ids, "amount": ids.cast(pl.Float64)})
+    whole = build_definitions(datasets=[flat, after], with_maintenance=False)
+    parted = build_definitions(datasets=[daily_ice], with_maintenance=False)
+    log = tmp_path / "runs.log"
+    with dg.DagsterInstance.ephemeral() as instance:
+        first = run_assets(whole, instance, ["flat", "after"])
+        day = parted.resolve_implicit_global_asset_job_def().execute_in_process(
+            instance=instance, asset_selection=[dg.AssetKey("daily_ice")], partition_key=DAY
+        )
+        write_log(log, instance, first.run_id)
+        write_log(log, instance, day.run_id)
+    text = log.read_text()
+    facts = [
+        line.strip()
+        for previous, line in zip(text.splitlines(), text.splitlines()[1:], strict=False)
+        if " ASSET_MATERIALIZATION: " in previous
+    ]
+    assert len(facts) == 3, text  # flat (both arms in one materialisation), after, the day
+    after_line = next(f for f in facts if "arms=iceberg" in f.split("; "))
+    snapshot = mat_meta(first, "after")["iceberg/snapshot_id"]
+    for fact in (
+        f"write_mode={mat_meta(first, 'after')['write_mode']}",
+        "rows_inserted=3",
+        f"iceberg/snapshot_id={snapshot}",
+    ):
+        assert fact in after_line.split("; "), (fact, after_line)
+    skipped = '"parity skipped: not a dual write (arms: iceberg); nothing to compare"'
+    assert after_line.endswith(f"; parity={skipped}"), after_line  # quoted: it holds "; "
+    [day_line] = [f for f in facts if f.startswith(f"partition={DAY}; ")]
+    assert "rows_inserted=2" in day_line.split("; "), day_line
+    assert "dagster/column_schema" not in text
