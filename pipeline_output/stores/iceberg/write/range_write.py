@@ -2,8 +2,10 @@
 partitions of a `replace` dataset is one table load, one writer lock and one snapshot.
 
 Each partition is computed and checked (its rows inside its slice, the capabilities, NOT
-NULLs) in turn on the calling thread, and written to data files on one of `ENCODE_THREADS`
-threads while the next partition is computed (polars' Parquet encode releases the GIL): at most
+NULLs) in turn on the calling thread, put there in the table's columns and order (its keys and
+NaN counts taken), and written to data files on one of `ENCODE_THREADS` threads while the next
+partition is computed (polars' Parquet encode releases the GIL; the encode thread runs little
+Python else, each step of which waits for the GIL the computing thread holds): at most
 `ENCODE_THREADS` partitions' frames are held at once (the one being computed included), and
 the next partition is computed only once those waiting or encoding are under `ENCODE_BYTES` —
 partitions larger than that are computed and written one at a time. Only each written
