@@ -234,13 +234,13 @@ def test_a_range_run_encodes_a_partition_while_the_next_is_computed(env, instanc
 
     real = DataFileWriter.write
 
-    def write(self: DataFileWriter, frame: pl.DataFrame) -> list[Any]:
+    def write(self: DataFileWriter, frame: pl.DataFrame, **options: Any) -> list[Any]:
         day = frame.get_column("day")[0].isoformat()
         following = DAYS[DAYS.index(day) + 1 :]
         if following and waits:  # this partition's encode waits for the next one's compute
             overlapped.append(started[following[0]].wait(timeout=10))
         try:
-            return real(self, frame)
+            return real(self, frame, **options)
         finally:
             with lock:
                 alive[0] -= 1
@@ -286,9 +286,9 @@ def test_a_partition_run_reads_the_tables_manifests_while_its_partition_encodes(
         read.set()
         return real_index(table)
 
-    def write(self: DataFileWriter, frame: pl.DataFrame) -> list[Any]:
+    def write(self: DataFileWriter, frame: pl.DataFrame, **options: Any) -> list[Any]:
         overlapped.append(read.wait(timeout=10))  # the manifests are read meanwhile
-        return real_write(self, frame)
+        return real_write(self, frame, **options)
 
     monkeypatch.setattr(range_write, "read_index", read_index)
     monkeypatch.setattr(DataFileWriter, "write", write)
@@ -296,4 +296,36 @@ def test_a_partition_run_reads_the_tables_manifests_while_its_partition_encodes(
     assert run(defs, instance, DAYS[2])
     assert overlapped == [True]
     assert len(snapshots()) == 2
+    assert_same_multiset(table(), pl.concat(source.values()))
+
+
+def test_a_range_runs_encode_thread_only_encodes_and_its_files_count_their_nans(
+    env, instance, monkeypatch
+):
+    """A partition's frame is put in the table's columns and order, and its keys and NaN values
+    counted, on the run's own thread before it is handed to an encode thread: that thread's
+    Python (which waits for the GIL the computing thread holds) is the encode's call and the
+    file's put. Each data file still records its own NaN count."""
+    source: dict[str, Any] = {
+        d: day_rows(d, [n * 10 + i for i in range(3)]).with_columns(
+            amount=pl.Series([float("nan")] * n + [1.0] * (3 - n), dtype=pl.Float64)
+        )
+        for n, d in enumerate(DAYS)
+    }
+    aligned_on: list[str] = []
+    real_align = range_write.align_to_schema
+
+    def align(frame: pl.DataFrame, *args: Any, **kwargs: Any) -> pl.DataFrame:
+        aligned_on.append(threading.current_thread().name)
+        return real_align(frame, *args, **kwargs)
+
+    monkeypatch.setattr(range_write, "align_to_schema", align)
+    caller = threading.current_thread().name
+    assert run(defs_for(source), instance, *DAYS)
+    assert aligned_on == [caller] * len(DAYS)
+    loaded = get_runtime().iceberg.load(NAME)
+    assert loaded is not None
+    amount = loaded.schema().find_field("amount").field_id
+    nans = sorted(t.file.nan_value_counts[amount] for t in loaded.scan().plan_files())
+    assert nans == [0, 1, 2, 3]
     assert_same_multiset(table(), pl.concat(source.values()))

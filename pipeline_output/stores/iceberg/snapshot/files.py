@@ -125,14 +125,19 @@ class DataFileWriter(TableFileWriter):
         )
         self._partitioned = bool(metadata.spec().fields)
 
-    def write(self, frame: pl.DataFrame) -> list[DataFile]:
-        """Write `frame` (already in the table's columns) as one or more data files."""
+    def write(
+        self, frame: pl.DataFrame, *, nan_counts: dict[int, int] | None = None
+    ) -> list[DataFile]:
+        """Write `frame` (already in the table's columns) as one or more data files.
+        `nan_counts`: the frame's (`nan_counts`), counted by the caller; used when the frame is
+        written as one file, else each file's are counted."""
         if frame.height == 0:
             return []
         files: list[DataFile] = []
         for part, record in self._partitions(frame):
             for chunk in self._chunks(part):
-                files.append(self._write_one(chunk, record))
+                whole = nan_counts is not None and chunk.height == frame.height
+                files.append(self._write_one(chunk, record, nan_counts if whole else None))
         return files
 
     def _partitions(self, frame: pl.DataFrame) -> Iterator[tuple[pl.DataFrame, Record | None]]:
@@ -164,7 +169,7 @@ class DataFileWriter(TableFileWriter):
         for offset in range(0, frame.height, rows):
             yield frame.slice(offset, rows)
 
-    def _nan_counts(self, frame: pl.DataFrame) -> dict[int, int]:
+    def nan_counts(self, frame: pl.DataFrame) -> dict[int, int]:
         """NaN values per top-level float and double column (Parquet statistics have none;
         Iceberg readers use them, with the bounds, to prune `NaN` and `!= NaN` filters)."""
         floats = [
@@ -191,7 +196,9 @@ class DataFileWriter(TableFileWriter):
             "arrow_schema": self._arrow_schema,
         }
 
-    def _write_one(self, frame: pl.DataFrame, record: Record | None) -> DataFile:
+    def _write_one(
+        self, frame: pl.DataFrame, record: Record | None, nan_counts: dict[int, int] | None = None
+    ) -> DataFile:
         buffer = io.BytesIO()
         options = self.parquet_options()
         codec = options["compression"]
@@ -206,7 +213,9 @@ class DataFileWriter(TableFileWriter):
                 compression=codec,
                 compression_level=self._level,
             )
-        return self.register(buffer.getvalue(), record=record, nan_counts=self._nan_counts(frame))
+        if nan_counts is None:
+            nan_counts = self.nan_counts(frame)
+        return self.register(buffer.getvalue(), record=record, nan_counts=nan_counts)
 
     def register(
         self, data: bytes, *, record: Record | None, nan_counts: dict[int, int]

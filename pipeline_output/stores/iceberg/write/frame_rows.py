@@ -114,10 +114,16 @@ def schema_names(schema: Schema) -> list[str]:
 
 
 def align_to_schema(
-    frame: pl.DataFrame, schema: Schema, *, only: Sequence[str] | None = None
+    frame: pl.DataFrame,
+    schema: Schema,
+    *,
+    only: Sequence[str] | None = None,
+    target: pl.Schema | None = None,
 ) -> pl.DataFrame:
-    """`frame` with the schema's columns (missing ones null) cast to the schema's polars types."""
-    target = polars_schema(schema.as_arrow())
+    """`frame` with the schema's columns (missing ones null) cast to the schema's polars types
+    (`target`: those types, when the caller converted the schema once already)."""
+    if target is None:
+        target = polars_schema(schema.as_arrow())
     names = list(only) if only is not None else list(target)
     exprs = []
     for name in names:

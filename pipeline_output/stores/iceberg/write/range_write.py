@@ -2,8 +2,10 @@
 partitions of a `replace` dataset is one table load, one writer lock and one snapshot.
 
 Each partition is computed and checked (its rows inside its slice, the capabilities, NOT
-NULLs) in turn on the calling thread, and written to data files on one of `ENCODE_THREADS`
-threads while the next partition is computed (polars' Parquet encode releases the GIL): at most
+NULLs) in turn on the calling thread, put there in the table's columns and order (its keys and
+NaN counts taken), and written to data files on one of `ENCODE_THREADS` threads while the next
+partition is computed (polars' Parquet encode releases the GIL; the encode thread runs little
+Python else, each step of which waits for the GIL the computing thread holds): at most
 `ENCODE_THREADS` partitions' frames are held at once (the one being computed included), and
 the next partition is computed only once those waiting or encoding are under `ENCODE_BYTES` —
 partitions larger than that are computed and written one at a time. Only each written
@@ -58,7 +60,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH
 from pyiceberg.types import IntegerType, LongType
 
-from pipeline_output.contract.checked_input import checked_frame
+from pipeline_output.contract.checked_input import checked_frame, polars_schema
 from pipeline_output.contract.plan import RowCounts, WriteResult, plan_write
 from pipeline_output.contract.slices import PartitionSlice, check_in_partition
 from pipeline_output.contract.spec import STRATEGIES, DatasetSpec
@@ -146,6 +148,16 @@ class SlicePart:
 
 
 @dataclass
+class _Prepared:
+    """One partition's frame ready for its encode (`_Target.prepare`)."""
+
+    partition: PartitionSlice
+    frame: pl.DataFrame
+    keys: pl.DataFrame | None
+    nan_counts: dict[int, int]
+
+
+@dataclass
 class RangeWrite:
     """What `write_range` did: each committed partition's result, in order, and the partition
     it stopped at (its frame needs an evolution: written one by one from there), if any."""
@@ -167,6 +179,7 @@ class _Target:
 
     def __post_init__(self) -> None:
         self.writer = DataFileWriter(self.metadata, self.io, write_id=uuid.uuid4())
+        self.columns = polars_schema(self.schema.as_arrow())  # once a run, not per partition
 
     @property
     def schema(self) -> Schema:
@@ -179,11 +192,19 @@ class _Target:
             spec, self.metadata
         )
 
-    def write(self, spec: DatasetSpec, part: PartitionSlice, frame: pl.DataFrame) -> SlicePart:
-        aligned = sorted_for_write(align_to_schema(frame, self.schema), spec)
+    def prepare(self, spec: DatasetSpec, part: PartitionSlice, frame: pl.DataFrame) -> _Prepared:
+        """`frame` in the table's columns and sort order, its keys and NaN counts: on the
+        calling thread, so that the encode thread's work is the encode and the file's put (each
+        Python step on it waits for the GIL the computing thread holds: issue 44)."""
+        aligned = sorted_for_write(align_to_schema(frame, self.schema, target=self.columns), spec)
         pk = list(spec.primary_key)
         keys = aligned.select(pk) if pk else None
-        return SlicePart(part, aligned.height, self.writer.write(aligned), keys)
+        return _Prepared(part, aligned, keys, self.writer.nan_counts(aligned))
+
+    def write(self, prepared: _Prepared) -> SlicePart:
+        frame = prepared.frame
+        files = self.writer.write(frame, nan_counts=prepared.nan_counts)
+        return SlicePart(prepared.partition, frame.height, files, prepared.keys)
 
     def same_table(self, table: Table) -> bool:
         meta, mine = table.metadata, self.metadata
@@ -238,8 +259,10 @@ def write_range(
                             out.stopped = (part, frame)
                             break
                         size = int(frame.estimated_size())
-                        encoding.append((pool.submit(target.write, spec, part, frame), size))
+                        prepared = target.prepare(spec, part, frame)
                         del frame
+                        encoding.append((pool.submit(target.write, prepared), size))
+                        del prepared
                     if target is None or not (parts or encoding):
                         return out
 
