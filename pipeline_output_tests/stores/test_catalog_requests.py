@@ -506,9 +506,10 @@ def test_a_partition_run_decodes_no_manifest_its_process_last_committed(
     catalog: Any, fresh_catalog: Callable[[], Any], pg_db_url: str, monkeypatch: Any
 ) -> None:
     """The commit keeps the manifest list and the manifests it encoded as a read gives them
-    (sequence numbers as the list assigns them): the process's next partition run decodes
-    neither again. What it kept is what the files hold, and the table reads the same through
-    another pyiceberg handle after a re-run that replaces a slice."""
+    (sequence numbers as the list assigns them): the process's next partition runs decode
+    neither again, nor the manifests a merge-append merges. What it kept is what the files
+    hold, and the table reads the same through another pyiceberg handle after a re-run that
+    replaces a slice."""
     from pyiceberg.table.snapshots import Snapshot
 
     from pipeline_output.stores.iceberg.snapshot import manifests
@@ -529,13 +530,16 @@ def test_a_partition_run_decodes_no_manifest_its_process_last_committed(
 
     monkeypatch.setattr(manifests, "read_manifest", counted_read)
     monkeypatch.setattr(Snapshot, "manifests", counted_list)
-    partition_run(store, 2)
-    partition_run(store, 3)
+    days = range(2, 21)  # past the 16 manifests a merge-append merges
+    for day in days:
+        partition_run(store, day)
     assert decoded == [], decoded
+    table = fresh_catalog().load_table(("datasets", DAILY.name))
+    assert len(table.current_snapshot().manifests(table.io)) < 16  # merged on the way
     day1 = day_part(1)[1].head(4)
     partition_run(store, 1, day1)  # removes day 1's file: its entry rewritten as DELETED
     monkeypatch.undo()
-    expected = pl.concat([day1, day_part(2)[1], day_part(3)[1]])
+    expected = pl.concat([day1, *(day_part(day)[1] for day in days)])
     assert_same_multiset(store.read(DAILY), expected)
     table = fresh_catalog().load_table(("datasets", DAILY.name))
     assert_same_multiset(pl.from_arrow(table.scan().to_arrow()), expected)  # type: ignore[arg-type]

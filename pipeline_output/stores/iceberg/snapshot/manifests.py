@@ -694,6 +694,18 @@ class MergeAppend(_MergeAppendFiles):
             or m.added_snapshot_id == self._snapshot_id
         ]
 
+    def fetch_manifest_entry(
+        self, manifest: ManifestFile, discard_deleted: bool = True
+    ) -> list[ManifestEntry]:
+        """A carried-forward manifest's entries for a merge (pyiceberg's `_create_manifest`),
+        through `READ_MANIFESTS`: its live ones — the DELETED entries of an earlier snapshot,
+        which a read skips, are what the merge drops. This commit's own new manifest (sequence
+        number not assigned yet) is read by pyiceberg."""
+        if manifest.added_snapshot_id == self._snapshot_id:
+            return super().fetch_manifest_entry(manifest, discard_deleted)
+        entries, _ = READ_MANIFESTS.read(manifest, self._io)
+        return entries
+
     def _process_manifests(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
         listed: list[ManifestFile] = super()._process_manifests(manifests)
         self._po_listed = listed  # the snapshot's manifest list (`remember_commit`)
