@@ -322,8 +322,9 @@ def _inherited(entry: ManifestEntry, manifest: ManifestFile) -> ManifestEntry | 
 
 def remember_commit(producer: Any, committed: Table) -> None:
     """After `producer`'s snapshot was committed (`committed`: the table as the catalog left
-    it): `READ_MANIFESTS.remember` its manifest list and the manifests it encoded. Only a v2
-    table's; nothing when the producer did not record its list (`Remembering`)."""
+    it): `ReadManifests.remember` (of `READ_MANIFESTS`) its manifest list and the manifests it
+    encoded. Only a v2 table's; nothing when the producer did not record its list (`MergeAppend`
+    and `commit.IndexedOverwrite` record it when they compute it)."""
     listed: list[ManifestFile] | None = getattr(producer, "_po_listed", None)
     metadata = committed.metadata
     if listed is None or metadata.format_version != 2:
