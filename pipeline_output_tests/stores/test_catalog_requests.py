@@ -480,3 +480,73 @@ def test_another_engines_commit_between_two_partition_runs_is_seen_and_the_run_p
         for t in table.scan(snapshot_id=snap.snapshot_id).plan_files()
     }
     assert live <= on_disk and on_disk <= history, on_disk - history
+
+
+def _as_read(entry: Any) -> tuple[Any, ...]:
+    """What a planner or a commit uses of a manifest entry."""
+    f = entry.data_file
+    return (
+        entry.status,
+        entry.snapshot_id,
+        entry.sequence_number,
+        entry.file_sequence_number,
+        f.content,
+        f.file_path,
+        f.spec_id,
+        f.record_count,
+        f.file_size_in_bytes,
+        tuple(f.partition),
+        f.lower_bounds,
+        f.upper_bounds,
+        f.null_value_counts,
+    )
+
+
+def test_a_partition_run_decodes_no_manifest_its_process_last_committed(
+    catalog: Any, fresh_catalog: Callable[[], Any], pg_db_url: str, monkeypatch: Any
+) -> None:
+    """The commit keeps the manifest list and the manifests it encoded as a read gives them
+    (sequence numbers as the list assigns them): the process's next partition runs decode
+    neither again, nor the manifests a merge-append merges. What it kept is what the files
+    hold, and the table reads the same through another pyiceberg handle after a re-run that
+    replaces a slice."""
+    from pyiceberg.table.snapshots import Snapshot
+
+    from pipeline_output.stores.iceberg.snapshot import manifests
+    from pipeline_output.stores.iceberg.table.manifest_decoding import read_manifest
+
+    store = IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url))
+    partition_run(store, 1)
+    decoded: list[str] = []
+    real_read, real_list = manifests.read_manifest, Snapshot.manifests
+
+    def counted_read(manifest: Any, io: Any, **options: Any) -> Any:
+        decoded.append(manifest.manifest_path)
+        return real_read(manifest, io, **options)
+
+    def counted_list(snapshot: Any, io: Any) -> Any:
+        decoded.append(snapshot.manifest_list)
+        return real_list(snapshot, io)
+
+    monkeypatch.setattr(manifests, "read_manifest", counted_read)
+    monkeypatch.setattr(Snapshot, "manifests", counted_list)
+    days = range(2, 21)  # past the 16 manifests a merge-append merges
+    for day in days:
+        partition_run(store, day)
+    assert decoded == [], decoded
+    table = fresh_catalog().load_table(("datasets", DAILY.name))
+    assert len(table.current_snapshot().manifests(table.io)) < 16  # merged on the way
+    day1 = day_part(1)[1].head(4)
+    partition_run(store, 1, day1)  # removes day 1's file: its entry rewritten as DELETED
+    monkeypatch.undo()
+    expected = pl.concat([day1, *(day_part(day)[1] for day in days)])
+    assert_same_multiset(store.read(DAILY), expected)
+    table = fresh_catalog().load_table(("datasets", DAILY.name))
+    assert_same_multiset(pl.from_arrow(table.scan().to_arrow()), expected)  # type: ignore[arg-type]
+    snapshot = table.current_snapshot()
+    kept_list = manifests.READ_MANIFESTS.manifests(snapshot, table.io)
+    assert [repr(m) for m in kept_list] == [repr(m) for m in snapshot.manifests(table.io)]
+    for manifest in kept_list:
+        kept, _ = manifests.READ_MANIFESTS.read(manifest, table.io)
+        read, _ = read_manifest(manifest, table.io)
+        assert [_as_read(e) for e in kept] == [_as_read(e) for e in read], manifest

@@ -142,6 +142,7 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     Sources,
     manifest_spec,
     manifest_writer,
+    remember_commit,
     summary,
 )
 from pipeline_output.stores.iceberg.table.file_io import Uploads, uploading
@@ -385,7 +386,7 @@ def _commit(request: CommitRequest, io: Uploads) -> Table:
                 [*writer.written, *deletes.written, *(f.file_path for f in ready), *change_written],
                 dataset=dataset,
             )
-        return tx.commit_transaction()
+        committed = tx.commit_transaction()
     except (CommitFailedException, ValidationException, WriteConflict) as exc:
         # certain: the catalog did not swap, so the files written for this commit are garbage
         with suppress(Exception):
@@ -404,6 +405,13 @@ def _commit(request: CommitRequest, io: Uploads) -> Table:
             f"dataset {dataset!r}: the table changed after this write was planned "
             f"({type(exc).__name__}: {exc}); nothing was committed — run it again"
         ) from exc
+    if not request.blind_retry:  # (a retried append's producer may be rebuilt: not kept)
+        # what the commit wrote, kept as read back: the next write in this process decodes
+        # neither its manifest list nor its manifests again; a failure to keep them only costs
+        # that read, never the committed write
+        with suppress(Exception):
+            remember_commit(producer, committed)
+    return committed
 
 
 def change_counts(change: pl.DataFrame) -> str:
@@ -790,7 +798,9 @@ class IndexedOverwrite(_OverwriteFiles):
         data = [m for m in manifests if m.content == ManifestContent.DATA and m not in gone]
         # (a DELETED-only delete manifest is in `gone`: listed once, not again with the deletes)
         deletes = [m for m in manifests if m.content == ManifestContent.DELETES and m not in gone]
-        return self._merge.merge_manifests(data) + gone + self._merged_deletes(deletes)
+        listed = self._merge.merge_manifests(data) + gone + self._merged_deletes(deletes)
+        self._po_listed = listed  # the snapshot's manifest list (`manifests.remember_commit`)
+        return listed
 
     def _merged_deletes(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
         """The delete manifests, the earlier snapshots' ones folded into one per partition spec
