@@ -686,7 +686,10 @@ class MergeAppend(_MergeAppendFiles):
             return []
         previous = self._transaction.table_metadata.snapshot_by_id(parent)
         if previous is None:
-            raise ValueError(f"Snapshot could not be found: {parent}")
+            # (pyiceberg raises ValueError here; CorruptManifest is one)
+            raise CorruptManifest(
+                f"the table's metadata has no snapshot {parent}, the append's parent"
+            )
         return [
             m
             for m in READ_MANIFESTS.manifests(previous, self._io)
