@@ -952,33 +952,17 @@ def manifest_writer(
             avro_compression=producer._compression,
         )
         return writer
-    kind: type[_Recording]
-    if content == ManifestContent.DATA:
-        kind = _DataManifestWriter
-    elif metadata.format_version == 2 and codec in _CODECS:
-        kind = FastManifestWriter
-    else:
-        kind = _DeleteManifestWriter
     output = producer.new_manifest_output()
-    if kind is FastManifestWriter:
-        recording: _Recording = FastManifestWriter(
-            spec,
-            producer.schema(),
-            output,
-            producer._snapshot_id,
-            producer._compression,
-            content=content,
-        )
+    args = (spec, producer.schema(), output, producer._snapshot_id, producer._compression)
+    recording: _Recording
+    if content == ManifestContent.DATA:
+        recording = _Recording(*args)  # pyiceberg's v2 data manifest writer, recording
+    elif metadata.format_version == 2 and codec in _CODECS:
+        recording = FastManifestWriter(*args, content=content)
     else:
-        recording = kind(
-            spec, producer.schema(), output, producer._snapshot_id, producer._compression
-        )
+        recording = _DeleteManifestWriter(*args)
     recording.po_entries = recorded(producer).setdefault(output.location, [])
     return recording
-
-
-class _DataManifestWriter(_Recording):
-    """pyiceberg's v2 data manifest writer (`write_manifest`'s), recording its entries."""
 
 
 class _DeleteManifestWriter(_Recording):
