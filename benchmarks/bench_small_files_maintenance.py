@@ -61,7 +61,10 @@ for the ratios (local storage only: the SQL catalog's pointer is rewound).
 measures the delete floor, ours' cleanup and vacuum, printing the round's seconds and ratios,
 then the medians. `--ab ROOT`: ours' cleanup also by the checkout at ROOT (a child with
 `PYTHONPATH=ROOT`), on the same restored table in the same round, the two trees' order
-alternating round to round (local storage only).
+alternating round to round (local storage only). Without `--cleanup-rounds`, `--ab ROOT` runs
+ours' compaction by both trees each rep (`--only compact-ours --reps 4 --ab ROOT`), each on the
+table put back as prepared, the order alternating rep to rep; the medians and each rep's ratio of
+the two are printed (local storage only).
 """
 
 from __future__ import annotations
@@ -557,7 +560,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         metavar="ROOT",
         help="with --cleanup-rounds: also ours' cleanup by the checkout at ROOT (its\n"
-        "pipeline_output), each round on the same restored table, the two trees' order alternated",
+        "pipeline_output), each round on the same restored table, the two trees' order alternated;\n"
+        "else: also ours' compaction (compact-ours) by that checkout, each rep, on the table\n"
+        "restored, the two trees' order alternated rep to rep",
     )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -572,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--reps > 1 measures the compactions and floors only")
     if args.reps > 1 and args.storage == "s3":  # (the restore rewinds the SQL catalog's row)
         ap.error("--reps > 1 on the local SQL catalog only")
+    if args.ab and args.storage == "s3":  # (the restore rewinds the SQL catalog's row)
+        ap.error("--ab on the local SQL catalog only")
     if args.cleanup_rounds and args.storage == "s3":  # (the restore rewinds the catalog's row)
         ap.error("--cleanup-rounds on the local SQL catalog only")
     args.only = only
@@ -605,6 +612,22 @@ def main(argv: list[str] | None = None) -> int:
     if not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0
+
+
+@contextlib.contextmanager
+def _pythonpath(root: str | None) -> Any:
+    """A child spawned inside imports the checkout at `root`'s pipeline_output (None: as is)."""
+    before = os.environ.get("PYTHONPATH")
+    if root is not None:
+        os.environ["PYTHONPATH"] = root
+    try:
+        yield
+    finally:
+        if root is not None:
+            if before is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = before
 
 
 def _prepared(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -708,15 +731,25 @@ def run(
         for what, engine in steps
         if f"{what}-{engine}" in args.only and (engine != "partitioned" or args.partitions)
     ]
-    prepared = _prepared(cfg) if args.reps > 1 else None
+    prepared = _prepared(cfg) if args.reps > 1 or args.ab else None
     runs: dict[str, list[dict[str, Any]]] = {}
+    ran = False  # a step has changed the tables since they were (last) put back
     for rep in range(args.reps):
-        if rep and prepared is not None:
-            _restore(cfg, prepared)
+        plan: list[tuple[str, str, str | None]] = []
         for what, engine in steps:
+            if (what, engine) == ("compact", "ours") and args.ab:  # both trees, order alternated
+                sides: list[str | None] = [None, args.ab]
+                plan += [(what, engine, root) for root in (sides if rep % 2 == 0 else sides[::-1])]
+            else:
+                plan.append((what, engine, None))
+        for what, engine, root in plan:
+            if ran and prepared is not None and what == "compact":
+                _restore(cfg, prepared)
+            ran = ran or what == "compact"
             payload = {"what": what, "engine": engine, "cfg": cfg}
-            got = spawn(payload, f"{what}-{engine}", workdir, 3600)
-            key = f"{what} {engine}"
+            with _pythonpath(root):
+                got = spawn(payload, f"{what}-{engine}", workdir, 3600)
+            key = f"{what} {engine}" if root is None else f"{what} {engine}@ab"
             if "failure" in got:
                 print(f"{key}: {got['failure']}")
                 failed = True
@@ -763,6 +796,20 @@ def run(
     x = ratio("compact ours", "floor partitioned")
     if x is not None:
         print(f"  (compaction ours / the floor, partitioned ({args.partitions} files): {x:.2f}x)")
+    if "compact ours@ab" in res:
+        ab = f"ours@{args.ab}"
+        for floor in ("floor floor", "floor partitioned"):
+            x = ratio("compact ours@ab", floor)
+            if x is not None:
+                print(f"  (compaction {ab} / {floor}: {x:.2f}x)")
+        pairs = [
+            a["seconds"] / b["seconds"]
+            for a, b in zip(runs["compact ours"], runs["compact ours@ab"], strict=False)
+        ]
+        print(
+            f"  (compaction ours / {ab}: {ratio('compact ours', 'compact ours@ab'):.2f}x; each "
+            f"rep's: {', '.join(f'{x:.2f}' for x in pairs)})"
+        )
     verdict(
         "compaction peak RSS, ours / delta-rs",
         ratio("compact ours", "compact delta", "peak_mb"),
