@@ -3,10 +3,10 @@
 Owns the data-file fast path: polars' multithreaded Parquet writer, given the table's Arrow schema
 with `PARQUET:field_id` metadata (so files carry Iceberg field ids and required-ness), into memory;
 the bytes go out through the table's own `FileIO` (local, S3, ... alike) and the Iceberg
-`DataFile` (statistics, bounds, partition) is built from the Parquet footer with pyiceberg's own
-helpers (plus the float columns' NaN counts, which Parquet footers lack). Partitioned tables get
-one file per partition (`partitions.py` computes each row's
-values); frames above the target size (the table's, or the writer's `target_bytes`: compaction
+`DataFile` (statistics, bounds, partition) is built from the Parquet footer as pyiceberg's own
+helpers build it (`file_statistics`), plus the float columns' NaN counts, which Parquet footers
+lack. Partitioned tables get one file per partition (`partitions.py` computes each row's
+values), encoded together by one polars query; frames above the target size (the table's, or the writer's `target_bytes`: compaction
 writes each bin as one file) are split. Files are not part of any snapshot until the caller commits them.
 
 Positional delete files of the native arm (merge-on-read).
@@ -58,6 +58,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
 from pyiceberg.types import DoubleType, FloatType, LongType, NestedField, StringType
 
+from pipeline_output.stores.iceberg.snapshot.file_statistics import FooterStatistics
 from pipeline_output.stores.iceberg.table.file_io import write_whole
 from pipeline_output.stores.iceberg.table.partitions import partition_columns
 from pipeline_output.stores.schema import conform
@@ -89,6 +90,7 @@ class TableFileWriter:
         self._level = int(level) if level else None
         self._stats_plan = compute_statistics_plan(schema, props)
         self._column_mapping = parquet_path_to_id_mapping(schema)
+        self._footer_stats = FooterStatistics(self._stats_plan, self._column_mapping)
         self.written: list[str] = []
 
     def _put(self, data: bytes, *, suffix: str = "") -> str:
@@ -263,12 +265,14 @@ class DataFileWriter(TableFileWriter):
         """`data`, a Parquet file written with `parquet_options` holding rows of one partition
         (`record`, the current spec's; None: unpartitioned), written out as a new data file of
         the table; its `DataFile`. `nan_counts`: NaN values per float column's field id."""
-        stats = self._statistics(data)
-        partition = (
-            record if record is not None else stats.partition(self.metadata.spec(), self._schema)
-        )
+        if record is None and self.metadata.spec().fields:  # the footer says which partition
+            stats = self._statistics(data)
+            partition = stats.partition(self.metadata.spec(), self._schema)
+            serialized = stats.to_serialized_dict()
+        else:  # pyiceberg's statistics, computed without its per-column set-up
+            partition = record if record is not None else Record()
+            serialized = self._footer_stats.of_bytes(data)
         path = self._put(data)
-        serialized = stats.to_serialized_dict()
         serialized["nan_value_counts"] = nan_counts
         data_file = DataFile.from_args(
             content=DataFileContent.DATA,
