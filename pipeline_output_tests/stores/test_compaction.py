@@ -555,3 +555,100 @@ def test_compacting_a_missing_table_says_so(h: Harness):
         h.store().compact(windowed("nothing_here"))
     assert not h.exists("nothing_here")
     assert NS == "datasets"
+
+
+def test_compacted_files_carry_pyiceberg_s_statistics_and_scans_prune_by_them(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """The files a compaction of many partitions writes (encoded by one polars query,
+    `DataFileWriter._write_many`; their statistics computed with a column plan made once:
+    `file_statistics`) carry what pyiceberg computes from their footers — bounds of strings
+    (truncated), dates, timestamps, decimals, floats with NaN and nulls, counts, sizes, offsets —
+    and filters on those columns read the polars oracle's rows from only the files whose bounds
+    may match."""
+    from pyiceberg.io.pyarrow import (
+        compute_statistics_plan,
+        data_file_statistics_from_parquet_metadata,
+        parquet_path_to_id_mapping,
+    )
+
+    from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
+
+    encoded: list[int] = []
+    together = DataFileWriter._write_many
+
+    def probe(self: DataFileWriter, chunks: list[Any]) -> list[Any]:
+        encoded.append(len(chunks))
+        return together(self, chunks)
+
+    monkeypatch.setattr(DataFileWriter, "_write_many", probe)
+
+    spec = DatasetSpec(
+        name="typed", primary_key=("id",), strategy="append_always", partition_by=("region",)
+    )
+    written = []
+    for w in range(5):  # each region's keys in a range of their own: bounds that prune
+        frame = pl.concat(
+            [
+                rows(range(r * 1000 + w * 10, r * 1000 + w * 10 + 10), region=g)
+                for r, g in enumerate(("eu", "us", "ap"))
+            ]
+        ).with_columns(
+            day=pl.date(2024, 1, 1) + pl.duration(days=pl.col("id") // 10),
+            at=pl.datetime(2024, 1, 1) + pl.duration(seconds=pl.col("id") * 37),
+            amount=(pl.col("id") * 3 - 2000).cast(pl.Decimal(12, 2)) / 7,
+            x=pl.when(pl.col("id") % 7 == 0)
+            .then(float("nan"))
+            .when(pl.col("id") % 11 == 0)
+            .then(None)
+            .otherwise(pl.col("id") / 3),
+            note=pl.when(pl.col("id") % 5 == 0)
+            .then(None)
+            .otherwise(
+                pl.format(
+                    "{}-{}: a note past sixteen characters",
+                    pl.col("region"),
+                    pl.col("id").cast(pl.String).str.zfill(5),
+                )
+            ),
+        )
+        h.store().write(spec, frame)
+        written.append(frame)
+    expected = pl.concat(written)
+
+    result = h.store().compact(spec)
+
+    assert (result.files_rewritten, result.files_added) == (15, 3)
+    assert encoded[-1] == 3  # the compaction's 3 files in one query
+    table = h.table(spec)
+    schema = table.schema()
+    plan = compute_statistics_plan(schema, table.properties)
+    mapping = parquet_path_to_id_mapping(schema)
+    x = schema.find_field("x").field_id
+    for f in data_files(h, spec):
+        with f.io.new_input(f.file_path).open() as stream:
+            footer = pq.ParquetFile(stream).metadata
+        stats = data_file_statistics_from_parquet_metadata(
+            parquet_metadata=footer, stats_columns=plan, parquet_column_mapping=mapping
+        ).to_serialized_dict()
+        for key, want in stats.items():
+            if key != "nan_value_counts":
+                assert getattr(f, key) == want, key
+        stored = read_file(f)
+        assert f.nan_value_counts == {x: stored["x"].is_nan().sum()}
+        note = f.lower_bounds[schema.find_field("note").field_id].decode()
+        assert len(note) == 16 and note.startswith(f"{f.partition[0]}-")  # truncate(16)
+    for where, oracle, files in (
+        ("id >= 2000", pl.col("id") >= 2000, 1),
+        ("day < '2024-01-05'", pl.col("day") < pl.date(2024, 1, 5), 1),
+        ("at > '2024-01-01T20:00:00'", pl.col("at") > pl.datetime(2024, 1, 1, 20), 1),
+        ("amount < -200", pl.col("amount") < -200, 1),
+        ("note < 'b'", pl.col("note") < "b", 1),
+        ("note >= 'us-01025'", pl.col("note") >= "us-01025", 1),
+        ("x > 600", (pl.col("x") > 600) & pl.col("x").is_not_nan(), 1),  # (NaN > 600: no)
+    ):
+        scan = table.scan(row_filter=where)
+        assert len(list(scan.plan_files())) == files, where
+        got = pl.from_arrow(scan.to_arrow())
+        assert isinstance(got, pl.DataFrame)
+        assert_same_multiset(got.select(expected.columns), expected.filter(oracle))
