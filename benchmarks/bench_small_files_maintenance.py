@@ -575,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--only: unknown step(s) {unknown}" if unknown else "--reps: at least 1")
     if args.reps > 1 and {"delete-floor", "cleanup-ours", "cleanup-delta"} & set(only):
         ap.error("--reps > 1 measures the compactions and floors only")
+    cleanups = {"delete-floor", "cleanup-ours", "cleanup-delta"} & set(only)
+    if args.ab and not args.cleanup_rounds and cleanups:  # (the tables are put back between)
+        ap.error("--ab without --cleanup-rounds measures the compactions and floors only")
     if args.reps > 1 and args.storage == "s3":  # (the restore rewinds the SQL catalog's row)
         ap.error("--reps > 1 on the local SQL catalog only")
     if args.ab and args.storage == "s3":  # (the restore rewinds the SQL catalog's row)
