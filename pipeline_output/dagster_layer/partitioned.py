@@ -27,7 +27,12 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from pipeline_output.contract.checked_input import collect_frame, to_polars
+from pipeline_output.contract.checked_input import (
+    CheckedInput,
+    checked_input,
+    collect_frame,
+    to_polars,
+)
 from pipeline_output.contract.plan import WriteResult
 from pipeline_output.contract.slices import (
     Equals,
@@ -348,11 +353,12 @@ def write_partitions(
 
     schemas: list[pl.Schema] = []
 
-    def rows_of(compute: Callable[[], Any]) -> Callable[[], pl.DataFrame]:
-        def rows() -> pl.DataFrame:
-            frame = to_polars(spec, compute())
-            schemas[:] = [frame.schema]  # the last partition's (the legacy arm's column schema)
-            return frame
+    def rows_of(compute: Callable[[], Any]) -> Callable[[], CheckedInput]:
+        def rows() -> CheckedInput:
+            # converted and key-checked once: the write takes it as it is (`checked_input`)
+            checked = checked_input(spec, compute())
+            schemas[:] = [checked.frame.schema]  # the last partition's (the legacy arm's schema)
+            return checked
 
         return rows
 
