@@ -80,12 +80,19 @@ def _fault_hook() -> Any:
     return lambda: fault_injection("after_commit")
 
 
-def _add_metadata(context: dg.OutputContext, meta: dict[str, Any], *, told: bool = False) -> None:
-    """The step's materialisation metadata; its `arms` noted for the step's own checks (`told`:
-    the write said why `parity` is skipped — `parity_skip_note` —, in its materialisation's
-    `parity` or a range run's line)."""
-    context.add_output_metadata(meta)
-    arms = meta.get("arms")
+def _add_metadata(
+    context: dg.OutputContext,
+    meta: dict[str, Any],
+    *,
+    told: bool = False,
+    arms: str | None = None,
+) -> None:
+    """The step's materialisation metadata; the arms written (`arms`, else the metadata's) noted
+    for the step's own checks (`told`: the write said why `parity` is skipped —
+    `parity_skip_note` —, in its materialisation's `parity` or a range run's line)."""
+    if meta:
+        context.add_output_metadata(meta)
+    arms = arms if arms is not None else meta.get("arms")
     try:
         run_id = context.run_id
     except dg.DagsterInvariantViolationError:  # a context built outside a run: no checks follow
@@ -190,7 +197,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             meta, last = write_partitions(
                 context, spec, partitioned, mode, runtime=runtime, audit=audit, note=note
             )
-            _add_metadata(context, meta, told=note is not None)
+            # a range run's arms are on its last partition's materialisation, not the step's
+            arms = ", ".join(mode.arms) if not meta else None
+            _add_metadata(context, meta, told=note is not None, arms=arms)
             _published_version(context, last)
             if audit:
                 self._gate(context, spec)

@@ -27,7 +27,12 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
-from pipeline_output.contract.checked_input import collect_frame, to_polars
+from pipeline_output.contract.checked_input import (
+    CheckedInput,
+    checked_input,
+    collect_frame,
+    to_polars,
+)
 from pipeline_output.contract.plan import WriteResult
 from pipeline_output.contract.slices import (
     Equals,
@@ -332,15 +337,15 @@ def write_partitions(
 ) -> tuple[dict[str, Any], PublishResult]:
     """Compute and write each partition in order (`Publisher.publish_range`: a `replace`
     dataset's range run in iceberg mode as one commit, otherwise one commit per partition);
-    returns the step's materialisation metadata and the last partition's write. A one-partition run: its write's metadata, with
-    `dagster/partition_row_count` (the rows it wrote) and `partitions` (its line). A range run:
-    the step's metadata, which Dagster copies onto every partition's materialisation, is only
-    the short facts of the run (`run_metadata`: mode, arms, the run's span; the table's name and
-    location); each partition's materialisation gets its own write's metadata
-    (`partition_metadata`; Dagster puts a partition's own keys over the step's, so no partition
-    shows another one's figures), and the last partition's — the asset's latest — also the table
-    after the run (row count, column schema, file counts) and the run's `partitions` lines, once
-    rather than on each of N events (each event's metadata is serialised and stored: issue 44).
+    returns the step's materialisation metadata and the last partition's write. A one-partition
+    run: its write's metadata, with `dagster/partition_row_count` (the rows it wrote) and
+    `partitions` (its line). A range run: no step metadata (Dagster would copy it onto every
+    partition's materialisation); each partition's materialisation gets its own write's figures
+    (`partition_metadata`), and the last partition's — the asset's latest — also what is the same
+    for the whole run, once rather than on each of N events (each event's metadata is serialised
+    and stored: issue 44): the mode and arms, the run's span (`run_metadata`), a one-commit run's
+    timings, the table after the run (name, location, row count, column schema, file counts) and
+    the run's `partitions` lines (docs/reference.md, "A range run's materialisations").
     A range run logs one line saying what each partition did, and `note` after them
     (`parity_skip_note`); a one-partition run none — its materialisation's `partitions` is that
     line, and `parity` the note (each line is an event in the run's log)."""
@@ -348,11 +353,12 @@ def write_partitions(
 
     schemas: list[pl.Schema] = []
 
-    def rows_of(compute: Callable[[], Any]) -> Callable[[], pl.DataFrame]:
-        def rows() -> pl.DataFrame:
-            frame = to_polars(spec, compute())
-            schemas[:] = [frame.schema]  # the last partition's (the legacy arm's column schema)
-            return frame
+    def rows_of(compute: Callable[[], Any]) -> Callable[[], CheckedInput]:
+        def rows() -> CheckedInput:
+            # converted and key-checked once: the write takes it as it is (`checked_input`)
+            checked = checked_input(spec, compute())
+            schemas[:] = [checked.frame.schema]  # the last partition's (the legacy arm's schema)
+            return checked
 
         return rows
 
@@ -377,20 +383,28 @@ def write_partitions(
             meta[PARITY] = note
         return meta, last
     table = table_metadata(runtime, spec, arms=tuple(last.results), schema=schema)
-    meta = run_metadata(written, mode)
-    for key in SHARED_TABLE_KEYS:
-        if key in table:
-            meta[key] = table.pop(key)
-    for i, (part, result) in enumerate(written):
-        own = partition_metadata(result)
-        if i == len(written) - 1:  # the asset's latest materialisation: the table after the run
-            own.update(table)
-            own["dagster/row_count"] = last.primary.rows_total_after
-            own["partitions"] = "; ".join(lines)
+    owns = [partition_metadata(result) for _, result in written]
+    run = run_metadata(written, mode)
+    for own in owns:  # the table after each write: the run's last says it once
+        for key in TABLE_TOTAL_KEYS:
+            own.pop(key, None)
+    for key in TIMING_KEYS:  # a one-commit run's timings are the run's: said once
+        values = {own.get(key) for own in owns}
+        if len(values) == 1 and None not in values:
+            run[key] = values.pop()
+            for own in owns:
+                del own[key]
+    run.update(table)
+    run["dagster/row_count"] = last.primary.rows_total_after
+    for arm, res in last.results.items():
+        run[f"{'iceberg' if arm == 'iceberg' else 'pg'}/rows_total_after"] = res.rows_total_after
+    run["partitions"] = "; ".join(lines)
+    owns[-1].update(run)  # the asset's latest materialisation: the run and the table after it
+    for (part, _), own in zip(written, owns, strict=True):
         context.step_context.add_asset_metadata(
             own, asset_key=context.asset_key, partition_key=part.key
         )
-    return meta, last
+    return {}, last
 
 
 def _line(part: PartitionSlice, r: WriteResult) -> str:
@@ -400,9 +414,13 @@ def _line(part: PartitionSlice, r: WriteResult) -> str:
     )
 
 
-# what a range run's every partition shows of the table: its name and location (short, and the
-# same for the whole run); the rest of `table_metadata` is on the run's last partition only
-SHARED_TABLE_KEYS = ("dagster/table_name", "dagster/uri", "pg/uri")
+# what a range run's partitions leave to its last one (the asset's latest materialisation): the
+# table's totals after each write (the run's last write's are the table after the run), and the
+# timings when they are the same on every partition (one commit for the run: the run's timings)
+TABLE_TOTAL_KEYS = ("dagster/row_count", "iceberg/rows_total_after", "pg/rows_total_after")
+TIMING_KEYS = ("duration_s", "lock_wait_s", "lock_held_s")
+# what is the same for the whole run, also on its last partition only
+RUN_KEYS = ("mode", "arms")
 
 
 def partition_metadata(result: PublishResult) -> dict[str, Any]:
@@ -411,6 +429,8 @@ def partition_metadata(result: PublishResult) -> dict[str, Any]:
     from pipeline_output.dagster_layer.metadata import write_metadata
 
     meta = write_metadata(result)
+    for key in RUN_KEYS:
+        del meta[key]
     meta["dagster/partition_row_count"] = result.primary.rows_in
     for arm in result.results:
         meta.setdefault("iceberg/snapshot_id" if arm == "iceberg" else "pg/deploy_id", "no-op")

@@ -256,7 +256,9 @@ def _rows(
 ) -> list[MaterialisedAsset]:
     """One row per arm; a range run's windows summed (written windows only)."""
     first = metas[0]
-    arms = [a.strip() for a in str(_value(first, "arms") or "").split(",") if a.strip()]
+    # a range run of a partitioned dataset says its mode and arms once, on its last partition
+    shared = next((m for m in reversed(metas) if _value(m, "arms") is not None), first)
+    arms = [a.strip() for a in str(_value(shared, "arms") or "").split(",") if a.strip()]
     arms = arms or [""]
     windowed = _value(first, ACTION_KEY) is not None
     written = [m for m in metas if _value(m, ACTION_KEY) in WRITTEN] if windowed else metas
@@ -283,7 +285,7 @@ def _rows(
             MaterialisedAsset(
                 asset=asset,
                 run_id=run_id,
-                mode=str(_value(first, "mode") or ""),
+                mode=str(_value(shared, "mode") or ""),
                 write_mode=", ".join(modes) or "-",
                 rows_in=_sum(_arm_value(m, arm, "rows_in", primary) for m in written),
                 rows_inserted=_sum(_arm_value(m, arm, "rows_inserted", primary) for m in written),

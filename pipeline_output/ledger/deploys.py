@@ -4,7 +4,7 @@ oracle, `status` and exactly-once repair (`find_marker`) make."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypedDict, Unpack, get_args
@@ -91,29 +91,7 @@ class DeployLog(RecordLog):
     ) -> DeployRecord:
         """Record one write to one arm. Counters come from `result` (or `counters`); `fields` are
         the record's other columns (`DeployFields`; the window as text and as its key)."""
-        if arm not in ARMS:
-            raise InvalidArgument(f"unknown arm {arm!r}; valid arms: {', '.join(ARMS)}")
-        if status not in DEPLOY_STATUSES:
-            raise InvalidArgument(
-                f"unknown deploy status {status!r}; valid: {', '.join(DEPLOY_STATUSES)}"
-            )
-        values: dict[str, Any] = {c: None for c in DEPLOY_COUNTERS}
-        values.update({name: fields.get(name) for name in DEPLOY_FIELDS})
-        if result is not None:
-            values.update({c: getattr(result, c) for c in DEPLOY_COUNTERS})
-            values["write_mode"] = values["write_mode"] or result.write_mode
-            if values["first_deploy"] is None:
-                values["first_deploy"] = result.first_deploy
-        if counters:
-            values.update({c: counters[c] for c in DEPLOY_COUNTERS if c in counters})
-        window = fields.get("window")
-        values.update(
-            dataset=dataset,
-            arm=arm,
-            status=status,
-            window=str(window) if window is not None else None,
-            window_key=window.to_key() if isinstance(window, Window) else None,
-        )
+        values = _deploy_values(dataset, arm, status, result, counters, fields)
         names = list(values)
         query = sql.SQL("INSERT INTO {} ({}) VALUES ({}) RETURNING {}").format(
             ledger_table("deploys"),
@@ -142,25 +120,41 @@ class DeployLog(RecordLog):
         The Iceberg arm's record is written after its commit (the publish pipeline); the legacy
         arm's inside its own transaction (`conn`), so its rows and its record commit together.
         """
-        window, run_id, summary = options_of(options)
-        if result.arm == "iceberg" and result.noop:
-            return None
-        changed = result.rows_inserted or result.rows_updated or result.rows_deleted
-        if result.arm == "pg" and not (changed or result.first_deploy):
+        fields = _write_fields(spec, result, started_at, options)
+        if fields is None:
             return None
         return self.record_deploy(
-            spec.name,
-            result.arm,
-            status="succeeded",
-            run_id=run_id,
-            strategy=spec.strategy,
-            window=window,
-            result=result,
-            snapshot_id=result.snapshot_id if result.arm == "iceberg" else None,
-            started_at=started_at,
-            attempt_marker=(summary or {}).get(ATTEMPT_MARKER),
-            conn=conn,
+            spec.name, result.arm, status="succeeded", result=result, conn=conn, **fields
         )
+
+    def record_writes(
+        self,
+        spec: DatasetSpec,
+        results: Sequence[WriteResult],
+        *,
+        conn: psycopg.Connection[Any] | None = None,
+        **options: Unpack[WriteOptions],
+    ) -> int:
+        """`record_write` of each of `results` (a range run's partitions, one commit), as ONE
+        statement — atomic by itself, one round trip to the control plane rather than one per
+        partition; returns how many records it wrote."""
+        rows = []
+        for result in results:
+            fields = _write_fields(spec, result, None, options)
+            if fields is not None:
+                rows.append(
+                    _deploy_values(spec.name, result.arm, "succeeded", result, None, fields)
+                )
+        if not rows:
+            return 0
+        names = list(rows[0])
+        one = sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * len(names)))
+        query = sql.SQL("INSERT INTO {} ({}) VALUES {}").format(
+            ledger_table("deploys"), column_list(names), sql.SQL(", ").join([one] * len(rows))
+        )
+        with self.statement(conn) as c:
+            c.execute(query, [row[n] for row in rows for n in names])
+        return len(rows)
 
     def find_marker(
         self, dataset: str, arm: str, marker: str, *, conn: psycopg.Connection[Any] | None = None
@@ -205,3 +199,59 @@ class DeployLog(RecordLog):
             "deploys", DEPLOY_COLUMNS, where=where, newest_first=True, limit=1, conn=conn
         )
         return DeployRecord(*rows[0]) if rows else None
+
+
+def _write_fields(
+    spec: DatasetSpec, result: WriteResult, started_at: datetime | None, options: WriteOptions
+) -> DeployFields | None:
+    """A succeeded write's deploy record fields (`record_write`), or None when nothing is
+    recorded: an Iceberg no-op (nothing committed), a legacy write that changed nothing."""
+    window, run_id, summary = options_of(options)
+    if result.arm == "iceberg" and result.noop:
+        return None
+    changed = result.rows_inserted or result.rows_updated or result.rows_deleted
+    if result.arm == "pg" and not (changed or result.first_deploy):
+        return None
+    return DeployFields(
+        run_id=run_id,
+        strategy=spec.strategy,
+        window=window,
+        snapshot_id=result.snapshot_id if result.arm == "iceberg" else None,
+        started_at=started_at,
+        attempt_marker=(summary or {}).get(ATTEMPT_MARKER),
+    )
+
+
+def _deploy_values(
+    dataset: str,
+    arm: str,
+    status: str,
+    result: WriteResult | None,
+    counters: Mapping[str, int] | None,
+    fields: DeployFields,
+) -> dict[str, Any]:
+    """A deploy record's columns (`record_deploy`), checked: a known arm and status."""
+    if arm not in ARMS:
+        raise InvalidArgument(f"unknown arm {arm!r}; valid arms: {', '.join(ARMS)}")
+    if status not in DEPLOY_STATUSES:
+        raise InvalidArgument(
+            f"unknown deploy status {status!r}; valid: {', '.join(DEPLOY_STATUSES)}"
+        )
+    values: dict[str, Any] = {c: None for c in DEPLOY_COUNTERS}
+    values.update({name: fields.get(name) for name in DEPLOY_FIELDS})
+    if result is not None:
+        values.update({c: getattr(result, c) for c in DEPLOY_COUNTERS})
+        values["write_mode"] = values["write_mode"] or result.write_mode
+        if values["first_deploy"] is None:
+            values["first_deploy"] = result.first_deploy
+    if counters:
+        values.update({c: counters[c] for c in DEPLOY_COUNTERS if c in counters})
+    window = fields.get("window")
+    values.update(
+        dataset=dataset,
+        arm=arm,
+        status=status,
+        window=str(window) if window is not None else None,
+        window_key=window.to_key() if isinstance(window, Window) else None,
+    )
+    return values

@@ -288,7 +288,7 @@ class Publisher:
         (`range_write.combines`): at most one table load, one writer lock and one commit — one
         snapshot — for every partition, each computed and written to files in turn (one
         partition in memory), nothing committed when any fails (`IcebergStore.write_range`); each partition
-        keeps its own result and deploy record (recorded in one ledger transaction). Otherwise,
+        keeps its own result and deploy record (recorded in one ledger statement). Otherwise,
         and from a partition whose frame evolves the table's schema on: one `publish` (one
         commit) per partition."""
         pending = iter(items)
@@ -301,15 +301,10 @@ class Publisher:
                 out = PublishResult(dataset=spec.name, mode=mode)
                 out.results["iceberg"] = written
                 done.append((part, out))
-            if self.ledger is not None and ranged.results:  # one ledger transaction
-                deploys = self.ledger.deploy_log
-                # one record is one statement: atomic alone, no transaction around it
-                single = len(ranged.results) == 1
-                with deploys.statement(None) if single else deploys.tx(None) as conn:
-                    for part, written in ranged.results:
-                        deploys.record_write(
-                            spec, written, conn=conn, run_id=run_id, partition=part
-                        )
+            if self.ledger is not None and ranged.results:  # one statement, every partition
+                self.ledger.deploy_log.record_writes(
+                    spec, [written for _, written in ranged.results], run_id=run_id
+                )
             if ranged.stopped is not None:
                 part, frame = ranged.stopped
                 pending = itertools.chain([(part, lambda: frame)], pending)

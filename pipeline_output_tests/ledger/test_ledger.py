@@ -163,6 +163,34 @@ def test_deploys_and_the_freshness_oracle(ledger):
         ledger.deploy_log.record_deploy("ds", "pg", status="maybe")
 
 
+def test_a_range_runs_writes_are_recorded_as_one_statement_a_no_op_not_at_all(ledger):
+    # a range run's partitions share one commit; their records go in one INSERT (one round trip)
+    from pipeline_output.contract.spec import DatasetSpec
+
+    spec = DatasetSpec("daily", primary_key=("id",), strategy="replace")
+
+    def part(rows: int, snapshot: int | None) -> WriteResult:
+        return WriteResult(
+            dataset="daily",
+            write_mode="replace",
+            first_deploy=False,
+            rows_in=rows,
+            rows_inserted=rows,
+            rows_total_after=7,
+            snapshot_id=snapshot,
+        )
+
+    written = [part(3, 11), part(0, None), part(4, 11)]
+    assert ledger.deploy_log.record_writes(spec, written, run_id="r9") == 2
+    got = ledger.deploy_log.deploys("daily")
+    assert sorted((d.rows_in, d.snapshot_id, d.run_id, d.status) for d in got) == [
+        (3, 11, "r9", "succeeded"),
+        (4, 11, "r9", "succeeded"),
+    ]
+    assert {(d.strategy, d.write_mode, d.arm) for d in got} == {("replace", "replace", "iceberg")}
+    assert ledger.deploy_log.record_writes(spec, [part(0, None)], run_id="r10") == 0
+
+
 def test_divergence_is_recorded_as_a_deploy_and_a_failed_parity(ledger):
     record = ledger.record_divergence(
         "ds", run_id="r9", error="commit failed", snapshot_id=42, window="(1, 2]"
