@@ -271,3 +271,34 @@ def test_the_run_log_file_says_under_each_materialisation_what_the_write_did(
     [day_line] = [f for f in facts if f.startswith(f"partition={DAY}; ")]
     assert "rows_inserted=2" in day_line.split("; "), day_line
     assert "dagster/column_schema" not in text
+
+
+def test_the_summary_of_a_range_run_gives_each_arm_its_mode_and_the_rows_of_every_partition(
+    env: str,
+) -> None:
+    """A range run says its mode and arms once, on its last partition's materialisation (each
+    partition carries only its own write's figures): the CLI's summary still has one row per
+    arm, with the run's mode and the rows of all its partitions summed."""
+    from pipeline_output.dagster_layer.run_report import collect, format_table
+
+    defs = location(with_maintenance=False)
+    days = DAYS.get_partition_keys()
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+            instance=instance,
+            asset_selection=[daily_sales.key],
+            tags={
+                "dagster/asset_partition_range_start": days[0],
+                "dagster/asset_partition_range_end": days[-1],
+            },
+        )
+        assert result.success
+        outcome = collect(result, defs, [daily_sales.key])
+    metas = [dict(m.metadata) for m in result.asset_materializations_for_node("daily_sales")]
+    assert len(metas) == len(days) and "arms" not in metas[0] and "arms" in metas[-1]
+    assert outcome.ok, outcome.failures
+    table = format_table(outcome.rows)
+    assert sorted(r.arm for r in outcome.rows) == ["iceberg", "pg"], table
+    for row in outcome.rows:
+        assert row.mode.startswith("dual"), table
+        assert row.rows_in == 2 * len(days) and row.rows_inserted == 2 * len(days), table
