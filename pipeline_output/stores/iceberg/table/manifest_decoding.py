@@ -26,6 +26,9 @@ its snapshot id and its sequence numbers, now explicit) followed by those bytes,
 source manifest's own Avro schema, metadata and codec. Nothing of an entry's file, partition or
 metrics is decoded or re-encoded, so nothing of it can change.
 
+The entries of removed data files (DELETED) are written the same way, without their column
+metrics (`unmeasured`: the kept fields checked byte for byte against the bytes they replace).
+
 Only manifests laid out as Iceberg's v2 `manifest_entry` (status, snapshot_id,
 sequence_number, file_sequence_number as `["null", "long"]` unions, then data_file) are reused
 this way; `read_manifest` returns no bytes for others, and the caller re-encodes them.
@@ -721,7 +724,7 @@ def rewrite_manifest(
 # A removed file's entry without its column metrics.
 #
 # A DELETED entry is read only to find what a snapshot removed: by expiry and orphan removal
-# (its path: `entry_columns`), by pyiceberg's `inspect.entries` (metrics optional there) — never
+# (its path: `entry_columns`), by pyiceberg's entries table (`Table.inspect`) — never
 # by a scan (pyiceberg, polars, DuckDB, Java plan from live entries only) nor by the change feed
 # (`changes.py` diffs live entries). The Iceberg spec makes the six metric maps optional, and
 # Java's engines write the DELETED entries of files they planned without stats without them. A
@@ -739,7 +742,7 @@ def unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes] | None:
     """For manifests of the Avro schema `schema_text`: a function of a data file and its
     `data_file` bytes (as read: `RawManifest.data_files`) giving those bytes with every column
     metric (`_MAPS`: sizes, value/null/NaN counts, lower/upper bounds) an empty map, the other
-    fields as they were (empty, not null: pyiceberg 0.12's `inspect.entries` takes
+    fields as they were (empty, not null: pyiceberg 0.12's entries table (Table.inspect) takes
     `dict(column_sizes)` of every entry). None when the layout is not one it writes (v2's data file fields in v2's order, the
     metrics optional, partition values of plain types; a field it does not know after them):
     the caller keeps the bytes whole.
@@ -774,7 +777,7 @@ def _unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes]:
     after = fields[len(_KEPT_HEAD) + len(metrics) :]
     if any(f.get("field-id") not in _KEPT_TAIL for f in after):
         raise UndecodableManifestLayout
-    empty = b""  # each metric an empty map (pyiceberg's `inspect.entries` reads no null one)
+    empty = b""  # each metric an empty map (pyiceberg's entries table reads no null one)
     for field in fields[len(_KEPT_HEAD) : len(_KEPT_HEAD) + len(metrics)]:
         branches = field["type"]
         if not isinstance(branches, list) or len(branches) != 2 or "null" not in branches:
@@ -831,7 +834,15 @@ def _unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes]:
                     longs.get(size) or long(size),
                 )
             )
-        except (TypeError, ValueError, AttributeError, KeyError, OverflowError, struct.error):
+        except (
+            UndecodableManifestLayout,
+            TypeError,
+            ValueError,
+            AttributeError,
+            KeyError,
+            OverflowError,
+            struct.error,
+        ):
             return data  # a value not encodable as read: the bytes kept whole
         end = len(data) - len(last)
         if (
@@ -915,13 +926,13 @@ def _plain(kind: Any) -> _Encoder:
 
 def _integer(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"not an integer: {value!r}")
+        raise UndecodableManifestLayout(f"not an integer: {value!r}")
     return int(value)
 
 
 def _boolean(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"not a boolean: {value!r}")
+        raise UndecodableManifestLayout(f"not a boolean: {value!r}")
     return value
 
 
