@@ -742,10 +742,10 @@ def unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes] | None:
     """For manifests of the Avro schema `schema_text`: a function of a data file and its
     `data_file` bytes (as read: `RawManifest.data_files`) giving those bytes with every column
     metric (`_MAPS`: sizes, value/null/NaN counts, lower/upper bounds) an empty map, the other
-    fields as they were (empty, not null: pyiceberg 0.12's entries table (Table.inspect) takes
-    `dict(column_sizes)` of every entry). None when the layout is not one it writes (v2's data file fields in v2's order, the
-    metrics optional, partition values of plain types; a field it does not know after them):
-    the caller keeps the bytes whole.
+    fields as they were (empty, not null: pyiceberg 0.12's entries table (Table.inspect)
+    takes `dict(column_sizes)` of every entry). None when the layout is not one it writes (v2's
+    data file fields in v2's order, the metrics optional, partition values of plain types; a
+    field it does not know after them): the caller keeps the bytes whole.
 
     The kept fields are encoded from the file's values and checked against the bytes they
     replace — the bytes must start with the fields before the metrics and end with those after
