@@ -1,7 +1,7 @@
 """The entries of removed files (status DELETED) are written without their column metrics.
 
-A commit that removes data files — a compaction's `replace`, a copy-on-write upsert's overwrite —
-writes each removed file's entry DELETED with its content, path, format, partition, record
+A commit that removes data files (a compaction's `replace`, a copy-on-write upsert's
+overwrite) writes each removed file's entry DELETED with its content, path, format, partition, record
 count, size, split offsets, sort order (and key metadata, equality ids) as they were, and its
 six metric maps (column sizes, value/null/NaN counts, lower/upper bounds) empty: the spec makes
 them optional, and only expiry, orphan removal and `inspect.entries` read DELETED entries. The
