@@ -592,7 +592,7 @@ class IndexedOverwrite(_OverwriteFiles):
         self, index: ManifestIndex
     ) -> list[tuple[RawManifest | None, list[tuple[ManifestEntry, bytes | None]]]]:
         """The live entries of the removed files (as read: `rewrite_manifest` writes them
-        DELETED by this snapshot, `_restamped` where they are re-encoded) by source manifest,
+        DELETED by this snapshot, `_removed` where they are re-encoded) by source manifest,
         each with its `data_file` bytes when the manifest's `RawManifest` has them. Matched by
         path (a data file's identity); no new entry per removed file: a compaction removes tens
         of thousands (~3.6 MB of restamped entries for 20,000, held through the commit)."""
@@ -662,14 +662,13 @@ class IndexedOverwrite(_OverwriteFiles):
         new: list[ManifestFile] = []
         # removed files' entries (DELETED) from their own bytes, one manifest per source layout
         as_bytes: dict[tuple[ManifestContent, int, str], Sources] = defaultdict(list)
-        deleted = ManifestEntryStatus.DELETED
         for raw, pairs in self._deleted_with_bytes(index):
             by_key: dict[tuple[ManifestContent, int], list[tuple[ManifestEntry, bytes]]] = {}
             for pair in pairs:
                 entry, data = pair
                 key = (_content_of(entry.data_file), entry.data_file.spec_id)
                 if raw is None or data is None:
-                    groups[key].append(_restamped(entry, deleted, self._snapshot_id))
+                    groups[key].append(_removed(entry, self._snapshot_id))
                 else:  # the pair itself (tens of thousands: not copied)
                     by_key.setdefault(key, []).append(cast(tuple[ManifestEntry, bytes], pair))
             for key, kept in by_key.items():
@@ -681,9 +680,7 @@ class IndexedOverwrite(_OverwriteFiles):
             )
             if written is None:
                 groups[(content, spec_id)].extend(
-                    _restamped(e, deleted, self._snapshot_id)
-                    for _, kept in sources
-                    for e, _ in kept
+                    _removed(e, self._snapshot_id) for _, kept in sources for e, _ in kept
                 )
             else:
                 new.append(written)
@@ -857,6 +854,41 @@ def _restamped(
         file_sequence_number=entry.file_sequence_number,
         data_file=entry.data_file,
     )
+
+
+def _removed(entry: ManifestEntry, snapshot_id: int) -> ManifestEntry:
+    """`entry` DELETED by `snapshot_id`, re-encoded: a data file without its column metrics
+    (empty maps), as `rewrite_manifest` writes the removed entries it copies from their bytes
+    (`manifest_decoding.unmeasured`); a delete file whole (its path bounds name its data file)."""
+    data_file = entry.data_file
+    if data_file.content == DataFileContent.DATA:
+        bare = DataFile.from_args(
+            content=data_file.content,
+            file_path=data_file.file_path,
+            file_format=data_file.file_format,
+            partition=data_file.partition,
+            record_count=data_file.record_count,
+            file_size_in_bytes=data_file.file_size_in_bytes,
+            column_sizes={},
+            value_counts={},
+            null_value_counts={},
+            nan_value_counts={},
+            lower_bounds={},
+            upper_bounds={},
+            key_metadata=data_file.key_metadata,
+            split_offsets=data_file.split_offsets,
+            equality_ids=data_file.equality_ids,
+            sort_order_id=data_file.sort_order_id,
+        )
+        bare.spec_id = data_file.spec_id
+        entry = ManifestEntry.from_args(
+            status=entry.status,
+            snapshot_id=entry.snapshot_id,
+            sequence_number=entry.sequence_number,
+            file_sequence_number=entry.file_sequence_number,
+            data_file=bare,
+        )
+    return _restamped(entry, ManifestEntryStatus.DELETED, snapshot_id)
 
 
 def _content_of(data_file: DataFile) -> ManifestContent:

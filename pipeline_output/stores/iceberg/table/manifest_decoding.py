@@ -26,6 +26,9 @@ its snapshot id and its sequence numbers, now explicit) followed by those bytes,
 source manifest's own Avro schema, metadata and codec. Nothing of an entry's file, partition or
 metrics is decoded or re-encoded, so nothing of it can change.
 
+The entries of removed data files (DELETED) are written the same way, without their column
+metrics (`unmeasured`: the kept fields checked byte for byte against the bytes they replace).
+
 Only manifests laid out as Iceberg's v2 `manifest_entry` (status, snapshot_id,
 sequence_number, file_sequence_number as `["null", "long"]` unions, then data_file) are reused
 this way; `read_manifest` returns no bytes for others, and the caller re-encodes them.
@@ -48,11 +51,14 @@ from __future__ import annotations
 import io
 import json
 import os
+import struct
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
+from itertools import chain, repeat
+from operator import attrgetter, itemgetter
 from threading import Lock
 from typing import Any, cast
 
@@ -632,7 +638,8 @@ def rewrite_manifest(
     snapshot — the entries are the live ones as read, each written with `snapshot_id`: no
     restamped entry is made per removed file), written with the sources' Avro schema,
     metadata and codec; None when the sources differ in schema or codec (the caller
-    re-encodes)."""
+    re-encodes). A DELETED data manifest's entries are written without their column metrics
+    (`unmeasured`)."""
     raw = sources[0][0]
     if any(
         r.meta.get("avro.schema") != raw.meta.get("avro.schema") or r.codec is not raw.codec
@@ -640,41 +647,60 @@ def rewrite_manifest(
     ):
         return None
     kept = [pair for _, pairs in sources for pair in pairs]
-    if not kept or any(
-        e.sequence_number is None or e.file_sequence_number is None for e, _ in kept
-    ):
+    if not kept:
         return None
-    prefixes: dict[tuple[Any, Any, Any], bytes] = {}
+    # each entry's (snapshot id, sequence numbers, data file), the data files' rows and
+    # partitions: taken by C-level getters, no Python per entry (a compaction's 20,000)
+    entries = list(map(_FIRST, kept))
+    snapshots, sequences, file_sequences, files = zip(
+        *map(_ENTRY_FIELDS, map(_VALUES, entries)), strict=True
+    )
+    if None in sequences or None in file_sequences:
+        return None
+    file_values = list(map(_VALUES, files))
     deleted = status == ManifestEntryStatus.DELETED
+    prefixes: dict[tuple[Any, Any, Any], bytes] = {}
 
-    def prefix(entry: ManifestEntry) -> bytes:  # entries of one commit share theirs
-        snapshot = snapshot_id if deleted else entry.snapshot_id
-        key = (snapshot, entry.sequence_number, entry.file_sequence_number)
+    def prefix(key: tuple[Any, Any, Any]) -> bytes:  # entries of one commit share theirs
         found = prefixes.get(key)
         if found is None:
-            found = prefixes[key] = _prefix(entry, status, snapshot)
+            snapshot, sequence, file_sequence = key
+            found = prefixes[key] = _prefix_of(status, snapshot, sequence, file_sequence)
         return found
+
+    owners = repeat(snapshot_id) if deleted else snapshots
+    heads = [
+        prefixes.get(key) or prefix(key)
+        for key in zip(owners, sequences, file_sequences, strict=False)
+    ]
+    # a removed data file's entry without its column metrics (`unmeasured`); delete files keep
+    # theirs (their path bounds name the data file they apply to: `files.referenced_path`)
+    strip = unmeasured(raw.schema_text) if deleted and content == ManifestContent.DATA else None
+    datas: list[bytes] = list(map(_SECOND, kept))
+    if strip is not None:
+        datas = list(map(strip, files, datas))
 
     sync = os.urandom(SYNC_SIZE)
     out = bytearray(MAGIC)
     out += _map(raw.meta)
     out += sync
     for at in range(0, len(kept), BLOCK_ENTRIES):
-        chunk = kept[at : at + BLOCK_ENTRIES]
-        body = b"".join(prefix(entry) + data for entry, data in chunk)
+        ends = at + BLOCK_ENTRIES
+        body = b"".join(chain.from_iterable(zip(heads[at:ends], datas[at:ends], strict=True)))
         if raw.codec is DeflateCodec:  # level 1: rewriting 20,000 entries at 6 took ~0.4 s
             packer = zlib.compressobj(1, zlib.DEFLATED, -15)
             body = packer.compress(body) + packer.flush()
         elif raw.codec is not None:
             body, _ = raw.codec.compress(body)
-        out += _long(len(chunk)) + _long(len(body)) + body + sync
+        out += _long(len(heads[at:ends])) + _long(len(body)) + body + sync
     with output.create(overwrite=True) as stream:
         # (not copied into bytes: the manifest of a compaction's removed entries is megabytes;
         # pyarrow's and fsspec's streams take any bytes-like object)
         stream.write(cast(bytes, out))
-    entries = [e for e, _ in kept]
-    rows = sum(e.data_file.record_count for e in entries)
+    rows = sum(map(_ROWS, file_values))
     existing = status == ManifestEntryStatus.EXISTING
+    partitions = list(map(_PARTITION, file_values))
+    once = list(dict(zip(map(id, partitions), partitions, strict=True)).values())  # (interned)
     return ManifestFile.from_args(
         manifest_path=output.location,
         manifest_length=len(out),
@@ -682,9 +708,7 @@ def rewrite_manifest(
         content=content,
         sequence_number=UNASSIGNED_SEQ,
         # (DELETED entries do not count: pyiceberg's writer leaves it unassigned then)
-        min_sequence_number=min(int(e.sequence_number or 0) for e in entries)
-        if existing
-        else UNASSIGNED_SEQ,
+        min_sequence_number=min(map(int, sequences)) if existing else UNASSIGNED_SEQ,
         added_snapshot_id=snapshot_id,
         added_files_count=0,
         existing_files_count=len(entries) if existing else 0,
@@ -692,11 +716,224 @@ def rewrite_manifest(
         added_rows_count=0,
         existing_rows_count=rows if existing else 0,
         deleted_rows_count=0 if existing else rows,
-        partitions=construct_partition_summaries(
-            spec, schema, distinct_partitions([e.data_file.partition for e in entries])
-        ),
+        partitions=construct_partition_summaries(spec, schema, distinct_partitions(once)),
         key_metadata=None,
     )
+
+
+# A removed file's entry without its column metrics.
+#
+# A DELETED entry is read only to find what a snapshot removed: by expiry and orphan removal
+# (its path: `entry_columns`), by pyiceberg's entries table (`Table.inspect`) — never
+# by a scan (pyiceberg, polars, DuckDB, Java plan from live entries only) nor by the change feed
+# (`changes.py` diffs live entries). The Iceberg spec makes the six metric maps optional, and
+# Java's engines write the DELETED entries of files they planned without stats without them. A
+# commit that removes files writes their entries with the metrics empty: ~90 % of a small file's
+# entry (6 columns' sizes, counts and bounds) — a compaction of 20,000 files wrote 6.8 MB of
+# them, deflated, that expiry's decode then inflated and skipped.
+
+_KEPT_HEAD = (134, 100, 101, 102, 103, 104)  # content, path, format, partition, rows, bytes
+_KEPT_TAIL = frozenset((131, 132, 135, 140))  # key metadata, split offsets, equality ids, sort
+_Encoder = Callable[[Any], bytes]
+_UNMEASURED: dict[str, Callable[[DataFile, bytes], bytes] | None] = {}
+
+
+def unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes] | None:
+    """For manifests of the Avro schema `schema_text`: a function of a data file and its
+    `data_file` bytes (as read: `RawManifest.data_files`) giving those bytes with every column
+    metric (`_MAPS`: sizes, value/null/NaN counts, lower/upper bounds) an empty map, the other
+    fields as they were (empty, not null: pyiceberg 0.12's entries table (Table.inspect)
+    takes `dict(column_sizes)` of every entry). None when the layout is not one it writes (v2's
+    data file fields in v2's order, the metrics optional, partition values of plain types; a
+    field it does not know after them): the caller keeps the bytes whole.
+
+    The kept fields are encoded from the file's values and checked against the bytes they
+    replace — the bytes must start with the fields before the metrics and end with those after
+    them, exactly as encoded — else that entry's bytes are kept whole (a writer that encodes
+    differently, a value read otherwise): nothing of a kept field can change."""
+    with _LOCK:
+        if schema_text in _UNMEASURED:
+            return _UNMEASURED[schema_text]
+    try:
+        strip: Callable[[DataFile, bytes], bytes] | None = _unmeasured(schema_text)
+    except (UndecodableManifestLayout, ValueError, KeyError, TypeError, AttributeError):
+        strip = None
+    with _LOCK:
+        _UNMEASURED[schema_text] = strip
+    return strip
+
+
+def _unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes]:
+    top = json.loads(schema_text)["fields"]
+    data_file = next(f for f in top if f.get("field-id") == 2)["type"]
+    if not isinstance(data_file, dict) or data_file.get("type") != "record":
+        raise UndecodableManifestLayout
+    fields = data_file["fields"]
+    ids = [f.get("field-id") for f in fields]
+    head, rest = ids[: len(_KEPT_HEAD)], ids[len(_KEPT_HEAD) :]
+    metrics = [i for i in rest if i in _MAPS]
+    if tuple(head) != _KEPT_HEAD or not metrics or rest[: len(metrics)] != metrics:
+        raise UndecodableManifestLayout
+    after = fields[len(_KEPT_HEAD) + len(metrics) :]
+    if any(f.get("field-id") not in _KEPT_TAIL for f in after):
+        raise UndecodableManifestLayout
+    empty = b""  # each metric an empty map (pyiceberg's entries table reads no null one)
+    for field in fields[len(_KEPT_HEAD) : len(_KEPT_HEAD) + len(metrics)]:
+        branches = field["type"]
+        if not isinstance(branches, list) or len(branches) != 2 or "null" not in branches:
+            raise UndecodableManifestLayout  # a required metric: kept
+        kind = branches[1 - branches.index("null")]
+        if not isinstance(kind, dict) or kind.get("type") != "array":
+            raise UndecodableManifestLayout
+        empty += _long(branches.index(kind)) + b"\x00"  # the map's branch, no item
+    # the bytes replaced end in a 0 byte: the last metric's map end, or its null (branch 0)
+    ends_in_zero = branches.index("null") == 0
+    by_id = {f["field-id"]: f for f in fields}
+    if by_id[134]["type"] != "int" or by_id[100]["type"] != "string":
+        raise UndecodableManifestLayout
+    if by_id[103]["type"] != "long" or by_id[104]["type"] != "long":
+        raise UndecodableManifestLayout
+    fmt_and_partition = (_encoder(by_id[101]["type"]), _encoder(by_id[102]["type"]))
+    tail = [(f["field-id"], _encoder(f["type"])) for f in after]
+    # the fields but the path, rows and size, encoded once per distinct set of them: a planner's
+    # files share their partition records and split offset lists (`_interned`), so by identity
+    # (the objects held with their bytes, so an id is not reused; an equal set is as good)
+    shapes: dict[tuple[int, int], tuple[tuple[Any, ...], bytes, bytes, bytes]] = {}
+    longs: dict[int, bytes] = {}
+
+    def long(n: int) -> bytes:
+        found = longs.get(n)
+        if found is None:
+            found = longs[n] = _long(_integer(n))
+        return found
+
+    def shape(file: DataFile, held: tuple[Any, ...]) -> tuple[Any, ...]:
+        head = _long(_integer(int(file.content)))
+        middle = fmt_and_partition[0](file.file_format) + fmt_and_partition[1](file.partition)
+        last = b"".join(encode(getattr(file, _TAIL_AT[i])) for i, encode in tail)
+        return held, head, middle, last
+
+    def strip(file: DataFile, data: bytes) -> bytes:
+        try:
+            values = file._data  # (pyiceberg's `Record`: its values in `_DATA_FILE`'s order)
+            held = _SHARED(values)
+            key = (id(held[0]), id(held[1]))  # the partition and split offsets: the others
+            found = shapes.get(key)  # are few distinct values, compared below
+            if found is None or found[0] != held:
+                found = shapes[key] = shape(file, held)
+            _, head, middle, last = found
+            path, rows, size = _OWN(values)
+            path = path.encode()
+            first = b"".join(
+                (
+                    head,
+                    longs.get(len(path)) or long(len(path)),
+                    path,
+                    middle,
+                    longs.get(rows) or long(rows),
+                    longs.get(size) or long(size),
+                )
+            )
+        except (
+            UndecodableManifestLayout,
+            TypeError,
+            ValueError,
+            AttributeError,
+            KeyError,
+            OverflowError,
+            struct.error,
+        ):
+            return data  # a value not encodable as read: the bytes kept whole
+        end = len(data) - len(last)
+        if (
+            end < len(first)
+            or not data.startswith(first)
+            or not data.endswith(last)
+            or (ends_in_zero and data[end - 1] != 0)
+        ):
+            return data
+        return first + empty + last
+
+    return strip
+
+
+# each kept tail field's name in pyiceberg's `DataFile`
+_TAIL_AT = {f.field_id: f.name for f in _DATA_FILE.fields if f.field_id in _KEPT_TAIL}
+_AT = {f.field_id: n for n, f in enumerate(_DATA_FILE.fields)}  # a `DataFile`'s values by id
+# the values a removed entry's bytes are shaped by but its path, rows and size (partition,
+# split offsets, equality ids, content, format, key metadata, sort order), and those three
+_SHARED = itemgetter(*(_AT[i] for i in (102, 132, 135, 134, 101, 131, 140)))
+_OWN = itemgetter(_AT[100], _AT[103], _AT[104])
+_ROWS = itemgetter(_AT[103])
+_PARTITION = itemgetter(_AT[102])
+_VALUES = attrgetter("_data")  # a pyiceberg `Record`'s values
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+# a `ManifestEntry`'s snapshot id, sequence number, file sequence number and data file
+_ENTRY_AT = {
+    f.field_id: n for n, f in enumerate(MANIFEST_ENTRY_SCHEMAS[DEFAULT_READ_VERSION].fields)
+}
+_ENTRY_FIELDS = itemgetter(*(_ENTRY_AT[i] for i in (1, 3, 4, 2)))
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _encoder(avro: Any) -> _Encoder:
+    """The Avro binary encoding of a value of the type `avro` as pyiceberg holds it (dates as
+    days, timestamps as microseconds, a record as a `Record`); plain types, unions with null,
+    arrays and records only."""
+    if isinstance(avro, list):  # a union: null and one type
+        rest = [k for k in avro if k != "null"]
+        if len(rest) != 1 or len(avro) != 2:
+            raise UndecodableManifestLayout
+        null, some, inner = _long(avro.index("null")), _long(avro.index(rest[0])), _encoder(rest[0])
+        return lambda v: null if v is None else some + inner(v)
+    if isinstance(avro, dict):
+        kind, logical = avro.get("type"), avro.get("logicalType")
+        if kind == "array" and logical is None:
+            item = _encoder(avro["items"])
+            return lambda v: (
+                _long(len(v)) + b"".join(item(x) for x in v) + b"\x00" if v else b"\x00"
+            )
+        if kind == "record" and logical is None:
+            encoders = [_encoder(f["type"]) for f in avro["fields"]]
+            return lambda v: b"".join(e(v[n]) for n, e in enumerate(encoders))
+        if logical in (None, "date", "timestamp-micros", "timestamptz-micros") and kind in (
+            "int",
+            "long",
+        ):
+            return _plain(kind)
+        raise UndecodableManifestLayout  # decimal, uuid, fixed, time, ...: kept whole
+    return _plain(avro)
+
+
+def _plain(kind: Any) -> _Encoder:
+    if kind in ("int", "long"):
+        return lambda v: _long(_integer(v))
+    if kind == "string":
+        return lambda v: _long(len(b := str.encode(v))) + b
+    if kind == "bytes":
+        return lambda v: _long(len(v)) + bytes(v)
+    if kind == "boolean":
+        return lambda v: b"\x01" if _boolean(v) else b"\x00"
+    if kind == "float":
+        return lambda v: struct.pack("<f", v)
+    if kind == "double":
+        return lambda v: struct.pack("<d", v)
+    raise UndecodableManifestLayout
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UndecodableManifestLayout(f"not an integer: {value!r}")
+    return int(value)
+
+
+def _boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise UndecodableManifestLayout(f"not a boolean: {value!r}")
+    return value
 
 
 def partition_values(partition: Record) -> tuple[Any, ...]:
@@ -753,17 +990,19 @@ def _skip_varint(block: bytes, at: int) -> int:
     return at + 1
 
 
-def _prefix(entry: ManifestEntry, status: ManifestEntryStatus, snapshot_id: int | None) -> bytes:
-    """The four-field prefix of `entry` with `status` and `snapshot_id` (sequence numbers
-    explicit)."""
+def _prefix_of(
+    status: ManifestEntryStatus, snapshot_id: int | None, sequence: int, file_sequence: int
+) -> bytes:
+    """An entry's four-field prefix: `status`, `snapshot_id` and its sequence numbers
+    (explicit)."""
     snapshot = b"\x00" if snapshot_id is None else b"\x02" + _long(snapshot_id)
     return (
         _long(int(status))
         + snapshot
         + b"\x02"
-        + _long(int(entry.sequence_number or 0))
+        + _long(int(sequence))
         + b"\x02"
-        + _long(int(entry.file_sequence_number or 0))
+        + _long(int(file_sequence))
     )
 
 
