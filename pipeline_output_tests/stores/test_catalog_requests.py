@@ -10,6 +10,8 @@ transaction, and opening the catalog is one probe that also finds the namespace.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -480,6 +482,38 @@ def test_another_engines_commit_between_two_partition_runs_is_seen_and_the_run_p
         for t in table.scan(snapshot_id=snap.snapshot_id).plan_files()
     }
     assert live <= on_disk and on_disk <= history, on_disk - history
+
+
+TWO_RUNS_IN_A_FRESH_PROCESS = """
+import sys
+from pipeline_output import IcebergStore
+from pipeline_output.infra.locks import AdvisoryLock
+from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
+from pipeline_output_tests.stores.test_catalog_requests import partition_run
+
+uri, warehouse, pg = sys.argv[1:]
+store = IcebergStore(FlatSqlCatalog("default", uri=uri, warehouse=warehouse), "datasets",
+                     lock=AdvisoryLock(pg))
+partition_run(store, 1)
+partition_run(store, 2)  # planned from memory: the commit asserts its base
+print("pyiceberg.catalog.rest" in sys.modules, "requests" in sys.modules)
+"""
+
+
+def test_a_process_committing_on_the_sql_catalog_never_imports_the_rest_client(
+    catalog: Any, pg_db_url: str, catalog_warehouse: str
+) -> None:
+    """Whether a commit may stage its base's assertion depends on the catalog being REST; a
+    process with only the SQL catalog does not import pyiceberg's REST catalog (and `requests`,
+    urllib3: ~0.2 s of imports in its first asserted commit) to find it is not one."""
+    uri = to_sqlalchemy_url(pg_db_url, driver="psycopg")
+    done = subprocess.run(
+        [sys.executable, "-c", TWO_RUNS_IN_A_FRESH_PROCESS, uri, catalog_warehouse, pg_db_url],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["False", "False"], done.stdout
 
 
 def _as_read(entry: Any) -> tuple[Any, ...]:
