@@ -484,6 +484,66 @@ def test_another_engines_commit_between_two_partition_runs_is_seen_and_the_run_p
     assert live <= on_disk and on_disk <= history, on_disk - history
 
 
+def test_a_fresh_processs_partition_run_loads_the_table_once(
+    catalog: Any, fresh_catalog: Callable[[], Any], pg_db_url: str
+) -> None:
+    """A process's first partition run of a table another process wrote loads it once, before
+    the writer lock, writes its files against it and commits on that table under the lock (the
+    commit asserting it): no second load under the lock."""
+    partition_run(IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url)), 1)
+    partition_run(IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url)), 2)
+    fresh = fresh_catalog()  # a new process's catalog handle and store
+    store = IcebergStore(fresh, "datasets", lock=AdvisoryLock(pg_db_url))
+    mine = day_part(2)[1].head(4)
+    with sql_calls(fresh) as calls:
+        result = partition_run(store, 2, mine)
+    assert calls == Counter(load_table=1, commit_table=1), calls
+    assert (result.rows_inserted, result.rows_deleted) == (4, 10), result
+    assert_same_multiset(store.read(DAILY), pl.concat([day_part(1)[1], mine]))
+
+
+def test_a_commit_between_a_fresh_runs_load_and_its_lock_is_seen_and_the_run_planned_again(
+    catalog: Any, fresh_catalog: Callable[[], Any], pg_db_url: str
+) -> None:
+    """Another engine appends to days 2 and 3 after a fresh process's partition run loaded the
+    table and before it takes the writer lock: the commit planned on the first load is refused,
+    the run loads the table under the lock and replaces day 2's slice on it — the other engine's
+    day-2 rows replaced, its day-3 rows kept — and no file of the refused attempt is left."""
+    partition_run(IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url)), 1)
+    fresh = fresh_catalog()
+    store = IcebergStore(fresh, "datasets", lock=AdvisoryLock(pg_db_url))
+    theirs = pl.concat([day_part(2)[1].head(3), day_part(3)[1]]).with_columns(id=pl.col("id") + 50)
+    loaded = store.tables.load
+
+    def load_then_another_engine_commits(spec: Any) -> Any:
+        table = loaded(spec)
+        if not theirs_written:
+            outside = fresh_catalog().load_table(("datasets", DAILY.name))  # no lock
+            outside.append(theirs.to_arrow().cast(outside.schema().as_arrow()))
+            theirs_written.append(True)
+        return table
+
+    theirs_written: list[bool] = []
+    store.tables.load = load_then_another_engine_commits  # type: ignore[method-assign]
+    mine = day_part(2)[1].tail(5)
+    with sql_calls(fresh) as calls:
+        result = partition_run(store, 2, mine)
+    # the first load, the refused commit, the load under the lock, the commit of the new plan
+    assert calls == Counter(load_table=2, commit_table=2), calls
+    assert (result.rows_inserted, result.rows_deleted) == (5, 3), result
+    expected = pl.concat([day_part(1)[1], theirs.filter(pl.col("day") != date(2024, 1, 2)), mine])
+    assert_same_multiset(store.read(DAILY), expected)
+    table = fresh_catalog().load_table(("datasets", DAILY.name))
+    folder = Path(table.metadata.location.removeprefix("file://")) / "data"
+    on_disk = {str(p) for p in folder.rglob("*.parquet")}
+    history = {
+        t.file.file_path.removeprefix("file://")
+        for snap in table.snapshots()
+        for t in table.scan(snapshot_id=snap.snapshot_id).plan_files()
+    }
+    assert on_disk <= history, on_disk - history
+
+
 TWO_RUNS_IN_A_FRESH_PROCESS = """
 import sys
 from pipeline_output import IcebergStore
