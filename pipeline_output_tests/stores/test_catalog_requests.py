@@ -10,6 +10,8 @@ transaction, and opening the catalog is one probe that also finds the namespace.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -480,6 +482,98 @@ def test_another_engines_commit_between_two_partition_runs_is_seen_and_the_run_p
         for t in table.scan(snapshot_id=snap.snapshot_id).plan_files()
     }
     assert live <= on_disk and on_disk <= history, on_disk - history
+
+
+def test_a_fresh_processs_partition_run_loads_the_table_once(
+    catalog: Any, fresh_catalog: Callable[[], Any], pg_db_url: str
+) -> None:
+    """A process's first partition run of a table another process wrote loads it once, before
+    the writer lock, writes its files against it and commits on that table under the lock (the
+    commit asserting it): no second load under the lock."""
+    partition_run(IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url)), 1)
+    partition_run(IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url)), 2)
+    fresh = fresh_catalog()  # a new process's catalog handle and store
+    store = IcebergStore(fresh, "datasets", lock=AdvisoryLock(pg_db_url))
+    mine = day_part(2)[1].head(4)
+    with sql_calls(fresh) as calls:
+        result = partition_run(store, 2, mine)
+    assert calls == Counter(load_table=1, commit_table=1), calls
+    assert (result.rows_inserted, result.rows_deleted) == (4, 10), result
+    assert_same_multiset(store.read(DAILY), pl.concat([day_part(1)[1], mine]))
+
+
+def test_a_commit_between_a_fresh_runs_load_and_its_lock_is_seen_and_the_run_planned_again(
+    catalog: Any, fresh_catalog: Callable[[], Any], pg_db_url: str
+) -> None:
+    """Another engine appends to days 2 and 3 after a fresh process's partition run loaded the
+    table and before it takes the writer lock: the commit planned on the first load is refused,
+    the run loads the table under the lock and replaces day 2's slice on it — the other engine's
+    day-2 rows replaced, its day-3 rows kept — and no file of the refused attempt is left."""
+    partition_run(IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url)), 1)
+    fresh = fresh_catalog()
+    store = IcebergStore(fresh, "datasets", lock=AdvisoryLock(pg_db_url))
+    theirs = pl.concat([day_part(2)[1].head(3), day_part(3)[1]]).with_columns(id=pl.col("id") + 50)
+    loaded = store.tables.load
+
+    def load_then_another_engine_commits(spec: Any) -> Any:
+        table = loaded(spec)
+        if not theirs_written:
+            outside = fresh_catalog().load_table(("datasets", DAILY.name))  # no lock
+            outside.append(theirs.to_arrow().cast(outside.schema().as_arrow()))
+            theirs_written.append(True)
+        return table
+
+    theirs_written: list[bool] = []
+    store.tables.load = load_then_another_engine_commits  # type: ignore[method-assign]
+    mine = day_part(2)[1].tail(5)
+    with sql_calls(fresh) as calls:
+        result = partition_run(store, 2, mine)
+    # the first load, the refused commit, the load under the lock, the commit of the new plan
+    assert calls == Counter(load_table=2, commit_table=2), calls
+    assert (result.rows_inserted, result.rows_deleted) == (5, 3), result
+    expected = pl.concat([day_part(1)[1], theirs.filter(pl.col("day") != date(2024, 1, 2)), mine])
+    assert_same_multiset(store.read(DAILY), expected)
+    table = fresh_catalog().load_table(("datasets", DAILY.name))
+    folder = Path(table.metadata.location.removeprefix("file://")) / "data"
+    on_disk = {str(p) for p in folder.rglob("*.parquet")}
+    history = {
+        t.file.file_path.removeprefix("file://")
+        for snap in table.snapshots()
+        for t in table.scan(snapshot_id=snap.snapshot_id).plan_files()
+    }
+    assert on_disk <= history, on_disk - history
+
+
+TWO_RUNS_IN_A_FRESH_PROCESS = """
+import sys
+from pipeline_output import IcebergStore
+from pipeline_output.infra.locks import AdvisoryLock
+from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
+from pipeline_output_tests.stores.test_catalog_requests import partition_run
+
+uri, warehouse, pg = sys.argv[1:]
+store = IcebergStore(FlatSqlCatalog("default", uri=uri, warehouse=warehouse), "datasets",
+                     lock=AdvisoryLock(pg))
+partition_run(store, 1)
+partition_run(store, 2)  # planned from memory: the commit asserts its base
+print("pyiceberg.catalog.rest" in sys.modules, "requests" in sys.modules)
+"""
+
+
+def test_a_process_committing_on_the_sql_catalog_never_imports_the_rest_client(
+    catalog: Any, pg_db_url: str, catalog_warehouse: str
+) -> None:
+    """Whether a commit may stage its base's assertion depends on the catalog being REST; a
+    process with only the SQL catalog does not import pyiceberg's REST catalog (and `requests`,
+    urllib3: ~0.2 s of imports in its first asserted commit) to find it is not one."""
+    uri = to_sqlalchemy_url(pg_db_url, driver="psycopg")
+    done = subprocess.run(
+        [sys.executable, "-c", TWO_RUNS_IN_A_FRESH_PROCESS, uri, catalog_warehouse, pg_db_url],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["False", "False"], done.stdout
 
 
 def _as_read(entry: Any) -> tuple[Any, ...]:

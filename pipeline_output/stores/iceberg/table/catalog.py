@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import gzip
 import importlib
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -343,10 +344,11 @@ class AssertUnchanged(ValidatableTableRequirement):
 
 def requires_unchanged(catalog: Catalog) -> bool:
     """Whether `catalog` validates a commit's requirements itself, so `AssertUnchanged` may be
-    staged (any catalog but REST, which sends them to the server)."""
-    from pyiceberg.catalog.rest import RestCatalog
-
-    return not isinstance(catalog, RestCatalog)
+    staged (any catalog but REST, which sends them to the server). A process that never
+    imported pyiceberg's REST catalog holds none: its module (with `requests` and urllib3,
+    ~0.2 s of imports) is not imported to ask."""
+    rest = sys.modules.get("pyiceberg.catalog.rest")
+    return rest is None or not isinstance(catalog, rest.RestCatalog)
 
 
 def _response(metadata: TableMetadata, location: str) -> CommitTableResponse:

@@ -12,11 +12,12 @@ partitions larger than that are computed and written one at a time. Only each wr
 partition's key columns are kept (keys stay unique across the run). The files are written
 against the table as this process's last write left it, else as loaded once (or, for a table
 that does not exist yet, against the transaction that creates it). Then the table's writer lock
-is taken and the table loaded once — not at all when this process's last write left it and holds
+is taken and the commit planned on that same table, not loaded again, while the process holds
 the project's writer lock (`IcebergTables.plans_from_memory`): the commit then asserts that base
 (`merge.assert_base`), and when another engine committed in between (the commit refused, a file
 planned from gone) the run's files are kept, the table loaded and the commit planned again on
-it, once —, its manifests read while the last partitions encode, and
+it, once (without the writer lock, or after such a refusal: loaded under the lock, once) —, its
+manifests read while the last partitions encode, and
 one snapshot replaces every slice of the run: files wholly inside a slice are dropped unread, files
 straddling one are read and rewritten or kept with a positional delete file (`MergePolicy`),
 and a keyed dataset's rows outside the slices whose key the run writes go too (a key moved
@@ -230,10 +231,12 @@ def write_range(
     started = time.perf_counter()
     tables = store.tables
     last = tables.as_written(spec)
-    # planned from the table as this process's last write left it (no load) while it holds the
-    # project's writer lock: the commit asserts it (`IcebergStore.write`'s `_from_memory`)
-    remembered = last if last is not None and tables.plans_from_memory(spec) else None
     base = last or tables.load(spec)
+    # planned from the table as this process's last write left it, else as loaded here, before
+    # the lock (no second load under it) while it holds the project's writer lock: the commit
+    # asserts it (`IcebergStore.write`'s `_from_memory`); a table that moved in between is
+    # loaded under the lock and the commit planned again
+    remembered = base if base is not None and tables.plans_from_memory(spec) else None
     out = RangeWrite()
     target: _Target | None = None
     parts: list[SlicePart] = []
