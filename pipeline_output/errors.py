@@ -124,6 +124,12 @@ class UndecodableManifestLayout(TerminalError):
     pyiceberg instead, so it never reaches a user."""
 
 
+class UncomputedFileStatistics(TerminalError):
+    """A data file's statistics the footer reading (`snapshot/file_statistics.py`) leaves to
+    pyiceberg (a truncation or a physical type it does not handle): the caller computes them with
+    pyiceberg instead, so it never reaches a user."""
+
+
 class CorruptManifest(TerminalError, ValueError):
     """A table's manifest cannot be read as the Avro format says (a bad sync marker), or a write
     was about to make an empty one; `ValueError` as pyiceberg raises for the same conditions."""

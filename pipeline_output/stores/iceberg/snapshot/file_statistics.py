@@ -37,6 +37,8 @@ from pyiceberg.utils.truncate import (
     truncate_upper_bound_text_string,
 )
 
+from pipeline_output.errors import UncomputedFileStatistics
+
 Bound = Callable[[Any], bytes | None]
 logger = logging.getLogger(__name__)
 
@@ -54,16 +56,12 @@ class _Column:
     upper: Bound
 
 
-class _Fallback(Exception):
-    """A file this module leaves to pyiceberg."""
-
-
 def _lower(iceberg_type: PrimitiveType, trunc: int | None) -> Bound:
     """What pyiceberg's `StatsAggregator` `min_as_bytes` gives, the truncation decided once."""
     if trunc is None:
         return lambda value: to_bytes(iceberg_type, value)
     if not isinstance(iceberg_type, (StringType, BinaryType)):
-        raise _Fallback  # (pyiceberg's plan truncates strings and binaries only)
+        raise UncomputedFileStatistics  # (pyiceberg's plan truncates strings and binaries only)
     cut = TruncateTransform(width=trunc).transform(iceberg_type)
 
     def truncated(value: Any) -> bytes | None:
@@ -79,7 +77,7 @@ def _upper(iceberg_type: PrimitiveType, trunc: int | None) -> Bound:
 
         def text(value: Any) -> bytes | None:
             if not isinstance(value, str):
-                raise _Fallback
+                raise UncomputedFileStatistics
             cut = truncate_upper_bound_text_string(value, trunc)
             return to_bytes(iceberg_type, cut) if cut is not None else None
 
@@ -88,13 +86,13 @@ def _upper(iceberg_type: PrimitiveType, trunc: int | None) -> Bound:
 
         def binary(value: Any) -> bytes | None:
             if not isinstance(value, bytes):
-                raise _Fallback
+                raise UncomputedFileStatistics
             cut = truncate_upper_bound_binary_string(value, trunc)
             return to_bytes(iceberg_type, cut) if cut is not None else None
 
         return binary
     if trunc is not None:
-        raise _Fallback
+        raise UncomputedFileStatistics
     return lambda value: to_bytes(iceberg_type, value)
 
 
@@ -119,7 +117,7 @@ class FooterStatistics:
         (`nan_value_counts` empty: Parquet footers hold none)."""
         try:
             return self._compute(footer)
-        except _Fallback:
+        except UncomputedFileStatistics:
             return data_file_statistics_from_parquet_metadata(
                 parquet_metadata=footer,
                 stats_columns=self._plan,
@@ -130,7 +128,7 @@ class FooterStatistics:
         if path in self._columns:
             known = self._columns[path]
             if known is None:
-                raise _Fallback
+                raise UncomputedFileStatistics
             return known
         column: _Column | None = None
         try:
@@ -150,11 +148,11 @@ class FooterStatistics:
                 lower=_lower(iceberg_type, trunc) if bounds else _never,
                 upper=_upper(iceberg_type, trunc) if bounds else _never,
             )
-        except (KeyError, _Fallback):
+        except (KeyError, UncomputedFileStatistics):
             column = None
         self._columns[path] = column
         if column is None:
-            raise _Fallback
+            raise UncomputedFileStatistics
         return column
 
     def _physical(self, column: _Column, physical_type: str) -> None:
@@ -170,7 +168,7 @@ class FooterStatistics:
                 ok = False
             self._physical_ok[key] = ok
         if not ok:
-            raise _Fallback
+            raise UncomputedFileStatistics
 
     def _compute(self, footer: pq.FileMetaData) -> dict[str, Any]:
         column_sizes: dict[int, int] = {}
