@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -117,6 +118,22 @@ def as_kind(frame: pl.DataFrame, kind: str) -> Any:
     if kind == "arrow":
         return frame.to_arrow()
     raise AssertionError(kind)
+
+
+def duckdb_with_iceberg() -> Any:
+    """A DuckDB connection with its Avro and Iceberg extensions loaded from their PyPI wheels
+    (no download at test time: the machine may have no network)."""
+    import duckdb
+    import duckdb_extension_avro
+    import duckdb_extension_iceberg
+
+    con = duckdb.connect(
+        config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    )
+    for module, name in ((duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")):
+        folder = Path(module.__file__).parent / "extensions" / f"v{duckdb.__version__}"
+        con.execute(f"LOAD '{folder / f'{name}.duckdb_extension'}'")
+    return con
 
 
 def release(catalog: Any) -> None:

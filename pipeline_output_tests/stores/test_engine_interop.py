@@ -49,7 +49,7 @@ from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
 from pipeline_output.stores.iceberg.table.native_scan import quiet, snapshot_scan
 from pipeline_output.stores.iceberg.table.scan_planning import planned
 from pipeline_output_tests.conftest import fresh_database
-from pipeline_output_tests.iceberg_harness import NS, customers, expect_write
+from pipeline_output_tests.iceberg_harness import NS, customers, duckdb_with_iceberg, expect_write
 from pipeline_output_tests.oracle import assert_same_multiset
 
 # polars' note that its optional planning plugin is missing (it plans with pyiceberg instead)
@@ -209,25 +209,11 @@ def _as_oracle(got: pa.Table | pl.DataFrame, expected: pl.DataFrame) -> pl.DataF
     return frame.select(pl.col(c).cast(expected.schema[c]) for c in expected.columns)
 
 
-def _duckdb() -> Any:
-    import duckdb
-    import duckdb_extension_avro
-    import duckdb_extension_iceberg
-
-    con = duckdb.connect(
-        config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
-    )
-    for module, name in ((duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")):
-        folder = Path(module.__file__).parent / "extensions" / f"v{duckdb.__version__}"
-        con.execute(f"LOAD '{folder / f'{name}.duckdb_extension'}'")
-    return con
-
-
 Reader = Callable[[Any, int | None], pa.Table | pl.DataFrame]
 
 
 def _readers() -> dict[str, Reader]:
-    con = _duckdb()
+    con = duckdb_with_iceberg()
 
     def duck(table: Any, snapshot: int | None) -> pa.Table:
         if snapshot is None:
@@ -363,7 +349,7 @@ def test_data_files_count_their_float_columns_nan_values(tables):
 
 
 def test_the_duckdb_extension_loads_without_the_network():
-    con = _duckdb()
+    con = duckdb_with_iceberg()
     loaded = con.execute(
         "SELECT extension_name FROM duckdb_extensions() WHERE loaded AND extension_name IN "
         "('iceberg', 'avro') ORDER BY 1"

@@ -12,6 +12,7 @@ same rows, and expiry deletes exactly the files only the expired snapshots refer
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 from itertools import pairwise
 from pathlib import Path
@@ -19,7 +20,8 @@ from typing import Any
 
 import polars as pl
 import pytest
-from pyiceberg.manifest import DataFile, ManifestEntryStatus
+from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus
+from pyiceberg.table.snapshots import Snapshot
 
 from pipeline_output import DatasetSpec
 from pipeline_output.stores.iceberg.maintenance.orphans import norm, referenced
@@ -30,7 +32,7 @@ from pipeline_output.stores.iceberg.table.changes import (
     UPDATE_BEFORE,
     read_changes,
 )
-from pipeline_output_tests.iceberg_harness import Harness
+from pipeline_output_tests.iceberg_harness import Harness, duckdb_with_iceberg
 from pipeline_output_tests.oracle import assert_same_multiset
 
 METRICS = (
@@ -111,18 +113,37 @@ def _files_under(table: Any) -> set[str]:
     return {norm(str(p)) for p in root.rglob("*") if p.is_file()}
 
 
-def _duckdb() -> Any:
-    import duckdb
-    import duckdb_extension_avro
-    import duckdb_extension_iceberg
+def _written_entries(
+    table: Any, snapshots: list[Snapshot]
+) -> Iterator[tuple[Snapshot, ManifestEntry, DataFile | None]]:
+    """Every entry of the manifests each snapshot after the first wrote, with its file as it was
+    live in the parent when the entry removes it (None: a live entry)."""
+    for snapshot in snapshots[1:]:
+        before = _live_files(table, snapshot.parent_snapshot_id)
+        for manifest in snapshot.manifests(table.io):
+            if manifest.added_snapshot_id != snapshot.snapshot_id:
+                continue
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+                removed = entry.status == ManifestEntryStatus.DELETED
+                yield snapshot, entry, before[entry.data_file.file_path] if removed else None
 
-    con = duckdb.connect(
-        config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
-    )
-    for module, name in ((duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")):
-        folder = Path(module.__file__).parent / "extensions" / f"v{duckdb.__version__}"
-        con.execute(f"LOAD '{folder / f'{name}.duckdb_extension'}'")
-    return con
+
+def _assert_unmeasured_copy(entry: ManifestEntry, was: DataFile) -> None:
+    """A removed file's entry: no metrics (empty), every other field as it was live."""
+    assert all(not getattr(entry.data_file, m) for m in METRICS), entry
+    assert was.lower_bounds and was.value_counts  # it had them while live
+    for name in KEPT:
+        assert getattr(entry.data_file, name) == getattr(was, name), name
+
+
+def _assert_reads_at_every_snapshot(
+    table: Any, snapshots: list[Snapshot], reads: dict[int, pl.DataFrame]
+) -> None:
+    """pyiceberg's scan, time travelling to each snapshot, reads what was written there."""
+    for snapshot in snapshots:
+        scanned = pl.from_arrow(table.scan(snapshot_id=snapshot.snapshot_id).to_arrow())
+        assert isinstance(scanned, pl.DataFrame)
+        assert_same_multiset(scanned, reads[snapshot.snapshot_id])
 
 
 def _changes_expected(old: pl.DataFrame, new: pl.DataFrame) -> dict[str, set[int]]:
@@ -149,22 +170,13 @@ def test_removed_files_entries_carry_no_metrics_and_every_reader_and_expiry_stil
 
     # every DELETED entry a commit wrote: no metrics, every other field as it was live before
     removed_by: dict[int, set[str]] = {}
-    for snapshot in snapshots[1:]:
-        before = _live_files(table, snapshot.parent_snapshot_id)
-        for manifest in snapshot.manifests(table.io):
-            if manifest.added_snapshot_id != snapshot.snapshot_id:
-                continue
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
-                if entry.status != ManifestEntryStatus.DELETED:
-                    assert entry.data_file.lower_bounds  # live entries keep their metrics
-                    continue
-                assert entry.snapshot_id == snapshot.snapshot_id
-                was = before[entry.data_file.file_path]
-                assert all(not getattr(entry.data_file, m) for m in METRICS), entry  # empty
-                assert was.lower_bounds and was.value_counts  # it had them while live
-                for name in KEPT:
-                    assert getattr(entry.data_file, name) == getattr(was, name), name
-                removed_by.setdefault(snapshot.snapshot_id, set()).add(entry.data_file.file_path)
+    for snapshot, entry, was in _written_entries(table, snapshots):
+        if was is None:
+            assert entry.data_file.lower_bounds  # live entries keep their metrics
+            continue
+        assert entry.snapshot_id == snapshot.snapshot_id
+        _assert_unmeasured_copy(entry, was)
+        removed_by.setdefault(snapshot.snapshot_id, set()).add(entry.data_file.file_path)
     parent = _live_files(table, compaction.parent_snapshot_id)
     assert removed_by[compaction.snapshot_id] == set(parent)  # the compaction removed them all
     assert len(removed_by) > 1  # and the copy-on-write upserts removed some too
@@ -174,13 +186,10 @@ def test_removed_files_entries_carry_no_metrics_and_every_reader_and_expiry_stil
     deleted = [e for e in entries if e["status"] == int(ManifestEntryStatus.DELETED)]
     assert {e["data_file"]["file_path"] for e in deleted} == set(parent)
     assert not any(e["data_file"][m] for e in deleted for m in METRICS)
-    for snapshot in snapshots:
-        scanned = pl.from_arrow(table.scan(snapshot_id=snapshot.snapshot_id).to_arrow())
-        assert isinstance(scanned, pl.DataFrame)
-        assert_same_multiset(scanned, reads[snapshot.snapshot_id])
+    _assert_reads_at_every_snapshot(table, snapshots, reads)
 
     # DuckDB's iceberg extension, now and at every snapshot
-    con = _duckdb()
+    con = duckdb_with_iceberg()
     try:
         for snapshot in snapshots:
             got = con.execute(
@@ -237,21 +246,9 @@ def test_removed_entries_re_encoded_without_their_bytes_carry_no_metrics_either(
     table = h.table(spec)
     snapshots = sorted(table.snapshots(), key=lambda s: s.sequence_number)
     removed = 0
-    for snapshot in snapshots[1:]:
-        before = _live_files(table, snapshot.parent_snapshot_id)
-        for manifest in snapshot.manifests(table.io):
-            if manifest.added_snapshot_id != snapshot.snapshot_id:
-                continue
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
-                if entry.status != ManifestEntryStatus.DELETED:
-                    continue
-                was = before[entry.data_file.file_path]
-                assert was.lower_bounds and all(not getattr(entry.data_file, m) for m in METRICS)
-                for name in KEPT:
-                    assert getattr(entry.data_file, name) == getattr(was, name), name
-                removed += 1
+    for _, entry, was in _written_entries(table, snapshots):
+        if was is not None:
+            _assert_unmeasured_copy(entry, was)
+            removed += 1
     assert removed > len(_live_files(table, snapshots[-2].snapshot_id))  # upserts' + compaction's
-    for snapshot in snapshots:
-        scanned = pl.from_arrow(table.scan(snapshot_id=snapshot.snapshot_id).to_arrow())
-        assert isinstance(scanned, pl.DataFrame)
-        assert_same_multiset(scanned, reads[snapshot.snapshot_id])
+    _assert_reads_at_every_snapshot(table, snapshots, reads)
