@@ -430,6 +430,19 @@ def partition_run(store: IcebergStore, day: int, frame: pl.DataFrame | None = No
     return ranged.results[0][1]
 
 
+def data_files_on_disk_and_in_history(table: Any) -> tuple[set[str], set[str]]:
+    """The table's Parquet files on disk, and the data files some snapshot of it reads: a file
+    on disk that no snapshot reads is one a refused or abandoned attempt left behind."""
+    folder = Path(table.metadata.location.removeprefix("file://")) / "data"
+    on_disk = {str(p) for p in folder.rglob("*.parquet")}
+    history = {
+        t.file.file_path.removeprefix("file://")
+        for snap in table.snapshots()
+        for t in table.scan(snapshot_id=snap.snapshot_id).plan_files()
+    }
+    return on_disk, history
+
+
 def test_a_second_partition_run_in_a_process_loads_no_table(catalog: Any, pg_db_url: str) -> None:
     """A process's next partition run plans from the table its last commit left (under the
     writer lock, the commit asserting that base): one commit, no table load."""
@@ -474,13 +487,7 @@ def test_another_engines_commit_between_two_partition_runs_is_seen_and_the_run_p
     assert_same_multiset(store.read(DAILY), expected)
     table = fresh_catalog().load_table(("datasets", DAILY.name))
     live = {t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()}
-    folder = Path(table.metadata.location.removeprefix("file://")) / "data"
-    on_disk = {str(p) for p in folder.rglob("*.parquet")}
-    history = {
-        t.file.file_path.removeprefix("file://")
-        for snap in table.snapshots()
-        for t in table.scan(snapshot_id=snap.snapshot_id).plan_files()
-    }
+    on_disk, history = data_files_on_disk_and_in_history(table)
     assert live <= on_disk and on_disk <= history, on_disk - history
 
 
@@ -534,13 +541,7 @@ def test_a_commit_between_a_fresh_runs_load_and_its_lock_is_seen_and_the_run_pla
     expected = pl.concat([day_part(1)[1], theirs.filter(pl.col("day") != date(2024, 1, 2)), mine])
     assert_same_multiset(store.read(DAILY), expected)
     table = fresh_catalog().load_table(("datasets", DAILY.name))
-    folder = Path(table.metadata.location.removeprefix("file://")) / "data"
-    on_disk = {str(p) for p in folder.rglob("*.parquet")}
-    history = {
-        t.file.file_path.removeprefix("file://")
-        for snap in table.snapshots()
-        for t in table.scan(snapshot_id=snap.snapshot_id).plan_files()
-    }
+    on_disk, history = data_files_on_disk_and_in_history(table)
     assert on_disk <= history, on_disk - history
 
 
