@@ -885,17 +885,8 @@ def cleanup_rounds(
 
     def one(what: str, engine: str, tag: str, root: str | None = None) -> float | None:
         nonlocal failed
-        before = os.environ.get("PYTHONPATH")
-        if root is not None:  # the child imports that checkout's pipeline_output
-            os.environ["PYTHONPATH"] = root
-        try:
+        with _pythonpath(root):  # the child imports that checkout's pipeline_output
             got = spawn({"what": what, "engine": engine, "cfg": cfg}, tag, workdir, 3600)
-        finally:
-            if root is not None:
-                if before is None:
-                    del os.environ["PYTHONPATH"]
-                else:
-                    os.environ["PYTHONPATH"] = before
         if "failure" in got:
             print(f"  {tag}: {got['failure']}")
             failed = True
