@@ -32,8 +32,7 @@ import io
 import itertools
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 import pyarrow as pa
@@ -294,8 +293,12 @@ PATH_FIELD_ID = 2147483546
 POS_FIELD_ID = 2147483545
 _ARROW_SCHEMA = pa.schema(
     [
+        # large_string: polars' own string type, as it writes it (the Parquet type is the same)
         pa.field(
-            "file_path", pa.string(), nullable=False, metadata={"PARQUET:field_id": "2147483546"}
+            "file_path",
+            pa.large_string(),
+            nullable=False,
+            metadata={"PARQUET:field_id": "2147483546"},
         ),
         pa.field("pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": "2147483545"}),
     ]
@@ -306,7 +309,13 @@ _SCHEMA = Schema(
     NestedField(POS_FIELD_ID, "pos", LongType(), required=True),
 )
 _EMPTY = pl.Series("pos", [], dtype=pl.Int64)
-WRITE_THREADS = 4
+# the table's codec as polars' writer names it (another: zstd)
+_DELETE_CODECS: dict[str, Literal["zstd", "snappy", "gzip", "lz4"]] = {
+    "zstd": "zstd",
+    "snappy": "snappy",
+    "gzip": "gzip",
+    "lz4": "lz4",
+}
 
 
 def referenced_path(delete_file: DataFile) -> str | None:
@@ -344,39 +353,68 @@ class DeleteFileWriter(TableFileWriter):
         super().__init__(metadata, file_io, write_id=write_id, schema=_SCHEMA)
 
     def write(self, data_file: DataFile, positions: Iterable[int] | pl.Series) -> DataFile:
-        """One delete file removing `positions` (distinct, any order) of `data_file`.
+        """One delete file removing `positions` (distinct, any order) of `data_file`."""
+        return self.write_many([(data_file, positions)])[0]
 
-        Its statistics are known without reading the file back: every row names `data_file`
+    def write_many(
+        self, files: Sequence[tuple[DataFile, Iterable[int] | pl.Series]]
+    ) -> list[DataFile]:
+        """One delete file for each (data file, positions), in order, the files encoded by one
+        polars query (`collect_all` of one in-memory sink each, as `DataFileWriter._write_many`):
+        one query set up, not one writer per file, and no pyarrow conversion of Python values —
+        `pa.array` of a list imports pandas, ~0.18 s of a fresh process's first merge-on-read
+        commit (benchmarks/README.md, issue 44).
+
+        A file's statistics are known without reading it back: every row names its data file
         (the whole path is both bounds: readers associate the file with exactly that data
         file), no value is null, the positions' bounds are their first and last."""
-        pos = positions if isinstance(positions, pl.Series) else pl.Series("pos", list(positions))
-        pos = pos.cast(pl.Int64).unique().sort()
-        path = data_file.file_path
-        table = pa.table(
-            {"file_path": pa.array([path] * len(pos), pa.string()), "pos": pos.to_arrow()},
-            schema=_ARROW_SCHEMA,
+        pairs = [(data_file, _sorted_positions(p)) for data_file, p in files]
+        if not pairs:
+            return []
+        codec = _DELETE_CODECS.get(self._codec, "zstd")
+        level = self._level if codec in ("zstd", "gzip") else None
+        buffers = [io.BytesIO() for _ in pairs]
+        pl.collect_all(
+            [
+                pl.DataFrame(
+                    {
+                        "file_path": pl.repeat(
+                            data_file.file_path, pos.len(), dtype=pl.String, eager=True
+                        ),
+                        "pos": pos,
+                    }
+                )
+                .lazy()
+                .sink_parquet(
+                    buffer,
+                    compression=codec,
+                    compression_level=level,
+                    statistics=True,
+                    arrow_schema=_ARROW_SCHEMA,
+                    credential_provider=None,
+                    lazy=True,
+                )
+                for (data_file, pos), buffer in zip(pairs, buffers, strict=True)
+            ]
         )
-        buffer = io.BytesIO()
-        codec = self._codec if self._codec in ("zstd", "snappy", "gzip", "lz4") else "zstd"
-        footers: list[pq.FileMetaData] = []
-        pq.write_table(
-            table,
-            buffer,
-            compression=codec,
-            compression_level=self._level,
-            metadata_collector=footers,
-        )
-        data = buffer.getvalue()
+        return [
+            self._register(data_file, pos, buffer.getvalue())
+            for (data_file, pos), buffer in zip(pairs, buffers, strict=True)
+        ]
+
+    def _register(self, data_file: DataFile, pos: pl.Series, data: bytes) -> DataFile:
+        """`data`, the delete file of `pos` of `data_file`, written out; its `DataFile`."""
+        footer = pq.read_metadata(pa.BufferReader(data))
         sizes = {PATH_FIELD_ID: 0, POS_FIELD_ID: 0}
         offsets = []
-        for footer in footers[:1]:
-            for g in range(footer.num_row_groups):
-                group = footer.row_group(g)
-                first = group.column(0)
-                offsets.append(first.dictionary_page_offset or first.data_page_offset)
-                sizes[PATH_FIELD_ID] += group.column(0).total_compressed_size
-                sizes[POS_FIELD_ID] += group.column(1).total_compressed_size
-        n = len(pos)
+        for g in range(footer.num_row_groups):
+            group = footer.row_group(g)
+            first = group.column(0)
+            offsets.append(first.dictionary_page_offset or first.data_page_offset)
+            sizes[PATH_FIELD_ID] += group.column(0).total_compressed_size
+            sizes[POS_FIELD_ID] += group.column(1).total_compressed_size
+        n = pos.len()
+        path = data_file.file_path
         location = self._put(data, suffix="-deletes")
         delete_file = DataFile.from_args(
             content=DataFileContent.POSITION_DELETES,
@@ -400,13 +438,11 @@ class DeleteFileWriter(TableFileWriter):
         delete_file.spec_id = data_file.spec_id  # (from_args does not set it)
         return delete_file
 
-    def write_many(self, files: Sequence[tuple[DataFile, pl.Series]]) -> list[DataFile]:
-        """`write` for each (data file, positions), a few at a time (pyarrow writes and the
-        FileIO's puts release the GIL), in order."""
-        if len(files) < 2:
-            return [self.write(f, p) for f, p in files]
-        with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(files))) as pool:
-            return list(pool.map(lambda pair: self.write(*pair), files))
+
+def _sorted_positions(positions: Iterable[int] | pl.Series) -> pl.Series:
+    """`positions` as distinct, ascending Int64 values named `pos`."""
+    pos = positions if isinstance(positions, pl.Series) else pl.Series("pos", list(positions))
+    return pos.cast(pl.Int64).unique().sort().rename("pos")
 
 
 def _pos_bound(pos: pl.Series, at: int) -> dict[int, bytes]:
