@@ -364,7 +364,8 @@ def test_writing_delete_files_does_not_import_pandas(tmp_path: Any) -> None:
     """A fresh process's first merge-on-read commit writes its delete files without importing
     pandas (pyarrow's `pa.array` of Python values does: ~0.18 s of the write), and the files read
     back as every reader reads them: one row per removed position, naming its data file, under
-    the spec's field ids, required."""
+    the spec's field ids, required, the path a plain (not large) string — iceberg-rust reads no
+    other."""
     out = subprocess.run(
         [sys.executable, "-c", DELETE_FILES_IN_A_FRESH_PROCESS, str(tmp_path)],
         capture_output=True,
@@ -383,3 +384,4 @@ def test_writing_delete_files_does_not_import_pandas(tmp_path: Any) -> None:
         assert fields["file_path"].metadata == {b"PARQUET:field_id": b"2147483546"}
         assert fields["pos"].metadata == {b"PARQUET:field_id": b"2147483545"}
         assert not fields["file_path"].nullable and not fields["pos"].nullable
+        assert (fields["file_path"].type, fields["pos"].type) == (pa.string(), pa.int64())

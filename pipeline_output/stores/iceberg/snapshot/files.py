@@ -32,7 +32,8 @@ import io
 import itertools
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Literal
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -293,12 +294,8 @@ PATH_FIELD_ID = 2147483546
 POS_FIELD_ID = 2147483545
 _ARROW_SCHEMA = pa.schema(
     [
-        # large_string: polars' own string type, as it writes it (the Parquet type is the same)
         pa.field(
-            "file_path",
-            pa.large_string(),
-            nullable=False,
-            metadata={"PARQUET:field_id": "2147483546"},
+            "file_path", pa.string(), nullable=False, metadata={"PARQUET:field_id": "2147483546"}
         ),
         pa.field("pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": "2147483545"}),
     ]
@@ -309,13 +306,8 @@ _SCHEMA = Schema(
     NestedField(POS_FIELD_ID, "pos", LongType(), required=True),
 )
 _EMPTY = pl.Series("pos", [], dtype=pl.Int64)
-# the table's codec as polars' writer names it (another: zstd)
-_DELETE_CODECS: dict[str, Literal["zstd", "snappy", "gzip", "lz4"]] = {
-    "zstd": "zstd",
-    "snappy": "snappy",
-    "gzip": "gzip",
-    "lz4": "lz4",
-}
+# delete files encoded at once: 20 small ones took 11-12 ms with 1 or 2, 14-20 ms with 4 (2 cores)
+WRITE_THREADS = 2
 
 
 def referenced_path(delete_file: DataFile) -> str | None:
@@ -359,11 +351,12 @@ class DeleteFileWriter(TableFileWriter):
     def write_many(
         self, files: Sequence[tuple[DataFile, Iterable[int] | pl.Series]]
     ) -> list[DataFile]:
-        """One delete file for each (data file, positions), in order, the files encoded by one
-        polars query (`collect_all` of one in-memory sink each, as `DataFileWriter._write_many`):
-        one query set up, not one writer per file, and no pyarrow conversion of Python values —
-        `pa.array` of a list imports pandas, ~0.18 s of a fresh process's first merge-on-read
-        commit (benchmarks/README.md, issue 44).
+        """One delete file for each (data file, positions), in order. Their rows are built as
+        one Arrow table by polars (`pa.array` of Python values imports pandas, ~0.18 s of a
+        fresh process's first merge-on-read commit: benchmarks/README.md, issue 44), each file
+        written from its slice of it, a few at a time (pyarrow's writes and the FileIO's puts
+        release the GIL). Written by pyarrow, typed `string`: polars' writer records its
+        `large_string`, and iceberg-rust reads a delete file's paths as `string` only.
 
         A file's statistics are known without reading it back: every row names its data file
         (the whole path is both bounds: readers associate the file with exactly that data
@@ -371,48 +364,47 @@ class DeleteFileWriter(TableFileWriter):
         pairs = [(data_file, _sorted_positions(p)) for data_file, p in files]
         if not pairs:
             return []
-        codec = _DELETE_CODECS.get(self._codec, "zstd")
-        level = self._level if codec in ("zstd", "gzip") else None
-        buffers = [io.BytesIO() for _ in pairs]
-        pl.collect_all(
-            [
-                pl.DataFrame(
-                    {
-                        "file_path": pl.repeat(
-                            data_file.file_path, pos.len(), dtype=pl.String, eager=True
-                        ),
-                        "pos": pos,
-                    }
-                )
-                .lazy()
-                .sink_parquet(
-                    buffer,
-                    compression=codec,
-                    compression_level=level,
-                    statistics=True,
-                    arrow_schema=_ARROW_SCHEMA,
-                    credential_provider=None,
-                    lazy=True,
-                )
-                for (data_file, pos), buffer in zip(pairs, buffers, strict=True)
-            ]
+        counts = pl.Series([pos.len() for _, pos in pairs], dtype=pl.Int64)
+        paths = pl.Series([data_file.file_path for data_file, _ in pairs], dtype=pl.String)
+        which = pl.int_range(len(pairs), eager=True).repeat_by(counts).explode()
+        rows = (
+            pl.DataFrame({"file_path": paths.gather(which.drop_nulls())})
+            .with_columns(pl.concat([pos for _, pos in pairs]))
+            .to_arrow()
+            .cast(_ARROW_SCHEMA)
         )
-        return [
-            self._register(data_file, pos, buffer.getvalue())
-            for (data_file, pos), buffer in zip(pairs, buffers, strict=True)
+        starts = [0, *itertools.accumulate(counts.to_list())]
+        jobs = [
+            (data_file, pos, rows.slice(starts[i], pos.len()))
+            for i, (data_file, pos) in enumerate(pairs)
         ]
+        if len(jobs) < 2:
+            return [self._write_one(*job) for job in jobs]
+        with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(jobs))) as pool:
+            return list(pool.map(lambda job: self._write_one(*job), jobs))
 
-    def _register(self, data_file: DataFile, pos: pl.Series, data: bytes) -> DataFile:
-        """`data`, the delete file of `pos` of `data_file`, written out; its `DataFile`."""
-        footer = pq.read_metadata(pa.BufferReader(data))
+    def _write_one(self, data_file: DataFile, pos: pl.Series, table: pa.Table) -> DataFile:
+        """The delete file of `data_file` holding `table` (its rows: `pos`, sorted)."""
+        buffer = io.BytesIO()
+        codec = self._codec if self._codec in ("zstd", "snappy", "gzip", "lz4") else "zstd"
+        footers: list[pq.FileMetaData] = []
+        pq.write_table(
+            table,
+            buffer,
+            compression=codec,
+            compression_level=self._level,
+            metadata_collector=footers,
+        )
+        data = buffer.getvalue()
         sizes = {PATH_FIELD_ID: 0, POS_FIELD_ID: 0}
         offsets = []
-        for g in range(footer.num_row_groups):
-            group = footer.row_group(g)
-            first = group.column(0)
-            offsets.append(first.dictionary_page_offset or first.data_page_offset)
-            sizes[PATH_FIELD_ID] += group.column(0).total_compressed_size
-            sizes[POS_FIELD_ID] += group.column(1).total_compressed_size
+        for footer in footers[:1]:
+            for g in range(footer.num_row_groups):
+                group = footer.row_group(g)
+                first = group.column(0)
+                offsets.append(first.dictionary_page_offset or first.data_page_offset)
+                sizes[PATH_FIELD_ID] += group.column(0).total_compressed_size
+                sizes[POS_FIELD_ID] += group.column(1).total_compressed_size
         n = pos.len()
         path = data_file.file_path
         location = self._put(data, suffix="-deletes")
