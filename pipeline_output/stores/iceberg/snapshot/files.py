@@ -306,7 +306,8 @@ _SCHEMA = Schema(
     NestedField(POS_FIELD_ID, "pos", LongType(), required=True),
 )
 _EMPTY = pl.Series("pos", [], dtype=pl.Int64)
-WRITE_THREADS = 4
+# delete files encoded at once: 20 small ones took 11-12 ms with 1 or 2, 14-20 ms with 4 (2 cores)
+WRITE_THREADS = 2
 
 
 def referenced_path(delete_file: DataFile) -> str | None:
@@ -344,18 +345,46 @@ class DeleteFileWriter(TableFileWriter):
         super().__init__(metadata, file_io, write_id=write_id, schema=_SCHEMA)
 
     def write(self, data_file: DataFile, positions: Iterable[int] | pl.Series) -> DataFile:
-        """One delete file removing `positions` (distinct, any order) of `data_file`.
+        """One delete file removing `positions` (distinct, any order) of `data_file`."""
+        return self.write_many([(data_file, positions)])[0]
 
-        Its statistics are known without reading the file back: every row names `data_file`
+    def write_many(
+        self, files: Sequence[tuple[DataFile, Iterable[int] | pl.Series]]
+    ) -> list[DataFile]:
+        """One delete file for each (data file, positions), in order. Their rows are built as
+        one Arrow table by polars (`pa.array` of Python values imports pandas, ~0.18 s of a
+        fresh process's first merge-on-read commit: benchmarks/README.md, issue 44), each file
+        written from its slice of it, a few at a time (pyarrow's writes and the FileIO's puts
+        release the GIL). Written by pyarrow, typed `string`: polars' writer records its
+        `large_string`, and iceberg-rust reads a delete file's paths as `string` only.
+
+        A file's statistics are known without reading it back: every row names its data file
         (the whole path is both bounds: readers associate the file with exactly that data
         file), no value is null, the positions' bounds are their first and last."""
-        pos = positions if isinstance(positions, pl.Series) else pl.Series("pos", list(positions))
-        pos = pos.cast(pl.Int64).unique().sort()
-        path = data_file.file_path
-        table = pa.table(
-            {"file_path": pa.array([path] * len(pos), pa.string()), "pos": pos.to_arrow()},
-            schema=_ARROW_SCHEMA,
+        pairs = [(data_file, _sorted_positions(p)) for data_file, p in files]
+        if not pairs:
+            return []
+        counts = pl.Series([pos.len() for _, pos in pairs], dtype=pl.Int64)
+        paths = pl.Series([data_file.file_path for data_file, _ in pairs], dtype=pl.String)
+        which = pl.int_range(len(pairs), eager=True).repeat_by(counts).explode()
+        rows = (
+            pl.DataFrame({"file_path": paths.gather(which.drop_nulls())})
+            .with_columns(pl.concat([pos for _, pos in pairs]))
+            .to_arrow()
+            .cast(_ARROW_SCHEMA)
         )
+        starts = [0, *itertools.accumulate(counts.to_list())]
+        jobs = [
+            (data_file, pos, rows.slice(starts[i], pos.len()))
+            for i, (data_file, pos) in enumerate(pairs)
+        ]
+        if len(jobs) < 2:
+            return [self._write_one(*job) for job in jobs]
+        with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(jobs))) as pool:
+            return list(pool.map(lambda job: self._write_one(*job), jobs))
+
+    def _write_one(self, data_file: DataFile, pos: pl.Series, table: pa.Table) -> DataFile:
+        """The delete file of `data_file` holding `table` (its rows: `pos`, sorted)."""
         buffer = io.BytesIO()
         codec = self._codec if self._codec in ("zstd", "snappy", "gzip", "lz4") else "zstd"
         footers: list[pq.FileMetaData] = []
@@ -376,7 +405,8 @@ class DeleteFileWriter(TableFileWriter):
                 offsets.append(first.dictionary_page_offset or first.data_page_offset)
                 sizes[PATH_FIELD_ID] += group.column(0).total_compressed_size
                 sizes[POS_FIELD_ID] += group.column(1).total_compressed_size
-        n = len(pos)
+        n = pos.len()
+        path = data_file.file_path
         location = self._put(data, suffix="-deletes")
         delete_file = DataFile.from_args(
             content=DataFileContent.POSITION_DELETES,
@@ -400,13 +430,11 @@ class DeleteFileWriter(TableFileWriter):
         delete_file.spec_id = data_file.spec_id  # (from_args does not set it)
         return delete_file
 
-    def write_many(self, files: Sequence[tuple[DataFile, pl.Series]]) -> list[DataFile]:
-        """`write` for each (data file, positions), a few at a time (pyarrow writes and the
-        FileIO's puts release the GIL), in order."""
-        if len(files) < 2:
-            return [self.write(f, p) for f, p in files]
-        with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(files))) as pool:
-            return list(pool.map(lambda pair: self.write(*pair), files))
+
+def _sorted_positions(positions: Iterable[int] | pl.Series) -> pl.Series:
+    """`positions` as distinct, ascending Int64 values named `pos`."""
+    pos = positions if isinstance(positions, pl.Series) else pl.Series("pos", list(positions))
+    return pos.cast(pl.Int64).unique().sort().rename("pos")
 
 
 def _pos_bound(pos: pl.Series, at: int) -> dict[int, bytes]:

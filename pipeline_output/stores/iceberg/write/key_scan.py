@@ -538,47 +538,52 @@ def _per_file(
     changed: pl.DataFrame,
     absent: pl.DataFrame,
 ) -> list[FileRows]:
-    """Each file's counts and positions, from one group-by (not a frame per file)."""
-    kinds = {
-        "deleted": deleted.select(G, pl.col(_OWN)),
-        "matched": matched.select(G, pl.lit(False).alias(_OWN)),
-        "changed": matched.join(changed, on=G, how="semi").select(G, pl.lit(False).alias(_OWN)),
-        "absent": absent.select(G, pl.lit(False).alias(_OWN)),
-    }
-    parts = [f.with_columns(pl.lit(k).alias("__po_kind__")) for k, f in kinds.items() if f.height]
-    found: dict[tuple[int, str], tuple[list[int], list[bool]]] = {}
-    if parts:
-        every = pl.concat(parts).with_columns(
-            reader.file_of(pl.col(G)).alias(F), reader.position(pl.col(G)).alias(POS)
-        )
-        for f, kind, pos, own in (
-            every.sort(POS).group_by(F, "__po_kind__").agg(pl.col(POS), pl.col(_OWN)).iter_rows()
-        ):
-            found[(f, kind)] = (pos, own)
-    dels = {
-        f: (pos, [p for p, o in zip(pos, own, strict=True) if o])
-        for (f, kind), (pos, own) in found.items()
-        if kind == "deleted"
-    }
-    hits = {f: (len(pos),) for (f, kind), (pos, _) in found.items() if kind == "matched"}
-    diffs = {f: (pos,) for (f, kind), (pos, _) in found.items() if kind == "changed"}
-    gone = {f: (pos,) for (f, kind), (pos, _) in found.items() if kind == "absent"}
+    """Each file's counts and positions: every kind of row sorted by file and position once,
+    each file's positions a zero-copy slice of that (no Python list of positions)."""
+    dels = _by_file(reader, deleted, own=True)
+    hits = _by_file(reader, matched.select(G))
+    diffs = _by_file(reader, matched.join(changed, on=G, how="semi").select(G))
+    gone = _by_file(reader, absent.select(G))
     out = []
     for f, task in enumerate(tasks):
         d = dels.get(f)
-        live = reader.counts[f] - (len(d[0]) if d is not None else 0)
-        rows = FileRows(task=task, index=f, live=live)
+        rows = FileRows(task=task, index=f, live=reader.counts[f] - (d[0].len() if d else 0))
         if d is not None:
-            rows.deleted = pl.Series(POS, d[0], dtype=pl.Int64)
-            if d[1]:
-                rows.own_deleted = pl.Series(POS, d[1], dtype=pl.Int64)
+            rows.deleted = d[0]
+            if d[1] is not None and d[1].len():
+                rows.own_deleted = d[1]
         if (h := hits.get(f)) is not None:
-            rows.matched = int(h[0])
+            rows.matched = h[0].len()
         if (c := diffs.get(f)) is not None:
-            rows.changed = pl.Series(POS, c[0], dtype=pl.Int64)
+            rows.changed = c[0]
         if (a := gone.get(f)) is not None:
-            rows.absent = pl.Series(POS, a[0], dtype=pl.Int64)
+            rows.absent = a[0]
         out.append(rows)
+    return out
+
+
+def _by_file(
+    reader: ColumnReader, rows: pl.DataFrame, *, own: bool = False
+) -> dict[int, tuple[pl.Series, pl.Series | None]]:
+    """The positions (`POS`, ascending) of `rows` (by `G`) in each file that has one; with
+    `own`, also those of them a file-scoped delete file of the file's own removes (`_OWN`)."""
+    if rows.height == 0:
+        return {}
+    found = rows.select(
+        reader.file_of(pl.col(G)).alias(F),
+        reader.position(pl.col(G)).alias(POS),
+        *([pl.col(_OWN)] if own else []),
+    ).sort(F, POS)
+    files = found.get_column(F)
+    which = files.unique(maintain_order=True)
+    starts = files.search_sorted(which, side="left").to_list()
+    ends = files.search_sorted(which, side="right").to_list()
+    pos = found.get_column(POS)
+    out: dict[int, tuple[pl.Series, pl.Series | None]] = {}
+    for f, i, j in zip(which.to_list(), starts, ends, strict=True):
+        mine = pos.slice(i, j - i)
+        mask = found.get_column(_OWN).slice(i, j - i) if own else None
+        out[int(f)] = (mine, mine.filter(mask) if mask is not None else None)
     return out
 
 
