@@ -21,7 +21,7 @@ from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.services.publish import ResolvedMode
 from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
 from pipeline_output.stores.iceberg.write import range_write
-from pipeline_output.stores.iceberg.write.range_write import ENCODE_THREADS
+from pipeline_output.stores.iceberg.write.range_write import ENCODE_FRAMES
 from pipeline_output_tests.dagster_runs import partition_meta
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -216,7 +216,7 @@ def test_a_range_run_logs_its_partitions_in_one_line(env, instance):
 
 def test_a_range_run_encodes_a_partition_while_the_next_is_computed(env, instance, monkeypatch):
     """A partition's Parquet files are written on another thread while the next partition is
-    computed (two cores: the encode is off the compute's path), with at most `ENCODE_THREADS`
+    computed (two cores: the encode is off the compute's path), with at most `ENCODE_FRAMES`
     partitions' frames held at once (waiting, encoding or being computed); partitions above
     `ENCODE_BYTES` are computed and written one at a time."""
     source: dict[str, Any] = {
@@ -255,7 +255,7 @@ def test_a_range_run_encodes_a_partition_while_the_next_is_computed(env, instanc
     defs = build_definitions(datasets=[ranged], with_maintenance=False)
     assert run(defs, instance, *DAYS)
     assert overlapped == [True] * (len(DAYS) - 1)
-    assert peak[0] <= ENCODE_THREADS
+    assert peak[0] <= ENCODE_FRAMES
     assert len(snapshots()) == 1
     assert_same_multiset(table(), pl.concat(source.values()))
 
@@ -263,6 +263,61 @@ def test_a_range_run_encodes_a_partition_while_the_next_is_computed(env, instanc
     monkeypatch.setattr(range_write, "ENCODE_BYTES", 1)  # every frame is "large"
     assert run(defs, instance, *DAYS)
     assert peak[0] == 1  # each partition computed once the one before was written
+    assert len(snapshots()) == 2
+    assert_same_multiset(table(), pl.concat(source.values()))
+
+
+def test_a_range_run_computes_partitions_ahead_of_a_slow_encode_up_to_its_frame_bound(
+    env, instance, monkeypatch
+):
+    """While a partition's encode is still running, the run computes the partitions after it —
+    not one only: the first partition's encode here ends only once the last partition's compute
+    started (every frame of the four held at once, within `ENCODE_FRAMES`). The bound holds:
+    with `ENCODE_FRAMES` 3 the fourth partition is computed only after the first is written."""
+    source: dict[str, Any] = {
+        d: day_rows(d, [n * 10 + i for i in range(3)]) for n, d in enumerate(DAYS)
+    }
+    started = {d: threading.Event() for d in DAYS}
+    order: list[tuple[str, str]] = []
+    waits_for = [DAYS[-1]]  # the partition whose compute the first partition's encode awaits
+    ahead: list[bool] = []
+    real = DataFileWriter.write
+
+    def write(self: DataFileWriter, frame: pl.DataFrame, **options: Any) -> list[Any]:
+        day = frame.get_column("day")[0].isoformat()
+        if day == DAYS[0]:
+            ahead.append(started[waits_for[0]].wait(timeout=10))
+        try:
+            return real(self, frame, **options)
+        finally:
+            order.append(("written", day))
+
+    monkeypatch.setattr(DataFileWriter, "write", write)
+
+    @dataset(**DAILY_REPLACE)
+    def ranged(partition_key: str) -> pl.DataFrame:
+        order.append(("computed", partition_key))
+        started[partition_key].set()
+        return source[partition_key]  # type: ignore[no-any-return]
+
+    defs = build_definitions(datasets=[ranged], with_maintenance=False)
+    assert len(DAYS) <= ENCODE_FRAMES
+    assert run(defs, instance, *DAYS)
+    assert ahead == [True]  # every partition computed while the first still encoded
+    assert order.index(("computed", DAYS[-1])) < order.index(("written", DAYS[0]))
+    assert len(snapshots()) == 1
+    assert_same_multiset(table(), pl.concat(source.values()))
+
+    for event in started.values():
+        event.clear()
+    order.clear()
+    ahead.clear()
+    waits_for[0] = DAYS[2]
+    monkeypatch.setattr(range_write, "ENCODE_FRAMES", 3)
+    assert run(defs, instance, *DAYS)
+    assert ahead == [True]  # two partitions computed ahead of the first's encode ...
+    # ... and the fourth only once the first was written: three frames held at most
+    assert order.index(("written", DAYS[0])) < order.index(("computed", DAYS[3]))
     assert len(snapshots()) == 2
     assert_same_multiset(table(), pl.concat(source.values()))
 
