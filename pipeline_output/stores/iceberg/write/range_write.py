@@ -204,7 +204,11 @@ class _Target:
         """`frame` in the table's columns and sort order, its keys and NaN counts: on the
         calling thread, so that the encode thread's work is the encode and the file's put (each
         Python step on it waits for the GIL the computing thread holds: issue 44)."""
-        aligned = sorted_for_write(align_to_schema(frame, self.schema, target=self.columns), spec)
+        # a frame in the table's columns, order and types already (the usual range run) is
+        # taken as it is: no polars query per partition on the computing thread
+        same = frame.schema == self.columns
+        aligned = frame if same else align_to_schema(frame, self.schema, target=self.columns)
+        aligned = sorted_for_write(aligned, spec)
         pk = list(spec.primary_key)
         keys = aligned.select(pk) if pk else None
         return _Prepared(part, aligned, keys, self.writer.nan_counts(aligned))
