@@ -286,8 +286,9 @@ class Publisher:
 
         In `iceberg` mode, unaudited, for a dataset whose partition write is a replace
         (`range_write.combines`): at most one table load, one writer lock and one commit — one
-        snapshot — for every partition, each computed and written to files in turn (one
-        partition in memory), nothing committed when any fails (`IcebergStore.write_range`); each partition
+        snapshot — for every partition, each computed and written to files in turn (a small
+        bounded batch of partitions in memory: `range_write.ENCODE_FRAMES` frames, under
+        `ENCODE_BYTES`), nothing committed when any fails (`IcebergStore.write_range`); each partition
         keeps its own result and deploy record (recorded in one ledger statement). Otherwise,
         and from a partition whose frame evolves the table's schema on: one `publish` (one
         commit) per partition."""

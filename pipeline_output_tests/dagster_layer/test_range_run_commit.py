@@ -21,7 +21,7 @@ from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.services.publish import ResolvedMode
 from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
 from pipeline_output.stores.iceberg.write import range_write
-from pipeline_output.stores.iceberg.write.range_write import ENCODE_THREADS
+from pipeline_output.stores.iceberg.write.range_write import ENCODE_FRAMES
 from pipeline_output_tests.dagster_runs import partition_meta
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -216,7 +216,7 @@ def test_a_range_run_logs_its_partitions_in_one_line(env, instance):
 
 def test_a_range_run_encodes_a_partition_while_the_next_is_computed(env, instance, monkeypatch):
     """A partition's Parquet files are written on another thread while the next partition is
-    computed (two cores: the encode is off the compute's path), with at most `ENCODE_THREADS`
+    computed (two cores: the encode is off the compute's path), with at most `ENCODE_FRAMES`
     partitions' frames held at once (waiting, encoding or being computed); partitions above
     `ENCODE_BYTES` are computed and written one at a time."""
     source: dict[str, Any] = {
@@ -255,7 +255,7 @@ def test_a_range_run_encodes_a_partition_while_the_next_is_computed(env, instanc
     defs = build_definitions(datasets=[ranged], with_maintenance=False)
     assert run(defs, instance, *DAYS)
     assert overlapped == [True] * (len(DAYS) - 1)
-    assert peak[0] <= ENCODE_THREADS
+    assert peak[0] <= ENCODE_FRAMES
     assert len(snapshots()) == 1
     assert_same_multiset(table(), pl.concat(source.values()))
 
@@ -263,6 +263,61 @@ def test_a_range_run_encodes_a_partition_while_the_next_is_computed(env, instanc
     monkeypatch.setattr(range_write, "ENCODE_BYTES", 1)  # every frame is "large"
     assert run(defs, instance, *DAYS)
     assert peak[0] == 1  # each partition computed once the one before was written
+    assert len(snapshots()) == 2
+    assert_same_multiset(table(), pl.concat(source.values()))
+
+
+def test_a_range_run_computes_partitions_ahead_of_a_slow_encode_up_to_its_frame_bound(
+    env, instance, monkeypatch
+):
+    """While a partition's encode is still running, the run computes the partitions after it —
+    not one only: the first partition's encode here ends only once the last partition's compute
+    started (every frame of the four held at once, within `ENCODE_FRAMES`). The bound holds:
+    with `ENCODE_FRAMES` 3 the fourth partition is computed only after the first is written."""
+    source: dict[str, Any] = {
+        d: day_rows(d, [n * 10 + i for i in range(3)]) for n, d in enumerate(DAYS)
+    }
+    started = {d: threading.Event() for d in DAYS}
+    order: list[tuple[str, str]] = []
+    waits_for = [DAYS[-1]]  # the partition whose compute the first partition's encode awaits
+    ahead: list[bool] = []
+    real = DataFileWriter.write
+
+    def write(self: DataFileWriter, frame: pl.DataFrame, **options: Any) -> list[Any]:
+        day = frame.get_column("day")[0].isoformat()
+        if day == DAYS[0]:
+            ahead.append(started[waits_for[0]].wait(timeout=10))
+        try:
+            return real(self, frame, **options)
+        finally:
+            order.append(("written", day))
+
+    monkeypatch.setattr(DataFileWriter, "write", write)
+
+    @dataset(**DAILY_REPLACE)
+    def ranged(partition_key: str) -> pl.DataFrame:
+        order.append(("computed", partition_key))
+        started[partition_key].set()
+        return source[partition_key]  # type: ignore[no-any-return]
+
+    defs = build_definitions(datasets=[ranged], with_maintenance=False)
+    assert len(DAYS) <= ENCODE_FRAMES
+    assert run(defs, instance, *DAYS)
+    assert ahead == [True]  # every partition computed while the first still encoded
+    assert order.index(("computed", DAYS[-1])) < order.index(("written", DAYS[0]))
+    assert len(snapshots()) == 1
+    assert_same_multiset(table(), pl.concat(source.values()))
+
+    for event in started.values():
+        event.clear()
+    order.clear()
+    ahead.clear()
+    waits_for[0] = DAYS[2]
+    monkeypatch.setattr(range_write, "ENCODE_FRAMES", 3)
+    assert run(defs, instance, *DAYS)
+    assert ahead == [True]  # two partitions computed ahead of the first's encode ...
+    # ... and the fourth only once the first was written: three frames held at most
+    assert order.index(("written", DAYS[0])) < order.index(("computed", DAYS[3]))
     assert len(snapshots()) == 2
     assert_same_multiset(table(), pl.concat(source.values()))
 
@@ -305,11 +360,13 @@ def test_a_range_runs_encode_thread_only_encodes_and_its_files_count_their_nans(
     """A partition's frame is put in the table's columns and order, and its keys and NaN values
     counted, on the run's own thread before it is handed to an encode thread: that thread's
     Python (which waits for the GIL the computing thread holds) is the encode's call and the
-    file's put. Each data file still records its own NaN count."""
+    file's put. A frame in the table's columns, order and types already is taken as it is (no
+    polars query on the computing thread); here every other partition's columns come in
+    another order. Each data file still records its own NaN count."""
     source: dict[str, Any] = {
-        d: day_rows(d, [n * 10 + i for i in range(3)]).with_columns(
-            amount=pl.Series([float("nan")] * n + [1.0] * (3 - n), dtype=pl.Float64)
-        )
+        d: day_rows(d, [n * 10 + i for i in range(3)])
+        .with_columns(amount=pl.Series([float("nan")] * n + [1.0] * (3 - n), dtype=pl.Float64))
+        .select(["id", "day", "amount"] if n % 2 == 0 else ["amount", "day", "id"])
         for n, d in enumerate(DAYS)
     }
     aligned_on: list[str] = []
@@ -322,10 +379,10 @@ def test_a_range_runs_encode_thread_only_encodes_and_its_files_count_their_nans(
     monkeypatch.setattr(range_write, "align_to_schema", align)
     caller = threading.current_thread().name
     assert run(defs_for(source), instance, *DAYS)
-    assert aligned_on == [caller] * len(DAYS)
+    assert aligned_on == [caller] * (len(DAYS) // 2)  # the reordered partitions only
     loaded = get_runtime().iceberg.load(NAME)
     assert loaded is not None
     amount = loaded.schema().find_field("amount").field_id
     nans = sorted(t.file.nan_value_counts[amount] for t in loaded.scan().plan_files())
     assert nans == [0, 1, 2, 3]
-    assert_same_multiset(table(), pl.concat(source.values()))
+    assert_same_multiset(table(), pl.concat(source.values(), how="diagonal"))

@@ -4,11 +4,16 @@ partitions of a `replace` dataset is one table load, one writer lock and one sna
 Each partition is computed and checked (its rows inside its slice, the capabilities, NOT
 NULLs) in turn on the calling thread, put there in the table's columns and order (its keys and
 NaN counts taken), and written to data files on one of `ENCODE_THREADS` threads while the next
-partition is computed (polars' Parquet encode releases the GIL; the encode thread runs little
-Python else, each step of which waits for the GIL the computing thread holds): at most
-`ENCODE_THREADS` partitions' frames are held at once (the one being computed included), and
-the next partition is computed only once those waiting or encoding are under `ENCODE_BYTES` —
-partitions larger than that are computed and written one at a time. Only each written
+partitions are computed (polars' Parquet encode releases the GIL; the encode thread runs little
+Python else, each step of which waits for the GIL the computing thread holds). Memory is a
+small bounded batch: at most `ENCODE_FRAMES` partitions' frames are held at once (those waiting
+or encoding and the one being computed), and the next partition is computed only once those
+waiting or encoding are under `ENCODE_BYTES` — partitions larger than that are computed and
+written one at a time. The queue is deeper than the threads because one partition's encode
+(single-threaded in polars, zstd) takes longer than a small partition's compute: with one frame
+of slack the computing thread waited for an encode on a third of a 90-partition run's
+partitions while a core idled; with a few queued, the encodes catch up in the compute's gaps
+(issue 44). Only each written
 partition's key columns are kept (keys stay unique across the run). The files are written
 against the table as this process's last write left it, else as loaded once (or, for a table
 that does not exist yet, against the transaction that creates it). Then the table's writer lock
@@ -118,11 +123,13 @@ if TYPE_CHECKING:
 _PART = "__po_part__"  # the index of the partition a key belongs to
 
 ENCODE_THREADS = 2
-"""The threads encoding a range run's partitions, and the most partitions' frames it holds at
-once (those waiting or encoding and the one being computed)."""
-ENCODE_BYTES = 256 * 1024 * 1024
+"""The threads encoding a range run's partitions (two cores: more only add GIL hand-offs)."""
+ENCODE_FRAMES = 6
+"""The most partitions' frames a range run holds at once: those waiting or encoding and the one
+being computed (100k rows of five columns: ~3 MB each)."""
+ENCODE_BYTES = 64 * 1024 * 1024
 """The next partition is computed once the frames waiting or encoding hold less than this
-(polars' estimate): a larger frame is encoded alone."""
+(polars' estimate): a larger frame is encoded alone, larger ones queue fewer."""
 
 
 def combines(spec: DatasetSpec) -> bool:
@@ -197,7 +204,11 @@ class _Target:
         """`frame` in the table's columns and sort order, its keys and NaN counts: on the
         calling thread, so that the encode thread's work is the encode and the file's put (each
         Python step on it waits for the GIL the computing thread holds: issue 44)."""
-        aligned = sorted_for_write(align_to_schema(frame, self.schema, target=self.columns), spec)
+        # a frame in the table's columns, order and types already (the usual range run) is
+        # taken as it is: no polars query per partition on the computing thread
+        same = frame.schema == self.columns
+        aligned = frame if same else align_to_schema(frame, self.schema, target=self.columns)
+        aligned = sorted_for_write(aligned, spec)
         pk = list(spec.primary_key)
         keys = aligned.select(pk) if pk else None
         return _Prepared(part, aligned, keys, self.writer.nan_counts(aligned))
@@ -249,7 +260,7 @@ def write_range(
                 try:
                     for part, compute in items:
                         while encoding and (
-                            len(encoding) >= ENCODE_THREADS
+                            len(encoding) >= ENCODE_FRAMES
                             or sum(size for _, size in encoding) >= ENCODE_BYTES
                         ):
                             parts.append(encoding.popleft()[0].result())
