@@ -251,7 +251,8 @@ class PipelineOutputResource(dg.ConfigurableResource["PipelineOutputResource"]):
             a run starts (the location binds it to be configured at launch, `bound_resource`):
             ~1.7 ms of CPU a run for the values `build_definitions` validated when the location
             loaded (issue 44)."""
-            key = _values_key(data)
+            values = _values_key(data)
+            key = (type(self), values) if values is not None else None  # a subclass: its own
             built = _BUILT.get(key) if key is not None else None
             if built is None:
                 super().__init__(**data)
@@ -373,8 +374,8 @@ class PipelineOutputResource(dg.ConfigurableResource["PipelineOutputResource"]):
         return f"{name} ({label})" if name else label
 
 
-_BUILT: dict[str, PipelineOutputResource] = {}
-"""A `PipelineOutputResource` built in this process per set of values (`_values_key`)."""
+_BUILT: dict[tuple[type, str], PipelineOutputResource] = {}
+"""A `PipelineOutputResource` built in this process per class and values (`_values_key`)."""
 _BUILT_MAX = 16
 
 

@@ -247,9 +247,14 @@ def test_a_runs_resource_with_the_locations_values_is_not_validated_again(
         namespaces.append(self.pipeline_output.namespace)
         real_handle(self, context, obj)
 
-    defs = build_definitions(
-        datasets=[orders], resource=_resource(pg_db_url, tmp_path / "warehouse", namespace="one")
-    )
+    located = _resource(pg_db_url, tmp_path / "warehouse", namespace="one")
+    defs = build_definitions(datasets=[orders], resource=located)
+
+    class Labelled(PipelineOutputResource):  # a subclass with the same values: built as its own
+        label: str = "labelled"
+
+    same = {"pg_url": located.pg_url, "catalog": located.catalog, "namespace": "one"}
+    assert Labelled(**same).label == "labelled"
     monkeypatch.setattr(ConfigurableResourceFactory, "__init__", init)
     monkeypatch.setattr(DatasetIOManager, "handle_output", handle)
     with dg.DagsterInstance.ephemeral() as instance:
