@@ -89,9 +89,13 @@ def _add_metadata(
 ) -> None:
     """The step's materialisation metadata; the arms written (`arms`, else the metadata's) noted
     for the step's own checks (`told`: the write said why `parity` is skipped —
-    `parity_skip_note` —, in its materialisation's `parity` or a range run's line)."""
+    `parity_skip_note` —, in its materialisation's `parity` or a range run's line).
+
+    An asset's metadata is added to its materialisation only (`add_asset_metadata`): as output
+    metadata Dagster also copied all of it into the step's `HANDLED_OUTPUT` event, serialised
+    and stored a second time in every run (issue 44). An op's output keeps it there."""
     if meta:
-        context.add_output_metadata(meta)
+        _materialisation_metadata(context, meta)
     arms = arms if arms is not None else meta.get("arms")
     try:
         run_id = context.run_id
@@ -99,6 +103,22 @@ def _add_metadata(
         return
     if arms is not None and context.has_asset_key:
         note_written(run_id, context.asset_key, str(arms), told=told)
+
+
+def _materialisation_metadata(context: dg.OutputContext, meta: dict[str, Any]) -> None:
+    """`meta` on the materialisation of the asset `context` writes, else (an op's output, a
+    context built outside a run) as output metadata."""
+    try:
+        step = context.step_context if context.has_asset_key else None
+    except (dg.DagsterInvariantViolationError, AttributeError):
+        step = None
+    if step is not None:
+        try:
+            step.add_asset_metadata(meta, asset_key=context.asset_key)
+            return
+        except dg.DagsterInvariantViolationError:  # not an asset step
+            pass
+    context.add_output_metadata(meta)
 
 
 def _parity_note(context: dg.OutputContext, mode: ResolvedMode) -> str | None:

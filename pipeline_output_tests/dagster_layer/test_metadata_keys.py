@@ -308,6 +308,43 @@ def test_a_dagster_partitioned_run_reports_each_partitions_row_count(env: str, m
         assert versions[2] == str(head.snapshot_id)  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("partitioned", [True, False])
+def test_a_writes_metadata_is_on_its_materialisation_and_not_repeated_on_its_handled_output(
+    env: str, partitioned: bool
+) -> None:
+    """Each event's metadata is serialised and stored in every run (issue 44): the write's
+    figures go on the materialisation only; the step's HANDLED_OUTPUT event says which IO
+    manager handled the output, without a copy of them."""
+    day = "2024-01-01"
+    days = dg.DailyPartitionsDefinition(start_date=day, end_date="2024-01-02")
+
+    @dataset(
+        "daily",
+        primary_key="id",
+        mode="iceberg",
+        partitions_def=days if partitioned else None,
+        partition_column="day" if partitioned else None,
+    )
+    def daily() -> pl.DataFrame:
+        return pl.DataFrame({"id": [1, 2], "day": [date.fromisoformat(day)] * 2})
+
+    defs = build_definitions(datasets=[daily], with_maintenance=False)
+    job = defs.resolve_implicit_global_asset_job_def()
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = job.execute_in_process(
+            instance=instance,
+            asset_selection=[daily.key],
+            partition_key=day if partitioned else None,
+        )
+    meta = mat_meta(result, "daily")
+    assert meta["iceberg/snapshot_id"] and meta["dagster/row_count"] == 2
+    assert ("dagster/partition_row_count" in meta) == partitioned
+    assert "parity" in meta  # the write's note on why `parity` compared nothing (iceberg only)
+    handled = [e for e in result.all_events if e.event_type == dg.DagsterEventType.HANDLED_OUTPUT]
+    assert len(handled) == 1
+    assert handled[0].event_specific_data.metadata == {}  # type: ignore[union-attr]
+
+
 def test_a_docstrings_columns_section_describes_columns() -> None:
     doc = """Sales.
 
