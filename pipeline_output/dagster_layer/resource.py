@@ -40,7 +40,6 @@ the collector paused and freezes them too (`infra/collector.py`).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import gc
 import importlib
@@ -50,7 +49,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import dagster as dg
 from pydantic import Field
@@ -242,32 +241,6 @@ class PipelineOutputResource(dg.ConfigurableResource["PipelineOutputResource"]):
         default=None, description="The arm downstream reads of a `dual` dataset use: pg or iceberg."
     )
 
-    if not TYPE_CHECKING:  # the typed constructor pydantic derives from the fields stays
-
-        def __init__(self, **data: Any) -> None:
-            """Validated as any resource, except with the same values as one this process built
-            already: then a copy of that one's fields and Dagster's state for them (validated, the
-            config schema inferred, once). Dagster builds the run's resource from its config when
-            a run starts (the location binds it to be configured at launch, `bound_resource`):
-            ~1.7 ms of CPU a run for the values `build_definitions` validated when the location
-            loaded (issue 44)."""
-            values = _values_key(data)
-            key = (type(self), values) if values is not None else None  # a subclass: its own
-            built = _BUILT.get(key) if key is not None else None
-            if built is None:
-                super().__init__(**data)
-                if key is not None:
-                    with _lock:
-                        if len(_BUILT) >= _BUILT_MAX:
-                            _BUILT.clear()
-                        _BUILT[key] = self
-                return
-            for name in ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__"):
-                held = getattr(built, name)
-                object.__setattr__(self, name, copy.copy(held))
-            private = built.__pydantic_private__
-            object.__setattr__(self, "__pydantic_private__", dict(private) if private else private)
-
     @property
     def configured(self) -> bool:
         """Whether this resource names the control plane and catalog itself (no environment)."""
@@ -372,32 +345,6 @@ class PipelineOutputResource(dg.ConfigurableResource["PipelineOutputResource"]):
             else _env_var_of(field if key is None else f"{field}.{key}", raw)
         )
         return f"{name} ({label})" if name else label
-
-
-_BUILT: dict[tuple[type, str], PipelineOutputResource] = {}
-"""A `PipelineOutputResource` built in this process per class and values (`_values_key`)."""
-_BUILT_MAX = 16
-
-
-def _values_key(data: Mapping[str, Any]) -> str | None:
-    """The resource's given values as a key, each with its type (a `dg.EnvVar` is a `str`);
-    None for a value of another kind than a string, None or a mapping of strings."""
-
-    def plain(value: Any) -> Any:
-        if value is None or type(value) is str:
-            return value
-        if isinstance(value, dg.EnvVar):
-            return {"env": str(value.env_var_name)}
-        if isinstance(value, Mapping):
-            return {str(k): plain(v) for k, v in value.items()}
-        raise TypeError
-
-    try:
-        return json.dumps(
-            {k: [type(v).__name__, plain(v)] for k, v in data.items()}, sort_keys=True
-        )
-    except TypeError:
-        return None
 
 
 _Resource = TypeVar("_Resource", bound="dg.ConfigurableResource[Any] | dg.ConfigurableIOManager")

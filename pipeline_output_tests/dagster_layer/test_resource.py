@@ -222,51 +222,6 @@ def test_a_run_validates_the_resources_config_once_and_still_takes_its_run_confi
     assert_same_multiset(_read(pg_db_url, tmp_path / "warehouse", "two.orders"), ROWS)
 
 
-def test_a_runs_resource_with_the_locations_values_is_not_validated_again(
-    no_environment: Path, pg_db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Dagster builds the run's resource from its config when the run starts: with the values
-    the location was loaded with, that is a copy of the resource built then (its fields
-    validated and its config schema inferred once a process, ~1.7 ms a run: issue 44); other
-    values (a run's config) are validated, and reach the write."""
-    from dagster._config.pythonic_config.resource import ConfigurableResourceFactory
-
-    from pipeline_output.dagster_layer.io_manager import DatasetIOManager
-
-    validated: list[str | None] = []
-    namespaces: list[str | None] = []
-    real_init = ConfigurableResourceFactory.__init__
-    real_handle = DatasetIOManager.handle_output
-
-    def init(self: Any, **data: Any) -> None:
-        if isinstance(self, PipelineOutputResource):
-            validated.append(data.get("namespace"))
-        real_init(self, **data)
-
-    def handle(self: DatasetIOManager, context: dg.OutputContext, obj: Any) -> None:
-        namespaces.append(self.pipeline_output.namespace)
-        real_handle(self, context, obj)
-
-    located = _resource(pg_db_url, tmp_path / "warehouse", namespace="one")
-    defs = build_definitions(datasets=[orders], resource=located)
-
-    class Labelled(PipelineOutputResource):  # a subclass with the same values: built as its own
-        label: str = "labelled"
-
-    same = {"pg_url": located.pg_url, "catalog": located.catalog, "namespace": "one"}
-    assert Labelled(**same).label == "labelled"
-    monkeypatch.setattr(ConfigurableResourceFactory, "__init__", init)
-    monkeypatch.setattr(DatasetIOManager, "handle_output", handle)
-    with dg.DagsterInstance.ephemeral() as instance:
-        assert run_assets(defs, instance, ["orders"]).success
-        assert validated == [], validated  # main: ["one"]
-        other = {"resources": {"pipeline_output": {"config": {"namespace": "two"}}}}
-        assert run_assets(defs, instance, ["orders"], run_config=other).success
-    assert validated == ["two"], validated
-    assert namespaces == ["one", "two"], namespaces
-    assert_same_multiset(_read(pg_db_url, tmp_path / "warehouse", "two.orders"), ROWS)
-
-
 @pytest.fixture
 def silent_server() -> Iterator[tuple[str, list[socket.socket]]]:
     """A control plane that accepts connections and never answers (a server hung or behind a
