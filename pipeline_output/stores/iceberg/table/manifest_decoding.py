@@ -53,7 +53,7 @@ import json
 import os
 import struct
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -874,6 +874,19 @@ _ENTRY_AT = {
     f.field_id: n for n, f in enumerate(MANIFEST_ENTRY_SCHEMAS[DEFAULT_READ_VERSION].fields)
 }
 _ENTRY_FIELDS = itemgetter(*(_ENTRY_AT[i] for i in (1, 3, 4, 2)))
+_PATH = itemgetter(_AT[100])
+_ENTRY_FILE = itemgetter(_ENTRY_AT[2])
+
+
+def file_paths(files: Iterable[DataFile]) -> list[str]:
+    """The files' paths, taken by C-level getters: no Python property call per file (a
+    compaction's commit matches 20,000 removed files against every live entry)."""
+    return list(map(_PATH, map(_VALUES, files)))
+
+
+def entry_file_paths(entries: Iterable[ManifestEntry]) -> list[str]:
+    """The paths of the entries' data files (`file_paths`)."""
+    return list(map(_PATH, map(_VALUES, map(_ENTRY_FILE, map(_VALUES, entries)))))
 
 
 def _hashable(value: Any) -> Any:
