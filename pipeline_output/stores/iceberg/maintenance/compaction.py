@@ -26,6 +26,7 @@ fast-forwards main to it, so main must not move meanwhile) is skipped, saying so
 from __future__ import annotations
 
 import io
+import operator
 import time
 import uuid
 from collections.abc import Callable
@@ -34,10 +35,9 @@ from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
-from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 from pyiceberg.expressions import BooleanExpression
 from pyiceberg.io import FileIO
@@ -448,23 +448,34 @@ def _ranges_in_order(
     of another kind of type: False."""
     name = key[0]
     field_ = schema.find_field(name)
-    if not isinstance(field_.field_type, (IntegerType, LongType, StringType, DateType)):
+    decode = _BOUND_DECODERS.get(type(field_.field_type))
+    if decode is None:
         return False
-    previous: Any = None
-    for task in tasks:
-        data_file = task.file
-        lower = (data_file.lower_bounds or {}).get(field_.field_id)
-        upper = (data_file.upper_bounds or {}).get(field_.field_id)
-        if (
-            lower is None
-            or upper is None
-            or (data_file.null_value_counts or {}).get(field_.field_id)
-        ):
-            return False
-        if previous is not None and not from_bytes(field_.field_type, lower) > previous:
-            return False
-        previous = from_bytes(field_.field_type, upper)
-    return True
+    column = field_.field_id
+    files = [task.file for task in tasks]
+    # (each file's bounds and null count taken once, decoded without pyiceberg's dispatch per
+    # value: 20,000 files' checks ran ~40 ms before the stream could start)
+    lowers: list[bytes | None] = [(f.lower_bounds or _NONE).get(column) for f in files]
+    uppers: list[bytes | None] = [(f.upper_bounds or _NONE).get(column) for f in files]
+    if None in lowers or None in uppers:
+        return False
+    if any((f.null_value_counts or _NONE).get(column) for f in files):
+        return False
+    starts = list(map(decode, cast(list[bytes], lowers)))
+    ends = list(map(decode, cast(list[bytes], uppers)))
+    return all(map(operator.gt, starts[1:], ends[:-1]))
+
+
+_NONE: dict[int, Any] = {}
+# an Iceberg bound's single-value serialization decoded (as `pyiceberg.conversions.from_bytes`:
+# little-endian integers, a long's 4 bytes when promoted from an int; UTF-8 strings), by C calls
+_INTEGER = partial(int.from_bytes, byteorder="little", signed=True)
+_BOUND_DECODERS: dict[type, Callable[[bytes], Any]] = {
+    IntegerType: _INTEGER,
+    DateType: _INTEGER,
+    LongType: _INTEGER,
+    StringType: partial(str, encoding="utf-8"),
+}
 
 
 def _aligned(rows: pl.LazyFrame, schema: Schema, have: pl.Schema) -> pl.LazyFrame:

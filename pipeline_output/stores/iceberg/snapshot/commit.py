@@ -87,6 +87,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
+from itertools import compress
 from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
@@ -149,6 +150,8 @@ from pipeline_output.stores.iceberg.table.file_io import Uploads, uploading
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
     RawManifest,
     Source,
+    entry_file_paths,
+    file_paths,
     packed,
     rewrite_manifest,
 )
@@ -578,10 +581,12 @@ class IndexedOverwrite(_OverwriteFiles):
 
     def _removed_with_their_data(self, index: ManifestIndex) -> None:
         """Add to the removed files every file-scoped delete file of a removed data file."""
+        deletes = [m for m in index.manifests if m.content == ManifestContent.DELETES]
+        if not deletes:  # (then no removed path is needed: 20,000 of a compaction's)
+            return
         gone = {f.file_path for f in self._deleted_data_files if f.content == DataFileContent.DATA}
         if not gone:
             return
-        deletes = [m for m in index.manifests if m.content == ManifestContent.DELETES]
         index.live.load(deletes)  # already read when the write planned with `tasks`
         for manifest in deletes:
             for entry in index.live[manifest.manifest_path]:
@@ -596,7 +601,7 @@ class IndexedOverwrite(_OverwriteFiles):
         each with its `data_file` bytes when the manifest's `RawManifest` has them. Matched by
         path (a data file's identity); no new entry per removed file: a compaction removes tens
         of thousands (~3.6 MB of restamped entries for 20,000, held through the commit)."""
-        gone = {f.file_path for f in self._deleted_data_files}
+        gone = set(file_paths(self._deleted_data_files))
         out: list[tuple[RawManifest | None, list[tuple[ManifestEntry, bytes | None]]]] = []
         found: set[str] = set()
         for manifest in index.read_manifests():
@@ -605,14 +610,14 @@ class IndexedOverwrite(_OverwriteFiles):
             datas: Sequence[bytes | None] = (
                 raw.data_files if raw is not None else [None] * len(live)
             )
-            pairs: list[tuple[ManifestEntry, bytes | None]] = []
-            for entry, data in zip(live, datas, strict=True):
-                path = entry.data_file.file_path
-                if path in gone:
-                    found.add(path)
-                    pairs.append((entry, data))
-            if pairs:
-                out.append((raw, pairs))
+            if len(datas) != len(live):
+                raise ValueError(f"manifest {manifest.manifest_path}: entries and bytes differ")
+            # matched by C-level calls, no Python per entry (a compaction's 20,000)
+            paths = entry_file_paths(live)
+            hits = list(map(gone.__contains__, paths))
+            if any(hits):
+                found.update(compress(paths, hits))
+                out.append((raw, list(compress(zip(live, datas, strict=True), hits))))
         if missing := sorted(gone - found):  # pyiceberg's `_validate_required_deletes`, by path
             raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
         return out
