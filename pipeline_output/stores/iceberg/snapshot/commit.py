@@ -117,6 +117,7 @@ from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.version import VERSION
 from pipeline_output.errors import (
     BadInput,
+    CorruptManifest,
     FilesRemoved,
     LockUnavailable,
     MaintenanceConflict,
@@ -611,7 +612,9 @@ class IndexedOverwrite(_OverwriteFiles):
                 raw.data_files if raw is not None else [None] * len(live)
             )
             if len(datas) != len(live):
-                raise ValueError(f"manifest {manifest.manifest_path}: entries and bytes differ")
+                raise CorruptManifest(
+                    f"manifest {manifest.manifest_path}: its entries and their bytes differ in number"
+                )
             # matched by C-level calls, no Python per entry (a compaction's 20,000)
             paths = entry_file_paths(live)
             hits = list(map(gone.__contains__, paths))
