@@ -479,51 +479,6 @@ def test_expiry_reads_the_expired_snapshots_own_manifest_lists_before_its_locks(
     assert_same_multiset(h.store().read(SPEC.name), frame(range(121), 0))
 
 
-def test_the_orphan_pass_after_an_expiry_decodes_none_of_the_manifests_the_expiry_decoded(
-    h: Harness, monkeypatch: pytest.MonkeyPatch
-):
-    """The live entries the expiry decoded for what it must not delete (the compaction's
-    manifest) are what the orphan pass right after it needs: it decodes none of them again (a
-    manifest never changes), finds the same orphans as ever — a killed write's file, a stray
-    manifest — and deletes only them; a manifest written since (a later write) is decoded."""
-    from pipeline_output.stores.iceberg.maintenance import orphans
-
-    _compacted_121_files(h)
-    decoded: list[tuple[str, str]] = []  # (which pass, manifest path)
-    step = ["expiry"]
-    entry_columns = orphans.entry_columns
-
-    def spy(io: Any, manifest: Any) -> Any:
-        decoded.append((step[0], manifest.manifest_path))
-        return entry_columns(io, manifest)
-
-    monkeypatch.setattr(orphans, "entry_columns", spy)
-    store = h.store()
-    store.expire_snapshots(SPEC, older_than=timedelta(0), retain_last=1)
-    table = h.table(SPEC)
-    live = {m.manifest_path for m in table.current_snapshot().manifests(table.io)}
-    by_expiry = {path for which, path in decoded if which == "expiry"}
-    assert live & by_expiry  # the expiry decoded what stays, to keep it
-    killed = _orphan_data_file(h)
-    stray = Path(table.location().removeprefix("file://")) / "metadata" / f"{uuid.uuid4()}-m0.avro"
-    stray.write_bytes(b"not referenced")
-
-    step[0] = "orphans"
-    removed = store.remove_orphans(SPEC, grace_s=0)
-
-    assert [path for which, path in decoded if which == "orphans"] == []
-    assert removed.files == 2 and not any(Path(p).exists() for p in [*killed, str(stray)])
-    assert unreferenced(h.table(SPEC)) == []
-    assert_same_multiset(h.store().read(SPEC.name), frame(range(121), 0))
-
-    h.store().write(SPEC, frame([500], 0))  # its manifest: new, decoded by the next pass
-    step[0] = "again"
-    assert store.remove_orphans(SPEC, grace_s=0).files == 0
-    again = {path for which, path in decoded if which == "again"}
-    assert again and again.isdisjoint(by_expiry)
-    assert_same_multiset(h.store().read(SPEC.name), frame([*range(121), 500], 0))
-
-
 def test_local_deletes_start_while_later_locations_are_still_being_sorted_out(tmp_path: Path):
     """The first batches of local files are deleted while the later locations are still being
     handed over (a cleanup's first unlink waits for no other file's location): halfway through

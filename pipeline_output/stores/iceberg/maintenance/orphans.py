@@ -21,7 +21,6 @@ import os
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
@@ -88,8 +87,7 @@ class ManifestReader:
     """Reads each manifest list and each manifest's entries once (a manifest is shared by many
     snapshots), with the path-only decoder (`manifest_decoding.entry_columns`). A manifest is
     not read when its counts say it holds none of the entries asked for (live ones; removed
-    ones). A manifest with live entries that another reader of this process decoded lately is
-    not decoded again (`_Decoded`: the orphan pass after an expiry)."""
+    ones)."""
 
     def __init__(self, io: FileIO) -> None:
         self.io = io
@@ -180,18 +178,10 @@ class ManifestReader:
         return self._lists[snapshot.manifest_list]
 
     def _read(self, manifest: ManifestFile) -> EntryColumns:
-        live = manifest.has_added_files() or manifest.has_existing_files()
-        key = (manifest.manifest_path, manifest.manifest_length)
-        found = _DECODED.get(key) if live else None
-        if found is not None:
-            statuses, owners, paths = found
-        else:
-            try:
-                statuses, owners, paths = entry_columns(self.io, manifest)
-            except (OSError, ValueError):
-                return [], [], []
-            if live:
-                _DECODED.put(key, (statuses, owners, paths))
+        try:
+            statuses, owners, paths = entry_columns(self.io, manifest)
+        except (OSError, ValueError):
+            return [], [], []
         seen = self._seen  # `file:///x` is `/x` without a call (`_local_path`; 20,000 a cleanup)
         keys = [p[7:] if p.startswith("file:///") else seen(p) for p in paths]
         return statuses, owners, keys
@@ -201,45 +191,6 @@ class ManifestReader:
         if _local_path(location) is None:  # else deleted by `key` itself (`location`)
             self.locations[key] = location
         return key
-
-
-class _Decoded:
-    """The entries (status, snapshot id, path as written) of the manifests with live entries
-    this process decoded last, by (path, length), up to `DECODED_ENTRIES` entries in all: a
-    manifest never changes once written, and the orphan pass after an expiry reads the very
-    manifests the expiry read for what it must not delete (a 200-partition compaction's
-    manifest: 200 entries in blocks of one, ~6 ms of fastavro). Removed-only manifests (a
-    compaction's 20,000 removed entries) are read once and not kept."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[str, int], EntryColumns] = OrderedDict()
-        self._count = 0
-
-    def get(self, key: tuple[str, int]) -> EntryColumns | None:
-        with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                self._entries.move_to_end(key)
-            return found
-
-    def put(self, key: tuple[str, int], entries: EntryColumns) -> None:
-        size = len(entries[0])
-        if size > self.limit:
-            return
-        with self._lock:
-            if key in self._entries:
-                return
-            self._entries[key] = entries
-            self._count += size
-            while self._count > self.limit:
-                _, old = self._entries.popitem(last=False)
-                self._count -= len(old[0])
-
-
-DECODED_ENTRIES = 50_000  # entries kept at most (~6 MB of paths)
-_DECODED = _Decoded(DECODED_ENTRIES)
 
 
 def referenced(table: Table, reader: ManifestReader | None = None) -> set[str]:
