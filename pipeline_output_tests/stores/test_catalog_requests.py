@@ -605,7 +605,6 @@ def test_a_partition_run_decodes_no_manifest_its_process_last_committed(
     neither again, nor the manifests a merge-append merges. What it kept is what the files
     hold, and the table reads the same through another pyiceberg handle after a re-run that
     replaces a slice."""
-    from pyiceberg.table.snapshots import Snapshot
 
     from pipeline_output.stores.iceberg.snapshot import manifests
     from pipeline_output.stores.iceberg.table.manifest_decoding import read_manifest
@@ -613,18 +612,18 @@ def test_a_partition_run_decodes_no_manifest_its_process_last_committed(
     store = IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url))
     partition_run(store, 1)
     decoded: list[str] = []
-    real_read, real_list = manifests.read_manifest, Snapshot.manifests
+    real_read, real_list = manifests.read_manifest, manifests.manifest_list
 
     def counted_read(manifest: Any, io: Any, **options: Any) -> Any:
         decoded.append(manifest.manifest_path)
         return real_read(manifest, io, **options)
 
-    def counted_list(snapshot: Any, io: Any) -> Any:
+    def counted_list(io: Any, snapshot: Any) -> Any:
         decoded.append(snapshot.manifest_list)
-        return real_list(snapshot, io)
+        return real_list(io, snapshot)
 
     monkeypatch.setattr(manifests, "read_manifest", counted_read)
-    monkeypatch.setattr(Snapshot, "manifests", counted_list)
+    monkeypatch.setattr(manifests, "manifest_list", counted_list)
     days = range(2, 21)  # past the 16 manifests a merge-append merges
     for day in days:
         partition_run(store, day)

@@ -10,8 +10,8 @@ from typing import Any
 
 import polars as pl
 import pytest
+from pyiceberg.avro.file import AvroFileHeader
 from pyiceberg.manifest import ManifestContent
-from pyiceberg.table.snapshots import Snapshot
 
 from pipeline_output import DatasetSpec, IcebergStore
 from pipeline_output.infra.locks import AdvisoryLock
@@ -195,7 +195,7 @@ def test_a_process_reads_each_manifest_once_across_its_writes(
     before = _clustered_table(store, "clustered_reread")
     spec = _spec("clustered_reread", "snapshot_replace", "copy-on-write")
     reads = _counted_manifest_reads(monkeypatch)
-    lists = _counted(monkeypatch, Snapshot, "manifests", lambda s: s.manifest_list)
+    lists = _counted(monkeypatch, manifests, "manifest_list", lambda io, s: s.manifest_list)
     manifests.READ_MANIFESTS.clear()
     table = store.load(spec)
     assert table is not None
@@ -212,11 +212,13 @@ def test_a_process_reads_each_manifest_once_across_its_writes(
     assert reads == []  # the write planned from the manifests read before
     table = store.load(spec)
     assert table is not None
-    now = {m.manifest_path for m in read_index(table).manifests}
+    written = [m for m in read_index(table).manifests if m.manifest_path not in every]
     read_index(table).tasks()
-    # of what the commit wrote, only the manifest it copied from the old ones' bytes is read;
-    # the one it encoded (the write's added and deleted entries) and its list were kept
-    assert set(reads) < now - every and reads
+    # of what the commit wrote nothing is read: the manifest it encoded (the write's added
+    # entries) and its list were kept, and the one it copied from the old ones' bytes holds the
+    # removed entries only (DELETED: its list entry says it holds no live file)
+    assert reads == []
+    assert [m.deleted_files_count > 0 for m in written if not m.added_files_count] == [True]
     assert len(lists) == 1
     assert_same_multiset(store.read(spec), expected)
     assert_same_multiset(pl.from_arrow(table.scan().to_arrow()), expected)  # type: ignore[arg-type]
@@ -252,19 +254,48 @@ def test_the_manifests_a_process_keeps_stay_within_their_byte_budget(
     assert small.kept_bytes == 0
 
 
+def test_planning_reads_no_manifest_of_deleted_entries_only_and_resolves_each_schema_once(
+    store: IcebergStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot that removes files lists a manifest of DELETED entries: its list entry says it
+    holds no live file, so planning never reads it. The manifests read share one Avro schema:
+    its reader is resolved once (pyiceberg resolves one per file), and the plan is pyiceberg's."""
+    before = _clustered_table(store, "clustered_deleted_only")
+    spec = _spec("clustered_deleted_only", "snapshot_replace", "copy-on-write")
+    batch = _rows("r4", range(190, 210), version=2)
+    expected = expect("snapshot_replace", before, batch, ["region", "id"]).table
+    for _ in range(2):
+        store.write(spec, batch)
+        assert_same_multiset(store.read(spec), expected)
+    table = store.load(spec)
+    assert table is not None
+    listed = read_index(table).manifests
+    removed = [m for m in listed if m.added_files_count == 0 and m.existing_files_count == 0]
+    assert removed and all(m.deleted_files_count for m in removed)
+    manifests.READ_MANIFESTS.clear()
+    reads = _counted_manifest_reads(monkeypatch)
+    schemas = _counted(monkeypatch, AvroFileHeader, "get_schema", lambda header: "")
+    tasks = read_index(table).tasks()
+    assert reads and not {m.manifest_path for m in removed} & set(reads)
+    assert len(reads) >= 3 and len(schemas) <= 1
+    assert sorted(t.file.file_path for t in tasks) == sorted(
+        t.file.file_path for t in table.scan().plan_files()
+    )
+
+
 def _counted_manifest_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The paths of the manifests decoded from now on, in order (a cache hit decodes none)."""
-    return _counted(monkeypatch, manifests, "read_manifest", lambda m: m.manifest_path)
+    return _counted(monkeypatch, manifests, "read_manifest", lambda m, io: m.manifest_path)
 
 
 def _counted(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, path: Any) -> list[str]:
-    """`owner.name(first, io)` wrapped: the `path` of each `first` it is called with, in order."""
+    """`owner.name(*args)` wrapped: the `path(*args)` of each call, in order."""
     calls: list[str] = []
     real = getattr(owner, name)
 
-    def counted(first: Any, io: Any) -> Any:
-        calls.append(path(first))
-        return real(first, io)
+    def counted(*args: Any, **options: Any) -> Any:
+        calls.append(path(*args))
+        return real(*args, **options)
 
     monkeypatch.setattr(owner, name, counted)
     return calls

@@ -121,6 +121,7 @@ from pipeline_output.stores.iceberg.table.manifest_decoding import (
     PartialDataFile,
     RawManifest,
     manifest_bytes,
+    manifest_list,
     partition_values,
     read_manifest,
 )
@@ -281,7 +282,7 @@ class ReadManifests:
             if kept is not None:
                 self._lists[path] = kept
                 return list(kept)
-        read = tuple(snapshot.manifests(io))
+        read = tuple(manifest_list(io, snapshot))
         with self._lock:
             self._lists[path] = read
             while len(self._lists) > self.LISTS:
@@ -395,6 +396,11 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
     def load(self, manifests: list[ManifestFile]) -> None:
         """Read the entries of those `manifests` not read yet, in parallel."""
         todo = [m for m in manifests if m.manifest_path not in self._read]
+        if any(map(_holds_none, todo)):
+            with self._lock:
+                for m in filter(_holds_none, todo):
+                    self._read.setdefault(m.manifest_path, [])
+            todo = [m for m in todo if not _holds_none(m)]
         if len(todo) > 1 and self.bounds is not None:
             # a planner's read: the bytes fetched in parallel, decoded on this thread one after
             # the other — decoded on the pool's threads, each thread's allocator arena kept its
@@ -454,6 +460,8 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
         return manifest_bytes(self._io, manifest)
 
     def _fetch(self, manifest: ManifestFile, *, data: bytes | None = None) -> list[ManifestEntry]:
+        if _holds_none(manifest):
+            return []
         entries, raw = READ_MANIFESTS.read(manifest, self._io, bounds=self.bounds, data=data)
         if raw is not None:
             with self._lock:
@@ -462,6 +470,13 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
             with self._lock:
                 self._unread.add(manifest.manifest_path)
         return entries
+
+
+def _holds_none(manifest: ManifestFile) -> bool:
+    """Whether the manifest list says the manifest holds no live entry (every one DELETED: what
+    a snapshot that removes files writes): nothing to read. Counts a list does not record (v1)
+    say nothing."""
+    return manifest.added_files_count == 0 and manifest.existing_files_count == 0
 
 
 _NO_DELETES = cast(set[DataFile], frozenset())  # a task's delete files when none apply

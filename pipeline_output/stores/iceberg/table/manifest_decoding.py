@@ -53,6 +53,7 @@ import json
 import os
 import struct
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -69,7 +70,9 @@ from pyiceberg.avro.codecs import KNOWN_CODECS
 from pyiceberg.avro.codecs.codec import Codec
 from pyiceberg.avro.codecs.deflate import DeflateCodec
 from pyiceberg.avro.decoder import new_decoder
-from pyiceberg.avro.file import MAGIC, SYNC_SIZE, AvroFile
+from pyiceberg.avro.file import MAGIC, META_SCHEMA, SYNC_SIZE, AvroFile, AvroFileHeader
+from pyiceberg.avro.reader import Reader
+from pyiceberg.avro.resolver import construct_reader, resolve_reader
 from pyiceberg.io import FileIO, OutputFile
 from pyiceberg.manifest import (
     DATA_FILE_TYPE,
@@ -584,7 +587,7 @@ def read_manifest(
             return planned
     entries: list[ManifestEntry] = []
     raws: list[bytes] = []
-    with AvroFile[ManifestEntry](
+    with ResolvedAvroFile(
         io.new_input(manifest.manifest_path),
         MANIFEST_ENTRY_SCHEMAS[DEFAULT_READ_VERSION],
         read_types={-1: ManifestEntry, 2: DataFile},
@@ -616,6 +619,68 @@ def read_manifest(
                     raws.append(block[_after_prefix(block, start) : records.tell()])
     raw = RawManifest(meta=meta, codec=codec, data_files=raws) if reusable else None
     return entries, raw
+
+
+class ResolvedAvroFile(AvroFile[Any]):
+    """pyiceberg's `AvroFile`, its file schema and reader tree resolved once per process for
+    each Avro schema text and read schema (`_resolved`), not once per file: pyiceberg converts
+    every file's header schema to an Iceberg schema and resolves a reader against the read
+    schema, ~0.9 ms a manifest, as much as decoding 80 entries (benchmarks/README.md, issue
+    44, "Session 11"). Every manifest a table's writer writes carries the same schema text.
+    pyiceberg's readers keep no state between records: one tree serves every file and thread."""
+
+    def __enter__(self) -> ResolvedAvroFile:
+        with self.input_file.open() as stream:
+            self.decoder = new_decoder(stream.read())
+        self.header = _HEADER.read(self.decoder)
+        self.schema, self.reader = _resolved(
+            self.header, self.read_schema, self.read_types, self.read_enums
+        )
+        if not self.read_schema:
+            self.read_schema = self.schema
+        return self
+
+
+_HEADER = construct_reader(META_SCHEMA, {-1: AvroFileHeader})
+_RESOLVED: OrderedDict[tuple[Any, ...], tuple[Schema, Schema | None, Reader]] = OrderedDict()
+_RESOLVED_KEPT = 64  # distinct (schema text, read schema) pairs: a spec per table, a few tables
+
+
+def _resolved(
+    header: AvroFileHeader,
+    read_schema: Schema | None,
+    read_types: Mapping[int, Callable[..., Any]],
+    read_enums: Mapping[int, Callable[..., Any]],
+) -> tuple[Schema, Reader]:
+    """The file schema of `header` and its reader against `read_schema`, resolved once."""
+    text = header.meta.get("avro.schema")
+    key = (text, id(read_schema), tuple(read_types.items()), tuple(read_enums.items()))
+    with _LOCK:
+        found = _RESOLVED.get(key)
+        if found is not None and found[1] is read_schema:  # (the id of a live object)
+            _RESOLVED.move_to_end(key)
+            return found[0], found[2]
+    schema = header.get_schema()
+    reader = resolve_reader(schema, read_schema or schema, dict(read_types), dict(read_enums))
+    with _LOCK:
+        _RESOLVED[key] = (schema, read_schema, reader)
+        while len(_RESOLVED) > _RESOLVED_KEPT:
+            _RESOLVED.popitem(last=False)
+    return schema, reader
+
+
+def manifest_list(file_io: FileIO, snapshot: Snapshot) -> list[ManifestFile]:
+    """The snapshot's manifest list as pyiceberg's `read_manifest_list` reads it, its reader
+    resolved once per schema (`ResolvedAvroFile`)."""
+    if not snapshot.manifest_list:
+        return list(snapshot.manifests(file_io))
+    with ResolvedAvroFile(
+        file_io.new_input(snapshot.manifest_list),
+        _MANIFEST_FILE,
+        read_types={-1: ManifestFile, 508: PartitionFieldSummary},
+        read_enums={517: ManifestContent},
+    ) as reader:
+        return list(reader)
 
 
 def manifest_bytes(io: FileIO, manifest: ManifestFile) -> bytes:
