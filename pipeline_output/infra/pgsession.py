@@ -15,6 +15,7 @@ sessions it inherited (they stay its parent's).
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from contextlib import suppress
@@ -30,6 +31,8 @@ SESSION_OPTIONS = "-c TimeZone=UTC"
 
 def _options(existing: object) -> str:
     text = str(existing or "").strip()
+    if text == SESSION_OPTIONS or text.endswith(" " + SESSION_OPTIONS):
+        return text  # added already: `session_conninfo` of its own result is that result
     return f"{text} {SESSION_OPTIONS}".strip()
 
 
@@ -105,10 +108,18 @@ _POOL = _Pool()
 
 
 class _Lease:
-    """One pooled session, for one `with` block."""
+    """One pooled session, for one `with` block (or, `share`d, the session of a block this
+    thread is in)."""
 
-    def __init__(self, url: str, connect_timeout: int | None) -> None:
+    def __init__(self, url: str, connect_timeout: int | None, *, share: bool = False) -> None:
+        # pooled by the session's conninfo: a URL given with the session options already (the
+        # SQL catalog's, derived from its SQLAlchemy URL) shares the control plane's sessions
+        url = _session_key(url)
         self.url = url
+        self.shared = _in_use(url) if share else None
+        if self.shared is not None:
+            self.conn = self.shared
+            return
         conn = _POOL.take(url)
         if conn is None:
             timeout = {} if connect_timeout is None else {"connect_timeout": connect_timeout}
@@ -116,19 +127,59 @@ class _Lease:
         self.conn = conn
 
     def __enter__(self) -> psycopg.Connection[Any]:
+        if self.shared is None:
+            _leased().append((self.url, self.conn))
         return self.conn
 
     def __exit__(self, kind: object, *_: object) -> None:
+        if self.shared is not None:  # the block that leased it returns or closes it
+            return
+        leased = _leased()
+        with suppress(ValueError):
+            leased.remove((self.url, self.conn))
         _POOL.give(self.url, self.conn, clean=kind is None)
 
 
-def pooled(url: str, *, connect_timeout: int | None = None) -> _Lease:
+_THREAD = threading.local()
+
+
+def _leased() -> list[tuple[str, psycopg.Connection[Any]]]:
+    """The sessions this thread's open `with pooled(...)` blocks hold, innermost last."""
+    found: list[tuple[str, psycopg.Connection[Any]]] | None = getattr(_THREAD, "leased", None)
+    if found is None:
+        found = []
+        _THREAD.leased = found
+    return found
+
+
+def _in_use(url: str) -> psycopg.Connection[Any] | None:
+    """The innermost session of `url` this thread holds in a `with pooled(...)` block, when it
+    is usable for one more statement: open and outside any transaction."""
+    conn = next((c for held, c in reversed(_leased()) if held == url), None)
+    if conn is None or conn.closed or conn.broken:
+        return None
+    idle: bool = conn.info.transaction_status == pq.TransactionStatus.IDLE
+    return conn if idle else None
+
+
+@functools.lru_cache(maxsize=32)
+def _session_key(url: str) -> str:
+    return session_conninfo(url)
+
+
+def pooled(url: str, *, connect_timeout: int | None = None, share: bool = False) -> _Lease:
     """An autocommit session of this process's pool (opened now when none is idle — within
-    `connect_timeout` seconds when given —: a `psycopg.Error` then), for a `with` block; returned to the pool after it when the block ended
-    without an exception and the session is idle — the caller leaves no session state behind
-    (its session advisory locks released, settings reset); a failed block's session is closed
-    (closing releases whatever it held)."""
-    return _Lease(url, connect_timeout)
+    `connect_timeout` seconds when given —: a `psycopg.Error` then), for a `with` block;
+    returned to the pool after it when the block ended without an exception and the session is
+    idle — the caller leaves no session state behind (its session advisory locks released,
+    settings reset); a failed block's session is closed (closing releases whatever it held).
+
+    `share`: for a block of single autocommit statements that leave no session state (the SQL
+    catalog's lookups and swaps), the session of a `with pooled(url)` block this thread is in
+    already — a write's lock session: one session for both, no second connection opened while
+    the lock is held — when that session is outside any transaction; that block returns or
+    closes it, not this one."""
+    return _Lease(url, connect_timeout, share=share)
 
 
 def adbc_connect(url: str) -> Any:

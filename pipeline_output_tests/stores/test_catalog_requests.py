@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import psycopg
 import pyarrow as pa
 import pytest
 from sqlalchemy import event
@@ -175,9 +176,10 @@ def test_an_upsert_on_seaweedfs_sends_one_put_an_object_and_one_get_a_read_witho
 
 @contextmanager
 def catalog_statements(target: Any = Engine) -> Iterator[list[tuple[str, bool]]]:
-    """The statements on the catalog's tables an engine (every engine: `Engine`) sends during
-    the block, each with whether it ran outside a transaction (autocommit: no BEGIN / COMMIT
-    round trips around it)."""
+    """The statements on the catalog's tables sent during the block by an engine (every engine:
+    `Engine`) or by a psycopg session of the process (the catalog's plain statements run on
+    the pooled sessions: `FlatSqlCatalog._po_run`), each with whether it ran outside a
+    transaction (autocommit: no BEGIN / COMMIT round trips around it)."""
     seen: list[tuple[str, bool]] = []
 
     def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
@@ -186,10 +188,20 @@ def catalog_statements(target: Any = Engine) -> Iterator[list[tuple[str, bool]]]
                 (statement.split()[0].upper(), bool(conn.connection.dbapi_connection.autocommit))
             )
 
+    real = psycopg.Connection.execute
+
+    def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        statement = query if isinstance(query, str) else query.as_string(self)
+        if "iceberg_" in statement and "sqlalchemy" not in type(self).__module__:
+            seen.append((statement.split()[0].upper(), bool(self.autocommit)))
+        return real(self, query, *args, **kwargs)
+
     event.listen(target, "before_cursor_execute", before)
+    psycopg.Connection.execute = execute  # type: ignore[method-assign]
     try:
         yield seen
     finally:
+        psycopg.Connection.execute = real  # type: ignore[method-assign]
         event.remove(target, "before_cursor_execute", before)
 
 
@@ -219,6 +231,51 @@ def test_a_write_on_the_sql_catalog_is_one_load_and_one_update_outside_transacti
     first, then = counted
     assert first == [("SELECT", True), ("UPDATE", True)], first
     assert then == [("UPDATE", True)], then  # no load, no reload inside the commit
+
+
+def test_the_sql_catalogs_statements_share_the_writes_lock_session_and_its_engine_never_connects(
+    catalog: Any, fresh_catalog: Callable[[], Any], pg_db_url: str
+) -> None:
+    """On a psycopg database the catalog's probe, lookups and swaps run on the process's pooled
+    control-plane sessions — a write's swap on the session holding its lock —: a fresh handle
+    and store write twice on one session, and the handle's SQLAlchemy engine never connects
+    (its first connect is ~5 ms of queries before a process's first write)."""
+    engine_connects: list[object] = []
+    sessions: set[int] = set()
+
+    def connected(*_: Any) -> None:
+        engine_connects.append(_)
+
+    real = psycopg.Connection.execute
+
+    def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sessions.add(id(self))
+        return real(self, query, *args, **kwargs)
+
+    IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url)).write(
+        SPEC, rows(range(0, 100), "a")
+    )  # created by another handle (a create goes through pyiceberg's engine)
+    event.listen(Engine, "connect", connected)
+    try:
+        fresh = fresh_catalog()
+        store = IcebergStore(fresh, "datasets", lock=AdvisoryLock(pg_db_url))
+        psycopg.Connection.execute = execute  # type: ignore[method-assign]
+        try:
+            for frame in [rows(range(50, 150), "b"), rows(range(120, 200), "c")]:
+                store.write(SPEC, frame)
+        finally:
+            psycopg.Connection.execute = real  # type: ignore[method-assign]
+    finally:
+        event.remove(Engine, "connect", connected)
+    assert engine_connects == []
+    assert len(sessions) == 1, sessions
+    expected = pl.concat(
+        [rows(range(0, 50), "a"), rows(range(50, 120), "b"), rows(range(120, 200), "c")]
+    )
+    assert_same_multiset(store.read(SPEC), expected)
+    assert_same_multiset(
+        pl.from_arrow(catalog.load_table(("datasets", SPEC.name)).scan().to_arrow()), expected
+    )  # type: ignore[arg-type]
 
 
 def test_opening_the_sql_catalog_is_one_probe_that_also_finds_the_namespace(

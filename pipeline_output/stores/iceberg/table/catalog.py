@@ -24,6 +24,14 @@ committed), or the table is a view of other metadata, pyiceberg's own commit run
 it reloads, checks the requirements against the current metadata and commits or refuses as
 before. A handle remembers the namespaces it has seen exist (`ensure_namespace` asks once).
 
+On a psycopg database (`postgresql+psycopg://`, the default: the control plane's) those plain
+statements run on the process's pooled control-plane sessions (`pgsession.pooled`), a write's
+swap on the very session holding its lock (`share`): a process's first write opens one
+connection for the lock, the ledger and the catalog, and SQLAlchemy's engine connects only for
+what pyiceberg does itself (creating, listing and dropping tables and namespaces, a commit whose
+row moved) — its first connect is ~5 ms of dialect queries (benchmarks/README.md, issue 44,
+"Session 11").
+
 It is the project's default catalog (settings: the embedded/control-plane Postgres, or a `type:
 sql` pyiceberg configuration); any other pyiceberg catalog works unchanged.
 """
@@ -32,6 +40,7 @@ from __future__ import annotations
 
 import gzip
 import importlib
+import re
 import sys
 import threading
 from collections import OrderedDict
@@ -39,6 +48,8 @@ from collections.abc import Callable, Mapping
 from contextlib import suppress
 from typing import Any, Literal
 
+import psycopg
+from psycopg import sql
 from pydantic import Field
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import ICEBERG_TABLE_TYPE, IcebergTables, SqlCatalog
@@ -51,45 +62,57 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableRequirement, TableUpdate, ValidatableTableRequirement
 from pyiceberg.typedef import Identifier
 from pyiceberg.utils.config import Config
-from sqlalchemy import Connection, text
+from sqlalchemy import text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from pipeline_output.errors import SettingsError
+from pipeline_output.infra import pgsession
 from pipeline_output.infra.settings import connect_failure, one_line
 from pipeline_output.stores.iceberg.snapshot.manifests import staged_metadata
 from pipeline_output.stores.iceberg.table.file_io import IMPL as FILE_IO
 
+
+class _Statement:
+    """One of the catalog's plain statements, with `:name` parameters: run by SQLAlchemy
+    (`text`) or by a psycopg session (`%(name)s`; the statements hold no other `:` or `%`)."""
+
+    def __init__(self, statement: str) -> None:
+        self.text = text(statement)
+        self.psycopg = sql.SQL(re.sub(r":(\w+)", r"%(\1)s", statement))
+
+
 _CACHED_VERSIONS = 64
 # pyiceberg's `SqlCatalog.load_table` lookup (`IcebergTables`), without its ORM
-_LOAD = text(
+_LOAD = _Statement(
     "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = :catalog "
     "AND table_namespace = :namespace AND table_name = :table"
 )
-_LOAD_V1 = text(
+_LOAD_V1 = _Statement(
     "SELECT metadata_location FROM iceberg_tables WHERE catalog_name = :catalog "
     "AND table_namespace = :namespace AND table_name = :table "
     "AND (iceberg_type = :kind OR iceberg_type IS NULL)"
 )
 # the commit of a table loaded from `previous`: pyiceberg's UPDATE, as one plain statement
-_MOVE = text(
+_MOVE = _Statement(
     "UPDATE iceberg_tables SET metadata_location = :location, previous_metadata_location = "
     ":previous WHERE catalog_name = :catalog AND table_namespace = :namespace AND table_name = "
     ":table AND metadata_location = :previous"
 )
 # pyiceberg's `_init_catalog` checks in one statement: both tables and the v1 column exist
-_PROBE = text(
+_PROBE = _Statement(
     "SELECT (SELECT iceberg_type FROM iceberg_tables LIMIT 0), "
     "(SELECT 1 FROM iceberg_namespace_properties LIMIT 0)"
 )
 # ... and whether a namespace exists (pyiceberg's `namespace_exists`: a table or a property of
 # it or of a namespace under it)
-_PROBE_NAMESPACE = text(
+_PROBE_NAMESPACE = _Statement(
     "SELECT (SELECT iceberg_type FROM iceberg_tables LIMIT 0), "
     "EXISTS (SELECT 1 FROM iceberg_tables WHERE catalog_name = :catalog AND "
     "(table_namespace = :namespace OR table_namespace LIKE :under ESCAPE '!')) OR "
     "EXISTS (SELECT 1 FROM iceberg_namespace_properties WHERE catalog_name = :catalog AND "
     "(namespace = :namespace OR namespace LIKE :under ESCAPE '!'))"
 )
+_PSYCOPG = "postgresql+psycopg://"
 METADATA_CODEC = "write.metadata.compression-codec"  # Iceberg's table property: none | gzip
 
 
@@ -103,6 +126,13 @@ class FlatSqlCatalog(SqlCatalog):
         self._po_guard = threading.Lock()
         self._po_namespaces: set[str] = set()
         self._po_probe_namespace = probe_namespace
+        uri = str(properties.get("uri", ""))
+        # a psycopg database: the plain statements run on this process's pooled sessions
+        # (`pgsession.pooled`), the control plane's when it is the same database — no
+        # connection of the engine's own, nor SQLAlchemy's first-connect queries, for them
+        self._po_session_url = (
+            "postgresql://" + uri.removeprefix(_PSYCOPG) if uri.startswith(_PSYCOPG) else None
+        )
         super().__init__(name, **properties)
 
     @staticmethod
@@ -120,10 +150,18 @@ class FlatSqlCatalog(SqlCatalog):
         with io.new_output(metadata_path).create(overwrite=False) as stream:
             stream.write(gzip.compress(raw, compresslevel=1))
 
-    def _po_autocommit(self) -> Connection:
-        """A connection of the engine outside a transaction: one statement, one round trip
-        (no BEGIN and ROLLBACK around it)."""
-        return self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    def _po_run(self, statement: _Statement, params: Mapping[str, Any]) -> tuple[Any, int]:
+        """Run `statement` outside a transaction — one statement, one round trip, no BEGIN and
+        ROLLBACK around it —: its first row (None: none) and the rows it changed. On a pooled
+        psycopg session of the process for a psycopg database (a `psycopg.Error` when it
+        fails), else on a connection of the engine."""
+        if self._po_session_url is not None:
+            with pgsession.pooled(self._po_session_url, share=True) as session:
+                cursor = session.execute(statement.psycopg, params)
+                return (cursor.fetchone() if cursor.description else None), cursor.rowcount
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            result = conn.execute(statement.text, params)
+            return (result.first() if result.returns_rows else None), result.rowcount
 
     def _init_catalog(self) -> None:
         """pyiceberg's checks as one probe when the catalog tables are there with the v1 schema
@@ -137,18 +175,17 @@ class FlatSqlCatalog(SqlCatalog):
             dialect.use_native_hstore = False
         ns = self._po_probe_namespace
         try:
-            with self._po_autocommit() as conn:
-                if ns is None:
-                    conn.execute(_PROBE)
-                else:
-                    under = ns.replace("!", "!!").replace("_", "!_").replace("%", "!%") + ".%"
-                    row = conn.execute(
-                        _PROBE_NAMESPACE, {"catalog": self.name, "namespace": ns, "under": under}
-                    ).first()
-                    if row is not None and row[1]:
-                        self._po_namespaces.add(ns)
-        except (OperationalError, ProgrammingError):
-            super()._init_catalog()
+            if ns is None:
+                self._po_run(_PROBE, {})
+            else:
+                under = ns.replace("!", "!!").replace("_", "!_").replace("%", "!%") + ".%"
+                row, _ = self._po_run(
+                    _PROBE_NAMESPACE, {"catalog": self.name, "namespace": ns, "under": under}
+                )
+                if row is not None and row[1]:
+                    self._po_namespaces.add(ns)
+        except (OperationalError, ProgrammingError, psycopg.Error):
+            super()._init_catalog()  # (a database that is down: SQLAlchemy's error, as before)
             return
         self._schema_version = "v1"
 
@@ -178,16 +215,15 @@ class FlatSqlCatalog(SqlCatalog):
         namespace = Catalog.namespace_to_string(Catalog.namespace_from(identifier))
         table_name = Catalog.table_name_from(identifier)
         query = _LOAD_V1 if self._schema_version == "v1" else _LOAD
-        with self._po_autocommit() as conn:
-            row = conn.execute(
-                query,
-                {
-                    "catalog": self.name,
-                    "namespace": namespace,
-                    "table": table_name,
-                    "kind": ICEBERG_TABLE_TYPE,
-                },
-            ).first()
+        row, _ = self._po_run(
+            query,
+            {
+                "catalog": self.name,
+                "namespace": namespace,
+                "table": table_name,
+                "kind": ICEBERG_TABLE_TYPE,
+            },
+        )
         if row is None:
             raise NoSuchTableError(f"Table does not exist: {namespace}.{table_name}")
         return self._po_table(namespace, table_name, row[0])
@@ -279,7 +315,9 @@ class FlatSqlCatalog(SqlCatalog):
             return None
         with self._po_guard:
             loaded = self._po_parsed.get(table.metadata_location)
-        if loaded is not table.metadata or not self.engine.dialect.supports_sane_rowcount:
+        if loaded is not table.metadata or not (
+            self._po_session_url is not None or self.engine.dialect.supports_sane_rowcount
+        ):
             return None
         identifier = table.name()
         staged = self._update_and_stage_table(table, identifier, requirements, updates)
@@ -290,17 +328,16 @@ class FlatSqlCatalog(SqlCatalog):
         self._write_metadata(
             metadata=staged.metadata, io=staged.io, metadata_path=staged.metadata_location
         )
-        with self._po_autocommit() as conn:
-            moved = conn.execute(
-                _MOVE,
-                {
-                    "location": staged.metadata_location,
-                    "previous": table.metadata_location,
-                    "catalog": self.name,
-                    "namespace": Catalog.namespace_to_string(Catalog.namespace_from(identifier)),
-                    "table": Catalog.table_name_from(identifier),
-                },
-            ).rowcount
+        _, moved = self._po_run(
+            _MOVE,
+            {
+                "location": staged.metadata_location,
+                "previous": table.metadata_location,
+                "catalog": self.name,
+                "namespace": Catalog.namespace_to_string(Catalog.namespace_from(identifier)),
+                "table": Catalog.table_name_from(identifier),
+            },
+        )
         if moved < 1:
             with suppress(OSError):
                 staged.io.delete(staged.metadata_location)
