@@ -19,6 +19,7 @@ import polars as pl
 from pipeline_output import DatasetSpec, build_definitions, dataset
 from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.services.publish import ResolvedMode
+from pipeline_output.stores.iceberg.snapshot import files
 from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
 from pipeline_output.stores.iceberg.write import range_write
 from pipeline_output.stores.iceberg.write.range_write import ENCODE_FRAMES
@@ -352,6 +353,34 @@ def test_a_partition_run_reads_the_tables_manifests_while_its_partition_encodes(
     assert overlapped == [True]
     assert len(snapshots()) == 2
     assert_same_multiset(table(), pl.concat(source.values()))
+
+
+def test_a_partition_run_sets_up_file_statistics_once_for_the_one_writer_that_writes(
+    env, instance, monkeypatch
+):
+    """The statistics set-up of a table's schema (pyiceberg's visitors, ~1 ms in a fresh
+    process) is made by a writer when it first writes a file, not when it is made: a partition
+    run's commit makes writers for files it does not write (its data files are written
+    already, it deletes no positions) and sets up nothing for them. Same table, run twice."""
+    source: dict[str, Any] = {
+        d: day_rows(d, [n * 10 + i for i in range(3)]) for n, d in enumerate(DAYS)
+    }
+    defs = defs_for(source)
+    assert run(defs, instance, *DAYS)
+    plans: list[str] = []
+    real = files.compute_statistics_plan
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        plans.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(files, "compute_statistics_plan", counted)
+    for version in (3, 4):
+        plans.clear()
+        source[DAYS[1]] = day_rows(DAYS[1], [10, 17], version=version)
+        assert run(defs, instance, DAYS[1])
+        assert len(plans) == 1, plans
+        assert_same_multiset(table(), pl.concat(source.values()))
 
 
 def test_a_range_runs_encode_thread_only_encodes_and_its_files_count_their_nans(
