@@ -88,6 +88,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from itertools import compress
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
@@ -152,6 +153,7 @@ from pipeline_output.stores.iceberg.table.manifest_decoding import (
     RawManifest,
     Source,
     entry_file_paths,
+    entry_kinds,
     file_paths,
     packed,
     rewrite_manifest,
@@ -672,6 +674,21 @@ class IndexedOverwrite(_OverwriteFiles):
         as_bytes: dict[tuple[ManifestContent, int, str], Sources] = defaultdict(list)
         for raw, pairs in self._deleted_with_bytes(index):
             by_key: dict[tuple[ManifestContent, int], list[tuple[ManifestEntry, bytes]]] = {}
+            kinds = entry_kinds(map(_FIRST, pairs)) if raw is not None else None
+            if (
+                raw is not None
+                and kinds is not None
+                and len(kinds) == 1
+                and None not in map(_SECOND, pairs)
+            ):
+                # one kind of file, all with their bytes (a manifest's entries, as a rule): the
+                # pairs as they are, no Python per pair (a compaction's 20,000)
+                ((content, spec_id),) = kinds
+                key = (_content_of_kind(content), spec_id)
+                as_bytes[(*key, raw.schema_text)].append(
+                    (raw, cast(list[tuple[ManifestEntry, bytes]], pairs))
+                )
+                continue
             for pair in pairs:
                 entry, data = pair
                 key = (_content_of(entry.data_file), entry.data_file.spec_id)
@@ -903,6 +920,14 @@ def _content_of(data_file: DataFile) -> ManifestContent:
     if data_file.content == DataFileContent.DATA:
         return ManifestContent.DATA
     return ManifestContent.DELETES
+
+
+def _content_of_kind(content: int) -> ManifestContent:
+    """`_content_of` a data file of `content` (`DataFileContent`'s value)."""
+    return ManifestContent.DATA if content == DataFileContent.DATA else ManifestContent.DELETES
+
+
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 class ReplaceFiles(IndexedOverwrite):

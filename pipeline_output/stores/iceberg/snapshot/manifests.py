@@ -120,6 +120,8 @@ from pipeline_output.stores.iceberg.snapshot.files import referenced_path
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
     PartialDataFile,
     RawManifest,
+    entry_contents,
+    entry_files,
     manifest_bytes,
     partition_values,
     read_manifest,
@@ -465,6 +467,7 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
 
 
 _NO_DELETES = cast(set[DataFile], frozenset())  # a task's delete files when none apply
+_DATA_ONLY = frozenset((int(DataFileContent.DATA),))
 
 
 @dataclass
@@ -539,7 +542,11 @@ class ManifestIndex:
         data: list[ManifestEntry] = []
         deletes = DeleteFileIndex()
         for manifest in chosen:
-            for entry in self.live[manifest.manifest_path]:
+            entries = self.live[manifest.manifest_path]
+            if entry_contents(entries) <= _DATA_ONLY:  # (no Python per entry: 20,000 here)
+                data.extend(entries)
+                continue
+            for entry in entries:
                 content = entry.data_file.content
                 if content == DataFileContent.DATA:
                     data.append(entry)
@@ -551,6 +558,11 @@ class ManifestIndex:
                         f"({entry.data_file.file_path}), which pyiceberg cannot read; rewrite "
                         "the table with the engine that wrote it before writing here"
                     )
+        if deletes.is_empty():  # no delete file applies: one shared empty set for each
+            tasks = list(map(FileScanTask, entry_files(data)))
+            for task in tasks:
+                task.delete_files = _NO_DELETES
+            return tasks
         tasks = []
         for e in data:
             found = deletes.for_data_file(

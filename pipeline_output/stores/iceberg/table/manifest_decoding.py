@@ -875,6 +875,14 @@ _ENTRY_AT = {
 }
 _ENTRY_FIELDS = itemgetter(*(_ENTRY_AT[i] for i in (1, 3, 4, 2)))
 _PATH = itemgetter(_AT[100])
+_SIZE = itemgetter(_AT[104])
+_STATISTICS = {
+    name: itemgetter(_AT[i])
+    for name, i in (("lower_bounds", 125), ("upper_bounds", 128), ("null_value_counts", 110))
+}
+_STAT_COLUMN, _STAT_VALUE = attrgetter("_column"), attrgetter("_value")
+_CONTENT = itemgetter(_AT[134])
+_SPEC_ID = attrgetter("_spec_id")  # (`DataFile.spec_id` is a property: a Python call)
 _ENTRY_FILE = itemgetter(_ENTRY_AT[2])
 
 
@@ -887,6 +895,62 @@ def file_paths(files: Iterable[DataFile]) -> list[str]:
 def entry_file_paths(entries: Iterable[ManifestEntry]) -> list[str]:
     """The paths of the entries' data files (`file_paths`)."""
     return list(map(_PATH, map(_VALUES, map(_ENTRY_FILE, map(_VALUES, entries)))))
+
+
+def file_sizes(files: Iterable[DataFile]) -> list[int]:
+    """The files' sizes in bytes (`file_paths`: C-level getters)."""
+    return list(map(_SIZE, map(_VALUES, files)))
+
+
+def file_partitions(files: Iterable[DataFile]) -> list[Record]:
+    """The files' partition records (`file_paths`: C-level getters)."""
+    return list(map(_PARTITION, map(_VALUES, files)))
+
+
+def file_spec_ids(files: Sequence[DataFile]) -> list[int]:
+    """The files' partition spec ids (C-level getters; a file without one set fails as
+    `DataFile.spec_id` does)."""
+    try:
+        return list(map(_SPEC_ID, files))
+    except AttributeError:
+        return [f.spec_id for f in files]
+
+
+def file_statistics(files: Sequence[DataFile], kind: str, column: int) -> list[Any]:
+    """Each file's statistic `kind` (`"lower_bounds"`, `"upper_bounds"` or
+    `"null_value_counts"`) of the column `column` (field id): `(file.<kind> or {}).get(column)`.
+    A planner's files (`read_planned`: one `Statistic` each) are read by C-level getters — the
+    plan, the stream's checks and the commit take 20,000 files' bounds —, others one by one."""
+    stats = list(map(_STATISTICS[kind], map(_VALUES, files)))
+    if set(map(type, stats)) == {Statistic} and set(map(_STAT_COLUMN, stats)) <= {
+        column,
+        _NO_STATISTIC._column,
+    }:
+        return list(map(_STAT_VALUE, stats))
+    return [(s or _NOTHING).get(column) for s in stats]
+
+
+def entry_files(entries: Iterable[ManifestEntry]) -> list[DataFile]:
+    """The entries' data files, taken by C-level getters (`file_paths`)."""
+    return list(map(_ENTRY_FILE, map(_VALUES, entries)))
+
+
+def entry_contents(entries: Iterable[ManifestEntry]) -> set[int]:
+    """The distinct contents (`DataFileContent`'s values) of the entries' data files, taken by
+    C-level getters (`file_paths`)."""
+    return set(map(int, map(_CONTENT, map(_VALUES, map(_ENTRY_FILE, map(_VALUES, entries))))))
+
+
+def entry_kinds(entries: Iterable[ManifestEntry]) -> set[tuple[int, int]] | None:
+    """The distinct (content, partition spec id) of the entries' data files, taken by C-level
+    getters (a compaction's commit groups 20,000 removed entries by them); None when a file has
+    no spec id set (the caller asks each file)."""
+    files = list(map(_ENTRY_FILE, map(_VALUES, entries)))
+    try:
+        contents = map(int, map(_CONTENT, map(_VALUES, files)))
+        return set(zip(contents, map(_SPEC_ID, files), strict=True))
+    except AttributeError:
+        return None
 
 
 def _hashable(value: Any) -> Any:
@@ -1312,7 +1376,7 @@ class Statistic(Mapping[int, Any]):
         return repr(dict(self))
 
 
-_NO_STATISTIC = Statistic(0, None)
+_NO_STATISTIC = Statistic(-1, None)  # (no field id is negative: `file_statistics`)
 _NOTHING: dict[int, Any] = {}
 
 
