@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import repeat
-from operator import attrgetter, itemgetter
-from typing import Any
+from operator import attrgetter
+from typing import Any, cast
 
 from pyiceberg.conversions import from_bytes
 from pyiceberg.manifest import DataFile
@@ -180,8 +180,9 @@ def _sort_keys(
         fast = _UNPACK.get(type(field_.field_type))
         lowers = file_statistics(files, "lower_bounds", field_.field_id)
         if fast is not None and None not in lowers and set(map(len, lowers)) == {fast.size}:
-            values = map(_FIRST, map(fast.unpack, lowers))
-            return list(zip(repeat(False), values, paths))
+            values = unpacked_integers(cast(list[bytes], lowers))
+            if values is not None:
+                return list(zip(repeat(False), values, paths))
     order = _lower_bound_of(schema, sort_columns)
     return [(*order(f), path) for f, path in zip(files, paths, strict=True)]
 
@@ -237,7 +238,17 @@ def _lower_bound_of(schema: Schema, sort_columns: tuple[str, ...]) -> Any:
 
 
 _UNPACK = {IntegerType: struct.Struct("<i"), LongType: struct.Struct("<q")}
-_FIRST = itemgetter(0)
+_WIDTHS = {4: "i", 8: "q"}
+
+
+def unpacked_integers(bounds: list[bytes]) -> list[int] | None:
+    """Integer bounds (Iceberg's single-value serialization: little-endian, signed) of one
+    width, 4 or 8 bytes, unpacked by one C call for all of them; None for other widths or
+    mixed ones (the caller decodes each)."""
+    widths = set(map(len, bounds))
+    if len(widths) != 1 or (width := widths.pop()) not in _WIDTHS:
+        return None
+    return list(struct.unpack(f"<{len(bounds)}{_WIDTHS[width]}", b"".join(bounds)))
 
 
 def _names(schema: Schema) -> set[str]:

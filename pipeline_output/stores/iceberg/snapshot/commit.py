@@ -88,7 +88,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from itertools import compress
-from operator import itemgetter
+from operator import itemgetter, not_
 from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
@@ -738,14 +738,14 @@ class IndexedOverwrite(_OverwriteFiles):
             # the rewritten manifests' kept entries, by layout: packed into manifests near the
             # target size from their own bytes (no merge has to re-encode them after)
             packs: dict[tuple[ManifestContent, int, str], list[Source]] = defaultdict(list)
-            gone = {f.file_path for f in self._deleted_data_files}
+            gone = set(file_paths(self._deleted_data_files))
             for manifest in index.manifests:
                 if not index.live.is_read(manifest.manifest_path):
                     kept.append(manifest)  # not planned from: nothing of it is removed
                     continue
                 live = index.live[manifest.manifest_path]
-                stays = [e.data_file.file_path not in gone for e in live]
-                remaining = [e for e, ok in zip(live, stays, strict=True) if ok]
+                stays = list(map(not_, map(gone.__contains__, entry_file_paths(live))))
+                remaining = list(compress(live, stays))
                 raw = index.live.raw(manifest.manifest_path)
                 if len(remaining) == len(live) and live:
                     kept.append(manifest)  # untouched: carried forward as it is

@@ -122,6 +122,11 @@ from pipeline_output.stores.iceberg.table.manifest_decoding import (
     RawManifest,
     entry_contents,
     entry_files,
+    file_contents,
+    file_partitions,
+    file_rows,
+    file_sizes,
+    file_spec_ids,
     manifest_bytes,
     partition_values,
     read_manifest,
@@ -774,6 +779,14 @@ class _Collector(SnapshotSummaryCollector):
         tens of thousands of files."""
         totals: dict[tuple[int, tuple[Any, ...], DataFileContent], list[int]] = {}
         partitions: dict[tuple[int, tuple[Any, ...]], DataFile] = {}
+        files = list(files)
+        group = _one_group(files)
+        if group is not None:  # one partition (unpartitioned): counted at once
+            first, count, size, rows = group
+            key = (first.spec_id, partition_values(first.partition))
+            totals[(*key, first.content)] = [count, size, rows]
+            partitions[key] = first
+            files = []
         for data_file in files:
             partition = data_file.partition
             values = partition_values(partition)
@@ -821,6 +834,30 @@ class _Collector(SnapshotSummaryCollector):
             metrics.add_file(file)
         else:
             metrics.remove_file(file)
+
+
+def _one_group(files: list[DataFile]) -> tuple[DataFile, int, int, int] | None:
+    """When all the files are of one partition spec, partition value and content (an
+    unpartitioned table's data files): (the first file, files, bytes, rows), taken by C-level
+    getters — a planner's files share one partition record per manifest, so the values are
+    compared once per distinct record; else None (counted file by file)."""
+    if not files:
+        return None
+    partitions = file_partitions(files)
+    records = set(zip(file_spec_ids(files), map(id, partitions), file_contents(files), strict=True))
+    if len(records) > _GROUP_RECORDS:
+        return None
+    by_id = {id(p): p for p in partitions}
+    try:
+        kinds = {(s, partition_values(by_id[r]), c) for s, r, c in records}
+    except TypeError:  # an unhashable partition value
+        return None
+    if len(kinds) != 1:
+        return None
+    return files[0], len(files), sum(file_sizes(files)), sum(file_rows(files))
+
+
+_GROUP_RECORDS = 64  # distinct partition records `_one_group` compares
 
 
 def _removed(
