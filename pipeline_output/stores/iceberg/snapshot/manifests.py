@@ -843,16 +843,18 @@ def _one_group(files: list[DataFile]) -> tuple[DataFile, int, int, int] | None:
     compared once per distinct record; else None (counted file by file)."""
     if not files:
         return None
+    if partition_values(files[0].partition) != partition_values(files[-1].partition):
+        return None  # (a partitioned table's files: the first and the last differ, as a rule)
     partitions = file_partitions(files)
-    records = set(zip(file_spec_ids(files), map(id, partitions), file_contents(files), strict=True))
-    if len(records) > _GROUP_RECORDS:
+    by_id = dict(zip(map(id, partitions), partitions, strict=True))
+    if len(by_id) > _GROUP_RECORDS:
         return None
-    by_id = {id(p): p for p in partitions}
     try:
-        kinds = {(s, partition_values(by_id[r]), c) for s, r, c in records}
+        if len({partition_values(p) for p in by_id.values()}) != 1:
+            return None
     except TypeError:  # an unhashable partition value
         return None
-    if len(kinds) != 1:
+    if len(set(file_spec_ids(files))) != 1 or len(set(file_contents(files))) != 1:
         return None
     return files[0], len(files), sum(file_sizes(files)), sum(file_rows(files))
 
