@@ -307,8 +307,7 @@ def _rewrite(
                 producer = ReplaceFiles(tx, index=index, snapshot_properties=_props(spec, run_id))
                 for data_file in added:
                     producer.append_data_file(data_file)
-                for data_file in [*plan.input_files, *removable]:
-                    producer.delete_data_file(data_file)
+                producer.delete_data_files([*plan.input_files, *removable])
                 try:
                     tx._apply(*producer._commit())
                     fault_injection("in_commit")

@@ -572,6 +572,10 @@ class IndexedOverwrite(_OverwriteFiles):
             return None
         return index
 
+    def delete_data_files(self, files: Iterable[DataFile]) -> None:
+        """`delete_data_file` of each of `files`, in one call (a compaction removes 20,000)."""
+        self._deleted_data_files.update(files)
+
     def _touches_deletes(self) -> bool:
         return any(
             f.content != DataFileContent.DATA

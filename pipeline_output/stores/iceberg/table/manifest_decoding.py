@@ -1129,6 +1129,9 @@ class PartialDataFile(DataFile):
         _SET(self, "_spec_id", spec_id)
         _SET(self, "_column", column)
 
+    def __hash__(self) -> int:  # (`DataFile`'s, its path's, without the property's call)
+        return hash(self._data[_FILE_PATH_AT])
+
     def _statistic(self, at: int) -> Any:
         value = self._data[at]
         column: int | None = self._column
@@ -1177,6 +1180,7 @@ _PLANNED_FIELDS = (134, 100, 101, 102, 103, 104, 108, 109, 110, 137, 125, 128, 1
 _PLANNABLE = tuple(f.field_id for f in _DATA_FILE.fields) == _PLANNED_FIELDS
 _NULLS, _LOWER, _UPPER = 110, 125, 128  # null value counts, lower and upper bounds
 _STATISTIC_AT = tuple(_PLANNED_FIELDS.index(i) for i in (_NULLS, _LOWER, _UPPER))
+_FILE_PATH_AT = _PLANNED_FIELDS.index(100)
 _PLANNED: dict[str, dict[str, Any] | None] = {}
 
 
