@@ -18,11 +18,12 @@ Owns the rule (Spark's `rewrite_data_files` bin-pack, simplified), decided on on
 from __future__ import annotations
 
 import struct
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from itertools import repeat
+from operator import attrgetter
+from typing import Any, cast
 
 from pyiceberg.conversions import from_bytes
 from pyiceberg.manifest import DataFile
@@ -34,7 +35,14 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import IntegerType, LongType, PrimitiveType
 
 from pipeline_output.contract.spec import DatasetSpec
-from pipeline_output.stores.iceberg.table.manifest_decoding import partition_values
+from pipeline_output.stores.iceberg.table.manifest_decoding import (
+    file_partitions,
+    file_paths,
+    file_sizes,
+    file_spec_ids,
+    file_statistics,
+    partition_values,
+)
 
 DEFAULT_MIN_INPUT_FILES = 5
 SMALL_FRACTION = 0.75  # Spark's default min-file-size-bytes: 75 % of the target
@@ -107,41 +115,76 @@ def plan_bins(
     snapshot_id: int | None,
 ) -> CompactionPlan:
     """Bin-pack `tasks` (a scan task per data file that may be rewritten; `live`: one per live
-    data file of the snapshot) as the module docstring says."""
+    data file of the snapshot) as the module docstring says.
+
+    The files' sizes, partitions, spec ids, paths and first sort key's lower bounds are taken
+    as columns (`manifest_decoding`'s C-level getters), the candidates grouped by partition
+    record first (a planner's files share one record per partition and manifest) then by its
+    values: the Python per file is one loop of no call (a compaction plans 20,000)."""
     small = int(target_bytes * SMALL_FRACTION)
-    groups: dict[tuple[int, Any], list[FileScanTask]] = defaultdict(list)
-    for task in tasks:
-        data_file = task.file
-        if task.delete_files or data_file.file_size_in_bytes < small:
-            groups[(data_file.spec_id, _partition_key(data_file.partition))].append(task)
-    order = _lower_bound_of(schema, sort_columns)
+    files = list(map(_TASK_FILE, tasks))
+    sizes = file_sizes(files)
+    partitions = file_partitions(files)
+    deletes = list(map(bool, map(_TASK_DELETES, tasks)))
+    by_record: dict[tuple[int, int], list[int]] = {}
+    for at, (spec_id, partition, size, with_deletes) in enumerate(
+        zip(file_spec_ids(files), partitions, sizes, deletes, strict=True)
+    ):
+        if with_deletes or size < small:
+            by_record.setdefault((spec_id, id(partition)), []).append(at)
+    groups: dict[tuple[int, Any], list[int]] = {}
+    for (spec_id, _), members in by_record.items():
+        groups.setdefault((spec_id, _partition_key(partitions[members[0]])), []).extend(members)
+    keys = _sort_keys(schema, sort_columns, files)
     bins: list[Bin] = []
     for (spec_id, _), candidates in groups.items():
-        partition = candidates[0].file.partition
-        with_deletes = any(t.delete_files for t in candidates)
-        total = sum(t.file.file_size_in_bytes for t in candidates)
+        partition = partitions[candidates[0]]
+        with_deletes = any(deletes[at] for at in candidates)
+        total = sum(sizes[at] for at in candidates)
         if len(candidates) < min_input_files and total <= target_bytes and not with_deletes:
             continue
-        candidates.sort(key=lambda t: (order(t.file), t.file.file_path))
+        candidates.sort(key=keys.__getitem__)
         current: list[FileScanTask] = []
         size = 0
-        for task in candidates:
-            if current and size + task.file.file_size_in_bytes > target_bytes:
+        for at in candidates:
+            if current and size + sizes[at] > target_bytes:
                 bins.append(Bin(spec_id, partition, tuple(current)))
                 current, size = [], 0
-            current.append(task)
-            size += task.file.file_size_in_bytes
+            current.append(tasks[at])
+            size += sizes[at]
         if current:
             bins.append(Bin(spec_id, partition, tuple(current)))
     bins = [b for b in bins if len(b.tasks) > 1 or b.tasks[0].delete_files]
-    deletes = any(t.delete_files for b in bins for t in b.tasks)
+    carried = any(t.delete_files for b in bins for t in b.tasks) if any(deletes) else False
     return CompactionPlan(
         snapshot_id=snapshot_id,
         target_bytes=target_bytes,
         bins=bins,
         data_files=len(live),
-        live_paths=frozenset(t.file.file_path for t in live) if deletes else frozenset(),
+        live_paths=frozenset(t.file.file_path for t in live) if carried else frozenset(),
     )
+
+
+_TASK_FILE, _TASK_DELETES = attrgetter("file"), attrgetter("delete_files")
+
+
+def _sort_keys(
+    schema: Schema, sort_columns: tuple[str, ...], files: list[DataFile]
+) -> list[tuple[Any, ...]]:
+    """Each file's place in its bins' order: (no bound?, the lower bound of the first sort
+    column, its path) — integer bounds of the usual width unpacked by C calls for all files at
+    once, any other one by one (`_lower_bound_of`)."""
+    paths = file_paths(files)
+    field_ = next((schema.find_field(c) for c in sort_columns[:1] if c in _names(schema)), None)
+    if field_ is not None and isinstance(field_.field_type, PrimitiveType):
+        fast = _UNPACK.get(type(field_.field_type))
+        lowers = file_statistics(files, "lower_bounds", field_.field_id)
+        if fast is not None and None not in lowers and set(map(len, lowers)) == {fast.size}:
+            values = unpacked_integers(cast(list[bytes], lowers))
+            if values is not None:
+                return list(zip(repeat(False), values, paths))
+    order = _lower_bound_of(schema, sort_columns)
+    return [(*order(f), path) for f, path in zip(files, paths, strict=True)]
 
 
 def _partition_key(partition: Record) -> Any:
@@ -195,6 +238,17 @@ def _lower_bound_of(schema: Schema, sort_columns: tuple[str, ...]) -> Any:
 
 
 _UNPACK = {IntegerType: struct.Struct("<i"), LongType: struct.Struct("<q")}
+_WIDTHS = {4: "i", 8: "q"}
+
+
+def unpacked_integers(bounds: list[bytes]) -> list[int] | None:
+    """Integer bounds (Iceberg's single-value serialization: little-endian, signed) of one
+    width, 4 or 8 bytes, unpacked by one C call for all of them; None for other widths or
+    mixed ones (the caller decodes each)."""
+    widths = set(map(len, bounds))
+    if len(widths) != 1 or (width := widths.pop()) not in _WIDTHS:
+        return None
+    return list(struct.unpack(f"<{len(bounds)}{_WIDTHS[width]}", b"".join(bounds)))
 
 
 def _names(schema: Schema) -> set[str]:

@@ -88,6 +88,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from itertools import compress
+from operator import itemgetter, not_
 from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
@@ -152,6 +153,7 @@ from pipeline_output.stores.iceberg.table.manifest_decoding import (
     RawManifest,
     Source,
     entry_file_paths,
+    entry_kinds,
     file_paths,
     packed,
     rewrite_manifest,
@@ -570,6 +572,10 @@ class IndexedOverwrite(_OverwriteFiles):
             return None
         return index
 
+    def delete_data_files(self, files: Iterable[DataFile]) -> None:
+        """`delete_data_file` of each of `files`, in one call (a compaction removes 20,000)."""
+        self._deleted_data_files.update(files)
+
     def _touches_deletes(self) -> bool:
         return any(
             f.content != DataFileContent.DATA
@@ -672,6 +678,21 @@ class IndexedOverwrite(_OverwriteFiles):
         as_bytes: dict[tuple[ManifestContent, int, str], Sources] = defaultdict(list)
         for raw, pairs in self._deleted_with_bytes(index):
             by_key: dict[tuple[ManifestContent, int], list[tuple[ManifestEntry, bytes]]] = {}
+            kinds = entry_kinds(map(_FIRST, pairs)) if raw is not None else None
+            if (
+                raw is not None
+                and kinds is not None
+                and len(kinds) == 1
+                and None not in map(_SECOND, pairs)
+            ):
+                # one kind of file, all with their bytes (a manifest's entries, as a rule): the
+                # pairs as they are, no Python per pair (a compaction's 20,000)
+                ((content, spec_id),) = kinds
+                key = (_content_of_kind(content), spec_id)
+                as_bytes[(*key, raw.schema_text)].append(
+                    (raw, cast(list[tuple[ManifestEntry, bytes]], pairs))
+                )
+                continue
             for pair in pairs:
                 entry, data = pair
                 key = (_content_of(entry.data_file), entry.data_file.spec_id)
@@ -721,14 +742,14 @@ class IndexedOverwrite(_OverwriteFiles):
             # the rewritten manifests' kept entries, by layout: packed into manifests near the
             # target size from their own bytes (no merge has to re-encode them after)
             packs: dict[tuple[ManifestContent, int, str], list[Source]] = defaultdict(list)
-            gone = {f.file_path for f in self._deleted_data_files}
+            gone = set(file_paths(self._deleted_data_files))
             for manifest in index.manifests:
                 if not index.live.is_read(manifest.manifest_path):
                     kept.append(manifest)  # not planned from: nothing of it is removed
                     continue
                 live = index.live[manifest.manifest_path]
-                stays = [e.data_file.file_path not in gone for e in live]
-                remaining = [e for e, ok in zip(live, stays, strict=True) if ok]
+                stays = list(map(not_, map(gone.__contains__, entry_file_paths(live))))
+                remaining = list(compress(live, stays))
                 raw = index.live.raw(manifest.manifest_path)
                 if len(remaining) == len(live) and live:
                     kept.append(manifest)  # untouched: carried forward as it is
@@ -903,6 +924,14 @@ def _content_of(data_file: DataFile) -> ManifestContent:
     if data_file.content == DataFileContent.DATA:
         return ManifestContent.DATA
     return ManifestContent.DELETES
+
+
+def _content_of_kind(content: int) -> ManifestContent:
+    """`_content_of` a data file of `content` (`DataFileContent`'s value)."""
+    return ManifestContent.DATA if content == DataFileContent.DATA else ManifestContent.DELETES
+
+
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 class ReplaceFiles(IndexedOverwrite):

@@ -120,6 +120,13 @@ from pipeline_output.stores.iceberg.snapshot.files import referenced_path
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
     PartialDataFile,
     RawManifest,
+    entry_contents,
+    entry_files,
+    file_contents,
+    file_partitions,
+    file_rows,
+    file_sizes,
+    file_spec_ids,
     manifest_bytes,
     manifest_list,
     partition_values,
@@ -480,6 +487,7 @@ def _holds_none(manifest: ManifestFile) -> bool:
 
 
 _NO_DELETES = cast(set[DataFile], frozenset())  # a task's delete files when none apply
+_DATA_ONLY = frozenset((int(DataFileContent.DATA),))
 
 
 @dataclass
@@ -554,7 +562,11 @@ class ManifestIndex:
         data: list[ManifestEntry] = []
         deletes = DeleteFileIndex()
         for manifest in chosen:
-            for entry in self.live[manifest.manifest_path]:
+            entries = self.live[manifest.manifest_path]
+            if entry_contents(entries) <= _DATA_ONLY:  # (no Python per entry: 20,000 here)
+                data.extend(entries)
+                continue
+            for entry in entries:
                 content = entry.data_file.content
                 if content == DataFileContent.DATA:
                     data.append(entry)
@@ -566,6 +578,11 @@ class ManifestIndex:
                         f"({entry.data_file.file_path}), which pyiceberg cannot read; rewrite "
                         "the table with the engine that wrote it before writing here"
                     )
+        if deletes.is_empty():  # no delete file applies: one shared empty set for each
+            tasks = list(map(FileScanTask, entry_files(data)))
+            for task in tasks:
+                task.delete_files = _NO_DELETES
+            return tasks
         tasks = []
         for e in data:
             found = deletes.for_data_file(
@@ -777,6 +794,14 @@ class _Collector(SnapshotSummaryCollector):
         tens of thousands of files."""
         totals: dict[tuple[int, tuple[Any, ...], DataFileContent], list[int]] = {}
         partitions: dict[tuple[int, tuple[Any, ...]], DataFile] = {}
+        files = list(files)
+        group = _one_group(files)
+        if group is not None:  # one partition (unpartitioned): counted at once
+            first, count, size, rows = group
+            key = (first.spec_id, partition_values(first.partition))
+            totals[(*key, first.content)] = [count, size, rows]
+            partitions[key] = first
+            files = []
         for data_file in files:
             partition = data_file.partition
             values = partition_values(partition)
@@ -824,6 +849,32 @@ class _Collector(SnapshotSummaryCollector):
             metrics.add_file(file)
         else:
             metrics.remove_file(file)
+
+
+def _one_group(files: list[DataFile]) -> tuple[DataFile, int, int, int] | None:
+    """When all the files are of one partition spec, partition value and content (an
+    unpartitioned table's data files): (the first file, files, bytes, rows), taken by C-level
+    getters — a planner's files share one partition record per manifest, so the values are
+    compared once per distinct record; else None (counted file by file)."""
+    if not files:
+        return None
+    if partition_values(files[0].partition) != partition_values(files[-1].partition):
+        return None  # (a partitioned table's files: the first and the last differ, as a rule)
+    partitions = file_partitions(files)
+    by_id = dict(zip(map(id, partitions), partitions, strict=True))
+    if len(by_id) > _GROUP_RECORDS:
+        return None
+    try:
+        if len({partition_values(p) for p in by_id.values()}) != 1:
+            return None
+    except TypeError:  # an unhashable partition value
+        return None
+    if len(set(file_spec_ids(files))) != 1 or len(set(file_contents(files))) != 1:
+        return None
+    return files[0], len(files), sum(file_sizes(files)), sum(file_rows(files))
+
+
+_GROUP_RECORDS = 64  # distinct partition records `_one_group` compares
 
 
 def _removed(

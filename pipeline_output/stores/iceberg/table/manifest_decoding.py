@@ -58,9 +58,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from functools import partial
 from itertools import chain, repeat
-from operator import attrgetter, itemgetter
+from operator import attrgetter, getitem, itemgetter
 from threading import Lock
 from typing import Any, cast
 
@@ -940,6 +939,14 @@ _ENTRY_AT = {
 }
 _ENTRY_FIELDS = itemgetter(*(_ENTRY_AT[i] for i in (1, 3, 4, 2)))
 _PATH = itemgetter(_AT[100])
+_SIZE = itemgetter(_AT[104])
+_STATISTICS = {
+    name: itemgetter(_AT[i])
+    for name, i in (("lower_bounds", 125), ("upper_bounds", 128), ("null_value_counts", 110))
+}
+_FILE_COLUMN = attrgetter("_column")  # a `PartialDataFile`'s statistics' column
+_CONTENT = itemgetter(_AT[134])
+_SPEC_ID = attrgetter("_spec_id")  # (`DataFile.spec_id` is a property: a Python call)
 _ENTRY_FILE = itemgetter(_ENTRY_AT[2])
 
 
@@ -952,6 +959,68 @@ def file_paths(files: Iterable[DataFile]) -> list[str]:
 def entry_file_paths(entries: Iterable[ManifestEntry]) -> list[str]:
     """The paths of the entries' data files (`file_paths`)."""
     return list(map(_PATH, map(_VALUES, map(_ENTRY_FILE, map(_VALUES, entries)))))
+
+
+def file_sizes(files: Iterable[DataFile]) -> list[int]:
+    """The files' sizes in bytes (`file_paths`: C-level getters)."""
+    return list(map(_SIZE, map(_VALUES, files)))
+
+
+def file_rows(files: Iterable[DataFile]) -> list[int]:
+    """The files' record counts (`file_paths`: C-level getters)."""
+    return list(map(_ROWS, map(_VALUES, files)))
+
+
+def file_contents(files: Iterable[DataFile]) -> list[DataFileContent]:
+    """The files' contents (`file_paths`: C-level getters)."""
+    return list(map(_CONTENT, map(_VALUES, files)))
+
+
+def file_partitions(files: Iterable[DataFile]) -> list[Record]:
+    """The files' partition records (`file_paths`: C-level getters)."""
+    return list(map(_PARTITION, map(_VALUES, files)))
+
+
+def file_spec_ids(files: Sequence[DataFile]) -> list[int]:
+    """The files' partition spec ids (C-level getters; a file without one set fails as
+    `DataFile.spec_id` does)."""
+    try:
+        return list(map(_SPEC_ID, files))
+    except AttributeError:
+        return [f.spec_id for f in files]
+
+
+def file_statistics(files: Sequence[DataFile], kind: str, column: int) -> list[Any]:
+    """Each file's statistic `kind` (`"lower_bounds"`, `"upper_bounds"` or
+    `"null_value_counts"`) of the column `column` (field id): `(file.<kind> or {}).get(column)`.
+    A planner's files of that column (`PartialDataFile`: its bare values) are read by C-level
+    getters — the plan and the stream's checks take 20,000 files' bounds —, others one by one."""
+    if set(map(type, files)) == {PartialDataFile} and set(map(_FILE_COLUMN, files)) == {column}:
+        return list(map(_STATISTICS[kind], map(_VALUES, files)))
+    return [(getattr(f, kind) or _NOTHING).get(column) for f in files]
+
+
+def entry_files(entries: Iterable[ManifestEntry]) -> list[DataFile]:
+    """The entries' data files, taken by C-level getters (`file_paths`)."""
+    return list(map(_ENTRY_FILE, map(_VALUES, entries)))
+
+
+def entry_contents(entries: Iterable[ManifestEntry]) -> set[int]:
+    """The distinct contents (`DataFileContent`'s values) of the entries' data files, taken by
+    C-level getters (`file_paths`)."""
+    return set(map(int, map(_CONTENT, map(_VALUES, map(_ENTRY_FILE, map(_VALUES, entries))))))
+
+
+def entry_kinds(entries: Iterable[ManifestEntry]) -> set[tuple[int, int]] | None:
+    """The distinct (content, partition spec id) of the entries' data files, taken by C-level
+    getters (a compaction's commit groups 20,000 removed entries by them); None when a file has
+    no spec id set (the caller asks each file)."""
+    files = list(map(_ENTRY_FILE, map(_VALUES, entries)))
+    try:
+        contents = map(int, map(_CONTENT, map(_VALUES, files)))
+        return set(zip(contents, map(_SPEC_ID, files), strict=True))
+    except AttributeError:
+        return None
 
 
 def _hashable(value: Any) -> Any:
@@ -1110,12 +1179,62 @@ class PartialDataFile(DataFile):
     """A data file decoded for planning (`read_planned`): its column statistics cut to the
     columns asked for — `lower_bounds`, `upper_bounds` and `null_value_counts` hold those
     columns only, `column_sizes`, `value_counts` and `nan_value_counts` are None. Never
-    re-encoded into a manifest: its entry's own bytes are (`RawManifest`)."""
+    re-encoded into a manifest: its entry's own bytes are (`RawManifest`).
 
-    def __init__(self, values: list[Any], spec_id: int) -> None:
+    Planned with one column's statistics (`column`: the usual plan, the first sort key's), the
+    file holds that column's bare values in their places and gives each statistic as a one-column
+    mapping (`Statistic`) when asked: 20,000 planned files made 60,000 mappings the plan read
+    through C-level getters (`file_statistics`) and never otherwise."""
+
+    _column: int | None
+
+    def __init__(self, values: list[Any], spec_id: int, column: int | None = None) -> None:
         # (set as `object` does: `DataFile.__setattr__` is a Python call each, 20,000 files two)
         _SET(self, "_data", values)
         _SET(self, "_spec_id", spec_id)
+        _SET(self, "_column", column)
+
+    def __hash__(self) -> int:  # (`DataFile`'s, its path's, without the property's call)
+        return hash(self._data[_FILE_PATH_AT])
+
+    def _statistic(self, at: int) -> Any:
+        value = self._data[at]
+        column: int | None = self._column
+        if column is None:  # (several columns' statistics: their mappings as decoded)
+            return value
+        return _NO_STATISTIC if value is None else Statistic(column, value)
+
+    def _assign(self, at: int, value: Any) -> None:
+        if self._column is not None:  # the three statistics as mappings from now on
+            held = [self._statistic(i) for i in _STATISTIC_AT]
+            _SET(self, "_column", None)
+            for i, mapping in zip(_STATISTIC_AT, held, strict=True):
+                self._data[i] = mapping
+        self._data[at] = value
+
+    @property
+    def null_value_counts(self) -> Any:
+        return self._statistic(_STATISTIC_AT[0])
+
+    @null_value_counts.setter
+    def null_value_counts(self, value: Any) -> None:
+        self._assign(_STATISTIC_AT[0], value)
+
+    @property
+    def lower_bounds(self) -> Any:
+        return self._statistic(_STATISTIC_AT[1])
+
+    @lower_bounds.setter
+    def lower_bounds(self, value: Any) -> None:
+        self._assign(_STATISTIC_AT[1], value)
+
+    @property
+    def upper_bounds(self) -> Any:
+        return self._statistic(_STATISTIC_AT[2])
+
+    @upper_bounds.setter
+    def upper_bounds(self, value: Any) -> None:
+        self._assign(_STATISTIC_AT[2], value)
 
 
 _SET = object.__setattr__
@@ -1125,6 +1244,8 @@ _SET = object.__setattr__
 _PLANNED_FIELDS = (134, 100, 101, 102, 103, 104, 108, 109, 110, 137, 125, 128, 131, 132, 135, 140)
 _PLANNABLE = tuple(f.field_id for f in _DATA_FILE.fields) == _PLANNED_FIELDS
 _NULLS, _LOWER, _UPPER = 110, 125, 128  # null value counts, lower and upper bounds
+_STATISTIC_AT = tuple(_PLANNED_FIELDS.index(i) for i in (_NULLS, _LOWER, _UPPER))
+_FILE_PATH_AT = _PLANNED_FIELDS.index(100)
 _PLANNED: dict[str, dict[str, Any] | None] = {}
 
 
@@ -1164,24 +1285,25 @@ def read_planned(
     pieces = data[start:].split(sync)
     if pieces.pop() != b"":
         return None
-    decompress: Callable[[bytes], bytes] = bytes
-    if codec is DeflateCodec:  # (zlib's own call: no Python frame per block)
-        decompress = partial(zlib.decompress, wbits=-15)
-    elif codec is not None:
-        decompress = codec.decompress
-    bodies: list[bytes] = []
     # each block's head: one entry (zigzag 1), then its size — the piece's length less the
-    # head's, so a piece of a given length has one possible head (worked out once per length)
-    heads: dict[int, bytes] = {}
+    # head's, so a piece of a given length has one possible head (worked out once per length);
+    # checked, cut off and inflated by C-level calls, no Python per block
+    lengths = list(map(len, pieces))
+    heads = {length: _block_head(length) for length in set(lengths)}
+    block_heads = list(map(heads.__getitem__, lengths))
+    if not all(map(bytes.startswith, pieces, block_heads)):  # not one entry, or not its length
+        return None
+    compressed: list[bytes] = list(
+        map(_CUT, pieces, map(slice, map(len, block_heads), repeat(None)))
+    )
+    bodies: list[bytes]
     try:
-        for piece in pieces:
-            length = len(piece)
-            head = heads.get(length)
-            if head is None:
-                head = heads[length] = _block_head(length)
-            if not piece.startswith(head):  # not one entry, or not of the piece's length
-                return None
-            bodies.append(decompress(piece[len(head) :]))
+        if codec is DeflateCodec:  # (zlib's own call: no Python frame per block)
+            bodies = list(map(zlib.decompress, compressed, repeat(-15)))
+        elif codec is not None:
+            bodies = list(map(codec.decompress, compressed))
+        else:
+            bodies = compressed
     except Exception:  # cut short, or not what its codec says: the whole decoder reports it
         return None
     if not bodies:
@@ -1207,6 +1329,9 @@ def read_planned(
         if _after_prefix(bodies[columns["row"][row]], 0) != skip:
             return None
     return _planned_entries(manifest, bodies, columns, bounds, meta, codec)
+
+
+_CUT = cast(Callable[[bytes, slice], bytes], getitem)  # a piece's bytes from a position on
 
 
 def _block_head(length: int) -> bytes:
@@ -1281,29 +1406,27 @@ def _planned_columns(
     added = int(ManifestEntryStatus.ADDED)
     inherit = manifest.sequence_number
     snapshot = manifest.added_snapshot_id
-    out: dict[Any, list[Any]] = {0: live(statuses), "row": rows, "skip": [], 1: [], 3: [], 4: []}
+    out: dict[Any, list[Any]] = {0: live(statuses), "row": rows}
     # where each entry's `data_file` starts: after its status and three ["null", "long"] unions;
-    # an entry's prefix repeats (a commit's entries share it): worked out once per distinct one
+    # an entry's prefix repeats (a commit's entries share it): worked out once per distinct one,
+    # given to the entries by C-level calls
+    prefixes = list(zip(out[0], *(live(given[i]) for i in (1, 3, 4)), strict=True))
     done: dict[tuple[Any, ...], tuple[int, Any, Any, Any]] = {}
-    skips, snapshots, sequences, files = out["skip"], out[1], out[3], out[4]
-    for prefix in zip(out[0], *(live(given[i]) for i in (1, 3, 4)), strict=True):
-        found = done.get(prefix)
-        if found is None:
-            status, snap, sequence, file_sequence = prefix
-            skip = _varint_length(status) + sum(
-                1 + (0 if v is None else _varint_length(v)) for v in prefix[1:]
-            )
-            inherits = inherit is not None and (status == added or inherit == 0)
-            found = done[prefix] = (
-                skip,
-                snapshot if snap is None else snap,
-                inherit if sequence is None and inherits else sequence,
-                inherit if file_sequence is None and inherits else file_sequence,
-            )
-        skips.append(found[0])
-        snapshots.append(found[1])
-        sequences.append(found[2])
-        files.append(found[3])
+    for prefix in dict.fromkeys(prefixes):
+        status, snap, sequence, file_sequence = prefix
+        skip = _varint_length(status) + sum(
+            1 + (0 if v is None else _varint_length(v)) for v in prefix[1:]
+        )
+        inherits = inherit is not None and (status == added or inherit == 0)
+        done[prefix] = (
+            skip,
+            snapshot if snap is None else snap,
+            inherit if sequence is None and inherits else sequence,
+            inherit if file_sequence is None and inherits else file_sequence,
+        )
+    found = list(map(done.__getitem__, prefixes))
+    for key, at in (("skip", 0), (1, 1), (3, 2), (4, 3)):
+        out[key] = list(map(_AT_ITEM[at], found))
     data_files = frame.get_column(layout["data_file"]).struct.unnest()
     for i in (134, 100, 101, 102, 103, 104, 131, 132, 135, 140):
         if i in names:
@@ -1343,15 +1466,15 @@ def _varint_length(value: int) -> int:
     return length
 
 
+_AT_ITEM = tuple(itemgetter(i) for i in range(4))
 _STATUSES = {int(s): s for s in ManifestEntryStatus}
 _CONTENTS = {int(c): c for c in DataFileContent}
 _FORMATS = {f.value: f for f in FileFormat}
 
 
 class Statistic(Mapping[int, Any]):
-    """One column's statistic of a planned file (`PartialDataFile`'s bounds and null count):
-    read-only, ~50 bytes where a dict of one key takes ~220 — 20,000 planned files hold three
-    each."""
+    """One column's statistic of a planned file (`PartialDataFile`'s bounds and null count, made
+    when asked): read-only, ~50 bytes where a dict of one key takes ~220."""
 
     __slots__ = ("_column", "_value")
 
@@ -1399,33 +1522,27 @@ def _planned_entries(
 ) -> tuple[list[ManifestEntry], RawManifest]:
     count = len(columns["row"])
     none = [None] * count
-    contents = [_CONTENTS[c] if c in _CONTENTS else DataFileContent(c) for c in columns[134]]
-    formats = [_FORMATS.get(f) or FileFormat(f) for f in columns[101]]  # (any case, as pyiceberg)
-    interned: dict[tuple[Any, ...], Record] = {}  # one record per distinct partition
-    partitions = []
-    for given in columns.get(102, none):
-        written = tuple(given.values()) if given is not None else ()
-        record = interned.get(written)
-        if record is None:
-            record = interned[written] = Record(*written)
-        partitions.append(record)
+    # (each distinct value converted once, given to the entries by C-level calls)
+    content_of = {
+        c: _CONTENTS[c] if c in _CONTENTS else DataFileContent(c) for c in set(columns[134])
+    }
+    contents = list(map(content_of.__getitem__, columns[134]))
+    format_of = {f: _FORMATS.get(f) or FileFormat(f) for f in set(columns[101])}  # (any case)
+    formats = list(map(format_of.__getitem__, columns[101]))
+    given = columns.get(102, none)
+    if None in given:
+        written = [tuple(g.values()) if g is not None else () for g in given]
+    else:
+        written = list(map(tuple, map(dict.values, given)))
+    interned = {w: Record(*w) for w in dict.fromkeys(written)}  # one record per partition
+    partitions = list(map(interned.__getitem__, written))
     stats: list[list[Any]] = []
+    single: int | None = None  # one column's statistics: its bare values (`PartialDataFile`)
     for map_id in (_NULLS, _LOWER, _UPPER):
         found = [(column, columns.get((map_id, column), none)) for column in sorted(bounds)]
-        if len(found) == 1:  # one column's (the usual plan): a small mapping per file
-            ((column, values),) = found
-            if map_id == _NULLS:  # few distinct counts: one mapping per count
-                shared: dict[Any, Mapping[int, Any]] = {None: _NO_STATISTIC}
-                stats.append(
-                    [
-                        shared[v] if v in shared else shared.setdefault(v, Statistic(column, v))
-                        for v in values
-                    ]
-                )
-            else:
-                stats.append(
-                    [Statistic(column, v) if v is not None else _NO_STATISTIC for v in values]
-                )
+        if len(found) == 1:
+            ((single, values),) = found
+            stats.append(values)
         else:
             stats.append(
                 [{c: vs[row] for c, vs in found if vs[row] is not None} for row in range(count)]
@@ -1457,7 +1574,7 @@ def _planned_entries(
             ids[row],
             orders[row],
         ]
-        data_file = PartialDataFile(values, spec_id)
+        data_file = PartialDataFile(values, spec_id, single)
         entries.append(
             ManifestEntry(
                 _STATUSES[status] if status in _STATUSES else ManifestEntryStatus(status),
