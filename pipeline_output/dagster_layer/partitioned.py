@@ -208,13 +208,6 @@ def partitioned_output(
             return collect_frame(spec, out)
 
         items.append((part, thunk))
-    if len(items) == 1:
-        # one partition: computed here, in the step's body, as an unpartitioned dataset's frame
-        # is — while the runtime's warm-up (its connections) goes on beside it — not deferred
-        # to the write (a range run's are, to hold one partition's frame at a time)
-        part, thunk = items[0]
-        frame = thunk()
-        items = [(part, lambda: frame)]
     return PartitionedOutput(tuple(items))
 
 

@@ -9,7 +9,6 @@ table is that dict's rows (plain polars), never the project's reader of a slice.
 
 from __future__ import annotations
 
-import inspect
 from datetime import date
 from typing import Any
 
@@ -344,26 +343,6 @@ def test_a_range_run_computes_its_partitions_in_the_definitions_order(env, insta
     defs = build_definitions(datasets=[ordered], with_maintenance=False)
     assert run(defs, instance, "ordered", "zeta", "alpha").success
     assert calls == keys
-
-
-def test_a_one_partition_run_computes_its_frame_in_the_step_and_a_range_run_in_the_write(
-    env, instance
-):
-    """One partition's frame is computed in the asset's step, as an unpartitioned dataset's is
-    (the runtime's warm-up goes on meanwhile), not by the IO manager's write; a range run's
-    partitions are computed by the write, one at a time."""
-    in_write: dict[str, bool] = {}
-
-    @dataset(primary_key="id", mode="iceberg", partitions_def=DAILY, partition_column="day")
-    def where(partition_key: str) -> pl.DataFrame:
-        in_write[partition_key] = any(f.function == "handle_output" for f in inspect.stack(0))
-        return day_rows(partition_key, [int(partition_key[-1])])
-
-    defs = build_definitions(datasets=[where], with_maintenance=False)
-    assert run(defs, instance, "where", DAYS[0]).success
-    assert run(defs, instance, "where", DAYS[1], DAYS[2]).success
-    assert in_write == {DAYS[0]: False, DAYS[1]: True, DAYS[2]: True}
-    assert sorted(table("where", "iceberg")["id"].to_list()) == [1, 2, 3]
 
 
 SPAN = [date(2024, 1, 26 + n).isoformat() for n in range(6)] + [
