@@ -50,6 +50,7 @@ from typing import Any, Literal
 
 import psycopg
 from psycopg import sql
+from psycopg.errors import UndefinedColumn, UndefinedTable
 from pydantic import Field
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import ICEBERG_TABLE_TYPE, IcebergTables, SqlCatalog
@@ -184,8 +185,13 @@ class FlatSqlCatalog(SqlCatalog):
                 )
                 if row is not None and row[1]:
                     self._po_namespaces.add(ns)
-        except (OperationalError, ProgrammingError, psycopg.Error):
-            super()._init_catalog()  # (a database that is down: SQLAlchemy's error, as before)
+        except (OperationalError, ProgrammingError, psycopg.Error) as exc:
+            if not isinstance(exc, (UndefinedTable, UndefinedColumn)):
+                # not a catalog missing its tables (pyiceberg creates them below) but a URL
+                # psycopg does not take as SQLAlchemy does, or a database that is down: the
+                # engine runs every statement, and reports the failure as before
+                self._po_session_url = None
+            super()._init_catalog()
             return
         self._schema_version = "v1"
 

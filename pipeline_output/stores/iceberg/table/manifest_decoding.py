@@ -983,7 +983,7 @@ def file_partitions(files: Iterable[DataFile]) -> list[Record]:
 
 def file_spec_ids(files: Sequence[DataFile]) -> list[int]:
     """The files' partition spec ids (C-level getters; a file without one set fails as
-    `DataFile.spec_id` does)."""
+    pyiceberg's own `spec_id` property does)."""
     try:
         return list(map(_SPEC_ID, files))
     except AttributeError:
