@@ -1175,6 +1175,19 @@ def _map(meta: dict[str, str]) -> bytes:
     return bytes(out)
 
 
+def _statistic_property(which: int) -> Any:
+    """A `PartialDataFile` statistic (0: null counts, 1: lower bounds, 2: upper bounds, at
+    `_STATISTIC_AT[which]`), read and set through `_statistic` / `_assign`."""
+
+    def get(self: PartialDataFile) -> Any:
+        return self._statistic(_STATISTIC_AT[which])
+
+    def put(self: PartialDataFile, value: Any) -> None:
+        self._assign(_STATISTIC_AT[which], value)
+
+    return property(get, put)
+
+
 class PartialDataFile(DataFile):
     """A data file decoded for planning (`read_planned`): its column statistics cut to the
     columns asked for — `lower_bounds`, `upper_bounds` and `null_value_counts` hold those
@@ -1212,29 +1225,9 @@ class PartialDataFile(DataFile):
                 self._data[i] = mapping
         self._data[at] = value
 
-    @property
-    def null_value_counts(self) -> Any:
-        return self._statistic(_STATISTIC_AT[0])
-
-    @null_value_counts.setter
-    def null_value_counts(self, value: Any) -> None:
-        self._assign(_STATISTIC_AT[0], value)
-
-    @property
-    def lower_bounds(self) -> Any:
-        return self._statistic(_STATISTIC_AT[1])
-
-    @lower_bounds.setter
-    def lower_bounds(self, value: Any) -> None:
-        self._assign(_STATISTIC_AT[1], value)
-
-    @property
-    def upper_bounds(self) -> Any:
-        return self._statistic(_STATISTIC_AT[2])
-
-    @upper_bounds.setter
-    def upper_bounds(self, value: Any) -> None:
-        self._assign(_STATISTIC_AT[2], value)
+    null_value_counts = _statistic_property(0)
+    lower_bounds = _statistic_property(1)
+    upper_bounds = _statistic_property(2)
 
 
 _SET = object.__setattr__
