@@ -11,6 +11,7 @@ primary-key column's), dropped columns stay (null in new rows), anything else is
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import polars as pl
@@ -64,10 +65,15 @@ def _microsecond_times(t: pa.DataType) -> pa.DataType:
     return t
 
 
-def iceberg_type_of(dtype_schema: pa.Schema, name: str) -> IcebergType:
-    """The Iceberg type of one Arrow field (ids unassigned)."""
-    converted = Catalog._convert_schema_if_needed(pa.schema([dtype_schema.field(name)]))
-    return converted.find_field(name).field_type
+def iceberg_types_of(arrow: pa.Schema, names: Iterable[str]) -> dict[str, IcebergType]:
+    """The Iceberg types of the Arrow fields `names` (ids unassigned), converted together: one
+    conversion (pyiceberg reads its configuration for each) for all of them, not one a column."""
+    wanted = list(names)
+    if not wanted:
+        return {}
+    converted = Catalog._convert_schema_if_needed(pa.schema([arrow.field(n) for n in wanted]))
+    # by position: the converted fields carry no ids yet, so a lookup by name is ambiguous
+    return {n: f.field_type for n, f in zip(wanted, converted.fields, strict=True)}
 
 
 def initial_schema(spec: DatasetSpec, frame: pl.DataFrame) -> tuple[Schema, SortOrder]:
@@ -186,13 +192,14 @@ def _plan_evolution(spec: DatasetSpec, table_schema: Schema, frame: pl.DataFrame
     arrow = arrow_schema_of(frame)
     evolution = Evolution()
     table_names = {f.name for f in table_schema.fields}
+    types = iceberg_types_of(arrow, (n for n, t in frame.schema.items() if t != pl.Null))
     for name in frame.columns:
         if frame.schema[name] == pl.Null:
             # an all-null column of no type: takes the table's type, or string when new
             if name not in table_names:
                 evolution.add.append((name, StringType()))
             continue
-        new_type = iceberg_type_of(arrow, name)
+        new_type = types[name]
         if name not in table_names:
             if name in spec.primary_key:
                 raise SchemaMismatch(
