@@ -217,7 +217,10 @@ def maintenance_sensor(
 
     @dg.sensor(
         name=MAINTENANCE_SENSOR,
-        job=job,
+        # the job by name, not the object: Dagster copies a sensor whose job object lacks the
+        # location's resources (binding them to the job), and its copy warns that the beta
+        # `owners` parameter was passed, in every process that loads the location
+        job_name=job.name,
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=(
             dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
