@@ -51,7 +51,8 @@ def failing_as_dagster(dataset: str | None) -> AbstractContextManager[None]:
 
 class _AsFailure(AbstractContextManager[None]):
     """`failing_as_dagster`'s context manager: a class, not a `@contextmanager` generator, so
-    the traceback Dagster prints has one frame of ours (the raise), not contextlib's too."""
+    the traceback Dagster prints has two frames of ours (the boundary's `with` and this raise),
+    not contextlib's two as well."""
 
     def __init__(self, dataset: str | None) -> None:
         self._dataset = dataset
