@@ -33,6 +33,17 @@ def mat_meta(result: dg.ExecuteInProcessResult, key: str) -> dict[str, Any]:
     raise AssertionError(f"{key} was not materialised")
 
 
+def failure_errors(result: dg.ExecuteInProcessResult) -> list[str]:
+    """The pipeline-output error class of each failed step, as its `dg.Failure` names it in its
+    metadata (`dagster_layer/failures.py`); "" for a step that failed otherwise."""
+    out = []
+    for event in result.get_step_failure_events():
+        data = event.step_failure_data.user_failure_data
+        raw = data.metadata.get("error") if data is not None else None
+        out.append(str(getattr(raw, "value", raw or "")))
+    return out
+
+
 def partition_meta(instance: dg.DagsterInstance, name: str, key: str) -> dict[str, Any]:
     """The latest materialisation's metadata of partition `key` of asset `name`, as the instance
     recorded it."""

@@ -32,6 +32,7 @@ from typing import Any, Literal
 import dagster as dg
 
 from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.dagster_layer.failures import error_name
 from pipeline_output.dagster_layer.resource import RESOURCE_KEY, built_runtime_of, runtime_of
 from pipeline_output.services.runtime import Runtime
 
@@ -173,7 +174,7 @@ def _fail_on_step_failure(context: dg.HookContext, spec: DatasetSpec, check: str
         return  # a non-blocking check raised: it does not gate the publish
     error = context.op_exception
     what = f"blocking check {check!r}" if check is not None else f"the step of {spec.name}"
-    reason = f"{what} failed" + (f": {type(error).__name__}: {error}" if error else "")
+    reason = f"{what} failed" + (f": {error_name(error)}: {error}" if error else "")
     fail_audit(
         runtime.publisher,
         spec.name,

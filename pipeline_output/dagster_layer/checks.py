@@ -57,6 +57,7 @@ from typing import Any
 import dagster as dg
 
 from pipeline_output.contract.spec import DatasetSpec
+from pipeline_output.dagster_layer.failures import failing_as_dagster
 from pipeline_output.dagster_layer.keys import HEALTH_CHECK
 from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
 from pipeline_output.services.parity import ParityReport
@@ -239,7 +240,8 @@ def parity_check(spec: DatasetSpec, asset_key: dg.AssetKey) -> dg.AssetChecksDef
         required_resource_keys={RESOURCE_KEY},
     )
     def _parity(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
-        result = parity_result(context, spec, asset_key)
+        with failing_as_dagster(spec.name):
+            result = parity_result(context, spec, asset_key)
         if result is not None:
             yield result
 
@@ -357,7 +359,8 @@ def table_health_check(
         required_resource_keys={RESOURCE_KEY},
     )
     def _table_health(context: dg.AssetCheckExecutionContext) -> dg.AssetCheckResult:
-        return health_result(context, spec, asset_key, thresholds)
+        with failing_as_dagster(spec.name):
+            return health_result(context, spec, asset_key, thresholds)
 
     return _table_health
 

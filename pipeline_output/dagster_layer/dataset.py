@@ -70,6 +70,7 @@ from pipeline_output.dagster_layer.changes_assets import (
     mark_changes_input,
 )
 from pipeline_output.dagster_layer.checks import declared_checks, evaluate_checks
+from pipeline_output.dagster_layer.failures import failing_as_dagster
 from pipeline_output.dagster_layer.frames_io import (
     FrameKind,
     as_kind,
@@ -398,7 +399,8 @@ def build_dataset_asset(
     ) -> Iterator[Any]:
         inputs = dict(zip(upstream, args, strict=False))
         inputs.update(kwargs)
-        yield from body(context, config, **inputs)
+        with failing_as_dagster(spec.name):
+            yield from body(context, config, **inputs)
 
     compute.__signature__ = inspect.Signature(sig_params)  # type: ignore[attr-defined]
     compute.__name__ = spec.name

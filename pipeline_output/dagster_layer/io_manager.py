@@ -28,6 +28,7 @@ from pipeline_output.dagster_layer.delta_assets import (
     WindowReader,
     windowed_frame,
 )
+from pipeline_output.dagster_layer.failures import failing_as_dagster
 from pipeline_output.dagster_layer.keys import (
     AUDIT_OVERRIDE_KEY,
     DELTA_INPUT_KEY,
@@ -155,6 +156,16 @@ def _published_version(context: dg.OutputContext, result: PublishResult) -> None
         _data_version(context, ice.snapshot_id)
 
 
+def _dataset_of(context: dg.OutputContext | dg.InputContext) -> str | None:
+    """The dataset a step's error names: the one its output writes, or the one its input is read
+    for (the step's asset; else the asset the input reads)."""
+    step = step_of(context) if isinstance(context, dg.InputContext) else None
+    assets = step.assets_def if step is not None else None
+    if assets is not None and len(assets.keys) == 1:
+        return str(next(iter(assets.keys)).path[-1])
+    return context.asset_key.path[-1] if context.has_asset_key else None
+
+
 class DatasetIOManager(dg.ConfigurableIOManager):
     """Writes dataset outputs through the core's publish step; reads inputs as LazyFrames.
 
@@ -181,6 +192,10 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         return copy
 
     def handle_output(self, context: dg.OutputContext, obj: Any) -> None:
+        with failing_as_dagster(_dataset_of(context)):
+            self._handle_output(context, obj)
+
+    def _handle_output(self, context: dg.OutputContext, obj: Any) -> None:
         if obj is None:
             return
         spec = spec_in_run(context, context.asset_key, context.definition_metadata)
@@ -335,6 +350,10 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         _add_metadata(context, meta)
 
     def load_input(self, context: dg.InputContext) -> Any:
+        with failing_as_dagster(_dataset_of(context)):
+            return self._load_input(context)
+
+    def _load_input(self, context: dg.InputContext) -> Any:
         upstream = context.upstream_output
         meta = (upstream.definition_metadata if upstream is not None else None) or {}
         runtime = self.pipeline_output.runtime()

@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.dagster_layer.checks import health_evaluation
+from pipeline_output.dagster_layer.failures import failing_as_dagster
 from pipeline_output.dagster_layer.keys import (
     MAINTENANCE_JOB,
     MAINTENANCE_SCHEDULE,
@@ -126,6 +127,10 @@ def build_maintenance_job(
         required_resource_keys={RESOURCE_KEY},
     )
     def maintain_tables(context: dg.OpExecutionContext, config: MaintenanceConfig) -> None:
+        with failing_as_dagster(config.datasets[0] if len(config.datasets) == 1 else None):
+            _maintain_tables(context, config)
+
+    def _maintain_tables(context: dg.OpExecutionContext, config: MaintenanceConfig) -> None:
         from pipeline_output.services.maintenance import maintain
 
         unknown = sorted(set(config.datasets) - set(by_name))
@@ -217,7 +222,10 @@ def maintenance_sensor(
 
     @dg.sensor(
         name=MAINTENANCE_SENSOR,
-        job=job,
+        # the job by name, not the object: Dagster copies a sensor whose job object lacks the
+        # location's resources (binding them to the job), and its copy warns that the beta
+        # `owners` parameter was passed, in every process that loads the location
+        job_name=job.name,
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=(
             dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
@@ -227,6 +235,10 @@ def maintenance_sensor(
     def table_maintenance_sensor(
         context: dg.SensorEvaluationContext,
     ) -> dg.SensorResult | dg.SkipReason:
+        with failing_as_dagster(None):
+            return _evaluate(context)
+
+    def _evaluate(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
         store = (resource or PipelineOutputResource()).runtime().iceberg
         requests, healthy = [], 0
         for spec in datasets:

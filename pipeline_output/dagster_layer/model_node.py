@@ -22,6 +22,7 @@ from pipeline_output.dagster_layer.asset_params import (
 )
 from pipeline_output.dagster_layer.checks import evaluate_checks
 from pipeline_output.dagster_layer.dataset import define_dataset_asset, spec_of
+from pipeline_output.dagster_layer.failures import failing_as_dagster
 from pipeline_output.dagster_layer.metadata import (
     arm_kinds,
     definition_metadata,
@@ -76,9 +77,10 @@ def model_node(
     out_spec = model.output
 
     def _model(context: dg.AssetExecutionContext, config: ModelRunConfig) -> Iterator[Any]:
-        if context.selected_asset_keys:  # else a run of its checks alone: nothing is scored
-            yield _score(context, config)
-        yield from evaluate_checks(context, out_spec)
+        with failing_as_dagster(name):
+            if context.selected_asset_keys:  # else a run of its checks alone: nothing is scored
+                yield _score(context, config)
+            yield from evaluate_checks(context, out_spec)
 
     def _score(
         context: dg.AssetExecutionContext, config: ModelRunConfig

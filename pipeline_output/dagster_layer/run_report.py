@@ -32,6 +32,7 @@ from typing import Any
 import dagster as dg
 
 from pipeline_output import errors
+from pipeline_output.dagster_layer.failures import failure_retryable
 from pipeline_output.dagster_layer.metadata import ACTION_KEY, WINDOW_KEY
 
 WRITTEN = ("applied", "staged")
@@ -95,14 +96,20 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def error_line(error: Any) -> tuple[str, bool]:
-    """(message, retryable) of a Dagster `SerializableErrorInfo`: the first pipeline-output error
-    in its cause chain, else the innermost error with its class name."""
+def error_line(error: Any, failure: Any = None) -> tuple[str, bool]:
+    """(message, retryable) of a Dagster `SerializableErrorInfo`: a pipeline-output error as it
+    reached Dagster (a `dg.Failure` whose metadata — `failure`, the step's `UserFailureData` —
+    says whether it is retryable: `failures.as_failure`; after a retry policy's last attempt, the
+    cause of Dagster's "exceeded max_retries") or as the first pipeline-output error in its cause
+    chain, else the innermost error with its class name."""
     chain: list[Any] = []
     while error is not None and len(chain) < 20:
         chain.append(error)
         error = error.cause or error.context
+    retryable = failure_retryable(getattr(failure, "metadata", None))
     for info in chain:
+        if retryable is not None and info.cls_name == "Failure":  # under "max retries exceeded"
+            return _strip(info), retryable
         cls = getattr(errors, info.cls_name or "", None)
         if isinstance(cls, type) and issubclass(cls, errors.PipelineOutputError):
             return _strip(info), issubclass(cls, errors.RetryableError)
@@ -185,7 +192,7 @@ def collect(
             continue
         for key in assets:
             step_state[key.to_user_string()] = "failed"
-        message, retryable = error_line(error)
+        message, retryable = error_line(error, event.step_failure_data.user_failure_data)
         name = ", ".join(sorted(a.to_user_string() for a in assets) or sorted(checked))
         where = "" if assets else "check step: "
         outcome.failures.append(

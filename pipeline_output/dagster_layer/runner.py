@@ -25,6 +25,7 @@ import dagster as dg
 
 from pipeline_output.dagster_layer.dataset import spec_of
 from pipeline_output.dagster_layer.delta_assets import partitions_name
+from pipeline_output.dagster_layer.failures import failure_retryable
 from pipeline_output.dagster_layer.resource import runtime_of_definitions
 from pipeline_output.dagster_layer.run_report import (
     Failure,
@@ -100,6 +101,9 @@ def plan_windows(
 
 
 def _one_line(exc: BaseException) -> tuple[str, bool]:
+    if isinstance(exc, dg.Failure) and exc.description:  # a sensor's error (`failures.py`)
+        retryable = failure_retryable(exc.metadata)
+        return " ".join(exc.description.split()), bool(retryable)
     known = exc if isinstance(exc, PipelineOutputError) else from_third_party(exc)
     if known is not None:
         return " ".join(str(known).split()), isinstance(known, RetryableError)

@@ -29,6 +29,7 @@ from pipeline_output.dagster_layer.asset_params import (
     define_observation,
     remember_build,
 )
+from pipeline_output.dagster_layer.failures import failing_as_dagster
 from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY, SOURCE_METADATA_KEY
 from pipeline_output.dagster_layer.resource import RESOURCE_KEY, runtime_of
 from pipeline_output.errors import BadInput, InvalidSpec
@@ -136,7 +137,8 @@ def _source_asset(source: SourceSpec, options: AssetOptionsKwargs) -> dg.AssetsD
     source = dataclasses.replace(source, description=given.description)
 
     def observe(context: dg.AssetExecutionContext) -> dg.ObserveResult:
-        rows, hwm = source_stats(source, runtime=runtime_of(context))
+        with failing_as_dagster(source.name):
+            rows, hwm = source_stats(source, runtime=runtime_of(context))
         return dg.ObserveResult(
             metadata=_observed(rows, hwm, watermark=source.watermark),
             data_version=dg.DataVersion(f"{rows}:{hwm}"),

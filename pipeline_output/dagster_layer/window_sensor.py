@@ -35,6 +35,7 @@ import dagster as dg
 from pipeline_output.contract.spec import DatasetSpec
 from pipeline_output.contract.windows import WindowRow
 from pipeline_output.dagster_layer.delta_assets import DEFAULT_SENSOR_INTERVAL_S, window_partitions
+from pipeline_output.dagster_layer.failures import failing_as_dagster
 from pipeline_output.dagster_layer.resource import PipelineOutputResource
 from pipeline_output.dagster_layer.window_upstreams import SensorUpstream
 from pipeline_output.services.window_planning import plan_next, run_groups
@@ -157,6 +158,10 @@ def build_window_sensor(
         description=f"Plans delta windows of {spec.name} over {upstream.name}.{delta.watermark}",
     )
     def _sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult:
+        with failing_as_dagster(spec.name):
+            return _evaluate(context)
+
+    def _evaluate(context: dg.SensorEvaluationContext) -> dg.SensorResult:
         ledger = (resource or PipelineOutputResource()).runtime().windows
         cursor = _cursor(context.cursor)
         version = upstream.version(context)

@@ -229,8 +229,10 @@ def test_inside_a_dagster_run_the_failure_is_the_same_line(
     failures = [e for e in result.all_events if e.is_step_failure]
     assert failures, "the run did not fail"
     assert failures[0].step_failure_data is not None
-    message, retryable = error_line(failures[0].step_failure_data.error)
-    assert message.startswith("HELPDESK_RUN_PG (PipelineOutputResource.pg_url): "), message
+    data = failures[0].step_failure_data
+    message, retryable = error_line(data.error, data.user_failure_data)
+    prefix = "dataset 'tickets': HELPDESK_RUN_PG (PipelineOutputResource.pg_url): "
+    assert message.startswith(prefix), message
     assert '"no_such_database" does not exist' in message and "hunter2" not in message
     assert not retryable
 

@@ -22,6 +22,7 @@ from pipeline_output import DatasetSpec, Delta, Window, build_definitions
 from pipeline_output.contract.spec import spec_to_dict
 from pipeline_output.dagster_layer.keys import IO_MANAGER_KEY, SPEC_METADATA_KEY
 from pipeline_output.dagster_layer.resource import get_runtime, reset_runtime
+from pipeline_output_tests.dagster_runs import failure_errors
 from pipeline_output_tests.oracle import assert_same_multiset
 
 NAME = "ev_custom"
@@ -149,7 +150,8 @@ def test_a_plain_frame_for_a_delta_dataset_outside_any_window_is_refused_before_
     result = run(user_defs(env, partitioned=False), instance, raise_on_error=False)
     assert not result.success
     text = failure_text(result)
-    assert "UnsupportedWrite" in text and f"dataset {NAME!r} is a delta dataset" in text, text
+    assert failure_errors(result) == ["UnsupportedWrite"], text
+    assert f"dataset {NAME!r} is a delta dataset" in text, text
     assert get_runtime().iceberg.load(NAME) is None, "nothing was written"
 
     # a window the ledger never planned: refused, nothing written

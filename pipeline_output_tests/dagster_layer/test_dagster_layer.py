@@ -661,8 +661,8 @@ def test_missing_source_table_fails_the_run_naming_dataset_source_and_table(peop
     result = _run(_defs_with(_good, source_table="no_such_table"), instance, "roster")
     assert not result.success
     text = failure_text(result)
-    # Dagster names the step (= the dataset); the cause names the source and the missing table.
-    assert '"roster"' in text, text
+    # one line names the dataset whose input failed, the source and the missing table
+    assert text.startswith("dagster._core.definitions.events.Failure: dataset 'roster': "), text
     assert "'people_src'" in text and "public.no_such_table does not exist" in text, text
     assert not people.table_exists(f"{NAMESPACE}.roster")
 

@@ -19,7 +19,7 @@ import pytest
 from pipeline_output import DatasetSpec, build_definitions, dataset
 from pipeline_output.dagster_layer.resource import get_runtime
 from pipeline_output.services.publish import ResolvedMode
-from pipeline_output_tests.dagster_runs import partition_meta
+from pipeline_output_tests.dagster_runs import failure_errors, partition_meta
 from pipeline_output_tests.oracle import assert_same_multiset
 
 DAYS = ["2024-01-01", "2024-01-02", "2024-01-03"]
@@ -167,7 +167,8 @@ def test_a_row_outside_its_partition_is_refused_with_nothing_written_or_recorded
     assert not failed.success
     (failure,) = failed.get_step_failure_events()
     text = failure.event_specific_data.error.to_string()  # type: ignore[union-attr]
-    assert "RowsOutsideWindow" in text and "outside partition 2024-01-02" in text
+    assert failure_errors(failed) == ["RowsOutsideWindow"], text
+    assert "outside partition 2024-01-02" in text
     assert materialized_partitions(instance, name) == {DAYS[0]}  # none recorded
     assert_same_multiset(table(name, mode), before)
     assert len(ledger.deploy_log.deploys(name)) == deploys  # no commit on either arm

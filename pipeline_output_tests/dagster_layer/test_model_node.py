@@ -16,7 +16,7 @@ from polars.testing import assert_frame_equal
 
 from pipeline_output import Delta, build_definitions, dataset, model_node, postgres_source
 from pipeline_output.dagster_layer.resource import get_runtime
-from pipeline_output_tests.dagster_runs import requested_keys
+from pipeline_output_tests.dagster_runs import failure_errors, requested_keys
 from pipeline_output_tests.oracle import assert_same_multiset
 
 ROW_INDEX = "__source_row_index__"
@@ -289,6 +289,15 @@ def test_predict_raising_on_window_3_of_5_leaves_the_previous_output_exactly_as_
     text = failure_text(result)
     assert "people_score" in text and "model blew up on call 3" in text
     assert scorer.calls == 3, "the failure happened on the third window"
+    # one line naming the node, caused by the user's own error with its traceback (the
+    # `predict` in this file), none of pipeline-output's frames under it
+    (failure,) = result.get_step_failure_events()
+    error = failure.step_failure_data.error
+    assert error is not None and error.cls_name == "Failure", text
+    assert error.message.startswith("dagster._core.definitions.events.Failure: model node ")
+    cause = error.cause
+    assert cause is not None and cause.cls_name == "RuntimeError" and cause.cause is None, text
+    assert any(__file__ in frame for frame in cause.stack), cause.stack
 
     table = output_table(node)
     assert table.current_snapshot().snapshot_id == before_id
@@ -570,7 +579,8 @@ def test_predictions_whose_keys_do_not_match_the_input_one_to_one_fail_and_write
         result = materialise(defs, instance, node, raise_on_error=False)
         assert not result.success, case
         text = failure_text(result)
-        assert "BadInput" in text and "model node 'people_score'" in text and why in text, (
+        assert failure_errors(result) == ["BadInput"], (case, text[-1500:])
+        assert "model node 'people_score'" in text and why in text, (
             case,
             text[-1500:],
         )
