@@ -23,11 +23,17 @@ def stop() -> None:
 
 @pg.command()
 def status() -> None:
-    """Print whether the embedded server runs (exit code 1 if not)."""
+    """Print whether the embedded server runs and can be reached (exit code 1 if not)."""
     settings = get_settings()
     current = embedded_pg.status(data_dir=settings.pg_data_dir)
-    if current.running:
+    if current.reachable:
         click.echo(f"running: pid {current.pid}, {current.url()}")
+    elif current.running:
+        click.echo(
+            f"unreachable: pid {current.pid} runs without its socket file in {current.socket_dir}"
+            " (removed since it started); the next pipeline-output command restarts it"
+        )
+        raise SystemExit(1)
     else:
         click.echo(f"not running: {settings.pg_data_dir}")
         raise SystemExit(1)

@@ -53,6 +53,9 @@ class ServerStatus:
     running: bool
     pid: int | None
     socket_dir: Path | None
+    reachable: bool = False
+    """Running with its socket file in place: a client can connect. A server whose socket file
+    was removed (by hand, by a temp-file cleaner) runs on, but nothing can reach it."""
 
     def url(self, *, database: str = DATABASE) -> str | None:
         """The libpq URI of the running server (unix socket, user postgres), or None."""
@@ -70,18 +73,19 @@ def start(*, data_dir: Path) -> str:
     """Start the server for `data_dir` (initialising it if new) or reuse the running one.
 
     Returns the libpq URI of the project database on it. A `postmaster.pid` whose process is gone
-    (crash, SIGKILL) is cleaned up and the server restarted.
+    (crash, SIGKILL) is cleaned up and the server restarted; so is a server that runs without its
+    socket file (`ServerStatus.reachable`): no client could connect to it.
     """
     data_dir = data_dir.expanduser().absolute()
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     with _locked(data_dir):
         current = status(data_dir=data_dir)
-        if not current.running:
+        if not current.reachable:
             _clear_stale(data_dir)
             _ensure_initialised(data_dir)
             _pg_ctl_start(data_dir)
             current = status(data_dir=data_dir)
-            if not current.running:
+            if not current.reachable:
                 raise EmbeddedPostgresError(
                     f"embedded Postgres in {data_dir} did not come up; see {data_dir / 'log'}"
                 )
@@ -104,6 +108,9 @@ def status(*, data_dir: Path) -> ServerStatus:
         running=running,
         pid=pid if running else None,
         socket_dir=socket_dir if running else None,
+        reachable=running
+        and socket_dir is not None
+        and (socket_dir / f".s.PGSQL.{_PORT}").is_socket(),
     )
 
 

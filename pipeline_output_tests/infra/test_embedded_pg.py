@@ -72,6 +72,33 @@ def test_stale_pid_file_after_sigkill_is_recovered(data_dir: Path) -> None:
         assert conn.execute("SELECT x FROM survivor").fetchone() == (42,)
 
 
+def test_a_server_whose_socket_file_was_removed_is_reported_unreachable_and_restarted(
+    data_dir: Path,
+) -> None:
+    """A running server whose socket file is gone (removed by hand or by a temp-file cleaner)
+    cannot be connected to: `status` says so, and the next `start` restarts it instead of
+    handing out a URL nothing answers on."""
+    url = embedded_pg.start(data_dir=data_dir)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE survivor (x int)")
+        conn.execute("INSERT INTO survivor VALUES (7)")
+    old = embedded_pg.status(data_dir=data_dir)
+    assert old.running and old.reachable and old.socket_dir is not None
+    (old.socket_dir / ".s.PGSQL.5432").unlink()
+    gone = embedded_pg.status(data_dir=data_dir)
+    assert gone.running and not gone.reachable and gone.pid == old.pid
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(url, connect_timeout=2).close()
+
+    assert embedded_pg.start(data_dir=data_dir) == url
+    new = embedded_pg.status(data_dir=data_dir)
+    assert new.reachable and new.pid != old.pid
+    assert old.pid is not None
+    _wait_gone(old.pid)
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT x FROM survivor").fetchone() == (7,)
+
+
 def test_stop_leaves_no_process(data_dir: Path) -> None:
     url = embedded_pg.start(data_dir=data_dir)
     with psycopg.connect(url, autocommit=True) as conn:  # a live backend too
