@@ -3,9 +3,27 @@ recorded (materialisation metadata, the parity check's evaluations)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
+
+from pipeline_output import PipelineOutputResource
+from pipeline_output.infra.settings import to_sqlalchemy_url
+
+
+def configured_resource(url: str, warehouse: Path, **fields: Any) -> PipelineOutputResource:
+    """A resource that names its control plane (`url`) and a SQL catalog on the same Postgres,
+    its files under `warehouse`: nothing is read from the environment. `fields`: the others."""
+    return PipelineOutputResource(
+        pg_url=url,
+        catalog={
+            "type": "sql",
+            "uri": to_sqlalchemy_url(url, driver="psycopg"),
+            "warehouse": f"file://{warehouse}",
+        },
+        **fields,
+    )
 
 
 def run_assets(

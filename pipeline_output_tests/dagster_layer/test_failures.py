@@ -17,12 +17,12 @@ import polars as pl
 import pytest
 
 import pipeline_output
-from pipeline_output import PipelineOutputResource, build_definitions, dataset
+from pipeline_output import build_definitions, dataset
 from pipeline_output.dagster_layer.resource import reset_runtime
 from pipeline_output.dagster_layer.run_report import error_line
 from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output_tests.commands.cli_runner import isolated_env
-from pipeline_output_tests.dagster_runs import failure_errors, run_assets
+from pipeline_output_tests.dagster_runs import configured_resource, failure_errors, run_assets
 
 DAGSTER = Path(sys.executable).parent / "dagster"
 CLOSED = "postgresql://postgres@127.0.0.1:1/x"  # nothing listens on port 1: refused at once
@@ -105,17 +105,6 @@ def fresh_runtime() -> Any:
     reset_runtime()
 
 
-def _resource(url: str, warehouse: Path) -> PipelineOutputResource:
-    return PipelineOutputResource(
-        pg_url=url,
-        catalog={
-            "type": "sql",
-            "uri": to_sqlalchemy_url(url, driver="psycopg"),
-            "warehouse": f"file://{warehouse}",
-        },
-    )
-
-
 def _failure(result: dg.ExecuteInProcessResult) -> tuple[Any, dict[str, Any]]:
     """The step's error as Dagster recorded it, and its Failure's metadata (plain values)."""
     (event,) = result.get_step_failure_events()
@@ -142,7 +131,9 @@ def test_bad_input_fails_once_as_one_terminal_line_and_the_users_own_error_keeps
             raise ValueError("the user's own bug")
         return pl.DataFrame(rows)
 
-    defs = build_definitions(datasets=[orders], resource=_resource(pg_db_url, tmp_path / "wh"))
+    defs = build_definitions(
+        datasets=[orders], resource=configured_resource(pg_db_url, tmp_path / "wh")
+    )
     with dg.DagsterInstance.ephemeral() as instance:
         result = run_assets(defs, instance, ["orders"], raise_on_error=False)
         error, meta = _failure(result)
@@ -168,7 +159,9 @@ def test_an_unreachable_control_plane_is_a_retryable_failure_naming_the_dataset(
     def orders() -> pl.DataFrame:
         return pl.DataFrame({"id": [1]})
 
-    defs = build_definitions(datasets=[orders], resource=_resource(CLOSED, tmp_path / "wh"))
+    defs = build_definitions(
+        datasets=[orders], resource=configured_resource(CLOSED, tmp_path / "wh")
+    )
     with dg.DagsterInstance.ephemeral() as instance:
         result = run_assets(defs, instance, ["orders"], raise_on_error=False)
     outer, meta = _failure(result)

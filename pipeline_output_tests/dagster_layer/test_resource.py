@@ -28,7 +28,12 @@ from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output.ledger import Ledger
 from pipeline_output.services import runtime as runtime_module
 from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog
-from pipeline_output_tests.dagster_runs import failure_errors, mat_meta, run_assets
+from pipeline_output_tests.dagster_runs import (
+    configured_resource,
+    failure_errors,
+    mat_meta,
+    run_assets,
+)
 from pipeline_output_tests.oracle import assert_same_multiset
 
 ROWS = pl.DataFrame({"order_id": [1, 2, 3], "amount": [9.5, 20.0, 3.25]})
@@ -56,19 +61,6 @@ def no_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[
     reset_runtime()
     yield work
     reset_runtime()
-
-
-def _resource(url: str, warehouse: Path, *, namespace: str, **extra: Any) -> PipelineOutputResource:
-    return PipelineOutputResource(
-        pg_url=url,
-        catalog={
-            "type": "sql",
-            "uri": to_sqlalchemy_url(url, driver="psycopg"),
-            "warehouse": f"file://{warehouse}",
-        },
-        namespace=namespace,
-        **extra,
-    )
 
 
 def _read(url: str, warehouse: Path, identifier: str) -> pl.DataFrame:
@@ -127,7 +119,7 @@ def test_a_runs_first_step_builds_the_runtime_on_a_thread_while_dagster_starts_i
         return real(**kwargs)
 
     monkeypatch.setattr("pipeline_output.dagster_layer.resource.connect", connect)
-    resource = _resource(pg_db_url, tmp_path / "warehouse", namespace="analytics")
+    resource = configured_resource(pg_db_url, tmp_path / "warehouse", namespace="analytics")
     defs = build_definitions(datasets=[orders], resource=resource)
     with dg.DagsterInstance.ephemeral() as instance:
         assert run_assets(defs, instance, ["orders"]).success
@@ -162,7 +154,7 @@ def test_a_run_sets_the_resource_up_once_and_its_io_manager_uses_that_one(
 
     monkeypatch.setattr(PipelineOutputResource, "setup_for_execution", setup)
     monkeypatch.setattr(DatasetIOManager, "handle_output", handle)
-    resource = _resource(pg_db_url, tmp_path / "warehouse", namespace="analytics")
+    resource = configured_resource(pg_db_url, tmp_path / "warehouse", namespace="analytics")
     resource = PipelineOutputResource(
         pg_url=dg.EnvVar("SHOP_CONTROL_PLANE"), catalog=resource.catalog, namespace="analytics"
     )
@@ -203,7 +195,8 @@ def test_a_run_validates_the_resources_config_once_and_still_takes_its_run_confi
         real_handle(self, context, obj)
 
     defs = build_definitions(
-        datasets=[orders], resource=_resource(pg_db_url, tmp_path / "warehouse", namespace="one")
+        datasets=[orders],
+        resource=configured_resource(pg_db_url, tmp_path / "warehouse", namespace="one"),
     )
     with dg.DagsterInstance.ephemeral() as instance:
         assert run_assets(defs, instance, ["orders"]).success
@@ -255,7 +248,8 @@ def test_a_run_against_a_silent_control_plane_waits_out_one_connect_timeout_not_
     used to build the runtime again when the warm-up failed: twice the timeout)."""
     url, accepted = silent_server
     defs = build_definitions(
-        datasets=[orders], resource=_resource(url, tmp_path / "warehouse", namespace="analytics")
+        datasets=[orders],
+        resource=configured_resource(url, tmp_path / "warehouse", namespace="analytics"),
     )
     with dg.DagsterInstance.ephemeral() as instance:
         result = run_assets(defs, instance, ["orders"], raise_on_error=False)
@@ -302,11 +296,14 @@ def test_two_code_locations_with_different_control_planes_and_catalogs_run_side_
         return ROWS.tail(1)
 
     eu = build_definitions(
-        datasets=[eu_orders], resource=_resource(pg_db_url, tmp_path / "eu", namespace="shop")
+        datasets=[eu_orders],
+        resource=configured_resource(pg_db_url, tmp_path / "eu", namespace="shop"),
     )
     us = build_definitions(
         datasets=[us_orders],
-        resource=_resource(other_db_url, tmp_path / "us", namespace="shop", default_mode="pg"),
+        resource=configured_resource(
+            other_db_url, tmp_path / "us", namespace="shop", default_mode="pg"
+        ),
     )
     with dg.DagsterInstance.ephemeral() as instance:
         assert run_assets(eu, instance, ["orders"]).success
