@@ -1255,7 +1255,9 @@ def read_planned(
     append's manifest) writes. Each block is decompressed (zlib, in C) and its entry's bytes
     kept; the entries are then decoded at once by polars' native Avro reader from one
     uncompressed block of all of them: no Python per field, no per-block decoder setup (the
-    cost of pyiceberg's and fastavro's readers on one-entry blocks)."""
+    cost of pyiceberg's and fastavro's readers on one-entry blocks). The block is read under
+    the entry schema with the data file's fields inline (`_flat_schema`), so only the fields a
+    planner keeps are decoded (`_planned_names`)."""
     header_buffer = io.BytesIO(data)
     try:
         header = fastavro.reader(header_buffer)
@@ -1302,9 +1304,10 @@ def read_planned(
     if not bodies:
         return [], RawManifest(meta=meta, codec=codec, data_files=[])
     body = b"".join(bodies)
+    flat = layout["flat"]  # the data file's fields as columns: only the asked ones decoded
     single = (
         MAGIC
-        + _map({**meta, "avro.codec": "null"})
+        + _map({**meta, "avro.codec": "null", **({"avro.schema": flat} if flat else {})})
         + sync
         + _long(len(bodies))
         + _long(len(body))
@@ -1312,7 +1315,7 @@ def read_planned(
         + sync
     )
     try:
-        frame = pl.read_avro(io.BytesIO(single))
+        frame = pl.read_avro(io.BytesIO(single), columns=_planned_names(layout, bounds))
         columns = _planned_columns(frame, layout, bounds, manifest)
     except Exception:  # a layout polars does not read as expected: decoded whole
         return None
@@ -1360,12 +1363,30 @@ def _planned_layout(text: str, writer: Any) -> dict[str, Any] | None:
             "top": {i: top[i][0] for i in (0, 1, 3, 4)},
             "data_file": top[2][0],
             "fields": {i: name for i, (name, _) in data_file.items()},
+            "flat": _flat_schema(text),
         }
     except (UndecodableManifestLayout, KeyError, TypeError, AttributeError):
         layout = None
     with _LOCK:
         _PLANNED[text] = layout
     return layout
+
+
+_PLANNED_FILE_FIELDS = (134, 100, 101, 102, 103, 104, 131, 132, 135, 140)
+
+
+def _planned_names(layout: dict[str, Any], bounds: frozenset[int]) -> list[str]:
+    """The columns a planner's read decodes: the entry's prefix and, with the data file's
+    fields as columns of their own (`_flat_schema`), the data file's fields the plan keeps —
+    its statistics maps only those of `bounds` (null counts, lower and upper bounds; none
+    without bounds): column sizes, value counts and NaN counts, half of an entry's
+    statistics, are skipped undecoded. Else the whole data file (one nested column)."""
+    names = [name for name in layout["top"].values() if name is not None]
+    if not layout["flat"]:
+        return [*names, layout["data_file"]]
+    fields = layout["fields"]
+    wanted = [*_PLANNED_FILE_FIELDS, *((_NULLS, _LOWER, _UPPER) if bounds else ())]
+    return names + [fields[i] for i in wanted if i in fields]
 
 
 def _planned_columns(
@@ -1420,8 +1441,8 @@ def _planned_columns(
     found = list(map(done.__getitem__, prefixes))
     for key, at in (("skip", 0), (1, 1), (3, 2), (4, 3)):
         out[key] = list(map(_AT_ITEM[at], found))
-    data_files = frame.get_column(layout["data_file"]).struct.unnest()
-    for i in (134, 100, 101, 102, 103, 104, 131, 132, 135, 140):
+    data_files = frame if layout["flat"] else frame.get_column(layout["data_file"]).struct.unnest()
+    for i in _PLANNED_FILE_FIELDS:
         if i in names:
             out[i] = live(data_files.get_column(names[i]).to_list())
     for map_id in (_NULLS, _LOWER, _UPPER):
