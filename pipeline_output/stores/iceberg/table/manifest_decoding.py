@@ -1632,5 +1632,7 @@ def _planned_entries(
             files,
         )
     )
-    raws = [bodies[row][skip:] for row, skip in zip(columns["row"], columns["skip"], strict=True)]
+    if len(bodies) != count:  # (DELETED entries among them: the live ones' bodies)
+        bodies = list(map(bodies.__getitem__, columns["row"]))
+    raws: list[bytes] = list(map(_CUT, bodies, map(slice, columns["skip"], repeat(None))))
     return entries, RawManifest(meta=meta, codec=codec, data_files=raws)
