@@ -172,6 +172,28 @@ def test_compaction_plans_from_the_keys_statistics_and_commits_removed_entries_a
         assert entry.snapshot_id == result.snapshot_id
 
 
+def test_a_compaction_keeps_none_of_its_planners_reads_once_committed(h: Harness):
+    """The plan's decoded entries (its manifests read with the sort key's statistics) serve only
+    a compaction's plan: once the commit is in, the process keeps none of them (kept, 20,000
+    planned entries outlived the compaction for the collector's next pass to walk). A
+    compaction that commits nothing keeps its read for the next plan."""
+    from pipeline_output.stores.iceberg.maintenance.compaction import planned_bounds
+    from pipeline_output.stores.iceberg.snapshot.manifests import READ_MANIFESTS
+
+    spec = windowed()
+    feed_windows(h, spec, 6)
+    table = h.table(spec)
+    bounds = planned_bounds(table, spec)
+    planned = table.current_snapshot().manifests(table.io)
+    READ_MANIFESTS.clear()
+    assert h.store().compact(spec, dry_run=True).bins == 1
+    assert all(READ_MANIFESTS.kept(m, bounds=bounds) for m in planned)
+    result = h.store().compact(spec)
+    assert result.files_rewritten == 6
+    assert not any(READ_MANIFESTS.kept(m, bounds=bounds) for m in planned)
+    assert h.raw(spec).height == 6 * 20
+
+
 def test_a_compactions_commit_writes_the_removed_entries_as_read_without_a_new_entry_each(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ):

@@ -167,6 +167,81 @@ def test_a_planners_read_gives_the_same_entries_and_bytes_with_only_the_asked_st
                 assert getattr(got.data_file, name) == {key: getattr(want.data_file, name)[key]}
 
 
+def test_a_planners_read_decodes_no_column_sizes_value_counts_or_nan_counts(h, monkeypatch):
+    """The statistics a plan never reads are skipped undecoded: polars' reader is asked for the
+    data file's fields as columns of their own, without column sizes, value counts and NaN
+    counts (half of an entry's statistics); without bounds, without any statistics map. The
+    entries and their bytes are the same as ever (the test above)."""
+    from pipeline_output.stores.iceberg.table import manifest_decoding
+
+    table = _table(h)
+    io = table.io
+    key = table.schema().find_field("id").field_id
+    asked: list[list[str] | None] = []
+    real = pl.read_avro
+
+    def spy(source: Any, *, columns: Any = None, **options: Any) -> pl.DataFrame:
+        asked.append(None if columns is None else list(columns))
+        return real(source, columns=columns, **options)
+
+    monkeypatch.setattr(manifest_decoding.pl, "read_avro", spy)
+    manifests = table.current_snapshot().manifests(io)
+    for bounds in (frozenset({key}), frozenset()):
+        asked.clear()
+        for manifest in manifests:
+            planned, raw = read_manifest(manifest, io, bounds=bounds)
+            whole, whole_raw = read_manifest(manifest, io)
+            assert raw is not None and whole_raw is not None
+            assert raw.data_files == whole_raw.data_files
+            assert [e.data_file.file_path for e in planned] == [
+                e.data_file.file_path for e in whole
+            ]
+        assert len(asked) == len(manifests) > 0
+        maps = {"null_value_counts", "lower_bounds", "upper_bounds"} if bounds else set()
+        for columns in asked:
+            assert columns is not None and "data_file" not in columns
+            assert {"file_path", "record_count", "file_size_in_bytes", "partition"} <= set(columns)
+            assert not {"column_sizes", "value_counts", "nan_value_counts"} & set(columns)
+            assert maps == set(columns) & {"null_value_counts", "lower_bounds", "upper_bounds"}
+
+
+def test_a_planners_read_of_a_manifest_with_deleted_entries_gives_the_live_ones_and_their_bytes(h):
+    """pyiceberg's writer keeps a removed file's entry (DELETED) among the others: a planner's
+    read gives the live entries, in order, each with its own bytes, as the whole read does."""
+    from pyiceberg.manifest import ManifestEntryStatus, write_manifest
+
+    table = _table(h)
+    io = table.io
+    key = table.schema().find_field("id").field_id
+    source = max(table.current_snapshot().manifests(io), key=lambda m: m.added_files_count or 0)
+    entries, _ = read_manifest(source, io)
+    assert len(entries) >= 2
+    output = io.new_output(f"{table.location()}/metadata/with-deleted-m0.avro")
+    with write_manifest(
+        format_version=2,
+        spec=table.specs()[source.partition_spec_id],
+        schema=table.schema(),
+        output_file=output,
+        snapshot_id=source.added_snapshot_id,
+        avro_compression="deflate",
+    ) as writer:
+        for n, entry in enumerate([*entries, entries[0]]):
+            if n in (0, len(entries)):  # the first and the last entry DELETED
+                writer.delete(entry)
+            else:
+                writer.existing(entry)
+    mixed = writer.to_manifest_file()
+    mixed.sequence_number = source.sequence_number
+    whole, whole_raw = read_manifest(mixed, io)
+    planned, planned_raw = read_manifest(mixed, io, bounds=frozenset({key}))
+    assert whole_raw is not None and planned_raw is not None
+    assert [e.status for e in whole] == [ManifestEntryStatus.EXISTING] * (len(entries) - 1)
+    assert all(isinstance(e.data_file, PartialDataFile) for e in planned)
+    assert [e.data_file.file_path for e in planned] == [e.data_file.file_path for e in whole]
+    assert [e.status for e in planned] == [e.status for e in whole]
+    assert planned_raw.data_files == whole_raw.data_files
+
+
 def test_a_planners_files_make_their_key_statistics_only_when_asked(h):
     """A planner's read makes no statistics mapping per file (a compaction plans 20,000 files
     and reads their bounds through `file_statistics`): each is made when asked, equal to the

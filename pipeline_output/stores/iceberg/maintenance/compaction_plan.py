@@ -144,6 +144,9 @@ def plan_bins(
         if len(candidates) < min_input_files and total <= target_bytes and not with_deletes:
             continue
         candidates.sort(key=keys.__getitem__)
+        if total <= target_bytes:  # one bin of them all (the packing below would close none)
+            bins.append(Bin(spec_id, partition, tuple(map(tasks.__getitem__, candidates))))
+            continue
         current: list[FileScanTask] = []
         size = 0
         for at in candidates:

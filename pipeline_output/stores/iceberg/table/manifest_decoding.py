@@ -1255,7 +1255,9 @@ def read_planned(
     append's manifest) writes. Each block is decompressed (zlib, in C) and its entry's bytes
     kept; the entries are then decoded at once by polars' native Avro reader from one
     uncompressed block of all of them: no Python per field, no per-block decoder setup (the
-    cost of pyiceberg's and fastavro's readers on one-entry blocks)."""
+    cost of pyiceberg's and fastavro's readers on one-entry blocks). The block is read under
+    the entry schema with the data file's fields inline (`_flat_schema`), so only the fields a
+    planner keeps are decoded (`_planned_names`)."""
     header_buffer = io.BytesIO(data)
     try:
         header = fastavro.reader(header_buffer)
@@ -1302,9 +1304,10 @@ def read_planned(
     if not bodies:
         return [], RawManifest(meta=meta, codec=codec, data_files=[])
     body = b"".join(bodies)
+    flat = layout["flat"]  # the data file's fields as columns: only the asked ones decoded
     single = (
         MAGIC
-        + _map({**meta, "avro.codec": "null"})
+        + _map({**meta, "avro.codec": "null", **({"avro.schema": flat} if flat else {})})
         + sync
         + _long(len(bodies))
         + _long(len(body))
@@ -1312,7 +1315,7 @@ def read_planned(
         + sync
     )
     try:
-        frame = pl.read_avro(io.BytesIO(single))
+        frame = pl.read_avro(io.BytesIO(single), columns=_planned_names(layout, bounds))
         columns = _planned_columns(frame, layout, bounds, manifest)
     except Exception:  # a layout polars does not read as expected: decoded whole
         return None
@@ -1360,12 +1363,30 @@ def _planned_layout(text: str, writer: Any) -> dict[str, Any] | None:
             "top": {i: top[i][0] for i in (0, 1, 3, 4)},
             "data_file": top[2][0],
             "fields": {i: name for i, (name, _) in data_file.items()},
+            "flat": _flat_schema(text),
         }
     except (UndecodableManifestLayout, KeyError, TypeError, AttributeError):
         layout = None
     with _LOCK:
         _PLANNED[text] = layout
     return layout
+
+
+_PLANNED_FILE_FIELDS = (134, 100, 101, 102, 103, 104, 131, 132, 135, 140)
+
+
+def _planned_names(layout: dict[str, Any], bounds: frozenset[int]) -> list[str]:
+    """The columns a planner's read decodes: the entry's prefix and, with the data file's
+    fields as columns of their own (`_flat_schema`), the data file's fields the plan keeps —
+    its statistics maps only those of `bounds` (null counts, lower and upper bounds; none
+    without bounds): column sizes, value counts and NaN counts, half of an entry's
+    statistics, are skipped undecoded. Else the whole data file (one nested column)."""
+    names = [name for name in layout["top"].values() if name is not None]
+    if not layout["flat"]:
+        return [*names, layout["data_file"]]
+    fields = layout["fields"]
+    wanted = [*_PLANNED_FILE_FIELDS, *((_NULLS, _LOWER, _UPPER) if bounds else ())]
+    return names + [fields[i] for i in wanted if i in fields]
 
 
 def _planned_columns(
@@ -1390,8 +1411,8 @@ def _planned_columns(
         i: frame.get_column(top[i]).to_list() if top[i] is not None else none for i in (1, 3, 4)
     }
     deleted = int(ManifestEntryStatus.DELETED)
-    rows = [row for row, status in enumerate(statuses) if status != deleted]
-    every = len(rows) == count
+    every = deleted not in statuses
+    rows = list(range(count)) if every else [r for r, s in enumerate(statuses) if s != deleted]
 
     def live(values: list[Any]) -> list[Any]:
         return values if every else [values[row] for row in rows]
@@ -1404,8 +1425,9 @@ def _planned_columns(
     # an entry's prefix repeats (a commit's entries share it): worked out once per distinct one,
     # given to the entries by C-level calls
     prefixes = list(zip(out[0], *(live(given[i]) for i in (1, 3, 4)), strict=True))
+    same = bool(prefixes) and prefixes.count(prefixes[0]) == len(prefixes)  # (one commit's)
     done: dict[tuple[Any, ...], tuple[int, Any, Any, Any]] = {}
-    for prefix in dict.fromkeys(prefixes):
+    for prefix in prefixes[:1] if same else dict.fromkeys(prefixes):
         status, snap, sequence, file_sequence = prefix
         skip = _varint_length(status) + sum(
             1 + (0 if v is None else _varint_length(v)) for v in prefix[1:]
@@ -1417,17 +1439,21 @@ def _planned_columns(
             inherit if sequence is None and inherits else sequence,
             inherit if file_sequence is None and inherits else file_sequence,
         )
-    found = list(map(done.__getitem__, prefixes))
-    for key, at in (("skip", 0), (1, 1), (3, 2), (4, 3)):
-        out[key] = list(map(_AT_ITEM[at], found))
-    data_files = frame.get_column(layout["data_file"]).struct.unnest()
-    for i in (134, 100, 101, 102, 103, 104, 131, 132, 135, 140):
+    if same:
+        for key, value in zip(("skip", 1, 3, 4), done[prefixes[0]], strict=True):
+            out[key] = [value] * len(prefixes)
+    else:
+        found = list(map(done.__getitem__, prefixes))
+        for key, at in (("skip", 0), (1, 1), (3, 2), (4, 3)):
+            out[key] = list(map(_AT_ITEM[at], found))
+    data_files = frame if layout["flat"] else frame.get_column(layout["data_file"]).struct.unnest()
+    for i in _PLANNED_FILE_FIELDS:
         if i in names:
             out[i] = live(data_files.get_column(names[i]).to_list())
     for map_id in (_NULLS, _LOWER, _UPPER):
         for column in bounds if map_id in names else ():
             out[(map_id, column)] = live(_stat_values(data_files.get_column(names[map_id]), column))
-    if any(v is None for v in out[100]) or any(v is None for v in out[134]):
+    if None in out[100] or None in out[134]:
         return None
     return out
 
@@ -1441,7 +1467,10 @@ def _stat_values(pairs: pl.Series, column: int) -> list[Any]:
     at = next((n for n, pair in enumerate(first) if pair["key"] == column), 0)
     picked = pairs.list.get(at, null_on_oob=True).struct.unnest()
     values = picked.get_column("value").to_list()
-    misses = [row for row, key in enumerate(picked.get_column("key").to_list()) if key != column]
+    keys = picked.get_column("key").to_list()
+    misses = (
+        [] if keys.count(column) == len(keys) else [r for r, k in enumerate(keys) if k != column]
+    )
     if misses:  # a map without the column at that position: searched
         lists = pairs.gather(misses).to_list()
         for row, items in zip(misses, lists, strict=True):
@@ -1498,11 +1527,50 @@ _NOTHING: dict[int, Any] = {}
 
 
 def _interned(values: list[Any], key: Callable[[Any], Any] | None) -> list[Any]:
-    """`values` with equal ones the same object (`key`: a hashable form of unhashable ones)."""
+    """`values` with equal ones the same object (`key`: a hashable form of unhashable ones).
+    All equal (a manifest's split offsets, snapshot ids, as a rule): the first for each, by
+    one C-level count."""
+    if values and values.count(values[0]) == len(values):
+        return [values[0]] * len(values)
     seen: dict[Any, Any] = {}
     if key is None:
         return [seen.setdefault(v, v) for v in values]
     return [v if v is None else seen.setdefault(key(v), v) for v in values]
+
+
+def _converted(values: list[Any], convert: Callable[[Any], Any]) -> list[Any]:
+    """`convert` of each of `values`, once per distinct value (contents, formats: one or two
+    in a manifest), handed out by C-level calls."""
+    if values and values.count(values[0]) == len(values):
+        return [convert(values[0])] * len(values)
+    done = {v: convert(v) for v in set(values)}
+    return list(map(done.__getitem__, values))
+
+
+def _partition_records(given: list[Any]) -> list[Record]:
+    """Each file's partition record (its values in written order), one `Record` per distinct
+    partition, given to the files by C-level calls."""
+    if given and given.count(given[0]) == len(given):  # (one partition: an unpartitioned table)
+        first = given[0]
+        return [Record(*(first.values() if first is not None else ()))] * len(given)
+    if None in given:
+        written = [tuple(g.values()) if g is not None else () for g in given]
+    else:
+        written = list(map(tuple, map(dict.values, given)))
+    interned = {w: Record(*w) for w in dict.fromkeys(written)}
+    return list(map(interned.__getitem__, written))
+
+
+def _status(status: int) -> ManifestEntryStatus:
+    return _STATUSES[status] if status in _STATUSES else ManifestEntryStatus(status)
+
+
+def _content(content: int) -> DataFileContent:
+    return _CONTENTS[content] if content in _CONTENTS else DataFileContent(content)
+
+
+def _format(name: str) -> FileFormat:
+    return _FORMATS.get(name) or FileFormat(name)  # (any case)
 
 
 def _planned_entries(
@@ -1515,20 +1583,9 @@ def _planned_entries(
 ) -> tuple[list[ManifestEntry], RawManifest]:
     count = len(columns["row"])
     none = [None] * count
-    # (each distinct value converted once, given to the entries by C-level calls)
-    content_of = {
-        c: _CONTENTS[c] if c in _CONTENTS else DataFileContent(c) for c in set(columns[134])
-    }
-    contents = list(map(content_of.__getitem__, columns[134]))
-    format_of = {f: _FORMATS.get(f) or FileFormat(f) for f in set(columns[101])}  # (any case)
-    formats = list(map(format_of.__getitem__, columns[101]))
-    given = columns.get(102, none)
-    if None in given:
-        written = [tuple(g.values()) if g is not None else () for g in given]
-    else:
-        written = list(map(tuple, map(dict.values, given)))
-    interned = {w: Record(*w) for w in dict.fromkeys(written)}  # one record per partition
-    partitions = list(map(interned.__getitem__, written))
+    # (each distinct value converted once, given to the entries by C-level calls; the files'
+    # 16 values zipped into their lists, the files and entries made by `map`: no Python loop
+    # per entry)
     stats: list[list[Any]] = []
     single: int | None = None  # one column's statistics: its bare values (`PartialDataFile`)
     for map_id in (_NULLS, _LOWER, _UPPER):
@@ -1540,42 +1597,42 @@ def _planned_entries(
             stats.append(
                 [{c: vs[row] for c, vs in found if vs[row] is not None} for row in range(count)]
             )
-    spec_id = manifest.partition_spec_id
-    entries: list[ManifestEntry] = []
-    paths, rows, sizes = columns[100], columns[103], columns[104]
     nulls, lowers, uppers = stats
     keys, splits, ids, orders = (columns.get(i, none) for i in (131, 132, 135, 140))
-    splits = _interned(splits, tuple)  # split offsets and snapshot ids repeat: one object each
-    snapshots = _interned(columns[1], None)
-    prefix = zip(columns[0], snapshots, columns[3], columns[4], strict=True)
-    for row, (status, snapshot, sequence, file_sequence) in enumerate(prefix):
-        values = [  # (one list of its 16 values: one grown by `+=` is over-allocated)
-            contents[row],
-            paths[row],
-            formats[row],
-            partitions[row],
-            rows[row],
-            sizes[row],
-            None,  # 108, 109: column sizes, value counts
-            None,
-            nulls[row],
-            None,  # 137: NaN counts
-            lowers[row],
-            uppers[row],
-            keys[row],
-            splits[row],
-            ids[row],
-            orders[row],
-        ]
-        data_file = PartialDataFile(values, spec_id, single)
-        entries.append(
-            ManifestEntry(
-                _STATUSES[status] if status in _STATUSES else ManifestEntryStatus(status),
-                snapshot,
-                sequence,
-                file_sequence,
-                data_file,
-            )
+    file_values = map(
+        list,  # (one list of its 16 values, in `_PLANNED_FIELDS`' order)
+        zip(
+            _converted(columns[134], _content),
+            columns[100],
+            _converted(columns[101], _format),
+            _partition_records(columns.get(102, none)),
+            columns[103],
+            columns[104],
+            none,  # 108, 109: column sizes, value counts
+            none,
+            nulls,
+            none,  # 137: NaN counts
+            lowers,
+            uppers,
+            keys,
+            _interned(splits, tuple),  # split offsets repeat: one object each
+            ids,
+            orders,
+            strict=True,
+        ),
+    )
+    files = map(PartialDataFile, file_values, repeat(manifest.partition_spec_id), repeat(single))
+    entries = list(
+        map(
+            ManifestEntry,
+            _converted(columns[0], _status),
+            _interned(columns[1], None),  # (snapshot ids repeat: one object each)
+            columns[3],
+            columns[4],
+            files,
         )
-    raws = [bodies[row][skip:] for row, skip in zip(columns["row"], columns["skip"], strict=True)]
+    )
+    if len(bodies) != count:  # (DELETED entries among them: the live ones' bodies)
+        bodies = list(map(bodies.__getitem__, columns["row"]))
+    raws: list[bytes] = list(map(_CUT, bodies, map(slice, columns["skip"], repeat(None))))
     return entries, RawManifest(meta=meta, codec=codec, data_files=raws)
