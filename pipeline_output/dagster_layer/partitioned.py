@@ -345,7 +345,7 @@ def write_partitions(
     for the whole run, once rather than on each of N events (each event's metadata is serialised
     and stored: issue 44): the mode and arms, the run's span (`run_metadata`), a one-commit run's
     timings, the table after the run (name, location, row count, column schema, file counts) and
-    the run's `partitions` lines (docs/reference.md, "A range run's materialisations").
+    the run's `partitions` line (`range_line`; docs/reference.md, "A range run's materialisations").
     A range run logs one line saying what each partition did, and `note` after them
     (`parity_skip_note`); a one-partition run none — its materialisation's `partitions` is that
     line, and `parity` the note (each line is an event in the run's log)."""
@@ -371,8 +371,8 @@ def write_partitions(
     )
     lines = [_line(part, result.primary) for part, result in written]
     if len(lines) > 1:  # one line per range run (each a Dagster event), its partitions in it
-        said = "; ".join(lines) + (f"; {note}" if note else "")
-        context.log.info(f"{spec.name}: {len(lines)} partitions: {said}")
+        said = range_line([(part.key, result.primary) for part, result in written])
+        context.log.info(f"{spec.name}: {said}" + (f"; {note}" if note else ""))
     schema = schemas[0] if schemas else None
     last = written[-1][1]
     if len(written) == 1:
@@ -398,13 +398,49 @@ def write_partitions(
     run["dagster/row_count"] = last.primary.rows_total_after
     for arm, res in last.results.items():
         run[f"{'iceberg' if arm == 'iceberg' else 'pg'}/rows_total_after"] = res.rows_total_after
-    run["partitions"] = "; ".join(lines)
+    run["partitions"] = range_line([(part.key, result.primary) for part, result in written])
     owns[-1].update(run)  # the asset's latest materialisation: the run and the table after it
     for (part, _), own in zip(written, owns, strict=True):
         context.step_context.add_asset_metadata(
             own, asset_key=context.asset_key, partition_key=part.key
         )
     return {}, last
+
+
+def range_line(written: Sequence[tuple[str, WriteResult]]) -> str:
+    """What a range run's partitions did, in one line (its log line and the `partitions` of its
+    last materialisation): each partition's row counts, in order; the commit and write mode
+    once when every written partition shares them (a one-commit run), else on each; and a
+    stretch of consecutive partitions that did the same shortened to its first and last keys
+    (`2024-01-01 .. 2024-03-30 (90) +100000 ~0 -100000 each`) — a year's backfill is a line
+    to read, not the same commit id 365 times."""
+    commits = {(r.write_mode, r.snapshot_id) for _, r in written if not r.noop}
+    shared = next(iter(commits)) if len(commits) == 1 else None
+
+    def did(r: WriteResult) -> str:
+        counts = f"+{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted}"
+        if r.noop:
+            return f"{counts} no-op"
+        return (
+            counts if shared is not None else f"{counts} ({r.write_mode}, commit {r.snapshot_id})"
+        )
+
+    stretches: list[tuple[str, str, int, str]] = []  # (first key, last key, partitions, what)
+    for key, r in written:
+        what = did(r)
+        if stretches and stretches[-1][3] == what:
+            first, _, n, _ = stretches[-1]
+            stretches[-1] = (first, key, n + 1, what)
+        else:
+            stretches.append((key, key, 1, what))
+    parts = "; ".join(
+        f"{first}: {what}" if n == 1 else f"{first} .. {last} ({n}): {what} each"
+        for first, last, n, what in stretches
+    )
+    head = f"{len(written)} partitions"
+    if shared is not None:
+        head += f", one commit {shared[1]} ({shared[0]})"
+    return f"{head}: {parts}"
 
 
 def _line(part: PartitionSlice, r: WriteResult) -> str:
