@@ -6,7 +6,7 @@ observation, the maintenance op, the sensors — runs under `failing_as_dagster(
 `PipelineOutputError` raised there becomes a `dg.Failure`:
 
 - description: the error's one line, naming the dataset (prefixed `dataset 'name': ` unless the
-  line names it already);
+  line names it, or starts with the dataset it is about: an input's upstream);
 - metadata: the error's class (`error`), the dataset (`dataset`), and whether running again as
   it is may succeed (`retryable`);
 - `allow_retries`: the error's kind — a `RetryableError` (control plane unreachable, a lock
@@ -96,7 +96,10 @@ def error_name(exc: BaseException) -> str:
 
 
 def _names(line: str, dataset: str) -> bool:
-    return repr(dataset) in line or line.startswith(f"{dataset}:")
+    """Whether `line` names a dataset already: this one, or the one the error is about (an
+    input's upstream in a step's `load_input`: `dataset 'up': ...`, not `dataset 'down':
+    dataset 'up': ...` — the step is named by Dagster's own line)."""
+    return repr(dataset) in line or line.startswith((f"{dataset}:", "dataset '", 'dataset "'))
 
 
 def _user_cause(error: PipelineOutputError) -> BaseException | None:

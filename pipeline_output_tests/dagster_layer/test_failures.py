@@ -177,3 +177,16 @@ def test_an_unreachable_control_plane_is_a_retryable_failure_naming_the_dataset(
         "dagster._core.definitions.events.Failure: dataset 'orders': "
         "PipelineOutputResource.pg_url: cannot connect to postgresql://postgres@127.0.0.1:1/x"
     ), error.message
+
+
+def test_a_failure_names_the_dataset_once_also_when_the_error_is_about_an_upstream() -> None:
+    """An input's error names its upstream (`dataset 'up': ...`): the step's Failure says that
+    line as it is, not `dataset 'down': dataset 'up': ...`; its metadata names the step's."""
+    from pipeline_output.dagster_layer.failures import as_failure
+    from pipeline_output.errors import BadInput, DatasetNotWritten
+
+    about_up = as_failure(DatasetNotWritten("dataset 'up' has no table yet"), dataset="down")
+    assert about_up.description == "dataset 'up' has no table yet"
+    assert about_up.metadata["dataset"].value == "down"
+    plain = as_failure(BadInput("key 'id' is null in 2 rows"), dataset="down")
+    assert plain.description == "dataset 'down': key 'id' is null in 2 rows"
