@@ -369,19 +369,18 @@ def write_partitions(
         run_id=context.run_id,
         audit=audit,
     )
-    lines = [_line(part, result.primary) for part, result in written]
-    if len(lines) > 1:  # one line per range run (each a Dagster event), its partitions in it
-        said = range_line([(part.key, result.primary) for part, result in written])
-        context.log.info(f"{spec.name}: {said}" + (f"; {note}" if note else ""))
     schema = schemas[0] if schemas else None
     last = written[-1][1]
     if len(written) == 1:
         meta = publish_metadata(last, runtime=runtime, spec=spec, schema=schema)
         meta["dagster/partition_row_count"] = last.primary.rows_in
-        meta["partitions"] = lines[0]
+        meta["partitions"] = _line(written[0][0], last.primary)
         if note is not None:
             meta[PARITY] = note
         return meta, last
+    # one line per range run (each log line is a Dagster event), its partitions in it
+    said = range_line([(part.key, result.primary) for part, result in written])
+    context.log.info(f"{spec.name}: {said}" + (f"; {note}" if note else ""))
     table = table_metadata(runtime, spec, arms=tuple(last.results), schema=schema)
     owns = [partition_metadata(result) for _, result in written]
     run = run_metadata(written, mode)
@@ -398,7 +397,7 @@ def write_partitions(
     run["dagster/row_count"] = last.primary.rows_total_after
     for arm, res in last.results.items():
         run[f"{'iceberg' if arm == 'iceberg' else 'pg'}/rows_total_after"] = res.rows_total_after
-    run["partitions"] = range_line([(part.key, result.primary) for part, result in written])
+    run["partitions"] = said
     owns[-1].update(run)  # the asset's latest materialisation: the run and the table after it
     for (part, _), own in zip(written, owns, strict=True):
         context.step_context.add_asset_metadata(

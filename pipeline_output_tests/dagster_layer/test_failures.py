@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,20 @@ def _retried(result: dg.ExecuteInProcessResult) -> int:
     return sum(e.event_type_value == "STEP_UP_FOR_RETRY" for e in result.all_events)
 
 
+def _location(
+    compute: Callable[[], pl.DataFrame], url: str, warehouse: Path, *, retries: int
+) -> dg.Definitions:
+    """A location of one `orders` dataset computed by `compute`, retried `retries` times, on
+    the control plane `url` (its SQL catalog's files under `warehouse`)."""
+    orders = dataset(
+        name="orders",
+        primary_key="id",
+        mode="iceberg",
+        retry_policy=dg.RetryPolicy(max_retries=retries),
+    )(compute)
+    return build_definitions(datasets=[orders], resource=configured_resource(url, warehouse))
+
+
 def test_bad_input_fails_once_as_one_terminal_line_and_the_users_own_error_keeps_its_chain(
     pg_db_url: str, tmp_path: Path, fresh_runtime: Any
 ) -> None:
@@ -125,15 +140,12 @@ def test_bad_input_fails_once_as_one_terminal_line_and_the_users_own_error_keeps
     left to Dagster as it is: wrapped by Dagster, with its traceback."""
     rows: dict[str, Any] = {"id": [1, 1]}
 
-    @dataset(primary_key="id", mode="iceberg", retry_policy=dg.RetryPolicy(max_retries=2))
     def orders() -> pl.DataFrame:
         if rows.get("raise"):
             raise ValueError("the user's own bug")
         return pl.DataFrame(rows)
 
-    defs = build_definitions(
-        datasets=[orders], resource=configured_resource(pg_db_url, tmp_path / "wh")
-    )
+    defs = _location(orders, pg_db_url, tmp_path / "wh", retries=2)
     with dg.DagsterInstance.ephemeral() as instance:
         result = run_assets(defs, instance, ["orders"], raise_on_error=False)
         error, meta = _failure(result)
@@ -155,13 +167,10 @@ def test_bad_input_fails_once_as_one_terminal_line_and_the_users_own_error_keeps
 def test_an_unreachable_control_plane_is_a_retryable_failure_naming_the_dataset(
     tmp_path: Path, fresh_runtime: Any
 ) -> None:
-    @dataset(primary_key="id", mode="iceberg", retry_policy=dg.RetryPolicy(max_retries=1))
     def orders() -> pl.DataFrame:
         return pl.DataFrame({"id": [1]})
 
-    defs = build_definitions(
-        datasets=[orders], resource=configured_resource(CLOSED, tmp_path / "wh")
-    )
+    defs = _location(orders, CLOSED, tmp_path / "wh", retries=1)
     with dg.DagsterInstance.ephemeral() as instance:
         result = run_assets(defs, instance, ["orders"], raise_on_error=False)
     outer, meta = _failure(result)
