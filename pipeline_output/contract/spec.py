@@ -258,6 +258,26 @@ def strategy_table() -> str:
     )
 
 
+# what other tools (dbt's incremental strategies, dlt's write dispositions) and our own write modes
+# call a strategy: an unknown strategy of these names is answered with ours
+OTHER_NAMES: dict[str, Strategy] = {
+    "upsert": "snapshot_replace",
+    "merge": "snapshot_replace",
+    "delete+insert": "snapshot_replace",
+    "append": "append_always",
+    "insert_overwrite": "replace",
+    "overwrite": "replace",
+}
+
+
+def _known_as(given: object) -> str:
+    """The part of an unknown strategy's error that names ours for another tool's name."""
+    ours = OTHER_NAMES.get(given) if isinstance(given, str) else None
+    if ours is None:
+        return ""
+    return f"for {given!r} use {ours!r} (a re-deploy: {STRATEGIES[ours].re_deploy.doc.replace('**', '')}); "
+
+
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # The Iceberg SQL catalog's name columns hold 255 characters. An arm with a shorter limit declares
 # it in its capabilities (the legacy arm: 63 bytes), checked when the code location loads.
@@ -383,7 +403,7 @@ class DatasetSpec:
         if strategy is None:
             raise InvalidSpec(
                 f"dataset {name!r}: unknown strategy {self.strategy!r}; "
-                f"valid strategies: {', '.join(STRATEGIES)}"
+                f"{_known_as(self.strategy)}valid strategies: {', '.join(STRATEGIES)}"
             )
         if strategy.keyed and not pk:
             raise InvalidSpec(

@@ -295,8 +295,9 @@ def dataset(
                 audit=audit,
                 columns=tuple(described.items()),
             )
-        except InvalidSpec as exc:
-            raise InvalidSpec(f"@dataset {ds_name!r} ({fn.__module__}): {exc}") from exc
+        except InvalidSpec as exc:  # one line, naming where the dataset is declared
+            cause = str(exc).removeprefix(f"dataset {ds_name!r}: ")
+            raise InvalidSpec(f"@dataset {ds_name!r} ({fn.__module__}): {cause}") from None
         by_partition = partition_columns_of(spec, partitions_def, partition_column)
 
         def build(chosen: AssetOptions) -> dg.AssetsDefinition:

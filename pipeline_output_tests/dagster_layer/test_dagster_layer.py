@@ -697,6 +697,25 @@ def test_bad_dataset_spec_fails_at_definition_time_naming_the_dataset(
     assert f"'{name}'" in str(info.value) and cause in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("given", "ours"),
+    [("upsert", "snapshot_replace"), ("merge", "snapshot_replace"), ("append", "append_always")],
+)
+def test_a_strategy_named_as_other_tools_name_it_fails_in_one_line_naming_ours(
+    given: str, ours: str
+) -> None:
+    from pipeline_output import dataset
+    from pipeline_output.errors import InvalidSpec
+
+    with pytest.raises(InvalidSpec) as info:
+        dataset("orders", primary_key="id", strategy=given)(_compute)  # type: ignore[arg-type]
+    text = str(info.value)
+    # where it is declared, the dataset once, and the strategy to use instead
+    assert text.startswith(f"@dataset 'orders' ({__name__}): unknown strategy {given!r}; "), text
+    assert text.count("'orders'") == 1 and f"for {given!r} use {ours!r}" in text, text
+    assert info.value.__cause__ is None and info.value.__suppress_context__, "one error, no chain"
+
+
 def test_dataset_partition_by_defaults_to_not_said_and_keeps_an_empty_one() -> None:
     from pipeline_output import dataset
     from pipeline_output.dagster_layer.dataset import spec_of
