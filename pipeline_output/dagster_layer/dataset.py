@@ -33,6 +33,7 @@ same function. A run's IO manager finds the spec of an asset (`spec_in_run`) in 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import threading
@@ -91,6 +92,7 @@ from pipeline_output.dagster_layer.metadata import (
     docstring_columns,
 )
 from pipeline_output.dagster_layer.partitioned import (
+    CONTEXT_PARAMETER,
     KEY_PARAMETER,
     PARTITION_COLUMNS_KEY,
     partition_columns_of,
@@ -270,7 +272,8 @@ def dataset(
     (`{"total": "quantity times unit price"}`), on top of a `Columns:` section of the docstring.
 
     `partitions_def` + `partition_column`: Dagster's own partitions, each a slice of the table
-    (`partitioned.py`); `ins`: upstream asset keys per parameter; `deps`: upstream assets not
+    (`partitioned.py`; the compute takes `partition_key: str`, or `context` as a Dagster asset
+    does — each key's call sees its key); `ins`: upstream asset keys per parameter; `deps`: upstream assets not
     read; `options`: Dagster's own asset options (`group`, `description` — default the
     docstring —, `key_prefix`, `pool`, …: `asset_params.AssetOptions`)."""
     given = asset_options("dataset", **options)
@@ -338,8 +341,12 @@ def build_dataset_asset(
             raise InvalidSpec(
                 f"@dataset {spec.name!r}: *args/**kwargs are not allowed; name each upstream asset"
             )
+    takes_context = CONTEXT_PARAMETER in (p.name for p in params)
     upstream = [
-        p.name for p in params if not (partition_columns is not None and p.name == KEY_PARAMETER)
+        p.name
+        for p in params
+        if p.name != CONTEXT_PARAMETER
+        and not (partition_columns is not None and p.name == KEY_PARAMETER)
     ]
     delta_param = spec.delta.source if spec.delta is not None else None
     if delta_param is not None and delta_param not in upstream:
@@ -362,7 +369,10 @@ def build_dataset_asset(
     def write(
         context: dg.AssetExecutionContext, config: DatasetRunConfig, inputs: dict[str, Any]
     ) -> dg.Output[Any]:
-        call = _Call(spec, fn, inputs, frame_kinds)
+        given = fn
+        if takes_context and partition_columns is None:  # else each key's call gets its own
+            given = functools.partial(fn, **{CONTEXT_PARAMETER: context})
+        call = _Call(spec, given, inputs, frame_kinds)
         out: Any
         if delta_param is not None:
             out = _windowed_output(context, call, delta_param, restate=config.restate)

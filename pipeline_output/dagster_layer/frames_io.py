@@ -65,7 +65,8 @@ def input_kinds(
             raise InvalidSpec(
                 f"@dataset {dataset!r}: parameter {param.name!r} is annotated {annotation!r}; "
                 "an input is a pl.LazyFrame (default), pl.DataFrame, pd.DataFrame, pa.Table or "
-                "pipeline_output.Changes"
+                "pipeline_output.Changes (`context` takes Dagster's context; `partition_key` a "
+                "partitioned dataset's key)"
             )
         kinds[param.name] = kind
     return kinds

@@ -188,8 +188,13 @@ def test_a_multi_partition_dataset_writes_the_intersection_of_day_and_region(env
         partitions_def=multi,
         partition_column={"date": "day", "region": "region"},
     )
-    def sales(partition_key: str) -> pl.DataFrame:
-        return source[partition_key]
+    def sales(context: dg.AssetExecutionContext) -> pl.DataFrame:
+        key = context.partition_key  # a MultiPartitionKey, as Dagster gives it
+        assert isinstance(key, dg.MultiPartitionKey) and set(key.keys_by_dimension) == {
+            "date",
+            "region",
+        }
+        return source[key]
 
     defs = build_definitions(datasets=[sales], with_maintenance=False)
     job = defs.resolve_implicit_global_asset_job_def()
@@ -385,3 +390,52 @@ def test_a_plain_downstream_asset_reads_exactly_its_range_of_days(env, instance,
         lo, hi = date.fromisoformat(first), date.fromisoformat(last)
         expected = every.filter(pl.col("day").is_between(lo, hi))
         assert_same_multiset(seen[(first, last)].select(every.columns), expected)
+
+
+def test_a_compute_taking_dagsters_context_sees_the_key_it_computes_in_a_range_run(env, instance):
+    """`context` as a Dagster asset takes it: each key's call of a range run sees that key (where
+    Dagster's own `context.partition_key` raises), the run's log and run id are the run's; an
+    unpartitioned dataset gets the run's context itself."""
+    seen: list[tuple[str, list[str], str, str]] = []
+
+    @dataset(
+        name="by_context",
+        primary_key="id",
+        strategy="replace",
+        mode="iceberg",
+        partitions_def=DAILY,
+        partition_column="day",
+    )
+    def by_context(context: dg.AssetExecutionContext) -> pl.DataFrame:
+        window = context.partition_time_window
+        seen.append(
+            (
+                context.partition_key,
+                context.partition_keys,
+                str(window.start.date()),
+                context.run.run_id,
+            )
+        )
+        context.log.info(f"computing {context.partition_key}")
+        day = context.partition_key
+        return day_rows(day, [int(day[-2:])])
+
+    @dataset(name="plain_context", primary_key="id", mode="iceberg")
+    def plain_context(context: dg.AssetExecutionContext, by_context: pl.LazyFrame) -> pl.DataFrame:
+        assert isinstance(context, dg.AssetExecutionContext) and not context.has_partition_key
+        return by_context.collect()
+
+    defs = build_definitions(datasets=[by_context, plain_context], with_maintenance=False)
+    three = run(defs, instance, "by_context", DAYS[0], DAYS[2])
+    assert three.success
+    assert [(k, keys, start) for k, keys, start, _ in seen] == [(d, [d], d) for d in DAYS]
+    assert {run_id for *_, run_id in seen} == {three.run_id}
+    logged = [e.message for e in instance.all_logs(three.run_id) if "computing" in e.message]
+    assert [m.rsplit(" ", 1)[-1] for m in logged] == DAYS
+    expected = pl.concat([day_rows(d, [int(d[-2:])]) for d in DAYS])
+    assert_same_multiset(table("by_context", "iceberg"), expected)
+
+    job = defs.resolve_implicit_global_asset_job_def()
+    down = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("plain_context")])
+    assert down.success
+    assert_same_multiset(table("plain_context", "iceberg"), expected)
