@@ -204,7 +204,8 @@ def chain_defs() -> dg.Definitions:
         mode="iceberg",
         delta=Delta(source="ev", watermark="seq", max_rows=2),
     )
-    def ev_copy(ev: pl.LazyFrame) -> pl.LazyFrame:
+    def ev_copy(context: dg.AssetExecutionContext, ev: pl.LazyFrame) -> pl.LazyFrame:
+        context.log.info(f"window of run {context.run.run_id}")  # a delta compute takes it too
         return ev.select("id", "v", "seq")
 
     @dataset(
