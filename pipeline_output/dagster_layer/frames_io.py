@@ -112,6 +112,17 @@ def as_kind(frame: pl.LazyFrame | pl.DataFrame, kind: FrameKind) -> Any:
     return eager.to_pandas()
 
 
+def as_annotated(value: Any, annotation: Any) -> Any:
+    """An input loaded for a parameter outside a `@dataset` (a plain `@asset`, an asset check,
+    an op) as its annotation asks, as Dagster's polars IO managers give it: `pl.DataFrame`
+    collected, `pd.DataFrame`, `pa.Table`; a `pl.LazyFrame` when it says so or says nothing
+    (`Any`); anything else (`dict[str, pl.DataFrame]`, a type of the user's) as it is."""
+    kind = _kind_of(annotation)
+    if kind is None or kind == "changes":
+        return value
+    return convert_input(value, kind)
+
+
 def convert_inputs(inputs: Mapping[str, Any], kinds: Mapping[str, FrameKind]) -> dict[str, Any]:
     """Every input converted to its parameter's kind (unknown parameters: a LazyFrame). A frame
     an upstream's own IO manager loaded (polars, pandas, Arrow) is converted too; one already of

@@ -29,6 +29,7 @@ from pipeline_output.dagster_layer.delta_assets import (
     windowed_frame,
 )
 from pipeline_output.dagster_layer.failures import failing_as_dagster
+from pipeline_output.dagster_layer.frames_io import as_annotated
 from pipeline_output.dagster_layer.keys import (
     AUDIT_OVERRIDE_KEY,
     DELTA_INPUT_KEY,
@@ -351,7 +352,9 @@ class DatasetIOManager(dg.ConfigurableIOManager):
 
     def load_input(self, context: dg.InputContext) -> Any:
         with failing_as_dagster(_dataset_of(context)):
-            return self._load_input(context)
+            loaded = self._load_input(context)
+            # a @dataset's own parameters are unannotated to Dagster (its compute converts them)
+            return as_annotated(loaded, context.dagster_type.typing_type)
 
     def _load_input(self, context: dg.InputContext) -> Any:
         upstream = context.upstream_output

@@ -182,6 +182,70 @@ def test_annotated_inputs_of_a_partitioned_dataset_and_from_a_plain_asset(env: s
     )
 
 
+def test_plain_assets_and_an_asset_check_get_a_dataset_as_their_annotation_asks(env: str) -> None:
+    """Outside a `@dataset` — a plain `@asset`, an `@asset_check` — an input read from a dataset
+    is what its annotation says (as Dagster's polars IO managers give it): Dagster's type check
+    passes, the rows are the dataset's; unannotated, a LazyFrame."""
+    got: dict[str, Any] = {}
+    rows = pl.DataFrame({"id": [1, 2, 3], "amount": [1.5, -2.0, 3.0]})
+
+    @dataset(name="ledger", primary_key="id", mode="iceberg")
+    def ledger() -> pl.DataFrame:
+        return rows
+
+    def keep(name: str, value: Any) -> dg.MaterializeResult:
+        got[name] = value
+        return dg.MaterializeResult()
+
+    @dg.asset(ins={"ledger": dg.AssetIn()})
+    def as_polars(ledger: pl.DataFrame) -> dg.MaterializeResult:
+        return keep("as_polars", ledger)
+
+    @dg.asset(ins={"ledger": dg.AssetIn()})
+    def as_pandas(ledger: pd.DataFrame) -> dg.MaterializeResult:
+        return keep("as_pandas", ledger)
+
+    @dg.asset(ins={"ledger": dg.AssetIn()})
+    def as_arrow(ledger: pa.Table) -> dg.MaterializeResult:
+        return keep("as_arrow", ledger)
+
+    @dg.asset(ins={"ledger": dg.AssetIn()})
+    def as_given(ledger) -> dg.MaterializeResult:  # type: ignore[no-untyped-def]
+        return keep("as_given", ledger)
+
+    @dg.asset_check(asset=ledger)
+    def no_negative_amount(ledger: pl.DataFrame) -> dg.AssetCheckResult:
+        got["check"] = ledger
+        return dg.AssetCheckResult(passed=ledger.filter(pl.col("amount") < 0).is_empty())
+
+    defs = build_definitions(
+        datasets=[ledger],
+        assets=[as_polars, as_pandas, as_arrow, as_given],
+        asset_checks=[no_negative_amount],
+        with_maintenance=False,
+        with_parity_checks=False,
+    )
+    with dg.DagsterInstance.ephemeral() as instance:
+        result = run_assets(
+            defs, instance, ["ledger", "as_polars", "as_pandas", "as_arrow", "as_given"]
+        )
+        assert result.success
+        [check] = result.get_asset_check_evaluations()
+        assert check.check_name == "no_negative_amount" and not check.passed  # it read the rows
+    assert {k: type(v) for k, v in got.items()} == {
+        "as_polars": pl.DataFrame,
+        "as_pandas": pd.DataFrame,
+        "as_arrow": pa.Table,
+        "as_given": pl.LazyFrame,
+        "check": pl.DataFrame,
+    }
+    for name in ("as_polars", "check"):
+        assert_same_multiset(got[name], rows)
+    assert_same_multiset(pl.from_pandas(got["as_pandas"]), rows)
+    assert_same_multiset(pl.from_arrow(got["as_arrow"]), rows)  # type: ignore[arg-type]
+    assert_same_multiset(got["as_given"].collect(), rows)
+
+
 def test_a_named_pandas_index_becomes_a_column_and_a_default_one_is_dropped(env: str) -> None:
     @dataset(primary_key="id", mode="iceberg")
     def indexed() -> pd.DataFrame:
