@@ -71,6 +71,7 @@ from pipeline_output.dagster_layer.changes_assets import (
     mark_changes_input,
 )
 from pipeline_output.dagster_layer.checks import declared_checks, evaluate_checks
+from pipeline_output.dagster_layer.compute_context import CONTEXT_PARAMETER, ComputeContext
 from pipeline_output.dagster_layer.failures import failing_as_dagster
 from pipeline_output.dagster_layer.frames_io import (
     FrameKind,
@@ -92,7 +93,6 @@ from pipeline_output.dagster_layer.metadata import (
     docstring_columns,
 )
 from pipeline_output.dagster_layer.partitioned import (
-    CONTEXT_PARAMETER,
     KEY_PARAMETER,
     PARTITION_COLUMNS_KEY,
     partition_columns_of,
@@ -371,7 +371,8 @@ def build_dataset_asset(
     ) -> dg.Output[Any]:
         given = fn
         if takes_context and partition_columns is None:  # else each key's call gets its own
-            given = functools.partial(fn, **{CONTEXT_PARAMETER: context})
+            rows = context.assets_def.get_output_name_for_asset_key(context.asset_key)
+            given = functools.partial(fn, **{CONTEXT_PARAMETER: ComputeContext(context, rows)})
         call = _Call(spec, given, inputs, frame_kinds)
         out: Any
         if delta_param is not None:

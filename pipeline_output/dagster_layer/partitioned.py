@@ -45,15 +45,13 @@ from pipeline_output.contract.slices import (
 from pipeline_output.contract.spec import DatasetSpec, check_identifier
 from pipeline_output.dagster_layer.asset_params import as_lazy
 from pipeline_output.dagster_layer.checks import PARITY
+from pipeline_output.dagster_layer.compute_context import CONTEXT_PARAMETER, KeyContext
 from pipeline_output.errors import InvalidSpec, RowsOutsideWindow, UnsupportedWrite
 from pipeline_output.services.publish import PublishResult, ResolvedMode
 from pipeline_output.services.runtime import Runtime
 
 PARTITION_COLUMNS_KEY = "pipeline_output/partition_columns"
 KEY_PARAMETER = "partition_key"
-# a compute's parameter taking Dagster's context, as a Dagster asset's `context` does (a range
-# run's call of one key gets a context of that key: `KeyContext`)
-CONTEXT_PARAMETER = "context"
 _SINGLE = ""  # the dimension name of a one-dimensional definition
 _DIMENSIONS = (
     dg.TimeWindowPartitionsDefinition,
@@ -217,50 +215,6 @@ def partitioned_output(
 
         items.append((part, thunk))
     return PartitionedOutput(tuple(items))
-
-
-class KeyContext:
-    """Dagster's context of a run, as the compute of one of its keys sees it: the partition
-    (`partition_key`, `partition_keys`, `partition_key_range`, `partition_time_window`) is that
-    key — in a range run too, where Dagster's own `partition_key` raises —; everything else
-    (`log`, `run`, `instance`, `resources`, ...) is the run's context's."""
-
-    def __init__(self, context: dg.AssetExecutionContext, key: str, partitions_def: Any) -> None:
-        self._context, self._key, self._partitions_def = context, key, partitions_def
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
-
-    @property
-    def has_partition_key(self) -> bool:
-        return True
-
-    @property
-    def partition_key(self) -> str:
-        if isinstance(self._partitions_def, dg.MultiPartitionsDefinition):  # as Dagster gives it
-            multi: str = self._partitions_def.get_partition_key_from_str(self._key)
-            return multi
-        return self._key
-
-    @property
-    def partition_keys(self) -> list[str]:
-        return [self._key]
-
-    @property
-    def partition_key_range(self) -> dg.PartitionKeyRange:
-        return dg.PartitionKeyRange(self._key, self._key)
-
-    @property
-    def has_partition_key_range(self) -> bool:
-        return True
-
-    @property
-    def partition_time_window(self) -> dg.TimeWindow:
-        if not isinstance(self._partitions_def, dg.TimeWindowPartitionsDefinition):
-            dagsters: dg.TimeWindow = self._context.partition_time_window  # Dagster's error
-            return dagsters
-        window: dg.TimeWindow = self._partitions_def.time_window_for_partition_key(self._key)
-        return window
 
 
 def _same_partitions_inputs(

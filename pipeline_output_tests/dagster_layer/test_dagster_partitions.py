@@ -417,12 +417,15 @@ def test_a_compute_taking_dagsters_context_sees_the_key_it_computes_in_a_range_r
             )
         )
         context.log.info(f"computing {context.partition_key}")
+        context.add_output_metadata({"computed_for": context.partition_key})  # its own partition's
         day = context.partition_key
         return day_rows(day, [int(day[-2:])])
 
     @dataset(name="plain_context", primary_key="id", mode="iceberg")
     def plain_context(context: dg.AssetExecutionContext, by_context: pl.LazyFrame) -> pl.DataFrame:
-        assert isinstance(context, dg.AssetExecutionContext) and not context.has_partition_key
+        assert not context.has_partition_key
+        # Dagster's own call: the asset's other outputs (its checks') make it name one
+        context.add_output_metadata({"note": "from by_context"})
         return by_context.collect()
 
     defs = build_definitions(datasets=[by_context, plain_context], with_maintenance=False)
@@ -430,6 +433,11 @@ def test_a_compute_taking_dagsters_context_sees_the_key_it_computes_in_a_range_r
     assert three.success
     assert [(k, keys, start) for k, keys, start, _ in seen] == [(d, [d], d) for d in DAYS]
     assert {run_id for *_, run_id in seen} == {three.run_id}
+    computed_for = {
+        e.partition: e.event_specific_data.materialization.metadata["computed_for"].value  # type: ignore[union-attr]
+        for e in three.get_asset_materialization_events()
+    }
+    assert computed_for == {d: d for d in DAYS}
     logged = [e.message for e in instance.all_logs(three.run_id) if "computing" in e.message]
     assert [m.rsplit(" ", 1)[-1] for m in logged] == DAYS
     expected = pl.concat([day_rows(d, [int(d[-2:])]) for d in DAYS])
@@ -438,4 +446,6 @@ def test_a_compute_taking_dagsters_context_sees_the_key_it_computes_in_a_range_r
     job = defs.resolve_implicit_global_asset_job_def()
     down = job.execute_in_process(instance=instance, asset_selection=[dg.AssetKey("plain_context")])
     assert down.success
+    [mat] = down.get_asset_materialization_events()
+    assert mat.event_specific_data.materialization.metadata["note"].value == "from by_context"  # type: ignore[union-attr]
     assert_same_multiset(table("plain_context", "iceberg"), expected)
