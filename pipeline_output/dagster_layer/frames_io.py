@@ -19,6 +19,7 @@ import typing
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal
 
+import dagster as dg
 import polars as pl
 import pyarrow as pa
 
@@ -166,6 +167,12 @@ def check_output(dataset: str, out: Any) -> None:
     """Refuse a compute result that is no frame, before any I/O (`BadInput`)."""
     if isinstance(out, (pl.DataFrame, pl.LazyFrame, pa.Table)) or is_pandas_frame(out):
         return
+    if isinstance(out, (dg.Output, dg.MaterializeResult)):
+        raise BadInput(
+            f"dataset {dataset!r}: the compute returned dg.{type(out).__name__}; return the frame "
+            "itself, and add metadata with the compute's `context.add_output_metadata(...)` "
+            "(nothing was written)"
+        )
     raise BadInput(
         f"dataset {dataset!r}: the compute returned {type(out).__name__}; expected a polars "
         "DataFrame or LazyFrame, a pandas DataFrame or a pyarrow Table (nothing was written)"

@@ -274,10 +274,24 @@ def test_an_input_annotated_with_another_type_fails_when_the_location_loads() ->
     assert "'wrong'" in message and "'upstream'" in message and "pd.DataFrame" in message
 
 
-def test_a_compute_returning_no_frame_fails_before_anything_is_written(env: str) -> None:
+@pytest.mark.parametrize(
+    ("returned", "said"),
+    [
+        (lambda: {"id": [1]}, "returned dict"),
+        (
+            lambda: dg.Output(pl.DataFrame({"id": [1]}), metadata={"x": 1}),
+            "returned dg.Output; return the frame itself, and add metadata with the compute's "
+            "`context.add_output_metadata(...)`",
+        ),
+    ],
+    ids=["dict", "dagster_output"],
+)
+def test_a_compute_returning_no_frame_fails_before_anything_is_written(
+    env: str, returned: Any, said: str
+) -> None:
     @dataset(primary_key="id", mode="iceberg")
     def not_a_frame() -> Any:
-        return {"id": [1]}
+        return returned()
 
     defs = build_definitions(
         datasets=[not_a_frame], resource=PipelineOutputResource(), with_maintenance=False
@@ -286,7 +300,7 @@ def test_a_compute_returning_no_frame_fails_before_anything_is_written(env: str)
         result = run_assets(defs, instance, ["not_a_frame"], raise_on_error=False)
     assert not result.success
     failure = result.get_step_failure_events()[0].event_specific_data
-    assert "returned dict" in str(failure)
+    assert said in str(failure)
     assert get_runtime().iceberg.load("not_a_frame") is None
 
 
