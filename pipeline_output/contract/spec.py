@@ -275,7 +275,8 @@ def _known_as(given: object) -> str:
     ours = OTHER_NAMES.get(given) if isinstance(given, str) else None
     if ours is None:
         return ""
-    return f"for {given!r} use {ours!r} (a re-deploy: {STRATEGIES[ours].re_deploy.doc.replace('**', '')}); "
+    does = STRATEGIES[ours].re_deploy.doc.replace("**", "")
+    return f"for {given!r} use {ours!r} (a re-deploy: {does}); "
 
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -22,10 +22,10 @@ CONTEXT_PARAMETER = "context"
 
 
 class ComputeContext:
-    """The run's context for a compute whose asset's rows are `output` (Dagster's output name)."""
+    """The run's context as a compute sees it."""
 
-    def __init__(self, context: dg.AssetExecutionContext, output: str) -> None:
-        self._context, self._output = context, output
+    def __init__(self, context: dg.AssetExecutionContext) -> None:
+        self._context = context
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
@@ -38,8 +38,9 @@ class ComputeContext:
     ) -> None:
         """Metadata on the rows' materialisation (Dagster's call, the output defaulting to the
         rows' rather than raising for the checks' outputs)."""
+        rows = self._context.assets_def.get_output_name_for_asset_key(self._context.asset_key)
         self._context.add_output_metadata(
-            metadata, output_name=output_name or self._output, mapping_key=mapping_key
+            metadata, output_name=output_name or rows, mapping_key=mapping_key
         )
 
 
@@ -49,9 +50,7 @@ class KeyContext(ComputeContext):
     key; metadata added goes to that partition's materialisation."""
 
     def __init__(self, context: dg.AssetExecutionContext, key: str, partitions_def: Any) -> None:
-        super().__init__(
-            context, context.assets_def.get_output_name_for_asset_key(context.asset_key)
-        )
+        super().__init__(context)
         self._key, self._partitions_def = key, partitions_def
 
     def add_output_metadata(

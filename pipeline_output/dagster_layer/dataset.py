@@ -273,9 +273,10 @@ def dataset(
 
     `partitions_def` + `partition_column`: Dagster's own partitions, each a slice of the table
     (`partitioned.py`; the compute takes `partition_key: str`, or `context` as a Dagster asset
-    does — each key's call sees its key); `ins`: upstream asset keys per parameter; `deps`: upstream assets not
-    read; `options`: Dagster's own asset options (`group`, `description` — default the
-    docstring —, `key_prefix`, `pool`, …: `asset_params.AssetOptions`)."""
+    does — each key's call sees its key: `compute_context.py`); `ins`: upstream asset keys per
+    parameter; `deps`: upstream assets not read; `options`: Dagster's own asset options
+    (`group`, `description` — default the docstring —, `key_prefix`, `pool`, …:
+    `asset_params.AssetOptions`)."""
     given = asset_options("dataset", **options)
 
     def decorate(fn: Callable[..., Any]) -> dg.AssetsDefinition:
@@ -371,8 +372,7 @@ def build_dataset_asset(
     ) -> dg.Output[Any]:
         given = fn
         if takes_context and partition_columns is None:  # else each key's call gets its own
-            rows = context.assets_def.get_output_name_for_asset_key(context.asset_key)
-            given = functools.partial(fn, **{CONTEXT_PARAMETER: ComputeContext(context, rows)})
+            given = functools.partial(fn, **{CONTEXT_PARAMETER: ComputeContext(context)})
         call = _Call(spec, given, inputs, frame_kinds)
         out: Any
         if delta_param is not None:
