@@ -618,6 +618,32 @@ def test_a_compaction_that_loses_a_race_replans_and_keeps_the_writers_rows(h: Ha
     assert table_orphans(h.table(spec), grace_s=0) == []  # the lost attempt's files are gone
 
 
+def test_a_compaction_refuses_to_commit_over_rows_deleted_from_its_inputs_meanwhile(h: Harness):
+    """A merge-on-read upsert between the plan and the commit deletes a row of an input file
+    (a positional delete file for it, no file removed): the compaction, which read the file
+    without that delete, is refused (its bins' files and delete sets compared with the current
+    snapshot's) and commits nothing; the next one folds the delete in."""
+    from dataclasses import replace as with_
+
+    spec = with_(windowed(), write_strategy_hint="merge-on-read")
+    written = feed_windows(h, spec, 6, size=50)
+    update = rows([3], version=1)
+
+    def upsert_in_between(done: int, planned: int) -> None:
+        h.store().write(spec, update)
+
+    with pytest.raises(MaintenanceConflict, match="deleted rows of"):
+        h.store().compact(spec, progress=upsert_in_between, max_attempts=1)
+
+    expected = pl.concat([written.filter(pl.col("id") != 3), update])
+    assert_same_multiset(h.contents(spec), expected)
+    assert "replace" not in {s.summary.operation.value for s in h.table(spec).snapshots()}
+    assert table_orphans(h.table(spec), grace_s=0) == []
+    result = h.store().compact(spec)
+    assert result.delete_files_removed == 1
+    assert_same_multiset(h.contents(spec), expected)
+
+
 def test_a_compaction_out_of_attempts_fails_cleanly_and_commits_nothing(h: Harness):
     spec = windowed()
     written = feed_windows(h, spec, 5)
