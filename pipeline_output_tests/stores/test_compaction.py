@@ -644,6 +644,32 @@ def test_a_compaction_refuses_to_commit_over_rows_deleted_from_its_inputs_meanwh
     assert_same_multiset(h.contents(spec), expected)
 
 
+def test_a_compaction_whose_first_input_vanished_before_its_read_is_refused_and_commits_nothing(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """An input file deleted between the plan and the read (another process's expiry of a file
+    a writer replaced meanwhile) refuses the compaction's attempt (`MaintenanceConflict`, as
+    for a lost race), the first file of a streamed bin too: its scan's schema is read from
+    that file before the stream starts, and that failed with polars' own FileNotFoundError."""
+    from pipeline_output.stores.iceberg.maintenance import compaction
+
+    spec = DatasetSpec(name="plain", primary_key=("id",), strategy="append_always")
+    for w in range(6):
+        h.store().write(spec, rows(range(w * 10, w * 10 + 10)))
+    groups = compaction.read_groups
+
+    def first_input_gone(table: Any, bins: Any) -> Any:
+        table.io.delete(bins[0].tasks[0].file.file_path)
+        return groups(table, bins)
+
+    monkeypatch.setattr(compaction, "read_groups", first_input_gone)
+
+    with pytest.raises(MaintenanceConflict, match="vanished"):
+        h.store().compact(spec, max_attempts=1)
+    assert "replace" not in {s.summary.operation.value for s in h.table(spec).snapshots()}
+    assert table_orphans(h.table(spec), grace_s=0) == []
+
+
 def test_a_compaction_out_of_attempts_fails_cleanly_and_commits_nothing(h: Harness):
     spec = windowed()
     written = feed_windows(h, spec, 5)

@@ -442,9 +442,9 @@ def _stream_bin(
         return None
     if keys and not _ranges_in_order(schema, bin_.files, keys[0]):
         return None
-    rows = typed(_scan(table, bins, direct=True), target_schema(schema))
     buffer = io.BytesIO()
-    try:
+    try:  # (the scan's schema reads the first file: a vanished one fails here too)
+        rows = typed(_scan(table, bins, direct=True), target_schema(schema))
         have = rows.collect_schema()
         if not {f.name for f in schema.fields} <= set(have):
             return None  # a column the files do not hold (read the Iceberg way)
