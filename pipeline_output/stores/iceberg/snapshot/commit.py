@@ -9,7 +9,9 @@ instead of re-reading every manifest twice, and aware of delete files:
 - it rewrites only the manifests that hold a removed file (a data manifest the write did not
   plan from is carried forward unread), from their entries' own bytes
   (`manifest_decoding.RawManifest`), packed near the merge target size, and drops manifests with
-  no live file left;
+  no live file left; the removed data files' entries (DELETED) are written from the values read
+  (`manifest_decoding.removed_manifest`: a planner's, the columns it decoded), the plan's files
+  found among the entries by identity, whole manifests at a time, without a path matched;
 - it merges small data manifests on commit with Iceberg's `commit.manifest-merge.*` semantics
   (pyiceberg's merge manager), and folds the delete manifests earlier writes left into one once
   there are as many as `min-count-to-merge`;
@@ -150,12 +152,15 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
 )
 from pipeline_output.stores.iceberg.table.file_io import Uploads, uploading
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
+    EntryValues,
     RawManifest,
     Source,
     entry_file_paths,
+    entry_files,
     entry_kinds,
     file_paths,
     packed,
+    removed_manifest,
     rewrite_manifest,
 )
 from pipeline_output.stores.iceberg.table.tables import PROPERTY_PREFIX, READ_THREADS
@@ -547,6 +552,7 @@ class IndexedOverwrite(_OverwriteFiles):
             or TableProperties.MANIFEST_TARGET_SIZE_BYTES_DEFAULT
         )
         self._written: dict[str, Sources] = {}  # manifests written from bytes, by path
+        self._removals: tuple[ManifestIndex, list[_Removal]] | None = None  # (`_removal`)
         self._merge = BytesMergeManager(
             target_size_bytes=self._target,
             min_count_to_merge=self._min_count,  # type: ignore[arg-type]
@@ -600,36 +606,46 @@ class IndexedOverwrite(_OverwriteFiles):
                 if referenced_path(entry.data_file) in gone:
                     self._deleted_data_files.add(entry.data_file)
 
-    def _deleted_with_bytes(
-        self, index: ManifestIndex
-    ) -> list[tuple[RawManifest | None, list[tuple[ManifestEntry, bytes | None]]]]:
-        """The live entries of the removed files (as read: `rewrite_manifest` writes them
-        DELETED by this snapshot, `_removed` where they are re-encoded) by source manifest,
-        each with its `data_file` bytes when the manifest's `RawManifest` has them. Matched by
-        path (a data file's identity); no new entry per removed file: a compaction removes tens
-        of thousands (~3.6 MB of restamped entries for 20,000, held through the commit)."""
-        gone = set(file_paths(self._deleted_data_files))
-        out: list[tuple[RawManifest | None, list[tuple[ManifestEntry, bytes | None]]]] = []
+    def _removal(self, index: ManifestIndex) -> list[_Removal]:
+        """The read manifests holding removed files, each with which of its live entries are
+        removed (as read: `removed_manifest` writes them DELETED by this snapshot from their
+        values; `rewrite_manifest` from their bytes, `_removed` where re-encoded). No new
+        entry per removed file: a compaction removes tens of thousands.
+
+        The removed files are, as a rule, the index's own objects (a plan's files): a
+        manifest whose every live file is one of them is removed whole, and when those
+        manifests hold as many files as are removed, every removed file is found — no path
+        matched, no entry picked (one C-level pass of identities per such manifest). Else
+        matched by path (a data file's identity), manifest by manifest."""
+        files = self._deleted_data_files
+        read = [(m, index.live[m.manifest_path]) for m in index.read_manifests()]
+        ids = set(map(id, files))
+        whole = [
+            (m, live) for m, live in read if live and ids.issuperset(map(id, entry_files(live)))
+        ]
+        if sum(len(live) for _, live in whole) == len(ids):  # (a file's entry is one object)
+            return [_Removal(m, live, index.live.raw(m.manifest_path), None) for m, live in whole]
+        gone = set(file_paths(files))
+        out: list[_Removal] = []
         found: set[str] = set()
-        for manifest in index.read_manifests():
-            live = index.live[manifest.manifest_path]
-            raw = index.live.raw(manifest.manifest_path)
-            datas: Sequence[bytes | None] = (
-                raw.data_files if raw is not None else [None] * len(live)
-            )
-            if len(datas) != len(live):
-                raise CorruptManifest(
-                    f"manifest {manifest.manifest_path}: its entries and their bytes differ in number"
-                )
+        for manifest, live in read:
             # matched by C-level calls, no Python per entry (a compaction's 20,000)
             paths = entry_file_paths(live)
             hits = list(map(gone.__contains__, paths))
             if any(hits):
                 found.update(compress(paths, hits))
-                out.append((raw, list(compress(zip(live, datas, strict=True), hits))))
+                raw = index.live.raw(manifest.manifest_path)
+                out.append(_Removal(manifest, live, raw, None if all(hits) else hits))
         if missing := sorted(gone - found):  # pyiceberg's `_validate_required_deletes`, by path
             raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
         return out
+
+    def _removals_of(self, index: ManifestIndex) -> list[_Removal]:
+        """`_removal` of `index`, worked out once per index (the DELETED manifests and the
+        kept ones are both made from it)."""
+        if self._removals is None or self._removals[0] is not index:
+            self._removals = (index, self._removal(index))
+        return self._removals[1]
 
     def _deleted_entries(self) -> list[ManifestEntry]:
         index = self._indexed()
@@ -674,26 +690,28 @@ class IndexedOverwrite(_OverwriteFiles):
                 )
             )
         new: list[ManifestFile] = []
-        # removed files' entries (DELETED) from their own bytes, one manifest per source layout
+        # removed data files' entries (DELETED) from their values, one manifest per source
+        # layout; those of delete files (and where that cannot be done) from their own bytes
+        self._removals = None  # (the removed files as they are now: `_removed_with_their_data`)
+        as_values: dict[tuple[int, str], list[_Removal]] = defaultdict(list)
         as_bytes: dict[tuple[ManifestContent, int, str], Sources] = defaultdict(list)
-        for raw, pairs in self._deleted_with_bytes(index):
-            by_key: dict[tuple[ManifestContent, int], list[tuple[ManifestEntry, bytes]]] = {}
-            kinds = entry_kinds(map(_FIRST, pairs)) if raw is not None else None
-            if (
-                raw is not None
-                and kinds is not None
-                and len(kinds) == 1
-                and None not in map(_SECOND, pairs)
-            ):
-                # one kind of file, all with their bytes (a manifest's entries, as a rule): the
-                # pairs as they are, no Python per pair (a compaction's 20,000)
-                ((content, spec_id),) = kinds
-                key = (_content_of_kind(content), spec_id)
-                as_bytes[(*key, raw.schema_text)].append(
-                    (raw, cast(list[tuple[ManifestEntry, bytes]], pairs))
-                )
+        for removal in self._removals_of(index):
+            raw = removal.raw
+            if raw is not None and removal.manifest.content == ManifestContent.DATA:
+                # a data manifest's files: data files of its spec (as read: `read_manifest`)
+                spec_id = removal.manifest.partition_spec_id
+                as_values[(spec_id, raw.schema_text)].append(removal)
                 continue
-            for pair in pairs:
+            removed = removal.removed()
+            kinds = entry_kinds(removed) if raw is not None else None
+            if raw is not None and kinds is not None and len(kinds) == 1:
+                # one kind of file (a manifest's entries, as a rule): no Python per entry
+                ((content, spec_id),) = kinds
+                layout = (_content_of_kind(content), spec_id, raw.schema_text)
+                as_bytes[layout].append((raw, removal.with_bytes()))
+                continue
+            by_key: dict[tuple[ManifestContent, int], list[tuple[ManifestEntry, bytes]]] = {}
+            for pair in removal.pairs():
                 entry, data = pair
                 key = (_content_of(entry.data_file), entry.data_file.spec_id)
                 if raw is None or data is None:
@@ -703,6 +721,21 @@ class IndexedOverwrite(_OverwriteFiles):
             for key, kept in by_key.items():
                 assert raw is not None
                 as_bytes[(*key, raw.schema_text)].append((raw, kept))
+        for (spec_id, schema_text), removing in as_values.items():
+            written = removed_manifest(
+                self.new_manifest_output(),
+                cast(RawManifest, removing[0].raw),
+                [removal.values() for removal in removing],
+                spec=self.spec(spec_id),
+                schema=self.schema(),
+                snapshot_id=self._snapshot_id,
+            )
+            if written is not None:
+                new.append(written)
+                continue
+            for removal in removing:  # (a layout or value it does not encode): as bytes
+                layout = (ManifestContent.DATA, spec_id, schema_text)
+                as_bytes[layout].append((cast(RawManifest, removal.raw), removal.with_bytes()))
         for (content, spec_id, _), sources in as_bytes.items():
             written = self._raw_rewrite(
                 content, spec_id, sources, status=ManifestEntryStatus.DELETED
@@ -742,21 +775,25 @@ class IndexedOverwrite(_OverwriteFiles):
             # the rewritten manifests' kept entries, by layout: packed into manifests near the
             # target size from their own bytes (no merge has to re-encode them after)
             packs: dict[tuple[ManifestContent, int, str], list[Source]] = defaultdict(list)
-            gone = set(file_paths(self._deleted_data_files))
+            removing = {r.manifest.manifest_path: r for r in self._removals_of(index)}
             for manifest in index.manifests:
                 if not index.live.is_read(manifest.manifest_path):
                     kept.append(manifest)  # not planned from: nothing of it is removed
                     continue
                 live = index.live[manifest.manifest_path]
-                stays = list(map(not_, map(gone.__contains__, entry_file_paths(live))))
-                remaining = list(compress(live, stays))
-                raw = index.live.raw(manifest.manifest_path)
-                if len(remaining) == len(live) and live:
+                removal = removing.get(manifest.manifest_path)
+                if removal is None and live:
                     kept.append(manifest)  # untouched: carried forward as it is
-                elif remaining and raw is None:
+                    continue
+                if removal is None or removal.hits is None:
+                    continue  # no live file left (all deleted now or before): dropped
+                stays = list(map(not_, removal.hits))
+                remaining = list(compress(live, stays))
+                raw = removal.raw
+                if raw is None:
                     spec_id = manifest.partition_spec_id
                     kept.append(self._rewrite_entries(manifest.content, spec_id, remaining))
-                elif remaining and raw is not None:
+                else:
                     pairs = zip(live, raw.data_files, strict=True)
                     key = (manifest.content, manifest.partition_spec_id, raw.schema_text)
                     packs[key].append(
@@ -766,7 +803,6 @@ class IndexedOverwrite(_OverwriteFiles):
                             manifest.manifest_length / len(live),
                         )
                     )
-                # else: no live file left (all deleted now or before): dropped
             for (content, spec_id, _), sources in packs.items():
                 kept.extend(self._packed(content, spec_id, sources))
         # pyiceberg's own path keeps manifests whose entries are all DELETED: drop them too
@@ -932,6 +968,47 @@ def _content_of_kind(content: int) -> ManifestContent:
 
 
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
+
+
+@dataclass(frozen=True)
+class _Removal:
+    """A read manifest holding files a commit removes: its live entries as read, its
+    `RawManifest` (None: not kept) and which of the entries are removed (None: all)."""
+
+    manifest: ManifestFile
+    live: list[ManifestEntry]
+    raw: RawManifest | None
+    hits: list[bool] | None
+
+    def removed(self) -> list[ManifestEntry]:
+        """The removed entries, as read (the live list itself when all are)."""
+        return self.live if self.hits is None else list(compress(self.live, self.hits))
+
+    def values(self) -> EntryValues:
+        """The removed entries' values: the columns a planner decoded them from (`raw`), else
+        taken from the entries."""
+        planned = self.raw.values if self.raw is not None else None
+        if planned is None or len(planned) != len(self.live):
+            planned = EntryValues.of(self.live)
+        return planned if self.hits is None else planned.picked(self.hits)
+
+    def pairs(self) -> list[tuple[ManifestEntry, bytes | None]]:
+        """The removed entries, each with its `data_file` bytes (None: not kept)."""
+        live = self.live
+        datas: Sequence[bytes | None] = (
+            self.raw.data_files if self.raw is not None else [None] * len(live)
+        )
+        if len(datas) != len(live):
+            raise CorruptManifest(
+                f"manifest {self.manifest.manifest_path}: its entries and their bytes differ "
+                "in number"
+            )
+        pairs = zip(live, datas, strict=True)
+        return list(pairs) if self.hits is None else list(compress(pairs, self.hits))
+
+    def with_bytes(self) -> list[tuple[ManifestEntry, bytes]]:
+        """`pairs` of a manifest whose bytes are kept (`raw`)."""
+        return cast(list[tuple[ManifestEntry, bytes]], self.pairs())
 
 
 class ReplaceFiles(IndexedOverwrite):

@@ -26,8 +26,11 @@ its snapshot id and its sequence numbers, now explicit) followed by those bytes,
 source manifest's own Avro schema, metadata and codec. Nothing of an entry's file, partition or
 metrics is decoded or re-encoded, so nothing of it can change.
 
-The entries of removed data files (DELETED) are written the same way, without their column
-metrics (`unmeasured`: the kept fields checked byte for byte against the bytes they replace).
+The entries of removed data files (DELETED) are written without their column metrics: from
+the values read (`removed_manifest`: a planner's, the columns it decoded its entries from — no
+entry's bytes, no pass over the entry objects), or where those cannot be encoded from each
+entry's own bytes (`unmeasured`: the kept fields checked byte for byte against the bytes they
+replace). Both write the same bytes.
 
 Only manifests laid out as Iceberg's v2 `manifest_entry` (status, snapshot_id,
 sequence_number, file_sequence_number as `["null", "long"]` unions, then data_file) are reused
@@ -37,11 +40,12 @@ A planner's read: the entries with only the statistics it uses.
 
 A compaction plans 20,000 small files from their paths, sizes, row counts, partitions and the
 first sort column's bounds; decoding every column's sizes, counts and bounds cost most of its
-plan, and the commit writes the removed entries from their own bytes anyway. `read_manifest`
+plan, and the commit writes the removed entries without their metrics anyway. `read_manifest`
 with `bounds` (`read_planned`) cuts each one-entry Avro block (pyiceberg's writer: every
 append's manifest) out of the file, decompresses it, and decodes them all at once with polars'
 native Avro reader: the entries' files are `PartialDataFile`s (the asked columns' bounds and
-null counts; the other statistics None), with the same raw `data_file` bytes. Such an index
+null counts; the other statistics None), with the same raw `data_file` bytes and the columns
+they were made of (`EntryValues`: what removes them, `removed_manifest`). Such an index
 never serves a whole read (`manifests.ReadManifests`), and an entry re-encoded from it is
 decoded whole first (`manifests.LiveEntries.whole`). Other layouts are decoded whole.
 """
@@ -58,7 +62,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 from operator import attrgetter, getitem, itemgetter
 from threading import Lock
 from typing import Any, cast
@@ -527,11 +531,13 @@ BLOCK_ENTRIES = 1000
 
 @dataclass(frozen=True)
 class RawManifest:
-    """A manifest's Avro header and each live entry's `data_file` bytes (in entry order)."""
+    """A manifest's Avro header and each live entry's `data_file` bytes (in entry order); of a
+    planner's read, also the values it decoded, column by column (`EntryValues`)."""
 
     meta: dict[str, str]
     codec: type[Codec] | None
     data_files: list[bytes]
+    values: EntryValues | None = None
 
     @property
     def schema_text(self) -> str:
@@ -745,45 +751,294 @@ def rewrite_manifest(
     if strip is not None:
         datas = list(map(strip, files, datas))
 
+    blocks = (
+        (
+            len(heads[at : at + BLOCK_ENTRIES]),
+            chain.from_iterable(
+                zip(heads[at : at + BLOCK_ENTRIES], datas[at : at + BLOCK_ENTRIES], strict=True)
+            ),
+        )
+        for at in range(0, len(kept), BLOCK_ENTRIES)
+    )
+    length = _write_blocks(output, raw, blocks)
+    existing = status == ManifestEntryStatus.EXISTING
+    return _written_manifest(
+        output,
+        length,
+        list(map(_ROWS, file_values)),
+        list(map(_PARTITION, file_values)),
+        spec=spec,
+        schema=schema,
+        snapshot_id=snapshot_id,
+        content=content,
+        status=status,
+        # (DELETED entries do not count: pyiceberg's writer leaves it unassigned then)
+        min_sequence=min(map(int, sequences)) if existing else UNASSIGNED_SEQ,
+    )
+
+
+def _write_blocks(
+    output: OutputFile, raw: RawManifest, blocks: Iterable[tuple[int, Iterable[bytes]]]
+) -> int:
+    """Write an Avro file of `raw`'s metadata and codec whose blocks are `blocks` (each: its
+    entries' count and their encoded pieces); its length."""
     sync = os.urandom(SYNC_SIZE)
     out = bytearray(MAGIC)
     out += _map(raw.meta)
     out += sync
-    for at in range(0, len(kept), BLOCK_ENTRIES):
-        ends = at + BLOCK_ENTRIES
-        body = b"".join(chain.from_iterable(zip(heads[at:ends], datas[at:ends], strict=True)))
+    for count, pieces in blocks:
+        body = b"".join(pieces)
         if raw.codec is DeflateCodec:  # level 1: rewriting 20,000 entries at 6 took ~0.4 s
             packer = zlib.compressobj(1, zlib.DEFLATED, -15)
             body = packer.compress(body) + packer.flush()
         elif raw.codec is not None:
             body, _ = raw.codec.compress(body)
-        out += _long(len(heads[at:ends])) + _long(len(body)) + body + sync
+        out += _long(count) + _long(len(body)) + body + sync
     with output.create(overwrite=True) as stream:
         # (not copied into bytes: the manifest of a compaction's removed entries is megabytes;
         # pyarrow's and fsspec's streams take any bytes-like object)
         stream.write(cast(bytes, out))
-    rows = sum(map(_ROWS, file_values))
+    return len(out)
+
+
+def _written_manifest(
+    output: OutputFile,
+    length: int,
+    rows: list[int],
+    partitions: list[Record],
+    *,
+    spec: PartitionSpec,
+    schema: Schema,
+    snapshot_id: int,
+    content: ManifestContent,
+    status: ManifestEntryStatus,
+    min_sequence: int,
+) -> ManifestFile:
+    """The manifest list's record of a manifest of entries of `status` whose files' record
+    counts and partitions are `rows` and `partitions`, written at `output` (`length`
+    bytes)."""
     existing = status == ManifestEntryStatus.EXISTING
-    partitions = list(map(_PARTITION, file_values))
     once = list(dict(zip(map(id, partitions), partitions, strict=True)).values())  # (interned)
+    count, total = len(rows), sum(rows)
     return ManifestFile.from_args(
         manifest_path=output.location,
-        manifest_length=len(out),
+        manifest_length=length,
         partition_spec_id=spec.spec_id,
         content=content,
         sequence_number=UNASSIGNED_SEQ,
-        # (DELETED entries do not count: pyiceberg's writer leaves it unassigned then)
-        min_sequence_number=min(map(int, sequences)) if existing else UNASSIGNED_SEQ,
+        min_sequence_number=min_sequence,
         added_snapshot_id=snapshot_id,
         added_files_count=0,
-        existing_files_count=len(entries) if existing else 0,
-        deleted_files_count=0 if existing else len(entries),
+        existing_files_count=count if existing else 0,
+        deleted_files_count=0 if existing else count,
         added_rows_count=0,
-        existing_rows_count=rows if existing else 0,
-        deleted_rows_count=0 if existing else rows,
+        existing_rows_count=total if existing else 0,
+        deleted_rows_count=0 if existing else total,
         partitions=construct_partition_summaries(spec, schema, distinct_partitions(once)),
         key_metadata=None,
     )
+
+
+@dataclass(frozen=True)
+class EntryValues:
+    """The values of live entries a removed entry is written from (`removed_manifest`),
+    column by column, in entry order: as a planner decoded them (`read_planned`: the lists its
+    entries were made of), or taken from the entries (`of`). A column of values the entries
+    share holds one object repeated (a planner's: `_converted`, `_partition_records`,
+    `_interned`)."""
+
+    sequences: list[Any]
+    file_sequences: list[Any]
+    paths: list[str]
+    rows: list[Any]
+    sizes: list[Any]
+    # content, format, partition, key metadata, split offsets, equality ids, sort order
+    shared: tuple[list[Any], ...]
+
+    @classmethod
+    def of(cls, entries: Sequence[ManifestEntry]) -> EntryValues:
+        """The values of `entries` (any read), by C-level getters."""
+        values = list(map(_VALUES, entries))
+        files = list(map(_VALUES, map(_ENTRY_FILE, values)))
+        return cls(
+            sequences=list(map(_SEQUENCE, values)),
+            file_sequences=list(map(_FILE_SEQUENCE, values)),
+            paths=list(map(_PATH, files)),
+            rows=list(map(_ROWS, files)),
+            sizes=list(map(_SIZE, files)),
+            shared=tuple(list(map(getter, files)) for getter in _SHAPED),
+        )
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def picked(self, hits: list[bool]) -> EntryValues:
+        """The values of the entries `hits` marks."""
+        return EntryValues(
+            sequences=list(compress(self.sequences, hits)),
+            file_sequences=list(compress(self.file_sequences, hits)),
+            paths=list(compress(self.paths, hits)),
+            rows=list(compress(self.rows, hits)),
+            sizes=list(compress(self.sizes, hits)),
+            shared=tuple(list(compress(column, hits)) for column in self.shared),
+        )
+
+
+def removed_manifest(
+    output: OutputFile,
+    raw: RawManifest,
+    removed: Sequence[EntryValues],
+    *,
+    spec: PartitionSpec,
+    schema: Schema,
+    snapshot_id: int,
+) -> ManifestFile | None:
+    """A data manifest of the entries whose values are `removed` (live entries as read from
+    manifests of `raw`'s Avro schema) DELETED by `snapshot_id`, each written from its values
+    alone — its sequence numbers, its file's content, path, format, partition, record count,
+    size, key metadata, split offsets, equality ids and sort order, its six column metrics
+    empty maps (as `unmeasured` leaves them) —, under `raw`'s Avro schema, metadata and codec.
+    No entry's bytes are read: a planner's entries are removed from the columns it decoded (a
+    compaction's 20,000 without a copy, strip or check of each one's bytes, nor a pass over
+    its entry objects).
+
+    None when there is nothing to write, the layout is not one `unmeasured` knows, or a value
+    is not one its type encodes (the caller writes the entries another way). Column by
+    column, by C-level calls: Python runs per distinct sequence number, per distinct set of
+    the fields files share (content, format, partition; key metadata, split offsets, equality
+    ids, sort order: by identity, a planner's files share one object of each) and per
+    distinct integer, never per entry."""
+    layout = _layout_of(raw.schema_text)
+    if layout is None or not any(map(len, removed)):
+        return None
+    pieces: list[bytes] = []
+    try:
+        for values in removed:
+            if len(values):
+                pieces += _removed_pieces(layout, values, snapshot_id)
+    except (
+        UndecodableManifestLayout,
+        TypeError,
+        ValueError,
+        AttributeError,
+        KeyError,
+        IndexError,
+        OverflowError,
+        struct.error,
+    ):
+        return None
+    count = sum(map(len, removed))
+    step = BLOCK_ENTRIES * _PIECES
+    blocks = (
+        (min(BLOCK_ENTRIES, count - at // _PIECES), pieces[at : at + step])
+        for at in range(0, len(pieces), step)
+    )
+    length = _write_blocks(output, raw, blocks)
+    return _written_manifest(
+        output,
+        length,
+        [row for values in removed for row in values.rows],
+        [partition for values in removed for partition in values.shared[2]],
+        spec=spec,
+        schema=schema,
+        snapshot_id=snapshot_id,
+        content=ManifestContent.DATA,
+        status=ManifestEntryStatus.DELETED,
+        min_sequence=UNASSIGNED_SEQ,
+    )
+
+
+_PIECES = 9  # the pieces of a removed entry (`_removed_pieces`)
+
+
+def _removed_pieces(layout: _RemovedLayout, values: EntryValues, snapshot_id: int) -> list[bytes]:
+    """The DELETED entries' encoded pieces, entry after entry: the status and snapshot id,
+    the sequence numbers, the content, the path's length, the path, the format and partition,
+    the record count, the size, the empty metrics and the tail."""
+    count = len(values)
+    status = _long(int(ManifestEntryStatus.DELETED)) + b"\x02" + _long(_integer(snapshot_id))
+    sequences, file_sequences = values.sequences, values.file_sequences
+    if None in sequences or None in file_sequences:  # (an ADDED entry not read back)
+        raise UndecodableManifestLayout("an entry without its sequence numbers")
+    if sequences == file_sequences:  # (a file never rewritten: as a rule)
+        numbers = {n: _optional_long(n) * 2 for n in set(sequences)}
+        sequenced: list[bytes] | bytes = _each(numbers, sequences)
+    else:
+        pairs = list(zip(sequences, file_sequences, strict=True))
+        both = {p: _optional_long(p[0]) + _optional_long(p[1]) for p in set(pairs)}
+        sequenced = _each(both, pairs)
+    content, format_, partition, key, splits, ids, order = values.shared
+    tail = {131: key, 132: splits, 135: ids, 140: order}
+    tails = [tail[i] for i, _ in layout.tail]
+    heads = _piece([content], lambda c: _long(_integer(int(c))))
+    middles = _piece(
+        [format_, partition], lambda f, p: layout.format(f) + layout.partition(p), by_id=1
+    )
+    lasts = _piece(
+        tails,
+        lambda *held: (
+            layout.empty
+            + b"".join(encode(v) for (_, encode), v in zip(layout.tail, held, strict=True))
+        ),
+    )
+    paths = list(map(str.encode, values.paths))
+    lengths = list(map(len, paths))
+    rows, sizes = values.rows, values.sizes
+    integers = set(rows).union(sizes, lengths)
+    if not all(type(n) is int for n in integers):  # (not a bool, nor a float that is whole)
+        raise UndecodableManifestLayout("a record count or size that is not an integer")
+    longs = dict(zip(integers, map(_long, integers), strict=True))
+    columns = (
+        status,
+        sequenced,
+        heads,
+        list(map(longs.__getitem__, lengths)),
+        paths,
+        middles,
+        list(map(longs.__getitem__, rows)),
+        list(map(longs.__getitem__, sizes)),
+        lasts,
+    )
+    return list(
+        chain.from_iterable(
+            zip(*(c if isinstance(c, list) else repeat(c, count) for c in columns), strict=False)
+        )
+    )
+
+
+def _optional_long(n: int) -> bytes:
+    """A `["null", "long"]` union's long."""
+    return b"\x02" + _long(_integer(n))
+
+
+def _each(encoded: dict[Any, bytes], keys: list[Any]) -> list[bytes] | bytes:
+    """Each key's encoding (one bytes when there is one key)."""
+    if len(encoded) == 1:
+        return next(iter(encoded.values()))
+    return list(map(encoded.__getitem__, keys))
+
+
+def _piece(
+    columns: list[list[Any]], encode: Callable[..., bytes], *, by_id: int | None = None
+) -> list[bytes] | bytes:
+    """`encode` of each entry's values in `columns` (one bytes when the entries share them),
+    worked out once per distinct combination, by identity (the column `by_id`: always by
+    identity — a partition `Record` compares by a Python call)."""
+    count = len(columns[0])
+    varying = []
+    for at, column in enumerate(columns):
+        first = column[0]
+        same = list(map(id, column)).count(id(first)) if at == by_id else column.count(first)
+        if same != count:
+            varying.append(list(map(id, column)))
+    if not varying:
+        return encode(*(column[0] for column in columns))
+    keys: list[Any] = varying[0] if len(varying) == 1 else list(zip(*varying, strict=True))
+    done = {
+        key: encode(*(column[at] for column in columns))
+        for key, at in dict(zip(keys, range(count), strict=True)).items()
+    }
+    return list(map(done.__getitem__, keys))
 
 
 # A removed file's entry without its column metrics.
@@ -828,7 +1083,38 @@ def unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes] | None:
     return strip
 
 
-def _unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes]:
+@dataclass(frozen=True)
+class _RemovedLayout:
+    """How a removed data file's `data_file` record is encoded under one Avro schema (v2's
+    fields in v2's order, the metrics optional: `unmeasured`): the encoders of the fields kept
+    but the path, rows and size, and the metrics as empty maps."""
+
+    format: _Encoder
+    partition: _Encoder
+    tail: list[tuple[int, _Encoder]]  # key metadata, split offsets, equality ids, sort order
+    empty: bytes  # the six metric maps, each empty
+    ends_in_zero: bool  # the last metric's bytes as written end in a 0 byte
+
+
+_LAYOUTS: dict[str, _RemovedLayout | None] = {}
+
+
+def _layout_of(schema_text: str) -> _RemovedLayout | None:
+    """`_removed_layout` of manifests of the Avro schema `schema_text`, worked out once; None
+    when it is not one a removed entry is written in without its metrics."""
+    with _LOCK:
+        if schema_text in _LAYOUTS:
+            return _LAYOUTS[schema_text]
+    try:
+        layout: _RemovedLayout | None = _removed_layout(schema_text)
+    except (UndecodableManifestLayout, ValueError, KeyError, TypeError, AttributeError):
+        layout = None
+    with _LOCK:
+        _LAYOUTS[schema_text] = layout
+    return layout
+
+
+def _removed_layout(schema_text: str) -> _RemovedLayout:
     top = json.loads(schema_text)["fields"]
     data_file = next(f for f in top if f.get("field-id") == 2)["type"]
     if not isinstance(data_file, dict) or data_file.get("type") != "record":
@@ -851,15 +1137,26 @@ def _unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes]:
         if not isinstance(kind, dict) or kind.get("type") != "array":
             raise UndecodableManifestLayout
         empty += _long(branches.index(kind)) + b"\x00"  # the map's branch, no item
-    # the bytes replaced end in a 0 byte: the last metric's map end, or its null (branch 0)
-    ends_in_zero = branches.index("null") == 0
     by_id = {f["field-id"]: f for f in fields}
     if by_id[134]["type"] != "int" or by_id[100]["type"] != "string":
         raise UndecodableManifestLayout
     if by_id[103]["type"] != "long" or by_id[104]["type"] != "long":
         raise UndecodableManifestLayout
-    fmt_and_partition = (_encoder(by_id[101]["type"]), _encoder(by_id[102]["type"]))
-    tail = [(f["field-id"], _encoder(f["type"])) for f in after]
+    return _RemovedLayout(
+        format=_encoder(by_id[101]["type"]),
+        partition=_encoder(by_id[102]["type"]),
+        tail=[(f["field-id"], _encoder(f["type"])) for f in after],
+        # the bytes replaced end in a 0 byte: the last metric's map end, or its null (branch 0)
+        ends_in_zero=branches.index("null") == 0,
+        empty=empty,
+    )
+
+
+def _unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes]:
+    layout = _removed_layout(schema_text)
+    empty, ends_in_zero = layout.empty, layout.ends_in_zero
+    fmt_and_partition = (layout.format, layout.partition)
+    tail = layout.tail
     # the fields but the path, rows and size, encoded once per distinct set of them: a planner's
     # files share their partition records and split offset lists (`_interned`), so by identity
     # (the objects held with their bytes, so an id is not reused; an equal set is as good)
@@ -938,6 +1235,9 @@ _ENTRY_AT = {
     f.field_id: n for n, f in enumerate(MANIFEST_ENTRY_SCHEMAS[DEFAULT_READ_VERSION].fields)
 }
 _ENTRY_FIELDS = itemgetter(*(_ENTRY_AT[i] for i in (1, 3, 4, 2)))
+_SEQUENCE, _FILE_SEQUENCE = itemgetter(_ENTRY_AT[3]), itemgetter(_ENTRY_AT[4])
+# the fields of a removed file's record its files share, as a rule (`EntryValues.shared`)
+_SHAPED = tuple(itemgetter(_AT[i]) for i in (134, 101, 102, 131, 132, 135, 140))
 _PATH = itemgetter(_AT[100])
 _SIZE = itemgetter(_AT[104])
 _STATISTICS = {
@@ -1192,7 +1492,8 @@ class PartialDataFile(DataFile):
     """A data file decoded for planning (`read_planned`): its column statistics cut to the
     columns asked for — `lower_bounds`, `upper_bounds` and `null_value_counts` hold those
     columns only, `column_sizes`, `value_counts` and `nan_value_counts` are None. Never
-    re-encoded into a manifest: its entry's own bytes are (`RawManifest`).
+    re-encoded into a manifest as a live file: its entry's own bytes are (`RawManifest`); a
+    removed one is written from its values, without metrics (`removed_manifest`).
 
     Planned with one column's statistics (`column`: the usual plan, the first sort key's), the
     file holds that column's bare values in their places and gives each statistic as a one-column
@@ -1599,13 +1900,23 @@ def _planned_entries(
             )
     nulls, lowers, uppers = stats
     keys, splits, ids, orders = (columns.get(i, none) for i in (131, 132, 135, 140))
+    shared = (
+        _converted(columns[134], _content),
+        _converted(columns[101], _format),
+        _partition_records(columns.get(102, none)),
+        keys,
+        _interned(splits, tuple),  # split offsets repeat: one object each
+        ids,
+        orders,
+    )
+    contents, formats, partitions, _, splits, _, _ = shared
     file_values = map(
         list,  # (one list of its 16 values, in `_PLANNED_FIELDS`' order)
         zip(
-            _converted(columns[134], _content),
+            contents,
             columns[100],
-            _converted(columns[101], _format),
-            _partition_records(columns.get(102, none)),
+            formats,
+            partitions,
             columns[103],
             columns[104],
             none,  # 108, 109: column sizes, value counts
@@ -1615,7 +1926,7 @@ def _planned_entries(
             lowers,
             uppers,
             keys,
-            _interned(splits, tuple),  # split offsets repeat: one object each
+            splits,
             ids,
             orders,
             strict=True,
@@ -1635,4 +1946,12 @@ def _planned_entries(
     if len(bodies) != count:  # (DELETED entries among them: the live ones' bodies)
         bodies = list(map(bodies.__getitem__, columns["row"]))
     raws: list[bytes] = list(map(_CUT, bodies, map(slice, columns["skip"], repeat(None))))
-    return entries, RawManifest(meta=meta, codec=codec, data_files=raws)
+    planned = EntryValues(  # (the lists the entries were made of: what removes them)
+        sequences=columns[3],
+        file_sequences=columns[4],
+        paths=columns[100],
+        rows=columns[103],
+        sizes=columns[104],
+        shared=shared,
+    )
+    return entries, RawManifest(meta=meta, codec=codec, data_files=raws, values=planned)
