@@ -391,31 +391,51 @@ def test_bins_of_many_partitions_are_read_at_most_read_group_files_input_files_a
         assert read_file(f)["region"].unique().to_list() == [f.partition[0]]
 
 
-def test_a_compactions_summary_counts_its_files_as_pyiceberg_counts_them_one_by_one(h: Harness):
+@pytest.mark.parametrize("partition_by", [("region",), ()], ids=["regions", "flat"])
+def test_a_compactions_summary_counts_its_files_as_pyiceberg_counts_them_one_by_one(
+    h: Harness, monkeypatch: pytest.MonkeyPatch, partition_by: tuple[str, ...]
+):
     """The removed files are counted per partition and content, then added to the summary
-    once per partition: the same summary as pyiceberg's collector fed file by file (the oracle,
-    over the snapshot's own ADDED and DELETED entries), delete files included; each manifest is
-    listed once (the removed delete files' manifest was listed twice)."""
+    once per partition — a data manifest's removed files of one partition (unpartitioned)
+    from the sums of the columns they were written DELETED from: the same summary as
+    pyiceberg's collector fed file by file (the oracle, over the snapshot's own ADDED and
+    DELETED entries), delete files included; each manifest is listed once (the removed delete
+    files' manifest was listed twice)."""
     from pyiceberg.manifest import ManifestEntryStatus
     from pyiceberg.table.snapshots import SnapshotSummaryCollector
 
-    spec = windowed(name="counted", partition_by=("region",))
-    for w in range(3):
+    from pipeline_output.stores.iceberg.snapshot import commit
+
+    counted: list[Any] = []
+    count = commit.IndexedOverwrite._counted
+
+    def spy(self: Any) -> Any:
+        counted.append(found := count(self))
+        return found
+
+    spec = windowed(name="counted", partition_by=partition_by)
+    windows = 3 if partition_by else 6  # a file of each region a window, or one file a window
+    size = 60 // windows
+    for w in range(windows):
         frame = pl.concat(
             [
-                rows(range(w * 20 + r * 10 + 1, w * 20 + r * 10 + 11), region=g)
-                for r, g in enumerate(("eu", "us"))
+                rows(range(w * size + r * 10 + 1, w * size + r * 10 + 11), region=g)
+                for r, g in enumerate(("eu", "us")[: size // 10])
             ]
         )
-        h.store().write(spec, frame, window=Window(low=w * 20, high=(w + 1) * 20))
+        h.store().write(spec, frame, window=Window(low=w * size, high=(w + 1) * size))
     files = sorted(data_files(h, spec), key=lambda f: f.file_path)
     delete_positions(h.table(spec), {files[0].file_path: [0, 2], files[3].file_path: [1]})
     with h.table(spec).transaction() as tx:
         tx.set_properties({"write.summary.partition-limit": "10"})
 
+    monkeypatch.setattr(commit.IndexedOverwrite, "_counted", spy)
     result = h.store().compact(spec, min_input_files=2)
 
     assert result.files_rewritten == 6 and result.delete_files_removed == 2
+    ((files_counted, groups),) = counted
+    if not partition_by:  # six manifests of a file each, each counted at once
+        assert [group[3] for group in groups] == [1] * 6 and len(list(files_counted)) == 2
     table = h.table(spec)
     snapshot = table.current_snapshot()
     oracle = SnapshotSummaryCollector(partition_summary_limit=10)

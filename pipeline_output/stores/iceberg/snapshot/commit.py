@@ -89,6 +89,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import compress
 from operator import itemgetter, not_
 from typing import TYPE_CHECKING, Any, cast
@@ -142,6 +143,7 @@ from pipeline_output.stores.iceberg.snapshot.files import (
 )
 from pipeline_output.stores.iceberg.snapshot.manifests import (
     BytesMergeManager,
+    Counted,
     ManifestIndex,
     MergeAppend,
     Sources,
@@ -160,6 +162,7 @@ from pipeline_output.stores.iceberg.table.manifest_decoding import (
     entry_kinds,
     file_paths,
     packed,
+    partition_values,
     removed_manifest,
     rewrite_manifest,
 )
@@ -763,8 +766,39 @@ class IndexedOverwrite(_OverwriteFiles):
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         """pyiceberg's summary, each file's partition summarised by its own spec
-        (`manifests.summary`)."""
-        return summary(self, self._added_spec_id, snapshot_properties)
+        (`manifests.summary`); the removed files of a data manifest of one partition counted
+        from their columns (`_counted`)."""
+        return summary(self, self._added_spec_id, snapshot_properties, removed=self._counted())
+
+    def _counted(self) -> tuple[Iterable[DataFile], Sequence[Counted]] | None:
+        """The removed files as the summary counts them (`manifests.summary`): of each data
+        manifest whose removed files share one partition (an unpartitioned table's), their
+        count, bytes and rows from the columns they were written DELETED from
+        (`_Removal.values`: sums, no pass over the files); the others file by file. None
+        (every removed file counted by the summary) unless `_manifests` worked out the
+        removals of this commit's index."""
+        index = self._indexed()
+        if index is None or self._removals is None or self._removals[0] is not index:
+            return None
+        files: list[DataFile] = []
+        counted: list[Counted] = []
+        for removal in self._removals[1]:
+            values = removal.values() if removal.manifest.content == ManifestContent.DATA else None
+            group = values.group() if values is not None else None
+            if values is None or group is None:
+                files.extend(entry_files(removal.removed()))
+                continue
+            partition, content = group
+            try:
+                hash(partition_values(partition))
+            except TypeError:  # an unhashable partition value: counted file by file
+                files.extend(entry_files(removal.removed()))
+                continue
+            spec_id = removal.manifest.partition_spec_id
+            counted.append((spec_id, partition, content, len(values), *values.totals()))
+        if len(files) + sum(c[3] for c in counted) != len(self._deleted_data_files):
+            return None  # (not every removed file among them: counted one by one)
+        return files, counted
 
     def _existing_manifests(self) -> list[ManifestFile]:
         index = self._indexed()
@@ -984,13 +1018,17 @@ class _Removal:
         """The removed entries, as read (the live list itself when all are)."""
         return self.live if self.hits is None else list(compress(self.live, self.hits))
 
-    def values(self) -> EntryValues:
-        """The removed entries' values: the columns a planner decoded them from (`raw`), else
-        taken from the entries."""
+    @cached_property
+    def _values(self) -> EntryValues:
         planned = self.raw.values if self.raw is not None else None
         if planned is None or len(planned) != len(self.live):
             planned = EntryValues.of(self.live)
         return planned if self.hits is None else planned.picked(self.hits)
+
+    def values(self) -> EntryValues:
+        """The removed entries' values: the columns a planner decoded them from (`raw`), else
+        taken from the entries."""
+        return self._values
 
     def pairs(self) -> list[tuple[ManifestEntry, bytes | None]]:
         """The removed entries, each with its `data_file` bytes (None: not kept)."""

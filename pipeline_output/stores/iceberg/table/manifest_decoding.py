@@ -762,11 +762,13 @@ def rewrite_manifest(
     )
     length = _write_blocks(output, raw, blocks)
     existing = status == ManifestEntryStatus.EXISTING
+    partitions = list(map(_PARTITION, file_values))
     return _written_manifest(
         output,
         length,
-        list(map(_ROWS, file_values)),
-        list(map(_PARTITION, file_values)),
+        len(file_values),
+        sum(map(_ROWS, file_values)),
+        list(dict(zip(map(id, partitions), partitions, strict=True)).values()),  # (interned)
         spec=spec,
         schema=schema,
         snapshot_id=snapshot_id,
@@ -804,7 +806,8 @@ def _write_blocks(
 def _written_manifest(
     output: OutputFile,
     length: int,
-    rows: list[int],
+    count: int,
+    rows: int,
     partitions: list[Record],
     *,
     spec: PartitionSpec,
@@ -814,12 +817,10 @@ def _written_manifest(
     status: ManifestEntryStatus,
     min_sequence: int,
 ) -> ManifestFile:
-    """The manifest list's record of a manifest of entries of `status` whose files' record
-    counts and partitions are `rows` and `partitions`, written at `output` (`length`
-    bytes)."""
+    """The manifest list's record of a manifest of `count` entries of `status` whose files
+    hold `rows` rows and the partitions `partitions` (each at least once), written at
+    `output` (`length` bytes)."""
     existing = status == ManifestEntryStatus.EXISTING
-    once = list(dict(zip(map(id, partitions), partitions, strict=True)).values())  # (interned)
-    count, total = len(rows), sum(rows)
     return ManifestFile.from_args(
         manifest_path=output.location,
         manifest_length=length,
@@ -832,9 +833,9 @@ def _written_manifest(
         existing_files_count=count if existing else 0,
         deleted_files_count=0 if existing else count,
         added_rows_count=0,
-        existing_rows_count=total if existing else 0,
-        deleted_rows_count=0 if existing else total,
-        partitions=construct_partition_summaries(spec, schema, distinct_partitions(once)),
+        existing_rows_count=rows if existing else 0,
+        deleted_rows_count=0 if existing else rows,
+        partitions=construct_partition_summaries(spec, schema, distinct_partitions(partitions)),
         key_metadata=None,
     )
 
@@ -871,6 +872,25 @@ class EntryValues:
 
     def __len__(self) -> int:
         return len(self.paths)
+
+    def group(self) -> tuple[Record, DataFileContent] | None:
+        """The partition and content every one of the entries' files has (one object of
+        each: a planner's files of one partition), else None."""
+        content, _, partition = self.shared[:3]
+        if not _one_object(partition) or content.count(content[0]) != len(content):
+            return None
+        return partition[0], content[0]
+
+    def totals(self) -> tuple[int, int]:
+        """The files' bytes and rows."""
+        return sum(self.sizes), sum(self.rows)
+
+    def partitions(self) -> list[Record]:
+        """The files' partitions, each object once."""
+        column = self.shared[2]
+        if _one_object(column):
+            return column[:1]
+        return list(dict(zip(map(id, column), column, strict=True)).values())
 
     def picked(self, hits: list[bool]) -> EntryValues:
         """The values of the entries `hits` marks."""
@@ -934,11 +954,13 @@ def removed_manifest(
         for at in range(0, len(pieces), step)
     )
     length = _write_blocks(output, raw, blocks)
+    partitions = [values.partitions() for values in removed]
     return _written_manifest(
         output,
         length,
-        [row for values in removed for row in values.rows],
-        [partition for values in removed for partition in values.shared[2]],
+        count,
+        sum(values.totals()[1] for values in removed),
+        list(chain.from_iterable(partitions)),
         spec=spec,
         schema=schema,
         snapshot_id=snapshot_id,
@@ -957,9 +979,8 @@ def _removed_pieces(layout: _RemovedLayout, values: EntryValues, snapshot_id: in
     the record count, the size, the empty metrics and the tail."""
     count = len(values)
     status = _long(int(ManifestEntryStatus.DELETED)) + b"\x02" + _long(_integer(snapshot_id))
+    # (an entry without its sequence numbers — an ADDED one not read back — fails to encode)
     sequences, file_sequences = values.sequences, values.file_sequences
-    if None in sequences or None in file_sequences:  # (an ADDED entry not read back)
-        raise UndecodableManifestLayout("an entry without its sequence numbers")
     if sequences == file_sequences:  # (a file never rewritten: as a rule)
         numbers = {n: _optional_long(n) * 2 for n in set(sequences)}
         sequenced: list[bytes] | bytes = _each(numbers, sequences)
@@ -1006,6 +1027,14 @@ def _removed_pieces(layout: _RemovedLayout, values: EntryValues, snapshot_id: in
     )
 
 
+def _one_object(column: list[Any]) -> bool:
+    """Whether `column` (not empty) holds one value only: compared only when its first and
+    last are one object (a planner's column of one value holds one object; others, as a
+    rule, differ there) — a partition `Record` compares by a Python call."""
+    first = column[0]
+    return column[-1] is first and column.count(first) == len(column)
+
+
 def _optional_long(n: int) -> bytes:
     """A `["null", "long"]` union's long."""
     return b"\x02" + _long(_integer(n))
@@ -1027,9 +1056,7 @@ def _piece(
     count = len(columns[0])
     varying = []
     for at, column in enumerate(columns):
-        first = column[0]
-        same = list(map(id, column)).count(id(first)) if at == by_id else column.count(first)
-        if same != count:
+        if not (_one_object(column) if at == by_id else column.count(column[0]) == count):
             varying.append(list(map(id, column)))
     if not varying:
         return encode(*(column[0] for column in columns))
