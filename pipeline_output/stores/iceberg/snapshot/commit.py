@@ -704,27 +704,9 @@ class IndexedOverwrite(_OverwriteFiles):
                 # a data manifest's files: data files of its spec (as read: `read_manifest`)
                 spec_id = removal.manifest.partition_spec_id
                 as_values[(spec_id, raw.schema_text)].append(removal)
-                continue
-            removed = removal.removed()
-            kinds = entry_kinds(removed) if raw is not None else None
-            if raw is not None and kinds is not None and len(kinds) == 1:
-                # one kind of file (a manifest's entries, as a rule): no Python per entry
-                ((content, spec_id),) = kinds
-                layout = (_content_of_kind(content), spec_id, raw.schema_text)
-                as_bytes[layout].append((raw, removal.with_bytes()))
-                continue
-            by_key: dict[tuple[ManifestContent, int], list[tuple[ManifestEntry, bytes]]] = {}
-            for pair in removal.pairs():
-                entry, data = pair
-                key = (_content_of(entry.data_file), entry.data_file.spec_id)
-                if raw is None or data is None:
-                    groups[key].append(_removed(entry, self._snapshot_id))
-                else:  # the pair itself (tens of thousands: not copied)
-                    by_key.setdefault(key, []).append(cast(tuple[ManifestEntry, bytes], pair))
-            for key, kept in by_key.items():
-                assert raw is not None
-                as_bytes[(*key, raw.schema_text)].append((raw, kept))
-        for (spec_id, schema_text), removing in as_values.items():
+            else:
+                self._removing_by_bytes(removal, groups, as_bytes)
+        for (spec_id, _), removing in as_values.items():
             written = removed_manifest(
                 self.new_manifest_output(),
                 cast(RawManifest, removing[0].raw),
@@ -737,8 +719,7 @@ class IndexedOverwrite(_OverwriteFiles):
                 new.append(written)
                 continue
             for removal in removing:  # (a layout or value it does not encode): as bytes
-                layout = (ManifestContent.DATA, spec_id, schema_text)
-                as_bytes[layout].append((cast(RawManifest, removal.raw), removal.with_bytes()))
+                self._removing_by_bytes(removal, groups, as_bytes)
         for (content, spec_id, _), sources in as_bytes.items():
             written = self._raw_rewrite(
                 content, spec_id, sources, status=ManifestEntryStatus.DELETED
@@ -755,6 +736,35 @@ class IndexedOverwrite(_OverwriteFiles):
                     writer.add_entry(entry)
             new.append(writer.to_manifest_file())
         return self._process_manifests(new + self._existing_manifests())
+
+    def _removing_by_bytes(
+        self,
+        removal: _Removal,
+        groups: dict[tuple[ManifestContent, int], list[ManifestEntry]],
+        as_bytes: dict[tuple[ManifestContent, int, str], Sources],
+    ) -> None:
+        """The removed entries of `removal` to write DELETED from their own bytes
+        (`as_bytes`, by content, spec and layout), or re-encoded (`groups`) where their
+        manifest's bytes are not kept."""
+        raw = removal.raw
+        kinds = entry_kinds(removal.removed()) if raw is not None else None
+        if raw is not None and kinds is not None and len(kinds) == 1:
+            # one kind of file (a manifest's entries, as a rule): no Python per entry
+            ((content, spec_id),) = kinds
+            layout = (_content_of_kind(content), spec_id, raw.schema_text)
+            as_bytes[layout].append((raw, removal.with_bytes()))
+            return
+        by_key: dict[tuple[ManifestContent, int], list[tuple[ManifestEntry, bytes]]] = {}
+        for pair in removal.pairs():
+            entry, data = pair
+            key = (_content_of(entry.data_file), entry.data_file.spec_id)
+            if raw is None or data is None:
+                groups[key].append(_removed(entry, self._snapshot_id))
+            else:  # the pair itself (tens of thousands: not copied)
+                by_key.setdefault(key, []).append(cast(tuple[ManifestEntry, bytes], pair))
+        for key, kept in by_key.items():
+            assert raw is not None
+            as_bytes[(*key, raw.schema_text)].append((raw, kept))
 
     def _added_spec_id(self, data_file: DataFile) -> int:
         """The partition spec an added file is recorded under: a new data file is written by

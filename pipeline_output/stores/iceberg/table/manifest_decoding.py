@@ -989,6 +989,8 @@ def _removed_pieces(layout: _RemovedLayout, values: EntryValues, snapshot_id: in
         both = {p: _optional_long(p[0]) + _optional_long(p[1]) for p in set(pairs)}
         sequenced = _each(both, pairs)
     content, format_, partition, key, splits, ids, order = values.shared
+    if content.count(DataFileContent.DATA) != count:  # (a delete file keeps its metrics)
+        raise UndecodableManifestLayout("a delete file among the data files")
     tail = {131: key, 132: splits, 135: ids, 140: order}
     tails = [tail[i] for i, _ in layout.tail]
     heads = _piece([content], lambda c: _long(_integer(int(c))))
