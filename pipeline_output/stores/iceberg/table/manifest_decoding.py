@@ -1324,9 +1324,18 @@ def file_statistics(files: Sequence[DataFile], kind: str, column: int) -> list[A
     `"null_value_counts"`) of the column `column` (field id): `(file.<kind> or {}).get(column)`.
     A planner's files of that column (`PartialDataFile`: its bare values) are read by C-level
     getters — the plan and the stream's checks take 20,000 files' bounds —, others one by one."""
+    (found,) = files_statistics(files, (kind,), column)
+    return found
+
+
+def files_statistics(
+    files: Sequence[DataFile], kinds: Sequence[str], column: int
+) -> list[list[Any]]:
+    """`file_statistics` of each of `kinds`, the files' kind checked once."""
     if set(map(type, files)) == {PartialDataFile} and set(map(_FILE_COLUMN, files)) == {column}:
-        return list(map(_STATISTICS[kind], map(_VALUES, files)))
-    return [(getattr(f, kind) or _NOTHING).get(column) for f in files]
+        values = list(map(_VALUES, files))
+        return [list(map(_STATISTICS[kind], values)) for kind in kinds]
+    return [[(getattr(f, kind) or _NOTHING).get(column) for f in files] for kind in kinds]
 
 
 def entry_files(entries: Iterable[ManifestEntry]) -> list[DataFile]:
