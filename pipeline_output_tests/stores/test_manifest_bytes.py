@@ -317,6 +317,37 @@ def test_a_planners_read_of_a_manifest_with_deleted_entries_gives_the_live_ones_
     assert planned_raw.data_files == whole_raw.data_files
 
 
+def test_a_planners_read_reads_its_entries_bytes_only_when_asked(h, monkeypatch):
+    """A planner's read keeps no entry's bytes (a compaction that removes whole manifests
+    writes their entries from the values it decoded): counted without them, read from the
+    manifest when first asked for — what rewriting its kept entries needs —, the whole read's
+    bytes, read once."""
+    from pipeline_output.stores.iceberg.table import manifest_decoding
+
+    table = _table(h)
+    io = table.io
+    key = table.schema().find_field("id").field_id
+    fetched: list[str] = []
+    fetch = manifest_decoding.manifest_bytes
+
+    def counted(io: Any, manifest: Any) -> bytes:
+        fetched.append(manifest.manifest_path)
+        return fetch(io, manifest)
+
+    monkeypatch.setattr(manifest_decoding, "manifest_bytes", counted)
+    for manifest in table.current_snapshot().manifests(io):
+        data = fetch(io, manifest)
+        planned, raw = read_manifest(manifest, io, bounds=frozenset({key}), data=data)
+        assert raw is not None and len(raw.data_files) == len(planned) > 0
+        assert fetched == []  # counted, not read
+        _, whole_raw = read_manifest(manifest, io)
+        assert whole_raw is not None
+        assert list(raw.data_files) == list(whole_raw.data_files)
+        assert raw.data_files[0] == whole_raw.data_files[0]
+        assert fetched == [manifest.manifest_path]  # read once, when asked
+        fetched.clear()
+
+
 def test_a_planners_files_make_their_key_statistics_only_when_asked(h):
     """A planner's read makes no statistics mapping per file (a compaction plans 20,000 files
     and reads their bounds through `file_statistics`): each is made when asked, equal to the

@@ -576,7 +576,9 @@ class ManifestIndex:
         deletes = DeleteFileIndex()
         for manifest in chosen:
             entries = self.live[manifest.manifest_path]
-            if entry_contents(entries) <= _DATA_ONLY:  # (no Python per entry: 20,000 here)
+            # a data manifest holds data files only (the spec's `content`); of others, no Python
+            # per entry either (20,000 here)
+            if manifest.content == ManifestContent.DATA or entry_contents(entries) <= _DATA_ONLY:
                 data.extend(entries)
                 continue
             for entry in entries:

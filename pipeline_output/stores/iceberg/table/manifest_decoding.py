@@ -65,7 +65,7 @@ from datetime import UTC, date, datetime, timedelta
 from itertools import chain, compress, repeat
 from operator import attrgetter, getitem, itemgetter
 from threading import Lock
-from typing import Any, cast
+from typing import Any, cast, overload
 
 import fastavro
 import polars as pl
@@ -536,7 +536,7 @@ class RawManifest:
 
     meta: dict[str, str]
     codec: type[Codec] | None
-    data_files: list[bytes]
+    data_files: Sequence[bytes]
     values: EntryValues | None = None
 
     @property
@@ -587,9 +587,9 @@ def read_manifest(
     if bounds is not None:
         if data is None:
             data = manifest_bytes(io, manifest)
-        planned = read_planned(manifest, data, bounds)
+        planned = read_planned(manifest, data, bounds, cut=False)
         if planned is not None:
-            return planned
+            return _bytes_later(manifest, io, *planned)
     entries: list[ManifestEntry] = []
     raws: list[bytes] = []
     with ResolvedAvroFile(
@@ -624,6 +624,18 @@ def read_manifest(
                     raws.append(block[_after_prefix(block, start) : records.tell()])
     raw = RawManifest(meta=meta, codec=codec, data_files=raws) if reusable else None
     return entries, raw
+
+
+def _bytes_later(
+    manifest: ManifestFile, io: FileIO, entries: list[ManifestEntry], raw: RawManifest
+) -> tuple[list[ManifestEntry], RawManifest]:
+    """A planner's read of `manifest` whose entries' bytes are read when asked (`_Unread`)."""
+
+    def load() -> list[bytes]:
+        return _planned_bytes(manifest, manifest_bytes(io, manifest))
+
+    later = _Unread(load, len(entries)) if entries else raw.data_files
+    return entries, RawManifest(raw.meta, raw.codec, later, raw.values)
 
 
 class ResolvedAvroFile(AvroFile[Any]):
@@ -1582,7 +1594,7 @@ _PLANNED: dict[str, dict[str, Any] | None] = {}
 
 
 def read_planned(
-    manifest: ManifestFile, data: bytes, bounds: frozenset[int]
+    manifest: ManifestFile, data: bytes, bounds: frozenset[int], *, cut: bool = True
 ) -> tuple[list[ManifestEntry], RawManifest] | None:
     """The live entries of the data manifest `data` with their `data_file` bytes, as
     `read_manifest` gives them, but each file a `PartialDataFile` holding only the statistics
@@ -1596,7 +1608,8 @@ def read_planned(
     uncompressed block of all of them: no Python per field, no per-block decoder setup (the
     cost of pyiceberg's and fastavro's readers on one-entry blocks). The block is read under
     the entry schema with the data file's fields inline (`_flat_schema`), so only the fields a
-    planner keeps are decoded (`_planned_names`)."""
+    planner keeps are decoded (`_planned_names`). Without `cut`, the entries' bytes are not
+    kept (`RawManifest.data_files` empty: `read_manifest` reads them when asked)."""
     header_buffer = io.BytesIO(data)
     try:
         header = fastavro.reader(header_buffer)
@@ -1613,32 +1626,8 @@ def read_planned(
         return None
     codec = KNOWN_CODECS[codec_name]
     sync = data[start - SYNC_SIZE : start]
-    # the blocks, split at the sync marker that ends each; a marker's 16 random bytes inside a
-    # block's bytes (or a damaged file) make a piece's length disagree with its block size:
-    # then the whole decoder reads (and reports) it
-    pieces = data[start:].split(sync)
-    if pieces.pop() != b"":
-        return None
-    # each block's head: one entry (zigzag 1), then its size — the piece's length less the
-    # head's, so a piece of a given length has one possible head (worked out once per length);
-    # checked, cut off and inflated by C-level calls, no Python per block
-    lengths = list(map(len, pieces))
-    heads = {length: _block_head(length) for length in set(lengths)}
-    block_heads = list(map(heads.__getitem__, lengths))
-    if not all(map(bytes.startswith, pieces, block_heads)):  # not one entry, or not its length
-        return None
-    compressed: list[bytes] = list(
-        map(_CUT, pieces, map(slice, map(len, block_heads), repeat(None)))
-    )
-    bodies: list[bytes]
-    try:
-        if codec is DeflateCodec:  # (zlib's own call: no Python frame per block)
-            bodies = list(map(zlib.decompress, compressed, repeat(-15)))
-        elif codec is not None:
-            bodies = list(map(codec.decompress, compressed))
-        else:
-            bodies = compressed
-    except Exception:  # cut short, or not what its codec says: the whole decoder reports it
+    bodies = _one_entry_blocks(data, start, sync, codec)
+    if bodies is None:
         return None
     if not bodies:
         return [], RawManifest(meta=meta, codec=codec, data_files=[])
@@ -1663,10 +1652,104 @@ def read_planned(
     for row, skip in ((0, columns["skip"][0]), (-1, columns["skip"][-1])):  # a cheap check
         if _after_prefix(bodies[columns["row"][row]], 0) != skip:
             return None
-    return _planned_entries(manifest, bodies, columns, bounds, meta, codec)
+    return _planned_entries(manifest, bodies, columns, bounds, meta, codec, cut=cut)
 
 
 _CUT = cast(Callable[[bytes, slice], bytes], getitem)  # a piece's bytes from a position on
+
+
+def _one_entry_blocks(
+    data: bytes, start: int, sync: bytes, codec: type[Codec] | None
+) -> list[bytes] | None:
+    """The entries of the manifest `data` (its blocks from `start` on, each ending with `sync`)
+    of one entry a block, each inflated; None when they are not laid out so."""
+    # the blocks, split at the sync marker that ends each; a marker's 16 random bytes inside a
+    # block's bytes (or a damaged file) make a piece's length disagree with its block size:
+    # then the whole decoder reads (and reports) it
+    pieces = data[start:].split(sync)
+    if pieces.pop() != b"":
+        return None
+    # each block's head: one entry (zigzag 1), then its size — the piece's length less the
+    # head's, so a piece of a given length has one possible head (worked out once per length);
+    # checked, cut off and inflated by C-level calls, no Python per block
+    lengths = list(map(len, pieces))
+    heads = {length: _block_head(length) for length in set(lengths)}
+    block_heads = list(map(heads.__getitem__, lengths))
+    if not all(map(bytes.startswith, pieces, block_heads)):  # not one entry, or not its length
+        return None
+    compressed: list[bytes] = list(
+        map(_CUT, pieces, map(slice, map(len, block_heads), repeat(None)))
+    )
+    try:
+        if codec is DeflateCodec:  # (zlib's own call: no Python frame per block)
+            return list(map(zlib.decompress, compressed, repeat(-15)))
+        if codec is not None:
+            return list(map(codec.decompress, compressed))
+        return compressed
+    except Exception:  # cut short, or not what its codec says: the whole decoder reports it
+        return None
+
+
+_DELETED_HEAD = _long(int(ManifestEntryStatus.DELETED))  # an entry's status, as it starts
+
+
+def _planned_bytes(manifest: ManifestFile, data: bytes) -> list[bytes]:
+    """The live entries' `data_file` bytes of a manifest a planner read (`read_planned`): its
+    blocks cut again (each after its entry's prefix), its DELETED entries left out."""
+    header_buffer = io.BytesIO(data)
+    header = fastavro.reader(header_buffer)
+    start = header_buffer.tell()
+    name = header.metadata.get("avro.codec", "null")
+    name = name if isinstance(name, str) else bytes(name).decode()
+    bodies = None
+    if name in KNOWN_CODECS:
+        sync = data[start - SYNC_SIZE : start]
+        bodies = _one_entry_blocks(data, start, sync, KNOWN_CODECS[name])
+    if bodies is None:
+        raise CorruptManifest(f"manifest {manifest.manifest_path}: read differently than planned")
+    return [body[_after_prefix(body, 0) :] for body in bodies if not body.startswith(_DELETED_HEAD)]
+
+
+class _Unread(Sequence[bytes]):
+    """A planner's manifest's live entries' `data_file` bytes (`RawManifest.data_files`),
+    read from the manifest when first asked for: what rewrites its kept entries (a partial
+    removal, a merge) needs; a compaction that removes whole manifests writes their entries
+    from their values (`removed_manifest`) and never asks — 20,000 entries' bytes (~7 MB)
+    are then neither cut nor held through its stream."""
+
+    def __init__(self, load: Callable[[], list[bytes]], count: int) -> None:
+        self._load, self._count = load, count
+        self._read: list[bytes] | None = None
+        self._lock = Lock()
+
+    def _all(self) -> list[bytes]:
+        with self._lock:
+            if self._read is None:
+                read = self._load()
+                if len(read) != self._count:
+                    raise CorruptManifest("a manifest's entries and their bytes differ in number")
+                self._read = read
+            return self._read
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, at: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, at: slice) -> list[bytes]: ...
+
+    def __getitem__(self, at: int | slice) -> bytes | list[bytes]:
+        return self._all()[at]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def _block_head(length: int) -> bytes:
@@ -1919,6 +2002,8 @@ def _planned_entries(
     bounds: frozenset[int],
     meta: dict[str, str],
     codec: type[Codec] | None,
+    *,
+    cut: bool,
 ) -> tuple[list[ManifestEntry], RawManifest]:
     count = len(columns["row"])
     none = [None] * count
@@ -1981,9 +2066,11 @@ def _planned_entries(
             files,
         )
     )
-    if len(bodies) != count:  # (DELETED entries among them: the live ones' bodies)
+    raws: list[bytes] = []
+    if cut and len(bodies) != count:  # (DELETED entries among them: the live ones' bodies)
         bodies = list(map(bodies.__getitem__, columns["row"]))
-    raws: list[bytes] = list(map(_CUT, bodies, map(slice, columns["skip"], repeat(None))))
+    if cut:
+        raws = list(map(_CUT, bodies, map(slice, columns["skip"], repeat(None))))
     planned = EntryValues(  # (the lists the entries were made of: what removes them)
         sequences=columns[3],
         file_sequences=columns[4],
