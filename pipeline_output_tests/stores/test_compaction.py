@@ -194,19 +194,46 @@ def test_a_compaction_keeps_none_of_its_planners_reads_once_committed(h: Harness
     assert h.raw(spec).height == 6 * 20
 
 
-def test_a_compactions_commit_writes_the_removed_entries_as_read_without_a_new_entry_each(
-    h: Harness, monkeypatch: pytest.MonkeyPatch
+class _Untouched(list):  # type: ignore[type-arg]
+    """A manifest's entries' bytes that record being read (`touched`)."""
+
+    touched: list[str]
+
+    def __iter__(self) -> Any:
+        self.touched.append("iterated")
+        return super().__iter__()
+
+    def __getitem__(self, at: Any) -> Any:
+        self.touched.append("indexed")
+        return super().__getitem__(at)
+
+
+@pytest.mark.parametrize("partition_by", [(), ("bucket(3, id)",)], ids=["flat", "bucketed"])
+def test_a_compactions_commit_writes_the_removed_entries_from_the_plans_values_without_their_bytes(
+    h: Harness, monkeypatch: pytest.MonkeyPatch, partition_by: tuple[str, ...]
 ):
-    """The manifest of the removed files (DELETED) is written from the entries the plan read,
-    as they are, with their own bytes; the status and the compaction's snapshot id are written
-    by the rewrite: no restamped entry per removed file is held through the commit (~3.6 MB
-    for 20,000). Read back, each is DELETED by the compaction's snapshot."""
+    """The manifest of the removed files (DELETED) is written from the values the plan
+    decoded, as they are — the columns its entries were made of, not the entries' bytes: no
+    removed entry's bytes are read, copied or stripped, no entry is made per removed file
+    (~3.6 MB for 20,000), and the plan's files are found among the entries by identity, not
+    matched by path. pyiceberg's own reader gives
+    each removed file back DELETED by the compaction's snapshot, with its sequence numbers,
+    partition, record count, size and format as they were, without metrics."""
+    from dataclasses import replace
+
     from pyiceberg.manifest import ManifestEntryStatus
 
+    from pipeline_output.stores.iceberg.maintenance import compaction
     from pipeline_output.stores.iceberg.snapshot import commit, manifests
 
-    spec = windowed()
-    feed_windows(h, spec, 6)
+    spec = windowed(partition_by=partition_by)
+    expected = feed_windows(h, spec, 6)
+    table = h.table(spec)
+    before = {
+        e.data_file.file_path: e
+        for m in table.current_snapshot().manifests(table.io)
+        for e in m.fetch_manifest_entry(table.io)
+    }
     planned: list[Any] = []
     read_index = manifests.read_index
 
@@ -215,28 +242,46 @@ def test_a_compactions_commit_writes_the_removed_entries_as_read_without_a_new_e
         planned.append(index)
         return index
 
-    written: list[tuple[ManifestEntryStatus, list[Any]]] = []
-    rewrite = commit.rewrite_manifest
+    touched: list[str] = []
+    raw_of = manifests.LiveEntries.raw
 
-    def spy(output: Any, sources: Any, **options: Any) -> Any:
-        status = options.get("status", ManifestEntryStatus.EXISTING)
-        written.append((status, [e for _, pairs in sources for e, _ in pairs]))
-        return rewrite(output, sources, **options)
+    def untouched(self: Any, path: str) -> Any:  # the entries' bytes, each read recorded
+        raw = raw_of(self, path)
+        if raw is None:
+            return None
+        data_files = _Untouched(raw.data_files)
+        data_files.touched = touched
+        return replace(raw, data_files=data_files)
 
-    from pipeline_output.stores.iceberg.maintenance import compaction
+    written: list[list[Any]] = []
+    write = getattr(commit, "removed_manifest", None)
 
+    def spy(output: Any, raw: Any, removed: Any, **options: Any) -> Any:
+        written.append(list(removed))
+        assert write is not None
+        return write(output, raw, removed, **options)
+
+    matched: list[Any] = []
+    paths = commit.file_paths
+
+    def by_path(files: Any) -> Any:
+        matched.append(files)
+        return paths(files)
+
+    manifests.READ_MANIFESTS.clear()
     monkeypatch.setattr(compaction, "read_index", keep)
-    monkeypatch.setattr(commit, "rewrite_manifest", spy)
+    monkeypatch.setattr(manifests.LiveEntries, "raw", untouched)
+    monkeypatch.setattr(commit, "removed_manifest", spy, raising=False)
+    monkeypatch.setattr(commit, "file_paths", by_path)
     result = h.store().compact(spec)
 
-    assert result.files_rewritten == 6
+    assert result.files_rewritten == len(before) == (18 if partition_by else 6)  # 3 buckets
+    assert touched == [] and matched == []  # no entry's bytes read, no path matched
     (index,) = planned
-    read = {
-        id(e) for m in index.read_manifests() for e in index.live[m.manifest_path]
-    }  # the planner's entries
-    (entries,) = [es for status, es in written if status == ManifestEntryStatus.DELETED]
-    assert len(entries) == 6
-    assert all(id(e) in read for e in entries)  # the same objects, not restamped copies
+    decoded = [raw_of(index.live, m.manifest_path) for m in index.read_manifests()]
+    (removed,) = written  # the columns the plan decoded its entries from, as they are
+    assert sum(map(len, removed)) == len(before)
+    assert {id(values) for values in removed} == {id(raw.values) for raw in decoded}
     table = h.table(spec)
     removed = [
         e
@@ -244,8 +289,22 @@ def test_a_compactions_commit_writes_the_removed_entries_as_read_without_a_new_e
         for e in m.fetch_manifest_entry(table.io, discard_deleted=False)
         if e.status == ManifestEntryStatus.DELETED
     ]
-    assert len(removed) == 6
-    assert {e.snapshot_id for e in removed} == {result.snapshot_id}
+    assert sorted(e.data_file.file_path for e in removed) == sorted(before)
+    for entry in removed:
+        was = before[entry.data_file.file_path]
+        assert entry.snapshot_id == result.snapshot_id
+        assert (entry.sequence_number, entry.file_sequence_number) == (
+            was.sequence_number,
+            was.file_sequence_number,
+        )
+        got, want = entry.data_file, was.data_file
+        assert got.partition == want.partition and got.file_format == want.file_format
+        assert (got.record_count, got.file_size_in_bytes) == (
+            want.record_count,
+            want.file_size_in_bytes,
+        )
+        assert not got.lower_bounds and not got.value_counts and want.lower_bounds
+    assert_same_multiset(h.contents(spec), expected)
 
 
 def test_compaction_packs_bins_up_to_the_target_size_and_leaves_few_files_alone(h: Harness):
@@ -332,31 +391,51 @@ def test_bins_of_many_partitions_are_read_at_most_read_group_files_input_files_a
         assert read_file(f)["region"].unique().to_list() == [f.partition[0]]
 
 
-def test_a_compactions_summary_counts_its_files_as_pyiceberg_counts_them_one_by_one(h: Harness):
+@pytest.mark.parametrize("partition_by", [("region",), ()], ids=["regions", "flat"])
+def test_a_compactions_summary_counts_its_files_as_pyiceberg_counts_them_one_by_one(
+    h: Harness, monkeypatch: pytest.MonkeyPatch, partition_by: tuple[str, ...]
+):
     """The removed files are counted per partition and content, then added to the summary
-    once per partition: the same summary as pyiceberg's collector fed file by file (the oracle,
-    over the snapshot's own ADDED and DELETED entries), delete files included; each manifest is
-    listed once (the removed delete files' manifest was listed twice)."""
+    once per partition — a data manifest's removed files of one partition (unpartitioned)
+    from the sums of the columns they were written DELETED from: the same summary as
+    pyiceberg's collector fed file by file (the oracle, over the snapshot's own ADDED and
+    DELETED entries), delete files included; each manifest is listed once (the removed delete
+    files' manifest was listed twice)."""
     from pyiceberg.manifest import ManifestEntryStatus
     from pyiceberg.table.snapshots import SnapshotSummaryCollector
 
-    spec = windowed(name="counted", partition_by=("region",))
-    for w in range(3):
+    from pipeline_output.stores.iceberg.snapshot import commit
+
+    counted: list[Any] = []
+    count = commit.IndexedOverwrite._counted
+
+    def spy(self: Any) -> Any:
+        counted.append(found := count(self))
+        return found
+
+    spec = windowed(name="counted", partition_by=partition_by)
+    windows = 3 if partition_by else 6  # a file of each region a window, or one file a window
+    size = 60 // windows
+    for w in range(windows):
         frame = pl.concat(
             [
-                rows(range(w * 20 + r * 10 + 1, w * 20 + r * 10 + 11), region=g)
-                for r, g in enumerate(("eu", "us"))
+                rows(range(w * size + r * 10 + 1, w * size + r * 10 + 11), region=g)
+                for r, g in enumerate(("eu", "us")[: size // 10])
             ]
         )
-        h.store().write(spec, frame, window=Window(low=w * 20, high=(w + 1) * 20))
+        h.store().write(spec, frame, window=Window(low=w * size, high=(w + 1) * size))
     files = sorted(data_files(h, spec), key=lambda f: f.file_path)
     delete_positions(h.table(spec), {files[0].file_path: [0, 2], files[3].file_path: [1]})
     with h.table(spec).transaction() as tx:
         tx.set_properties({"write.summary.partition-limit": "10"})
 
+    monkeypatch.setattr(commit.IndexedOverwrite, "_counted", spy)
     result = h.store().compact(spec, min_input_files=2)
 
     assert result.files_rewritten == 6 and result.delete_files_removed == 2
+    ((files_counted, groups),) = counted
+    if not partition_by:  # six manifests of a file each, each counted at once
+        assert [group[3] for group in groups] == [1] * 6 and len(list(files_counted)) == 2
     table = h.table(spec)
     snapshot = table.current_snapshot()
     oracle = SnapshotSummaryCollector(partition_summary_limit=10)

@@ -17,10 +17,12 @@ import pytest
 from pipeline_output import DatasetSpec
 from pipeline_output.errors import CorruptManifest
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
+    EntryValues,
     PartialDataFile,
     Statistic,
     file_statistics,
     read_manifest,
+    removed_manifest,
     rewrite_manifest,
 )
 from pipeline_output_tests.iceberg_harness import customers
@@ -96,6 +98,79 @@ def test_a_manifest_rewritten_from_bytes_reads_back_entry_for_entry(h):
         assert [r["data_file"]["file_path"] for r in raw_back] == [
             e.data_file.file_path for e in expected
         ]
+
+
+def _avro_without_sync(path: str) -> bytes:
+    """An Avro file's bytes without its sync marker (random per file), wherever it is."""
+    with open(path.removeprefix("file://"), "rb") as fh:
+        data = fh.read()
+    return data.replace(data[-16:], b"")  # (every block ends with the marker: so does the file)
+
+
+@pytest.mark.parametrize("planned", [False, True], ids=["whole", "planners"])
+def test_removed_entries_written_from_their_values_are_the_bytes_stripped_from_their_own(
+    h, planned
+):
+    """The manifest of removed files (DELETED) written from the entries' values alone
+    (`removed_manifest`: no entry's bytes read; a planner's, the columns it decoded) is byte
+    for byte the one written from each
+    entry's own bytes with its metrics stripped (`rewrite_manifest`, DELETED, checked field by
+    field against the bytes) — entries of several manifests (several sequence numbers) and
+    partitions, decoded whole or by a planner —, and pyiceberg reads every entry back DELETED
+    by the writing snapshot with its sequence numbers, path, format, partition, record count,
+    size, split offsets and sort order as they were, and no metrics."""
+    from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
+
+    table = _table(h)
+    io = table.io
+    bounds = frozenset({table.schema().find_field("id").field_id}) if planned else None
+    manifests = table.current_snapshot().manifests(io)
+    read = [read_manifest(m, io, bounds=bounds) for m in manifests]
+    entries = [e for es, _ in read for e in es]
+    raws = [raw for _, raw in read if raw is not None]
+    assert len(raws) == len(read) and len(entries) == 6  # 3 writes of 2 buckets
+    assert len({(e.sequence_number, e.file_sequence_number) for e in entries}) == 3
+    assert len({tuple(e.data_file.partition) for e in entries}) == 2
+    spec = table.specs()[manifests[0].partition_spec_id]
+    options = {"spec": spec, "schema": table.schema(), "snapshot_id": 42}
+    at = manifests[0].manifest_path.replace(".avro", "")
+    # a planner's read holds the columns its entries were made of; else taken from the entries
+    columns = [raw.values if planned else EntryValues.of(es) for es, raw in read if raw]
+    assert all(c is not None for c in columns) and [len(c) for c in columns if c] == [
+        len(es) for es, _ in read
+    ]
+    removing = [c for c in columns if c is not None]
+    values = removed_manifest(io.new_output(f"{at}-values.avro"), raws[0], removing, **options)
+    stripped = rewrite_manifest(
+        io.new_output(f"{at}-bytes.avro"),
+        [(raw, list(zip(es, raw.data_files, strict=True))) for es, raw in read if raw],
+        content=ManifestContent.DATA,
+        status=ManifestEntryStatus.DELETED,
+        **options,
+    )
+    assert values is not None and stripped is not None
+    assert _avro_without_sync(values.manifest_path) == _avro_without_sync(stripped.manifest_path)
+    assert values.deleted_files_count == 6 and values.existing_files_count == 0
+    assert values.deleted_rows_count == stripped.deleted_rows_count == 30
+    assert values.partitions == stripped.partitions
+    assert values.min_sequence_number == stripped.min_sequence_number
+
+    live = {e.data_file.file_path: e for m in manifests for e in m.fetch_manifest_entry(io)}
+    back = values.fetch_manifest_entry(io, discard_deleted=False)
+    assert sorted(e.data_file.file_path for e in back) == sorted(live)
+    metrics = ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts")
+    metrics += ("lower_bounds", "upper_bounds")
+    for entry in back:
+        was = live[entry.data_file.file_path]
+        assert (entry.status, entry.snapshot_id) == (ManifestEntryStatus.DELETED, 42)
+        assert (entry.sequence_number, entry.file_sequence_number) == (
+            was.sequence_number,
+            was.file_sequence_number,
+        )
+        mine, theirs = _fields(entry.data_file), _fields(was.data_file)
+        assert [mine[m] for m in metrics] == [{}] * 6 and theirs["value_counts"]
+        kept = [k for k in mine if k not in metrics]
+        assert [mine[k] for k in kept] == [theirs[k] for k in kept]
 
 
 def test_a_copy_on_write_commit_rewrites_manifests_that_read_back_the_same_rows(h):
@@ -240,6 +315,37 @@ def test_a_planners_read_of_a_manifest_with_deleted_entries_gives_the_live_ones_
     assert [e.data_file.file_path for e in planned] == [e.data_file.file_path for e in whole]
     assert [e.status for e in planned] == [e.status for e in whole]
     assert planned_raw.data_files == whole_raw.data_files
+
+
+def test_a_planners_read_reads_its_entries_bytes_only_when_asked(h, monkeypatch):
+    """A planner's read keeps no entry's bytes (a compaction that removes whole manifests
+    writes their entries from the values it decoded): counted without them, read from the
+    manifest when first asked for — what rewriting its kept entries needs —, the whole read's
+    bytes, read once."""
+    from pipeline_output.stores.iceberg.table import manifest_decoding
+
+    table = _table(h)
+    io = table.io
+    key = table.schema().find_field("id").field_id
+    fetched: list[str] = []
+    fetch = manifest_decoding.manifest_bytes
+
+    def counted(io: Any, manifest: Any) -> bytes:
+        fetched.append(manifest.manifest_path)
+        return fetch(io, manifest)
+
+    monkeypatch.setattr(manifest_decoding, "manifest_bytes", counted)
+    for manifest in table.current_snapshot().manifests(io):
+        data = fetch(io, manifest)
+        planned, raw = read_manifest(manifest, io, bounds=frozenset({key}), data=data)
+        assert raw is not None and len(raw.data_files) == len(planned) > 0
+        assert fetched == []  # counted, not read
+        _, whole_raw = read_manifest(manifest, io)
+        assert whole_raw is not None
+        assert list(raw.data_files) == list(whole_raw.data_files)
+        assert raw.data_files[0] == whole_raw.data_files[0]
+        assert fetched == [manifest.manifest_path]  # read once, when asked
+        fetched.clear()
 
 
 def test_a_planners_files_make_their_key_statistics_only_when_asked(h):

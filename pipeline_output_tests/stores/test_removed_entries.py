@@ -252,3 +252,32 @@ def test_removed_entries_re_encoded_without_their_bytes_carry_no_metrics_either(
             removed += 1
     assert removed > len(_live_files(table, snapshots[-2].snapshot_id))  # upserts' + compaction's
     _assert_reads_at_every_snapshot(table, snapshots, reads)
+
+
+def test_removed_entries_their_values_cannot_write_are_written_from_their_bytes_the_same(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """Where the removed data files' entries cannot be written from their values (a value its
+    type does not encode: here none can), the commit writes them from their own bytes, their
+    metrics stripped: the same entries, every other field as it was, and the table reads the
+    same at every snapshot."""
+    from pipeline_output.stores.iceberg.snapshot import commit
+
+    refused: list[int] = []
+
+    def refuse(*args: Any, **options: Any) -> None:
+        refused.append(1)
+        return None
+
+    monkeypatch.setattr(commit, "removed_manifest", refuse)
+    spec = _spec("bucket")
+    reads = _history(h, spec)
+    table = h.table(spec)
+    snapshots = sorted(table.snapshots(), key=lambda s: s.sequence_number)
+    removed = 0
+    for _, entry, was in _written_entries(table, snapshots):
+        if was is not None:
+            _assert_unmeasured_copy(entry, was)
+            removed += 1
+    assert refused and removed > len(_live_files(table, snapshots[-2].snapshot_id))
+    _assert_reads_at_every_snapshot(table, snapshots, reads)

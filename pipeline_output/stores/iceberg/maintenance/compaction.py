@@ -81,7 +81,7 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     ManifestIndex,
     read_index,
 )
-from pipeline_output.stores.iceberg.table.manifest_decoding import file_paths, file_statistics
+from pipeline_output.stores.iceberg.table.manifest_decoding import file_paths, files_statistics
 from pipeline_output.stores.iceberg.table.native_scan import quiet, storage, target_schema, typed
 from pipeline_output.stores.iceberg.table.partitions import partition_columns
 from pipeline_output.stores.iceberg.table.scan_planning import FixedTable
@@ -260,8 +260,8 @@ def planned_bounds(table: Table, spec: DatasetSpec) -> frozenset[int]:
     """The columns whose statistics the plan reads (field ids): the first sort key's — the
     bins are ordered by its lower bounds (`compaction_plan`) and a bin streams when its files'
     key ranges follow each other (`_ranges_in_order`). The manifests are decoded with these
-    only (`manifests.ManifestIndex.read`); the commit writes the removed entries from their
-    own bytes."""
+    only (`manifests.ManifestIndex.read`); the commit writes the removed entries from the
+    values the plan decoded (`manifest_decoding.removed_manifest`)."""
     keys = sort_keys(table.metadata, spec)
     schema = table.schema()
     names = {f.name for f in schema.fields}
@@ -322,7 +322,7 @@ def _rewrite(
                     handed = True  # from here a failure may leave the commit's outcome unknown
                     new_table = tx.commit_transaction()
                     _forget_planned(planned)
-                    _release(producer)
+                    producer.release()
                 except (CommitFailedException, ValidationException, FilesRemoved) as exc:
                     handed = False  # certain: the catalog did not swap
                     with suppress(Exception):
@@ -358,16 +358,6 @@ def _forget_planned(planned: ManifestIndex) -> None:
     bounds = planned.live.bounds
     if bounds is not None:
         READ_MANIFESTS.forget(planned.read_manifests(), bounds=bounds)
-
-
-def _release(producer: ReplaceFiles) -> None:
-    """Drop what the committed `producer` holds. A snapshot producer is a reference cycle
-    (pyiceberg's merge manager holds its producer), so what it references — the planned index
-    with its entries, the removed files — outlived the compaction until the collector's first
-    pass after `paused()` found them: ~80,000 objects for 20,000 files, a ~12 ms pass inside
-    the call. Released while the collector is paused, they are freed by reference count with
-    the plan."""
-    vars(producer).clear()
 
 
 def _read_and_write(
@@ -486,11 +476,11 @@ def _ranges_in_order(
     # (each file's bounds and null count taken once, by C-level getters, decoded without
     # pyiceberg's dispatch per value: 20,000 files' checks ran ~40 ms before the stream could
     # start)
-    lowers: list[bytes | None] = file_statistics(files, "lower_bounds", column)
-    uppers: list[bytes | None] = file_statistics(files, "upper_bounds", column)
+    kinds = ("lower_bounds", "upper_bounds", "null_value_counts")
+    lowers, uppers, nulls = files_statistics(files, kinds, column)
     if None in lowers or None in uppers:
         return False
-    if any(file_statistics(files, "null_value_counts", column)):
+    if any(nulls):
         return False
     starts: list[Any] | None = None
     ends: list[Any] | None = None

@@ -120,6 +120,8 @@ class CompactionPlan:
 
     @cached_property
     def input_files(self) -> list[DataFile]:
+        """The bins' input files, in order (made once: a compaction counts, removes and
+        reports 20,000)."""
         return [f for b in self.bins for f in b.files]
 
     @property
@@ -169,15 +171,19 @@ def plan_bins(
     sizes = file_sizes(files)
     partitions = file_partitions(files)
     flags = list(map(bool, deletes)) if deletes is not None else [False] * len(files)
-    by_record: dict[tuple[int, int], list[int]] = {}
-    for at, (spec_id, partition, size, with_deletes) in enumerate(
-        zip(file_spec_ids(files), partitions, sizes, flags, strict=True)
-    ):
-        if with_deletes or size < small:
-            by_record.setdefault((spec_id, id(partition)), []).append(at)
-    groups: dict[tuple[int, Any], list[int]] = {}
-    for (spec_id, _), members in by_record.items():
-        groups.setdefault((spec_id, _partition_key(partitions[members[0]])), []).extend(members)
+    spec_ids = file_spec_ids(files)
+    groups = _one_partition(spec_ids, partitions, sizes, flags, small)
+    if groups is None:
+        by_record: dict[tuple[int, int], list[int]] = {}
+        for at, (spec_id, partition, size, with_deletes) in enumerate(
+            zip(spec_ids, partitions, sizes, flags, strict=True)
+        ):
+            if with_deletes or size < small:
+                by_record.setdefault((spec_id, id(partition)), []).append(at)
+        groups = {}
+        for (spec_id, _), members in by_record.items():
+            key = (spec_id, _partition_key(partitions[members[0]]))
+            groups.setdefault(key, []).extend(members)
     keys = _sort_keys(schema, sort_columns, files)
     bins: list[Bin] = []
 
@@ -222,25 +228,47 @@ def plan_bins(
 
 _DATA_ONLY = frozenset((int(DataFileContent.DATA),))
 _TASK_FILE, _TASK_DELETES = attrgetter("file"), attrgetter("delete_files")
+_ONE_GROUP_RECORDS = 64  # distinct partition records `_one_partition` compares
 
 
-def _sort_keys(
-    schema: Schema, sort_columns: tuple[str, ...], files: list[DataFile]
-) -> list[tuple[Any, ...]]:
+def _one_partition(
+    spec_ids: list[int],
+    partitions: list[Record],
+    sizes: list[int],
+    deletes: list[bool],
+    small: int,
+) -> dict[tuple[int, Any], list[int]] | None:
+    """The candidates grouped by partition when every file is one (small, no delete files) of
+    one spec and partition (an unpartitioned table's: a planner's files share one record per
+    manifest, compared once each): one group of them all, by C-level calls; else None."""
+    if not sizes or any(deletes) or max(sizes) >= small or len(set(spec_ids)) != 1:
+        return None
+    records = dict(zip(map(id, partitions), partitions, strict=True))
+    if len(records) > _ONE_GROUP_RECORDS:
+        return None
+    values = {_partition_key(record) for record in records.values()}
+    if len(values) != 1:
+        return None
+    return {(spec_ids[0], values.pop()): list(range(len(sizes)))}
+
+
+def _sort_keys(schema: Schema, sort_columns: tuple[str, ...], files: list[DataFile]) -> list[Any]:
     """Each file's place in its bins' order: (no bound?, the lower bound of the first sort
     column, its path) — integer bounds of the usual width unpacked by C calls for all files at
-    once, any other one by one (`_lower_bound_of`)."""
-    paths = file_paths(files)
+    once (the bounds alone when no two are alike: the same order), any other one by one
+    (`_lower_bound_of`)."""
     field_ = next((schema.find_field(c) for c in sort_columns[:1] if c in _names(schema)), None)
     if field_ is not None and isinstance(field_.field_type, PrimitiveType):
         fast = _UNPACK.get(type(field_.field_type))
         lowers = file_statistics(files, "lower_bounds", field_.field_id)
         if fast is not None and None not in lowers and set(map(len, lowers)) == {fast.size}:
             values = unpacked_integers(cast(list[bytes], lowers))
+            if values is not None and len(set(values)) == len(values):
+                return values  # (no two alike: ordered by them alone, as by the tuples)
             if values is not None:
-                return list(zip(repeat(False), values, paths))
+                return list(zip(repeat(False), values, file_paths(files)))
     order = _lower_bound_of(schema, sort_columns)
-    return [(*order(f), path) for f, path in zip(files, paths, strict=True)]
+    return [(*order(f), path) for f, path in zip(files, file_paths(files), strict=True)]
 
 
 def _partition_key(partition: Record) -> Any:

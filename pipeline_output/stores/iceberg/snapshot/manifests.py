@@ -55,7 +55,7 @@ from __future__ import annotations
 import io
 import os
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from copy import copy
 from dataclasses import dataclass, field
@@ -100,6 +100,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.table.update.snapshot import _ManifestMergeManager, _MergeAppendFiles
 from pyiceberg.transforms import VoidTransform
+from pyiceberg.typedef import Record
 from pyiceberg.types import (
     IcebergType,
     IntegerType,
@@ -527,7 +528,8 @@ class ManifestIndex:
         """Read the current snapshot's manifest list (entries are read as they are needed).
         `bounds`: a planner's index, its data files' statistics cut to those columns
         (`manifest_decoding.read_planned`) — enough to plan and commit from, never to write a
-        file's entry from anything but its own bytes."""
+        live file's entry from anything but its own bytes (a removed file's is written from
+        its values: `manifest_decoding.removed_manifest`)."""
         snapshot = metadata.current_snapshot()
         if snapshot is None:
             return cls(snapshot_id=None, table_name=table_name)
@@ -574,7 +576,9 @@ class ManifestIndex:
         deletes = DeleteFileIndex()
         for manifest in chosen:
             entries = self.live[manifest.manifest_path]
-            if entry_contents(entries) <= _DATA_ONLY:  # (no Python per entry: 20,000 here)
+            # a data manifest holds data files only (the spec's `content`); of others, no Python
+            # per entry either (20,000 here)
+            if manifest.content == ManifestContent.DATA or entry_contents(entries) <= _DATA_ONLY:
                 data.extend(entries)
                 continue
             for entry in entries:
@@ -759,11 +763,21 @@ class MergeAppend(_MergeAppendFiles):
         return listed
 
 
+Counted = tuple[int, Record, DataFileContent, int, int, int]
+"""Removed files counted at once: their spec id, partition, content, count, bytes and rows."""
+
+
 def summary(
-    producer: Any, added_spec_id: Callable[[DataFile], int], properties: dict[str, str]
+    producer: Any,
+    added_spec_id: Callable[[DataFile], int],
+    properties: dict[str, str],
+    *,
+    removed: tuple[Iterable[DataFile], Sequence[Counted]] | None = None,
 ) -> Summary:
     """pyiceberg's snapshot summary of a producer's added and removed files, each file's
-    partition summarised by its own spec (`added_spec_id` for added files).
+    partition summarised by its own spec (`added_spec_id` for added files). `removed`: the
+    producer's removed files as some files and some counted already (a commit's removed
+    entries' columns: `commit.IndexedOverwrite`), instead of its `_deleted_data_files`.
 
     pyiceberg summarises every added file by the current spec: a delete file for a data file
     written under an older spec (fewer fields, or others) failed with a raw `IndexError`, or was
@@ -779,7 +793,8 @@ def summary(
     for data_file in producer._added_data_files:
         spec = specs[added_spec_id(data_file)]
         collector.add_file(data_file=data_file, partition_spec=spec, schema=schema)
-    collector.remove_files(producer._deleted_data_files, specs, schema)
+    files, counted = (producer._deleted_data_files, ()) if removed is None else removed
+    collector.remove_files(files, specs, schema, counted=counted)
     parent = producer._parent_snapshot_id
     previous = metadata.snapshot_by_id(parent) if parent is not None else None
     return update_snapshot_summaries(
@@ -798,20 +813,36 @@ class _Collector(SnapshotSummaryCollector):
         self._paths: dict[tuple[int, tuple[Any, ...]], str] = {}
 
     def remove_files(
-        self, files: Iterable[DataFile], specs: Mapping[int, PartitionSpec], schema: Schema
+        self,
+        files: Iterable[DataFile],
+        specs: Mapping[int, PartitionSpec],
+        schema: Schema,
+        *,
+        counted: Iterable[Counted] = (),
     ) -> None:
         """`remove_file` of each of `files` (under its own spec), counted by partition and
         content first, then added to the metrics once per partition: a compaction removes
-        tens of thousands of files."""
+        tens of thousands of files. `counted`: more removed files, counted already (their
+        partition values hashable)."""
         totals: dict[tuple[int, tuple[Any, ...], DataFileContent], list[int]] = {}
-        partitions: dict[tuple[int, tuple[Any, ...]], DataFile] = {}
+        partitions: dict[tuple[int, tuple[Any, ...]], Record] = {}
+        for spec_id, partition, content, count, size, rows in counted:
+            key = (spec_id, partition_values(partition))
+            sums = totals.setdefault((*key, content), [0, 0, 0])
+            sums[0] += count
+            sums[1] += size
+            sums[2] += rows
+            partitions.setdefault(key, partition)
         files = list(files)
         group = _one_group(files)
         if group is not None:  # one partition (unpartitioned): counted at once
             first, count, size, rows = group
             key = (first.spec_id, partition_values(first.partition))
-            totals[(*key, first.content)] = [count, size, rows]
-            partitions[key] = first
+            sums = totals.setdefault((*key, first.content), [0, 0, 0])
+            sums[0] += count
+            sums[1] += size
+            sums[2] += rows
+            partitions.setdefault(key, first.partition)
             files = []
         for data_file in files:
             partition = data_file.partition
@@ -825,7 +856,7 @@ class _Collector(SnapshotSummaryCollector):
                 continue
             if total is None:
                 total = totals[(*key, data_file.content)] = [0, 0, 0]
-                partitions.setdefault(key, data_file)
+                partitions.setdefault(key, partition)
             total[0] += 1
             total[1] += data_file.file_size_in_bytes
             total[2] += data_file.record_count
@@ -836,8 +867,7 @@ class _Collector(SnapshotSummaryCollector):
                 path = self._path(spec, partitions[(spec_id, values)], schema)
                 _removed(self.partition_metrics[path], content, count, size, rows)
 
-    def _path(self, spec: PartitionSpec, file: DataFile, schema: Schema) -> str:
-        partition = file.partition
+    def _path(self, spec: PartitionSpec, partition: Record, schema: Schema) -> str:
         key = (spec.spec_id, partition_values(partition))
         path = self._paths.get(key)
         if path is None:

@@ -26,8 +26,11 @@ its snapshot id and its sequence numbers, now explicit) followed by those bytes,
 source manifest's own Avro schema, metadata and codec. Nothing of an entry's file, partition or
 metrics is decoded or re-encoded, so nothing of it can change.
 
-The entries of removed data files (DELETED) are written the same way, without their column
-metrics (`unmeasured`: the kept fields checked byte for byte against the bytes they replace).
+The entries of removed data files (DELETED) are written without their column metrics: from
+the values read (`removed_manifest`: a planner's, the columns it decoded its entries from — no
+entry's bytes, no pass over the entry objects), or where those cannot be encoded from each
+entry's own bytes (`unmeasured`: the kept fields checked byte for byte against the bytes they
+replace). Both write the same bytes.
 
 Only manifests laid out as Iceberg's v2 `manifest_entry` (status, snapshot_id,
 sequence_number, file_sequence_number as `["null", "long"]` unions, then data_file) are reused
@@ -37,11 +40,12 @@ A planner's read: the entries with only the statistics it uses.
 
 A compaction plans 20,000 small files from their paths, sizes, row counts, partitions and the
 first sort column's bounds; decoding every column's sizes, counts and bounds cost most of its
-plan, and the commit writes the removed entries from their own bytes anyway. `read_manifest`
+plan, and the commit writes the removed entries without their metrics anyway. `read_manifest`
 with `bounds` (`read_planned`) cuts each one-entry Avro block (pyiceberg's writer: every
 append's manifest) out of the file, decompresses it, and decodes them all at once with polars'
 native Avro reader: the entries' files are `PartialDataFile`s (the asked columns' bounds and
-null counts; the other statistics None), with the same raw `data_file` bytes. Such an index
+null counts; the other statistics None), with the same raw `data_file` bytes and the columns
+they were made of (`EntryValues`: what removes them, `removed_manifest`). Such an index
 never serves a whole read (`manifests.ReadManifests`), and an entry re-encoded from it is
 decoded whole first (`manifests.LiveEntries.whole`). Other layouts are decoded whole.
 """
@@ -58,10 +62,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 from operator import attrgetter, getitem, itemgetter
 from threading import Lock
-from typing import Any, cast
+from typing import Any, cast, overload
 
 import fastavro
 import polars as pl
@@ -527,11 +531,13 @@ BLOCK_ENTRIES = 1000
 
 @dataclass(frozen=True)
 class RawManifest:
-    """A manifest's Avro header and each live entry's `data_file` bytes (in entry order)."""
+    """A manifest's Avro header and each live entry's `data_file` bytes (in entry order); of a
+    planner's read, also the values it decoded, column by column (`EntryValues`)."""
 
     meta: dict[str, str]
     codec: type[Codec] | None
-    data_files: list[bytes]
+    data_files: Sequence[bytes]
+    values: EntryValues | None = None
 
     @property
     def schema_text(self) -> str:
@@ -581,9 +587,9 @@ def read_manifest(
     if bounds is not None:
         if data is None:
             data = manifest_bytes(io, manifest)
-        planned = read_planned(manifest, data, bounds)
+        planned = read_planned(manifest, data, bounds, cut=False)
         if planned is not None:
-            return planned
+            return _bytes_later(manifest, io, *planned)
     entries: list[ManifestEntry] = []
     raws: list[bytes] = []
     with ResolvedAvroFile(
@@ -618,6 +624,18 @@ def read_manifest(
                     raws.append(block[_after_prefix(block, start) : records.tell()])
     raw = RawManifest(meta=meta, codec=codec, data_files=raws) if reusable else None
     return entries, raw
+
+
+def _bytes_later(
+    manifest: ManifestFile, io: FileIO, entries: list[ManifestEntry], raw: RawManifest
+) -> tuple[list[ManifestEntry], RawManifest]:
+    """A planner's read of `manifest` whose entries' bytes are read when asked (`_Unread`)."""
+
+    def load() -> list[bytes]:
+        return _planned_bytes(manifest, manifest_bytes(io, manifest))
+
+    later = _Unread(load, len(entries)) if entries else raw.data_files
+    return entries, RawManifest(raw.meta, raw.codec, later, raw.values)
 
 
 class ResolvedAvroFile(AvroFile[Any]):
@@ -745,45 +763,323 @@ def rewrite_manifest(
     if strip is not None:
         datas = list(map(strip, files, datas))
 
+    blocks = (
+        (
+            len(heads[at : at + BLOCK_ENTRIES]),
+            chain.from_iterable(
+                zip(heads[at : at + BLOCK_ENTRIES], datas[at : at + BLOCK_ENTRIES], strict=True)
+            ),
+        )
+        for at in range(0, len(kept), BLOCK_ENTRIES)
+    )
+    length = _write_blocks(output, raw, blocks)
+    existing = status == ManifestEntryStatus.EXISTING
+    partitions = list(map(_PARTITION, file_values))
+    return _written_manifest(
+        output,
+        length,
+        len(file_values),
+        sum(map(_ROWS, file_values)),
+        list(dict(zip(map(id, partitions), partitions, strict=True)).values()),  # (interned)
+        spec=spec,
+        schema=schema,
+        snapshot_id=snapshot_id,
+        content=content,
+        status=status,
+        # (DELETED entries do not count: pyiceberg's writer leaves it unassigned then)
+        min_sequence=min(map(int, sequences)) if existing else UNASSIGNED_SEQ,
+    )
+
+
+def _write_blocks(
+    output: OutputFile, raw: RawManifest, blocks: Iterable[tuple[int, Iterable[bytes]]]
+) -> int:
+    """Write an Avro file of `raw`'s metadata and codec whose blocks are `blocks` (each: its
+    entries' count and their encoded pieces); its length."""
     sync = os.urandom(SYNC_SIZE)
     out = bytearray(MAGIC)
     out += _map(raw.meta)
     out += sync
-    for at in range(0, len(kept), BLOCK_ENTRIES):
-        ends = at + BLOCK_ENTRIES
-        body = b"".join(chain.from_iterable(zip(heads[at:ends], datas[at:ends], strict=True)))
+    for count, pieces in blocks:
+        body = b"".join(pieces)
         if raw.codec is DeflateCodec:  # level 1: rewriting 20,000 entries at 6 took ~0.4 s
             packer = zlib.compressobj(1, zlib.DEFLATED, -15)
             body = packer.compress(body) + packer.flush()
         elif raw.codec is not None:
             body, _ = raw.codec.compress(body)
-        out += _long(len(heads[at:ends])) + _long(len(body)) + body + sync
+        out += _long(count) + _long(len(body)) + body + sync
     with output.create(overwrite=True) as stream:
         # (not copied into bytes: the manifest of a compaction's removed entries is megabytes;
         # pyarrow's and fsspec's streams take any bytes-like object)
         stream.write(cast(bytes, out))
-    rows = sum(map(_ROWS, file_values))
+    return len(out)
+
+
+def _written_manifest(
+    output: OutputFile,
+    length: int,
+    count: int,
+    rows: int,
+    partitions: list[Record],
+    *,
+    spec: PartitionSpec,
+    schema: Schema,
+    snapshot_id: int,
+    content: ManifestContent,
+    status: ManifestEntryStatus,
+    min_sequence: int,
+) -> ManifestFile:
+    """The manifest list's record of a manifest of `count` entries of `status` whose files
+    hold `rows` rows and the partitions `partitions` (each at least once), written at
+    `output` (`length` bytes)."""
     existing = status == ManifestEntryStatus.EXISTING
-    partitions = list(map(_PARTITION, file_values))
-    once = list(dict(zip(map(id, partitions), partitions, strict=True)).values())  # (interned)
     return ManifestFile.from_args(
         manifest_path=output.location,
-        manifest_length=len(out),
+        manifest_length=length,
         partition_spec_id=spec.spec_id,
         content=content,
         sequence_number=UNASSIGNED_SEQ,
-        # (DELETED entries do not count: pyiceberg's writer leaves it unassigned then)
-        min_sequence_number=min(map(int, sequences)) if existing else UNASSIGNED_SEQ,
+        min_sequence_number=min_sequence,
         added_snapshot_id=snapshot_id,
         added_files_count=0,
-        existing_files_count=len(entries) if existing else 0,
-        deleted_files_count=0 if existing else len(entries),
+        existing_files_count=count if existing else 0,
+        deleted_files_count=0 if existing else count,
         added_rows_count=0,
         existing_rows_count=rows if existing else 0,
         deleted_rows_count=0 if existing else rows,
-        partitions=construct_partition_summaries(spec, schema, distinct_partitions(once)),
+        partitions=construct_partition_summaries(spec, schema, distinct_partitions(partitions)),
         key_metadata=None,
     )
+
+
+@dataclass(frozen=True)
+class EntryValues:
+    """The values of live entries a removed entry is written from (`removed_manifest`),
+    column by column, in entry order: as a planner decoded them (`read_planned`: the lists its
+    entries were made of), or taken from the entries (`of`). A column of values the entries
+    share holds one object repeated (a planner's: `_converted`, `_partition_records`,
+    `_interned`)."""
+
+    sequences: list[Any]
+    file_sequences: list[Any]
+    paths: list[str]
+    rows: list[Any]
+    sizes: list[Any]
+    # content, format, partition, key metadata, split offsets, equality ids, sort order
+    shared: tuple[list[Any], ...]
+
+    @classmethod
+    def of(cls, entries: Sequence[ManifestEntry]) -> EntryValues:
+        """The values of `entries` (any read), by C-level getters."""
+        values = list(map(_VALUES, entries))
+        files = list(map(_VALUES, map(_ENTRY_FILE, values)))
+        return cls(
+            sequences=list(map(_SEQUENCE, values)),
+            file_sequences=list(map(_FILE_SEQUENCE, values)),
+            paths=list(map(_PATH, files)),
+            rows=list(map(_ROWS, files)),
+            sizes=list(map(_SIZE, files)),
+            shared=tuple(list(map(getter, files)) for getter in _SHAPED),
+        )
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def group(self) -> tuple[Record, DataFileContent] | None:
+        """The partition and content every one of the entries' files has (one object of
+        each: a planner's files of one partition), else None."""
+        content, _, partition = self.shared[:3]
+        if not _one_object(partition) or content.count(content[0]) != len(content):
+            return None
+        return partition[0], content[0]
+
+    def totals(self) -> tuple[int, int]:
+        """The files' bytes and rows."""
+        return sum(self.sizes), sum(self.rows)
+
+    def partitions(self) -> list[Record]:
+        """The files' partitions, each object once."""
+        column = self.shared[2]
+        if _one_object(column):
+            return column[:1]
+        return list(dict(zip(map(id, column), column, strict=True)).values())
+
+    def picked(self, hits: list[bool]) -> EntryValues:
+        """The values of the entries `hits` marks."""
+        return EntryValues(
+            sequences=list(compress(self.sequences, hits)),
+            file_sequences=list(compress(self.file_sequences, hits)),
+            paths=list(compress(self.paths, hits)),
+            rows=list(compress(self.rows, hits)),
+            sizes=list(compress(self.sizes, hits)),
+            shared=tuple(list(compress(column, hits)) for column in self.shared),
+        )
+
+
+def removed_manifest(
+    output: OutputFile,
+    raw: RawManifest,
+    removed: Sequence[EntryValues],
+    *,
+    spec: PartitionSpec,
+    schema: Schema,
+    snapshot_id: int,
+) -> ManifestFile | None:
+    """A data manifest of the entries whose values are `removed` (live entries as read from
+    manifests of `raw`'s Avro schema) DELETED by `snapshot_id`, each written from its values
+    alone — its sequence numbers, its file's content, path, format, partition, record count,
+    size, key metadata, split offsets, equality ids and sort order, its six column metrics
+    empty maps (as `unmeasured` leaves them) —, under `raw`'s Avro schema, metadata and codec.
+    No entry's bytes are read: a planner's entries are removed from the columns it decoded (a
+    compaction's 20,000 without a copy, strip or check of each one's bytes, nor a pass over
+    its entry objects).
+
+    None when there is nothing to write, the layout is not one `unmeasured` knows, or a value
+    is not one its type encodes (the caller writes the entries another way). Column by
+    column, by C-level calls: Python runs per distinct sequence number, per distinct set of
+    the fields files share (content, format, partition; key metadata, split offsets, equality
+    ids, sort order: by identity, a planner's files share one object of each) and per
+    distinct integer, never per entry."""
+    layout = _layout_of(raw.schema_text)
+    if layout is None or not any(map(len, removed)):
+        return None
+    pieces: list[bytes] = []
+    try:
+        for values in removed:
+            if len(values):
+                pieces += _removed_pieces(layout, values, snapshot_id)
+    except (
+        UndecodableManifestLayout,
+        TypeError,
+        ValueError,
+        AttributeError,
+        KeyError,
+        IndexError,
+        OverflowError,
+        struct.error,
+    ):
+        return None
+    count = sum(map(len, removed))
+    step = BLOCK_ENTRIES * _PIECES
+    blocks = (
+        (min(BLOCK_ENTRIES, count - at // _PIECES), pieces[at : at + step])
+        for at in range(0, len(pieces), step)
+    )
+    length = _write_blocks(output, raw, blocks)
+    partitions = [values.partitions() for values in removed]
+    return _written_manifest(
+        output,
+        length,
+        count,
+        sum(values.totals()[1] for values in removed),
+        list(chain.from_iterable(partitions)),
+        spec=spec,
+        schema=schema,
+        snapshot_id=snapshot_id,
+        content=ManifestContent.DATA,
+        status=ManifestEntryStatus.DELETED,
+        min_sequence=UNASSIGNED_SEQ,
+    )
+
+
+_PIECES = 9  # the pieces of a removed entry (`_removed_pieces`)
+
+
+def _removed_pieces(layout: _RemovedLayout, values: EntryValues, snapshot_id: int) -> list[bytes]:
+    """The DELETED entries' encoded pieces, entry after entry: the status and snapshot id,
+    the sequence numbers, the content, the path's length, the path, the format and partition,
+    the record count, the size, the empty metrics and the tail."""
+    count = len(values)
+    status = _long(int(ManifestEntryStatus.DELETED)) + b"\x02" + _long(_integer(snapshot_id))
+    # (an entry without its sequence numbers — an ADDED one not read back — fails to encode)
+    sequences, file_sequences = values.sequences, values.file_sequences
+    if sequences == file_sequences:  # (a file never rewritten: as a rule)
+        numbers = {n: _optional_long(n) * 2 for n in set(sequences)}
+        sequenced: list[bytes] | bytes = _each(numbers, sequences)
+    else:
+        pairs = list(zip(sequences, file_sequences, strict=True))
+        both = {p: _optional_long(p[0]) + _optional_long(p[1]) for p in set(pairs)}
+        sequenced = _each(both, pairs)
+    content, format_, partition, key, splits, ids, order = values.shared
+    if content.count(DataFileContent.DATA) != count:  # (a delete file keeps its metrics)
+        raise UndecodableManifestLayout("a delete file among the data files")
+    tail = {131: key, 132: splits, 135: ids, 140: order}
+    tails = [tail[i] for i, _ in layout.tail]
+    heads = _piece([content], lambda c: _long(_integer(int(c))))
+    middles = _piece(
+        [format_, partition], lambda f, p: layout.format(f) + layout.partition(p), by_id=1
+    )
+    lasts = _piece(
+        tails,
+        lambda *held: (
+            layout.empty
+            + b"".join(encode(v) for (_, encode), v in zip(layout.tail, held, strict=True))
+        ),
+    )
+    paths = list(map(str.encode, values.paths))
+    lengths = list(map(len, paths))
+    rows, sizes = values.rows, values.sizes
+    integers = set(rows).union(sizes, lengths)
+    if not all(type(n) is int for n in integers):  # (not a bool, nor a float that is whole)
+        raise UndecodableManifestLayout("a record count or size that is not an integer")
+    longs = dict(zip(integers, map(_long, integers), strict=True))
+    columns = (
+        status,
+        sequenced,
+        heads,
+        list(map(longs.__getitem__, lengths)),
+        paths,
+        middles,
+        list(map(longs.__getitem__, rows)),
+        list(map(longs.__getitem__, sizes)),
+        lasts,
+    )
+    return list(
+        chain.from_iterable(
+            zip(*(c if isinstance(c, list) else repeat(c, count) for c in columns), strict=False)
+        )
+    )
+
+
+def _one_object(column: list[Any]) -> bool:
+    """Whether `column` (not empty) holds one value only: compared only when its first and
+    last are one object (a planner's column of one value holds one object; others, as a
+    rule, differ there) — a partition `Record` compares by a Python call."""
+    first = column[0]
+    return column[-1] is first and column.count(first) == len(column)
+
+
+def _optional_long(n: int) -> bytes:
+    """A `["null", "long"]` union's long."""
+    return b"\x02" + _long(_integer(n))
+
+
+def _each(encoded: dict[Any, bytes], keys: list[Any]) -> list[bytes] | bytes:
+    """Each key's encoding (one bytes when there is one key)."""
+    if len(encoded) == 1:
+        return next(iter(encoded.values()))
+    return list(map(encoded.__getitem__, keys))
+
+
+def _piece(
+    columns: list[list[Any]], encode: Callable[..., bytes], *, by_id: int | None = None
+) -> list[bytes] | bytes:
+    """`encode` of each entry's values in `columns` (one bytes when the entries share them),
+    worked out once per distinct combination, by identity (the column `by_id`: always by
+    identity — a partition `Record` compares by a Python call)."""
+    count = len(columns[0])
+    varying = []
+    for at, column in enumerate(columns):
+        if not (_one_object(column) if at == by_id else column.count(column[0]) == count):
+            varying.append(list(map(id, column)))
+    if not varying:
+        return encode(*(column[0] for column in columns))
+    keys: list[Any] = varying[0] if len(varying) == 1 else list(zip(*varying, strict=True))
+    done = {
+        key: encode(*(column[at] for column in columns))
+        for key, at in dict(zip(keys, range(count), strict=True)).items()
+    }
+    return list(map(done.__getitem__, keys))
 
 
 # A removed file's entry without its column metrics.
@@ -828,7 +1124,38 @@ def unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes] | None:
     return strip
 
 
-def _unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes]:
+@dataclass(frozen=True)
+class _RemovedLayout:
+    """How a removed data file's `data_file` record is encoded under one Avro schema (v2's
+    fields in v2's order, the metrics optional: `unmeasured`): the encoders of the fields kept
+    but the path, rows and size, and the metrics as empty maps."""
+
+    format: _Encoder
+    partition: _Encoder
+    tail: list[tuple[int, _Encoder]]  # key metadata, split offsets, equality ids, sort order
+    empty: bytes  # the six metric maps, each empty
+    ends_in_zero: bool  # the last metric's bytes as written end in a 0 byte
+
+
+_LAYOUTS: dict[str, _RemovedLayout | None] = {}
+
+
+def _layout_of(schema_text: str) -> _RemovedLayout | None:
+    """`_removed_layout` of manifests of the Avro schema `schema_text`, worked out once; None
+    when it is not one a removed entry is written in without its metrics."""
+    with _LOCK:
+        if schema_text in _LAYOUTS:
+            return _LAYOUTS[schema_text]
+    try:
+        layout: _RemovedLayout | None = _removed_layout(schema_text)
+    except (UndecodableManifestLayout, ValueError, KeyError, TypeError, AttributeError):
+        layout = None
+    with _LOCK:
+        _LAYOUTS[schema_text] = layout
+    return layout
+
+
+def _removed_layout(schema_text: str) -> _RemovedLayout:
     top = json.loads(schema_text)["fields"]
     data_file = next(f for f in top if f.get("field-id") == 2)["type"]
     if not isinstance(data_file, dict) or data_file.get("type") != "record":
@@ -851,15 +1178,26 @@ def _unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes]:
         if not isinstance(kind, dict) or kind.get("type") != "array":
             raise UndecodableManifestLayout
         empty += _long(branches.index(kind)) + b"\x00"  # the map's branch, no item
-    # the bytes replaced end in a 0 byte: the last metric's map end, or its null (branch 0)
-    ends_in_zero = branches.index("null") == 0
     by_id = {f["field-id"]: f for f in fields}
     if by_id[134]["type"] != "int" or by_id[100]["type"] != "string":
         raise UndecodableManifestLayout
     if by_id[103]["type"] != "long" or by_id[104]["type"] != "long":
         raise UndecodableManifestLayout
-    fmt_and_partition = (_encoder(by_id[101]["type"]), _encoder(by_id[102]["type"]))
-    tail = [(f["field-id"], _encoder(f["type"])) for f in after]
+    return _RemovedLayout(
+        format=_encoder(by_id[101]["type"]),
+        partition=_encoder(by_id[102]["type"]),
+        tail=[(f["field-id"], _encoder(f["type"])) for f in after],
+        # the bytes replaced end in a 0 byte: the last metric's map end, or its null (branch 0)
+        ends_in_zero=branches.index("null") == 0,
+        empty=empty,
+    )
+
+
+def _unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes]:
+    layout = _removed_layout(schema_text)
+    empty, ends_in_zero = layout.empty, layout.ends_in_zero
+    fmt_and_partition = (layout.format, layout.partition)
+    tail = layout.tail
     # the fields but the path, rows and size, encoded once per distinct set of them: a planner's
     # files share their partition records and split offset lists (`_interned`), so by identity
     # (the objects held with their bytes, so an id is not reused; an equal set is as good)
@@ -938,6 +1276,9 @@ _ENTRY_AT = {
     f.field_id: n for n, f in enumerate(MANIFEST_ENTRY_SCHEMAS[DEFAULT_READ_VERSION].fields)
 }
 _ENTRY_FIELDS = itemgetter(*(_ENTRY_AT[i] for i in (1, 3, 4, 2)))
+_SEQUENCE, _FILE_SEQUENCE = itemgetter(_ENTRY_AT[3]), itemgetter(_ENTRY_AT[4])
+# the fields of a removed file's record its files share, as a rule (`EntryValues.shared`)
+_SHAPED = tuple(itemgetter(_AT[i]) for i in (134, 101, 102, 131, 132, 135, 140))
 _PATH = itemgetter(_AT[100])
 _SIZE = itemgetter(_AT[104])
 _STATISTICS = {
@@ -995,9 +1336,18 @@ def file_statistics(files: Sequence[DataFile], kind: str, column: int) -> list[A
     `"null_value_counts"`) of the column `column` (field id): `(file.<kind> or {}).get(column)`.
     A planner's files of that column (`PartialDataFile`: its bare values) are read by C-level
     getters — the plan and the stream's checks take 20,000 files' bounds —, others one by one."""
+    (found,) = files_statistics(files, (kind,), column)
+    return found
+
+
+def files_statistics(
+    files: Sequence[DataFile], kinds: Sequence[str], column: int
+) -> list[list[Any]]:
+    """`file_statistics` of each of `kinds`, the files' kind checked once."""
     if set(map(type, files)) == {PartialDataFile} and set(map(_FILE_COLUMN, files)) == {column}:
-        return list(map(_STATISTICS[kind], map(_VALUES, files)))
-    return [(getattr(f, kind) or _NOTHING).get(column) for f in files]
+        values = list(map(_VALUES, files))
+        return [list(map(_STATISTICS[kind], values)) for kind in kinds]
+    return [[(getattr(f, kind) or _NOTHING).get(column) for f in files] for kind in kinds]
 
 
 def entry_files(entries: Iterable[ManifestEntry]) -> list[DataFile]:
@@ -1192,7 +1542,8 @@ class PartialDataFile(DataFile):
     """A data file decoded for planning (`read_planned`): its column statistics cut to the
     columns asked for — `lower_bounds`, `upper_bounds` and `null_value_counts` hold those
     columns only, `column_sizes`, `value_counts` and `nan_value_counts` are None. Never
-    re-encoded into a manifest: its entry's own bytes are (`RawManifest`).
+    re-encoded into a manifest as a live file: its entry's own bytes are (`RawManifest`); a
+    removed one is written from its values, without metrics (`removed_manifest`).
 
     Planned with one column's statistics (`column`: the usual plan, the first sort key's), the
     file holds that column's bare values in their places and gives each statistic as a one-column
@@ -1243,7 +1594,7 @@ _PLANNED: dict[str, dict[str, Any] | None] = {}
 
 
 def read_planned(
-    manifest: ManifestFile, data: bytes, bounds: frozenset[int]
+    manifest: ManifestFile, data: bytes, bounds: frozenset[int], *, cut: bool = True
 ) -> tuple[list[ManifestEntry], RawManifest] | None:
     """The live entries of the data manifest `data` with their `data_file` bytes, as
     `read_manifest` gives them, but each file a `PartialDataFile` holding only the statistics
@@ -1257,7 +1608,8 @@ def read_planned(
     uncompressed block of all of them: no Python per field, no per-block decoder setup (the
     cost of pyiceberg's and fastavro's readers on one-entry blocks). The block is read under
     the entry schema with the data file's fields inline (`_flat_schema`), so only the fields a
-    planner keeps are decoded (`_planned_names`)."""
+    planner keeps are decoded (`_planned_names`). Without `cut`, the entries' bytes are not
+    kept (`RawManifest.data_files` empty: `read_manifest` reads them when asked)."""
     header_buffer = io.BytesIO(data)
     try:
         header = fastavro.reader(header_buffer)
@@ -1274,32 +1626,8 @@ def read_planned(
         return None
     codec = KNOWN_CODECS[codec_name]
     sync = data[start - SYNC_SIZE : start]
-    # the blocks, split at the sync marker that ends each; a marker's 16 random bytes inside a
-    # block's bytes (or a damaged file) make a piece's length disagree with its block size:
-    # then the whole decoder reads (and reports) it
-    pieces = data[start:].split(sync)
-    if pieces.pop() != b"":
-        return None
-    # each block's head: one entry (zigzag 1), then its size — the piece's length less the
-    # head's, so a piece of a given length has one possible head (worked out once per length);
-    # checked, cut off and inflated by C-level calls, no Python per block
-    lengths = list(map(len, pieces))
-    heads = {length: _block_head(length) for length in set(lengths)}
-    block_heads = list(map(heads.__getitem__, lengths))
-    if not all(map(bytes.startswith, pieces, block_heads)):  # not one entry, or not its length
-        return None
-    compressed: list[bytes] = list(
-        map(_CUT, pieces, map(slice, map(len, block_heads), repeat(None)))
-    )
-    bodies: list[bytes]
-    try:
-        if codec is DeflateCodec:  # (zlib's own call: no Python frame per block)
-            bodies = list(map(zlib.decompress, compressed, repeat(-15)))
-        elif codec is not None:
-            bodies = list(map(codec.decompress, compressed))
-        else:
-            bodies = compressed
-    except Exception:  # cut short, or not what its codec says: the whole decoder reports it
+    bodies = _one_entry_blocks(data, start, sync, codec)
+    if bodies is None:
         return None
     if not bodies:
         return [], RawManifest(meta=meta, codec=codec, data_files=[])
@@ -1324,10 +1652,104 @@ def read_planned(
     for row, skip in ((0, columns["skip"][0]), (-1, columns["skip"][-1])):  # a cheap check
         if _after_prefix(bodies[columns["row"][row]], 0) != skip:
             return None
-    return _planned_entries(manifest, bodies, columns, bounds, meta, codec)
+    return _planned_entries(manifest, bodies, columns, bounds, meta, codec, cut=cut)
 
 
 _CUT = cast(Callable[[bytes, slice], bytes], getitem)  # a piece's bytes from a position on
+
+
+def _one_entry_blocks(
+    data: bytes, start: int, sync: bytes, codec: type[Codec] | None
+) -> list[bytes] | None:
+    """The entries of the manifest `data` (its blocks from `start` on, each ending with `sync`)
+    of one entry a block, each inflated; None when they are not laid out so."""
+    # the blocks, split at the sync marker that ends each; a marker's 16 random bytes inside a
+    # block's bytes (or a damaged file) make a piece's length disagree with its block size:
+    # then the whole decoder reads (and reports) it
+    pieces = data[start:].split(sync)
+    if pieces.pop() != b"":
+        return None
+    # each block's head: one entry (zigzag 1), then its size — the piece's length less the
+    # head's, so a piece of a given length has one possible head (worked out once per length);
+    # checked, cut off and inflated by C-level calls, no Python per block
+    lengths = list(map(len, pieces))
+    heads = {length: _block_head(length) for length in set(lengths)}
+    block_heads = list(map(heads.__getitem__, lengths))
+    if not all(map(bytes.startswith, pieces, block_heads)):  # not one entry, or not its length
+        return None
+    compressed: list[bytes] = list(
+        map(_CUT, pieces, map(slice, map(len, block_heads), repeat(None)))
+    )
+    try:
+        if codec is DeflateCodec:  # (zlib's own call: no Python frame per block)
+            return list(map(zlib.decompress, compressed, repeat(-15)))
+        if codec is not None:
+            return list(map(codec.decompress, compressed))
+        return compressed
+    except Exception:  # cut short, or not what its codec says: the whole decoder reports it
+        return None
+
+
+_DELETED_HEAD = _long(int(ManifestEntryStatus.DELETED))  # an entry's status, as it starts
+
+
+def _planned_bytes(manifest: ManifestFile, data: bytes) -> list[bytes]:
+    """The live entries' `data_file` bytes of a manifest a planner read (`read_planned`): its
+    blocks cut again (each after its entry's prefix), its DELETED entries left out."""
+    header_buffer = io.BytesIO(data)
+    header = fastavro.reader(header_buffer)
+    start = header_buffer.tell()
+    name = header.metadata.get("avro.codec", "null")
+    name = name if isinstance(name, str) else bytes(name).decode()
+    bodies = None
+    if name in KNOWN_CODECS:
+        sync = data[start - SYNC_SIZE : start]
+        bodies = _one_entry_blocks(data, start, sync, KNOWN_CODECS[name])
+    if bodies is None:
+        raise CorruptManifest(f"manifest {manifest.manifest_path}: read differently than planned")
+    return [body[_after_prefix(body, 0) :] for body in bodies if not body.startswith(_DELETED_HEAD)]
+
+
+class _Unread(Sequence[bytes]):
+    """A planner's manifest's live entries' `data_file` bytes (`RawManifest.data_files`),
+    read from the manifest when first asked for: what rewrites its kept entries (a partial
+    removal, a merge) needs; a compaction that removes whole manifests writes their entries
+    from their values (`removed_manifest`) and never asks — 20,000 entries' bytes (~7 MB)
+    are then neither cut nor held through its stream."""
+
+    def __init__(self, load: Callable[[], list[bytes]], count: int) -> None:
+        self._load, self._count = load, count
+        self._read: list[bytes] | None = None
+        self._lock = Lock()
+
+    def _all(self) -> list[bytes]:
+        with self._lock:
+            if self._read is None:
+                read = self._load()
+                if len(read) != self._count:
+                    raise CorruptManifest("a manifest's entries and their bytes differ in number")
+                self._read = read
+            return self._read
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, at: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, at: slice) -> list[bytes]: ...
+
+    def __getitem__(self, at: int | slice) -> bytes | list[bytes]:
+        return self._all()[at]
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def _block_head(length: int) -> bytes:
@@ -1580,6 +2002,8 @@ def _planned_entries(
     bounds: frozenset[int],
     meta: dict[str, str],
     codec: type[Codec] | None,
+    *,
+    cut: bool,
 ) -> tuple[list[ManifestEntry], RawManifest]:
     count = len(columns["row"])
     none = [None] * count
@@ -1599,13 +2023,23 @@ def _planned_entries(
             )
     nulls, lowers, uppers = stats
     keys, splits, ids, orders = (columns.get(i, none) for i in (131, 132, 135, 140))
+    shared = (
+        _converted(columns[134], _content),
+        _converted(columns[101], _format),
+        _partition_records(columns.get(102, none)),
+        keys,
+        _interned(splits, tuple),  # split offsets repeat: one object each
+        ids,
+        orders,
+    )
+    contents, formats, partitions, _, splits, _, _ = shared
     file_values = map(
         list,  # (one list of its 16 values, in `_PLANNED_FIELDS`' order)
         zip(
-            _converted(columns[134], _content),
+            contents,
             columns[100],
-            _converted(columns[101], _format),
-            _partition_records(columns.get(102, none)),
+            formats,
+            partitions,
             columns[103],
             columns[104],
             none,  # 108, 109: column sizes, value counts
@@ -1615,7 +2049,7 @@ def _planned_entries(
             lowers,
             uppers,
             keys,
-            _interned(splits, tuple),  # split offsets repeat: one object each
+            splits,
             ids,
             orders,
             strict=True,
@@ -1632,7 +2066,17 @@ def _planned_entries(
             files,
         )
     )
-    if len(bodies) != count:  # (DELETED entries among them: the live ones' bodies)
+    raws: list[bytes] = []
+    if cut and len(bodies) != count:  # (DELETED entries among them: the live ones' bodies)
         bodies = list(map(bodies.__getitem__, columns["row"]))
-    raws: list[bytes] = list(map(_CUT, bodies, map(slice, columns["skip"], repeat(None))))
-    return entries, RawManifest(meta=meta, codec=codec, data_files=raws)
+    if cut:
+        raws = list(map(_CUT, bodies, map(slice, columns["skip"], repeat(None))))
+    planned = EntryValues(  # (the lists the entries were made of: what removes them)
+        sequences=columns[3],
+        file_sequences=columns[4],
+        paths=columns[100],
+        rows=columns[103],
+        sizes=columns[104],
+        shared=shared,
+    )
+    return entries, RawManifest(meta=meta, codec=codec, data_files=raws, values=planned)
