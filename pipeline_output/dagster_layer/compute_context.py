@@ -37,11 +37,12 @@ class ComputeContext:
         mapping_key: str | None = None,
     ) -> None:
         """Metadata on the rows' materialisation (Dagster's call, the output defaulting to the
-        rows' rather than raising for the checks' outputs)."""
+        rows' rather than raising for the checks' outputs); a key's call: that key's only."""
+        self._on_rows(dict(metadata), output_name, mapping_key)
+
+    def _on_rows(self, metadata: dict[str, Any], output: str | None, mapping: str | None) -> None:
         rows = self._context.assets_def.get_output_name_for_asset_key(self._context.asset_key)
-        self._context.add_output_metadata(
-            metadata, output_name=output_name or rows, mapping_key=mapping_key
-        )
+        self._context.add_output_metadata(metadata, output_name=output or rows, mapping_key=mapping)
 
 
 class KeyContext(ComputeContext):
@@ -53,15 +54,10 @@ class KeyContext(ComputeContext):
         super().__init__(context)
         self._key, self._partitions_def = key, partitions_def
 
-    def add_output_metadata(
-        self,
-        metadata: Mapping[str, Any],
-        output_name: str | None = None,
-        mapping_key: str | None = None,
-    ) -> None:
-        """Metadata on this key's materialisation only (a range run's step metadata would be
-        copied onto every partition's)."""
-        self._context.add_asset_metadata(dict(metadata), partition_key=self._key)
+    def _on_rows(self, metadata: dict[str, Any], output: str | None, mapping: str | None) -> None:
+        # this key's materialisation only (a range run's step metadata would be copied onto
+        # every partition's)
+        self._context.add_asset_metadata(metadata, partition_key=self._key)
 
     def add_asset_metadata(
         self,

@@ -948,16 +948,7 @@ def removed_manifest(
         for values in removed:
             if len(values):
                 pieces += _removed_pieces(layout, values, snapshot_id)
-    except (
-        UndecodableManifestLayout,
-        TypeError,
-        ValueError,
-        AttributeError,
-        KeyError,
-        IndexError,
-        OverflowError,
-        struct.error,
-    ):
+    except _NOT_ENCODABLE:
         return None
     count = sum(map(len, removed))
     step = BLOCK_ENTRIES * _PIECES
@@ -983,6 +974,18 @@ def removed_manifest(
 
 
 _PIECES = 9  # the pieces of a removed entry (`_removed_pieces`)
+# what encoding an entry from values of an unexpected layout or type raises: the caller falls back
+# to the entry's own bytes
+_NOT_ENCODABLE = (
+    UndecodableManifestLayout,
+    TypeError,
+    ValueError,
+    AttributeError,
+    KeyError,
+    IndexError,
+    OverflowError,
+    struct.error,
+)
 
 
 def _removed_pieces(layout: _RemovedLayout, values: EntryValues, snapshot_id: int) -> list[bytes]:
@@ -1237,15 +1240,7 @@ def _unmeasured(schema_text: str) -> Callable[[DataFile, bytes], bytes]:
                     longs.get(size) or long(size),
                 )
             )
-        except (
-            UndecodableManifestLayout,
-            TypeError,
-            ValueError,
-            AttributeError,
-            KeyError,
-            OverflowError,
-            struct.error,
-        ):
+        except _NOT_ENCODABLE:
             return data  # a value not encodable as read: the bytes kept whole
         end = len(data) - len(last)
         if (
