@@ -168,27 +168,38 @@ def _load(location: CodeLocation) -> Any:
     return found
 
 
-def _raised_loading(where: str, exc: Exception) -> InvalidArgument:
+def _raised_loading(where: str, exc: Exception) -> PipelineOutputError:
     """The user's code raising while the location loads (its import, its `@dg.definitions`
-    function), in one line: Dagster's refusal as `_does_not_load` says it, anything else (not
-    our own errors, one line already) as the exception and the line of the user's code that
-    raised it (the innermost frame outside installed packages and this package)."""
+    function, a Component building its definitions), in one line, about the cause under
+    Dagster's wrappers (a Component's `ComponentTreeException` wraps what its module raised):
+    our own error as it is (one line already, naming the dataset); Dagster's refusal as
+    `_does_not_load` says it; anything else as the exception and the line of the user's code
+    that raised it (the innermost frame outside installed packages, the standard library and
+    this package)."""
+    import sysconfig
     import traceback
 
     import dagster as dg
 
-    if isinstance(exc, dg.DagsterError):
-        return _does_not_load(where, exc)
-    package = str(Path(__file__).resolve().parents[1])
+    chain: list[BaseException] = [exc]
+    while (cause := chain[-1].__cause__) is not None and cause not in chain:
+        chain.append(cause)
+    ours = next((e for e in chain if isinstance(e, PipelineOutputError)), None)
+    if ours is not None:
+        return ours
+    root = chain[-1]
+    if isinstance(root, dg.DagsterError):
+        return _does_not_load(where, root)
+    skipped = (str(Path(__file__).resolve().parents[1]), sysconfig.get_paths()["stdlib"], "<")
     frames = [
         f
-        for f in traceback.extract_tb(exc.__traceback__)
-        if "site-packages" not in f.filename and not f.filename.startswith((package, "<frozen"))
+        for f in traceback.extract_tb(root.__traceback__)
+        if "site-packages" not in f.filename and not f.filename.startswith(skipped)
     ]
     at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    message = " ".join(str(exc).split())
+    message = " ".join(str(root).split())
     return InvalidArgument(
-        f"code location {where} does not load: {type(exc).__name__}{at}: {message}"
+        f"code location {where} does not load: {type(root).__name__}{at}: {message}"
     )
 
 

@@ -223,3 +223,37 @@ def test_a_dataset_in_a_plain_defs_folder_is_one_line_saying_how_to_give_it_its_
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert "resource with key 'pipeline_output'" in result.stderr
     assert "PipelineOutputComponent" in result.stderr and "build_definitions" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("datasets", "said"),
+    [
+        (
+            DATASETS.replace('strategy="sync"', 'strategy="upsert"'),
+            "error: @dataset 'region_totals' (shop.datasets): unknown strategy 'upsert'; "
+            "for 'upsert' use 'snapshot_replace'",
+        ),
+        (DATASETS + "\nrate = 1 / 0\n", "ZeroDivisionError at {datasets}:"),
+    ],
+    ids=["a_spec_error", "user_code_raising"],
+)
+def test_a_component_module_that_does_not_load_is_one_line_about_its_cause(
+    project: Project, tmp_path: Path, datasets: str, said: str
+) -> None:
+    """The Component's module failing to load (our spec error, the user's code raising) reaches
+    the CLI wrapped in Dagster's `ComponentTreeException`: the line is about the cause, not the
+    wrapper (whose frame was the standard library's `contextlib`)."""
+    root = tmp_path / PROJECT_DIR
+    package = root / "src" / "shop"
+    (package / "defs" / "orders").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(PYPROJECT)
+    (package / "__init__.py").write_text("")
+    (package / "definitions.py").write_text(DEFINITIONS)
+    (package / "datasets.py").write_text(datasets)
+    (package / "defs" / "__init__.py").write_text("")
+    (package / "defs" / "orders" / "defs.yaml").write_text(DEFS_YAML)
+    failed = runner(env=project.env, cwd=root)("status")
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
+    assert failed.stderr.count("\n") == 1, failed.stderr
+    assert said.format(datasets=package / "datasets.py") in failed.stderr, failed.stderr
+    assert "ComponentTreeException" not in failed.stderr
