@@ -826,6 +826,13 @@ class _Collector(SnapshotSummaryCollector):
         partition values hashable)."""
         totals: dict[tuple[int, tuple[Any, ...], DataFileContent], list[int]] = {}
         partitions: dict[tuple[int, tuple[Any, ...]], Record] = {}
+        counted = list(counted)
+        files = list(files)
+        group = _one_group(files)
+        if group is not None:  # one partition (unpartitioned): counted at once
+            first, count, size, rows = group
+            counted.append((first.spec_id, first.partition, first.content, count, size, rows))
+            files = []
         for spec_id, partition, content, count, size, rows in counted:
             key = (spec_id, partition_values(partition))
             sums = totals.setdefault((*key, content), [0, 0, 0])
@@ -833,17 +840,6 @@ class _Collector(SnapshotSummaryCollector):
             sums[1] += size
             sums[2] += rows
             partitions.setdefault(key, partition)
-        files = list(files)
-        group = _one_group(files)
-        if group is not None:  # one partition (unpartitioned): counted at once
-            first, count, size, rows = group
-            key = (first.spec_id, partition_values(first.partition))
-            sums = totals.setdefault((*key, first.content), [0, 0, 0])
-            sums[0] += count
-            sums[1] += size
-            sums[2] += rows
-            partitions.setdefault(key, first.partition)
-            files = []
         for data_file in files:
             partition = data_file.partition
             values = partition_values(partition)
