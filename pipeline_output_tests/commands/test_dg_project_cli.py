@@ -83,6 +83,20 @@ def region_totals(order_changes: pl.LazyFrame) -> pl.LazyFrame:
 LOCATIONS = "{ workspaceOrError { ... on Workspace { locationEntries { name } } } }"
 
 
+def _write_project(root: Path, datasets: str) -> Path:
+    """The project as `create-dagster project` lays it out, its Component's module `datasets`;
+    its package directory."""
+    package = root / "src" / "shop"
+    (package / "defs" / "orders").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(PYPROJECT)
+    (package / "__init__.py").write_text("")
+    (package / "definitions.py").write_text(DEFINITIONS)
+    (package / "datasets.py").write_text(datasets)
+    (package / "defs" / "__init__.py").write_text("")
+    (package / "defs" / "orders" / "defs.yaml").write_text(DEFS_YAML)
+    return package
+
+
 @dataclass
 class Project:
     root: Path
@@ -96,14 +110,7 @@ class Project:
 def project(pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
     tmp = tmp_path_factory.mktemp("dg-project")
     root = tmp / PROJECT_DIR
-    package = root / "src" / "shop"
-    (package / "defs" / "orders").mkdir(parents=True)
-    (root / "pyproject.toml").write_text(PYPROJECT)
-    (package / "__init__.py").write_text("")
-    (package / "definitions.py").write_text(DEFINITIONS)
-    (package / "datasets.py").write_text(DATASETS)
-    (package / "defs" / "__init__.py").write_text("")
-    (package / "defs" / "orders" / "defs.yaml").write_text(DEFS_YAML)
+    _write_project(root, DATASETS)
     with up.project_database(pg_url) as url:
         up.make_project(tmp / "source-tables", url)  # only for its `public.orders` table
         env = isolated_env(tmp, url)
@@ -244,14 +251,7 @@ def test_a_component_module_that_does_not_load_is_one_line_about_its_cause(
     the CLI wrapped in Dagster's `ComponentTreeException`: the line is about the cause, not the
     wrapper (whose frame was the standard library's `contextlib`)."""
     root = tmp_path / PROJECT_DIR
-    package = root / "src" / "shop"
-    (package / "defs" / "orders").mkdir(parents=True)
-    (root / "pyproject.toml").write_text(PYPROJECT)
-    (package / "__init__.py").write_text("")
-    (package / "definitions.py").write_text(DEFINITIONS)
-    (package / "datasets.py").write_text(datasets)
-    (package / "defs" / "__init__.py").write_text("")
-    (package / "defs" / "orders" / "defs.yaml").write_text(DEFS_YAML)
+    package = _write_project(root, datasets)
     failed = runner(env=project.env, cwd=root)("status")
     assert failed.returncode == 2 and "Traceback" not in failed.stderr, failed.stderr
     assert failed.stderr.count("\n") == 1, failed.stderr
