@@ -82,9 +82,13 @@ def check_changes_upstreams(
             continue  # not a dataset of this location: refused at run time
         mode = spec.mode or default_mode
         if mode == "pg":
+            # the declared mode, not a persisted flip: a flip can be reverted after the location
+            # loaded, and a pg-only upstream would then leave the downstream nothing to read
+            source = "declared mode='pg'" if spec.mode else "the project's default mode 'pg'"
             raise InvalidSpec(
-                f"dataset {down!r} reads the changes of {up!r}, whose mode is 'pg' (the legacy "
-                "Postgres arm keeps no snapshots): declare it mode='iceberg' or 'dual'"
+                f"dataset {down!r} reads the changes of {up!r}, which writes only the legacy "
+                f"Postgres arm ({source}; a flip does not count: it can be reverted), and that "
+                f"arm keeps no snapshots: declare {up!r} mode='iceberg' or mode='dual'"
             )
 
 

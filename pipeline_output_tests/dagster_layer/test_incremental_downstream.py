@@ -26,7 +26,7 @@ ORDERS: dict[str, pl.DataFrame] = {}
 SEEN: list[Changes] = []
 
 
-def _defs(upstream_mode: str = "iceberg", ins: dict[str, Any] | None = None) -> dg.Definitions:
+def _defs(upstream_mode: str | None = "iceberg", ins: dict[str, Any] | None = None) -> dg.Definitions:
     @dataset(primary_key="order_id", mode=upstream_mode)  # type: ignore[arg-type]
     def orders() -> pl.DataFrame:
         return ORDERS["now"]
@@ -295,8 +295,20 @@ def test_changes_input_columns_the_upstream_lacks_fail_the_run_and_write_nothing
 
 
 def test_an_upstream_on_the_legacy_arm_is_refused_when_the_location_loads(env: str) -> None:
-    with pytest.raises(InvalidSpec, match=r"'customer_totals' reads the changes of 'orders'.*'pg'"):
+    with pytest.raises(
+        InvalidSpec, match=r"'customer_totals' reads the changes of 'orders'.*declared mode='pg'"
+    ):
         _defs(upstream_mode="pg")
+
+
+def test_an_upstream_on_the_legacy_arm_by_the_project_default_is_refused_saying_so(
+    env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PIPELINE_OUTPUT_DEFAULT_MODE", "pg")
+    with pytest.raises(InvalidSpec) as refused:
+        _defs(upstream_mode=None)
+    assert "the project's default mode 'pg'" in str(refused.value)
+    assert "declare 'orders' mode='iceberg' or mode='dual'" in str(refused.value)
 
 
 def test_a_downstream_that_cannot_delete_keys_is_refused_at_load() -> None:
