@@ -26,7 +26,9 @@ ORDERS: dict[str, pl.DataFrame] = {}
 SEEN: list[Changes] = []
 
 
-def _defs(upstream_mode: str | None = "iceberg", ins: dict[str, Any] | None = None) -> dg.Definitions:
+def _defs(
+    upstream_mode: str | None = "iceberg", ins: dict[str, Any] | None = None
+) -> dg.Definitions:
     @dataset(primary_key="order_id", mode=upstream_mode)  # type: ignore[arg-type]
     def orders() -> pl.DataFrame:
         return ORDERS["now"]
