@@ -21,6 +21,8 @@ A misconfiguration fails when the code location loads, in one line naming the as
 
 # no `from __future__ import annotations`: the Component reads `AssetOptions`' annotations as types
 
+import inspect
+import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -151,8 +153,35 @@ def asset_options(caller: str, /, **options: Unpack[AssetOptionsKwargs]) -> Asse
     `TypeError`, as Python raises for it)."""
     unknown = sorted(set(options) - {f.name for f in fields(AssetOptions)})
     if unknown:
-        raise UnknownOption(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+        hint = _OTHER_NAMES.get(unknown[0])
+        raise UnknownOption(
+            f"{caller}() got an unexpected keyword argument {unknown[0]!r}{_called_at()}"
+            + (f": {hint}" if hint else "")
+        )
     return AssetOptions(**options)
+
+
+# `dg.asset`'s keywords a Dagster user reaches for, answered with what they are here
+_OTHER_NAMES = {
+    "group_name": "Dagster's group_name is group= here",
+    "compute_kind": "use kinds=[...] (Dagster's successor of compute_kind)",
+    "key": "the key is the name (name=, default the function's) under key_prefix=",
+    "io_manager_key": "pipeline-output writes the dataset itself; there is no IO manager to choose",
+    "io_manager_def": "pipeline-output writes the dataset itself; there is no IO manager to choose",
+    "config_schema": "a dataset's run config is its own (as_of, audit, dry_run, mode, restate)",
+}
+
+
+def _called_at() -> str:
+    """` (file:line)` of the first caller outside pipeline-output: where the keyword was written
+    (a one-line error from the CLI has no traceback to show it)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame = inspect.currentframe()
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    return f" ({frame.f_code.co_filename}:{frame.f_lineno})"
 
 
 # Dagster's names where they differ from ours

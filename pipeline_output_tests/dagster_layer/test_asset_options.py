@@ -119,6 +119,21 @@ def test_a_keyword_that_is_no_option_is_refused_naming_the_builder() -> None:
         postgres_source("events", table="events", pol="warehouse")  # type: ignore[call-arg]
 
 
+def test_dagsters_own_keyword_for_an_option_is_answered_with_ours_and_where_it_was_written() -> (
+    None
+):
+    with pytest.raises(TypeError) as refused:
+
+        @dataset(primary_key="k", group_name="shop")  # type: ignore[call-arg]
+        def orders() -> pl.DataFrame:
+            return pl.DataFrame({"k": [1]})
+
+    message = str(refused.value)
+    assert "dataset() got an unexpected keyword argument 'group_name'" in message
+    assert f"({__file__}:" in message  # the user's line, not pipeline-output's
+    assert message.endswith("Dagster's group_name is group= here")
+
+
 MODULE = '''
     import polars as pl
 
