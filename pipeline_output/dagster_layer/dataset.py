@@ -88,7 +88,9 @@ from pipeline_output.dagster_layer.keys import (
     SPEC_METADATA_KEY,
 )
 from pipeline_output.dagster_layer.metadata import (
+    CODE_REFERENCES_KEY,
     arm_kinds,
+    code_reference,
     definition_metadata,
     docstring_columns,
 )
@@ -429,6 +431,8 @@ def build_dataset_asset(
     if partition_columns is not None:
         all_metadata[PARTITION_COLUMNS_KEY] = json.dumps(dict(partition_columns))
     all_metadata.update(extra_metadata or {})
+    if CODE_REFERENCES_KEY not in all_metadata and (where := code_reference(fn)) is not None:
+        all_metadata[CODE_REFERENCES_KEY] = where  # Dagster adds the Component's defs.yaml after
     key = options.key(spec.name)
     asset_ins = upstream_ins(spec, upstream, ins)
     if changes_of is not None:

@@ -46,6 +46,8 @@ Keys each window records (besides the write's own metadata, `metadata.publish_me
 
 from __future__ import annotations
 
+import inspect
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -173,6 +175,25 @@ def arm_kinds(mode: str | None) -> set[str]:
     if mode == "pg":
         return {"postgres"}
     return {"iceberg", "postgres"}
+
+
+CODE_REFERENCES_KEY = "dagster/code_references"
+
+
+def code_reference(fn: Any) -> dg.CodeReferencesMetadataValue | None:
+    """Where the compute `fn` is written (its file, the line of its first decorator), for the
+    UI's "Open in editor" (None: no source file, e.g. a function made at run time)."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    if code is None or not os.path.isfile(code.co_filename):
+        return None
+    path: str = code.co_filename
+    return dg.CodeReferencesMetadataValue(
+        code_references=[
+            dg.LocalFileCodeReference(
+                file_path=os.path.abspath(path), line_number=code.co_firstlineno
+            )
+        ]
+    )
 
 
 def definition_metadata(spec: DatasetSpec) -> dict[str, Any]:

@@ -9,6 +9,7 @@ moves the reads among its assets with them.
 
 from __future__ import annotations
 
+import inspect
 import textwrap
 from dataclasses import fields
 from datetime import timedelta
@@ -119,9 +120,18 @@ def test_a_keyword_that_is_no_option_is_refused_naming_the_builder() -> None:
         postgres_source("events", table="events", pol="warehouse")  # type: ignore[call-arg]
 
 
-def test_dagsters_own_keyword_for_an_option_is_answered_with_ours_and_where_it_was_written() -> (
-    None
-):
+def test_a_datasets_source_code_reference_is_its_compute_where_it_is_decorated() -> None:
+    line = inspect.currentframe().f_lineno + 2  # type: ignore[union-attr]
+
+    @dataset(primary_key="k")
+    def orders() -> pl.DataFrame:
+        return pl.DataFrame({"k": [1]})
+
+    refs = orders.metadata_by_key[dg.AssetKey("orders")]["dagster/code_references"]
+    assert [(r.file_path, r.line_number) for r in refs.code_references] == [(__file__, line)]
+
+
+def test_an_option_spelled_as_dagster_spells_it_is_answered_with_ours_and_its_line() -> None:
     with pytest.raises(TypeError) as refused:
 
         @dataset(primary_key="k", group_name="shop")  # type: ignore[call-arg]
