@@ -24,7 +24,9 @@ from pipeline_output.dagster_layer.checks import evaluate_checks
 from pipeline_output.dagster_layer.dataset import define_dataset_asset, spec_of
 from pipeline_output.dagster_layer.failures import failing_as_dagster
 from pipeline_output.dagster_layer.metadata import (
+    CODE_REFERENCES_KEY,
     arm_kinds,
+    code_reference,
     definition_metadata,
     iceberg_table_metadata,
     legacy_table_metadata,
@@ -133,6 +135,8 @@ def model_node(
         passed = asset_params(chosen, label=label, kinds=arm_kinds(out_spec.mode))
         passed.setdefault("description", f"Predictions over {source_spec.name}")
         metadata = {**passed.pop("metadata", {}), **shown}
+        if CODE_REFERENCES_KEY not in metadata and (where := code_reference(predict)) is not None:
+            metadata[CODE_REFERENCES_KEY] = where  # what a user edits: `predict`
         key = chosen.key(name)
         return define_dataset_asset(
             _model, out_spec, key=key, label=label, metadata=metadata, deps=[source.key], **passed

@@ -120,7 +120,7 @@ def test_a_keyword_that_is_no_option_is_refused_naming_the_builder() -> None:
         postgres_source("events", table="events", pol="warehouse")  # type: ignore[call-arg]
 
 
-def test_a_datasets_source_code_reference_is_its_compute_where_it_is_decorated() -> None:
+def test_a_datasets_source_code_reference_is_its_compute_and_a_model_nodes_its_predict() -> None:
     line = inspect.currentframe().f_lineno + 2  # type: ignore[union-attr]
 
     @dataset(primary_key="k")
@@ -129,6 +129,15 @@ def test_a_datasets_source_code_reference_is_its_compute_where_it_is_decorated()
 
     refs = orders.metadata_by_key[dg.AssetKey("orders")]["dagster/code_references"]
     assert [(r.file_path, r.line_number) for r in refs.code_references] == [(__file__, line)]
+
+    def predict(frame: pl.DataFrame) -> pl.DataFrame:
+        return frame
+
+    scores = model_node("scores", source=orders, predict=predict)
+    refs = scores.metadata_by_key[dg.AssetKey("scores")]["dagster/code_references"]
+    assert [(r.file_path, r.line_number) for r in refs.code_references] == [
+        (__file__, predict.__code__.co_firstlineno)
+    ]
 
 
 def test_an_option_spelled_as_dagster_spells_it_is_answered_with_ours_and_its_line() -> None:
