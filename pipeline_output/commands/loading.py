@@ -287,6 +287,19 @@ def dataset_specs() -> dict[str, DatasetSpec]:
     return out
 
 
+def dataset_selection(dataset: str) -> str:
+    """The Dagster asset selection of the dataset named `dataset` (its key, `key_prefix` and
+    all), or `UnknownDataset` as `spec_named` says it."""
+    from pipeline_output.dagster_layer.dataset import spec_of
+
+    spec_named(dataset)
+    for asset in load_definitions().assets or []:
+        spec = spec_of(asset) if hasattr(asset, "metadata_by_key") else None
+        if spec is not None and spec.name == dataset:
+            return f'key:"{asset.key.to_user_string()}"'
+    raise AssertionError(f"{dataset!r} has a spec and no asset")  # spec_named found it
+
+
 def source_specs() -> dict[str, Any]:
     """Every source (`postgres_source`, `iceberg_source`) of the chosen code location, by name."""
     from pipeline_output.dagster_layer.source_assets import source_spec_of

@@ -23,6 +23,7 @@ import click
 from pipeline_output.commands.loading import (
     check_environment_catalog,
     code_location_options,
+    dataset_selection,
     load_definitions,
     runs_demo,
 )
@@ -59,11 +60,26 @@ def log_path(home: Path, command: str) -> Path:
 
 
 @click.command()
+@click.argument("datasets", nargs=-1, metavar="[DATASET]...")
 @click.option(
     "--select",
     "select",
     multiple=True,
-    help="Dagster asset selection (repeatable; default: every asset).",
+    help="Dagster asset selection (repeatable), besides the DATASETs named.",
+)
+@click.option(
+    "--partition",
+    "partition",
+    default=None,
+    metavar="KEY",
+    help="Run the selected Dagster-partitioned assets for this partition key.",
+)
+@click.option(
+    "--partition-range",
+    "partition_range",
+    default=None,
+    metavar="FIRST...LAST",
+    help="Run them over this range of keys in one run each (a single-run backfill).",
 )
 @click.option(
     "--verbose",
@@ -72,8 +88,16 @@ def log_path(home: Path, command: str) -> Path:
     help="Show Dagster's log (DEBUG) and tracebacks on the console.",
 )
 @code_location_options
-def materialize(select: tuple[str, ...], verbose: bool) -> None:
-    """Materialise assets in this process, recording the runs in the project's instance."""
+def materialize(
+    datasets: tuple[str, ...],
+    select: tuple[str, ...],
+    partition: str | None,
+    partition_range: str | None,
+    verbose: bool,
+) -> None:
+    """Materialise assets in this process, recording the runs in the project's instance:
+    the DATASETs named and the --select ones (default: every asset)."""
+    partitions = _partitions(partition, partition_range)
     settings = get_settings()
     check_environment_catalog(settings)
     dagster_home.activate(settings)
@@ -90,6 +114,7 @@ def materialize(select: tuple[str, ...], verbose: bool) -> None:
     defs = load_definitions()
     if runs_demo():  # a user's code location is never seeded with the demo shop
         _seed_demo_if_needed(settings.control_plane_url())
+    select = (*select, *(dataset_selection(name) for name in datasets))
     graph = defs.resolve_asset_graph()
     for text in select:
         try:
@@ -104,6 +129,7 @@ def materialize(select: tuple[str, ...], verbose: bool) -> None:
             defs,
             instance,
             selection=list(select) or None,
+            partitions=partitions,
             log_level="DEBUG" if verbose else "CRITICAL",
             log_file=log_file,
         )
@@ -112,6 +138,20 @@ def materialize(select: tuple[str, ...], verbose: bool) -> None:
     if report.run_ids:
         click.echo(f"runs: {', '.join(sorted(set(report.run_ids)))}")
     finish(report, log_file)
+
+
+def _partitions(partition: str | None, partition_range: str | None) -> tuple[str, str] | None:
+    """(first, last) of `--partition KEY` or `--partition-range FIRST...LAST` (dg's syntax)."""
+    if partition is not None and partition_range is not None:
+        raise click.UsageError("give --partition or --partition-range, not both")
+    if partition is not None:
+        return partition, partition
+    if partition_range is None:
+        return None
+    first, sep, last = partition_range.partition("...")
+    if not sep or not first or not last:
+        raise click.UsageError(f"--partition-range {partition_range!r}: expected FIRST...LAST")
+    return first, last
 
 
 def finish(report: object, log_file: Path) -> None:

@@ -6,8 +6,9 @@ after the dataset it reads, whose sensor ticks again once that one was written h
 its pending (planned or failed) windows in one single-run backfill over the range from the
 first to the last of them (in window order; applied windows inside the range
 are skipped, and a dataset with no pending window gets no run); then runs the unpartitioned
-datasets in one run (an asset with Dagster's own partitions is not run: which partitions? it gets
-a row saying how to launch it). Every run executes to its end (`raise_on_error=False`): a failed
+datasets in one run; an asset with Dagster's own partitions runs over the partitions given
+(`--partition`, `--partition-range`), each in a run of its own, else not at all (which
+partitions?: it gets a row saying how to launch it). Every run executes to its end (`raise_on_error=False`): a failed
 asset, or a failed blocking check, stops only what depends on it, and a failure in one run does
 not stop the next. Returns a `RunOutcome` (`run_report`): a summary row per asset and arm, one line
 per failure; the console logger stays at `log_level` and the full event log goes to `log_file`.
@@ -115,10 +116,14 @@ def materialize(
     instance: dg.DagsterInstance,
     *,
     selection: Sequence[str] | None = None,
+    partitions: tuple[str, str] | None = None,
     log_level: str = "INFO",
     log_file: Path | None = None,
 ) -> RunOutcome:
-    """Plan windows, apply pending windows per delta dataset, run the other assets."""
+    """Plan windows, apply pending windows per delta dataset, run the other assets.
+    `partitions` (first, last key; equal for one): each selected asset with Dagster's own
+    partitions runs over them, in a run of its own (one single-run backfill for a range),
+    upstream first; without, such an asset is not run (which partitions?)."""
     job = defs.resolve_implicit_global_asset_job_def()
     graph = defs.resolve_asset_graph()
     wanted: set[dg.AssetKey] | None = None
@@ -159,10 +164,35 @@ def materialize(
         for key in assets_def.keys
         if wanted is None or key in wanted
     ]
+    if partitions is not None:  # every key checked before any run
+        by_dagster = [(key, p) for key, a in assets if (p := _dagster_partitions(a)) is not None]
+        if not by_dagster:
+            raise PipelineOutputError(
+                "--partition: no selected asset has Dagster partitions (a delta dataset's "
+                "windows are planned, not chosen)"
+            )
+        for key, own in by_dagster:
+            _partition_run(own, partitions, asset=key)
     for key, assets_def in sorted(assets, key=lambda item: order.get(item[0], len(order))):
         spec = spec_of(assets_def)
-        if (spec is None or spec.delta is None) and assets_def.partitions_def is not None:
-            report.rows.append(_partitioned_by_dagster(key))
+        if (partitions_def := _dagster_partitions(assets_def)) is not None:
+            if partitions is None:
+                report.rows.append(_partitioned_by_dagster(key))
+                continue
+            if set(unpartitioned) & graph.get(key).parent_keys:
+                run_unpartitioned()
+            report.extend(
+                execute(
+                    job,
+                    defs,
+                    instance,
+                    asset_keys=[key],
+                    log_level=log_level,
+                    log_file=log_file,
+                    **_partition_run(partitions_def, partitions, asset=key),
+                )
+            )
+            written.add(key)
             continue
         if spec is None or spec.delta is None:
             unpartitioned.append(key)
@@ -206,8 +236,45 @@ def materialize(
 def _partitioned_by_dagster(key: dg.AssetKey) -> MaterialisedAsset:
     """The summary row of an asset with Dagster's own partitions: not run here (which ones?)."""
     name = key.to_user_string()
-    note = f"Dagster-partitioned: dg launch --assets {name} --partition KEY"
+    note = "Dagster-partitioned: --partition KEY or --partition-range FIRST...LAST"
     return MaterialisedAsset(name, "", "", "-", None, None, None, None, "-", note, status="not run")
+
+
+def _dagster_partitions(assets_def: dg.AssetsDefinition) -> dg.PartitionsDefinition[Any] | None:
+    """The asset's Dagster partitions, unless they are a delta dataset's windows."""
+    spec = spec_of(assets_def)
+    return None if spec is not None and spec.delta is not None else assets_def.partitions_def
+
+
+def _partition_run(
+    partitions_def: dg.PartitionsDefinition[Any],
+    partitions: tuple[str, str],
+    *,
+    asset: dg.AssetKey,
+) -> dict[str, Any]:
+    """`execute`'s keywords for a run of `asset` over `partitions` (first, last): its partition
+    key for one, the range tags of a single-run backfill for several; a key the asset does not
+    have is refused before any run, naming the asset and its first and last keys."""
+    first, last = partitions
+    keys = list(partitions_def.get_partition_keys())
+    missing = [k for k in dict.fromkeys(partitions) if k not in keys]
+    if missing:
+        span = f"{keys[0]} .. {keys[-1]} ({len(keys)} keys)" if keys else "none yet"
+        raise PipelineOutputError(
+            f"{asset.to_user_string()} has no partition {missing[0]!r}; its partitions: {span}"
+        )
+    if keys.index(first) > keys.index(last):
+        raise PipelineOutputError(
+            f"--partition-range {first}...{last}: {first!r} comes after {last!r}"
+        )
+    if first == last:
+        return {"partition_key": first}
+    return {
+        "tags": {
+            "dagster/asset_partition_range_start": first,
+            "dagster/asset_partition_range_end": last,
+        }
+    }
 
 
 def _pending_keys(instance: dg.DagsterInstance, runtime: Runtime, dataset: str) -> list[str]:

@@ -40,7 +40,10 @@ def test_demo_plan_windows_restate_doctor_maintain_and_status_commands(cli, pg_d
     )
     assert "customers [iceberg" in replanned.stdout
 
-    second = cli("materialize", "--select", "customers")
+    typo = cli("materialize", "custmers")  # a dataset named as `plan` names them: one line
+    assert typo.returncode == 2 and "unknown dataset 'custmers'" in typo.stderr, typo.stderr
+    assert "known datasets: active_products, customer_churn, customers," in typo.stderr
+    second = cli("materialize", "customers")
     assert second.returncode == 0, second.stderr
     assert "upsert" in second.stdout and "1 window (400, 420]: 1 applied" in second.stdout
 
