@@ -49,6 +49,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -187,13 +188,15 @@ def code_reference(fn: Any) -> dg.CodeReferencesMetadataValue | None:
     if code is None or not os.path.isfile(code.co_filename):
         return None
     path: str = code.co_filename
-    return dg.CodeReferencesMetadataValue(
-        code_references=[
-            dg.LocalFileCodeReference(
-                file_path=os.path.abspath(path), line_number=code.co_firstlineno
-            )
-        ]
-    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.BetaWarning)  # Dagster's own references are beta too
+        return dg.CodeReferencesMetadataValue(
+            code_references=[
+                dg.LocalFileCodeReference(
+                    file_path=os.path.abspath(path), line_number=code.co_firstlineno
+                )
+            ]
+        )
 
 
 def definition_metadata(spec: DatasetSpec) -> dict[str, Any]:

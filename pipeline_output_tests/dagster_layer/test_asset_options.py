@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import textwrap
+import warnings
 from dataclasses import fields
 from datetime import timedelta
 from pathlib import Path
@@ -121,11 +122,15 @@ def test_a_keyword_that_is_no_option_is_refused_naming_the_builder() -> None:
 
 
 def test_a_datasets_source_code_reference_is_its_compute_and_a_model_nodes_its_predict() -> None:
-    line = inspect.currentframe().f_lineno + 2  # type: ignore[union-attr]
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 2  # type: ignore[union-attr]
 
-    @dataset(primary_key="k")
-    def orders() -> pl.DataFrame:
-        return pl.DataFrame({"k": [1]})
+        @dataset(primary_key="k")
+        def orders() -> pl.DataFrame:
+            return pl.DataFrame({"k": [1]})
+
+    assert not [w for w in warned if "CodeReference" in str(w.message)]  # no beta warning
 
     refs = orders.metadata_by_key[dg.AssetKey("orders")]["dagster/code_references"]
     assert [(r.file_path, r.line_number) for r in refs.code_references] == [(__file__, line)]
