@@ -693,7 +693,7 @@ def _native_layout(text: str) -> _Layout | None:
 
 
 def _native_layout_of(schema: dict[str, Any]) -> _Layout | None:
-    if not _standard_prefix(json.dumps(schema)):
+    if not _standard_fields(schema["fields"]):
         return None
     fields = schema["fields"][-1]["type"]["fields"]
     kinds = [(f["field-id"], _native_kind(f["type"])) for f in fields]
@@ -1776,6 +1776,11 @@ def _standard_prefix(avro_schema: str) -> bool:
         fields: list[dict[str, Any]] = json.loads(avro_schema)["fields"]
     except (ValueError, KeyError, TypeError):
         return False
+    return _standard_fields(fields)
+
+
+def _standard_fields(fields: list[dict[str, Any]]) -> bool:
+    """`_standard_prefix` of the entry schema's fields, parsed."""
     if len(fields) != len(_PREFIX) + 1 or fields[-1].get("field-id") != 2:
         return False
     return all(
