@@ -427,7 +427,7 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
             # "The planner's read decoded on one thread")
             fetched = list(_reader_pool().map(self._prefetch, todo))
             read = [self._fetch(m, data=data) for m, data in zip(todo, fetched, strict=True)]
-        elif len(todo) > 1:
+        elif len(todo) > 1 and not _small_local(todo):
             read = list(_reader_pool().map(self._fetch, todo))
         else:
             read = [self._fetch(m) for m in todo]
@@ -489,6 +489,25 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
             with self._lock:
                 self._unread.add(manifest.manifest_path)
         return entries
+
+
+INLINE_BYTES = 256 << 10
+"""Local manifests of at most this many bytes in all are read on the calling thread: their
+decode holds the GIL, so the pool's threads overlap nothing but their own start and hand-offs
+(a one-partition write's two manifests, 11 KB: ~0.3 ms of CPU more on the pool)."""
+
+
+def _small_local(manifests: list[ManifestFile]) -> bool:
+    """Whether `manifests` are local files of at most `INLINE_BYTES` in all."""
+    total = 0
+    for manifest in manifests:
+        scheme = (
+            manifest.manifest_path.partition("://")[0] if "://" in manifest.manifest_path else ""
+        )
+        if scheme not in ("", "file"):
+            return False
+        total += manifest.manifest_length
+    return total <= INLINE_BYTES
 
 
 def _holds_none(manifest: ManifestFile) -> bool:
