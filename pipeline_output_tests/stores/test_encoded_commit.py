@@ -92,7 +92,7 @@ def test_manifest_list_schema_is_pyiceberg_s_v2_conversion():
     converted = AvroSchemaConversion().iceberg_to_avro(
         MANIFEST_LIST_FILE_SCHEMAS[2], schema_name="manifest_file"
     )
-    assert MANIFEST_LIST_V2_SCHEMA == json.dumps(converted)
+    assert json.dumps(converted) == MANIFEST_LIST_V2_SCHEMA
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
