@@ -245,3 +245,41 @@ def test_a_history_through_both_paths_reads_the_same_at_every_snapshot(
             assert_same_multiset(got, want)
     finally:
         con.close()
+
+
+def test_a_commit_with_no_manifest_bin_to_merge_starts_no_thread_pool_and_lists_the_same(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+):
+    """The merge manager's thread pool (pyiceberg's `ExecutorFactory`, started by a process's
+    first commit) is not asked for when no bin of the data manifests is merged; the manifests
+    are listed as the merge manager lists them then."""
+    from pyiceberg.utils.concurrent import ExecutorFactory
+
+    from pipeline_output.stores.iceberg.snapshot import commit
+    from pipeline_output.stores.iceberg.snapshot.manifests import FlatTransaction, read_index
+
+    spec = _spec("region")
+    for n in range(3):
+        h.store().write(spec, frame(range(n * 10, n * 10 + 15), n))
+    asked: list[int] = []
+    original = ExecutorFactory.get_or_create
+
+    def get_or_create() -> Any:
+        asked.append(1)
+        return original()
+
+    monkeypatch.setattr(ExecutorFactory, "get_or_create", staticmethod(get_or_create))
+    h.store().write(spec, frame(range(30, 45), 3))  # copy-on-write: a commit that merges nothing
+    assert not asked
+    want = pl.concat([frame(range(0, 30), 0), frame(range(30, 45), 3)])
+    got = h.store().read(spec.name)
+    assert_same_multiset(got.filter(pl.col("id") >= 30), want.filter(pl.col("id") >= 30))
+
+    table = h.table(spec)
+    index = read_index(table)
+    producer = commit.IndexedOverwrite(
+        FlatTransaction(table), table.io, index=index, snapshot_properties={}
+    )
+    data = [m for m in index.manifests if m.content == 0]
+    assert len(data) > 1
+    assert producer._merged_data(data) == producer._merge.merge_manifests(data)
