@@ -818,9 +818,9 @@ class IndexedOverwrite(_OverwriteFiles):
         return written
 
     def _commit(self) -> UpdatesAndRequirements:
-        """pyiceberg's `_SnapshotProducer._commit`, a v2 table's manifest list encoded from its
-        records (`manifest_decoding.manifest_list_v2`: no Avro schema converted nor writer tree
-        resolved per commit); pyiceberg's writer when that cannot encode it."""
+        """pyiceberg's snapshot producer's own commit step, a v2 table's manifest list encoded
+        from its records (`manifest_decoding.manifest_list_v2`: no Avro schema converted nor
+        writer tree resolved per commit); pyiceberg's writer when that cannot encode it."""
         if self._transaction.table_metadata.format_version != 2:
             return super()._commit()
         new_manifests = self._manifests()
