@@ -91,10 +91,12 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import compress
-from operator import itemgetter, not_
+from operator import attrgetter, itemgetter, not_
 from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
+from pydantic_core import to_json
+from pyiceberg.avro.codecs import AVRO_CODEC_KEY, CODEC_MAPPING_ICEBERG_TO_AVRO
 from pyiceberg.exceptions import ValidationException
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import (
@@ -105,14 +107,26 @@ from pyiceberg.manifest import (
     ManifestEntryStatus,
     ManifestFile,
     ManifestWriter,
+    write_manifest_list,
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties, Transaction
-from pyiceberg.table.refs import MAIN_BRANCH
-from pyiceberg.table.snapshots import Operation, Summary
-from pyiceberg.table.update.snapshot import _OverwriteFiles, _SnapshotProducer
+from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRefType
+from pyiceberg.table.snapshots import Operation, Snapshot, Summary
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    SetSnapshotRefUpdate,
+    UpdatesAndRequirements,
+)
+from pyiceberg.table.update.snapshot import (
+    _new_manifest_list_file_name,
+    _OverwriteFiles,
+    _SnapshotProducer,
+)
 from pyiceberg.typedef import EMPTY_DICT
+from pyiceberg.utils.bin_packing import ListPacker
 from pyiceberg.utils.properties import property_as_bool, property_as_int
 
 from pipeline_output.contract.checked_input import check_keys, to_polars
@@ -149,18 +163,22 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     Sources,
     manifest_spec,
     manifest_writer,
+    recorded,
     remember_commit,
     summary,
 )
+from pipeline_output.stores.iceberg.table.catalog import fencing
 from pipeline_output.stores.iceberg.table.file_io import Uploads, uploading
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
     EntryValues,
     RawManifest,
     Source,
+    added_manifest,
     entry_file_paths,
     entry_files,
     entry_kinds,
     file_paths,
+    manifest_list_v2,
     packed,
     partition_values,
     removed_manifest,
@@ -391,16 +409,22 @@ def _commit(request: CommitRequest, io: Uploads) -> Table:
             tx._apply(*producer._commit())  # staged without retry registration: fenced
         io.wait()  # every file of the commit uploaded
         fault_injection("in_commit")  # manifests and manifest list written too
-        if fence is not None:
-            fence.verify()
-        if fence is None or not fence.covers_files():
-            verify_written(  # none of its files removed meanwhile (`commit.py`)
-                io,
-                producer,
-                [*writer.written, *deletes.written, *(f.file_path for f in ready), *change_written],
-                dataset=dataset,
-            )
-        committed = tx.commit_transaction()
+        # the writer lock verified right before the swap: in the swap's own statement on the
+        # project's SQL catalog, else as this block starts (`catalog.fencing`)
+        with fencing(tx._table.catalog, fence):
+            if fence is None or not fence.covers_files():
+                verify_written(  # none of its files removed meanwhile (`commit.py`)
+                    io,
+                    producer,
+                    [
+                        *writer.written,
+                        *deletes.written,
+                        *(f.file_path for f in ready),
+                        *change_written,
+                    ],
+                    dataset=dataset,
+                )
+            committed = tx.commit_transaction()
     except (CommitFailedException, ValidationException, WriteConflict) as exc:
         # certain: the catalog did not swap, so the files written for this commit are garbage
         with suppress(Exception):
@@ -739,11 +763,129 @@ class IndexedOverwrite(_OverwriteFiles):
             else:
                 new.append(written)
         for (content, spec_id), entries in groups.items():
+            entries = index.live.whole(entries)
+            added = self._added_manifest(content, spec_id, entries)
+            if added is not None:
+                new.append(added)
+                continue
             with self._writer(content, spec_id) as writer:
-                for entry in index.live.whole(entries):
+                for entry in entries:
                     writer.add_entry(entry)
             new.append(writer.to_manifest_file())
         return self._process_manifests(new + self._existing_manifests())
+
+    def _added_manifest(
+        self, content: ManifestContent, spec_id: int, entries: list[ManifestEntry]
+    ) -> ManifestFile | None:
+        """The new data manifest of this snapshot's ADDED `entries`, encoded from their values
+        (`manifest_decoding.added_manifest`) under the Avro layout of a data manifest this
+        commit removes files from — when that manifest's metadata is what pyiceberg's v2 writer
+        writes for this snapshot (table schema, partition spec, format version, codec: the same
+        layout) —, else None (pyiceberg's writer then): pyiceberg's writer builds the
+        manifest's Iceberg and Avro schemas and its writer tree for every manifest it writes,
+        ~1 ms of a fresh process's one-file commit."""
+        index = self._indexed()
+        if (
+            content != ManifestContent.DATA
+            or index is None
+            or self._transaction.table_metadata.format_version != 2
+        ):
+            return None
+        raws = [
+            r.raw
+            for r in self._removals_of(index)
+            if r.raw is not None
+            and r.manifest.content == ManifestContent.DATA
+            and r.manifest.partition_spec_id == spec_id
+        ]
+        if not raws:
+            return None
+        spec, schema = self.spec(spec_id), self.schema()
+        expected = {
+            "schema": schema.model_dump_json(),
+            "partition-spec": to_json(spec.fields).decode("utf-8"),
+            "partition-spec-id": str(spec.spec_id),
+            "format-version": "2",
+            AVRO_CODEC_KEY: CODEC_MAPPING_ICEBERG_TO_AVRO.get(self._compression, self._compression),
+            "content": "data",
+        }
+        layout = next((r for r in raws if _header_of(r.meta) == expected), None)
+        if layout is None:
+            return None
+        written = added_manifest(
+            self.new_manifest_output,
+            layout,
+            entries,
+            spec=spec,
+            schema=schema,
+            snapshot_id=self._snapshot_id,
+        )
+        if written is not None:  # kept as read back after the commit (`remember_commit`)
+            recorded(self).setdefault(written.manifest_path, []).extend(entries)
+        return written
+
+    def _commit(self) -> UpdatesAndRequirements:
+        """pyiceberg's snapshot producer's own commit step, a v2 table's manifest list encoded
+        from its records (`manifest_decoding.manifest_list_v2`: no Avro schema converted nor
+        writer tree resolved per commit); pyiceberg's writer when that cannot encode it."""
+        if self._transaction.table_metadata.format_version != 2:
+            return super()._commit()
+        new_manifests = self._manifests()
+        metadata = self._transaction.table_metadata
+        next_sequence_number = metadata.next_sequence_number()
+        summary = self._summary(self.snapshot_properties)
+        file_name = _new_manifest_list_file_name(
+            snapshot_id=self._snapshot_id, attempt=0, commit_uuid=self.commit_uuid
+        )
+        location_provider = self._transaction._table.location_provider()
+        manifest_list_file_path = location_provider.new_metadata_location(file_name)
+        self._written_manifest_lists.append(manifest_list_file_path)
+        if not manifest_list_v2(
+            self._io.new_output(manifest_list_file_path),
+            new_manifests,
+            snapshot_id=self._snapshot_id,
+            parent_snapshot_id=self._parent_snapshot_id,
+            sequence_number=next_sequence_number,
+            codec=CODEC_MAPPING_ICEBERG_TO_AVRO.get(self._compression, self._compression),
+        ):
+            with write_manifest_list(
+                format_version=2,
+                output_file=self._io.new_output(manifest_list_file_path),
+                snapshot_id=self._snapshot_id,
+                parent_snapshot_id=self._parent_snapshot_id,
+                sequence_number=next_sequence_number,
+                avro_compression=self._compression,
+            ) as writer:
+                writer.add_manifests(new_manifests)
+        snapshot = Snapshot(  # type: ignore[call-arg]
+            snapshot_id=self._snapshot_id,
+            parent_snapshot_id=self._parent_snapshot_id,
+            manifest_list=manifest_list_file_path,
+            sequence_number=next_sequence_number,
+            summary=summary,
+            schema_id=metadata.current_schema_id,
+        )
+        add_snapshot_update = AddSnapshotUpdate(snapshot=snapshot)
+        if self._target_branch is None:
+            return (add_snapshot_update,), ()
+        ref = metadata.refs.get(self._target_branch)
+        return (
+            (
+                add_snapshot_update,
+                SetSnapshotRefUpdate(  # type: ignore[call-arg]
+                    snapshot_id=self._snapshot_id,
+                    parent_snapshot_id=self._parent_snapshot_id,
+                    ref_name=self._target_branch,
+                    type=SnapshotRefType.BRANCH,
+                ),
+            ),
+            (
+                AssertRefSnapshotId(  # type: ignore[call-arg]
+                    snapshot_id=ref.snapshot_id if ref is not None else None,
+                    ref=self._target_branch,
+                ),
+            ),
+        )
 
     def _removing_by_bytes(
         self,
@@ -912,9 +1054,36 @@ class IndexedOverwrite(_OverwriteFiles):
         data = [m for m in manifests if m.content == ManifestContent.DATA and m not in gone]
         # (a DELETED-only delete manifest is in `gone`: listed once, not again with the deletes)
         deletes = [m for m in manifests if m.content == ManifestContent.DELETES and m not in gone]
-        listed = self._merge.merge_manifests(data) + gone + self._merged_deletes(deletes)
+        listed = self._merged_data(data) + gone + self._merged_deletes(deletes)
         self._po_listed = listed  # the snapshot's manifest list (`manifests.remember_commit`)
         return listed
+
+    def _merged_data(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
+        """The merge manager's `merge_manifests` of the data manifests: the same bins (per
+        partition spec, packed as it packs them), merged by it where a bin is merged — and
+        where none is, the bins' manifests in order, as it returns them then, without its
+        thread pool (a fresh process's first commit starts it: ~0.3 ms for nothing to merge)."""
+        merge = self._merge
+        if not merge._merge_enabled or not manifests:
+            return manifests
+        first = manifests[0]
+        groups: dict[int, list[ManifestFile]] = defaultdict(list)
+        for manifest in manifests:
+            groups[manifest.partition_spec_id].append(manifest)
+        out: list[ManifestFile] = []
+        for spec_id in reversed(groups.keys()):
+            group = groups[spec_id]
+            packer: ListPacker[ManifestFile] = ListPacker(
+                target_weight=merge._target_size_bytes, lookback=1, largest_bin_first=False
+            )
+            bins = packer.pack_end(group, _MANIFEST_LENGTH)
+            if any(
+                len(b) > 1 and not (first in b and len(b) < merge._min_count_to_merge) for b in bins
+            ):
+                out.extend(merge._merge_group(first, spec_id, group))
+            else:
+                out.extend(m for b in bins for m in b)
+        return out
 
     def _merged_deletes(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
         """The delete manifests, the earlier snapshots' ones folded into one per partition spec
@@ -1008,6 +1177,13 @@ def _removed(entry: ManifestEntry, snapshot_id: int) -> ManifestEntry:
     return _restamped(entry, ManifestEntryStatus.DELETED, snapshot_id)
 
 
+def _header_of(meta: Mapping[str, str]) -> dict[str, str] | None:
+    """A manifest's Avro metadata but its Avro schema (None: it has none)."""
+    if "avro.schema" not in meta:
+        return None
+    return {k: v for k, v in meta.items() if k != "avro.schema"}
+
+
 def _content_of(data_file: DataFile) -> ManifestContent:
     if data_file.content == DataFileContent.DATA:
         return ManifestContent.DATA
@@ -1020,6 +1196,7 @@ def _content_of_kind(content: int) -> ManifestContent:
 
 
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_MANIFEST_LENGTH = attrgetter("manifest_length")
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from copy import copy
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from itertools import chain, compress, repeat
@@ -108,7 +109,7 @@ from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
-from pyiceberg.types import ListType
+from pyiceberg.types import IcebergType, ListType, StructType
 from pyiceberg.utils.lazydict import LazyDict
 
 from pipeline_output.errors import CorruptManifest, UndecodableManifestLayout
@@ -1422,6 +1423,216 @@ def _piece(
         for key, at in dict(zip(keys, range(count), strict=True)).items()
     }
     return list(map(done.__getitem__, keys))
+
+
+# Manifests and manifest lists of a commit encoded from their records' values.
+#
+# pyiceberg's writers build, per file, the file's Iceberg schema, its Avro schema and a writer
+# tree resolved between the two: ~1 ms of a fresh process's one-file commit, for a manifest of one
+# entry and a manifest list of three. A new data manifest of ADDED entries is written under the
+# Avro schema, metadata and codec of a data manifest of the table read already (the caller checks
+# that metadata is what pyiceberg's writer writes for the snapshot: the same table schema,
+# partition spec, format version and codec), and a v2 manifest list under the v2 schema
+# (`MANIFEST_LIST_V2_SCHEMA`, pyiceberg's as it converts it); each record is encoded field by field
+# id from the values of pyiceberg's records (`_typed`), the same values pyiceberg's writer writes.
+# A field or a value these encoders do not know makes them return None: the caller writes the
+# file with pyiceberg's writer.
+
+MANIFEST_LIST_V2_SCHEMA = (
+    '{"type": "record", "fields": [{"name": "manifest_path", "field-id": 500, "type": "string", '
+    '"doc": "Location URI with FS scheme"}, {"name": "manifest_length", "field-id": 501, "type": '
+    '"long"}, {"name": "partition_spec_id", "field-id": 502, "type": "int"}, {"name": "content", '
+    '"field-id": 517, "type": "int"}, {"name": "sequence_number", "field-id": 515, "type": '
+    '"long"}, {"name": "min_sequence_number", "field-id": 516, "type": "long"}, {"name": '
+    '"added_snapshot_id", "field-id": 503, "type": "long"}, {"name": "added_files_count", '
+    '"field-id": 504, "type": "int"}, {"name": "existing_files_count", "field-id": 505, "type": '
+    '"int"}, {"name": "deleted_files_count", "field-id": 506, "type": "int"}, {"name": '
+    '"added_rows_count", "field-id": 512, "type": "long"}, {"name": "existing_rows_count", '
+    '"field-id": 513, "type": "long"}, {"name": "deleted_rows_count", "field-id": 514, "type": '
+    '"long"}, {"name": "partitions", "field-id": 507, "type": ["null", {"type": "array", '
+    '"element-id": 508, "items": {"type": "record", "fields": [{"name": "contains_null", '
+    '"field-id": 509, "type": "boolean"}, {"name": "contains_nan", "field-id": 518, "type": '
+    '["null", "boolean"], "default": null}, {"name": "lower_bound", "field-id": 510, "type": '
+    '["null", "bytes"], "default": null}, {"name": "upper_bound", "field-id": 511, "type": '
+    '["null", "bytes"], "default": null}], "name": "r508"}}], "default": null}, {"name": '
+    '"key_metadata", "field-id": 519, "type": ["null", "bytes"], "default": null}], "name": '
+    '"manifest_file"}'
+)
+"""The Avro schema of a v2 manifest list, as pyiceberg writes it (`AvroSchemaConversion` of
+`MANIFEST_LIST_FILE_SCHEMAS[2]`, `json.dumps`'d; a test holds them equal)."""
+
+_ENCODERS: dict[str, _Encoder | None] = {}
+
+
+def added_manifest(
+    new_output: Callable[[], OutputFile],
+    raw: RawManifest,
+    entries: Sequence[ManifestEntry],
+    *,
+    spec: PartitionSpec,
+    schema: Schema,
+    snapshot_id: int,
+) -> ManifestFile | None:
+    """A data manifest of `entries` (new files ADDED by `snapshot_id`, their sequence numbers
+    left null: inherited from the manifest list at commit) under `raw`'s Avro schema, metadata
+    and codec, each entry encoded from its values (`_typed`); the output is taken from
+    `new_output` once every entry is encoded. None (nothing written, no output taken) when an
+    entry is not such an entry, or the schema or a value is not one the encoders know: the
+    caller writes them with pyiceberg's writer."""
+    if not entries or any(
+        e.status != ManifestEntryStatus.ADDED
+        or e.snapshot_id != snapshot_id
+        or e.sequence_number is not None
+        or e.file_sequence_number is not None
+        or e.data_file.content != DataFileContent.DATA
+        for e in entries
+    ):
+        return None
+    encode = _record_encoder(raw.schema_text, _ENTRY_STRUCT)
+    if encode is None:
+        return None
+    try:
+        pieces = [encode(entry) for entry in entries]
+    except _NOT_ENCODABLE:
+        return None
+    output = new_output()
+    blocks = (
+        (len(pieces[at : at + BLOCK_ENTRIES]), pieces[at : at + BLOCK_ENTRIES])
+        for at in range(0, len(pieces), BLOCK_ENTRIES)
+    )
+    length = _write_blocks(output, raw, blocks)
+    files = [entry.data_file for entry in entries]
+    return ManifestFile.from_args(
+        manifest_path=output.location,
+        manifest_length=length,
+        partition_spec_id=spec.spec_id,
+        content=ManifestContent.DATA,
+        sequence_number=UNASSIGNED_SEQ,
+        min_sequence_number=UNASSIGNED_SEQ,  # (no entry has one: pyiceberg's writer's too)
+        added_snapshot_id=snapshot_id,
+        added_files_count=len(files),
+        existing_files_count=0,
+        deleted_files_count=0,
+        added_rows_count=sum(f.record_count for f in files),
+        existing_rows_count=0,
+        deleted_rows_count=0,
+        partitions=construct_partition_summaries(
+            spec, schema, distinct_partitions([f.partition for f in files])
+        ),
+        key_metadata=None,
+    )
+
+
+def manifest_list_v2(
+    output: OutputFile,
+    manifests: Sequence[ManifestFile],
+    *,
+    snapshot_id: int,
+    parent_snapshot_id: int | None,
+    sequence_number: int,
+    codec: str,
+) -> bool:
+    """Write the v2 manifest list of the snapshot `snapshot_id` listing `manifests` at `output`
+    as pyiceberg's `ManifestListWriterV2` does — its metadata, each manifest the snapshot added
+    given the snapshot's `sequence_number` where unassigned — in Avro `codec` (Avro's name).
+    False (nothing written) when a record or the codec is not one it encodes: the caller writes
+    it with pyiceberg's writer."""
+    if codec not in KNOWN_CODECS:
+        return False
+    encode = _record_encoder(MANIFEST_LIST_V2_SCHEMA, _MANIFEST_FILE_STRUCT)
+    if encode is None:
+        return False
+    pieces = []
+    try:
+        for manifest in manifests:
+            if UNASSIGNED_SEQ in (manifest.sequence_number, manifest.min_sequence_number):
+                if manifest.added_snapshot_id != snapshot_id:
+                    return False  # (pyiceberg's writer refuses it: its error, not ours)
+                manifest = copy(manifest)
+                if manifest.sequence_number == UNASSIGNED_SEQ:
+                    manifest.sequence_number = sequence_number
+                if manifest.min_sequence_number == UNASSIGNED_SEQ:
+                    manifest.min_sequence_number = sequence_number
+            pieces.append(encode(manifest))
+    except _NOT_ENCODABLE:
+        return False
+    meta = {
+        "snapshot-id": str(snapshot_id),
+        "parent-snapshot-id": str(parent_snapshot_id) if parent_snapshot_id is not None else "null",
+        "sequence-number": str(sequence_number),
+        "format-version": "2",
+        "avro.codec": codec,
+        "avro.schema": MANIFEST_LIST_V2_SCHEMA,
+    }
+    header = RawManifest(meta=meta, codec=KNOWN_CODECS[codec], data_files=())
+    _write_blocks(output, header, [(len(pieces), pieces)])
+    return True
+
+
+def _record_encoder(schema_text: str, struct: StructType) -> _Encoder | None:
+    """The encoder of records of `struct` (pyiceberg's) as the Avro record schema
+    `schema_text` lays them out, worked out once per schema; None when it has a field or type
+    `_typed` does not encode."""
+    with _LOCK:
+        if schema_text in _ENCODERS:
+            return _ENCODERS[schema_text]
+    try:
+        encoder: _Encoder | None = _typed(json.loads(schema_text), struct)
+    except (UndecodableManifestLayout, ValueError, KeyError, TypeError, AttributeError):
+        encoder = None
+    with _LOCK:
+        _ENCODERS[schema_text] = encoder
+    return encoder
+
+
+def _typed(avro: Any, kind: IcebergType | None) -> _Encoder:
+    """The Avro binary encoding of a value of the Avro type `avro` as pyiceberg holds it: a
+    record's fields found by field id among `kind`'s (a `StructType`; positionally when `kind`
+    is none or has no field: a partition record), maps (Iceberg's arrays of key/value records)
+    from dicts, unions with null, arrays, and `_encoder`'s plain and logical types."""
+    if isinstance(avro, list):  # a union: null and one type
+        rest = [k for k in avro if k != "null"]
+        if len(rest) != 1 or len(avro) != 2:
+            raise UndecodableManifestLayout
+        null, some = _long(avro.index("null")), _long(avro.index(rest[0]))
+        inner = _typed(rest[0], kind)
+        return lambda v: null if v is None else some + inner(v)
+    if not isinstance(avro, dict):
+        return _encoder(avro)
+    avro_type, logical = avro.get("type"), avro.get("logicalType")
+    if avro_type == "record" and logical is None:
+        return _typed_record(avro, kind if isinstance(kind, StructType) and kind.fields else None)
+    if avro_type == "array" and logical == "map":
+        key_field, value_field = avro["items"]["fields"]
+        key, value = _typed(key_field["type"], None), _typed(value_field["type"], None)
+        return lambda m: (
+            _long(len(m)) + b"".join(key(k) + value(v) for k, v in m.items()) + b"\x00"
+            if m
+            else b"\x00"
+        )
+    if avro_type == "array" and logical is None:
+        item = _typed(avro["items"], kind.element_type if isinstance(kind, ListType) else None)
+        return lambda v: _long(len(v)) + b"".join(map(item, v)) + b"\x00" if v else b"\x00"
+    return _encoder(avro)
+
+
+def _typed_record(avro: dict[str, Any], struct: StructType | None) -> _Encoder:
+    fields = avro["fields"]
+    if struct is None:
+        positions = list(range(len(fields)))
+        kinds: list[IcebergType | None] = [None] * len(fields)
+    else:
+        at = {f.field_id: n for n, f in enumerate(struct.fields)}
+        positions = [at[f["field-id"]] for f in fields]  # (a field it does not know: KeyError)
+        kinds = [struct.fields[n].field_type for n in positions]
+    parts = [
+        (n, _typed(f["type"], kind)) for n, f, kind in zip(positions, fields, kinds, strict=True)
+    ]
+    return lambda v: b"".join([encode(v[n]) for n, encode in parts])
+
+
+_ENTRY_STRUCT = MANIFEST_ENTRY_SCHEMAS[DEFAULT_READ_VERSION].as_struct()
+_MANIFEST_FILE_STRUCT = _MANIFEST_FILE.as_struct()
 
 
 # A removed file's entry without its column metrics.
