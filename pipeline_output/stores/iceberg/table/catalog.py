@@ -19,10 +19,8 @@ it is one probe (both tables and the v1 column present, and — when asked — w
 namespace exists; pyiceberg's checks, which create a missing table, only when the probe fails),
 a load is one statement outside a transaction, and a commit of a table as this handle loaded it
 updates the row it loaded from (`UPDATE ... WHERE metadata_location = <the loaded one>`, one
-statement; a write under the project's writer lock asks in that same statement whether the
-lock's session still holds it, `fencing`: no verify round trip of its own) without loading the
-table again — when the row moved since (another writer committed), or the table is a view of
-other metadata, pyiceberg's own commit runs:
+statement) without loading the table again — when the row moved since (another writer
+committed), or the table is a view of other metadata, pyiceberg's own commit runs:
 it reloads, checks the requirements against the current metadata and commits or refuses as
 before. A handle remembers the namespaces it has seen exist (`ensure_namespace` asks once).
 
@@ -374,7 +372,7 @@ class FlatSqlCatalog(SqlCatalog):
     def _po_fenced(self, params: dict[str, Any], fence: _Fence) -> int:
         """The swap (`_MOVE`) only while the writer lock is held, asked in the same statement
         on the lock's own session (`pgsession.pooled(share=True)`): the rows moved. Where it
-        was not held there — lost, or the swap ran on another session — `LockStats.verify`
+        was not held there — lost, or the swap ran on another session — `fence.verify()`
         decides: `LockLost` (nothing swapped), else the plain swap. A session that failed in
         the statement: `LockLost` when the lock's verify says so, else its error."""
         held = fence.stats.held_here()
@@ -417,7 +415,7 @@ _FENCE: ContextVar[_Fence | None] = ContextVar("pipeline_output_commit_fence", d
 @contextmanager
 def fencing(catalog: Catalog, fence: LockStats | None) -> Iterator[None]:
     """A commit of the block on `catalog` (`Transaction.commit_transaction`) swaps only while
-    `fence` (the writer lock) is held: `LockStats.verify` right before its swap. A
+    `fence` (the writer lock) is held: `fence.verify()` right before its swap. A
     `FlatSqlCatalog` on a psycopg database asks it in the swap's own statement (the lock's
     session is the swap's: one round trip, not two); any other catalog: verified here, as
     the block starts. `LockLost` either way when the lock is no longer held: nothing
