@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from pipeline_output.errors import LockLost, LockUnavailable
 from pipeline_output.infra import pgsession
@@ -139,16 +138,6 @@ class LockStats:
         """Raise `LockLost` unless the lock is still held by this writer (no-op without a lock)."""
         if self._verify is not None:
             self._verify()
-
-    def held_here(self) -> sql.Composed | None:
-        """A SQL condition true while the session it runs on holds this lock (what `verify()`
-        asks the lock's connection), for a statement on the lock's own session that must do
-        its work only under the lock — the SQL catalog's swap asks it in the same statement,
-        one round trip (`catalog.fencing`); None when there is no lock to verify."""
-        if self._verify is None:
-            return None
-        classid, objid = _advisory_ids(lock_key(self.key))
-        return sql.SQL(_HELD_HERE).format(classid=sql.Literal(classid), objid=sql.Literal(objid))
 
     def covers_files(self) -> bool:
         """Whether a passing `verify()` proves no orphan removal of the project ran since the
@@ -299,14 +288,6 @@ def _try(conn: psycopg.Connection[Any], name: str) -> bool:
     """Take the session advisory lock `name` alone if nobody holds it (never waits)."""
     row = conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_key(name),)).fetchone()
     return bool(row and row[0])
-
-
-# `LockStats.held_here`: as `_verify_held` asks it, the ids as literals
-_HELD_HERE = (
-    "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted "
-    "AND pid = pg_backend_pid() AND classid = {classid}::oid AND objid = {objid}::oid "
-    "AND objsubid = 1)"
-)
 
 
 def _verify_held(conn: psycopg.Connection[tuple[object, ...]], name: str) -> None:

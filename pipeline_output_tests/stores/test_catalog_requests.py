@@ -193,10 +193,7 @@ def catalog_statements(target: Any = Engine) -> Iterator[list[tuple[str, bool]]]
     def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
         statement = query if isinstance(query, str) else query.as_string(self)
         if "iceberg_" in statement and "sqlalchemy" not in type(self).__module__:
-            verb = statement.split()[0].upper()
-            if verb == "WITH" and "UPDATE iceberg_tables" in statement:
-                verb = "UPDATE"  # (the swap asking the writer lock in the same statement)
-            seen.append((verb, bool(self.autocommit)))
+            seen.append((statement.split()[0].upper(), bool(self.autocommit)))
         return real(self, query, *args, **kwargs)
 
     event.listen(target, "before_cursor_execute", before)
@@ -704,49 +701,3 @@ def test_a_partition_run_decodes_no_manifest_its_process_last_committed(
         kept, _ = manifests.READ_MANIFESTS.read(manifest, table.io)
         read, _ = read_manifest(manifest, table.io)
         assert [_as_read(e) for e in kept] == [_as_read(e) for e in read], manifest
-
-
-@contextmanager
-def lock_checks() -> Iterator[list[str]]:
-    """The statements a psycopg session of the process sends that ask `pg_locks` (the writer
-    lock's verify), each as its first word and whether it also swaps the catalog's row."""
-    seen: list[str] = []
-    real = psycopg.Connection.execute
-
-    def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        statement = query if isinstance(query, str) else query.as_string(self)
-        if "pg_locks" in statement:
-            swaps = "UPDATE iceberg_tables" in statement
-            seen.append(f"{statement.split()[0].upper()}{' + swap' if swaps else ''}")
-        return real(self, query, *args, **kwargs)
-
-    psycopg.Connection.execute = execute  # type: ignore[method-assign]
-    try:
-        yield seen
-    finally:
-        psycopg.Connection.execute = real  # type: ignore[method-assign]
-
-
-def test_a_writes_swap_asks_its_writer_lock_in_the_same_statement(
-    catalog: Any, pg_db_url: str
-) -> None:
-    """The commit's swap runs on the writer lock's session and asks that session whether it
-    still holds the lock in the swap's own statement: one round trip, not a verify and then
-    the swap (a lost lock still fails the write with nothing committed:
-    test_lost_lock_and_outside_writers.py)."""
-    counted = write_twice(
-        lambda: IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url)), lock_checks
-    )
-    assert counted == [["WITH + swap"], ["WITH + swap"]], counted
-
-
-def test_a_write_whose_lock_is_on_another_database_verifies_it_apart_and_commits(
-    catalog: Any, other_db_url: str
-) -> None:
-    """Where the swap cannot run on the lock's session (the lock on another database), the
-    swap's statement finds no lock held on its session and swaps nothing; the lock's own
-    verify then decides, and the plain swap commits."""
-    counted = write_twice(
-        lambda: IcebergStore(catalog, "datasets", lock=AdvisoryLock(other_db_url)), lock_checks
-    )
-    assert counted == [["WITH + swap", "SELECT"], ["WITH + swap", "SELECT"]], counted

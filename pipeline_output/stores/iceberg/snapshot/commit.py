@@ -167,7 +167,6 @@ from pipeline_output.stores.iceberg.snapshot.manifests import (
     remember_commit,
     summary,
 )
-from pipeline_output.stores.iceberg.table.catalog import fencing
 from pipeline_output.stores.iceberg.table.file_io import Uploads, uploading
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
     EntryValues,
@@ -409,22 +408,16 @@ def _commit(request: CommitRequest, io: Uploads) -> Table:
             tx._apply(*producer._commit())  # staged without retry registration: fenced
         io.wait()  # every file of the commit uploaded
         fault_injection("in_commit")  # manifests and manifest list written too
-        # the writer lock verified right before the swap: in the swap's own statement on the
-        # project's SQL catalog, else as this block starts (`catalog.fencing`)
-        with fencing(tx._table.catalog, fence):
-            if fence is None or not fence.covers_files():
-                verify_written(  # none of its files removed meanwhile (`commit.py`)
-                    io,
-                    producer,
-                    [
-                        *writer.written,
-                        *deletes.written,
-                        *(f.file_path for f in ready),
-                        *change_written,
-                    ],
-                    dataset=dataset,
-                )
-            committed = tx.commit_transaction()
+        if fence is not None:
+            fence.verify()
+        if fence is None or not fence.covers_files():
+            verify_written(  # none of its files removed meanwhile (`commit.py`)
+                io,
+                producer,
+                [*writer.written, *deletes.written, *(f.file_path for f in ready), *change_written],
+                dataset=dataset,
+            )
+        committed = tx.commit_transaction()
     except (CommitFailedException, ValidationException, WriteConflict) as exc:
         # certain: the catalog did not swap, so the files written for this commit are garbage
         with suppress(Exception):

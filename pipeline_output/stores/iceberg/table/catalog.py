@@ -44,9 +44,8 @@ import re
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager, suppress
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping
+from contextlib import suppress
 from typing import Any, Literal
 
 import psycopg
@@ -67,9 +66,8 @@ from pyiceberg.utils.config import Config
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from pipeline_output.errors import LockLost, SettingsError
+from pipeline_output.errors import SettingsError
 from pipeline_output.infra import pgsession
-from pipeline_output.infra.locks import LockStats
 from pipeline_output.infra.settings import connect_failure, one_line
 from pipeline_output.stores.iceberg.snapshot.manifests import staged_metadata
 from pipeline_output.stores.iceberg.table.file_io import IMPL as FILE_IO
@@ -114,12 +112,6 @@ _PROBE_NAMESPACE = _Statement(
     "(table_namespace = :namespace OR table_namespace LIKE :under ESCAPE '!')) OR "
     "EXISTS (SELECT 1 FROM iceberg_namespace_properties WHERE catalog_name = :catalog AND "
     "(namespace = :namespace OR namespace LIKE :under ESCAPE '!'))"
-)
-# the commit's swap (`_MOVE`) only while this session holds the writer lock (`{held}`:
-# `LockStats.held_here`), in one statement: whether it was held, and the rows moved
-_FENCED_MOVE = (
-    "WITH held AS (SELECT {held} AS ok), moved AS ({move} AND (SELECT ok FROM held) "
-    "RETURNING 1) SELECT (SELECT ok FROM held), (SELECT count(*) FROM moved)"
 )
 _PSYCOPG = "postgresql+psycopg://"
 METADATA_CODEC = "write.metadata.compression-codec"  # Iceberg's table property: none | gzip
@@ -309,11 +301,8 @@ class FlatSqlCatalog(SqlCatalog):
         at `table`'s metadata file (one statement). When another commit moved it since,
         pyiceberg's own commit runs (it reloads the table, checks the requirements against the
         current metadata, and commits or refuses), and the file staged here is removed."""
-        fence = _FENCE.get()
-        response = self._po_commit_loaded(table, requirements, updates, fence=fence)
+        response = self._po_commit_loaded(table, requirements, updates)
         if response is None:
-            if fence is not None:
-                fence.verify()  # (once: not again after a swap that asked it)
             response = super().commit_table(table, requirements, updates)
         self._po_remember(response.metadata_location, response.metadata)
         return response
@@ -323,8 +312,6 @@ class FlatSqlCatalog(SqlCatalog):
         table: Table,
         requirements: tuple[TableRequirement, ...],
         updates: tuple[TableUpdate, ...],
-        *,
-        fence: _Fence | None = None,
     ) -> CommitTableResponse | None:
         """The commit against `table` as loaded; None when that is not the current row, or
         `table` is not as loaded: a create, a view of it (`tables.at_branch`: its metadata is
@@ -347,91 +334,21 @@ class FlatSqlCatalog(SqlCatalog):
         self._write_metadata(
             metadata=staged.metadata, io=staged.io, metadata_path=staged.metadata_location
         )
-        params = {
-            "location": staged.metadata_location,
-            "previous": table.metadata_location,
-            "catalog": self.name,
-            "namespace": Catalog.namespace_to_string(Catalog.namespace_from(identifier)),
-            "table": Catalog.table_name_from(identifier),
-        }
-        try:
-            moved = (
-                self._po_run(_MOVE, params)[1] if fence is None else self._po_fenced(params, fence)
-            )
-        except LockLost:
-            if fence is not None and fence.refused:  # certain: nothing swapped
-                with suppress(OSError):
-                    staged.io.delete(staged.metadata_location)
-            raise
+        _, moved = self._po_run(
+            _MOVE,
+            {
+                "location": staged.metadata_location,
+                "previous": table.metadata_location,
+                "catalog": self.name,
+                "namespace": Catalog.namespace_to_string(Catalog.namespace_from(identifier)),
+                "table": Catalog.table_name_from(identifier),
+            },
+        )
         if moved < 1:
             with suppress(OSError):
                 staged.io.delete(staged.metadata_location)
             return None
         return _response(staged.metadata, staged.metadata_location)
-
-    def _po_fenced(self, params: dict[str, Any], fence: _Fence) -> int:
-        """The swap (`_MOVE`) only while the writer lock is held, asked in the same statement
-        on the lock's own session (`pgsession.pooled(share=True)`): the rows moved. Where it
-        was not held there — lost, or the swap ran on another session — `fence.verify()`
-        decides: `LockLost` (nothing swapped), else the plain swap. A session that failed in
-        the statement: `LockLost` when the lock's verify says so, else its error."""
-        held = fence.stats.held_here()
-        if held is None or self._po_session_url is None:
-            fence.verify()
-            return int(self._po_run(_MOVE, params)[1])
-        statement = sql.SQL(_FENCED_MOVE).format(held=held, move=_MOVE.psycopg)
-        try:
-            with pgsession.pooled(self._po_session_url, share=True) as session:
-                row = session.execute(statement, params).fetchone()
-        except psycopg.Error:
-            fence.verify()
-            raise
-        if row is not None and row[0]:
-            fence.verified = True
-            return int(row[1])
-        fence.refused = True  # (nothing swapped: the statement ran without the lock held)
-        fence.verify()
-        fence.refused = False
-        return int(self._po_run(_MOVE, params)[1])
-
-
-class _Fence:
-    """The writer lock a commit in a `fencing` block must hold at its swap, verified once."""
-
-    def __init__(self, stats: LockStats) -> None:
-        self.stats = stats
-        self.verified = False
-        self.refused = False  # a swap was refused for want of the lock (certainly not swapped)
-
-    def verify(self) -> None:
-        if not self.verified:
-            self.stats.verify()
-            self.verified = True
-
-
-_FENCE: ContextVar[_Fence | None] = ContextVar("pipeline_output_commit_fence", default=None)
-
-
-@contextmanager
-def fencing(catalog: Catalog, fence: LockStats | None) -> Iterator[None]:
-    """A commit of the block on `catalog` (`Transaction.commit_transaction`) swaps only while
-    `fence` (the writer lock) is held: `fence.verify()` right before its swap. A
-    `FlatSqlCatalog` on a psycopg database asks it in the swap's own statement (the lock's
-    session is the swap's: one round trip, not two); any other catalog: verified here, as
-    the block starts. `LockLost` either way when the lock is no longer held: nothing
-    committed."""
-    if fence is None:
-        yield
-        return
-    if not isinstance(catalog, FlatSqlCatalog) or catalog._po_session_url is None:
-        fence.verify()
-        yield
-        return
-    token = _FENCE.set(_Fence(fence))
-    try:
-        yield
-    finally:
-        _FENCE.reset(token)
 
 
 class AssertUnchanged(ValidatableTableRequirement):
