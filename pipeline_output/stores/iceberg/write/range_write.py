@@ -71,7 +71,6 @@ from pyiceberg.types import (
     DecimalType,
     DoubleType,
     FloatType,
-    IcebergType,
     IntegerType,
     LongType,
     StringType,
@@ -208,29 +207,6 @@ _PLAIN_TYPES = frozenset(
 )
 
 
-def _plain_dtype(iceberg_type: IcebergType) -> pl.DataType:
-    """The polars type a column of a `_PLAIN_TYPES` type reads back as (as `polars_schema` of
-    the table's Arrow schema gives it)."""
-    if isinstance(iceberg_type, DecimalType):
-        return pl.Decimal(iceberg_type.precision, iceberg_type.scale)
-    return _PLAIN_DTYPES[type(iceberg_type)]
-
-
-_PLAIN_DTYPES: dict[type[IcebergType], pl.DataType] = {
-    BooleanType: pl.Boolean(),
-    IntegerType: pl.Int32(),
-    LongType: pl.Int64(),
-    FloatType: pl.Float32(),
-    DoubleType: pl.Float64(),
-    DateType: pl.Date(),
-    TimeType: pl.Time(),
-    TimestampType: pl.Datetime("us"),
-    TimestamptzType: pl.Datetime("us", "UTC"),
-    StringType: pl.String(),
-    BinaryType: pl.Binary(),
-}
-
-
 @dataclass
 class _Target:
     """The table metadata the run's files are written against: the table as loaded, or the
@@ -244,14 +220,9 @@ class _Target:
 
     def __post_init__(self) -> None:
         self.writer = DataFileWriter(self.metadata, self.io, write_id=uuid.uuid4())
-        fields = self.schema.fields
-        self.plain = all(type(f.field_type) in _PLAIN_TYPES for f in fields)
-        # once a run, not per partition; a table of plain types without an Arrow conversion
-        self.columns = (
-            pl.Schema([(f.name, _plain_dtype(f.field_type)) for f in fields])
-            if self.plain
-            else polars_schema(self.writer.arrow_schema)
-        )
+        # once a run, not per partition: the writer's Arrow schema (its encodes use it too)
+        self.columns = polars_schema(self.writer.arrow_schema)
+        self.plain = all(type(f.field_type) in _PLAIN_TYPES for f in self.schema.fields)
 
     @property
     def schema(self) -> Schema:
