@@ -709,19 +709,13 @@ def _may_hold_keys(
         if (
             lo_b is None
             or hi_b is None
-            or not (_int_bound(ftype, hi_b) < low or _int_bound(ftype, lo_b) > high)
+            or not (
+                cast(int, from_bytes(ftype, hi_b)) < low
+                or cast(int, from_bytes(ftype, lo_b)) > high
+            )
         ):
             kept.append(task)
     return kept
-
-
-def _int_bound(ftype: IntegerType | LongType, data: bytes) -> int:
-    """An int or long column's bound (Iceberg's single-value serialization: little-endian, two's
-    complement) as pyiceberg's `from_bytes` reads it, without its dispatch per value (a commit
-    reads the bounds of every file outside the run's slices)."""
-    if len(data) == (4 if isinstance(ftype, IntegerType) else 8):
-        return int.from_bytes(data, "little", signed=True)
-    return cast(int, from_bytes(ftype, data))
 
 
 def _relation(task: FileScanTask, tests: list[Callable[[FileScanTask], str]]) -> int | str | None:
