@@ -9,6 +9,7 @@ files a compaction writes carry them (`test_compaction.py` reads such a table ba
 from __future__ import annotations
 
 import io
+import uuid
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from typing import Any
@@ -17,13 +18,17 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
     schema_to_pyarrow,
 )
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.schema import Schema
+from pyiceberg.table.metadata import new_table_metadata
+from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.types import (
     BinaryType,
     BooleanType,
@@ -42,7 +47,7 @@ from pyiceberg.types import (
     TimeType,
 )
 
-from pipeline_output.stores.iceberg.snapshot import file_statistics
+from pipeline_output.stores.iceberg.snapshot import file_statistics, files
 from pipeline_output.stores.iceberg.snapshot.file_statistics import FooterStatistics
 
 FLAT = Schema(
@@ -232,3 +237,46 @@ def test_a_physical_type_pyiceberg_refuses_fails_as_pyiceberg_fails() -> None:
         pyiceberg_statistics(schema, {}, data)
     with pytest.raises(ValueError, match="Unexpected physical type"):
         ours(schema, {}).of_bytes(data)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_flat_tables_statistics_plan_is_pyiceberg_s_read_from_its_fields(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data file writer of a table of top-level primitive columns plans its statistics (each
+    column's metrics mode, type, name) as pyiceberg's `compute_statistics_plan` does, without its
+    schema visitor (~0.7 ms of a fresh process's first file: issue 44); its files' statistics are
+    pyiceberg's byte for byte. A schema with nested columns is left to pyiceberg."""
+    assert files.flat_statistics_plan(FLAT, MODES[mode]) == compute_statistics_plan(
+        FLAT, MODES[mode]
+    )
+    assert files.flat_statistics_plan(NESTED, MODES[mode]) is None
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise AssertionError("pyiceberg's schema visitor was asked")
+
+    monkeypatch.setattr(files, "compute_statistics_plan", refuse)
+    monkeypatch.setattr(files, "parquet_path_to_id_mapping", refuse)
+    metadata = new_table_metadata(
+        FLAT, UNPARTITIONED_PARTITION_SPEC, UNSORTED_SORT_ORDER, "file:///unused", MODES[mode]
+    )
+    written: list[bytes] = []
+
+    class Memory(FileIO):
+        def new_input(self, location: str) -> Any:
+            raise NotImplementedError
+
+        def new_output(self, location: str) -> Any:
+            raise NotImplementedError
+
+        def delete(self, location: Any) -> None:
+            raise NotImplementedError
+
+    monkeypatch.setattr(files, "write_whole", lambda _io, _path, data: written.append(data))
+    writer = files.DataFileWriter(metadata, Memory(), write_id=uuid.uuid4())
+    frame = pl.from_arrow(flat_rows())
+    assert isinstance(frame, pl.DataFrame)
+    (data_file,) = writer.write(frame)
+    expected = pyiceberg_statistics(metadata.schema(), MODES[mode], written[0])
+    for key in ("lower_bounds", "upper_bounds", "value_counts", "null_value_counts"):
+        assert getattr(data_file, key) == expected[key], key

@@ -43,21 +43,33 @@ from pyiceberg.conversions import to_bytes
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import (
     DataFileStatistics,
+    MetricModeTypes,
+    MetricsMode,
+    StatisticsCollector,
     _read_deletes,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
+    match_metrics_mode,
     parquet_path_to_id_mapping,
     schema_to_pyarrow,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import partition_record_value
 from pyiceberg.schema import Schema
-from pyiceberg.table import FileScanTask
+from pyiceberg.table import FileScanTask, TableProperties
 from pyiceberg.table.delete_file_index import _referenced_data_file_path
 from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.typedef import Record
-from pyiceberg.types import DoubleType, FloatType, LongType, NestedField, StringType
+from pyiceberg.types import (
+    BinaryType,
+    DoubleType,
+    FloatType,
+    LongType,
+    NestedField,
+    PrimitiveType,
+    StringType,
+)
 
 from pipeline_output.stores.iceberg.snapshot.file_statistics import FooterStatistics
 from pipeline_output.stores.iceberg.table.file_io import write_whole
@@ -93,13 +105,19 @@ class TableFileWriter:
         self.written: list[str] = []
 
     # the statistics set-up walks the schema with pyiceberg's visitors (~1 ms in a fresh
-    # process): done by a writer that writes, not by every commit's writers (most write nothing)
+    # process): done by a writer that writes, not by every commit's writers (most write nothing);
+    # a schema of top-level primitive columns (the usual table) is read field by field instead
     @functools.cached_property
     def _stats_plan(self) -> dict[int, Any]:
+        flat = flat_statistics_plan(self._file_schema, self.metadata.properties)
+        if flat is not None:
+            return flat
         return compute_statistics_plan(self._file_schema, self.metadata.properties)
 
     @functools.cached_property
     def _column_mapping(self) -> dict[str, int]:
+        if _flat(self._file_schema):  # a top-level column's Parquet path is its name
+            return {f.name: f.field_id for f in self._file_schema.fields}
         return parquet_path_to_id_mapping(self._file_schema)
 
     @functools.cached_property
@@ -121,6 +139,44 @@ class TableFileWriter:
             stats_columns=self._stats_plan,
             parquet_column_mapping=self._column_mapping,
         )
+
+
+def _flat(schema: Schema) -> bool:
+    """Whether every column of `schema` is a top-level primitive whose name holds no `.`
+    (pyiceberg's column names and Parquet paths of it are the fields' names)."""
+    return all(isinstance(f.field_type, PrimitiveType) and "." not in f.name for f in schema.fields)
+
+
+def flat_statistics_plan(
+    schema: Schema, properties: dict[str, str]
+) -> dict[int, StatisticsCollector] | None:
+    """pyiceberg's `compute_statistics_plan` of a schema of top-level primitive columns, read
+    from its fields in order without its schema visitor (None: another schema, left to
+    pyiceberg): each column's metrics mode is the table's default
+    (`write.metadata.metrics.default`) or its own (`write.metadata.metrics.column.<name>`),
+    `truncate(n)` kept for strings and binaries only (`full` otherwise), as pyiceberg decides."""
+    if not _flat(schema):
+        return None
+    default = match_metrics_mode(
+        properties.get(
+            TableProperties.DEFAULT_WRITE_METRICS_MODE,
+            TableProperties.DEFAULT_WRITE_METRICS_MODE_DEFAULT,
+        )
+    )
+    plan: dict[int, StatisticsCollector] = {}
+    for f in schema.fields:
+        own = properties.get(f"{TableProperties.METRICS_MODE_COLUMN_CONF_PREFIX}.{f.name}")
+        mode = match_metrics_mode(own) if own else default
+        primitive = f.field_type
+        assert isinstance(primitive, PrimitiveType)
+        if mode.type == MetricModeTypes.TRUNCATE and not isinstance(
+            primitive, (StringType, BinaryType)
+        ):
+            mode = MetricsMode(MetricModeTypes.FULL)
+        plan[f.field_id] = StatisticsCollector(
+            field_id=f.field_id, iceberg_type=primitive, mode=mode, column_name=f.name
+        )
+    return plan
 
 
 class DataFileWriter(TableFileWriter):
@@ -224,7 +280,8 @@ class DataFileWriter(TableFileWriter):
             yield frame.slice(offset, rows)
 
     @functools.cached_property
-    def _arrow_schema(self) -> pa.Schema:
+    def arrow_schema(self) -> pa.Schema:
+        """The table's Arrow schema with `PARQUET:field_id` metadata, as its files are written."""
         return schema_to_pyarrow(self._schema, include_field_ids=True)
 
     def nan_counts(self, frame: pl.DataFrame) -> dict[int, int]:
@@ -251,7 +308,7 @@ class DataFileWriter(TableFileWriter):
             "compression": codec,
             "compression_level": self._level if codec in ("zstd", "gzip", "brotli") else None,
             "statistics": True,
-            "arrow_schema": self._arrow_schema,
+            "arrow_schema": self.arrow_schema,
         }
 
     def _write_one(
@@ -266,7 +323,7 @@ class DataFileWriter(TableFileWriter):
             # polars refused the schema (a nested type it maps differently): use pyarrow.
             buffer = io.BytesIO()
             pq.write_table(
-                conform(frame, self._schema).cast(self._arrow_schema),
+                conform(frame, self._schema).cast(self.arrow_schema),
                 buffer,
                 compression=codec,
                 compression_level=self._level,

@@ -64,7 +64,20 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import MAIN_BRANCH
-from pyiceberg.types import IntegerType, LongType
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+    TimeType,
+)
 
 from pipeline_output.contract.checked_input import checked_frame, polars_schema
 from pipeline_output.contract.plan import RowCounts, WriteResult, plan_write
@@ -174,6 +187,26 @@ class RangeWrite:
     stopped: tuple[PartitionSlice, pl.DataFrame] | None = None
 
 
+# Iceberg types whose polars type (`polars_schema` of the table's Arrow schema) converts back to
+# the same Iceberg type: a frame of exactly the table's polars columns plans no evolution
+_PLAIN_TYPES = frozenset(
+    {
+        BooleanType,
+        IntegerType,
+        LongType,
+        FloatType,
+        DoubleType,
+        DecimalType,
+        DateType,
+        TimeType,
+        TimestampType,
+        TimestamptzType,
+        StringType,
+        BinaryType,
+    }
+)
+
+
 @dataclass
 class _Target:
     """The table metadata the run's files are written against: the table as loaded, or the
@@ -187,7 +220,9 @@ class _Target:
 
     def __post_init__(self) -> None:
         self.writer = DataFileWriter(self.metadata, self.io, write_id=uuid.uuid4())
-        self.columns = polars_schema(self.schema.as_arrow())  # once a run, not per partition
+        # once a run, not per partition: the writer's Arrow schema (its encodes use it too)
+        self.columns = polars_schema(self.writer.arrow_schema)
+        self.plain = all(type(f.field_type) in _PLAIN_TYPES for f in self.schema.fields)
 
     @property
     def schema(self) -> Schema:
@@ -196,9 +231,13 @@ class _Target:
     def fits(self, spec: DatasetSpec, frame: pl.DataFrame) -> bool:
         """Whether `frame` is written as it is against this schema and partition spec."""
         check_required(spec, frame, self.schema)
-        return plan_evolution(spec, self.schema, frame).empty and not needs_evolution(
-            spec, self.metadata
-        )
+        # a frame of the table's own columns and polars types, all of types that read back as
+        # themselves, needs no schema change: its planning's Arrow and Iceberg conversions of
+        # the frame's columns (~0.6 ms of a fresh process's one-partition write) are not made
+        own = self.plain and frame.schema == self.columns
+        if not own and not plan_evolution(spec, self.schema, frame).empty:
+            return False
+        return not needs_evolution(spec, self.metadata)
 
     def prepare(self, spec: DatasetSpec, part: PartitionSlice, frame: pl.DataFrame) -> _Prepared:
         """`frame` in the table's columns and sort order, its keys and NaN counts: on the
