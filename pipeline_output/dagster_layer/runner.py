@@ -36,6 +36,7 @@ from pipeline_output.dagster_layer.run_report import (
     format_table,
     write_log,
 )
+from pipeline_output.dagster_layer.window_sensor import RANGE_END_TAG, RANGE_START_TAG
 from pipeline_output.errors import (
     PipelineOutputError,
     RetryableError,
@@ -156,6 +157,21 @@ def materialize(
             written.update(unpartitioned)
             unpartitioned.clear()
 
+    def run_one(key: dg.AssetKey, **where: Any) -> None:
+        """One run of `key` (`where`: its partition key or range tags)."""
+        report.extend(
+            execute(
+                job,
+                defs,
+                instance,
+                asset_keys=[key],
+                log_level=log_level,
+                log_file=log_file,
+                **where,
+            )
+        )
+        written.add(key)
+
     order = {key: i for i, key in enumerate(graph.toposorted_asset_keys)}
     assets = [
         (key, assets_def)
@@ -181,18 +197,7 @@ def materialize(
                 continue
             if set(unpartitioned) & graph.get(key).parent_keys:
                 run_unpartitioned()
-            report.extend(
-                execute(
-                    job,
-                    defs,
-                    instance,
-                    asset_keys=[key],
-                    log_level=log_level,
-                    log_file=log_file,
-                    **_partition_run(partitions_def, partitions, asset=key),
-                )
-            )
-            written.add(key)
+            run_one(key, **_partition_run(partitions_def, partitions, asset=key))
             continue
         if spec is None or spec.delta is None:
             unpartitioned.append(key)
@@ -214,21 +219,7 @@ def materialize(
         if not ordered:  # nothing to apply: no run, no re-materialisation of applied windows
             report.rows.append(_idle(key))
             continue
-        report.extend(
-            execute(
-                job,
-                defs,
-                instance,
-                asset_keys=[key],
-                log_level=log_level,
-                log_file=log_file,
-                tags={
-                    "dagster/asset_partition_range_start": ordered[0],
-                    "dagster/asset_partition_range_end": ordered[-1],
-                },
-            )
-        )
-        written.add(key)
+        run_one(key, tags=range_tags(ordered[0], ordered[-1]))
     run_unpartitioned()
     return report
 
@@ -269,12 +260,12 @@ def _partition_run(
         )
     if first == last:
         return {"partition_key": first}
-    return {
-        "tags": {
-            "dagster/asset_partition_range_start": first,
-            "dagster/asset_partition_range_end": last,
-        }
-    }
+    return {"tags": range_tags(first, last)}
+
+
+def range_tags(first: str, last: str) -> dict[str, str]:
+    """The tags of a single-run backfill from partition `first` to `last`."""
+    return {RANGE_START_TAG: first, RANGE_END_TAG: last}
 
 
 def _pending_keys(instance: dg.DagsterInstance, runtime: Runtime, dataset: str) -> list[str]:
