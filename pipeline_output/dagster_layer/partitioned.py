@@ -210,7 +210,11 @@ def partitioned_output(
                 args[KEY_PARAMETER] = key
             if takes_context:
                 args[CONTEXT_PARAMETER] = KeyContext(context, key, partitions_def)
-            out = fn(**args)
+            try:
+                out = fn(**args)
+            except Exception as exc:  # which of a range's partitions, its type and message kept
+                exc.add_note(f"(computing partition {key!r} of dataset {spec.name!r})")
+                raise
             return collect_frame(spec, out)
 
         items.append((part, thunk))

@@ -280,6 +280,26 @@ def ranged_once(instance, mode):  # type: ignore[no-untyped-def]
     return source, defs, name
 
 
+def test_a_compute_failing_in_a_range_run_says_which_partition_and_the_run_stops_there(
+    env, instance
+):
+    source, defs, name = ranged_once(instance, "iceberg")
+    before = table(name, "iceberg")
+    source[DAYS[0]] = day_rows(DAYS[0], [0, 1], version=1)  # committed before day 2 fails
+    del source[DAYS[1]]  # the compute's `source[partition_key]` raises KeyError on day 2
+    result = run(defs, instance, name, DAYS[0], DAYS[2], raise_on_error=False)
+    assert not result.success
+    (failure,) = result.get_step_failure_events()
+    error = failure.step_failure_data.error
+    while error.cause is not None:  # the compute's own exception, under Dagster's wrapper
+        error = error.cause
+    assert error.cls_name == "KeyError"
+    assert f"(computing partition '{DAYS[1]}' of dataset '{name}')" in error.message
+    # one commit per partition (concepts.md, "Dagster partitions"): day 1 written, days 2-3 not
+    kept = before.filter(pl.col("day") != date.fromisoformat(DAYS[0]))
+    assert_same_multiset(table(name, "iceberg"), pl.concat([source[DAYS[0]], kept]))
+
+
 @pytest.mark.parametrize("mode", ["iceberg", "pg"])
 def test_each_partition_of_a_range_run_records_its_own_write(env, instance, mode):
     source, defs, name = ranged_once(instance, mode)
