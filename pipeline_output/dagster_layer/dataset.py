@@ -503,8 +503,13 @@ def _windowed_output(
     items = []
     for window, read_window, write_window in window_scopes(spec, windows, ledger_rows):
 
-        def thunk(rw: Window = read_window) -> Any:
-            out = collect_frame(spec, compute(as_kind(reader.scan(rw), kind)))
+        def thunk(rw: Window = read_window, window: Window = window) -> Any:
+            try:
+                computed = compute(as_kind(reader.scan(rw), kind))
+            except Exception as exc:  # which of a range's windows, its type and message kept
+                exc.add_note(f"(computing window {window} of dataset {spec.name!r})")
+                raise
+            out = collect_frame(spec, computed)
             reader.check_read(rw, dataset=spec.name)  # the read happened at the collect: check it
             return out
 

@@ -656,6 +656,41 @@ def test_bad_compute_output_on_redeploy_keeps_the_committed_snapshot(
     assert_frame_equal(after.sort("id"), before.sort("id"))
 
 
+def test_a_delta_compute_that_raises_says_which_window_it_was_computing(people: Any) -> None:
+    from pipeline_output import Delta, build_definitions, dataset, postgres_source
+    from pipeline_output.dagster_layer.runner import plan_windows
+
+    def roster(people_src: pl.LazyFrame) -> pl.LazyFrame:
+        raise ValueError("no roster today")
+
+    src = postgres_source("people_src", table="people")
+    asset = dataset(
+        "roster",
+        primary_key="id",
+        mode="iceberg",
+        delta=Delta(source="people_src", watermark="seq"),
+    )(roster)
+    defs = build_definitions(datasets=[asset], sources=[src], with_maintenance=False)
+    instance = dg.DagsterInstance.ephemeral()
+    plan_windows(defs, instance)
+    (key,) = instance.get_dynamic_partitions("roster__windows")
+    result = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        instance=instance,
+        asset_selection=[dg.AssetKey("roster")],
+        partition_key=key,
+        raise_on_error=False,
+    )
+    assert not result.success
+    (failure,) = result.get_step_failure_events()
+    error = failure.step_failure_data.error
+    while error.cause is not None:
+        error = error.cause
+    assert error.cls_name == "ValueError"
+    assert "no roster today" in error.message
+    assert "(computing window (-inf, 10] of dataset 'roster')" in error.message, error.message
+    assert not people.table_exists(f"{NAMESPACE}.roster")
+
+
 def test_missing_source_table_fails_the_run_naming_dataset_source_and_table(people: Any) -> None:
     instance = dg.DagsterInstance.ephemeral()
     result = _run(_defs_with(_good, source_table="no_such_table"), instance, "roster")
