@@ -178,8 +178,14 @@ def _portable_types(spec: DatasetSpec, frame: pl.DataFrame) -> pl.DataFrame:
             # here, so both arms store the same value and an unchanged row compares equal
             frame = frame.with_columns((pl.col(name).cast(pl.Int64) // 1000 * 1000).cast(pl.Time))
         elif isinstance(dtype, (pl.Duration, pl.Object)):
+            how = (  # Iceberg has no interval type: a count of a unit is what engines share
+                f"store it as a number, e.g. pl.col({name!r}).dt.total_microseconds()"
+                if isinstance(dtype, pl.Duration)
+                else "convert it to a string, a number or a struct"
+            )
             raise BadInput(
-                f"dataset {spec.name!r}: column {name!r} has type {dtype}, which Iceberg cannot store"
+                f"dataset {spec.name!r}: column {name!r} has type {dtype}, which Iceberg cannot "
+                f"store: {how}"
             )
     if not casts:
         return frame

@@ -255,6 +255,17 @@ def test_unsupported_input_type_is_bad_input(h):
     assert "customers" in str(err.value)
 
 
+def test_a_duration_column_is_refused_saying_how_to_store_it(h):
+    spec = spec_for()
+    frame = customers(range(3)).with_columns(wait=pl.Series([1, 2, 3], dtype=pl.Duration("us")))
+    with unchanged(h, spec), pytest.raises(BadInput) as err:
+        h.store().write(spec, frame)
+    assert str(err.value) == (
+        "dataset 'customers': column 'wait' has type Duration(time_unit='us'), which Iceberg "
+        "cannot store: store it as a number, e.g. pl.col('wait').dt.total_microseconds()"
+    )
+
+
 def test_failing_lazyframe_is_bad_input(h):
     spec = spec_for()
     seeded(h, spec)
