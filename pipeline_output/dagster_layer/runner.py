@@ -8,9 +8,9 @@ first to the last of them (in window order; applied windows inside the range
 are skipped, and a dataset with no pending window gets no run); then runs the unpartitioned
 datasets in one run; an asset with Dagster's own partitions runs over the partitions given
 (`--partition`, `--partition-range`), each in a run of its own, else not at all (which
-partitions?: it gets a row saying how to launch it). Every run executes to its end (`raise_on_error=False`): a failed
-asset, or a failed blocking check, stops only what depends on it, and a failure in one run does
-not stop the next. Returns a `RunOutcome` (`run_report`): a summary row per asset and arm, one line
+partitions?: it gets a row saying how to launch it). Every run executes to its end
+(`raise_on_error=False`): a failed asset, or a failed blocking check, stops only what depends on
+it, and a failure in one run does not stop the next. Returns a `RunOutcome` (`run_report`): a summary row per asset and arm, one line
 per failure; the console logger stays at `log_level` and the full event log goes to `log_file`.
 """
 
@@ -188,7 +188,7 @@ def materialize(
                 "windows are planned, not chosen)"
             )
         for key, own in by_dagster:
-            _partition_run(own, partitions, asset=key)
+            _partition_run(own, partitions, asset=key, instance=instance)
     for key, assets_def in sorted(assets, key=lambda item: order.get(item[0], len(order))):
         spec = spec_of(assets_def)
         if (partitions_def := _dagster_partitions(assets_def)) is not None:
@@ -197,7 +197,7 @@ def materialize(
                 continue
             if set(unpartitioned) & graph.get(key).parent_keys:
                 run_unpartitioned()
-            run_one(key, **_partition_run(partitions_def, partitions, asset=key))
+            run_one(key, **_partition_run(partitions_def, partitions, asset=key, instance=instance))
             continue
         if spec is None or spec.delta is None:
             unpartitioned.append(key)
@@ -242,12 +242,14 @@ def _partition_run(
     partitions: tuple[str, str],
     *,
     asset: dg.AssetKey,
+    instance: dg.DagsterInstance,
 ) -> dict[str, Any]:
     """`execute`'s keywords for a run of `asset` over `partitions` (first, last): its partition
     key for one, the range tags of a single-run backfill for several; a key the asset does not
-    have is refused before any run, naming the asset and its first and last keys."""
+    have (dynamic partitions: as `instance` holds them) is refused before any run, naming the
+    asset and its first and last keys."""
     first, last = partitions
-    keys = list(partitions_def.get_partition_keys())
+    keys = list(partitions_def.get_partition_keys(dynamic_partitions_store=instance))
     missing = [k for k in dict.fromkeys(partitions) if k not in keys]
     if missing:
         span = f"{keys[0]} .. {keys[-1]} ({len(keys)} keys)" if keys else "none yet"

@@ -5,12 +5,15 @@ no Dagster-partitioned asset is one error line before anything runs."""
 
 from __future__ import annotations
 
+import importlib.util
 from datetime import date
 from pathlib import Path
 
+import dagster as dg
 import polars as pl
 
 from pipeline_output.dagster_layer.resource import get_runtime
+from pipeline_output.dagster_layer.runner import materialize
 from pipeline_output_tests.commands.cli_runner import Run
 from pipeline_output_tests.oracle import assert_same_multiset
 
@@ -40,7 +43,17 @@ def plain() -> pl.DataFrame:
     return pl.DataFrame({"id": [1]})
 
 
-defs = build_definitions(datasets=[daily, plain], with_maintenance=False)
+@dataset(
+    primary_key="id",
+    mode="iceberg",
+    partitions_def=dg.DynamicPartitionsDefinition(name="regions"),
+    partition_column="region",
+)
+def regional(partition_key: str) -> pl.DataFrame:
+    return pl.DataFrame({"id": [len(partition_key)], "region": [partition_key]})
+
+
+defs = build_definitions(datasets=[daily, plain, regional], with_maintenance=False)
 """
 
 
@@ -120,3 +133,27 @@ def test_materialize_refuses_a_partition_it_cannot_run_in_one_line_before_any_ru
     assert both.returncode == 2 and "not both" in both.stderr
     assert get_runtime().iceberg.load("plain") is None  # nothing ran
     assert get_runtime().iceberg.load("daily") is None
+
+
+def test_a_dynamic_partition_is_run_when_the_instance_holds_it_and_refused_in_one_line_before(
+    cli: Run, env: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "defs.py"
+    path.write_text(DEFS)
+    unknown = _error(cli("materialize", "regional", "--partition", "eu", "-f", str(path)))
+    assert unknown == "error: regional has no partition 'eu'; its partitions: none yet"
+
+    spec = importlib.util.spec_from_file_location("dynamic_defs", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with dg.DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions("regions", ["eu", "us"])
+        for _ in range(2):  # the runner `materialize` calls, with the keys the instance holds
+            report = materialize(
+                module.defs, instance, selection=["regional"], partitions=("eu", "eu")
+            )
+            assert report.ok, report.failures
+            assert_same_multiset(
+                get_runtime().iceberg.read("regional"), pl.DataFrame({"id": [2], "region": ["eu"]})
+            )
