@@ -292,12 +292,12 @@ def dataset_selection(dataset: str) -> str:
     all), or `UnknownDataset` as `spec_named` says it."""
     from pipeline_output.dagster_layer.dataset import spec_of
 
-    spec_named(dataset)
     for asset in load_definitions().assets or []:
         spec = spec_of(asset) if hasattr(asset, "metadata_by_key") else None
         if spec is not None and spec.name == dataset:
             return f'key:"{asset.key.to_user_string()}"'
-    raise AssertionError(f"{dataset!r} has a spec and no asset")  # spec_named found it
+    spec_named(dataset)  # raises UnknownDataset: no asset holds it
+    raise AssertionError(f"{dataset!r} has a spec and no asset")
 
 
 def source_specs() -> dict[str, Any]:

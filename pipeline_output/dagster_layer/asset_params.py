@@ -161,9 +161,12 @@ def asset_options(caller: str, /, **options: Unpack[AssetOptionsKwargs]) -> Asse
     return AssetOptions(**options)
 
 
+# Dagster's names where they differ from ours
+_DAGSTER_NAMES = {"group": "group_name"}
+
 # `dg.asset`'s keywords a Dagster user reaches for, answered with what they are here
 _OTHER_NAMES = {
-    "group_name": "Dagster's group_name is group= here",
+    **{theirs: f"Dagster's {theirs} is {ours}= here" for ours, theirs in _DAGSTER_NAMES.items()},
     "compute_kind": "use kinds=[...] (Dagster's successor of compute_kind)",
     "key": "the key is the name (name=, default the function's) under key_prefix=",
     "io_manager_key": "pipeline-output writes the dataset itself; there is no IO manager to choose",
@@ -182,10 +185,6 @@ def _called_at() -> str:
     if frame is None:
         return ""
     return f" ({frame.f_code.co_filename}:{frame.f_lineno})"
-
-
-# Dagster's names where they differ from ours
-_DAGSTER_NAMES = {"group": "group_name"}
 
 
 def asset_params(
