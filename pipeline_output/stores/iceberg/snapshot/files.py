@@ -152,8 +152,8 @@ def flat_statistics_plan(
 ) -> dict[int, StatisticsCollector] | None:
     """pyiceberg's `compute_statistics_plan` of a schema of top-level primitive columns, read
     from its fields in order without its schema visitor (None: another schema, left to
-    pyiceberg): each column's metrics mode is the table's default
-    (the property write.metadata.metrics.default) or its own (`write.metadata.metrics.column.<name>`),
+    pyiceberg): each column's metrics mode is the table's default (the property
+    write.metadata.metrics.default) or its own (`write.metadata.metrics.column.<name>`),
     `truncate(n)` kept for strings and binaries only (`full` otherwise), as pyiceberg decides."""
     if not _flat(schema):
         return None

@@ -118,6 +118,7 @@ from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 
 from pipeline_output.errors import CorruptManifest, UnsupportedWrite
 from pipeline_output.stores.iceberg.snapshot.files import referenced_path
+from pipeline_output.stores.iceberg.table.file_io import is_local
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
     PartialDataFile,
     RawManifest,
@@ -499,15 +500,9 @@ decode holds the GIL, so the pool's threads overlap nothing but their own start 
 
 def _small_local(manifests: list[ManifestFile]) -> bool:
     """Whether `manifests` are local files of at most `INLINE_BYTES` in all."""
-    total = 0
-    for manifest in manifests:
-        scheme = (
-            manifest.manifest_path.partition("://")[0] if "://" in manifest.manifest_path else ""
-        )
-        if scheme not in ("", "file"):
-            return False
-        total += manifest.manifest_length
-    return total <= INLINE_BYTES
+    return all(is_local(m.manifest_path) for m in manifests) and (
+        sum(m.manifest_length for m in manifests) <= INLINE_BYTES
+    )
 
 
 def _holds_none(manifest: ManifestFile) -> bool:

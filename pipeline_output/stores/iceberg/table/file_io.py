@@ -412,7 +412,8 @@ def _upload_pool() -> ThreadPoolExecutor:
         return _POOL[1]
 
 
-def _local(location: str) -> bool:
+def is_local(location: str) -> bool:
+    """Whether `location` is a local file (a `file:` URI or an absolute path), not an object."""
     return location.startswith(("file:", "/"))
 
 
@@ -476,7 +477,7 @@ class Uploads(FileIO):
         size = len(data)
         with self._lock:
             self._sizes[location] = size
-            later = not self._settled and not _local(location)
+            later = not self._settled and not is_local(location)
             busy = [f for f in self._pending.values() if not f.done()]
         if not later:
             self._put(location, data)
