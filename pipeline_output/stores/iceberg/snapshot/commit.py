@@ -91,7 +91,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import compress
-from operator import attrgetter, itemgetter, not_
+from operator import itemgetter, not_
 from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
@@ -126,7 +126,6 @@ from pyiceberg.table.update.snapshot import (
     _SnapshotProducer,
 )
 from pyiceberg.typedef import EMPTY_DICT
-from pyiceberg.utils.bin_packing import ListPacker
 from pyiceberg.utils.properties import property_as_bool, property_as_int
 
 from pipeline_output.contract.checked_input import check_keys, to_polars
@@ -1047,36 +1046,9 @@ class IndexedOverwrite(_OverwriteFiles):
         data = [m for m in manifests if m.content == ManifestContent.DATA and m not in gone]
         # (a DELETED-only delete manifest is in `gone`: listed once, not again with the deletes)
         deletes = [m for m in manifests if m.content == ManifestContent.DELETES and m not in gone]
-        listed = self._merged_data(data) + gone + self._merged_deletes(deletes)
+        listed = self._merge.merge_manifests(data) + gone + self._merged_deletes(deletes)
         self._po_listed = listed  # the snapshot's manifest list (`manifests.remember_commit`)
         return listed
-
-    def _merged_data(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
-        """The merge manager's `merge_manifests` of the data manifests: the same bins (per
-        partition spec, packed as it packs them), merged by it where a bin is merged — and
-        where none is, the bins' manifests in order, as it returns them then, without its
-        thread pool (a fresh process's first commit starts it: ~0.3 ms for nothing to merge)."""
-        merge = self._merge
-        if not merge._merge_enabled or not manifests:
-            return manifests
-        first = manifests[0]
-        groups: dict[int, list[ManifestFile]] = defaultdict(list)
-        for manifest in manifests:
-            groups[manifest.partition_spec_id].append(manifest)
-        out: list[ManifestFile] = []
-        for spec_id in reversed(groups.keys()):
-            group = groups[spec_id]
-            packer: ListPacker[ManifestFile] = ListPacker(
-                target_weight=merge._target_size_bytes, lookback=1, largest_bin_first=False
-            )
-            bins = packer.pack_end(group, _MANIFEST_LENGTH)
-            if any(
-                len(b) > 1 and not (first in b and len(b) < merge._min_count_to_merge) for b in bins
-            ):
-                out.extend(merge._merge_group(first, spec_id, group))
-            else:
-                out.extend(m for b in bins for m in b)
-        return out
 
     def _merged_deletes(self, manifests: list[ManifestFile]) -> list[ManifestFile]:
         """The delete manifests, the earlier snapshots' ones folded into one per partition spec
@@ -1189,7 +1161,6 @@ def _content_of_kind(content: int) -> ManifestContent:
 
 
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
-_MANIFEST_LENGTH = attrgetter("manifest_length")
 
 
 @dataclass(frozen=True)
