@@ -5,7 +5,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import dagster as dg
 import polars as pl
@@ -43,6 +43,8 @@ from pipeline_output.dagster_layer.metadata import (
     run_table_metadata,
 )
 from pipeline_output.dagster_layer.partitioned import (
+    PartitionedOutput,
+    first_computed_while,
     narrowed_to_input_partitions,
     partitioned_output_of,
     write_partitions,
@@ -53,9 +55,21 @@ from pipeline_output.errors import UnsupportedWrite
 from pipeline_output.services.incremental import ConsumeRequest, consume_changes
 from pipeline_output.services.publish import PublishResult, ResolvedMode
 from pipeline_output.services.reads import within
+from pipeline_output.services.runtime import Runtime
 from pipeline_output.services.sources import SourceSpec
 from pipeline_output.services.time_travel import parse_as_of
 from pipeline_output.services.window_apply import ApplyRequest, apply_window
+from pipeline_output.stores.iceberg.write.range_write import LoadedAhead
+
+
+class _Setup(NamedTuple):
+    """What a dataset's write needs before its rows: the runtime, the run's mode, whether it is
+    audited, and the table a range run writes against when loaded ahead."""
+
+    runtime: Runtime
+    mode: ResolvedMode
+    audit: bool
+    ahead: LoadedAhead | None
 
 
 def _meta_value(raw: Any) -> Any:
@@ -206,11 +220,24 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             )
         output_meta = context.output_metadata or {}
         override = _meta_value(output_meta.get(MODE_OVERRIDE_KEY))
-        runtime = self.pipeline_output.runtime()
-        publisher = runtime.publisher
-        mode = publisher.resolve(spec, override=override)
         wanted = _meta_value(output_meta.get(AUDIT_OVERRIDE_KEY))
-        audit = (spec.audit if wanted is None else bool(wanted)) and "iceberg" in mode.arms
+
+        def setup(*, ahead: bool = False) -> _Setup:
+            runtime = self.pipeline_output.runtime()
+            mode = runtime.publisher.resolve(spec, override=override)
+            audit = (spec.audit if wanted is None else bool(wanted)) and "iceberg" in mode.arms
+            loaded = (
+                runtime.publisher.load_range_ahead(spec, mode=mode, audit=audit) if ahead else None
+            )
+            return _Setup(runtime, mode, audit, loaded)
+
+        if isinstance(obj, PartitionedOutput) and spec.delta is None:
+            # the write made ready while the first partition computes (`first_computed_while`)
+            obj, ready = first_computed_while(obj, lambda: setup(ahead=True))
+        else:
+            ready = setup()
+        runtime, mode, audit = ready.runtime, ready.mode, ready.audit
+        publisher = runtime.publisher
         if spec.delta is not None and not isinstance(obj, WindowedOutput):
             # a delta dataset's output computed by other code than `@dataset` (an asset or op of
             # the user's own): the same exactly-once apply per window, or refused before any I/O
@@ -231,7 +258,14 @@ class DatasetIOManager(dg.ConfigurableIOManager):
         note = _parity_note(context, mode)
         if partitioned is not None:  # Dagster's own partitions: one slice write each
             meta, last = write_partitions(
-                context, spec, partitioned, mode, runtime=runtime, audit=audit, note=note
+                context,
+                spec,
+                partitioned,
+                mode,
+                runtime=runtime,
+                audit=audit,
+                note=note,
+                ahead=ready.ahead,
             )
             # a range run's arms are on its last partition's materialisation, not the step's
             arms = ", ".join(mode.arms) if not meta else None

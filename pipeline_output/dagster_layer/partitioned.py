@@ -21,8 +21,9 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import dagster as dg
 import polars as pl
@@ -49,6 +50,9 @@ from pipeline_output.dagster_layer.compute_context import CONTEXT_PARAMETER, Key
 from pipeline_output.errors import InvalidSpec, RowsOutsideWindow, UnsupportedWrite
 from pipeline_output.services.publish import PublishResult, ResolvedMode
 from pipeline_output.services.runtime import Runtime
+from pipeline_output.stores.iceberg.write.range_write import LoadedAhead
+
+_T = TypeVar("_T")
 
 PARTITION_COLUMNS_KEY = "pipeline_output/partition_columns"
 KEY_PARAMETER = "partition_key"
@@ -176,6 +180,26 @@ class PartitionedOutput:
     zero-argument compute of its rows, written one by one."""
 
     items: tuple[tuple[PartitionSlice, Callable[[], Any]], ...]
+
+
+def first_computed_while(
+    out: PartitionedOutput, setup: Callable[[], _T]
+) -> tuple[PartitionedOutput, _T]:
+    """`out` with its first partition's rows computed on this thread while `setup` runs on
+    another, and what `setup` returned: a partition run's write readies its runtime, mode and
+    table (Postgres and catalog round trips, the table's metadata parsed) while the user's
+    compute runs — mostly polars, which leaves the GIL and a core to it — instead of before
+    it (issue 44). The compute's exception is raised as it is, `setup`'s outcome left to its
+    thread; `setup`'s exception is raised once the compute ended, its rows dropped."""
+    (part, compute), rest = out.items[0], out.items[1:]
+    pool = ThreadPoolExecutor(1, thread_name_prefix="po-write-setup")
+    try:
+        ready = pool.submit(setup)
+        rows = compute()
+        made = ready.result()
+    finally:
+        pool.shutdown(wait=False)
+    return PartitionedOutput(((part, lambda: rows), *rest)), made
 
 
 def partitioned_output(
@@ -344,6 +368,7 @@ def write_partitions(
     runtime: Runtime,
     audit: bool,
     note: str | None = None,
+    ahead: LoadedAhead | None = None,
 ) -> tuple[dict[str, Any], PublishResult]:
     """Compute and write each partition in order (`Publisher.publish_range`: a `replace`
     dataset's range run in iceberg mode as one commit, otherwise one commit per partition);
@@ -356,6 +381,7 @@ def write_partitions(
     and stored: issue 44): the mode and arms, the run's span (`run_metadata`), a one-commit run's
     timings, the table after the run (name, location, row count, column schema, file counts) and
     the run's `partitions` line (`range_line`; docs/reference.md, "A range run's materialisations").
+    `ahead`: the run's table, loaded while its first partition computed (`first_computed_while`).
     A range run logs one line saying what each partition did, and `note` after them
     (`parity_skip_note`); a one-partition run none — its materialisation's `partitions` is that
     line, and `parity` the note (each line is an event in the run's log)."""
@@ -378,6 +404,7 @@ def write_partitions(
         mode=mode,
         run_id=context.run_id,
         audit=audit,
+        ahead=ahead,
     )
     schema = schemas[0] if schemas else None
     last = written[-1][1]

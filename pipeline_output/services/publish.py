@@ -280,9 +280,11 @@ class Publisher:
         mode: ResolvedMode,
         run_id: str | None = None,
         audit: bool = False,
+        ahead: range_write.LoadedAhead | None = None,
     ) -> list[tuple[PartitionSlice, PublishResult]]:
         """Write the partitions of a Dagster range run, each `items` entry a slice and a
-        zero-argument compute of its rows, called in order.
+        zero-argument compute of its rows, called in order. `ahead`: what `load_range_ahead`
+        loaded while the caller computed the first partition.
 
         In `iceberg` mode, unaudited, for a dataset whose partition write is a replace
         (`range_write.combines`): at most one table load, one writer lock and one commit — one
@@ -294,10 +296,10 @@ class Publisher:
         commit) per partition."""
         pending = iter(items)
         done: list[tuple[PartitionSlice, PublishResult]] = []
-        if mode.mode == "iceberg" and not audit and range_write.combines(spec):
+        if self._one_commit(spec, mode=mode, audit=audit):
             if self.ledger is not None:
                 self.ledger.audit_log.note_unaudited(spec.name, run_id)
-            ranged = self.iceberg.write_range(spec, pending, run_id=run_id)
+            ranged = self.iceberg.write_range(spec, pending, run_id=run_id, ahead=ahead)
             for part, written in ranged.results:
                 out = PublishResult(dataset=spec.name, mode=mode)
                 out.results["iceberg"] = written
@@ -315,6 +317,21 @@ class Publisher:
             )
             done.append((part, one))
         return done
+
+    def load_range_ahead(
+        self, spec: DatasetSpec, *, mode: ResolvedMode, audit: bool = False
+    ) -> range_write.LoadedAhead | None:
+        """What a range run of `spec` in `mode` loads before its first partition, loaded now:
+        for a caller that computes that partition meanwhile, on another thread, and passes this
+        to `publish_range` (the Dagster IO manager: issue 44). None when the run loads nothing
+        ahead (it is not written as one commit: each partition is a `publish`)."""
+        if not self._one_commit(spec, mode=mode, audit=audit):
+            return None
+        return self.iceberg.load_ahead(spec)
+
+    def _one_commit(self, spec: DatasetSpec, *, mode: ResolvedMode, audit: bool) -> bool:
+        """Whether a range run of `spec` is written as one commit (`publish_range`)."""
+        return mode.mode == "iceberg" and not audit and range_write.combines(spec)
 
     def _publish_dual(
         self, spec: DatasetSpec, prep: Prepared, *, out: PublishResult, options: WriteOptions

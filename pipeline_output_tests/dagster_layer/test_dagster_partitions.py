@@ -469,3 +469,45 @@ def test_a_compute_taking_dagsters_context_sees_the_key_it_computes_in_a_range_r
     [mat] = down.get_asset_materialization_events()
     assert mat.event_specific_data.materialization.metadata["note"].value == "from by_context"  # type: ignore[union-attr]
     assert_same_multiset(table("plain_context", "iceberg"), expected)
+
+
+def test_a_partition_runs_write_is_made_ready_while_its_rows_compute(env, instance, monkeypatch):
+    """A partition run resolves its mode and loads its table on another thread while the step's
+    thread computes the rows (issue 44): here the mode's lookup waits until the compute has
+    started — where the write was made ready before the compute, it would wait in vain and the
+    run fail. The region is written (the oracle: the computes' rows), and again on a re-run."""
+    import threading
+
+    from pipeline_output.services.publish import Publisher
+    from pipeline_output.stores.iceberg import IcebergStore
+
+    computing = threading.Event()
+    where: dict[str, str] = {}
+    resolve, load_ahead = Publisher.resolve, IcebergStore.load_ahead
+
+    def resolve_once_computing(self: Publisher, spec: Any, **kwargs: Any) -> Any:
+        if spec.name == "regional_iceberg":
+            assert computing.wait(timeout=30), "the mode was resolved before the rows computed"
+            where["resolve"] = threading.current_thread().name
+        return resolve(self, spec, **kwargs)
+
+    def loading_ahead(self: IcebergStore, spec: Any) -> Any:
+        where["load_ahead"] = threading.current_thread().name
+        return load_ahead(self, spec)
+
+    monkeypatch.setattr(Publisher, "resolve", resolve_once_computing)
+    monkeypatch.setattr(IcebergStore, "load_ahead", loading_ahead)
+    source = {"eu": pl.DataFrame({"id": [1, 2], "region": ["eu", "eu"], "v": ["a", "b"]})}
+
+    class Computing(dict):  # type: ignore[type-arg]
+        def __getitem__(self, key: str) -> pl.DataFrame:
+            where["compute"] = threading.current_thread().name
+            computing.set()
+            return source[key]
+
+    defs = defs_for("iceberg", Computing())
+    for _ in range(2):
+        computing.clear()
+        assert run(defs, instance, "regional_iceberg", "eu").success
+        assert_same_multiset(table("regional_iceberg", "iceberg"), source["eu"])
+        assert where["resolve"] == where["load_ahead"] != where["compute"], where

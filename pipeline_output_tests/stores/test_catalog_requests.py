@@ -602,6 +602,58 @@ def test_a_commit_between_a_fresh_runs_load_and_its_lock_is_seen_and_the_run_pla
     assert on_disk <= history, on_disk - history
 
 
+def test_a_partition_run_given_its_table_loaded_ahead_loads_it_no_more(
+    catalog: Any, fresh_catalog: Callable[[], Any], pg_db_url: str
+) -> None:
+    """A fresh process's partition run handed the table loaded while its partition computed
+    (`IcebergStore.load_ahead`, the Dagster IO manager's way) makes no load of its own: one
+    commit, on that table, its slice replaced; run twice, the same table."""
+    partition_run(IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url)), 1)
+    partition_run(IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url)), 2)
+    mine = day_part(2)[1].head(4)
+    for _ in range(2):  # a re-run is the same write
+        fresh = fresh_catalog()
+        store = IcebergStore(fresh, "datasets", lock=AdvisoryLock(pg_db_url))
+        with sql_calls(fresh) as ahead_calls:
+            ahead = store.load_ahead(DAILY)
+        with sql_calls(fresh) as calls:
+            part, _ = day_part(2)
+            ranged = store.write_range(DAILY, iter([(part, lambda: mine)]), ahead=ahead)
+        assert ahead_calls == Counter(load_table=1), ahead_calls
+        assert calls == Counter(commit_table=1), calls
+        assert ranged.results[0][1].rows_inserted == 4
+        assert_same_multiset(store.read(DAILY), pl.concat([day_part(1)[1], mine]))
+
+
+def test_a_commit_after_the_table_was_loaded_ahead_is_seen_and_the_run_planned_again(
+    catalog: Any, fresh_catalog: Callable[[], Any], pg_db_url: str
+) -> None:
+    """Another engine appends to days 2 and 3 after the table was loaded ahead and before the
+    run takes its writer lock: the commit planned on the table loaded ahead is refused, the run
+    loads the table under the lock and replaces day 2's slice on it — the other engine's day-2
+    rows replaced, its day-3 rows kept — and no file of the refused attempt is left."""
+    partition_run(IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url)), 1)
+    fresh = fresh_catalog()
+    store = IcebergStore(fresh, "datasets", lock=AdvisoryLock(pg_db_url))
+    ahead = store.load_ahead(DAILY)
+    outside = fresh_catalog().load_table(("datasets", DAILY.name))  # another engine, no lock
+    theirs = pl.concat([day_part(2)[1].head(3), day_part(3)[1]]).with_columns(id=pl.col("id") + 50)
+    outside.append(theirs.to_arrow().cast(outside.schema().as_arrow()))
+    mine = day_part(2)[1].tail(5)
+    with sql_calls(fresh) as calls:
+        part, _ = day_part(2)
+        ranged = store.write_range(DAILY, iter([(part, lambda: mine)]), ahead=ahead)
+    # the refused commit, the load under the lock, the commit of the new plan
+    assert calls == Counter(load_table=1, commit_table=2), calls
+    result = ranged.results[0][1]
+    assert (result.rows_inserted, result.rows_deleted) == (5, 3), result
+    expected = pl.concat([day_part(1)[1], theirs.filter(pl.col("day") != date(2024, 1, 2)), mine])
+    assert_same_multiset(store.read(DAILY), expected)
+    table = fresh_catalog().load_table(("datasets", DAILY.name))
+    on_disk, history = data_files_on_disk_and_in_history(table)
+    assert on_disk <= history, on_disk - history
+
+
 TWO_RUNS_IN_A_FRESH_PROCESS = """
 import sys
 from pipeline_output import IcebergStore

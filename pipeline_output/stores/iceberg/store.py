@@ -61,7 +61,7 @@ from pipeline_output.stores.iceberg.write.merge import (
     write_existing,
 )
 from pipeline_output.stores.iceberg.write.prepare import PreparedWrite, Prewritten, prepare_write
-from pipeline_output.stores.iceberg.write.range_write import RangeWrite, write_range
+from pipeline_output.stores.iceberg.write.range_write import LoadedAhead, RangeWrite, write_range
 from pipeline_output.stores.iceberg.write.streaming import replace_streaming
 
 
@@ -292,11 +292,23 @@ class IcebergStore:
         items: Iterator[tuple[PartitionSlice, Callable[[], Any]]],
         *,
         run_id: str | None = None,
+        ahead: LoadedAhead | None = None,
     ) -> RangeWrite:
         """A range run's partitions of a `replace` dataset (`range_write.combines`): each
         computed and written to files in turn, then at most one load, one lock and one commit
-        replacing every slice: `range_write.write_range`."""
-        return write_range(self, spec, items, capabilities=self.capabilities, run_id=run_id)
+        replacing every slice: `range_write.write_range` (`ahead`: the table `load_ahead`
+        loaded while the caller computed the first partition)."""
+        return write_range(
+            self, spec, items, capabilities=self.capabilities, run_id=run_id, ahead=ahead
+        )
+
+    def load_ahead(self, spec: DatasetSpec) -> LoadedAhead:
+        """The table a range run of `spec` would load before its first partition, loaded now,
+        for a caller to compute that partition meanwhile (on another thread) and hand to
+        `write_range`: nothing is loaded when this process's last write left the table (the
+        run plans from that)."""
+        last = self.tables.as_written(spec)
+        return LoadedAhead(last if last is not None else self.tables.load(spec))
 
     def _consumed(self, dataset: str) -> Callable[[], bool]:
         """Whether a downstream consumes `dataset`'s changes, asked at most once, when needed."""

@@ -178,6 +178,18 @@ class _Prepared:
     nan_counts: dict[int, int]
 
 
+@dataclass(frozen=True)
+class LoadedAhead:
+    """The table a range run writes its files against, loaded before the run's first partition
+    was computed, while it computed (`IcebergStore.load_ahead`): a caller that computes that
+    partition itself hands it to `write_range` instead of the run loading it after. `table`
+    None: the table did not exist then. It stands for the load `write_range` makes before the
+    writer lock (the same table, a few milliseconds older): the commit plans and asserts it
+    under the lock as it does a table loaded there."""
+
+    table: Table | None
+
+
 @dataclass
 class RangeWrite:
     """What `write_range` did: each committed partition's result, in order, and the partition
@@ -274,14 +286,19 @@ def write_range(
     *,
     capabilities: Capabilities,
     run_id: str | None = None,
+    ahead: LoadedAhead | None = None,
 ) -> RangeWrite:
     """Compute, check and write each partition of `items` to data files in turn, then replace
     every slice in one commit under the writer lock (see the module doc). `items` is consumed
-    up to the partition the run stops at (`RangeWrite.stopped`), if any."""
+    up to the partition the run stops at (`RangeWrite.stopped`), if any. `ahead`: the table,
+    loaded while the caller computed the first partition (not loaded again)."""
     started = time.perf_counter()
     tables = store.tables
     last = tables.as_written(spec)
-    base = last or tables.load(spec)
+    if last is not None:
+        base: Table | None = last
+    else:
+        base = ahead.table if ahead is not None else tables.load(spec)
     # planned from the table as this process's last write left it, else as loaded here, before
     # the lock (no second load under it) while it holds the project's writer lock: the commit
     # asserts it (`IcebergStore.write`'s `_from_memory`); a table that moved in between is
