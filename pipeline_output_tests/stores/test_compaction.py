@@ -125,7 +125,7 @@ def test_compaction_plans_from_the_keys_statistics_and_commits_removed_entries_a
     """The plan decodes the manifests with the first sort key's statistics only (what bins
     are ordered and streamed by); the commit writes the removed entries from their own bytes:
     read back, every field of every removed file as before the compaction but its column
-    metrics, which a removed entry does not carry (`manifest_decoding.unmeasured`)."""
+    metrics, which a removed entry does not carry (`manifest_encoding.unmeasured`)."""
     from pyiceberg.manifest import DATA_FILE_TYPE, ManifestEntryStatus
 
     from pipeline_output.stores.iceberg.snapshot import manifests

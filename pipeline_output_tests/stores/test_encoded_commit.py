@@ -3,7 +3,7 @@
 A commit that removes files writes its ADDED entries' manifest under the Avro layout of a data
 manifest it removes files from (when that manifest's metadata is what pyiceberg's writer would
 write: the same table schema, spec, format version and codec) and a v2 manifest list under the v2
-schema, each record encoded from its values (`manifest_decoding.added_manifest`,
+schema, each record encoded from its values (`manifest_encoding.added_manifest`,
 `manifest_list_v2`), not through pyiceberg's writers. What they write reads back as what
 pyiceberg's writers write from the same records — the same entries and manifest records, the same
 Avro metadata —; a history through both paths (the fallback where the layout's metadata differs:
@@ -31,11 +31,11 @@ from pyiceberg.manifest import (
 from pyiceberg.utils.schema_conversion import AvroSchemaConversion
 
 from pipeline_output import DatasetSpec
-from pipeline_output.stores.iceberg.table.manifest_decoding import (
+from pipeline_output.stores.iceberg.table.manifest_decoding import read_manifest
+from pipeline_output.stores.iceberg.table.manifest_encoding import (
     MANIFEST_LIST_V2_SCHEMA,
     added_manifest,
     manifest_list_v2,
-    read_manifest,
 )
 from pipeline_output_tests.iceberg_harness import Harness, duckdb_with_iceberg
 from pipeline_output_tests.oracle import assert_same_multiset

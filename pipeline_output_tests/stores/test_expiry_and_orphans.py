@@ -345,9 +345,9 @@ def test_a_manifest_of_many_big_blocks_is_decoded_in_two_halves_entry_for_entry(
 ):
     """A manifest of `PARALLEL_BLOCKS` blocks or more is decoded natively as two halves at
     once: the same (status, snapshot, path) in the same order as pyiceberg's decoder."""
-    from pipeline_output.stores.iceberg.table import manifest_decoding
+    from pipeline_output.stores.iceberg.table import manifest_decoding, manifest_encoding
 
-    monkeypatch.setattr(manifest_decoding, "BLOCK_ENTRIES", 20)  # the removed entries: 7 blocks
+    monkeypatch.setattr(manifest_encoding, "BLOCK_ENTRIES", 20)  # the removed entries: 7 blocks
     monkeypatch.setattr(manifest_decoding, "NATIVE_BLOCK", 10)
     _compacted_121_files(h)
     removed, decoded = _removed_entries_decoded(h, monkeypatch)

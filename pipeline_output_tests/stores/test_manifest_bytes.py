@@ -1,4 +1,4 @@
-"""Manifests rewritten from their entries' own bytes (`table/manifest_decoding.py`) read back, by
+"""Manifests rewritten from their entries' own bytes (`table/manifest_encoding.py`) read back, by
 pyiceberg and by fastavro, entry for entry as the manifests they came from: every field of every
 data file equal, the status and sequence numbers as the rewrite says — on a partitioned table
 whose entries carry partition values, bounds and NaN counts, and through a copy-on-write commit
@@ -22,6 +22,8 @@ from pipeline_output.stores.iceberg.table.manifest_decoding import (
     Statistic,
     file_statistics,
     read_manifest,
+)
+from pipeline_output.stores.iceberg.table.manifest_encoding import (
     removed_manifest,
     rewrite_manifest,
 )

@@ -26,8 +26,8 @@ from pipeline_output.stores.iceberg.table.manifest_decoding import (
     ResolvedAvroFile,
     manifest_list,
     read_manifest,
-    rewrite_manifest,
 )
+from pipeline_output.stores.iceberg.table.manifest_encoding import rewrite_manifest
 from pipeline_output_tests.iceberg_harness import base, customers
 
 _FIELDS = (

@@ -261,7 +261,7 @@ def planned_bounds(table: Table, spec: DatasetSpec) -> frozenset[int]:
     bins are ordered by its lower bounds (`compaction_plan`) and a bin streams when its files'
     key ranges follow each other (`_ranges_in_order`). The manifests are decoded with these
     only (`manifests.ManifestIndex.read`); the commit writes the removed entries from the
-    values the plan decoded (`manifest_decoding.removed_manifest`)."""
+    values the plan decoded (`manifest_encoding.removed_manifest`)."""
     keys = sort_keys(table.metadata, spec)
     schema = table.schema()
     names = {f.name for f in schema.fields}

@@ -10,7 +10,7 @@ instead of re-reading every manifest twice, and aware of delete files:
   plan from is carried forward unread), from their entries' own bytes
   (`manifest_decoding.RawManifest`), packed near the merge target size, and drops manifests with
   no live file left; the removed data files' entries (DELETED) are written from the values read
-  (`manifest_decoding.removed_manifest`: a planner's, the columns it decoded), the plan's files
+  (`manifest_encoding.removed_manifest`: a planner's, the columns it decoded), the plan's files
   found among the entries by identity, whole manifests at a time, without a path matched;
 - it merges small data manifests on commit with Iceberg's `commit.manifest-merge.*` semantics
   (pyiceberg's merge manager), and folds the delete manifests earlier writes left into one once
@@ -170,15 +170,17 @@ from pipeline_output.stores.iceberg.table.file_io import Uploads, uploading
 from pipeline_output.stores.iceberg.table.manifest_decoding import (
     EntryValues,
     RawManifest,
-    Source,
-    added_manifest,
     entry_file_paths,
     entry_files,
     entry_kinds,
     file_paths,
+    partition_values,
+)
+from pipeline_output.stores.iceberg.table.manifest_encoding import (
+    Source,
+    added_manifest,
     manifest_list_v2,
     packed,
-    partition_values,
     removed_manifest,
     rewrite_manifest,
 )
@@ -770,7 +772,7 @@ class IndexedOverwrite(_OverwriteFiles):
         self, content: ManifestContent, spec_id: int, entries: list[ManifestEntry]
     ) -> ManifestFile | None:
         """The new data manifest of this snapshot's ADDED `entries`, encoded from their values
-        (`manifest_decoding.added_manifest`) under the Avro layout of a data manifest this
+        (`manifest_encoding.added_manifest`) under the Avro layout of a data manifest this
         commit removes files from — when that manifest's metadata is what pyiceberg's v2 writer
         writes for this snapshot (table schema, partition spec, format version, codec: the same
         layout) —, else None (pyiceberg's writer then): pyiceberg's writer builds the
@@ -818,7 +820,7 @@ class IndexedOverwrite(_OverwriteFiles):
 
     def _commit(self) -> UpdatesAndRequirements:
         """pyiceberg's snapshot producer's own commit step, a v2 table's manifest list encoded
-        from its records (`manifest_decoding.manifest_list_v2`: no Avro schema converted nor
+        from its records (`manifest_encoding.manifest_list_v2`: no Avro schema converted nor
         writer tree resolved per commit); pyiceberg's writer when that cannot encode it."""
         if self._transaction.table_metadata.format_version != 2:
             return super()._commit()
@@ -1110,7 +1112,7 @@ def _restamped(
 def _removed(entry: ManifestEntry, snapshot_id: int) -> ManifestEntry:
     """`entry` DELETED by `snapshot_id`, re-encoded: a data file without its column metrics
     (empty maps), as `rewrite_manifest` writes the removed entries it copies from their bytes
-    (`manifest_decoding.unmeasured`); a delete file whole (its path bounds name its data file)."""
+    (`manifest_encoding.unmeasured`); a delete file whole (its path bounds name its data file)."""
     data_file = entry.data_file
     if data_file.content == DataFileContent.DATA:
         bare = DataFile.from_args(

@@ -543,7 +543,7 @@ class ManifestIndex:
         `bounds`: a planner's index, its data files' statistics cut to those columns
         (`manifest_decoding.read_planned`) — enough to plan and commit from, never to write a
         live file's entry from anything but its own bytes (a removed file's is written from
-        its values: `manifest_decoding.removed_manifest`)."""
+        its values: `manifest_encoding.removed_manifest`)."""
         snapshot = metadata.current_snapshot()
         if snapshot is None:
             return cls(snapshot_id=None, table_name=table_name)
