@@ -231,7 +231,7 @@ class DatasetIOManager(dg.ConfigurableIOManager):
             )
             return _Setup(runtime, mode, audit, loaded)
 
-        if isinstance(obj, PartitionedOutput) and spec.delta is None:
+        if isinstance(obj, PartitionedOutput) and obj.items and spec.delta is None:
             # the write made ready while the first partition computes (`first_computed_while`)
             obj, ready = first_computed_while(obj, lambda: setup(ahead=True))
         else:
