@@ -500,6 +500,18 @@ def data_files_on_disk_and_in_history(table: Any) -> tuple[set[str], set[str]]:
     return on_disk, history
 
 
+def day_2_replaced_theirs_kept_no_file_left(
+    store: IcebergStore, catalog: Any, theirs: pl.DataFrame, mine: pl.DataFrame
+) -> None:
+    """The table is day 1, the other engine's rows outside day 2 and `mine` as day 2 (the oracle:
+    plain polars over the inputs), and no data file of a refused attempt is left on disk."""
+    expected = pl.concat([day_part(1)[1], theirs.filter(pl.col("day") != date(2024, 1, 2)), mine])
+    assert_same_multiset(store.read(DAILY), expected)
+    table = catalog.load_table(("datasets", DAILY.name))
+    on_disk, history = data_files_on_disk_and_in_history(table)
+    assert on_disk <= history, on_disk - history
+
+
 def test_a_second_partition_run_in_a_process_loads_no_table(catalog: Any, pg_db_url: str) -> None:
     """A process's next partition run plans from the table its last commit left (under the
     writer lock, the commit asserting that base): one commit, no table load."""
@@ -595,11 +607,7 @@ def test_a_commit_between_a_fresh_runs_load_and_its_lock_is_seen_and_the_run_pla
     # the first load, the refused commit, the load under the lock, the commit of the new plan
     assert calls == Counter(load_table=2, commit_table=2), calls
     assert (result.rows_inserted, result.rows_deleted) == (5, 3), result
-    expected = pl.concat([day_part(1)[1], theirs.filter(pl.col("day") != date(2024, 1, 2)), mine])
-    assert_same_multiset(store.read(DAILY), expected)
-    table = fresh_catalog().load_table(("datasets", DAILY.name))
-    on_disk, history = data_files_on_disk_and_in_history(table)
-    assert on_disk <= history, on_disk - history
+    day_2_replaced_theirs_kept_no_file_left(store, fresh_catalog(), theirs, mine)
 
 
 def test_a_partition_run_given_its_table_loaded_ahead_loads_it_no_more(
@@ -647,11 +655,7 @@ def test_a_commit_after_the_table_was_loaded_ahead_is_seen_and_the_run_planned_a
     assert calls == Counter(load_table=1, commit_table=2), calls
     result = ranged.results[0][1]
     assert (result.rows_inserted, result.rows_deleted) == (5, 3), result
-    expected = pl.concat([day_part(1)[1], theirs.filter(pl.col("day") != date(2024, 1, 2)), mine])
-    assert_same_multiset(store.read(DAILY), expected)
-    table = fresh_catalog().load_table(("datasets", DAILY.name))
-    on_disk, history = data_files_on_disk_and_in_history(table)
-    assert on_disk <= history, on_disk - history
+    day_2_replaced_theirs_kept_no_file_left(store, fresh_catalog(), theirs, mine)
 
 
 TWO_RUNS_IN_A_FRESH_PROCESS = """
