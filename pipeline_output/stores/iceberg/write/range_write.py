@@ -15,8 +15,9 @@ of slack the computing thread waited for an encode on a third of a 90-partition 
 partitions while a core idled; with a few queued, the encodes catch up in the compute's gaps
 (issue 44). Only each written
 partition's key columns are kept (keys stay unique across the run). The files are written
-against the table as this process's last write left it, else as loaded once (or, for a table
-that does not exist yet, against the transaction that creates it). Then the table's writer lock
+against the table as this process's last write left it, else as loaded once — by the caller
+while it computed the first partition (`LoadedAhead`: the Dagster IO manager), or here — (or,
+for a table that does not exist yet, against the transaction that creates it). Then the table's writer lock
 is taken and the commit planned on that same table, not loaded again, while the process holds
 the project's writer lock (`IcebergTables.plans_from_memory`): the commit then asserts that base
 (`merge.assert_base`), and when another engine committed in between (the commit refused, a file
@@ -299,10 +300,10 @@ def write_range(
         base: Table | None = last
     else:
         base = ahead.table if ahead is not None else tables.load(spec)
-    # planned from the table as this process's last write left it, else as loaded here, before
-    # the lock (no second load under it) while it holds the project's writer lock: the commit
-    # asserts it (`IcebergStore.write`'s `_from_memory`); a table that moved in between is
-    # loaded under the lock and the commit planned again
+    # planned from the table as this process's last write left it, else as loaded (here or by
+    # the caller, ahead) before the lock (no second load under it) while it holds the project's
+    # writer lock: the commit asserts it (`IcebergStore.write`'s `_from_memory`); a table that
+    # moved in between is loaded under the lock and the commit planned again
     remembered = base if base is not None and tables.plans_from_memory(spec) else None
     out = RangeWrite()
     target: _Target | None = None
