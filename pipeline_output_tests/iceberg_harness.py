@@ -120,6 +120,36 @@ def as_kind(frame: pl.DataFrame, kind: str) -> Any:
     raise AssertionError(kind)
 
 
+DATA_FILE_FIELDS = (
+    "content",
+    "file_path",
+    "file_format",
+    "record_count",
+    "file_size_in_bytes",
+    "column_sizes",
+    "value_counts",
+    "null_value_counts",
+    "nan_value_counts",
+    "lower_bounds",
+    "upper_bounds",
+    "key_metadata",
+    "split_offsets",
+    "equality_ids",
+    "sort_order_id",
+    "spec_id",
+)
+"""Every field of a manifest entry's data file but its partition (a `Record`)."""
+
+
+def data_file_values(data_file: Any) -> dict[str, Any]:
+    """A data file's `DATA_FILE_FIELDS` (maps as dicts) and its partition (a tuple): what two
+    reads of the same entry must agree on."""
+    out = {name: getattr(data_file, name) for name in DATA_FILE_FIELDS}
+    out = {k: dict(v) if hasattr(v, "items") else v for k, v in out.items()}
+    out["partition"] = tuple(data_file.partition)
+    return out
+
+
 def duckdb_with_iceberg() -> Any:
     """A DuckDB connection with its Avro and Iceberg extensions loaded from their PyPI wheels
     (no download at test time: the machine may have no network)."""

@@ -27,30 +27,7 @@ from pipeline_output.stores.iceberg.table.manifest_encoding import (
     removed_manifest,
     rewrite_manifest,
 )
-from pipeline_output_tests.iceberg_harness import customers
-
-
-def _fields(data_file: Any) -> dict[str, Any]:
-    names = [
-        "content",
-        "file_path",
-        "file_format",
-        "record_count",
-        "file_size_in_bytes",
-        "column_sizes",
-        "value_counts",
-        "null_value_counts",
-        "nan_value_counts",
-        "lower_bounds",
-        "upper_bounds",
-        "split_offsets",
-        "sort_order_id",
-        "equality_ids",
-    ]
-    out = {n: getattr(data_file, n) for n in names}
-    out = {k: dict(v) if hasattr(v, "items") else v for k, v in out.items()}
-    out["partition"] = tuple(data_file.partition)
-    return out
+from pipeline_output_tests.iceberg_harness import customers, data_file_values
 
 
 def _table(h: Any) -> Any:
@@ -77,7 +54,9 @@ def test_a_manifest_rewritten_from_bytes_reads_back_entry_for_entry(h):
         entries, raw = read_manifest(manifest, io)
         assert raw is not None and len(raw.data_files) == len(entries)
         expected = manifest.fetch_manifest_entry(io, discard_deleted=True)
-        assert [_fields(e.data_file) for e in entries] == [_fields(e.data_file) for e in expected]
+        assert [data_file_values(e.data_file) for e in entries] == [
+            data_file_values(e.data_file) for e in expected
+        ]
         output = io.new_output(manifest.manifest_path.replace(".avro", "-copy.avro"))
         written = rewrite_manifest(
             output,
@@ -90,7 +69,9 @@ def test_a_manifest_rewritten_from_bytes_reads_back_entry_for_entry(h):
         assert written is not None
         assert written.existing_files_count == len(entries) and written.added_files_count == 0
         back = written.fetch_manifest_entry(io, discard_deleted=False)
-        assert [_fields(e.data_file) for e in back] == [_fields(e.data_file) for e in expected]
+        assert [data_file_values(e.data_file) for e in back] == [
+            data_file_values(e.data_file) for e in expected
+        ]
         assert {e.status for e in back} == {ManifestEntryStatus.EXISTING}
         assert [(e.snapshot_id, e.sequence_number, e.file_sequence_number) for e in back] == [
             (e.snapshot_id, e.sequence_number, e.file_sequence_number) for e in expected
@@ -169,7 +150,7 @@ def test_removed_entries_written_from_their_values_are_the_bytes_stripped_from_t
             was.sequence_number,
             was.file_sequence_number,
         )
-        mine, theirs = _fields(entry.data_file), _fields(was.data_file)
+        mine, theirs = data_file_values(entry.data_file), data_file_values(was.data_file)
         assert [mine[m] for m in metrics] == [{}] * 6 and theirs["value_counts"]
         kept = [k for k in mine if k not in metrics]
         assert [mine[k] for k in kept] == [theirs[k] for k in kept]
@@ -234,7 +215,7 @@ def test_a_planners_read_gives_the_same_entries_and_bytes_with_only_the_asked_st
             )
             assert got.file_sequence_number == want.file_sequence_number
             assert got.data_file.spec_id == want.data_file.spec_id
-            mine, theirs = _fields(got.data_file), _fields(want.data_file)
+            mine, theirs = data_file_values(got.data_file), data_file_values(want.data_file)
             assert {k: v for k, v in mine.items() if k not in cut} == {
                 k: v for k, v in theirs.items() if k not in cut
             }
@@ -399,7 +380,9 @@ def test_a_planners_index_gives_whole_entries_back_for_re_encoding(h):
         whole, _ = read_manifest(manifest, table.io)
         back = index.live.whole(planned)
         assert not any(isinstance(e.data_file, PartialDataFile) for e in back)
-        assert [_fields(e.data_file) for e in back] == [_fields(e.data_file) for e in whole]
+        assert [data_file_values(e.data_file) for e in back] == [
+            data_file_values(e.data_file) for e in whole
+        ]
         assert [(e.status, e.sequence_number, e.file_sequence_number) for e in back] == [
             (e.status, e.sequence_number, e.file_sequence_number) for e in whole
         ]

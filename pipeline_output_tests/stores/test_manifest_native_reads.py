@@ -28,32 +28,13 @@ from pipeline_output.stores.iceberg.table.manifest_decoding import (
     read_manifest,
 )
 from pipeline_output.stores.iceberg.table.manifest_encoding import rewrite_manifest
-from pipeline_output_tests.iceberg_harness import base, customers
-
-_FIELDS = (
-    "content",
-    "file_path",
-    "file_format",
-    "record_count",
-    "file_size_in_bytes",
-    "column_sizes",
-    "value_counts",
-    "null_value_counts",
-    "nan_value_counts",
-    "lower_bounds",
-    "upper_bounds",
-    "key_metadata",
-    "split_offsets",
-    "equality_ids",
-    "sort_order_id",
-    "spec_id",
-)
+from pipeline_output_tests.iceberg_harness import DATA_FILE_FIELDS, base, customers
 
 
 def _entry(entry: Any) -> tuple[Any, ...]:
     """Everything a read gives of an entry, maps as dicts, each value with its type."""
     data_file = entry.data_file
-    values = [getattr(data_file, name) for name in _FIELDS]
+    values = [getattr(data_file, name) for name in DATA_FILE_FIELDS]
     values = [dict(v) if hasattr(v, "items") else v for v in values]
     values.append(tuple(data_file.partition))
     head = (entry.status, entry.snapshot_id, entry.sequence_number, entry.file_sequence_number)
