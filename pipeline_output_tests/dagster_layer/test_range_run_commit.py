@@ -367,6 +367,41 @@ def test_a_partition_run_reads_the_tables_manifests_while_its_partition_encodes(
     assert_same_multiset(table(), pl.concat(source.values()))
 
 
+def test_a_partition_run_plans_its_commit_while_its_partition_encodes(env, instance, monkeypatch):
+    """The commit's plan — the files each slice replaces found, the rows each partition
+    deletes counted — is made while the run's last partition is still encoding, not after it:
+    the encode waits for the plan (it would time out were the plan made after the files).
+    Re-running the partition gives the same table (the oracle: plain polars over the inputs)."""
+    source: dict[str, Any] = {
+        d: day_rows(d, [n * 10 + i for i in range(3)]) for n, d in enumerate(DAYS)
+    }
+    defs = defs_for(source)
+    assert run(defs, instance, *DAYS)
+    planned = threading.Event()
+    real_replace, real_write = range_write._replace_slices, DataFileWriter.write
+    overlapped: list[bool] = []
+
+    def replace_slices(*args: Any, **kwargs: Any) -> Any:
+        planned.set()
+        return real_replace(*args, **kwargs)
+
+    def write(self: DataFileWriter, frame: pl.DataFrame, **options: Any) -> list[Any]:
+        overlapped.append(planned.wait(timeout=10))  # the commit is planned meanwhile
+        return real_write(self, frame, **options)
+
+    monkeypatch.setattr(range_write, "_replace_slices", replace_slices)
+    monkeypatch.setattr(DataFileWriter, "write", write)
+    source[DAYS[1]] = day_rows(DAYS[1], [10, 17, 18], version=2)
+    for attempt in (1, 2):  # a re-run replaces the same slice with the same rows
+        planned.clear()
+        assert run(defs, instance, DAYS[1])
+        assert overlapped == [True] * attempt
+        assert len(snapshots()) == 1 + attempt
+        assert_same_multiset(table(), pl.concat(source.values()))
+        meta = partition_meta(instance, NAME, DAYS[1])
+        assert meta["rows_deleted"] == 3, sorted(meta)
+
+
 def test_a_partition_run_sets_up_file_statistics_once_for_the_one_writer_that_writes(
     env, instance, monkeypatch
 ):

@@ -22,14 +22,18 @@ is taken and the commit planned on that same table, not loaded again, while the 
 the project's writer lock (`IcebergTables.plans_from_memory`): the commit then asserts that base
 (`merge.assert_base`), and when another engine committed in between (the commit refused, a file
 planned from gone) the run's files are kept, the table loaded and the commit planned again on
-it, once (without the writer lock, or after such a refusal: loaded under the lock, once) —, its
-manifests read while the last partitions encode, and
+it, once (without the writer lock, or after such a refusal: loaded under the lock, once) —, and
 one snapshot replaces every slice of the run: files wholly inside a slice are dropped unread, files
 straddling one are read and rewritten or kept with a positional delete file (`MergePolicy`),
 and a keyed dataset's rows outside the slices whose key the run writes go too (a key moved
-into a slice), as a one-partition replace does. A failure anywhere before the commit — a
-compute raising, a row outside its slice, an empty partition that would delete rows — commits
-nothing and deletes the files written.
+into a slice), as a one-partition replace does. That commit is planned while the last
+partitions encode (`_plan_commit`: the table's manifests read, the files each slice replaces
+found, straddling files rewritten, the rows each partition deletes counted — from each
+partition's slice, rows and keys, known before its files are), and committed once their files
+are written (`_finish_commit`): a one-partition run plans its commit during its encode,
+instead of after it (issue 44). A failure anywhere before the commit — a compute raising, a row outside its
+slice, an empty partition that would delete rows, an encode failing — commits nothing and
+deletes the files written (the plan's rewrites too).
 
 Each partition keeps its own `WriteResult` (its rows in, inserted, deleted from its slice)
 and so its own deploy record and Dagster materialisation; they share the snapshot id. The
@@ -81,7 +85,7 @@ from pyiceberg.types import (
 )
 
 from pipeline_output.contract.checked_input import checked_frame, polars_schema
-from pipeline_output.contract.plan import RowCounts, WriteResult, plan_write
+from pipeline_output.contract.plan import RowCounts, WritePlan, WriteResult, plan_write
 from pipeline_output.contract.slices import PartitionSlice, check_in_partition
 from pipeline_output.contract.spec import STRATEGIES, DatasetSpec
 from pipeline_output.errors import (
@@ -265,10 +269,14 @@ class _Target:
         keys = aligned.select(pk) if pk else None
         return _Prepared(part, aligned, keys, self.writer.nan_counts(aligned))
 
-    def write(self, prepared: _Prepared) -> SlicePart:
-        frame = prepared.frame
-        files = self.writer.write(frame, nan_counts=prepared.nan_counts)
-        return SlicePart(prepared.partition, frame.height, files, prepared.keys)
+    def part_of(self, prepared: _Prepared) -> SlicePart:
+        """The partition as the commit sees it, its files to come (`write`): what the commit
+        plans from (its slice, rows, keys) is known before its encode ends."""
+        return SlicePart(prepared.partition, prepared.frame.height, [], prepared.keys)
+
+    def write(self, prepared: _Prepared, part: SlicePart) -> None:
+        """Encode `prepared` to data files, the files then `part`'s."""
+        part.files = self.writer.write(prepared.frame, nan_counts=prepared.nan_counts)
 
     def same_table(self, table: Table) -> bool:
         meta, mine = table.metadata, self.metadata
@@ -313,14 +321,14 @@ def write_range(
         try:
             # the pool's exit waits for every encode: a failure deletes all files written
             with ThreadPoolExecutor(ENCODE_THREADS, "po-range-encode") as pool:
-                encoding: deque[tuple[Future[SlicePart], int]] = deque()
+                encoding: deque[tuple[Future[None], int]] = deque()
                 try:
                     for part, compute in items:
                         while encoding and (
                             len(encoding) >= ENCODE_FRAMES
                             or sum(size for _, size in encoding) >= ENCODE_BYTES
                         ):
-                            parts.append(encoding.popleft()[0].result())
+                            encoding.popleft()[0].result()
                         frame = checked_frame(spec, compute())
                         capabilities.check_frame(spec, frame)
                         check_in_partition(spec, frame, part)
@@ -332,28 +340,34 @@ def write_range(
                         size = int(frame.estimated_size())
                         prepared = target.prepare(spec, part, frame)
                         del frame
-                        encoding.append((pool.submit(target.write, prepared), size))
+                        parts.append(target.part_of(prepared))
+                        encoding.append((pool.submit(target.write, prepared, parts[-1]), size))
                         del prepared
-                    if target is None or not (parts or encoding):
+                    if target is None or not parts:
                         return out
 
                     def drain() -> None:
                         while encoding:
-                            parts.append(encoding.popleft()[0].result())
+                            encoding.popleft()[0].result()
 
-                    # the lock, the table and its manifests while the last partitions encode
+                    # the lock, the table, its manifests and the commit's plan while the last
+                    # partitions encode; the commit once they are written
                     with tables.hold(spec, on=held) as stats:
-                        attempt = partial(
-                            _commit, tables, spec, target, parts=parts, run_id=run_id, fence=stats
-                        )
+                        # the lock's check, asked once now while the files encode: the session's
+                        # first look at `pg_locks` (~1 ms on a fresh session) is not then on the
+                        # path to the swap, whose check right before it is a plain round trip
+                        stats.verify()
+                        plan = partial(_plan_commit, tables, spec, target, parts, run_id=run_id)
+                        finish = partial(_finish_commit, tables, spec, target, parts, fence=stats)
                         outcome = None
                         if remembered is not None:
-                            outcome = _from_memory(tables, spec, target, remembered, attempt, drain)
+                            outcome = _from_memory(
+                                tables, spec, target, remembered, plan, finish, drain
+                            )
                         if outcome is None:
-                            table = tables.load_since(spec, last)
-                            planned = _planned(target, table)
-                            drain()
-                            outcome = attempt(table, planned=planned)
+                            planned = plan(tables.load_since(spec, last))
+                            _drained(drain, planned)
+                            outcome = finish(planned)
                         results, committed = outcome
                         tables.remember(spec, committed)
                 except BaseException:
@@ -397,7 +411,8 @@ def _from_memory(
     spec: DatasetSpec,
     target: _Target,
     table: Table,
-    attempt: Callable[..., tuple[list[WriteResult], Table | None]],
+    plan: Callable[..., _CommitPlan],
+    finish: Callable[[_CommitPlan], tuple[list[WriteResult], Table | None]],
     drain: Callable[[], None],
 ) -> tuple[list[WriteResult], Table | None] | None:
     """The run's commit planned on `table` as this process's last write left it, without
@@ -408,61 +423,65 @@ def _from_memory(
     commit again, once. The files a refused attempt wrote itself (rewrites of straddling files)
     are deleted as on any failure."""
     try:
-        planned = _planned(target, table)
+        planned = plan(table, asserted=True)
+    except EmptyComputeRefused:
+        now = tables.load(spec)
+        if now is not None and now.metadata_location == table.metadata_location:
+            raise  # judged on the table as it is
+        tables.contended(spec, by_others=True)
+        return None
     except (FileNotFoundError, NoSuchTableError):
         tables.contended(spec, by_others=True)
         return None
-    drain()
+    _drained(drain, planned)
     try:
-        return attempt(table, planned=planned, asserted=True)
+        return finish(planned)
     except WriteConflict as exc:
         # certainly not committed, the run's files kept (`CommitRequest.keep`): its own again —
         # deleted when it fails, as files not yet handed to a commit are
         target.handed = False
         if isinstance(exc, (LockLost, FilesRemoved)):
             raise
-    except EmptyComputeRefused:
-        now = tables.load(spec)
-        if now is not None and now.metadata_location == table.metadata_location:
-            raise  # judged on the table as it is
     except (FileNotFoundError, NoSuchTableError):
         target.handed = False  # the catalog refused a commit to a table that is gone
     tables.contended(spec, by_others=True)
     return None
 
 
-def _planned(
-    target: _Target, table: Table | None
-) -> tuple[ManifestIndex, list[FileScanTask]] | None:
-    """The manifest index of `table` and its live files, read under the writer lock while the
-    run's last partitions encode, when the commit replaces slices of it (None: it does not, or
-    `_commit` refuses it)."""
-    if table is None or target.create is not None or not target.same_table(table):
-        return None
-    if state_of(table).first_deploy:
-        return None
-    index = read_index(table)
-    return index, index.tasks()
+@dataclass
+class _CommitPlan:
+    """The run's one commit as planned while its last partitions encode (`_plan_commit`):
+    everything but its new data files, which `_finish_commit` adds once they are written.
+    `tx` None: nothing is replaced (a new table, or its first deploy): every file is an insert."""
+
+    table: Table | None
+    plans: list[WritePlan]
+    props: dict[str, str]
+    asserted: bool
+    tx: Transaction | None = None
+    index: ManifestIndex | None = None
+    total_before: int = 0
+    changes: MergeChanges = field(default_factory=MergeChanges)
+    deleted: list[int] = field(default_factory=list)
 
 
-def _commit(
+def _plan_commit(
     tables: IcebergTables,
     spec: DatasetSpec,
     target: _Target,
-    table: Table | None,
     parts: list[SlicePart],
+    table: Table | None,
     *,
     run_id: str | None,
-    fence: LockStats,
-    planned: tuple[ManifestIndex, list[FileScanTask]] | None = None,
     asserted: bool = False,
-) -> tuple[list[WriteResult], Table | None]:
-    """The one commit of the run, under the writer lock: each partition's result, and the
-    table as the commit left it (None: reload it next time). `planned`: the table's manifest
-    index and live files, read already (`_planned`). `asserted`: `table` was not loaded (it is
-    as this process's last write left it): the commit asserts it as its base
-    (`merge.assert_base`), and a refused commit leaves the run's files in place for the plan
-    made again on the table loaded (`CommitRequest.keep`)."""
+) -> _CommitPlan:
+    """The run's commit on `table` (loaded under the writer lock, or — `asserted` — as this
+    process's last write left it: the commit then asserts it as its base, `merge.assert_base`),
+    planned from each partition's slice, rows and keys while their files are still encoding:
+    the table's manifests read, the files each slice replaces found, straddling files rewritten
+    or given positional deletes (`_replace_slices`), an empty partition that would delete rows
+    refused (`EmptyComputeRefused`, nothing written). A table created, dropped or changed in
+    schema or partitioning since the run was planned refuses it (`WriteConflict`)."""
     name = tables.table_name(spec)
     if target.create is not None and table is not None:
         raise WriteConflict(
@@ -484,14 +503,74 @@ def _commit(
     _check_unique_keys(spec, parts)
     props = summary_properties(spec, plans[0], run_id)
     props[f"{PROPERTY_PREFIX}partition"] = f"{parts[0].partition.key}..{parts[-1].partition.key}"
-    ready = [f for p in parts for f in p.files]
-    kept = frozenset(f.file_path for f in ready) if asserted else frozenset()
+    planned = _CommitPlan(table, plans, props, asserted)
     if table is None or state.first_deploy:  # nothing to replace: every file is an insert
         inserted = sum(p.rows_in for p in parts)
         props.update(row_properties(RowCounts(inserted=inserted), added_are_inserts=True))
+        return planned
+    tx = planned.tx = FlatTransaction(table)
+    if asserted:
+        assert_base(tx, MAIN_BRANCH)
+    upgrade_properties(tx)
+    index = planned.index = read_index(table)
+    schema = tx.table_metadata.schema()
+    planned.total_before = total_records(table)
+    changes, deleted = _replace_slices(spec, table, tx, index.tasks(), schema, parts)
+    try:
+        for p, gone in zip(parts, deleted, strict=True):
+            if p.rows_in == 0 and gone and not spec.allow_empty:
+                raise EmptyComputeRefused(
+                    f"dataset {spec.name!r}: the compute returned no rows for partition "
+                    f"{p.partition.key} and its replace would delete {gone} target row(s); set "
+                    "allow_empty=True to allow it (nothing was written)"
+                )
+    except BaseException:
+        for data_file in changes.written:
+            delete_quietly(table.io, data_file.file_path)
+        raise
+    props.update(row_properties(changes))
+    planned.changes, planned.deleted = changes, deleted
+    return planned
+
+
+def _discard(planned: _CommitPlan, io: FileIO) -> None:
+    """Delete the files a plan wrote itself (rewrites of straddling files): it is not committed."""
+    for data_file in planned.changes.written:
+        delete_quietly(io, data_file.file_path)
+
+
+def _drained(drain: Callable[[], None], planned: _CommitPlan) -> None:
+    """Wait for every partition's files (`drain`); an encode that failed leaves the plan
+    uncommitted: the files it wrote itself go."""
+    try:
+        drain()
+    except BaseException:
+        if planned.table is not None:
+            _discard(planned, planned.table.io)
+        raise
+
+
+def _finish_commit(
+    tables: IcebergTables,
+    spec: DatasetSpec,
+    target: _Target,
+    parts: list[SlicePart],
+    planned: _CommitPlan,
+    *,
+    fence: LockStats,
+) -> tuple[list[WriteResult], Table | None]:
+    """The one commit of the run, under the writer lock, as `planned` with every partition's
+    files written: each partition's result, and the table as the commit left it (None: reload
+    it next time). When the plan was made on the table as this process's last write left it
+    (`asserted`), a refused commit leaves the run's files in place for the plan made again on
+    the table loaded (`CommitRequest.keep`)."""
+    table, plans, props = planned.table, planned.plans, planned.props
+    ready = [f for p in parts for f in p.files]
+    kept = frozenset(f.file_path for f in ready) if planned.asserted else frozenset()
+    if planned.tx is None:  # nothing to replace: every file is an insert
         tx = target.create if table is None else FlatTransaction(table)
         assert tx is not None
-        if asserted and table is not None:
+        if planned.asserted and table is not None:
             assert_base(tx, MAIN_BRANCH)
         target.handed = True
         try:
@@ -510,11 +589,12 @@ def _commit(
             for data_file in ready:
                 delete_quietly(target.io, data_file.file_path)
             raise WriteConflict(
-                f"dataset {spec.name!r}: {name} was created by another writer after this range "
-                "run was planned; nothing was committed — run it again"
+                f"dataset {spec.name!r}: {tables.table_name(spec)} was created by another "
+                "writer after this range run was planned; nothing was committed — run it again"
             ) from exc
         after = tables.load(spec) if table is None else committed
         snap = after.current_snapshot() if after is not None else None
+        inserted = sum(p.rows_in for p in parts)
         results = [
             WriteResult.inserts(
                 plan,
@@ -526,35 +606,11 @@ def _commit(
             for plan, p in zip(plans, parts, strict=True)
         ]
         return _totals(results, inserted), after
-    tx = FlatTransaction(table)
-    if asserted:
-        assert_base(tx, MAIN_BRANCH)
-    upgrade_properties(tx)
-    if planned is None:
-        index = read_index(table)
-        tasks = index.tasks()
-    else:
-        index, tasks = planned
-    schema = tx.table_metadata.schema()
-    total_before = total_records(table)
-    changes, deleted = _replace_slices(spec, table, tx, tasks, schema, parts)
-    try:
-        for p, gone in zip(parts, deleted, strict=True):
-            if p.rows_in == 0 and gone and not spec.allow_empty:
-                raise EmptyComputeRefused(
-                    f"dataset {spec.name!r}: the compute returned no rows for partition "
-                    f"{p.partition.key} and its replace would delete {gone} target row(s); set "
-                    "allow_empty=True to allow it (nothing was written)"
-                )
-    except BaseException:
-        for data_file in changes.written:
-            delete_quietly(table.io, data_file.file_path)
-        raise
-    props.update(row_properties(changes))
+    changes = planned.changes
     target.handed = True  # the commit deletes its files when it certainly failed
     committed = commit(
         CommitRequest(
-            tx=tx,
+            tx=planned.tx,
             dataset=spec.name,
             properties=props,
             frames=changes.new_frames,
@@ -562,11 +618,12 @@ def _commit(
             deleted=changes.deleted_files,
             positional=changes.positional,
             fence=fence,
-            index=index,
+            index=planned.index,
             keep=kept,
         )
     )
     snapshot_id = head(committed)
+    total_before = planned.total_before
     results = [
         WriteResult.of(
             plan,
@@ -577,7 +634,7 @@ def _commit(
             snapshot_id=snapshot_id,
             files_added=len(p.files),
         )
-        for plan, p, gone in zip(plans, parts, deleted, strict=True)
+        for plan, p, gone in zip(plans, parts, planned.deleted, strict=True)
     ]
     return _totals(results, total_before + changes.inserted - changes.deleted), committed
 
