@@ -462,7 +462,7 @@ def main() -> int:
 def _fmt(r: dict[str, object]) -> str:
     if "seconds" not in r:
         return f"cannot: {r.get('error')}"
-    out = f"{float(r['seconds']):8.2f} s"  # type: ignore[arg-type]
+    out = f"{float(r['seconds']):8.3f} s"  # type: ignore[arg-type]
     if "rows" in r:
         right = r["rows"] == r["expected"]
         out += f"  rows {r['rows']:,} of {r['expected']:,}" + ("" if right else "  WRONG")  # type: ignore[str-format]
@@ -505,10 +505,10 @@ def report(results, engines, order, *, n: int, encode: float, commit: float, pai
         if ours is None or base is None:
             continue
         m = ours - base
-        line = f"  {w:9s} marginal ours {m:.2f} s"
+        line = f"  {w:9s} marginal ours {m:.3f} s"
         if dl is not None:
             md = dl - base
-            line += f", deltalake {md:.2f} s: {m / md if md > 0 else float('inf'):.2f}x"
+            line += f", deltalake {md:.3f} s: {m / md if md > 0 else float('inf'):.2f}x"
         peers = [s for s in (right("deltalake", w), right("iceberg", w)) if s is not None]
         if peers:
             line += f"; total ours / best peer {ours / min(peers):.2f}x"
