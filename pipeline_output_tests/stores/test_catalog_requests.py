@@ -633,6 +633,37 @@ def test_a_partition_run_given_its_table_loaded_ahead_loads_it_no_more(
         assert_same_multiset(store.read(DAILY), pl.concat([day_part(1)[1], mine]))
 
 
+def test_a_partition_run_given_its_table_loaded_ahead_converts_its_schema_no_more(
+    catalog: Any, fresh_catalog: Callable[[], Any], pg_db_url: str, monkeypatch: Any
+) -> None:
+    """The schemas a run's files are written with (Arrow with field ids, and polars) are
+    converted when the table is loaded ahead, beside the compute, not by the run after it; the
+    files are written with them: the slice replaced, the table equal to the oracle, twice."""
+    from pipeline_output.stores.iceberg.write import range_write
+
+    partition_run(IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url)), 1)
+    partition_run(IcebergStore(catalog, "datasets", lock=AdvisoryLock(pg_db_url)), 2)
+    real = range_write._schemas
+    converted: list[str] = []
+
+    def schemas(schema: Any) -> Any:
+        converted.append("converted")
+        return real(schema)
+
+    monkeypatch.setattr(range_write, "_schemas", schemas)
+    mine = day_part(2)[1].tail(3)
+    for _ in range(2):  # a re-run is the same write
+        store = IcebergStore(fresh_catalog(), "datasets", lock=AdvisoryLock(pg_db_url))
+        ahead = store.load_ahead(DAILY)
+        assert converted == ["converted"], converted
+        part, _ = day_part(2)
+        ranged = store.write_range(DAILY, iter([(part, lambda: mine)]), ahead=ahead)
+        assert converted == ["converted"], converted  # none by the run
+        assert ranged.results[0][1].rows_inserted == 3
+        assert_same_multiset(store.read(DAILY), pl.concat([day_part(1)[1], mine]))
+        converted.clear()
+
+
 def test_a_commit_after_the_table_was_loaded_ahead_is_seen_and_the_run_planned_again(
     catalog: Any, fresh_catalog: Callable[[], Any], pg_db_url: str
 ) -> None:

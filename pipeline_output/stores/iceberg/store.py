@@ -61,7 +61,12 @@ from pipeline_output.stores.iceberg.write.merge import (
     write_existing,
 )
 from pipeline_output.stores.iceberg.write.prepare import PreparedWrite, Prewritten, prepare_write
-from pipeline_output.stores.iceberg.write.range_write import LoadedAhead, RangeWrite, write_range
+from pipeline_output.stores.iceberg.write.range_write import (
+    LoadedAhead,
+    RangeWrite,
+    loaded_ahead,
+    write_range,
+)
 from pipeline_output.stores.iceberg.write.streaming import replace_streaming
 
 
@@ -308,7 +313,7 @@ class IcebergStore:
         `write_range`: nothing is loaded when this process's last write left the table (the
         run plans from that)."""
         last = self.tables.as_written(spec)
-        return LoadedAhead(last if last is not None else self.tables.load(spec))
+        return loaded_ahead(last if last is not None else self.tables.load(spec))
 
     def _consumed(self, dataset: str) -> Callable[[], bool]:
         """Whether a downstream consumes `dataset`'s changes, asked at most once, when needed."""

@@ -179,6 +179,12 @@ def flat_statistics_plan(
     return plan
 
 
+def file_arrow_schema(schema: Schema) -> pa.Schema:
+    """`schema` as Arrow, with `PARQUET:field_id` metadata: the schema a table's data files
+    are written with (`DataFileWriter.arrow_schema`)."""
+    return schema_to_pyarrow(schema, include_field_ids=True)
+
+
 class DataFileWriter(TableFileWriter):
     """Writes frames as data files of one table (one write id, numbered files)."""
 
@@ -189,9 +195,13 @@ class DataFileWriter(TableFileWriter):
         *,
         write_id: uuid.UUID,
         target_bytes: int | None = None,
+        arrow_schema: pa.Schema | None = None,
     ) -> None:
+        """`arrow_schema`: the table's (`file_arrow_schema`), when the caller has it already."""
         super().__init__(metadata, file_io, write_id=write_id, schema=metadata.schema())
         self._schema = metadata.schema()
+        if arrow_schema is not None:
+            self.__dict__["arrow_schema"] = arrow_schema  # the cached property, given
         props = metadata.properties
         self._target = target_bytes or int(
             props.get("write.target-file-size-bytes", DEFAULT_TARGET_BYTES)
@@ -282,7 +292,7 @@ class DataFileWriter(TableFileWriter):
     @functools.cached_property
     def arrow_schema(self) -> pa.Schema:
         """The table's Arrow schema with `PARQUET:field_id` metadata, as its files are written."""
-        return schema_to_pyarrow(self._schema, include_field_ids=True)
+        return file_arrow_schema(self._schema)
 
     def nan_counts(self, frame: pl.DataFrame) -> dict[int, int]:
         """NaN values per top-level float and double column (Parquet statistics have none;

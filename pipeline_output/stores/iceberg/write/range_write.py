@@ -61,6 +61,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import polars as pl
+import pyarrow as pa
 from pyiceberg.conversions import from_bytes
 from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 from pyiceberg.io import FileIO
@@ -104,7 +105,7 @@ from pipeline_output.stores.iceberg.snapshot.commit import (
     summary_properties,
     writing,
 )
-from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter
+from pipeline_output.stores.iceberg.snapshot.files import DataFileWriter, file_arrow_schema
 from pipeline_output.stores.iceberg.snapshot.manifests import (
     FlatTransaction,
     ManifestIndex,
@@ -190,9 +191,24 @@ class LoadedAhead:
     partition itself hands it to `write_range` instead of the run loading it after. `table`
     None: the table did not exist then. It stands for the load `write_range` makes before the
     writer lock (the same table, a few milliseconds older): the commit plans and asserts it
-    under the lock as it does a table loaded there."""
+    under the lock as it does a table loaded there. `schemas`: the table's schema as its files
+    are written, in Arrow and in polars (`loaded_ahead`)."""
 
     table: Table | None
+    schemas: tuple[pa.Schema, pl.Schema] | None = field(default=None, compare=False)
+
+
+def loaded_ahead(table: Table | None) -> LoadedAhead:
+    """`table`, loaded ahead, with the schemas its run's files are written with, converted now
+    (~1 ms of a fresh process's first conversions, then off the path after the compute)."""
+    return LoadedAhead(table, None if table is None else _schemas(table.metadata.schema()))
+
+
+def _schemas(schema: Schema) -> tuple[pa.Schema, pl.Schema]:
+    """`schema` as a table's data files are written (`file_arrow_schema`), and its polars
+    columns."""
+    arrow = file_arrow_schema(schema)
+    return arrow, polars_schema(arrow)
 
 
 @dataclass
@@ -233,12 +249,16 @@ class _Target:
     io: FileIO
     create: Transaction | None = None
     handed: bool = False  # its files went to a commit attempt (its outcome deletes them)
+    # the schema's Arrow and polars forms, converted already (`LoadedAhead.schemas`)
+    schemas: tuple[pa.Schema, pl.Schema] | None = None
     writer: DataFileWriter = field(init=False)
 
     def __post_init__(self) -> None:
-        self.writer = DataFileWriter(self.metadata, self.io, write_id=uuid.uuid4())
         # once a run, not per partition: the writer's Arrow schema (its encodes use it too)
-        self.columns = polars_schema(self.writer.arrow_schema)
+        arrow, self.columns = self.schemas or _schemas(self.schema)
+        self.writer = DataFileWriter(
+            self.metadata, self.io, write_id=uuid.uuid4(), arrow_schema=arrow
+        )
         self.plain = all(type(f.field_type) in _PLAIN_TYPES for f in self.schema.fields)
 
     @property
@@ -333,7 +353,7 @@ def write_range(
                         capabilities.check_frame(spec, frame)
                         check_in_partition(spec, frame, part)
                         if target is None:
-                            target = _target(tables, spec, base, frame)
+                            target = _target(tables, spec, base, frame, ahead)
                         if not target.fits(spec, frame):
                             out.stopped = (part, frame)
                             break
@@ -398,10 +418,15 @@ def write_range(
 
 
 def _target(
-    tables: IcebergTables, spec: DatasetSpec, base: Table | None, frame: pl.DataFrame
+    tables: IcebergTables,
+    spec: DatasetSpec,
+    base: Table | None,
+    frame: pl.DataFrame,
+    ahead: LoadedAhead | None,
 ) -> _Target:
     if base is not None:
-        return _Target(base.metadata, base.io)
+        given = ahead.schemas if ahead is not None and ahead.table is base else None
+        return _Target(base.metadata, base.io, schemas=given)
     tx = tables.create_transaction(spec, frame)
     return _Target(tx.table_metadata, tx._table.io, create=tx)
 
