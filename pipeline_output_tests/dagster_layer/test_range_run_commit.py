@@ -335,6 +335,27 @@ def test_a_range_run_computes_partitions_ahead_of_a_slow_encode_up_to_its_frame_
     assert_same_multiset(table(), pl.concat(source.values()))
 
 
+def encodes_waiting_for(monkeypatch: Any, step: str) -> tuple[list[bool], threading.Event]:
+    """Every data file's encode made to wait (10 s at most) until `range_write.<step>` has
+    started: whether each waited for it, and the event it sets. A step that runs only after the
+    encodes (not beside them) makes each wait time out (False)."""
+    started = threading.Event()
+    real_step, real_write = getattr(range_write, step), DataFileWriter.write
+    overlapped: list[bool] = []
+
+    def step_started(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        return real_step(*args, **kwargs)
+
+    def write(self: DataFileWriter, frame: pl.DataFrame, **options: Any) -> list[Any]:
+        overlapped.append(started.wait(timeout=10))
+        return real_write(self, frame, **options)
+
+    monkeypatch.setattr(range_write, step, step_started)
+    monkeypatch.setattr(DataFileWriter, "write", write)
+    return overlapped, started
+
+
 def test_a_partition_run_reads_the_tables_manifests_while_its_partition_encodes(
     env, instance, monkeypatch
 ):
@@ -346,20 +367,7 @@ def test_a_partition_run_reads_the_tables_manifests_while_its_partition_encodes(
     }
     defs = defs_for(source)
     assert run(defs, instance, *DAYS)
-    read = threading.Event()
-    real_index, real_write = range_write.read_index, DataFileWriter.write
-    overlapped: list[bool] = []
-
-    def read_index(table: Any) -> Any:
-        read.set()
-        return real_index(table)
-
-    def write(self: DataFileWriter, frame: pl.DataFrame, **options: Any) -> list[Any]:
-        overlapped.append(read.wait(timeout=10))  # the manifests are read meanwhile
-        return real_write(self, frame, **options)
-
-    monkeypatch.setattr(range_write, "read_index", read_index)
-    monkeypatch.setattr(DataFileWriter, "write", write)
+    overlapped, _ = encodes_waiting_for(monkeypatch, "read_index")  # the manifests' read
     source[DAYS[2]] = day_rows(DAYS[2], [20, 27], version=3)
     assert run(defs, instance, DAYS[2])
     assert overlapped == [True]
@@ -377,20 +385,7 @@ def test_a_partition_run_plans_its_commit_while_its_partition_encodes(env, insta
     }
     defs = defs_for(source)
     assert run(defs, instance, *DAYS)
-    planned = threading.Event()
-    real_replace, real_write = range_write._replace_slices, DataFileWriter.write
-    overlapped: list[bool] = []
-
-    def replace_slices(*args: Any, **kwargs: Any) -> Any:
-        planned.set()
-        return real_replace(*args, **kwargs)
-
-    def write(self: DataFileWriter, frame: pl.DataFrame, **options: Any) -> list[Any]:
-        overlapped.append(planned.wait(timeout=10))  # the commit is planned meanwhile
-        return real_write(self, frame, **options)
-
-    monkeypatch.setattr(range_write, "_replace_slices", replace_slices)
-    monkeypatch.setattr(DataFileWriter, "write", write)
+    overlapped, planned = encodes_waiting_for(monkeypatch, "_replace_slices")  # the plan
     source[DAYS[1]] = day_rows(DAYS[1], [10, 17, 18], version=2)
     for attempt in (1, 2):  # a re-run replaces the same slice with the same rows
         planned.clear()
