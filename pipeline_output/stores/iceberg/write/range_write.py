@@ -31,9 +31,9 @@ partitions encode (`_plan_commit`: the table's manifests read, the files each sl
 found, straddling files rewritten, the rows each partition deletes counted — from each
 partition's slice, rows and keys, known before its files are), and committed once their files
 are written (`_finish_commit`): a one-partition run plans its commit during its encode,
-instead of after it (issue 44). A failure anywhere before the commit — a compute raising, a row outside its
-slice, an empty partition that would delete rows, an encode failing — commits nothing and
-deletes the files written (the plan's rewrites too).
+instead of after it (issue 44). A failure anywhere before the commit — a compute raising, a
+row outside its slice, an empty partition that would delete rows, an encode failing —
+commits nothing and deletes the files written (the plan's rewrites too).
 
 Each partition keeps its own `WriteResult` (its rows in, inserted, deleted from its slice)
 and so its own deploy record and Dagster materialisation; they share the snapshot id. The
