@@ -120,18 +120,23 @@ def as_kind(frame: pl.DataFrame, kind: str) -> Any:
     raise AssertionError(kind)
 
 
-DATA_FILE_FIELDS = (
-    "content",
-    "file_path",
-    "file_format",
-    "record_count",
-    "file_size_in_bytes",
+METRIC_FIELDS = (
     "column_sizes",
     "value_counts",
     "null_value_counts",
     "nan_value_counts",
     "lower_bounds",
     "upper_bounds",
+)
+"""A data file's column metrics (maps of field id to a count or a bound)."""
+
+DATA_FILE_FIELDS = (
+    "content",
+    "file_path",
+    "file_format",
+    "record_count",
+    "file_size_in_bytes",
+    *METRIC_FIELDS,
     "key_metadata",
     "split_offsets",
     "equality_ids",

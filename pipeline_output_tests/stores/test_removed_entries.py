@@ -32,17 +32,9 @@ from pipeline_output.stores.iceberg.table.changes import (
     UPDATE_BEFORE,
     read_changes,
 )
-from pipeline_output_tests.iceberg_harness import Harness, duckdb_with_iceberg
+from pipeline_output_tests.iceberg_harness import METRIC_FIELDS, Harness, duckdb_with_iceberg
 from pipeline_output_tests.oracle import assert_same_multiset
 
-METRICS = (
-    "column_sizes",
-    "value_counts",
-    "null_value_counts",
-    "nan_value_counts",
-    "lower_bounds",
-    "upper_bounds",
-)
 KEPT = (
     "content",
     "file_path",
@@ -130,7 +122,7 @@ def _written_entries(
 
 def _assert_unmeasured_copy(entry: ManifestEntry, was: DataFile) -> None:
     """A removed file's entry: no metrics (empty), every other field as it was live."""
-    assert all(not getattr(entry.data_file, m) for m in METRICS), entry
+    assert all(not getattr(entry.data_file, m) for m in METRIC_FIELDS), entry
     assert was.lower_bounds and was.value_counts  # it had them while live
     for name in KEPT:
         assert getattr(entry.data_file, name) == getattr(was, name), name
@@ -185,7 +177,7 @@ def test_removed_files_entries_carry_no_metrics_and_every_reader_and_expiry_stil
     entries = table.inspect.entries(snapshot_id=compaction.snapshot_id).to_pylist()
     deleted = [e for e in entries if e["status"] == int(ManifestEntryStatus.DELETED)]
     assert {e["data_file"]["file_path"] for e in deleted} == set(parent)
-    assert not any(e["data_file"][m] for e in deleted for m in METRICS)
+    assert not any(e["data_file"][m] for e in deleted for m in METRIC_FIELDS)
     _assert_reads_at_every_snapshot(table, snapshots, reads)
 
     # DuckDB's iceberg extension, now and at every snapshot
