@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import io
 import itertools
+import struct
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -375,12 +376,17 @@ class DataFileWriter(TableFileWriter):
 
 PATH_FIELD_ID = 2147483546
 POS_FIELD_ID = 2147483545
-_ARROW_SCHEMA = pa.schema(
+_DELETE_ROWS_SCHEMA = pa.schema(
     [
         pa.field(
-            "file_path", pa.string(), nullable=False, metadata={"PARQUET:field_id": "2147483546"}
+            "file_path",
+            pa.dictionary(pa.int32(), pa.string()),
+            nullable=False,
+            metadata={"PARQUET:field_id": str(PATH_FIELD_ID)},
         ),
-        pa.field("pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": "2147483545"}),
+        pa.field(
+            "pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": str(POS_FIELD_ID)}
+        ),
     ]
 )
 # the spec's schema (pyiceberg 0.12's POSITIONAL_DELETE_SCHEMA types `pos` as int, not long)
@@ -434,49 +440,32 @@ class DeleteFileWriter(TableFileWriter):
     def write_many(
         self, files: Sequence[tuple[DataFile, Iterable[int] | pl.Series]]
     ) -> list[DataFile]:
-        """One delete file for each (data file, positions), in order. Their rows are built as
-        one Arrow table by polars (`pa.array` of Python values imports pandas, ~0.18 s of a
-        fresh process's first merge-on-read commit: benchmarks/README.md, issue 44), each file
-        written from its slice of it, a few at a time (pyarrow's writes and the FileIO's puts
-        release the GIL). Written by pyarrow, typed `string`: polars' writer records its
-        `large_string`, and iceberg-rust reads a delete file's paths as `string` only.
+        """One delete file for each (data file, positions), in order, a few at a time (pyarrow's
+        writes and the FileIO's puts release the GIL). Written by pyarrow from `_delete_rows`,
+        with no Arrow schema stored: every reader types the path a plain `string` (iceberg-rust
+        reads no other; polars' writer records its `large_string`).
 
         A file's statistics are known without reading it back: every row names its data file
         (the whole path is both bounds: readers associate the file with exactly that data
         file), no value is null, the positions' bounds are their first and last."""
         pairs = [(data_file, _sorted_positions(p)) for data_file, p in files]
-        if not pairs:
-            return []
-        counts = pl.Series([pos.len() for _, pos in pairs], dtype=pl.Int64)
-        paths = pl.Series([data_file.file_path for data_file, _ in pairs], dtype=pl.String)
-        which = pl.int_range(len(pairs), eager=True).repeat_by(counts).explode()
-        rows = (
-            pl.DataFrame({"file_path": paths.gather(which.drop_nulls())})
-            .with_columns(pl.concat([pos for _, pos in pairs]))
-            .to_arrow()
-            .cast(_ARROW_SCHEMA)
-        )
-        starts = [0, *itertools.accumulate(counts.to_list())]
-        jobs = [
-            (data_file, pos, rows.slice(starts[i], pos.len()))
-            for i, (data_file, pos) in enumerate(pairs)
-        ]
-        if len(jobs) < 2:
-            return [self._write_one(*job) for job in jobs]
-        with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(jobs))) as pool:
-            return list(pool.map(lambda job: self._write_one(*job), jobs))
+        if len(pairs) < 2:
+            return [self._write_one(*pair) for pair in pairs]
+        with ThreadPoolExecutor(max_workers=min(WRITE_THREADS, len(pairs))) as pool:
+            return list(pool.map(lambda pair: self._write_one(*pair), pairs))
 
-    def _write_one(self, data_file: DataFile, pos: pl.Series, table: pa.Table) -> DataFile:
-        """The delete file of `data_file` holding `table` (its rows: `pos`, sorted)."""
+    def _write_one(self, data_file: DataFile, pos: pl.Series) -> DataFile:
+        """The delete file of `data_file` removing `pos` (sorted)."""
         buffer = io.BytesIO()
         codec = self._codec if self._codec in ("zstd", "snappy", "gzip", "lz4") else "zstd"
         footers: list[pq.FileMetaData] = []
         pq.write_table(
-            table,
+            _delete_rows(data_file.file_path, pos),
             buffer,
             compression=codec,
             compression_level=self._level,
             metadata_collector=footers,
+            store_schema=False,
         )
         data = buffer.getvalue()
         sizes = {PATH_FIELD_ID: 0, POS_FIELD_ID: 0}
@@ -522,3 +511,20 @@ def _sorted_positions(positions: Iterable[int] | pl.Series) -> pl.Series:
 
 def _pos_bound(pos: pl.Series, at: int) -> dict[int, bytes]:
     return {POS_FIELD_ID: to_bytes(LongType(), int(pos[at]))} if pos.len() else {}
+
+
+def _delete_rows(path: str, pos: pl.Series) -> pa.Table:
+    """The rows of the delete file removing `pos` of the data file at `path`: the path
+    dictionary-encoded (one value and a zero index a row, as Parquet stores it: building and
+    hashing the path once a row took most of an upsert's delete-file encode), then the
+    positions. Built from buffers: `pa.array` of Python values imports pandas (~0.18 s of a
+    fresh process's first merge-on-read commit), and a polars expression costs ~0.1 ms a file."""
+    value = path.encode()
+    indices = pa.Array.from_buffers(
+        pa.int32(), pos.len(), [None, pa.py_buffer(bytes(4 * pos.len()))]
+    )
+    dictionary = pa.Array.from_buffers(
+        pa.string(), 1, [None, pa.py_buffer(struct.pack("<ii", 0, len(value))), pa.py_buffer(value)]
+    )
+    paths = pa.DictionaryArray.from_arrays(indices, dictionary)
+    return pa.Table.from_arrays([paths, pos.to_arrow()], schema=_DELETE_ROWS_SCHEMA)
