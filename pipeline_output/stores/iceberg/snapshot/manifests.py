@@ -52,6 +52,7 @@ read) pyiceberg re-encodes the bin as before.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import uuid
@@ -78,6 +79,8 @@ from pyiceberg.manifest import (
     ManifestFile,
     ManifestWriter,
     ManifestWriterV2,
+    data_file_with_partition,
+    manifest_entry_schema_with_data_file,
     write_manifest,
 )
 from pyiceberg.partitioning import PartitionSpec
@@ -1032,16 +1035,14 @@ class FastManifestWriter(_Recording):
         buffered.output_file.size = len(data)
 
     def _encode(self, entries: list[ManifestEntry]) -> bytes:
-        schema = _entry_schema(self._with_partition(2))
-        avro = AvroSchemaConversion().iceberg_to_avro(schema, schema_name="manifest_entry")
-        to_dict = _converter(schema.as_struct(), avro)
+        parsed, to_dict = _entry_encoding(self._spec.partition_type(self._schema))
         meta = {k: v for k, v in self._meta.items() if k != AVRO_CODEC_KEY}
         codec = CODEC_MAPPING_ICEBERG_TO_AVRO.get(self._compression, self._compression)
         out = io.BytesIO()
         records = (_with_reference(to_dict(e), e) for e in entries)
         fastavro.writer(
             out,
-            fastavro.parse_schema(avro),
+            parsed,
             records,
             codec=codec,
             metadata=meta,
@@ -1091,6 +1092,20 @@ class _DeleteManifestWriter(_Recording):
     @property
     def _meta(self) -> dict[str, str]:
         return {**super()._meta, "content": "deletes"}
+
+
+@functools.lru_cache(maxsize=64)
+def _entry_encoding(partition_type: StructType) -> tuple[Any, Callable[[Any], dict[str, Any]]]:
+    """fastavro's parsed v2 manifest-entry schema for entries of `partition_type`, and the
+    converter of an entry to its record: the same for every manifest of that partition type,
+    made once (building the Iceberg and Avro schemas and the converter took ~2 ms of every
+    delete manifest, an eighth of an upsert's commit)."""
+    data_file = data_file_with_partition(format_version=2, partition_type=partition_type)
+    schema = _entry_schema(
+        manifest_entry_schema_with_data_file(format_version=2, data_file=data_file)
+    )
+    avro = AvroSchemaConversion().iceberg_to_avro(schema, schema_name="manifest_entry")
+    return fastavro.parse_schema(avro), _converter(schema.as_struct(), avro)
 
 
 def _entry_schema(schema: Schema) -> Schema:
