@@ -18,7 +18,7 @@ ledger and advisory locks, and the Iceberg SQL catalog (the warehouse is local `
   steps (the dataset, then its `parity` asset check) itself — the project's default since issue 33.
   `--executor multiprocess` builds the code location with
   `build_definitions(executor=dg.multiprocess_executor)` (each step in a subprocess of its own: how
-  the results in benchmarks/README.md measured before issue 33 were taken), `--executor in_process`
+  the results in benchmarks/results/scale-out.md measured before issue 33 were taken), `--executor in_process`
   with `dg.in_process_executor`.
 
 Workloads: `one-dataset` = N windows of ONE dataset; `M-datasets` = M datasets over one source of

@@ -831,7 +831,7 @@ def run(
 def _copy_in_inode_order(source: Path, target: Path) -> None:
     """`source`'s tree copied to `target` file by file in the order of the source files'
     inodes (about the order they were written in), so the copies' inodes keep that order (a
-    delete in a shuffled inode order is ~15 % slower on this disk; benchmarks/README.md)."""
+    delete in a shuffled inode order is ~15 % slower on this disk; benchmarks/results/small-files-maintenance.md)."""
     files = sorted((p for p in source.rglob("*") if p.is_file()), key=lambda p: p.stat().st_ino)
     for path in files:
         out = target / path.relative_to(source)

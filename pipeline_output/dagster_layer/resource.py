@@ -33,7 +33,7 @@ each connect once per configuration.
 libraries (Dagster, pyiceberg, pyarrow, polars, SQLAlchemy ...) are several hundred thousand
 objects that live as long as the process, and every full garbage collection — during a run, and
 the ones the interpreter runs at exit — walked them all: in a window run's worker process about
-0.8 CPU-s of ~4.5 (benchmarks/README.md, "Windows at production cadence"). Objects created later
+0.8 CPU-s of ~4.5 (benchmarks/results/cadence.md). Objects created later
 are collected as usual. Before that, the first use of the public API imports the libraries with
 the collector paused and freezes them too (`infra/collector.py`).
 """
@@ -103,7 +103,7 @@ def freeze_long_lived(stage: str) -> None:
     deployed run worker opens its instance before it loads the code location; a process that
     loads the location first (`dg.materialize`, `execute_in_process`, a test) imported them
     with its first instance, after the freeze — tens of thousands of objects that the first
-    full collection then walked, ~15-40 ms of CPU early in its first run (benchmarks/README.md,
+    full collection then walked, ~15-40 ms of CPU early in its first run (benchmarks/results/small-writes.md,
     "A fresh process's first run without a full collection")."""
     with _lock:
         if stage in _frozen:

@@ -5,8 +5,7 @@ pyiceberg with pyarrow (its dataset module, which imports pandas, only on its fi
 `infra/deferred_imports.py`), SQLAlchemy, psycopg and the project's own modules: several hundred
 thousand objects, nearly all of them living as long as the process. Each full collection during those imports walks every object the process holds
 (Dagster's included) and finds next to nothing to free; in a window run's worker process the
-collector took ~0.5 CPU-s of ~3.5, half of it during this import (benchmarks/README.md, "Windows at
-production cadence").
+collector took ~0.5 CPU-s of ~3.5, half of it during this import (benchmarks/results/cadence.md).
 
 `imports_paused()` disables automatic collection for the duration of such an import and then moves
 what the process holds into the permanent generation (`gc.freeze()`), as
@@ -17,7 +16,7 @@ the collector is enabled again however the import ends.
 `paused()` disables automatic collection for a block that builds many long-lived objects at once
 — table maintenance decoding and re-encoding the manifest entries of tens of thousands of files:
 each full collection walks every entry built so far and frees none of them, which made decoding
-a manifest entry 4-5 times slower (benchmarks/README.md, "Maintenance of 20,000 small files").
+a manifest entry 4-5 times slower (benchmarks/results/small-files-maintenance.md).
 """
 
 from __future__ import annotations

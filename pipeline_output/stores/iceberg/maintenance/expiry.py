@@ -278,7 +278,7 @@ def expired_files(reader: ManifestReader, snapshots: list[Snapshot], gone: set[i
     manifests, and of their data and delete files only those that can have left the table
     since — those in the order of the manifest entries that removed them: about the order the
     files were written in, which ext4 unlinks ~25 % faster than a hash order (20,000 files in
-    16 threads: 0.36 against 0.45 s, benchmarks/README.md).
+    16 threads: 0.36 against 0.45 s, benchmarks/results/small-files-maintenance.md).
 
     An expired snapshot's live files are the live files of any descendant plus those removed on
     the way there. So instead of every expired snapshot's entries, read: the live entries of the
@@ -322,7 +322,7 @@ class _Reads:
     nothing were kept for a window repair or a downstream (`plan_expiry` on the table loaded
     without the locks) — read into the reader the plan's reads share; since manifests never
     change, what the guess read is right whatever the plan decides, it only saves the plan's
-    reads the time (a compaction's 20,000 removed entries: ~0.03 s earlier, benchmarks/README.md).
+    reads the time (a compaction's 20,000 removed entries: ~0.03 s earlier, benchmarks/results/small-files-maintenance.md).
     Then, on the same thread, the plan's own reads (`read`)."""
 
     def __init__(

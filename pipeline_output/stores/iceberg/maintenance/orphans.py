@@ -428,10 +428,10 @@ def delete_paths(io: FileIO, paths: Iterable[str]) -> int:
 DELETE_BATCH = 1000  # keys per S3 multi-object delete: the API's maximum
 # Threads deleting local files: an unlink waits on the filesystem's journal and the directory's
 # lock, not on the GIL (20,000 unlinks after a sync on a busy machine: 16 threads 0.8-1.8 s,
-# 4 threads 2.7-4.8 s; benchmarks/README.md).
+# 4 threads 2.7-4.8 s; benchmarks/results/small-files-maintenance.md).
 LOCAL_DELETE_THREADS = 16
 # Multi-object deletes in flight at once: each waits on the server, not on the GIL (20,000 keys
-# on SeaweedFS in batches of 1,000: 4 at a time 4.6-4.8 s, 16 at a time 3.2 s; benchmarks/README.md).
+# on SeaweedFS in batches of 1,000: 4 at a time 4.6-4.8 s, 16 at a time 3.2 s; benchmarks/results/small-files-maintenance.md).
 S3_DELETE_THREADS = 16
 _S3 = ("s3", "s3a", "s3n")
 

@@ -459,7 +459,7 @@ def write_change_file(io: FileIO, path: str, change: pl.DataFrame) -> None:
     first group-by or join would otherwise rechunk (~6 ms of a 150,000-row group-by's 23) —,
     uncompressed on a local filesystem — read through a memory map, decompressing costs more than
     the extra bytes (a fresh process's read of 150,000 rows: ~4 ms CPU less of ~20) — and lz4 on
-    an object store, where the bytes cost more (benchmarks/README.md, "The change feed")."""
+    an object store, where the bytes cost more (benchmarks/results/change-feed.md)."""
     local = path.startswith(("file:", "/"))
     buffer = io_module.BytesIO()
     change.write_parquet(

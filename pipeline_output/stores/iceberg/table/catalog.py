@@ -29,7 +29,7 @@ statements run on the process's pooled control-plane sessions (`pgsession.pooled
 swap on the very session holding its lock (`share`): a process's first write opens one
 connection for the lock, the ledger and the catalog, and SQLAlchemy's engine connects only for
 what pyiceberg does itself (creating, listing and dropping tables and namespaces, a commit whose
-row moved) — its first connect is ~5 ms of dialect queries (benchmarks/README.md, issue 44,
+row moved) — its first connect is ~5 ms of dialect queries (benchmarks/results/small-writes.md,
 "Session 11").
 
 It is the project's default catalog (settings: the embedded/control-plane Postgres, or a `type:

@@ -241,7 +241,7 @@ class _SignedS3:
     """GETs and PUTs of whole S3 objects outside pyarrow, signed with AWS Signature V4 from the
     FileIO's static credentials, on pooled keep-alive connections: pyarrow (26) sends a HEAD
     before every read it opens, even when the size is known, and its PUT took ~1.5x as long on
-    SeaweedFS (benchmarks/README.md, the REST catalog section). Only for an explicit
+    SeaweedFS (benchmarks/results/rest-catalog.md). Only for an explicit
     `s3.endpoint` addressed path-style, a configured region, an access key and secret (a session
     token too) and no role, proxy, retry strategy, region resolving or anonymous access; any
     other configuration goes through pyarrow."""

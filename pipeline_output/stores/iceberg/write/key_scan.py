@@ -181,7 +181,7 @@ class ObjectFiles:
     candidate is in memory (`in_memory`). A larger one has its Parquet footer fetched once per
     write and only the columns a pass asks for fetched; on pyarrow's FileIO it is opened at the
     size its manifest records (pyarrow 26 still sends a HEAD when it opens it:
-    benchmarks/README.md, the REST catalog section)."""
+    benchmarks/results/rest-catalog.md)."""
 
     def __init__(self, io: FileIO) -> None:
         self.io = io
