@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import polars as pl
 
 from pipeline_output import DatasetSpec, Delta, Window
 from pipeline_output.infra.settings import to_sqlalchemy_url
 from pipeline_output_tests.iceberg_harness import NS, Harness
+from pipeline_output_tests.oracle import assert_same_multiset
+from pipeline_output_tests.seaweed import unique_namespace
 
 COMPACT_IN_A_FRESH_PROCESS = """
 import json, sys
@@ -87,3 +90,74 @@ def test_a_compaction_in_a_fresh_process_never_imports_pyarrow_dataset_nor_panda
         "bound by pyiceberg": True,
         "loaded after": True,
     }
+
+
+UPSERT_ON_AN_OBJECT_STORE_IN_A_FRESH_PROCESS = """
+import json, sys
+import polars as pl
+from pipeline_output import DatasetSpec, IcebergStore
+from pipeline_output.infra.deferred_imports import loaded
+from pipeline_output.infra.locks import AdvisoryLock
+from pipeline_output.stores.iceberg.table.catalog import open_catalog
+
+props, libpq, ns = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+store = IcebergStore(open_catalog("default", props, where=str), ns, lock=AdvisoryLock(libpq))
+spec = DatasetSpec(name="items", primary_key=("id",), strategy="snapshot_replace",
+                   write_strategy_hint="merge-on-read")
+batch = pl.DataFrame({"id": list(range(0, 2000, 10)) + list(range(5000, 5100)),
+                      "v": ["changed"] * 200 + ["new"] * 100})
+result = store.write(spec, batch, run_id="upsert")
+print(json.dumps({"updated": result.rows_updated, "inserted": result.rows_inserted,
+                  "merge_path": str(result.merge_path), "pandas": "pandas" in sys.modules,
+                  "pyarrow.dataset": loaded("pyarrow.dataset")}))
+"""
+
+
+def test_a_first_upsert_on_an_object_store_in_a_fresh_process_never_imports_pyarrow_dataset(
+    seaweedfs: Any, pg_db_url: str
+) -> None:
+    """A process's first upsert into a table on S3 key-scans its candidate file through the
+    table's FileIO (`key_scan.ObjectFiles`) without importing `pyarrow.dataset`, whose first
+    import imports pandas where it is installed (~0.35 s of that write, 0.51 → 0.13 s in
+    benchmarks/results/rest-catalog.md); the table then holds what the oracle says."""
+    from pipeline_output import IcebergStore
+    from pipeline_output.infra.locks import AdvisoryLock
+
+    ns = unique_namespace("imports")
+    spec = DatasetSpec(
+        name="items",
+        primary_key=("id",),
+        strategy="snapshot_replace",
+        write_strategy_hint="merge-on-read",
+    )
+    base = pl.DataFrame({"id": list(range(2000)), "v": ["old"] * 2000})
+    store = IcebergStore(seaweedfs.catalog(), ns, lock=AdvisoryLock(pg_db_url))
+    store.write(spec, base, run_id="base")
+    got = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            UPSERT_ON_AN_OBJECT_STORE_IN_A_FRESH_PROCESS,
+            json.dumps(seaweedfs.catalog_properties()),
+            pg_db_url,
+            ns,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    out = json.loads(got.stdout.strip().splitlines()[-1])
+    assert out["merge_path"].startswith("key_scan (1 candidate file(s), object-store Parquet")
+    assert (out["updated"], out["inserted"]) == (200, 100)
+    assert (out["pandas"], out["pyarrow.dataset"]) == (False, False)
+    batch = pl.DataFrame(
+        {
+            "id": list(range(0, 2000, 10)) + list(range(5000, 5100)),
+            "v": ["changed"] * 200 + ["new"] * 100,
+        }
+    )
+    expected = pl.concat([base.join(batch, on="id", how="anti"), batch])
+    table = IcebergStore(seaweedfs.catalog(), ns, lock=AdvisoryLock(pg_db_url)).load(spec)
+    assert table is not None
+    assert_same_multiset(pl.from_arrow(table.scan().to_arrow()), expected)

@@ -59,7 +59,7 @@ from typing import Any, Literal
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 from pyiceberg.conversions import from_bytes
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import FileIO
@@ -179,9 +179,9 @@ class ObjectFiles:
     while the write holds at most `WHOLE_BUDGET_BYTES` of them: every pass over it (keys, the
     compared columns, a rewrite) then reads memory — as polars reads local files, when every
     candidate is in memory (`in_memory`). A larger one has its Parquet footer fetched once per
-    write and only the columns a pass asks for fetched; on pyarrow's FileIO it is opened at the
-    size its manifest records (pyarrow 26 still sends a HEAD when it opens it:
-    benchmarks/results/rest-catalog.md)."""
+    write and only the columns a pass asks for fetched, in coalesced ranges; on pyarrow's FileIO
+    it is opened through its file system (pyarrow 26 sends a HEAD when it opens a file, even one
+    whose size is known: benchmarks/results/rest-catalog.md)."""
 
     def __init__(self, io: FileIO) -> None:
         self.io = io
@@ -190,24 +190,25 @@ class ObjectFiles:
         self._held = 0  # bytes of files fetched whole
         self._guard = threading.Lock()
 
-    def fragment(self, path: str, size: int) -> Any:
-        """The file as a pyarrow Parquet fragment, its footer read (once)."""
+    def parquet_file(self, path: str, size: int) -> pq.ParquetFile:
+        """The file opened as pyarrow's `ParquetFile`, its footer read (once). Not through
+        `pyarrow.dataset`, whose first import imports pandas where it is installed (~0.35 s of
+        a process's first write on an object store; `infra/deferred_imports.py`)."""
         with self._guard:
             found = self._opened.get(path)
         if found is not None:
             return found
-        form = pads.ParquetFileFormat()
         data = self._fetched(path, size)
+        source: Any
         if data is not None:  # one GET for every pass over it, not one a column and row group
-            opened = form.make_fragment(pa.BufferReader(data))
+            source = pa.BufferReader(data)
         elif isinstance(self.io, PyArrowFileIO):
             scheme, netloc, inner = self.io.parse_location(path, self.io.properties)
-            opened = form.make_fragment(
-                inner, filesystem=self.io.fs_by_scheme(scheme, netloc), file_size=size
-            )
+            source = self.io.fs_by_scheme(scheme, netloc).open_input_file(inner)
         else:
-            opened = form.make_fragment(self.io.new_input(path).open())
-        opened.ensure_complete_metadata()
+            source = self.io.new_input(path).open()
+        # pre_buffer: a pass's column chunks fetched in coalesced ranges, not one by one
+        opened = pq.ParquetFile(source, pre_buffer=data is None)
         with self._guard:
             return self._opened.setdefault(path, opened)
 
@@ -238,7 +239,7 @@ class ObjectFiles:
 
     def rows(self, files: Sequence[tuple[str, int]]) -> int:
         """The rows the files' footers hold."""
-        opened = self._each(files, self.fragment)
+        opened = self._each(files, self.parquet_file)
         return sum(f.metadata.num_rows for f in opened)
 
     def read(
@@ -247,9 +248,9 @@ class ObjectFiles:
         """`columns` of each file as `target` types them, a column the file lacks null (as the
         local scan's `missing_columns="insert"` and its upcasts)."""
 
-        def one(fragment: Any) -> pl.DataFrame:
-            present = [c for c in columns if c in fragment.physical_schema.names]
-            table = fragment.to_table(columns=present)
+        def one(file: pq.ParquetFile) -> pl.DataFrame:
+            present = [c for c in columns if c in file.schema_arrow.names]
+            table = file.read(columns=present)
             frame = from_arrow(table) if present else pl.DataFrame()
             return frame.select(
                 (pl.col(c) if frame.schema[c] == target[c] else pl.col(c).cast(target[c]))
@@ -258,7 +259,7 @@ class ObjectFiles:
                 for c in columns
             )
 
-        return self._each(files, lambda path, size: one(self.fragment(path, size)))
+        return self._each(files, lambda path, size: one(self.parquet_file(path, size)))
 
     def _each(self, files: Sequence[tuple[str, int]], then: Callable[[str, int], Any]) -> list[Any]:
         def job(item: tuple[str, int]) -> Any:
