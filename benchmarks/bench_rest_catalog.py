@@ -56,6 +56,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_arms import base_rows, batch_rows  # noqa: E402
+from ratios import interval_text  # noqa: E402
 
 
 def free_port() -> int:
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  rest catalog, S3 (SeaweedFS): {rest_m * 1000:6.1f} ms  {fmt_ms(times['rest'])}")
     print(f"  ratio rest / sql          : {rest_m / sql_m:5.2f}x (acceptance <= 1.2x)")
     paired = [r / q for r, q in zip(times["rest"], times["sql"], strict=True)]
-    print(f"  paired ratios (rep by rep): median {statistics.median(paired):5.2f}x  {fmt(paired)}")
+    print(f"  paired ratios (rep by rep): {interval_text(paired)}  {fmt(paired)}")
     print(f"  catalog requests per write: {catalog_counts} ({catalog_kinds[-1]})")
     s3_total = [sum(c.values()) for c in s3_counts]
     print(f"  S3 requests per write     : {s3_total} ({dict(sorted(s3_counts[-1].items()))})")

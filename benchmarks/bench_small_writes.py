@@ -470,6 +470,9 @@ def _fmt(r: dict[str, object]) -> str:
 
 
 def report(results, engines, order, *, n: int, encode: float, commit: float, paired) -> None:  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from ratios import interval_text
+
     floors = {
         "runs": n * (encode + commit),
         "backfill": n * encode + commit,
@@ -517,7 +520,7 @@ def report(results, engines, order, *, n: int, encode: float, commit: float, pai
         print(line)
         if len(paired.get(w, [])) > 1:
             each = ", ".join(f"{r:.2f}" for r in paired[w])
-            print(f"  {'':9s} paired by rep: {each}; median {statistics.median(paired[w]):.2f}x")
+            print(f"  {'':9s} paired by rep: {each}; {interval_text(paired[w])}")
 
 
 if __name__ == "__main__":
