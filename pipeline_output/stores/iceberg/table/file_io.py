@@ -51,7 +51,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 from urllib.parse import quote, urlsplit
 
 import pyarrow as pa
@@ -209,13 +209,14 @@ def _s3_settings(properties: Any) -> tuple[tuple[str, str], ...]:
 
 class _FetchedWhole(PyArrowFile):
     """A pyarrow input file read whole by one GET (its length and existence still asked of
-    pyarrow)."""
+    pyarrow, whose file system is made only then: `_FileSystemWhenUsed`)."""
 
     def __init__(
         self, location: str, path: str, get: Callable[[], bytes], io: PyArrowFileIO
     ) -> None:
         scheme, netloc, _ = io.parse_location(location, io.properties)
-        super().__init__(location, path, io.fs_by_scheme(scheme, netloc))
+        fs = _FileSystemWhenUsed(lambda: io.fs_by_scheme(scheme, netloc))
+        super().__init__(location, path, cast(FileSystem, fs))
         self._get = get
 
     def open(self, seekable: bool = True) -> InputStream:
@@ -225,6 +226,21 @@ class _FetchedWhole(PyArrowFile):
         if isinstance(self._get, _Sent):  # the bytes this process uploaded: no HEAD
             return len(self._get.data)
         return super().__len__()
+
+
+class _FileSystemWhenUsed:
+    """A pyarrow file system made when an attribute of it is first used. A file read by one
+    signed GET needs none, and making pyarrow's S3 file system initializes the AWS SDK: ~30 ms
+    of a process's first write on S3, when it reads its table's manifest list."""
+
+    def __init__(self, make: Callable[[], FileSystem]) -> None:
+        self._make = make
+        self._made: FileSystem | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._made is None:
+            self._made = self._make()  # (`fs_by_scheme` shares one per configuration)
+        return getattr(self._made, name)
 
 
 @dataclass(frozen=True)
