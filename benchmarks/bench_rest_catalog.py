@@ -19,8 +19,10 @@ changed keys spread over the whole key range, half new keys: bench_arms.py's bat
 Each repetition deploys a fresh base table on each catalog (untimed), then times the upsert through
 the store that deployed it, as a long-lived process (a Dagster code server's or run's runtime, a
 backfill) writes a table it wrote before: the upsert plans from the table the deploy's commit left,
-without loading it (`--fresh-store`: through a new store, as a new process's first write, which
-loads it). The two catalogs alternate which goes first (interleaved); reported: the median of
+without loading it (`--fresh-store`: through a new store, which loads it; `--fresh-process`: in a
+new process that opens the catalog and writes once, as a Dagster run process makes its only write —
+its imports' and clients' first use included, its S3 requests counted, its catalog requests
+not). The two catalogs alternate which goes first (interleaved); reported: the median of
 `--reps` of each and their ratio rest / sql, and the median of the reps' paired ratios (each rep's
 rest / sql, both measured within seconds of each other). Requests per timed write:
 
@@ -103,7 +105,17 @@ def main(argv: list[str] | None = None) -> int:
         help="time the upsert through a new store (a new process's first write: one table "
         "load more) instead of the store that deployed the table (a long-lived process's)",
     )
+    parser.add_argument(
+        "--fresh-process",
+        action="store_true",
+        help="time each upsert in a new process that opens the catalog and writes once (a "
+        "Dagster run process's only write: its imports' and clients' first use, one table "
+        "load) instead of through the store that deployed the table",
+    )
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        return child(args)
 
     from pipeline_output import DatasetSpec, IcebergStore
     from pipeline_output.infra import embedded_pg
@@ -136,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
                 warehouse=f"file://{work / 'warehouse'}",
             )
             rest_catalog = sw.catalog("bench")
+            props = {  # how a new process opens each (`--fresh-process`)
+                "sql": {
+                    "uri": to_sqlalchemy_url(url, driver="psycopg"),
+                    "warehouse": f"file://{work / 'warehouse'}",
+                },
+                "rest": sw.catalog_properties(),
+            }
             counter = CatalogRequests(rest_catalog)
             catalogs = {"sql": sql_catalog, "rest": rest_catalog}
             for catalog in catalogs.values():
@@ -148,6 +167,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 store = IcebergStore(catalogs[kind], "bench", lock=AdvisoryLock(url))
                 store.write(the_spec, base, run_id=f"base{rep}")  # the first deploy: untimed
+                if args.fresh_process:
+                    before_s3 = sw.s3_requests()
+                    seconds = in_a_new_process(args, kind, props[kind], url, name)
+                    if kind == "rest":
+                        s3_counts.append(sw.s3_requests() - before_s3)
+                        floors.append(floor(store, the_spec, work))
+                    return seconds
                 if args.fresh_store:  # a new process's first write of the table: it loads it
                     store = IcebergStore(catalogs[kind], "bench", lock=AdvisoryLock(url))
                 stop_profile = before_timing() if before_timing is not None else None
@@ -189,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ratio rest / sql          : {rest_m / sql_m:5.2f}x (acceptance <= 1.2x)")
     paired = [r / q for r, q in zip(times["rest"], times["sql"], strict=True)]
     print(f"  paired ratios (rep by rep): {interval_text(paired)}  {fmt(paired)}")
-    print(f"  catalog requests per write: {catalog_counts} ({catalog_kinds[-1]})")
+    if catalog_counts:
+        print(f"  catalog requests per write: {catalog_counts} ({catalog_kinds[-1]})")
+    else:
+        print("  catalog requests per write: not counted in new processes")
     s3_total = [sum(c.values()) for c in s3_counts]
     print(f"  S3 requests per write     : {s3_total} ({dict(sorted(s3_counts[-1].items()))})")
     s3_floor = statistics.median(f[0] for f in floors)
@@ -201,6 +230,60 @@ def main(argv: list[str] | None = None) -> int:
     )
     at_floor = (sql_m + s3_floor - local_floor) / sql_m
     print(f"  sql + (S3 floor - local floor), / sql: {at_floor:5.2f}x (what the bytes alone cost)")
+    return 0
+
+
+def in_a_new_process(
+    args: argparse.Namespace, kind: str, props: dict[str, str], url: str, name: str
+) -> float:
+    """The upsert timed in a new process (`--child`): the seconds it reports."""
+    import json
+    import subprocess
+
+    command = [
+        sys.executable,
+        __file__,
+        "--rows",
+        str(args.rows),
+        "--base-factor",
+        str(args.base_factor),
+        "--child",
+        kind,
+        json.dumps(props),
+        url,
+        name,
+    ]
+    out = subprocess.run(command, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"the {kind} upsert's process failed:\n{out.stderr[-3000:]}")
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+
+
+def child(args: argparse.Namespace) -> int:
+    """One upsert in this new process, as a Dagster run process makes its write: the catalog
+    opened as the project opens it, the batch generated (untimed), then the write timed."""
+    import json
+
+    from pipeline_output import DatasetSpec, IcebergStore
+    from pipeline_output.infra.locks import AdvisoryLock
+    from pipeline_output.stores.iceberg.table.catalog import FlatSqlCatalog, open_catalog
+
+    kind, props_json, url, name = args.child
+    props = json.loads(props_json)
+    n_base = args.rows * args.base_factor
+    batch = batch_rows(n_base, args.rows)
+    catalog = (
+        open_catalog("bench", props, where=str)
+        if kind == "rest"
+        else FlatSqlCatalog("bench", **props)
+    )
+    store = IcebergStore(catalog, "bench", lock=AdvisoryLock(url))
+    spec = DatasetSpec(name=name, primary_key=("id",), strategy="snapshot_replace")
+    start = time.perf_counter()
+    result = store.write(spec, batch, run_id="upsert")
+    seconds = time.perf_counter() - start
+    assert result.rows_inserted + result.rows_updated == args.rows, result
+    print(json.dumps({"seconds": seconds}))
     return 0
 
 
