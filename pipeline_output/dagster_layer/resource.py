@@ -103,8 +103,9 @@ def freeze_long_lived(stage: str) -> None:
     deployed run worker opens its instance before it loads the code location; a process that
     loads the location first (`dg.materialize`, `execute_in_process`, a test) imported them
     with its first instance, after the freeze — tens of thousands of objects that the first
-    full collection then walked, ~15-40 ms of CPU early in its first run (benchmarks/results/small-writes.md,
-    "A fresh process's first run without a full collection")."""
+    full collection then walked, ~15-40 ms of CPU early in its first run
+    (benchmarks/results/small-writes.md, "A fresh process's first run without a full
+    collection")."""
     with _lock:
         if stage in _frozen:
             return

@@ -10,7 +10,8 @@ and never touch it: `defer("pyarrow.dataset")` puts a stand-in module in `sys.mo
 `pyarrow`), and the real module is imported on the first attribute anyone reads from it — the
 stand-in then forwards every attribute, so a module that bound it (`import pyarrow.dataset as ds`)
 sees the real one. `pipeline_output.stores.iceberg` defers it when imported, before any of its
-modules imports pyiceberg's (benchmarks/results/small-files-maintenance.md, "Peak memory of the partitioned compaction").
+modules imports pyiceberg's (benchmarks/results/small-files-maintenance.md, "Peak memory of the
+partitioned compaction").
 A module already imported is left as it is.
 """
 

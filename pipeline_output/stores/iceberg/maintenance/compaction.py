@@ -101,8 +101,8 @@ DEFAULT_MAX_ATTEMPTS = 3
 READ_BATCH_ROWS = 131_072  # rows per batch a bin is read in
 # input files read by one scan (bins of many partitions): 4 MiB read 20,000 files of 4 KB (200
 # partitions) as fast as 16 MiB with ~50 MB less resident memory — polars' reader holds memory
-# per file in flight, and two groups are held (`_read_and_write`; benchmarks/results/small-files-maintenance.md, "Peak
-# memory of the partitioned compaction")
+# per file in flight, and two groups are held (`_read_and_write`;
+# benchmarks/results/small-files-maintenance.md, "Peak memory of the partitioned compaction")
 READ_GROUP_BYTES = 4 * 1024 * 1024
 # and at most this many input files: what polars' reader holds grows with the files of a scan,
 # not their bytes (~13 KB a file of 4 KB while the scan runs) — 4 MiB of 4 KB files was 1,000

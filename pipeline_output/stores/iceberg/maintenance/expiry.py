@@ -322,7 +322,8 @@ class _Reads:
     nothing were kept for a window repair or a downstream (`plan_expiry` on the table loaded
     without the locks) — read into the reader the plan's reads share; since manifests never
     change, what the guess read is right whatever the plan decides, it only saves the plan's
-    reads the time (a compaction's 20,000 removed entries: ~0.03 s earlier, benchmarks/results/small-files-maintenance.md).
+    reads the time (a compaction's 20,000 removed entries: ~0.03 s earlier,
+    benchmarks/results/small-files-maintenance.md).
     Then, on the same thread, the plan's own reads (`read`)."""
 
     def __init__(

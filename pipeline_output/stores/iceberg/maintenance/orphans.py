@@ -431,7 +431,8 @@ DELETE_BATCH = 1000  # keys per S3 multi-object delete: the API's maximum
 # 4 threads 2.7-4.8 s; benchmarks/results/small-files-maintenance.md).
 LOCAL_DELETE_THREADS = 16
 # Multi-object deletes in flight at once: each waits on the server, not on the GIL (20,000 keys
-# on SeaweedFS in batches of 1,000: 4 at a time 4.6-4.8 s, 16 at a time 3.2 s; benchmarks/results/small-files-maintenance.md).
+# on SeaweedFS in batches of 1,000: 4 at a time 4.6-4.8 s, 16 at a time 3.2 s;
+# benchmarks/results/small-files-maintenance.md).
 S3_DELETE_THREADS = 16
 _S3 = ("s3", "s3a", "s3n")
 

@@ -427,8 +427,9 @@ class LiveEntries(Mapping[str, list[ManifestEntry]]):
         if len(todo) > 1 and self.bounds is not None:
             # a planner's read: the bytes fetched in parallel, decoded on this thread one after
             # the other — decoded on the pool's threads, each thread's allocator arena kept its
-            # buffers: ~30 MB more resident for 20,000 entries, no faster (benchmarks/results/small-files-maintenance.md,
-            # "The planner's read decoded on one thread")
+            # buffers: ~30 MB more resident for 20,000 entries, no faster
+            # (benchmarks/results/small-files-maintenance.md, "The planner's read decoded on one
+            # thread")
             fetched = list(_reader_pool().map(self._prefetch, todo))
             read = [self._fetch(m, data=data) for m, data in zip(todo, fetched, strict=True)]
         elif len(todo) > 1 and not _small_local(todo):

@@ -932,9 +932,10 @@ class ResolvedAvroFile(AvroFile[Any]):
     """pyiceberg's `AvroFile`, its file schema and reader tree resolved once per process for
     each Avro schema text and read schema (`_resolved`), not once per file: pyiceberg converts
     every file's header schema to an Iceberg schema and resolves a reader against the read
-    schema, ~0.9 ms a manifest, as much as decoding 80 entries (benchmarks/results/small-writes.md,
-    "Session 11"). Every manifest a table's writer writes carries the same schema text.
-    pyiceberg's readers keep no state between records: one tree serves every file and thread."""
+    schema, ~0.9 ms a manifest, as much as decoding 80 entries
+    (benchmarks/results/small-writes.md, "Session 11"). Every manifest a table's writer writes
+    carries the same schema text. pyiceberg's readers keep no state between records: one tree
+    serves every file and thread."""
 
     def __enter__(self) -> ResolvedAvroFile:
         with self.input_file.open() as stream:
@@ -1548,8 +1549,8 @@ def _planned_columns(
     map (`_stat_values`); the prefix's inheritance and length in Python, per distinct prefix.
     Each kernel polars runs for the first time maps its code in (and keeps buffers): the
     expressions this took before (when/then, casts, a list evaluation per statistic) cost a
-    compaction ~7 MB of resident memory its read never used (benchmarks/results/small-files-maintenance.md, "The
-    partitioned compaction's peak")."""
+    compaction ~7 MB of resident memory its read never used
+    (benchmarks/results/small-files-maintenance.md, "The partitioned compaction's peak")."""
     top, names = layout["top"], layout["fields"]
     count = frame.height
     none: list[Any] = [None] * count

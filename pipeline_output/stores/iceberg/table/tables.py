@@ -63,7 +63,8 @@ MAINTENANCE_FREE_PROPERTIES = {
     "commit.manifest.min-count-to-merge": "16",
     # merged manifests of 1 MiB, not Iceberg's 8: a copy-on-write removal rewrites the manifest
     # holding the file, and a keyed write skips the manifests whose partition ranges rule its keys
-    # out, so smaller manifests make both cheaper (benchmarks/results/history.md, "Manifest pruning")
+    # out, so smaller manifests make both cheaper (benchmarks/results/history.md, "Manifest
+    # pruning")
     "commit.manifest.target-size-bytes": str(1024 * 1024),
     "write.metadata.delete-after-commit.enabled": "true",
     # a table written per window commits often: 25 earlier metadata files (Iceberg's default is
