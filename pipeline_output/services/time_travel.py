@@ -31,6 +31,7 @@ from pipeline_output.stores.iceberg.table.tables import (
     head,
     main_since,
     move_main,
+    summary_rows,
 )
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ def _history_row(snapshot: Any, since_ms: int | None, current: bool) -> HistoryR
         inserted=count(f"{PROPERTY_PREFIX}rows-inserted"),
         updated=count(f"{PROPERTY_PREFIX}rows-updated"),
         deleted=count(f"{PROPERTY_PREFIX}rows-deleted"),
-        total=count("total-records"),
+        total=summary_rows(summary) if summary is not None else None,
         current=current,
     )
 

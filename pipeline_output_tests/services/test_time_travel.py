@@ -104,6 +104,26 @@ def test_history_lists_mains_snapshots_newest_first_with_runs_and_row_counters(p
     assert rows[0].strategy == "snapshot_replace" and rows[0].committed_at.tzinfo is not None
 
 
+def test_history_totals_the_live_rows_after_a_merge_on_read_upsert(pub):
+    """A merge-on-read upsert keeps the replaced rows in their data file and removes them by
+    position: Iceberg's `total-records` still counts them. The history's total is the table's
+    rows, as `status` and a read count them."""
+    spec = DatasetSpec(
+        name="mor",
+        primary_key=("id",),
+        strategy="snapshot_replace",
+        write_strategy_hint="merge-on-read",
+    )
+    base, change = customers(range(1, 101)), customers([*range(1, 101, 10), 200, 201], version=1)
+    write(pub, base, "r1", spec)
+    write(pub, change, "r2", spec)
+    expected = pl.concat([base.join(change, on="id", how="anti"), change])
+    rows = history(pub.iceberg, spec)
+    assert (rows[0].updated, rows[0].inserted) == (10, 2)
+    assert [r.total for r in rows] == [expected.height, 100]
+    assert_same_multiset(pub.iceberg.read(spec), expected)
+
+
 def test_parse_as_of_takes_snapshot_ids_and_aware_times_and_refuses_naive_ones():
     assert parse_as_of("123") == 123
     assert parse_as_of("2026-12-01T09:30:00Z") == datetime(2026, 12, 1, 9, 30, tzinfo=UTC)

@@ -44,7 +44,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchTableError
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.refs import MAIN_BRANCH, SnapshotRef, SnapshotRefType
-from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.snapshots import Snapshot, Summary
 from pyiceberg.table.update.snapshot import ManageSnapshots
 
 from pipeline_output.contract.plan import TargetState
@@ -235,11 +235,17 @@ def total_records(table: Table) -> int:
     snap = table.current_snapshot()
     if snap is None or snap.summary is None:
         return 0
-    summary = snap.summary
-    # rows deleted by position are still counted in their data files' records
-    return int(summary.get("total-records", "0") or 0) - int(
-        summary.get("total-position-deletes", "0") or 0
-    )
+    return summary_rows(snap.summary) or 0
+
+
+def summary_rows(summary: Summary) -> int | None:
+    """The rows a snapshot holds, from its summary: `total-records` less `total-position-deletes`
+    (rows deleted by position are still counted in their data files' records). None when the
+    summary does not count them."""
+    total = summary.get("total-records")
+    if total in (None, ""):
+        return None
+    return int(total) - int(summary.get("total-position-deletes", "0") or 0)
 
 
 AUDIT_PREFIX = "audit-"  # branches named for an audited run: `audit-<run id>`
