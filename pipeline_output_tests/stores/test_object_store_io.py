@@ -181,8 +181,11 @@ def test_a_missing_object_is_not_found_and_a_wrong_secret_is_refused(
         read_whole(_io(seaweedfs), f"s3://{bucket}/missing/{uuid.uuid4()}.avro")
     seaweedfs.s3_client().put_object(Bucket=bucket, Key="secret.avro", Body=b"x")
     wrong = _io(seaweedfs, **{"s3.secret-access-key": "not-the-secret"})
-    with pytest.raises(PermissionError, match="HTTP 403"):
+    with pytest.raises(PermissionError, match="HTTP 403") as refused:
         read_whole(wrong, f"s3://{bucket}/secret.avro")
+    # the server's error code and message, not its XML
+    assert "HTTP 403 SignatureDoesNotMatch: The request signature" in str(refused.value)
+    assert "<" not in str(refused.value)
 
 
 def test_a_file_written_whole_is_one_signed_put_and_a_large_one_pyarrows_upload(

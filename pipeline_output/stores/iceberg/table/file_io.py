@@ -44,6 +44,7 @@ import hashlib
 import hmac
 import io
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -362,7 +363,7 @@ class _SignedS3:
             return bytes(response.data) if method == "GET" else b""
         if response.status == 404:
             raise FileNotFoundError(f"cannot {verb} {location}: it does not exist")
-        detail = f"HTTP {response.status} {response.data[:200]!r}"
+        detail = f"HTTP {response.status} {_s3_error(bytes(response.data))}"
         if response.status in (401, 403):
             raise PermissionError(f"cannot {verb} {location}: {detail}")
         raise OSError(f"cannot {verb} {location}: {detail}")
@@ -403,6 +404,15 @@ class _SignedS3:
             f"SignedHeaders={';'.join(names)}, Signature={signature}"
         )
         return headers
+
+
+def _s3_error(body: bytes) -> str:
+    """An S3 error response's `<Code>: <Message>` (its first 200 bytes when it has neither)."""
+    text = body.decode("utf-8", "replace")
+    code, message = (re.search(f"<{tag}>(.*?)</{tag}>", text, re.S) for tag in ("Code", "Message"))
+    if code is None and message is None:
+        return repr(body[:200])
+    return ": ".join(m.group(1).strip() for m in (code, message) if m is not None)
 
 
 def _delayed_open(fs: FileSystem, properties: Any) -> FileSystem:
