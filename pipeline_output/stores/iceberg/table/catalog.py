@@ -475,6 +475,10 @@ def _construct(name: str, props: dict[str, str], *, where: Callable[[str], str])
     catalog_type = CatalogType(raw_type.lower()) if raw_type else infer_catalog_type(name, conf)
     if catalog_type is None:  # pragma: no cover - infer_catalog_type raises instead
         raise SettingsError(where("uri"), "cannot tell the catalog type; set type")
+    if catalog_type is CatalogType.REST:  # signed without botocore where it can be
+        from pipeline_output.stores.iceberg.table.rest_catalog import SignedRestCatalog
+
+        return SignedRestCatalog(name, **props)
     return AVAILABLE_CATALOGS[catalog_type](name, props)
 
 

@@ -40,8 +40,6 @@ Local files, and every other scheme, are read and written exactly as by `PyArrow
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import io
 import os
 import re
@@ -51,7 +49,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 from urllib.parse import quote, urlsplit
 
@@ -59,6 +56,8 @@ import pyarrow as pa
 from pyarrow.fs import FileSystem, S3FileSystem
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile, OutputStream
 from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
+
+from pipeline_output.stores.iceberg.table import sigv4
 
 if TYPE_CHECKING:  # urllib3 (with ssl ~9 MB resident) is imported by the signed S3 client only
     import urllib3
@@ -278,12 +277,8 @@ class _SignedS3:
         parts = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
         self.scheme, self.host = parts.scheme, parts.netloc
         self.prefix = parts.path.rstrip("/")
-        self.region, self.access_key, self.secret_key, self.token = (
-            region,
-            access_key,
-            secret_key,
-            token,
-        )
+        self.region = region
+        self.credentials = sigv4.Credentials(access_key, secret_key, token)
         import urllib3  # (on first use: a local table's process never loads it)
 
         retries = urllib3.Retry(
@@ -371,39 +366,17 @@ class _SignedS3:
     def _signed(self, method: str, host: str, path: str) -> dict[str, str]:
         """The headers of a SigV4-signed `method` request of `path` on `host` (payload
         unsigned)."""
-        now = datetime.now(UTC)
-        stamp, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
-        headers = {
-            "host": host,
-            "x-amz-content-sha256": "UNSIGNED-PAYLOAD",
-            "x-amz-date": stamp,
-        }
-        if self.token:
-            headers["x-amz-security-token"] = self.token
-        names = sorted(headers)
-        canonical = "\n".join(
-            [
-                method,
-                path,
-                "",
-                "".join(f"{n}:{headers[n]}\n" for n in names),
-                ";".join(names),
-                "UNSIGNED-PAYLOAD",
-            ]
+        headers = {"host": host, "x-amz-content-sha256": sigv4.UNSIGNED_PAYLOAD}
+        return headers | sigv4.signed(
+            method,
+            sigv4.canonical_uri(path, service="s3"),
+            "",
+            headers,
+            sigv4.UNSIGNED_PAYLOAD,
+            credentials=self.credentials,
+            service="s3",
+            region=self.region,
         )
-        scope = f"{day}/{self.region}/s3/aws4_request"
-        to_sign = "\n".join(
-            ["AWS4-HMAC-SHA256", stamp, scope, hashlib.sha256(canonical.encode()).hexdigest()]
-        )
-        signing = f"AWS4{self.secret_key}".encode()
-        for part in (day, self.region, "s3", "aws4_request"):
-            signing = hmac.new(signing, part.encode(), hashlib.sha256).digest()
-        signature = hmac.new(signing, to_sign.encode(), hashlib.sha256).hexdigest()
-        headers["authorization"] = (
-            f"AWS4-HMAC-SHA256 Credential={self.access_key}/{scope}, "
-            f"SignedHeaders={';'.join(names)}, Signature={signature}"
-        )
-        return headers
 
 
 def _s3_error(body: bytes) -> str:
