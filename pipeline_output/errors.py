@@ -8,8 +8,8 @@ Dagster can show it without a traceback wall. Every class derives from exactly o
 - `TerminalError`: something must change first (the spec, the input, a setting, the data).
 
 `from_third_party` maps the errors of our dependencies that a user can meet in normal operation
-(pyiceberg commit failures, psycopg connection errors) onto these classes, so the CLI prints one
-line for them too; a connection the server refuses for its URL (`connection_refused`: no such
+(pyiceberg commit failures, psycopg connection errors, a REST catalog refusing the credentials or
+not answering) onto these classes, so the CLI prints one line for them too; a connection the server refuses for its URL (`connection_refused`: no such
 database or role, authentication failed) is terminal, a server down or a dropped session retryable. Errors that keep a builtin base (`LookupError`, `ValueError`, `RuntimeError`) do
 so for callers that caught the builtin before these classes existed.
 """
@@ -176,6 +176,10 @@ class ShopNotSeeded(TerminalError):
     """The demo shop's tables do not exist in the database (run `pipeline-output demo seed`)."""
 
 
+class CatalogRefused(TerminalError):
+    """The Iceberg REST catalog refused a request's credentials (HTTP 401 or 403)."""
+
+
 class PostgresRefused(TerminalError):
     """A Postgres server (control plane, legacy arm or SQL catalog) answered but refused the
     connection for a reason running again will not change: the database or role does not exist,
@@ -227,6 +231,10 @@ class CommitStateUnknown(RetryableError):
 
 class PostgresUnavailable(RetryableError):
     """A Postgres server (control plane, legacy arm or SQL catalog) could not be reached."""
+
+
+class CatalogUnavailable(RetryableError):
+    """The Iceberg REST catalog could not be reached, or answered with a server error."""
 
 
 # Connection failures that are the URL's fault (libpq's and the server's wording; a refusal has
@@ -290,6 +298,9 @@ def _map_one(exc: BaseException) -> PipelineOutputError | None:
             return CommitStateUnknown(f"Iceberg commit state unknown: {detail}")
         if isinstance(exc, CommitFailedException):
             return WriteConflict(f"Iceberg commit failed (a concurrent commit won): {detail}")
+        rest = _rest_catalog_error(exc, detail)
+        if rest is not None:
+            return rest
     try:
         import psycopg
     except ImportError:  # pragma: no cover - psycopg is a dependency
@@ -308,3 +319,50 @@ def _map_one(exc: BaseException) -> PipelineOutputError | None:
             return PostgresRefused(f"the SQL catalog's database refused the connection: {cause}")
         return PostgresUnavailable(f"the SQL catalog's database is unreachable: {cause}")
     return None
+
+
+def _rest_catalog_error(exc: BaseException, detail: str) -> PipelineOutputError | None:
+    """A REST catalog's refusal (credentials) or absence (down, unreachable, a server error)."""
+    import sys
+
+    from pyiceberg.exceptions import (
+        ForbiddenError,
+        OAuthError,
+        ServerError,
+        ServiceUnavailableError,
+        UnauthorizedError,
+    )
+
+    if isinstance(exc, (ForbiddenError, UnauthorizedError, OAuthError)):
+        return CatalogRefused(
+            f"the Iceberg REST catalog refused the request: {detail} (check the catalog's "
+            "credentials: client.access-key-id and client.secret-access-key, or credential / "
+            "token)"
+        )
+    if isinstance(exc, (ServerError, ServiceUnavailableError)):
+        return CatalogUnavailable(f"the Iceberg REST catalog failed: {detail}")
+    requests = sys.modules.get("requests")  # (not imported: not one of its errors)
+    if requests is not None and isinstance(
+        exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
+    ):
+        return CatalogUnavailable(f"the Iceberg REST catalog {_unreachable(exc)}")
+    return None
+
+
+def _unreachable(exc: BaseException) -> str:
+    """`at <scheme://host:port> is unreachable: <the socket's reason>` of a requests error,
+    without urllib3's wrapping (`HTTPConnectionPool(...): Max retries exceeded ...`)."""
+    import re
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(str(getattr(getattr(exc, "request", None), "url", "") or ""))
+    at = f" at {parts.scheme}://{parts.netloc}" if parts.netloc else ""
+    text = str(exc)
+    reason = re.search(r"\[Errno -?\d+\][^'\")]*", text)
+    if reason is not None:
+        why = reason.group(0).strip()
+    elif "timed out" in text.lower():
+        why = "timed out"
+    else:
+        why = " ".join(text.split())[:200] or type(exc).__name__
+    return f"{at} is unreachable: {why}".lstrip()

@@ -111,6 +111,23 @@ def test_dependency_errors_map_to_retryable_project_errors_through_wrappers() ->
     assert errors.from_third_party(KeyError("a bug")) is None
 
 
+def test_a_rest_catalogs_refusal_is_terminal_and_its_absence_or_server_error_retryable() -> None:
+    from pyiceberg.exceptions import (
+        ForbiddenError,
+        ServerError,
+        ServiceUnavailableError,
+        UnauthorizedError,
+    )
+
+    for refusal in (ForbiddenError("SignatureDoesNotMatch"), UnauthorizedError("token expired")):
+        mapped = errors.from_third_party(refusal)
+        assert isinstance(mapped, errors.CatalogRefused) and not mapped.retryable
+        assert "client.secret-access-key" in str(mapped)
+    for failure in (ServerError("internal"), ServiceUnavailableError("slow down")):
+        mapped = errors.from_third_party(failure)
+        assert isinstance(mapped, errors.CatalogUnavailable) and mapped.retryable
+
+
 def _cli_with(raising: BaseException) -> click.Group:
     @click.group(cls=cli._Group)
     def group() -> None: ...

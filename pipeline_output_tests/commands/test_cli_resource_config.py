@@ -318,3 +318,51 @@ def test_a_resources_rest_catalog_ignores_pyiceberg_variables(
         assert isinstance(frame, pl.DataFrame)
         assert_same_multiset(frame, pl.DataFrame({"id": ids}))
     assert os.environ.get("PYICEBERG_CATALOG__DEFAULT__PY_IO_IMPL") is None  # set for the CLI only
+
+
+def test_a_rest_catalog_that_refuses_the_credentials_or_is_down_is_one_line_on_both_routes(
+    cli: Run, pg_db_url: str, seaweedfs: SeaweedFS, rest_namespace: str
+) -> None:
+    """A wrong secret is a configuration error (exit 2) saying which settings to check (the
+    catalog's when it is refused as it opens); a catalog nobody answers at is retryable (exit
+    75): one line each, never pyiceberg's or requests' traceback."""
+    import json
+
+    from pipeline_output.infra.settings import env_name
+
+    wrong = dict(seaweedfs.catalog_properties(), **{"client.secret-access-key": "not-it"})
+    resource = {"HELPDESK_PG": pg_db_url, "HELPDESK_NAMESPACE": rest_namespace}
+    line = _one_error_line(
+        cli(
+            "status",
+            "-m",
+            "helpdesk.literal",
+            env={**resource, "HELPDESK_CATALOG_JSON": json.dumps(wrong)},
+        ),
+        2,
+    )
+    # (the server answers its config unsigned: the refusal comes on the first table request,
+    # after the catalog opened, so the line names the credentials to check, not a setting)
+    assert line.startswith("error: the Iceberg REST catalog refused the request: "), line
+    assert "signature" in line and "client.secret-access-key" in line, line
+    assert "not-it" not in line, line
+
+    environment = {env_name("default", key): value for key, value in wrong.items()}
+    line = _one_error_line(cli("status", "-m", "helpdesk.environment", env=environment), 2)
+    assert line.startswith("error: PYICEBERG_CATALOG__DEFAULT__URI: the Iceberg REST catalog"), line
+
+    port = free_port()
+    down = dict(seaweedfs.catalog_properties(), uri=f"http://127.0.0.1:{port}")
+    line = _one_error_line(
+        cli(
+            "status",
+            "-m",
+            "helpdesk.literal",
+            env={**resource, "HELPDESK_CATALOG_JSON": json.dumps(down)},
+        ),
+        75,
+    )
+    assert line == (
+        "error (retryable): PipelineOutputResource.catalog['uri']: the Iceberg REST catalog at "
+        f"http://127.0.0.1:{port} is unreachable: [Errno 111] Connection refused"
+    ), line

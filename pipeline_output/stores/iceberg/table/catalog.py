@@ -66,7 +66,12 @@ from pyiceberg.utils.config import Config
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from pipeline_output.errors import SettingsError
+from pipeline_output.errors import (
+    CatalogRefused,
+    CatalogUnavailable,
+    SettingsError,
+    from_third_party,
+)
 from pipeline_output.infra import pgsession
 from pipeline_output.infra.settings import connect_failure, one_line
 from pipeline_output.stores.iceberg.snapshot.manifests import staged_metadata
@@ -417,11 +422,19 @@ def open_catalog(
     creating its tables race), and a Postgres one gets `pool_pre_ping` (a connection the server
     dropped is replaced before use). Errors are one line naming `where(key)`, the setting a key
     came from: `SettingsError` for a malformed config or a database that refuses the `uri` (no
-    such database, authentication failed), `PostgresUnavailable` (retryable) for one that is
-    down."""
-    catalog = _load(name, config, namespace=namespace, where=where)
-    if namespace is not None:
-        ensure_namespace(catalog, namespace)
+    such database, authentication failed) or a REST catalog that refuses the credentials,
+    `PostgresUnavailable` / `CatalogUnavailable` (retryable) for one that is down."""
+    try:
+        catalog = _load(name, config, namespace=namespace, where=where)
+        if namespace is not None:
+            ensure_namespace(catalog, namespace)
+    except Exception as exc:
+        mapped = from_third_party(exc)
+        if isinstance(mapped, CatalogRefused):  # the credentials are a setting to change
+            raise SettingsError(where("uri"), str(mapped)) from exc
+        if isinstance(mapped, CatalogUnavailable):
+            raise CatalogUnavailable(f"{where('uri')}: {mapped}") from exc
+        raise
     return catalog
 
 

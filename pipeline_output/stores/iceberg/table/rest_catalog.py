@@ -38,6 +38,7 @@ from pyiceberg.utils.properties import property_as_int
 from requests import PreparedRequest, Session
 from requests.adapters import HTTPAdapter
 
+from pipeline_output.errors import InvalidArgument
 from pipeline_output.stores.iceberg.table import sigv4
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -101,11 +102,7 @@ class SigV4Adapter(HTTPAdapter):
         """Sign `request` in place (requests calls this right before sending it)."""
         headers = request.headers
         headers.pop("connection", None)  # the HTTP client's to set, after signing
-        body = request.body
-        if isinstance(body, str):
-            body = body.encode()
-        if body is not None and not isinstance(body, bytes):
-            raise TypeError(f"cannot sign a streamed request body ({type(body).__name__})")
+        body = _bytes_of(request.body)
         if not body:
             headers["x-amz-content-sha256"] = sigv4.EMPTY_PAYLOAD
         sent = {name: _text(value) for name, value in headers.items()}
@@ -127,6 +124,22 @@ class SigV4Adapter(HTTPAdapter):
             if held is not None and _text(held) != value:  # a bearer token's: kept beside
                 headers[f"Original-{name.title()}"] = held
         headers.update(added)
+
+
+def _bytes_of(body: Any) -> bytes | None:
+    """A request body's bytes: a file's read and rewound (as botocore hashes it)."""
+    if body is None or isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode()
+    if hasattr(body, "read") and hasattr(body, "seek"):
+        start = body.tell()
+        data = body.read()
+        body.seek(start)
+        return data if isinstance(data, bytes) else str(data).encode()
+    raise InvalidArgument(  # pyiceberg's requests never stream a body
+        f"a REST catalog request whose body is a {type(body).__name__} cannot be SigV4-signed"
+    )
 
 
 def _text(value: str | bytes) -> str:
