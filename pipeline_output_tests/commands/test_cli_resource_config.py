@@ -332,15 +332,12 @@ def test_a_rest_catalog_that_refuses_the_credentials_or_is_down_is_one_line_on_b
 
     wrong = dict(seaweedfs.catalog_properties(), **{"client.secret-access-key": "not-it"})
     resource = {"HELPDESK_PG": pg_db_url, "HELPDESK_NAMESPACE": rest_namespace}
-    line = _one_error_line(
-        cli(
-            "status",
-            "-m",
-            "helpdesk.literal",
-            env={**resource, "HELPDESK_CATALOG_JSON": json.dumps(wrong)},
-        ),
-        2,
-    )
+
+    def status(catalog: dict[str, str], code: int) -> str:
+        env = {**resource, "HELPDESK_CATALOG_JSON": json.dumps(catalog)}
+        return _one_error_line(cli("status", "-m", "helpdesk.literal", env=env), code)
+
+    line = status(wrong, 2)
     # (the server answers its config unsigned: the refusal comes on the first table request,
     # after the catalog opened, so the line names the credentials to check, not a setting)
     assert line.startswith("error: the Iceberg REST catalog refused the request: "), line
@@ -353,15 +350,7 @@ def test_a_rest_catalog_that_refuses_the_credentials_or_is_down_is_one_line_on_b
 
     port = free_port()
     down = dict(seaweedfs.catalog_properties(), uri=f"http://127.0.0.1:{port}")
-    line = _one_error_line(
-        cli(
-            "status",
-            "-m",
-            "helpdesk.literal",
-            env={**resource, "HELPDESK_CATALOG_JSON": json.dumps(down)},
-        ),
-        75,
-    )
+    line = status(down, 75)
     assert line == (
         "error (retryable): PipelineOutputResource.catalog['uri']: the Iceberg REST catalog at "
         f"http://127.0.0.1:{port} is unreachable: [Errno 111] Connection refused"

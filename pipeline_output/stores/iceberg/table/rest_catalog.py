@@ -34,7 +34,7 @@ from pyiceberg.catalog.rest import (
     SIGV4_SERVICE,
     RestCatalog,
 )
-from pyiceberg.utils.properties import property_as_int
+from pyiceberg.utils.properties import get_first_property_value, property_as_int
 from requests import PreparedRequest, Session
 from requests.adapters import HTTPAdapter
 
@@ -71,12 +71,9 @@ def signing_of(properties: Mapping[str, Any]) -> Signing | None:
     when botocore must resolve either (a profile, the environment, AWS config files, a botocore
     session), as pyiceberg's signer does."""
 
-    def first(*names: str) -> str | None:
-        for name in names:
-            value = properties.get(name)
-            if value:
-                return str(value)
-        return None
+    def first(*names: str) -> str | None:  # pyiceberg's lookup, as its own signer's
+        value = get_first_property_value(dict(properties), *names)
+        return str(value) if value else None
 
     access, secret = first("client.access-key-id"), first("client.secret-access-key")
     region = first(SIGV4_REGION, "client.region")
