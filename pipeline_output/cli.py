@@ -3,8 +3,9 @@
 
 Every deliberate error (`PipelineOutputError`), and every dependency error `errors.from_third_party`
 maps (pyiceberg commit failures, Postgres connection errors, a REST catalog's refusal or absence),
-is printed as one line on stderr — no traceback: `error: <message>` with exit code 2 for a terminal error (change something first), or
-`error (retryable): <message>` with exit code 75 (EX_TEMPFAIL) when running again may succeed.
+is printed as one line on stderr — no traceback: `error: <message>` with exit code 2 for a
+terminal error (change something first), or `error (retryable): <message>` with exit code 75
+(EX_TEMPFAIL) when running again may succeed.
 A Postgres that refuses a URL (no such database or role, authentication failed) is terminal, one
 that is down retryable (`errors.connection_refused`); neither prints SQLAlchemy's link.
 """

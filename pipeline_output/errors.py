@@ -9,9 +9,11 @@ Dagster can show it without a traceback wall. Every class derives from exactly o
 
 `from_third_party` maps the errors of our dependencies that a user can meet in normal operation
 (pyiceberg commit failures, psycopg connection errors, a REST catalog refusing the credentials or
-not answering) onto these classes, so the CLI prints one line for them too; a connection the server refuses for its URL (`connection_refused`: no such
-database or role, authentication failed) is terminal, a server down or a dropped session retryable. Errors that keep a builtin base (`LookupError`, `ValueError`, `RuntimeError`) do
-so for callers that caught the builtin before these classes existed.
+not answering) onto these classes, so the CLI prints one line for them too; a connection the
+server refuses for its URL (`connection_refused`: no such database or role, authentication
+failed), or a REST catalog's refusal of the credentials, is terminal, a server down or a dropped
+session retryable. Errors that keep a builtin base (`LookupError`, `ValueError`,
+`RuntimeError`) do so for callers that caught the builtin before these classes existed.
 """
 
 from __future__ import annotations
